@@ -1,0 +1,141 @@
+"""Qwen3 model configuration: one frozen dataclass, read from and written to Hugging Face `config.json`."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """Static shape of a dense Qwen3 (hashable: used as a static jit argument)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    max_position_embeddings: int = 40960
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"Qwen3Config.{name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def group_size(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def num_params(self) -> int:
+        d, f, h, k, hd, v = (self.hidden_size, self.intermediate_size, self.num_attention_heads,
+                             self.num_key_value_heads, self.head_dim, self.vocab_size)
+        attn = d * h * hd * 2 + d * k * hd * 2 + 2 * hd
+        per_layer = attn + 3 * d * f + 2 * d
+        return v * d * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + d
+
+    # ---- Hugging Face config.json ----
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> "Qwen3Config":
+        """Builds a config from a HF Qwen3 `config.json` dict (transformers 4.x and 5.x layouts)."""
+        model_type = hf.get("model_type", "qwen3")
+        if model_type != "qwen3":
+            raise ValueError(f"expected model_type 'qwen3', got {model_type!r} (MoE and other "
+                             "architectures are not supported yet)")
+        if hf.get("use_sliding_window", False):
+            raise ValueError("sliding-window attention is not supported (use_sliding_window=true)")
+        theta = hf.get("rope_theta")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        if theta is None:
+            theta = rope.get("rope_theta", 10_000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in (None, "default"):
+            raise ValueError(f"RoPE scaling type {rope_type!r} is not supported")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required keys {missing}")
+        heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads", heads),
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 40960),
+        )
+
+    def to_hf_dict(self, dtype: str = "float32") -> dict[str, Any]:
+        """HF `config.json` contents that transformers' `Qwen3ForCausalLM` loads."""
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "max_position_embeddings": self.max_position_embeddings,
+            "use_sliding_window": False,
+            "torch_dtype": dtype,
+            "dtype": dtype,
+        }
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> "Qwen3Config":
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"no config.json in checkpoint directory {path!r}")
+        with open(cfg_path) as f:
+            try:
+                hf = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{cfg_path} is not valid JSON: {e}") from e
+        return cls.from_hf_dict(hf)
+
+
+# Shapes used across tests, benchmarks and experiments.
+PRESETS: dict[str, Qwen3Config] = {
+    "tiny": Qwen3Config(),
+    # ~10M parameters: the CPU benchmark shape named in issue 2.
+    "bench_10m": Qwen3Config(vocab_size=512, hidden_size=384, intermediate_size=1024,
+                             num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+                             head_dim=64, tie_word_embeddings=True),
+    "qwen3_0_6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                              num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                              head_dim=128, tie_word_embeddings=True),
+    "qwen3_4b": Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+                            num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=128, tie_word_embeddings=True),
+    "qwen3_8b": Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                            num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=128, tie_word_embeddings=False),
+}

@@ -1,0 +1,278 @@
+"""Dense Qwen3 in Flax NNX, used through pure functions over a plain params pytree.
+
+The NNX modules below define the parameters (with their logical sharding axes) and the computation;
+jitted code never holds a module: it takes `params` (a nested dict of arrays, the module's state as a
+pure dict) and merges it into the module inside the trace (`nnx.merge`), so `forward` composes with
+`jax.jit`, `jax.vmap`, `jax.grad` and `lax.scan` like any pure function.
+
+Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
+K key/value heads, G = H / K query heads per KV head, E head dim, V vocab, L layers.
+
+KV cache (`init_cache`): {'k': [L x (B, S, K, E)], 'v': same, 'length': int32[B]}. Row b holds its tokens
+contiguously in slots [0, length[b]); a call writes its T tokens at slots length[b] .. length[b]+T-1 and
+advances length by n_valid[b] (<= T). Positions (RoPE) equal slot indices, so right-padded batches,
+per-row decode and appending an environment's reply to a cached history all use the same path. Slots
+past `length` may hold stale values; the causal mask (key slot <= query slot) never reads them.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxagent.models.config import Qwen3Config
+
+Params = dict[str, Any]
+Cache = dict[str, Any]
+_MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
+
+
+def _normal(rngs: nnx.Rngs, shape, std=0.02):
+    return std * jax.random.normal(rngs.params(), shape, jnp.float32)
+
+
+def _param(value, *axes):
+    return nnx.Param(value, logical_axes=tuple(axes))
+
+
+def rms_norm(x, weight, eps):
+    """y = w * x / sqrt(mean(x^2) + eps), statistics in f32 (as HF Qwen3RMSNorm)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * y.astype(x.dtype)
+
+
+def rope(x_BxTxNxE, positions_BxT, theta):
+    """Rotary embedding, half-split layout (HF `rotate_half`), angles computed in f32."""
+    e = x_BxTxNxE.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    ang_BxTxE2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+    ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(ang).astype(x_BxTxNxE.dtype), jnp.sin(ang).astype(x_BxTxNxE.dtype)
+    x1, x2 = jnp.split(x_BxTxNxE, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x_BxTxNxE * cos + rotated * sin
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, axis: str):
+        self.weight = _param(jnp.ones((dim,), jnp.float32), axis)
+        self.eps = eps
+
+    def __call__(self, x):
+        return rms_norm(x, self.weight[...].astype(x.dtype), self.eps)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        d, h, k, e = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = _param(_normal(rngs, (d, h, e)), "embed", "q_heads", "head_dim")
+        self.k_proj = _param(_normal(rngs, (d, k, e)), "embed", "kv_heads", "head_dim")
+        self.v_proj = _param(_normal(rngs, (d, k, e)), "embed", "kv_heads", "head_dim")
+        self.o_proj = _param(_normal(rngs, (h, e, d)), "q_heads", "head_dim", "embed")
+        if cfg.attention_bias:
+            self.q_bias = _param(jnp.zeros((h, e)), "q_heads", "head_dim")
+            self.k_bias = _param(jnp.zeros((k, e)), "kv_heads", "head_dim")
+            self.v_bias = _param(jnp.zeros((k, e)), "kv_heads", "head_dim")
+            self.o_bias = _param(jnp.zeros((d,)), "embed")
+        self.q_norm = RMSNorm(e, cfg.rms_norm_eps, "head_dim")
+        self.k_norm = RMSNorm(e, cfg.rms_norm_eps, "head_dim")
+        self.cfg = cfg
+
+    def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv_cache, write_slots_BxT):
+        cfg = self.cfg
+        q = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.q_proj[...])
+        k = jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...])
+        v = jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...])
+        if cfg.attention_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        q = rope(self.q_norm(q), positions_BxT, cfg.rope_theta)
+        k = rope(self.k_norm(k), positions_BxT, cfg.rope_theta)
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            b_idx = jnp.arange(k.shape[0])[:, None]
+            # Writes past the cache end are dropped (mode='drop'); callers bound lengths on the host.
+            k_cache = k_cache.at[b_idx, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[b_idx, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
+            k_all, v_all, kv_cache = k_cache.astype(q.dtype), v_cache.astype(q.dtype), (k_cache, v_cache)
+        else:
+            k_all, v_all = k, v
+        b, t = q.shape[:2]
+        q = q.reshape(b, t, cfg.num_key_value_heads, cfg.group_size, cfg.head_dim)
+        scores = jnp.einsum("btkge,bske->bkgts", q, k_all, preferred_element_type=jnp.float32)
+        scores = scores * (cfg.head_dim ** -0.5)
+        scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_all.dtype)
+        out = jnp.einsum("bkgts,bske->btkge", probs, v_all)
+        out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+        y = jnp.einsum("bthe,hed->btd", out, self.o_proj[...])
+        if cfg.attention_bias:
+            y = y + self.o_bias[...]
+        return y, kv_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _param(_normal(rngs, (d, f)), "embed", "mlp")
+        self.up_proj = _param(_normal(rngs, (d, f)), "embed", "mlp")
+        self.down_proj = _param(_normal(rngs, (f, d)), "mlp", "embed")
+
+    def __call__(self, x_BxTxD):
+        gate = jnp.einsum("btd,df->btf", x_BxTxD, self.gate_proj[...])
+        up = jnp.einsum("btd,df->btf", x_BxTxD, self.up_proj[...])
+        return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...])
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        self.attn = Attention(cfg, rngs)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, mask, kv_cache, write_slots):
+        a, kv_cache = self.attn(self.input_norm(x), positions, mask, kv_cache, write_slots)
+        x = x + a
+        return x + self.mlp(self.post_norm(x)), kv_cache
+
+
+class Qwen3(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        self.embed = _param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size)), "vocab", "embed")
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size)), "embed", "vocab")
+        self.cfg = cfg
+
+    def hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_slots_BxT):
+        # Python loop over layers: on CPU, unrolled layers decode ~2x faster than lax.scan over layers.
+        x = jnp.take(self.embed[...], tokens_BxT, axis=0)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache["k"][i], cache["v"][i])
+            x, kv = layer(x, positions_BxT, mask_BxTxS, kv, write_slots_BxT)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        return self.norm(x), (new_k, new_v)
+
+    def unembed(self, h_BxTxD):
+        if self.cfg.tie_word_embeddings:
+            return jnp.einsum("btd,vd->btv", h_BxTxD, self.embed[...], preferred_element_type=jnp.float32)
+        return jnp.einsum("btd,dv->btv", h_BxTxD, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+# ------------------------------------------------------------------ pure API
+@functools.lru_cache(maxsize=32)
+def _abstract(cfg: Qwen3Config):
+    """(graphdef, abstract state) of the module for `cfg`; traced once per config, no arrays made."""
+    return nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, nnx.Rngs(0))))
+
+
+def _module(params: Params, cfg: Qwen3Config) -> Qwen3:
+    graphdef, abstract_state = _abstract(cfg)
+    state = jax.tree.map(lambda x: x, abstract_state)  # fresh copy: replace_by_pure_dict mutates
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
+def init(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> Params:
+    """Random weights (normal(0, 0.02) matrices, unit norms, as HF's init) as a nested dict."""
+    state = nnx.state(Qwen3(cfg, nnx.Rngs(params=key)))
+    return jax.tree.map(lambda x: x.astype(dtype), nnx.to_pure_dict(state))
+
+
+def param_shapes(cfg: Qwen3Config) -> Params:
+    """The params pytree as `jax.ShapeDtypeStruct`s (f32), without allocating."""
+    return nnx.to_pure_dict(_abstract(cfg)[1])
+
+
+def logical_axes(cfg: Qwen3Config) -> Params:
+    """Logical axis names of every parameter (same pytree as params); the one source for shardings."""
+    state = _abstract(cfg)[1]
+    axes = jax.tree.map(lambda v: v.get_metadata()["logical_axes"], state,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.to_pure_dict(axes)
+
+
+def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> Cache:
+    """An empty KV cache with `max_len` slots per row."""
+    shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    return {"k": [jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)],
+            "v": [jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)],
+            "length": jnp.zeros((batch,), jnp.int32)}
+
+
+CACHE_AXES = ("batch", "cache_seq", "kv_heads", "head_dim")
+
+
+def cache_logical_axes(cfg: Qwen3Config) -> Cache:
+    return {"k": [CACHE_AXES] * cfg.num_hidden_layers, "v": [CACHE_AXES] * cfg.num_hidden_layers,
+            "length": ("batch",)}
+
+
+def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
+                  cache: Optional[Cache] = None, n_valid=None):
+    """Final-norm hidden states [B, T, D] and the updated cache (see `forward` for the arguments)."""
+    model = _module(params, cfg)
+    b, t = tokens_BxT.shape
+    tokens_BxT = jnp.clip(tokens_BxT, 0, cfg.vocab_size - 1)  # out-of-range ids never index garbage
+    if cache is None:
+        slots_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        mask = slots_BxT[:, :, None] >= slots_BxT[:, None, :]
+        if attention_mask is not None:
+            mask = mask & attention_mask.astype(bool)[:, None, :]
+        write_slots = None
+    else:
+        s = cache["k"][0].shape[1]
+        slots_BxT = cache["length"][:, None] + jnp.arange(t, dtype=jnp.int32)
+        mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots_BxT[:, :, None]
+        write_slots = slots_BxT
+    positions = slots_BxT if positions is None else positions
+    h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots)
+    if cache is not None:
+        n = jnp.full((b,), t, jnp.int32) if n_valid is None else n_valid.astype(jnp.int32)
+        cache = {"k": new_k, "v": new_v, "length": cache["length"] + n}
+    return h, cache
+
+
+def unembed(params: Params, cfg: Qwen3Config, h_BxTxD):
+    """Logits [B, T, V] in f32 from hidden states."""
+    return _module(params, cfg).unembed(h_BxTxD)
+
+
+def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
+            cache: Optional[Cache] = None, n_valid=None, logits_index=None):
+    """Logits [B, T, V] (f32) and the updated cache.
+
+    Without a cache: causal attention over the T tokens; `attention_mask` [B, T] (1 = real token)
+    hides padding keys; `positions` [B, T] overrides RoPE positions (default 0..T-1), e.g. for
+    left-padded batches. With a cache: the T tokens are appended at each row's `cache['length']`,
+    attend to the row's history, and `length` advances by `n_valid` [B] (default T): rows of a
+    right-padded batch, finished rows (n_valid 0) and multi-turn appends all take this path.
+    `logits_index` [B]: return only the logits at that token index per row ([B, 1, V]).
+    """
+    h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions,
+                             attention_mask=attention_mask, cache=cache, n_valid=n_valid)
+    if logits_index is not None:
+        h = jnp.take_along_axis(h, logits_index.astype(jnp.int32)[:, None, None], axis=1)
+    return unembed(params, cfg, h), cache
+
+
+def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None):
+    """(cfg, params) from a local HF Qwen3 checkpoint directory; see `jaxagent.models.weights`."""
+    from jaxagent.models import weights
+    return weights.load(path, dtype=dtype, mesh=mesh, rules=rules)
+
+
+def save(path: str | os.PathLike, cfg: Qwen3Config, params: Params) -> None:
+    """Writes an HF-compatible directory (config.json + model.safetensors) transformers can load."""
+    from jaxagent.models import weights
+    weights.save(path, cfg, params)

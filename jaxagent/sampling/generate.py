@@ -1,0 +1,146 @@
+"""Prefill + decode with a KV cache: `lax.while_loop`, static shapes, per-row done mask.
+
+Legend: B batch, L prompt slots (bucketed), M new-token buffer, S cache slots, V vocab.
+
+The pieces compose for the multi-turn path: `append` writes any number of new tokens per row into an
+existing cache (a prompt, or an environment's reply after the model's turn) and returns each row's
+next-token logits; `decode` samples until every row has hit a stop token or its own token limit. Rows
+never re-prefill their history. `generate` is the one-call convenience for a batch of prompts with
+left or right padding.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+from jaxagent.sampling.samplers import Sampler, sample
+
+
+class Generation(NamedTuple):
+    tokens: jax.Array      # int32 [B, M]; slots past `lengths` hold pad_id
+    logprobs: jax.Array    # f32 [B, M]; sampler log pi of each generated token, 0 past `lengths`
+    lengths: jax.Array     # int32 [B]; generated tokens incl. the stop token
+    stopped: jax.Array     # bool [B]; ended on a stop token (False: hit its token limit)
+    cache: dict            # the cache holding prompt + generated tokens
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= n (and >= minimum): static shapes without a compile per length."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B):
+    """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
+
+    Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
+    their own last logits for such rows).
+    """
+    last = jnp.maximum(n_valid_B - 1, 0)
+    logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last)
+    return logits[:, 0], cache
+
+
+def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
+           sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None) -> Generation:
+    """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
+
+    Every generated token, the stop token included, is written to the cache, so the next turn can
+    append directly after it. Rows with active_B False generate nothing.
+    """
+    b = logits_BxV.shape[0]
+    stop = jnp.asarray(tuple(stop_ids), jnp.int32)
+    max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
+    active = jnp.ones((b,), bool) if active_B is None else active_B
+    done0 = ~active | (max_new_B <= 0)
+
+    class Carry(NamedTuple):
+        step: jax.Array
+        tokens: jax.Array
+        logprobs: jax.Array
+        lengths: jax.Array
+        done: jax.Array
+        stopped: jax.Array
+        logits: jax.Array
+        cache: dict
+        key: jax.Array
+
+    def cond(c: Carry):
+        return (c.step < max_steps) & ~jnp.all(c.done)
+
+    def body(c: Carry):
+        key, sub = jax.random.split(c.key)
+        tok, lp = sample(sub, c.logits, sampler)
+        live = ~c.done
+        tok = jnp.where(live, tok, pad_id)
+        tokens = c.tokens.at[:, c.step].set(tok)
+        logprobs = c.logprobs.at[:, c.step].set(jnp.where(live, lp, 0.0))
+        lengths = c.lengths + live
+        hit_stop = live & jnp.isin(tok, stop)
+        done = c.done | hit_stop | (lengths >= max_new_B)
+        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32))
+        logits = jnp.where(live[:, None], logits, c.logits)
+        return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
+
+    init = Carry(jnp.int32(0), jnp.full((b, max_steps), pad_id, jnp.int32), jnp.zeros((b, max_steps), jnp.float32),
+                 jnp.zeros((b,), jnp.int32), done0, jnp.zeros((b,), bool), logits_BxV, cache, key)
+    out = jax.lax.while_loop(cond, body, init)
+    return Generation(out.tokens, out.logprobs, out.lengths, out.stopped, out.cache)
+
+
+def right_align(tokens_BxL, mask_BxL):
+    """Moves each row's real tokens (mask 1) to the front, keeping order: any padding side -> right."""
+    order = jnp.argsort(~mask_BxL.astype(bool), axis=1, stable=True)
+    return jnp.take_along_axis(tokens_BxL, order, axis=1), mask_BxL.astype(jnp.int32).sum(1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id"))
+def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
+              pad_id):
+    tokens, n = right_align(prompt_BxL, mask_BxL)
+    cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
+    logits, cache = append(params, cfg, cache, tokens, n)
+    return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
+                  stop_ids=stop_ids, pad_id=pad_id)
+
+
+def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
+             max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
+             pad_id: int = 0, cache_len: int | None = None) -> Generation:
+    """Samples continuations of a batch of prompts (padding on either side, given by the mask).
+
+    The prompt width is bucketed to a power of two and `max_new_tokens` (int or [B]) is a traced
+    value bounded by the static buffer `max_steps` (default: bucket(max(max_new_tokens))), so new
+    prompt lengths and token limits reuse the compiled program.
+    """
+    prompt = np.asarray(prompt_BxL)
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be [B, L] with L >= 1, got shape {prompt.shape}")
+    mask = np.ones_like(prompt, bool) if prompt_mask_BxL is None else np.asarray(prompt_mask_BxL, bool)
+    if mask.shape != prompt.shape:
+        raise ValueError(f"prompt_mask shape {mask.shape} != prompt shape {prompt.shape}")
+    if not mask.any(axis=1).all():
+        raise ValueError("every prompt needs at least one real token")
+    if prompt.min() < 0 or prompt[mask].max() >= cfg.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size})")
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (prompt.shape[0],))
+    if (max_new < 0).any():
+        raise ValueError("max_new_tokens must be >= 0")
+    max_steps = max_steps or bucket(int(max_new.max()), 8)
+    if max_new.max() > max_steps:
+        raise ValueError(f"max_new_tokens {int(max_new.max())} exceeds the buffer max_steps={max_steps}")
+    width = bucket(prompt.shape[1])
+    pad = width - prompt.shape[1]
+    prompt = np.pad(prompt, ((0, 0), (0, pad)), constant_values=pad_id)
+    mask = np.pad(mask, ((0, 0), (0, pad)))
+    cache_len = cache_len or width + max_steps
+    if cache_len < width + max_steps:
+        raise ValueError(f"cache_len {cache_len} < prompt bucket {width} + max_steps {max_steps}")
+    return _generate(params, jnp.asarray(prompt, jnp.int32), jnp.asarray(mask), key, jnp.asarray(max_new),
+                     cfg=cfg, max_steps=max_steps, cache_len=cache_len, sampler=sampler,
+                     stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id)

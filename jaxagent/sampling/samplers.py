@@ -1,0 +1,69 @@
+"""Token samplers over a batch of logits: greedy, temperature, top-k, top-p (nucleus).
+
+Legend: B batch, V vocab. The sampler is a frozen dataclass (static under jit); its settings compose:
+temperature scales logits, then top-k keeps the k largest, then top-p keeps the smallest prefix of
+the sorted distribution whose mass reaches p (always at least one token).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+_NEG = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    temperature: float = 1.0
+    top_k: int = 0          # 0 = off
+    top_p: float = 1.0      # 1.0 = off
+    greedy: bool = False
+
+    def __post_init__(self):
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+GREEDY = Sampler(greedy=True)
+
+
+def policy_logprobs(logits_BxV, sampler: Sampler):
+    """log pi(.|context) of the policy being sampled: log_softmax(logits / temperature).
+
+    This is the distribution RL treats as the behaviour policy (top-k/top-p truncation is a sampling
+    device, not part of pi, as in verl); greedy uses temperature 1.
+    """
+    t = 1.0 if sampler.greedy else sampler.temperature
+    return jax.nn.log_softmax(logits_BxV.astype(jnp.float32) / t, axis=-1)
+
+
+def _filter(logits_BxV, sampler: Sampler):
+    x = logits_BxV
+    if sampler.top_k and sampler.top_k < x.shape[-1]:
+        kth = jax.lax.top_k(x, sampler.top_k)[0][:, -1:]
+        x = jnp.where(x < kth, _NEG, x)
+    if sampler.top_p < 1.0:
+        sorted_desc = jnp.sort(x, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(sorted_desc, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+        keep = before < sampler.top_p
+        threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x < threshold, _NEG, x)
+    return x
+
+
+def sample(key, logits_BxV, sampler: Sampler):
+    """(tokens [B] int32, logprobs [B] under `policy_logprobs`)."""
+    logp_BxV = policy_logprobs(logits_BxV, sampler)
+    if sampler.greedy:
+        tokens = jnp.argmax(logits_BxV, axis=-1)
+    else:
+        tokens = jax.random.categorical(key, _filter(logp_BxV, sampler), axis=-1)
+    tokens = tokens.astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logp_BxV, tokens[:, None], axis=-1)[:, 0]

@@ -1,0 +1,97 @@
+"""Device mesh, logical-axis rules and NamedShardings: the one table that maps names to mesh axes.
+
+Every parameter, cache and activation names its logical axes once (`qwen3.logical_axes`,
+`qwen3.cache_logical_axes`, the activation names below). `RULES` maps each logical axis to mesh axes
+of the (data, fsdp, tensor) mesh; `shardings_for` turns a pytree of logical axes plus shapes into
+NamedShardings, replicating any dimension the mesh axes do not divide (a 2-KV-head model on a 4-way
+tensor axis keeps its KV heads whole rather than failing).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+MeshAxes = Union[None, str, tuple[str, ...]]
+
+# Logical axis -> mesh axes. Batch-like axes split over data and fsdp; weights are FSDP-sharded on
+# their model dimension and tensor-parallel on heads / MLP width / vocab.
+RULES: dict[str, MeshAxes] = {
+    "batch": ("data", "fsdp"),
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "q_heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "cache_seq": None,
+    "seq": None,
+}
+
+
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Optional[Sequence] = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh with Auto axes (GSPMD propagation inside jit)."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = data * fsdp * tensor
+    if n != len(devices):
+        raise ValueError(f"mesh {data}x{fsdp}x{tensor} needs {n} devices, {len(devices)} available")
+    arr = np.asarray(devices, dtype=object).reshape(data, fsdp, tensor)
+    return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def _axis_size(mesh: Mesh, axes: MeshAxes) -> int:
+    if axes is None:
+        return 1
+    names = (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in names]))
+
+
+def spec_for(logical: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
+             rules: Optional[Mapping[str, MeshAxes]] = None) -> P:
+    """PartitionSpec for one array: rule lookup, divisibility fallback, no mesh axis used twice."""
+    rules = RULES if rules is None else rules
+    if len(logical) != len(shape):
+        raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    out = []
+    for name, dim in zip(logical, shape):
+        axes = rules.get(name) if name is not None else None
+        names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+        names = tuple(a for a in names if a not in used and mesh.shape.get(a, 1) > 1)
+        if names and dim % _axis_size(mesh, names) == 0:
+            used.update(names)
+            out.append(names[0] if len(names) == 1 else names)
+        else:
+            out.append(None)
+    return P(*out)
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def shardings_for(axes_tree: Any, shapes_tree: Any, mesh: Mesh,
+                  rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
+    """NamedShardings for a pytree, given its logical axes and its arrays (or ShapeDtypeStructs)."""
+    return jax.tree.map(lambda ax, x: NamedSharding(mesh, spec_for(ax, np.shape(x), mesh, rules)),
+                        axes_tree, shapes_tree, is_leaf=_is_axes)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules: Optional[Mapping[str, MeshAxes]] = None,
+                   batch_size: Optional[int] = None) -> NamedSharding:
+    """Sharding of an activation whose leading axis is the batch (the rest replicated)."""
+    shape = (batch_size if batch_size is not None else _axis_size(mesh, (RULES if rules is None else
+                                                                        rules)["batch"]),) + (1,) * (ndim - 1)
+    return NamedSharding(mesh, spec_for(("batch",) + (None,) * (ndim - 1), shape, mesh, rules))
+
+
+def shard(tree: Any, shardings: Any) -> Any:
+    """Places a pytree of host/device arrays onto the given shardings."""
+    return jax.tree.map(jax.device_put, tree, shardings)

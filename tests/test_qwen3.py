@@ -1,0 +1,235 @@
+"""Qwen3 parity with transformers' PyTorch Qwen3ForCausalLM, checkpoints in/out, cache and bad inputs."""
+import functools
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.models import qwen3, weights
+from jaxagent.models.config import Qwen3Config
+from tests.hf_reference import hf_logits, make_hf_qwen3
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def ckpt(request, tmp_path_factory):
+    tie = request.param == "tied"
+    d = str(tmp_path_factory.mktemp(f"hf_{request.param}"))
+    model = make_hf_qwen3(d, tie=tie, seed=1 if tie else 2, rope_theta=12345.0 if tie else 777.0)
+    cfg, params = qwen3.load(d)
+    return d, model, cfg, params
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def fwd_cached(params, cfg, toks, cache, n_valid=None):
+    return qwen3.forward(params, cfg, toks, cache=cache, n_valid=n_valid)
+
+
+@pytest.fixture(scope="module")
+def fwd():
+    return jax.jit(lambda p, t, cfg, pos=None, m=None: qwen3.forward(p, cfg, t, positions=pos, attention_mask=m)[0],
+                   static_argnums=(2,))
+
+
+def test_config_read(ckpt):
+    d, model, cfg, _ = ckpt
+    assert cfg.tie_word_embeddings == model.config.tie_word_embeddings
+    assert cfg.rope_theta in (12345.0, 777.0)
+    assert cfg.num_key_value_heads == 2 and cfg.num_attention_heads == 4
+
+
+@pytest.mark.parametrize("seq", [1, 7, 13])
+def test_logits_match_transformers(ckpt, fwd, seq):
+    _, model, cfg, params = ckpt
+    toks = np.random.default_rng(seq).integers(0, cfg.vocab_size, (2, seq))
+    ours = np.asarray(fwd(params, jnp.asarray(toks), cfg))
+    ref = hf_logits(model, toks)
+    assert np.abs(ours - ref).max() < TOL
+
+
+def test_batched_left_padding_matches_transformers(ckpt, fwd):
+    _, model, cfg, params = ckpt
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, cfg.vocab_size, (3, 9))
+    mask = np.ones_like(toks)
+    mask[0, :3] = 0
+    mask[1, :5] = 0
+    pos = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+    ours = np.asarray(fwd(params, jnp.asarray(toks), cfg, jnp.asarray(pos), jnp.asarray(mask)))
+    ref = hf_logits(model, toks, attention_mask=mask, position_ids=pos)
+    valid = mask.astype(bool)
+    assert np.abs(ours[valid] - ref[valid]).max() < TOL
+    # and each padded row equals the same sequence run alone
+    for b in range(3):
+        alone = np.asarray(fwd(params, jnp.asarray(toks[b:b + 1, valid[b]]), cfg))
+        assert np.abs(alone[0] - ours[b, valid[b]]).max() < TOL
+
+
+def test_save_then_transformers_load(ckpt, tmp_path):
+    from transformers import Qwen3ForCausalLM
+    _, _, cfg, params = ckpt
+    qwen3.save(tmp_path, cfg, params)
+    model = Qwen3ForCausalLM.from_pretrained(str(tmp_path)).eval()
+    toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 11))
+    ours = np.asarray(qwen3.forward(params, cfg, jnp.asarray(toks))[0])
+    assert np.abs(ours - hf_logits(model, toks)).max() < TOL
+    cfg2, params2 = qwen3.load(tmp_path)
+    assert cfg2 == cfg
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+
+
+def test_sharded_save_with_index(ckpt, tmp_path):
+    _, _, cfg, params = ckpt
+    weights.save(tmp_path, cfg, params, max_shard_bytes=20_000)
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    _, params2 = qwen3.load(tmp_path)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+
+
+def test_legacy_rope_theta_key(tmp_path):
+    make_hf_qwen3(str(tmp_path), legacy_rope_key=True, rope_theta=4321.0, layers=1)
+    cfg, _ = qwen3.load(tmp_path)
+    assert cfg.rope_theta == 4321.0
+
+
+def test_cached_incremental_equals_full(ckpt, fwd):
+    _, _, cfg, params = ckpt
+    toks = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 12))
+    full = np.asarray(fwd(params, jnp.asarray(toks), cfg))
+    cache = qwen3.init_cache(cfg, 2, 32)
+    outs = []
+    for lo, hi in [(0, 5), (5, 6), (6, 7), (7, 12)]:
+        lg, cache = fwd_cached(params, cfg, jnp.asarray(toks[:, lo:hi]), cache)
+        outs.append(np.asarray(lg))
+    assert np.abs(np.concatenate(outs, 1) - full).max() < TOL
+    assert np.asarray(cache["length"]).tolist() == [12, 12]
+
+
+def test_ragged_appends_per_row(ckpt, fwd):
+    """Rows advance by different amounts (n_valid) and still match their own full forward."""
+    _, _, cfg, params = ckpt
+    rng = np.random.default_rng(4)
+    seqs = [rng.integers(0, cfg.vocab_size, n) for n in (10, 6)]
+    cache = qwen3.init_cache(cfg, 2, 32)
+    chunks = [(4, 2), (1, 0), (5, 4)]  # tokens appended per row at each call
+    pos = [0, 0]
+    last = [None, None]
+    for n0, n1 in chunks:
+        width = max(n0, n1, 1)
+        block = np.zeros((2, width), np.int64)
+        for b, n in enumerate((n0, n1)):
+            block[b, :n] = seqs[b][pos[b]:pos[b] + n]
+        lg, cache = fwd_cached(params, cfg, jnp.asarray(block), cache, jnp.asarray([n0, n1]))
+        for b, n in enumerate((n0, n1)):
+            if n:
+                last[b] = np.asarray(lg[b, n - 1])
+            pos[b] += n
+    for b in range(2):
+        full = np.asarray(fwd(params, jnp.asarray(seqs[b][None, :pos[b]]), cfg))[0, -1]
+        assert np.abs(full - last[b]).max() < TOL
+    assert np.asarray(cache["length"]).tolist() == pos
+
+
+def test_bf16_runs_close(ckpt):
+    d, _, cfg, params = ckpt
+    _, p16 = qwen3.load(d, dtype=jnp.bfloat16)
+    assert jax.tree.leaves(p16)[0].dtype == jnp.bfloat16
+    toks = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 8)))
+    a = np.asarray(qwen3.forward(params, cfg, toks)[0])
+    b = np.asarray(qwen3.forward(p16, cfg, toks)[0])
+    assert b.dtype == np.float32 and np.isfinite(b).all()
+    assert np.abs(a - b).max() < 0.1 * np.abs(a).max() + 0.1
+
+
+def test_init_matches_logical_axes():
+    cfg = Qwen3Config(tie_word_embeddings=False)
+    params = qwen3.init(cfg, jax.random.key(0))
+    axes = qwen3.logical_axes(cfg)
+    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
+    flat_a = dict(jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))[0])
+    assert len(flat_p) == len(flat_a)
+    for path, x in flat_p:
+        assert len(flat_a[path]) == x.ndim, path
+    n = sum(x.size for _, x in flat_p)
+    assert n == cfg.num_params()
+
+
+# ---------------------------------------------------------------- bad checkpoints
+@pytest.fixture
+def good_dir(tmp_path):
+    make_hf_qwen3(str(tmp_path / "ok"), layers=1, tie=False)
+    return tmp_path / "ok"
+
+
+def _rewrite(d, fn):
+    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    tensors = {k: np.array(f.get(k)) for k in f.keys()}
+    del f
+    fn(tensors)
+    weights.write_safetensors(str(d / "model.safetensors"), tensors)
+
+
+def test_missing_tensor_is_named(good_dir):
+    _rewrite(good_dir, lambda t: t.pop("model.layers.0.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match=r"lacks tensors.*model\.layers\.0\.mlp\.up_proj\.weight"):
+        qwen3.load(good_dir)
+
+
+def test_unexpected_tensor_is_named(good_dir):
+    _rewrite(good_dir, lambda t: t.__setitem__("model.layers.7.mlp.up_proj.weight", np.zeros((2, 2), np.float32)))
+    with pytest.raises(ValueError, match=r"does not expect.*model\.layers\.7"):
+        qwen3.load(good_dir)
+
+
+def test_wrong_shape_names_both_shapes(good_dir):
+    _rewrite(good_dir, lambda t: t.__setitem__("model.norm.weight", np.zeros((5,), np.float32)))
+    with pytest.raises(ValueError, match=r"model\.norm\.weight.*\(5,\).*\(48,\)"):
+        qwen3.load(good_dir)
+
+
+def test_config_shape_mismatch(good_dir):
+    cfg_path = good_dir / "config.json"
+    hf = json.loads(cfg_path.read_text())
+    hf["intermediate_size"] = 64
+    cfg_path.write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"gate_proj\.weight.*\(96, 48\).*\(48, 64\)"):
+        qwen3.load(good_dir)
+
+
+def test_missing_config_and_files(good_dir, tmp_path):
+    os.remove(good_dir / "config.json")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        qwen3.load(good_dir)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        qwen3.load(tmp_path / "nowhere")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps(Qwen3Config().to_hf_dict()))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        qwen3.load(empty)
+
+
+def test_corrupt_safetensors(good_dir):
+    path = good_dir / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt|corrupt"):
+        qwen3.load(good_dir)
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(ValueError, match="corrupt|not a safetensors"):
+        qwen3.load(good_dir)
+
+
+def test_bad_config_values():
+    with pytest.raises(ValueError, match="multiple"):
+        Qwen3Config(num_attention_heads=3, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="positive"):
+        Qwen3Config(hidden_size=0)
+    with pytest.raises(ValueError, match="model_type"):
+        Qwen3Config.from_hf_dict({"model_type": "llama"})
