@@ -1,0 +1,5 @@
+"""Multi-turn rollouts: the jitted loop for pure-JAX envs and the host loop for Python envs."""
+from jaxagent.rollout.jax_loop import RolloutConfig, oracle_process_reward, rollout
+from jaxagent.rollout.layout import ChatLayout, budget_format, chat_layout, env_codec
+from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING, STATUS_NAMES, SUCCESS,
+                                    Rollout, Turns)

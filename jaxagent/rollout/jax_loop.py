@@ -1,0 +1,192 @@
+"""The multi-turn rollout for jittable environments: one jitted function, `lax.scan` over T_max turns.
+
+Each turn, for every episode at once:
+  1. an episode is active if it is unfinished, has budget left (t < budget_b) and its context has
+     room for this turn's prompt chunk plus a full reply (else: status context_exhausted);
+  2. the prompt chunk [turn opener, budget text, observation, assistant opener] is appended to the
+     episode's KV cache (inactive episodes append nothing);
+  3. the policy samples a reply (stop token or `max_action_tokens`), written into the cache too;
+  4. the env steps on the reply's tokens; rewards, validity, anchors and the process reward recorded.
+The per-episode work (building chunks, stepping the env, bookkeeping) is written for one episode and
+vmapped; the model runs batched over episodes. Budgets are data, so new budgets never recompile.
+
+Legend: B episodes, N turns (T_max), S context slots, C chunk tokens, M action tokens, V vocab.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.envs import budgets as budgets_lib
+from jaxagent.envs.budgets import BudgetFormat
+from jaxagent.envs.text_codec import concat, render
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+from jaxagent.rollout import types
+from jaxagent.rollout.layout import ChatLayout
+from jaxagent.sampling import Sampler, append, decode
+from jaxagent.sampling.generate import bucket
+
+# process_reward_fn(env, state_before, action_index, remaining_turns, env_params) -> f32 scalar
+ProcessRewardFn = Callable[[Any, Any, jax.Array, jax.Array, Any], jax.Array]
+
+
+def oracle_process_reward(env, state, action, remaining, env_params):
+    """FrozenLake's exact r_t = Q*_h(s_t, a_t) - V*_h(s_t) with h = the remaining turns (PAPER.md)."""
+    return env.process_reward(state, action, remaining, env_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Static settings of a rollout (hashable)."""
+
+    t_max: int
+    max_action_tokens: int = 16
+    max_context: int = 1024            # KV-cache slots per episode; full -> context_exhausted
+    sampler: Sampler = Sampler()
+    hide_budget: bool = False          # True: no budget text in the prompt (the "unannounced" mode)
+    process_reward_fn: Optional[ProcessRewardFn] = None
+
+    def __post_init__(self):
+        if self.t_max < 1:
+            raise ValueError(f"t_max must be >= 1, got {self.t_max}")
+        if self.max_action_tokens < 1:
+            raise ValueError(f"max_action_tokens must be >= 1, got {self.max_action_tokens}")
+
+
+def _chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hide):
+    """One episode's prompt chunk for turn t: (tokens int32[C], length)."""
+    open_arr, open_len, close = (jnp.asarray(x) for x in layout.pieces())
+    which = jnp.minimum(t, 1)
+    words, n_words = budgets_lib.budget_words(t, budget, budget - t, fmt, hidden=hide)
+    btoks, blen = render(env.codec, words, n_words)
+    toks, n = concat(open_arr[which], open_len[which], btoks, blen, pad_id=layout.pad_id)
+    toks, n = concat(toks, n, obs.tokens, obs.length, pad_id=layout.pad_id)
+    return concat(toks, n, close, close.shape[0], pad_id=layout.pad_id)
+
+
+def _write(buf_S, values_K, start, count):
+    """buf[start:start+count] = values[:count] for one row; writes past the end are dropped."""
+    k = jnp.arange(values_K.shape[0])
+    slots = jnp.where(k < count, start + k, buf_S.shape[0])
+    return buf_S.at[slots].set(values_K.astype(buf_S.dtype), mode="drop")
+
+
+def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat, tasks, budgets, key,
+            env_params, rcfg: RolloutConfig) -> types.Rollout:
+    """Runs len(budgets) episodes of `env` on `tasks` (leading axis B) with per-episode budgets.
+
+    Host-side checks happen here (budgets in [1, T_max], context large enough for the first turn);
+    the episodes themselves run in one jitted program (`rollout_jit`).
+    """
+    b = budgets_lib.validate_budgets(budgets, rcfg.t_max)
+    n_tasks = {x.shape[0] for x in jax.tree.leaves(tasks)}
+    if n_tasks != {b.shape[0]}:
+        raise ValueError(f"tasks have leading sizes {sorted(n_tasks)} but there are {b.shape[0]} budgets")
+    need = len(layout.system) + max_chunk(layout, fmt, env) + rcfg.max_action_tokens
+    if rcfg.max_context < need:
+        raise ValueError(f"max_context={rcfg.max_context} cannot hold even one turn ({need} tokens: system "
+                         "prompt, first observation and a full reply)")
+    return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, cfg=cfg, env=env, layout=layout,
+                       fmt=fmt, rcfg=rcfg)
+
+
+def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env) -> int:
+    return layout.open_width + fmt.max_words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
+def rollout_jit(params, tasks, budgets_B, key, env_params, *, cfg, env, layout, fmt, rcfg) -> types.Rollout:
+    n_ep = budgets_B.shape[0]
+    s, m, t_max = rcfg.max_context, rcfg.max_action_tokens, rcfg.t_max
+    dtype = jax.tree.leaves(params)[0].dtype
+    k_reset, k_loop = jax.random.split(key)
+
+    states, obs = jax.vmap(env.reset, in_axes=(0, 0, None))(jax.random.split(k_reset, n_ep), tasks, env_params)
+
+    # The system turn is identical for all episodes: prefill it once (batch 1) and copy its KV rows.
+    sys_len = len(layout.system)
+    sys_width = bucket(sys_len)
+    sys_toks = jnp.full((1, sys_width), layout.pad_id, jnp.int32).at[0, :sys_len].set(jnp.asarray(layout.system))
+    _, sys_cache = append(params, cfg, qwen3.init_cache(cfg, 1, sys_width, dtype), sys_toks,
+                          jnp.asarray([sys_len], jnp.int32))
+    cache = qwen3.init_cache(cfg, n_ep, s, dtype)
+    cache = {"k": [c.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:])[:, :sys_width])
+                   for c, x in zip(cache["k"], sys_cache["k"])],
+             "v": [c.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:])[:, :sys_width])
+                   for c, x in zip(cache["v"], sys_cache["v"])],
+             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
+    tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
+    chunk_w = max_chunk(layout, fmt, env)
+
+    carry0 = dict(cache=cache, states=states, obs=obs, tokens=tokens,
+                  policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
+                  logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32),
+                  key=k_loop)
+
+    def turn(c, t):
+        length = c["cache"]["length"]
+        chunk, clen = jax.vmap(_chunk, in_axes=(None, None, None, 0, None, 0, None))(
+            layout, fmt, env, c["obs"], t, budgets_B, rcfg.hide_budget)
+        running = c["status"] == types.RUNNING
+        fits = length + clen + m <= s
+        status = jnp.where(running & (t < budgets_B) & ~fits, types.CONTEXT_EXHAUSTED, c["status"])
+        active = (status == types.RUNNING) & (t < budgets_B)
+
+        # 2. prompt chunk into the cache and the token buffer
+        n_chunk = jnp.where(active, clen, 0)
+        logits, cache = append(params, cfg, c["cache"], chunk, n_chunk)
+        tokens = jax.vmap(_write)(c["tokens"], chunk, length, n_chunk)
+        turn_idx = jax.vmap(_write)(c["turn_idx"], jnp.full((n_ep, chunk_w), t, jnp.int32), length, n_chunk)
+        start = length + n_chunk
+
+        # 3. the policy's reply
+        key, k_dec = jax.random.split(c["key"])
+        gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
+                     stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=active)
+        tokens = jax.vmap(_write)(tokens, gen.tokens, start, gen.lengths)
+        turn_idx = jax.vmap(_write)(turn_idx, jnp.full((n_ep, m), t, jnp.int32), start, gen.lengths)
+        policy = jax.vmap(_write)(c["policy"], jnp.ones((n_ep, m), bool), start, gen.lengths)
+        logp = jax.vmap(_write)(c["logp"], gen.logprobs, start, gen.lengths)
+
+        # 4. the environment
+        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(c["states"], gen.tokens, gen.lengths, env_params)
+        keep = lambda new, old: jax.tree.map(
+            lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+        new_states, new_obs = keep(step.state, c["states"]), keep(step.obs, c["obs"])
+        remaining = budgets_B - t
+        if rcfg.process_reward_fn is None:
+            proc = jnp.zeros((n_ep,), jnp.float32)
+        else:
+            proc = jax.vmap(rcfg.process_reward_fn, in_axes=(None, 0, 0, 0, None))(
+                env, c["states"], step.info["action"], remaining, env_params)
+        success = step.info["success"]
+        status = jnp.where(active & step.done, jnp.where(success, types.SUCCESS, types.FAILED), status)
+        status = jnp.where(active & ~step.done & (t + 1 >= budgets_B), types.BUDGET_EXHAUSTED, status)
+
+        rec = types.Turns(
+            active=active, reward=jnp.where(active, step.reward, 0.0),
+            process_reward=jnp.where(active, proc, 0.0), valid=active & step.info["valid"],
+            action=jnp.where(active, step.info["action"], -1), anchor=jnp.where(active, step.info["anchor"], -1),
+            span_start=jnp.where(active, start, 0), span_len=jnp.where(active, gen.lengths, 0),
+            stopped=active & gen.stopped, remaining=jnp.where(active, remaining, 0))
+        out = dict(cache=gen.cache, states=new_states, obs=new_obs, tokens=tokens, policy=policy,
+                   turn_idx=turn_idx, logp=logp, status=status, key=key)
+        return out, (rec, c["states"])
+
+    final, (turns_NxB, states_NxB) = jax.lax.scan(turn, carry0, jnp.arange(t_max))
+    turns = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), turns_NxB)
+    env_states = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), states_NxB)
+    status = final["status"]
+    finished = (status == types.SUCCESS) | (status == types.FAILED)
+    ret = jnp.where(finished, jnp.sum(turns.reward, axis=1), 0.0)
+    return types.Rollout(
+        tokens=final["tokens"], policy_mask=final["policy"], turn_index=final["turn_idx"], logprobs=final["logp"],
+        length=final["cache"]["length"], turns=turns, env_states=env_states, final_state=final["states"],
+        episode_return=ret, success=status == types.SUCCESS, turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32),
+        budget=budgets_B, status=status, generated_tokens=jnp.sum(turns.span_len, axis=1).astype(jnp.int32))
