@@ -49,7 +49,6 @@ class RolloutConfig:
     max_action_tokens: int = 16
     max_context: int = 1024            # KV-cache slots per episode; full -> context_exhausted
     sampler: Sampler = Sampler()
-    hide_budget: bool = False          # True: no budget text in the prompt (the "unannounced" mode)
     process_reward_fn: Optional[ProcessRewardFn] = None
 
     def __post_init__(self):
@@ -78,8 +77,11 @@ def _write(buf_S, values_K, start, count):
 
 
 def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat, tasks, budgets, key,
-            env_params, rcfg: RolloutConfig) -> types.Rollout:
+            env_params, rcfg: RolloutConfig, *, hide_budget=False) -> types.Rollout:
     """Runs len(budgets) episodes of `env` on `tasks` (leading axis B) with per-episode budgets.
+
+    `hide_budget` (traced: no recompile) drops the budget text from every prompt, the "unannounced"
+    evaluation mode; the episodes still stop at their budgets.
 
     Host-side checks happen here (budgets in [1, T_max], context large enough for the first turn);
     the episodes themselves run in one jitted program (`rollout_jit`).
@@ -92,7 +94,7 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     if rcfg.max_context < need:
         raise ValueError(f"max_context={rcfg.max_context} cannot hold even one turn ({need} tokens: system "
                          "prompt, first observation and a full reply)")
-    return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, cfg=cfg, env=env, layout=layout,
+    return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, jnp.asarray(hide_budget, bool), cfg=cfg, env=env, layout=layout,
                        fmt=fmt, rcfg=rcfg)
 
 
@@ -101,7 +103,7 @@ def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
-def rollout_jit(params, tasks, budgets_B, key, env_params, *, cfg, env, layout, fmt, rcfg) -> types.Rollout:
+def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, *, cfg, env, layout, fmt, rcfg) -> types.Rollout:
     n_ep = budgets_B.shape[0]
     s, m, t_max = rcfg.max_context, rcfg.max_action_tokens, rcfg.t_max
     dtype = jax.tree.leaves(params)[0].dtype
@@ -132,7 +134,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, *, cfg, env, layout, 
     def turn(c, t):
         length = c["cache"]["length"]
         chunk, clen = jax.vmap(_chunk, in_axes=(None, None, None, 0, None, 0, None))(
-            layout, fmt, env, c["obs"], t, budgets_B, rcfg.hide_budget)
+            layout, fmt, env, c["obs"], t, budgets_B, hide_budget)
         running = c["status"] == types.RUNNING
         fits = length + clen + m <= s
         status = jnp.where(running & (t < budgets_B) & ~fits, types.CONTEXT_EXHAUSTED, c["status"])

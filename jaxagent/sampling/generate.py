@@ -126,12 +126,22 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         raise ValueError(f"prompt_mask shape {mask.shape} != prompt shape {prompt.shape}")
     if not mask.any(axis=1).all():
         raise ValueError("every prompt needs at least one real token")
-    if prompt.min() < 0 or prompt[mask].max() >= cfg.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size})")
-    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (prompt.shape[0],))
+    real = prompt[mask]  # only real tokens are range-checked: padding may hold any id
+    if real.min() < 0 or real.max() >= cfg.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size}), got ids in "
+                         f"[{int(real.min())}, {int(real.max())}]")
+    max_new = np.asarray(max_new_tokens)
+    if max_new.ndim > 1 or (max_new.ndim == 1 and max_new.shape[0] != prompt.shape[0]):
+        raise ValueError(f"max_new_tokens must be an int or a [B={prompt.shape[0]}] array, got shape "
+                         f"{max_new.shape}")
+    max_new = np.broadcast_to(max_new.astype(np.int32), (prompt.shape[0],))
     if (max_new < 0).any():
         raise ValueError("max_new_tokens must be >= 0")
-    max_steps = max_steps or bucket(int(max_new.max()), 8)
+    if max_steps is None:
+        max_steps = bucket(int(max_new.max()), 8)
+    elif int(max_steps) < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    max_steps = int(max_steps)
     if max_new.max() > max_steps:
         raise ValueError(f"max_new_tokens {int(max_new.max())} exceeds the buffer max_steps={max_steps}")
     width = bucket(prompt.shape[1])

@@ -7,6 +7,8 @@ the sorted distribution whose mass reaches p (always at least one token).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +24,11 @@ class Sampler:
     greedy: bool = False
 
     def __post_init__(self):
-        if not self.greedy and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not self.greedy and not 0 < self.temperature < math.inf:
+            raise ValueError(f"temperature must be finite and > 0 (use greedy=True for argmax), "
+                             f"got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

@@ -1,0 +1,706 @@
+"""BFCL v4 multi-turn function calling (base, long_context, miss_func, miss_param), plus the study's
+error-prefix evaluation bookkeeping.
+
+No dimension legend: host-side Python, no arrays.
+
+Data and tools come from the installed `bfcl-eval` package (Apache-2.0; install with
+`pip install --no-deps bfcl-eval`, it pins an old numpy; see third_party/README.md): the task files
+data/BFCL_v4_multi_turn_<category>.json, their ground truth under data/possible_answer/, the function
+docs under data/multi_turn_func_doc/, and the executable tool classes
+(bfcl_eval.eval_checker.multi_turn_eval.func_source_code). Nothing is copied into this repository.
+
+Episode. The user sends one request per user turn. The model answers with Qwen3 tool calls
+(`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, several per message allowed); each
+call is validated against the function's schema (known and currently available function, required
+arguments present, no unknown arguments, argument types), then executed on this episode's tool-class
+instances, and the observation is one `<tool_response>` block per call (obs_role "tool"). A message
+without any tool-call tag ends the user turn; the next request follows (obs_role "user"). For
+miss_func tasks the held-out functions are not callable until their turn, whose message announces
+them. One step = one assistant message = one tool-call round; the rollout's turn budget counts steps.
+
+Scoring mirrors BFCL's multi-turn checker (bfcl_eval/eval_checker/multi_turn_eval/multi_turn_checker.py):
+at the end of every user turn the ground-truth calls of that turn are executed on separate
+ground-truth instances; when the turn's ground truth is non-empty, the turn fails if the model made
+no call in it, or if any instance's public attributes differ from the ground truth's (state check),
+or if the ground truth's execution results are not all contained, as a multiset, in the results of
+every call the model made so far (response check). The episode fails at the first failed turn (it
+ends there: BFCL fails the whole entry) and succeeds (reward 1) when the last turn passes. BFCL's
+inference loop force-quits after 20 steps in one turn; so does this env (max_steps_per_turn).
+Execution results are stringified as BFCL does (str kept, dict as JSON, others str(), exceptions as
+"Error during execution: ..."). Differences, on purpose: calls are made with keyword arguments from
+parsed JSON, never by eval of text; a malformed call is answered with an error observation and the
+turn continues (BFCL ends the turn on an undecodable message); integers given for BFCL "float"
+parameters are converted to float, for model and ground-truth calls alike (JSON has one number type);
+a `precision` argument above 1000 is refused (MathAPI would hang); the tools' global numeric
+precision is restored after each call.
+
+valid=False: some call in the message is malformed (bad JSON, unknown or unavailable function,
+wrong or missing arguments) or the message is empty / too long. tool_error: valid=False or some
+executed call returned an error (an "Error during execution" result or a JSON object with "error").
+Anchor (`anchor(state)`): hash of (user-turn index, the public state of every tool instance, with
+GorillaFileSystem's current directory); the same state reached by different histories shares it.
+upper_bound_turns = sum over user turns of (1 if the turn's ground truth is non-empty: one message
+with all its calls) + 1 (the closing text message): the replayed reference solution.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import copy
+import dataclasses
+import decimal
+import functools
+import importlib
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from jaxagent.envs.host import (HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, stable_hash,
+                                strip_think)
+
+CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+_TOOL_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
+_CLASSES = {  # class -> (module, function-doc file)
+    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system.json"),
+    "MathAPI": ("math_api", "math_api.json"),
+    "MessageAPI": ("message_api", "message_api.json"),
+    "TwitterAPI": ("posting_api", "posting_api.json"),
+    "TicketAPI": ("ticket_api", "ticket_api.json"),
+    "TradingBot": ("trading_bot", "trading_bot.json"),
+    "TravelAPI": ("travel_booking", "travel_booking.json"),
+    "VehicleControlAPI": ("vehicle_control", "vehicle_control.json"),
+}
+_STATELESS = {"MathAPI"}
+_MAX_PRECISION = 1000
+_MAX_OBS_RESULT_CHARS = 8000
+MAX_CALLS_PER_MESSAGE = 64  # the largest ground-truth turn has 34 calls
+
+
+def bfcl_data_dir() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the BFCL environment needs the bfcl-eval package: pip install --no-deps bfcl-eval")
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@functools.lru_cache(maxsize=None)
+def function_docs(class_name: str) -> tuple[dict, ...]:
+    return tuple(_read_jsonl(bfcl_data_dir() / "multi_turn_func_doc" / _CLASSES[class_name][1]))
+
+
+@functools.lru_cache(maxsize=None)
+def tool_class(class_name: str) -> type:
+    return getattr(importlib.import_module(_TOOL_MODULE + _CLASSES[class_name][0]), class_name)
+
+
+@functools.lru_cache(maxsize=None)
+def _docs_for(class_names: tuple) -> dict[str, tuple[str, dict]]:
+    return {d["name"]: (c, d) for c in class_names for d in function_docs(c)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BFCLTask:
+    id: str
+    category: str
+    index: int
+    turns: tuple  # per user turn: the user message text ("" for a miss_func announcement turn)
+    initial_config: Mapping = dataclasses.field(hash=False)
+    involved_classes: tuple = ()
+    ground_truth: tuple = ()  # per user turn: tuple of call strings, e.g. "cd(folder='document')"
+    missed_function: Mapping = dataclasses.field(default_factory=dict, hash=False)  # turn -> held-out names
+
+
+@dataclasses.dataclass
+class BFCLState:
+    task: BFCLTask
+    instances: dict  # class name -> the model's tool instance
+    gt_instances: dict  # class name -> ground-truth tool instance (advanced turn by turn)
+    turn: int = 0  # current user turn
+    steps_in_turn: int = 0
+    turn_calls: int = 0  # calls executed in the current user turn
+    all_results: list = dataclasses.field(default_factory=list)  # every executed call's result string
+    done: bool = False
+    success: bool = False
+    failure: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# Schema validation and execution
+# ------------------------------------------------------------------------------------------------
+def _type_error(value: Any, schema: Mapping, path: str) -> str | None:
+    """None if `value` fits the BFCL parameter schema, else a message naming the problem."""
+    t = schema.get("type", "any")
+    ok = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "array": lambda v: isinstance(v, list),
+        "tuple": lambda v: isinstance(v, list),
+        "dict": lambda v: isinstance(v, dict),
+        "object": lambda v: isinstance(v, dict),
+    }.get(t)
+    if ok is not None and not ok(value):
+        return f"{path} must be of type {t}, got {type(value).__name__}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{path} must be one of {schema['enum']}, got {value!r}"
+    if t in ("array", "tuple") and isinstance(schema.get("items"), Mapping):
+        for i, v in enumerate(value):
+            err = _type_error(v, schema["items"], f"{path}[{i}]")
+            if err:
+                return err
+    if t in ("dict", "object") and isinstance(schema.get("properties"), Mapping):
+        props = schema["properties"]
+        for k in schema.get("required", []):
+            if k not in value:
+                return f"{path} is missing required key '{k}'"
+        for k, v in value.items():
+            if k in props:
+                err = _type_error(v, props[k], f"{path}.{k}")
+                if err:
+                    return err
+    return None
+
+
+def _coerce_floats(value: Any, schema: Mapping) -> Any:
+    t = schema.get("type")
+    if t == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if t in ("array", "tuple") and isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_coerce_floats(v, schema["items"]) for v in value]
+    if t == "dict" and isinstance(value, dict) and isinstance(schema.get("properties"), Mapping):
+        return {k: _coerce_floats(v, schema["properties"][k]) if k in schema["properties"] else v
+                for k, v in value.items()}
+    return value
+
+
+def validate_call(doc: Mapping, arguments: Mapping) -> tuple[dict | None, str | None]:
+    """Check `arguments` against a BFCL function doc; returns (arguments to call with, error)."""
+    params = doc.get("parameters", {}) or {}
+    props = params.get("properties", {}) or {}
+    name = doc["name"]
+    for k in arguments:
+        if k not in props:
+            return None, f"{name}() got an unexpected argument '{k}' (arguments: {sorted(props)})"
+    for k in params.get("required", []) or []:
+        if k not in arguments:
+            return None, f"{name}() is missing the required argument '{k}'"
+    for k, v in arguments.items():
+        err = _type_error(v, props[k], f"argument '{k}' of {name}()")
+        if err:
+            return None, err
+        if k == "precision" and isinstance(v, int) and v > _MAX_PRECISION:
+            return None, f"argument 'precision' of {name}() must be at most {_MAX_PRECISION}"
+    return {k: _coerce_floats(v, props[k]) for k, v in arguments.items()}, None
+
+
+def _stringify(result: Any) -> str:
+    """BFCL's stringification of an execution result (multi_turn_utils.execute_multi_turn_func_call)."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
+
+
+def execute_call(instance: Any, name: str, arguments: Mapping) -> str:
+    """Call instance.name(**arguments) and return BFCL's result string; never raises (but for
+    BaseExceptions that are not Exceptions)."""
+    try:
+        import mpmath
+        dps = mpmath.mp.dps
+    except ImportError:  # MathAPI needs mpmath; without it the class does not import anyway
+        mpmath, dps = None, None
+    try:
+        with decimal.localcontext():
+            result = getattr(instance, name)(**arguments)
+        return _stringify(result)
+    except Exception as e:  # the tool raised: BFCL reports it as the result
+        return f"Error during execution: {e}"
+    finally:
+        if mpmath is not None:
+            mpmath.mp.dps = dps
+
+
+def is_error_result(result: str) -> bool:
+    if result.startswith("Error during execution"):
+        return True
+    if result.startswith("{"):
+        try:
+            obj = json.loads(result)
+        except ValueError:
+            return False
+        return isinstance(obj, dict) and "error" in obj
+    return False
+
+
+def parse_call_string(call: str, class_names: Sequence[str]) -> tuple[str, dict]:
+    """Parse a ground-truth call string like "mv(source='a', destination='b')" into (name, kwargs),
+    mapping positional arguments to parameter names with the tool method's signature."""
+    node = ast.parse(call.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a simple function call: {call!r}")
+    name = node.func.id
+    owner = next((c for c in class_names if hasattr(tool_class(c), name)), None)
+    if owner is None:
+        raise ValueError(f"no involved class has a function {name!r}")
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    if node.args:
+        params = [p for p in inspect.signature(getattr(tool_class(owner), name)).parameters if p != "self"]
+        for p, a in zip(params, node.args):
+            kwargs[p] = ast.literal_eval(a)
+    return name, kwargs
+
+
+# ------------------------------------------------------------------------------------------------
+# State canonicalisation (anchors) and BFCL's state comparison
+# ------------------------------------------------------------------------------------------------
+def _canon(obj: Any, depth: int = 0) -> Any:
+    if depth > 60:
+        return "<deep>"
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): _canon(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canon(v, depth + 1) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted((_canon(v, depth + 1) for v in obj), key=repr)
+    if hasattr(obj, "__dict__"):
+        out = {k: _canon(v, depth + 1) for k, v in vars(obj).items() if not k.startswith("_") and k != "parent"}
+        out["__class__"] = type(obj).__name__
+        return out
+    return repr(obj)
+
+
+def _cwd(instance: Any) -> str | None:
+    d = getattr(instance, "_current_dir", None)
+    names = []
+    while d is not None and len(names) < 100:
+        names.append(getattr(d, "name", "?"))
+        d = getattr(d, "parent", None)
+    return "/".join(reversed(names)) if names else None
+
+
+def state_anchor(turn: int, instances: Mapping[str, Any]) -> int:
+    return stable_hash([turn, {c: [_canon(i), _cwd(i)] for c, i in sorted(instances.items())}])
+
+
+def states_equal(model_instance: Any, gt_instance: Any) -> bool:
+    """BFCL's state check: every public attribute of the ground-truth instance compares equal."""
+    for k, v in vars(gt_instance).items():
+        if k.startswith("_"):
+            continue
+        if getattr(model_instance, k, object()) != v:
+            return False
+    return True
+
+
+def results_contained(gt_results: Sequence[str], model_results: Sequence[str]) -> bool:
+    """BFCL's response check: the ground-truth results are a sub-multiset of the model's results."""
+    have = collections.Counter(model_results)
+    need = collections.Counter(gt_results)
+    return all(have[k] >= n for k, n in need.items())
+
+
+# ------------------------------------------------------------------------------------------------
+# The environment
+# ------------------------------------------------------------------------------------------------
+def _json_schema(schema: Any) -> Any:
+    """BFCL parameter schema -> JSON Schema names (dict->object, float->number, tuple->array)."""
+    if isinstance(schema, Mapping):
+        out = {}
+        for k, v in schema.items():
+            if k == "type" and isinstance(v, str):
+                v = {"dict": "object", "float": "number", "tuple": "array"}.get(v, v)
+                if v == "any":
+                    continue
+            out[k] = _json_schema(v) if k != "enum" else v
+        return out
+    if isinstance(schema, list):
+        return [_json_schema(v) for v in schema]
+    return schema
+
+
+class BFCLEnv(HostEnv):
+    """BFCL v4 multi-turn categories as a host environment (module docstring)."""
+
+    name = "bfcl"
+
+    def __init__(self, categories: Sequence[str] = CATEGORIES, max_steps_per_turn: int = 20,
+                 test_every: int = 4, exclude_unsolvable: bool = True):
+        bad = [c for c in categories if c not in CATEGORIES]
+        if bad:
+            raise ValueError(f"unknown BFCL categories {bad}; expected a subset of {CATEGORIES}")
+        if max_steps_per_turn < 1:
+            raise ValueError("max_steps_per_turn must be >= 1")
+        self.categories = tuple(categories)
+        self.max_steps_per_turn = int(max_steps_per_turn)
+        self.test_every = int(test_every)
+        self.exclude_unsolvable = bool(exclude_unsolvable)
+        self._tasks: dict[str, list[BFCLTask]] = {}
+        self._gt_calls: dict[str, tuple] = {}
+
+    # -- data ------------------------------------------------------------------------------------
+    def _load(self, category: str) -> list[BFCLTask]:
+        if category not in self._tasks:
+            root = bfcl_data_dir()
+            entries = _read_jsonl(root / f"BFCL_v4_multi_turn_{category}.json")
+            answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(
+                root / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")}
+            tasks = []
+            for e in entries:
+                turns = tuple(" ".join(m["content"] for m in t if m.get("role") == "user") for t in e["question"])
+                tasks.append(BFCLTask(
+                    id=e["id"], category=category, index=int(e["id"].rsplit("_", 1)[1]), turns=turns,
+                    initial_config=e.get("initial_config", {}), involved_classes=tuple(e["involved_classes"]),
+                    ground_truth=tuple(tuple(g) for g in answers[e["id"]]),
+                    missed_function={int(k): tuple(v) for k, v in e.get("missed_function", {}).items()}))
+            self._tasks[category] = tasks
+        return self._tasks[category]
+
+    def tasks(self, split: str = "train") -> list[BFCLTask]:
+        """Splits: "all" | "train" | "test" over this env's categories, a category name, or
+        "<category>:train" / "<category>:test". Test = scenario index % test_every == test_every-1
+        (the same scenario is in the same split in every category)."""
+        cat, _, part = split.partition(":") if ":" in split else (None, None, split)
+        if split in CATEGORIES:
+            cat, part = split, "all"
+        cats = [cat] if cat else list(self.categories)
+        if any(c not in CATEGORIES for c in cats) or part not in ("all", "train", "test"):
+            raise ValueError(f"unknown split {split!r}; use all/train/test, a category {CATEGORIES}, "
+                             "or '<category>:train|test'")
+        out = [t for c in cats for t in self._load(c)]
+        if self.exclude_unsolvable:
+            out = [t for t in out if not self.ground_truth_problems(t)]
+        k = self.test_every
+        if part == "train":
+            out = [t for t in out if t.index % k != k - 1]
+        elif part == "test":
+            out = [t for t in out if t.index % k == k - 1]
+        return out
+
+    def task(self, task_id: str) -> BFCLTask:
+        category = task_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
+        for t in self._load(category):
+            if t.id == task_id:
+                return t
+        raise ValueError(f"no BFCL task {task_id!r}")
+
+    def _docs(self, task: BFCLTask) -> dict[str, tuple[str, dict]]:
+        """function name -> (class name, doc) for every function of the task's classes."""
+        return _docs_for(tuple(task.involved_classes))
+
+    def _held_out(self, task: BFCLTask, turn: int) -> set[str]:
+        """Functions not yet callable at user turn `turn` (miss_func)."""
+        return {f for t, names in task.missed_function.items() if t > turn for f in names}
+
+    def tools(self, task: BFCLTask, turn: int = 0) -> list[dict]:
+        """OpenAI-style tool list available at `turn` (for chat templates that take `tools=`)."""
+        held = self._held_out(task, turn)
+        return [self._tool_entry(d) for _, (_, d) in self._docs(task).items() if d["name"] not in held]
+
+    @staticmethod
+    def _tool_entry(doc: Mapping) -> dict:
+        return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
+                                                 "parameters": _json_schema(doc.get("parameters", {}))}}
+
+    def system_prompt(self, task: BFCLTask) -> str:
+        tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools(task, 0))
+        return (
+            "You are an assistant that carries out the user's requests by calling functions. For each "
+            "request, call the functions needed to complete it; you may make several calls in one "
+            "message and you will see their results. When the request is done, or cannot be done "
+            "because a needed function or a required parameter value is missing, reply with a short "
+            "plain message without any function call: that ends your turn, and the user may send a "
+            "new request.\n\n"
+            "# Tools\n\nThe functions you can call are described in JSON inside <tools></tools>:\n"
+            f"<tools>\n{tools}\n</tools>\n\n"
+            "To call a function, write one block per call, with the function name and a JSON object of "
+            "arguments:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+        )
+
+    def ground_truth_calls(self, task: BFCLTask) -> tuple:
+        """Per user turn, the ground-truth calls as (name, kwargs) pairs."""
+        if task.id not in self._gt_calls:
+            self._gt_calls[task.id] = tuple(tuple(parse_call_string(s, task.involved_classes) for s in turn)
+                                            for turn in task.ground_truth)
+        return self._gt_calls[task.id]
+
+    def ground_truth_problems(self, task: BFCLTask) -> list[str]:
+        """Why the replayed ground truth cannot pass in this env (empty for all but a few tasks):
+        a ground-truth call that breaks its function's schema (e.g. the scenario-173 tasks give the
+        integer `ticket_id` as a string and expect the resulting error), or that uses a miss_func
+        function before the turn that makes it available. Such tasks are left out of `tasks()` unless
+        exclude_unsolvable=False."""
+        docs = self._docs(task)
+        problems = []
+        for turn, calls in enumerate(self.ground_truth_calls(task)):
+            held = self._held_out(task, turn)
+            for name, kwargs in calls:
+                if name in held:
+                    problems.append(f"turn {turn}: {name} is held out until a later turn")
+                    continue
+                _, err = validate_call(docs[name][1], kwargs)
+                if err:
+                    problems.append(f"turn {turn}: {err}")
+        return problems
+
+    def ground_truth_actions(self, task: BFCLTask) -> list[str]:
+        """The reference solution as assistant messages: per user turn, one message with all its
+        ground-truth calls (if any), then a closing text message."""
+        actions = []
+        for calls in self.ground_truth_calls(task):
+            if calls:
+                actions.append("\n".join(format_tool_call(n, a) for n, a in calls))
+            actions.append("Done.")
+        return actions
+
+    def upper_bound_turns(self, task: BFCLTask) -> int:
+        return sum(1 + (len(g) > 0) for g in task.ground_truth)
+
+    # -- episode ---------------------------------------------------------------------------------
+    def _instances(self, task: BFCLTask) -> dict:
+        long_context = task.category == "long_context"
+        out = {}
+        for c in task.involved_classes:
+            inst = tool_class(c)()
+            if c not in _STATELESS:
+                inst._load_scenario(copy.deepcopy(dict(task.initial_config).get(c, {})), long_context=long_context)
+            out[c] = inst
+        return out
+
+    def _user_message(self, task: BFCLTask, turn: int) -> str:
+        if turn in task.missed_function:
+            docs = self._docs(task)
+            added = "\n".join(json.dumps(self._tool_entry(docs[f][1]), ensure_ascii=False)
+                              for f in task.missed_function[turn] if f in docs)
+            text = task.turns[turn].strip()
+            return (f"These functions are now available as well:\n<tools>\n{added}\n</tools>\n"
+                    + (text if text else "Please continue with my earlier request."))
+        return task.turns[turn]
+
+    def reset(self, seed: int, task: BFCLTask) -> tuple[BFCLState, str]:
+        if not isinstance(task, BFCLTask):
+            raise ValueError(f"BFCLEnv.reset needs a BFCLTask, got {type(task).__name__}")
+        state = BFCLState(task=task, instances=self._instances(task), gt_instances=self._instances(task))
+        return state, self._user_message(task, 0)
+
+    def clone(self, state: BFCLState) -> BFCLState:
+        """Independent copy of the tool instances and bookkeeping (the task is shared, not copied)."""
+        return copy.deepcopy(state, memo={id(state.task): state.task})
+
+    def anchor(self, state: BFCLState) -> int:
+        return state_anchor(state.turn, state.instances)
+
+    def _end_turn(self, state: BFCLState) -> tuple[str, str | None]:
+        """Advance the ground truth by the current turn and run BFCL's checks; (obs, failure)."""
+        task = state.task
+        gt_calls = self.ground_truth_calls(task)[state.turn]
+        docs = self._docs(task)
+        gt_results = []
+        for name, kwargs in gt_calls:
+            cls, doc = docs[name]
+            args, err = validate_call(doc, kwargs)
+            gt_results.append(execute_call(state.gt_instances[cls], name, args if err is None else kwargs))
+        failure = None
+        if gt_calls:
+            if state.turn_calls == 0:
+                failure = f"multi_turn:empty_turn_model_response (turn {state.turn})"
+            elif not all(states_equal(state.instances[c], state.gt_instances[c]) for c in task.involved_classes):
+                failure = f"multi_turn:instance_state_mismatch (turn {state.turn})"
+            elif not results_contained(gt_results, state.all_results):
+                failure = f"multi_turn:execution_response_mismatch (turn {state.turn})"
+        if failure is not None:
+            state.done, state.success, state.failure = True, False, failure
+            return "The task has ended.", failure
+        state.turn += 1
+        state.steps_in_turn = 0
+        state.turn_calls = 0
+        if state.turn >= len(task.turns):
+            state.done, state.success = True, True
+            return "All requests are complete.", None
+        return self._user_message(task, state.turn), None
+
+    def step(self, state: BFCLState, action_text: str):
+        if not isinstance(state, BFCLState):
+            raise ValueError(f"BFCLEnv.step needs a BFCLState, got {type(state).__name__}")
+        if state.done:
+            raise ValueError("BFCLEnv.step called on a finished episode")
+        before = self.anchor(state)
+        text, err = coerce_action(action_text)
+        calls = parse_tool_calls(strip_think(text), MAX_CALLS_PER_MESSAGE) if err is None else []
+        if err is None and not calls:
+            # A plain message ends the user turn.
+            obs, failure = self._end_turn(state)
+            reward = 1.0 if state.done and state.success else 0.0
+            return state, obs, reward, state.done, make_info(
+                valid=True, success=state.success, anchor=before, next_anchor=self.anchor(state), error=None,
+                tool_error=False,
+                obs_role="user", n_calls=0, failure=failure, user_turn=state.turn)
+        state.steps_in_turn += 1
+        if err is not None:
+            results, valid, tool_error = [f"Error: {err}"], False, True
+        else:
+            results, valid, tool_error = self._run_calls(state, calls)
+        obs = "\n".join(f"<tool_response>\n{_clip(r)}\n</tool_response>" for r in results)
+        failure = None
+        if state.steps_in_turn >= self.max_steps_per_turn:
+            failure = f"multi_turn:force_terminated ({self.max_steps_per_turn} tool-call steps in turn {state.turn})"
+            state.done, state.success, state.failure = True, False, failure
+        errors = [r for r in results if r.startswith("Error") or is_error_result(r)]
+        return state, obs, 0.0, state.done, make_info(
+            valid=valid, success=False, anchor=before, next_anchor=self.anchor(state),
+            error="; ".join(errors)[:1000] or None,
+            tool_error=tool_error, obs_role="tool", n_calls=len(calls), failure=failure, user_turn=state.turn)
+
+    def _run_calls(self, state: BFCLState, calls: list[ToolCall]) -> tuple[list[str], bool, bool]:
+        docs = self._docs(state.task)
+        held = self._held_out(state.task, state.turn)
+        results, valid, tool_error = [], True, False
+        for c in calls:
+            if c.error is not None:
+                results.append(f"Error: {c.error}")
+                valid, tool_error = False, True
+                continue
+            if c.name not in docs or c.name in held:
+                results.append(f"Error: unknown function '{c.name}'")
+                valid, tool_error = False, True
+                continue
+            cls, doc = docs[c.name]
+            args, err = validate_call(doc, c.arguments)
+            if err is not None:
+                results.append(f"Error: {err}")
+                valid, tool_error = False, True
+                continue
+            r = execute_call(state.instances[cls], c.name, args)
+            state.all_results.append(r)
+            state.turn_calls += 1
+            tool_error = tool_error or is_error_result(r)
+            results.append(r)
+        return results, valid, tool_error
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_OBS_RESULT_CHARS:
+        return text
+    return text[:_MAX_OBS_RESULT_CHARS] + f"... [{len(text) - _MAX_OBS_RESULT_CHARS} more characters]"
+
+
+def format_tool_call(name: str, arguments: Mapping) -> str:
+    """Qwen3 tool-call text for one call."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "\n</tool_call>"
+
+
+# ------------------------------------------------------------------------------------------------
+# Error-prefix evaluation (PAPER.md finding 4, BFCL case study): bookkeeping only
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ErrorPrefix:
+    """A trajectory prefix whose last action produced a tool-call error."""
+
+    task: Any
+    seed: int
+    actions: tuple  # the prefix's actions, the erroneous one last
+    step: int  # index of the erroneous action
+    depth: float  # normalised depth d_t = (step + 1) / T_max
+    source: str  # the policy that produced the trajectory
+    trajectory: int  # index of the trajectory in the input
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def is_tool_error(info: Mapping) -> bool:
+    """A step is a tool-call error when info['tool_error'] is set (falls back to info['error'])."""
+    if "tool_error" in info:
+        return bool(info["tool_error"])
+    return info.get("error") is not None
+
+
+def collect_error_prefixes(trajectories: Sequence[Any], *, t_max: int | Callable[[Any], int] | None = None,
+                           max_per_trajectory: int | None = None) -> list[ErrorPrefix]:
+    """Prefixes ending in a tool-call error, from trajectories given as mappings or objects with
+    `task`, `actions` (texts) and `infos` (the env's step infos), and optionally `seed`, `policy`,
+    `dones` (per-step done flags). A prefix whose erroneous step ended the episode is skipped (it
+    cannot be continued). T_max for the depth: `t_max` (an int or a function of the task), else the
+    trajectory's length.
+    """
+    out = []
+    for ti, traj in enumerate(trajectories):
+        actions, infos = list(_get(traj, "actions", [])), list(_get(traj, "infos", []))
+        if len(actions) != len(infos):
+            raise ValueError(f"trajectory {ti}: {len(actions)} actions but {len(infos)} infos")
+        dones = list(_get(traj, "dones", None) or [False] * len(actions))
+        task = _get(traj, "task")
+        tm = t_max(task) if callable(t_max) else (t_max or len(actions))
+        kept = 0
+        for t, info in enumerate(infos):
+            if not is_tool_error(info) or dones[t] or info.get("failure"):
+                continue
+            out.append(ErrorPrefix(task=task, seed=int(_get(traj, "seed", 0) or 0), actions=tuple(actions[: t + 1]),
+                                   step=t, depth=(t + 1) / max(1, tm), source=str(_get(traj, "policy", "") or ""),
+                                   trajectory=ti))
+            kept += 1
+            if max_per_trajectory is not None and kept >= max_per_trajectory:
+                break
+    return out
+
+
+def replay(env: HostEnv, task: Any, actions: Sequence[str], seed: int = 0) -> tuple[Any, str, dict | None]:
+    """Reset and step through `actions`; returns (state, last obs, last info)."""
+    state, obs = env.reset(seed, task)
+    info = None
+    for a in actions:
+        state, obs, _, done, info = env.step(state, a)
+        if done:
+            raise ValueError("replay: the episode ended before the prefix did")
+    return state, obs, info
+
+
+def is_correction(info: Mapping) -> bool:
+    """jaxagent's definition of a corrected error: the continuation is well-formed, makes at least one
+    tool call, and none of its calls fails."""
+    return bool(info.get("valid")) and not is_tool_error(info) and int(info.get("n_calls", 0)) > 0
+
+
+def correction_rate(env: HostEnv, prefixes: Sequence[ErrorPrefix], continuations: Mapping[str, Sequence[str]],
+                    *, corrected: Callable[[Mapping], bool] = is_correction) -> dict[str, dict]:
+    """Correction rate of each policy: continue every prefix with that policy's one action and count
+    corrections (PAPER.md finding 4: 191 BFCL prefixes, one action from each model, 41.4% vs 27.2%).
+
+    `continuations[policy][i]` is the policy's action for `prefixes[i]`. Returns, per policy:
+    rate, n, n_corrected, corrected (per-prefix flags) and by_source (rate per prefix source policy).
+    """
+    for p, acts in continuations.items():
+        if len(acts) != len(prefixes):
+            raise ValueError(f"policy {p!r}: {len(acts)} continuations for {len(prefixes)} prefixes")
+    flags: dict[str, list[bool]] = {p: [] for p in continuations}
+    for i, pre in enumerate(prefixes):
+        state, _, _ = replay(env, pre.task, pre.actions, pre.seed)
+        for p, acts in continuations.items():
+            _, _, _, _, info = env.step(env.clone(state), acts[i])
+            flags[p].append(bool(corrected(info)))
+    out = {}
+    for p, f in flags.items():
+        by_source = collections.defaultdict(list)
+        for pre, ok in zip(prefixes, f):
+            by_source[pre.source].append(ok)
+        out[p] = {"rate": sum(f) / len(f) if f else float("nan"), "n": len(f), "n_corrected": sum(f),
+                  "corrected": f, "by_source": {s: sum(v) / len(v) for s, v in by_source.items()}}
+    return out

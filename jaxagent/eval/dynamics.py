@@ -1,0 +1,85 @@
+"""Training dynamics: trajectory reward R_multi vs single-step reward R_single, and a JSONL log of both.
+
+Dimension legend (this module): B episodes of the training batch, S held-out states, A actions,
+L logged records.
+
+PAPER.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
+batch; R_single = mean single-step quality on a fixed held-out state set (FrozenLake: probability mass
+the policy puts on Q*-optimal actions).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.eval import _checks
+
+
+def r_multi(success_B, mask_B=None) -> jax.Array:
+    """R_multi = sum_b mask_b success_b / sum_b mask_b: mean trajectory success of the batch."""
+    success_B = jnp.asarray(success_B, jnp.float32).reshape(-1)
+    mask_B = jnp.ones_like(success_B) if mask_B is None else jnp.asarray(mask_B, jnp.float32).reshape(-1)
+    return jnp.sum(success_B * mask_B) / mask_B.sum()
+
+
+def optimal_action_mask(q_SxA, valid_SxA=None, *, tol: float = 0.0) -> jax.Array:
+    """Q*-optimal actions bool[S, A]: valid a with Q*(s, a) >= max_{a' valid} Q*(s, a') - tol."""
+    _checks.require_ndim(q_SxA, 2, "q_SxA")
+    q_SxA = jnp.asarray(q_SxA, jnp.float32)
+    valid_SxA = jnp.ones(q_SxA.shape, bool) if valid_SxA is None else jnp.asarray(valid_SxA, bool)
+    best_S1 = jnp.max(jnp.where(valid_SxA, q_SxA, -jnp.inf), axis=-1, keepdims=True)
+    return valid_SxA & (q_SxA >= best_S1 - tol)
+
+
+def r_single(probs_SxA, optimal_SxA, state_mask_S=None) -> jax.Array:
+    """R_single = mean_s sum_a pi(a | s) 1[a is Q*-optimal at s] over the (masked) held-out states."""
+    _checks.require_ndim(probs_SxA, 2, "probs_SxA")
+    _checks.require_same_shape(probs_SxA, optimal_SxA, "probs_SxA", "optimal_SxA")
+    mass_S = jnp.sum(jnp.asarray(probs_SxA, jnp.float32) * jnp.asarray(optimal_SxA, jnp.float32), axis=-1)
+    mask_S = jnp.ones_like(mass_S) if state_mask_S is None else jnp.asarray(state_mask_S, jnp.float32)
+    return jnp.sum(mass_S * mask_S) / mask_S.sum()
+
+
+def dynamics_deltas(r_multi_L, r_single_L) -> dict[str, jax.Array]:
+    """Change over training, last logged value minus first (finding 6: R_multi +0.331, R_single -0.097)."""
+    r_multi_L, r_single_L = jnp.asarray(r_multi_L, jnp.float32), jnp.asarray(r_single_L, jnp.float32)
+    return {"r_multi_delta": r_multi_L[-1] - r_multi_L[0], "r_single_delta": r_single_L[-1] - r_single_L[0]}
+
+
+class DynamicsLog:
+    """Host-side append-only JSONL log of {step, r_multi, r_single} records (one JSON object a line)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+
+    def append(self, step: int, r_multi: float, r_single: float) -> dict:
+        """Append one record (values brought to the host as Python numbers) and return it."""
+        record = {"step": int(step), "r_multi": float(r_multi), "r_single": float(r_single)}
+        for name in ("r_multi", "r_single"):
+            if not math.isfinite(record[name]):
+                raise ValueError(f"{name} must be finite, got {record[name]} at step {record['step']}")
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+    def read(self) -> list[dict]:
+        """All records in file order; an absent file reads as no records."""
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The records as arrays: step int64[L], r_multi float64[L], r_single float64[L]."""
+        records = self.read()
+        return {
+            "step": np.asarray([r["step"] for r in records], np.int64),
+            "r_multi": np.asarray([r["r_multi"] for r in records], np.float64),
+            "r_single": np.asarray([r["r_single"] for r in records], np.float64),
+        }

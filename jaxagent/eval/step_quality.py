@@ -1,0 +1,144 @@
+"""Step quality on matched states, error-state metrics and the choice of the injected error action.
+
+Dimension legend (this module): S states, G sampled actions per policy and state, A actions of the env,
+R continuations per error state, D depth bins.
+
+PAPER.md, "jaxagent's definitions", Step quality: q(s, a) = Q*_h(s, a) with h the remaining budget; per
+state compare the mean q of each policy's G actions; "RL better on X%" is the share of states where RL's
+mean q is strictly higher, ties reported separately. Error state: from a non-terminal state, take a
+non-terminating action with Q* below the best (the worst such action) and continue from there.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.eval import _checks
+from jaxagent.eval.passk import bootstrap_ci
+
+
+def _masked_mean(x, mask, axis=-1):
+    mask = mask.astype(jnp.float32)
+    count = mask.sum(axis)
+    return jnp.sum(jnp.where(mask > 0, x, 0.0) * mask, axis) / count, count > 0
+
+
+def per_state_comparison(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, *, tol: float = 0.0, state_mask_S=None):
+    """Per-state mean q of each policy and the RL-vs-base outcome.
+
+    mean_p[s] = sum_g valid_p[s,g] q_p[s,g] / sum_g valid_p[s,g];  diff = mean_rl - mean_base;
+    better = diff > tol, worse = diff < -tol, equal otherwise. A state is used when both policies have at
+    least one valid action (and state_mask allows it).
+    """
+    _checks.require_ndim(q_base_SxG, 2, "q_base_SxG")
+    _checks.require_ndim(q_rl_SxG, 2, "q_rl_SxG")
+    _checks.require_same_shape(q_base_SxG, valid_base_SxG, "q_base_SxG", "valid_base_SxG")
+    _checks.require_same_shape(q_rl_SxG, valid_rl_SxG, "q_rl_SxG", "valid_rl_SxG")
+    if np.shape(q_base_SxG)[0] != np.shape(q_rl_SxG)[0]:
+        raise ValueError("q_base_SxG and q_rl_SxG must have the same number of states, got "
+                         f"{np.shape(q_base_SxG)[0]} and {np.shape(q_rl_SxG)[0]}")
+    mean_base_S, has_base_S = _masked_mean(jnp.asarray(q_base_SxG, jnp.float32), jnp.asarray(valid_base_SxG))
+    mean_rl_S, has_rl_S = _masked_mean(jnp.asarray(q_rl_SxG, jnp.float32), jnp.asarray(valid_rl_SxG))
+    used_S = has_base_S & has_rl_S
+    if state_mask_S is not None:
+        used_S = used_S & jnp.asarray(state_mask_S, bool)
+    diff_S = mean_rl_S - mean_base_S
+    better_S = used_S & (diff_S > tol)
+    worse_S = used_S & (diff_S < -tol)
+    return {
+        "mean_q_base": mean_base_S,
+        "mean_q_rl": mean_rl_S,
+        "used": used_S,
+        "rl_better": better_S,
+        "equal": used_S & ~better_S & ~worse_S,
+        "rl_worse": worse_S,
+    }
+
+
+def _summaries(per_state, weight_S):
+    """Shares and mean qualities over the states selected by weight_S (float 0/1)."""
+    n = weight_S.sum()
+    share = lambda x: jnp.sum(x * weight_S) / n
+    safe = lambda x: jnp.where(weight_S > 0, x, 0.0)
+    return {
+        "n_states": n,
+        "share_rl_better": share(per_state["rl_better"]),
+        "share_equal": share(per_state["equal"]),
+        "share_rl_worse": share(per_state["rl_worse"]),
+        "mean_q_base": jnp.sum(safe(per_state["mean_q_base"]) * weight_S) / n,
+        "mean_q_rl": jnp.sum(safe(per_state["mean_q_rl"]) * weight_S) / n,
+    }
+
+
+def step_quality(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, *, tol: float = 0.0, state_mask_S=None):
+    """Shares of used states where RL's mean q is strictly higher / equal (|diff| <= tol) / lower, and the
+    mean over used states of each policy's per-state mean q (PAPER.md finding 3; formulas in
+    `per_state_comparison`). Empty selections give NaN."""
+    per_state = per_state_comparison(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, tol=tol,
+                                     state_mask_S=state_mask_S)
+    return _summaries(per_state, per_state["used"].astype(jnp.float32))
+
+
+def depth_bins(depth_S, n_bins: int) -> jax.Array:
+    """Bin index int32[S] of normalised depth d = t / T_max: floor(d * n_bins) clipped to [0, n_bins - 1]."""
+    return jnp.clip(jnp.floor(jnp.asarray(depth_S, jnp.float32) * n_bins).astype(jnp.int32), 0, n_bins - 1)
+
+
+def step_quality_by_depth(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, depth_S, *, n_bins: int = 4,
+                          tol: float = 0.0, state_mask_S=None):
+    """`step_quality` within each of n_bins equal-width bins of normalised depth d_t = t / T_max in [0, 1]
+    (PAPER.md finding 4: RL's advantage grows with d_t). Every value has shape [D]; empty bins give NaN.
+    Also returns bin_edges [D + 1]."""
+    if int(n_bins) < 1:
+        raise ValueError(f"n_bins must be positive, got {n_bins}")
+    per_state = per_state_comparison(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, tol=tol,
+                                     state_mask_S=state_mask_S)
+    _checks.require_same_shape(depth_S, per_state["used"], "depth_S", "states")
+    onehot_SxD = jax.nn.one_hot(depth_bins(depth_S, n_bins), n_bins) * per_state["used"][:, None]
+    out = jax.vmap(lambda w_S: _summaries(per_state, w_S), in_axes=1)(onehot_SxD)
+    out["bin_edges"] = jnp.linspace(0.0, 1.0, n_bins + 1)
+    return out
+
+
+def choose_error_action(q_A, non_terminating_A, valid_A=None, *, tol: float = 0.0) -> jax.Array:
+    """The injected error action of one state, int32 (-1 if none exists).
+
+    PAPER.md, "jaxagent's definitions", Error state: among valid non-terminating actions a with
+    Q*(s, a) < max_{a' valid} Q*(s, a') - tol, the one with the lowest Q* (lowest index on ties).
+    vmap over states for a batch.
+    """
+    _checks.require_ndim(q_A, 1, "q_A")
+    _checks.require_same_shape(q_A, non_terminating_A, "q_A", "non_terminating_A")
+    q_A = jnp.asarray(q_A, jnp.float32)
+    valid_A = jnp.ones(q_A.shape, bool) if valid_A is None else jnp.asarray(valid_A, bool)
+    best = jnp.max(jnp.where(valid_A, q_A, -jnp.inf))
+    candidate_A = valid_A & jnp.asarray(non_terminating_A, bool) & (q_A < best - tol)
+    worst = jnp.argmin(jnp.where(candidate_A, q_A, jnp.inf)).astype(jnp.int32)
+    return jnp.where(candidate_A.any(), worst, -1)
+
+
+def error_state_metrics(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, success_base_SxR, success_rl_SxR,
+                        key, *, tol: float = 0.0, state_mask_S=None, n_boot: int = 1000, alpha: float = 0.05):
+    """Error-state metrics with percentile bootstrap CIs over error states (PAPER.md finding 4).
+
+    share_rl_better / share_rl_worse: shares of error states where RL's mean q over its G actions is
+    strictly higher / lower than base's (as in `per_state_comparison`); success_rl / success_base: mean
+    over states of the per-state success rate of the R continuations of each policy from the same error
+    state; success_diff = success_rl - success_base (paired). All five resample the same states (one key,
+    `passk.bootstrap_ci`); states are used when both policies have a valid action and state_mask allows.
+    Returns a dict of `passk.CI`.
+    """
+    per_state = per_state_comparison(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, tol=tol,
+                                     state_mask_S=state_mask_S)
+    _checks.require_ndim(success_base_SxR, 2, "success_base_SxR")
+    _checks.require_ndim(success_rl_SxR, 2, "success_rl_SxR")
+    rate_base_S = jnp.mean(jnp.asarray(success_base_SxR, jnp.float32), axis=-1)
+    rate_rl_S = jnp.mean(jnp.asarray(success_rl_SxR, jnp.float32), axis=-1)
+    stacked_5xS = jnp.stack([
+        per_state["rl_better"].astype(jnp.float32), per_state["rl_worse"].astype(jnp.float32),
+        rate_rl_S, rate_base_S, rate_rl_S - rate_base_S,
+    ])
+    ci = bootstrap_ci(stacked_5xS, key, n_boot=n_boot, alpha=alpha, mask=per_state["used"])
+    names = ("share_rl_better", "share_rl_worse", "success_rl", "success_base", "success_diff")
+    return {name: type(ci)(ci.mean[i], ci.lo[i], ci.hi[i]) for i, name in enumerate(names)}

@@ -1,0 +1,182 @@
+"""Policy, value, KL and entropy losses over token arrays, with verl-style loss aggregation.
+
+Dimension legend: B sequences, T tokens, V vocab. `mask_BxT` is 1 on tokens the policy generated
+and that enter the loss, 0 on prompt, observation and padding tokens. Inputs at masked positions
+may hold anything (even -inf log-probs): they are replaced before any exp, so they reach neither
+the loss nor its gradient. Everything is computed in at least float32.
+"""
+import chex
+import jax
+import jax.numpy as jnp
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in f32; a ratio that large is clipped anyway
+
+
+def _float(x):
+    x = jnp.asarray(x)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _is_nonzero_number(x):
+    return isinstance(x, (int, float)) and x != 0
+
+
+def aggregate(loss_BxT, mask_BxT, mode, norm_len=None):
+    """Reduce a per-token loss to a scalar (the loss_agg_mode options of verl).
+
+    'token-mean'              : sum_{b,t} m l / sum_{b,t} m       (DAPO token-level loss,
+                                Yu et al. 2025, "DAPO", Sec. 3.3)
+    'seq-mean-token-mean'     : mean_b [ sum_t m l / sum_t m ]    (GRPO's 1/G sum_i 1/|o_i| sum_t,
+                                Shao et al. 2024, eq. 3)
+    'seq-mean-token-sum-norm' : mean_b [ sum_t m l / L ]          (Dr.GRPO, Liu et al. 2025, Sec.
+                                3: a constant L = norm_len, default T, removes the length bias)
+    The seq-mean modes average over sequences with at least one valid token, so fully masked rows
+    (padding, groups dropped by dynamic sampling) do not dilute the mean. An all-masked batch -> 0.
+    """
+    chex.assert_rank([loss_BxT, mask_BxT], 2)
+    chex.assert_equal_shape([loss_BxT, mask_BxT])
+    valid_BxT = mask_BxT.astype(bool)
+    w_BxT = valid_BxT.astype(jnp.float32)
+    summed_B = jnp.sum(jnp.where(valid_BxT, _float(loss_BxT), 0.0), axis=-1)
+    if mode == "token-mean":
+        return jnp.sum(summed_B) / jnp.maximum(jnp.sum(w_BxT), 1.0)
+    count_B = jnp.sum(w_BxT, axis=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq_B = summed_B / jnp.maximum(count_B, 1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        length = loss_BxT.shape[1] if norm_len is None else norm_len
+        if isinstance(length, (int, float)) and length <= 0:
+            raise ValueError(f"norm_len must be positive, got {length}")
+        per_seq_B = summed_B / length
+    else:
+        raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {mode!r}")
+    has_tokens_B = (count_B > 0).astype(per_seq_B.dtype)
+    return jnp.sum(per_seq_B * has_tokens_B) / jnp.maximum(jnp.sum(has_tokens_B), 1.0)
+
+
+def ppo_clip_objective(logp, old_logp, adv, *, clip_low, clip_high):
+    """Per-token PPO clipped surrogate loss, elementwise over any shape -> (loss, clipped).
+
+    ratio = exp(logp - old_logp)
+    loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    Source: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7; separate
+    clip_low / clip_high is DAPO's clip-higher (Yu et al. 2025, Sec. 3.1).
+    `clipped` is True where the clipped branch is strictly the larger loss (its gradient is 0).
+    The log-ratio is clamped to +-LOG_RATIO_CLAMP before exp (as verl does) to stay finite.
+    """
+    chex.assert_equal_shape([logp, old_logp, adv])
+    for name, eps in (("clip_low", clip_low), ("clip_high", clip_high)):
+        if isinstance(eps, (int, float)) and eps < 0:
+            raise ValueError(f"{name} must be >= 0, got {eps}")
+    log_ratio = jnp.clip(_float(logp) - _float(old_logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    adv = _float(adv)
+    unclipped = -ratio * adv
+    clipped_loss = -jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    return jnp.maximum(unclipped, clipped_loss), clipped_loss > unclipped
+
+
+def kl_penalty(logp, ref_logp, estimator="k3"):
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi, elementwise over any shape.
+
+    With x = ref_logp - logp (log of r = pi_ref / pi):
+    k1 = -x = logp - ref_logp                  (unbiased, high variance, can be negative)
+    k2 = x^2 / 2                               (biased, low variance)
+    k3 = exp(x) - x - 1 = (r - 1) - log r       (unbiased, low variance, >= 0; GRPO's KL term)
+    Source: Schulman 2020, "Approximating KL Divergence" (blog); k3 in Shao et al. 2024, eq. 4.
+    x is clamped to +-LOG_RATIO_CLAMP so k3 stays finite.
+    """
+    chex.assert_equal_shape([logp, ref_logp])
+    x = jnp.clip(_float(ref_logp) - _float(logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if estimator == "k1":
+        return -x
+    if estimator == "k2":
+        return 0.5 * x**2
+    if estimator == "k3":
+        return jnp.expm1(x) - x
+    raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+def entropy_from_logits(logits_xV):
+    """Entropy of softmax(logits) over the last axis, in float32: H = logsumexp(z) - sum_v p_v z_v.
+
+    Written as -sum_v p_v log p_v with log p = z - logsumexp(z); entries with p = 0 (including
+    -inf logits from top-k/top-p masks) contribute exactly 0 to the value and the gradient.
+    Shannon 1948; the entropy bonus of Mnih et al. 2016 (A3C) / Schulman et al. 2017 eq. 9.
+    """
+    z = logits_xV.astype(jnp.promote_types(logits_xV.dtype, jnp.float32))
+    logp = jax.nn.log_softmax(z, axis=-1)
+    p = jnp.exp(logp)
+    return -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
+
+
+def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, clip_eps,
+               agg_mode="token-mean", norm_len=None):
+    """Clipped value loss -> (scalar, aux).
+
+    l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - eps, V_old_t + eps) - R_t)^2),
+    aggregated with `aggregate(l, mask, agg_mode, norm_len)`. Source: the PPO value clipping of
+    OpenAI baselines ppo2; Andrychowicz et al. 2021, "What Matters in On-Policy RL", Sec. 3.
+    aux: 'vf_clip_frac' (token share where the clipped branch is strictly larger), 'vf_mse'.
+    """
+    chex.assert_rank([values_BxT, old_values_BxT, returns_BxT, mask_BxT], 2)
+    chex.assert_equal_shape([values_BxT, old_values_BxT, returns_BxT, mask_BxT])
+    if isinstance(clip_eps, (int, float)) and clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
+    valid_BxT = mask_BxT.astype(bool)
+    safe = lambda x: jnp.where(valid_BxT, _float(x), 0.0)  # noqa: E731
+    v, v_old, ret = safe(values_BxT), safe(old_values_BxT), safe(returns_BxT)
+    err = (v - ret) ** 2
+    err_clipped = (jnp.clip(v, v_old - clip_eps, v_old + clip_eps) - ret) ** 2
+    loss = aggregate(0.5 * jnp.maximum(err, err_clipped), mask_BxT, agg_mode, norm_len)
+    aux = {"vf_clip_frac": aggregate(err_clipped > err, mask_BxT, "token-mean"),
+           "vf_mse": aggregate(err, mask_BxT, "token-mean")}
+    return loss, aux
+
+
+def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_high, agg_mode,
+                norm_len=None, kl_coef=0.0, ref_logp=None, kl_estimator="k3",
+                entropy_coef=0.0, entropy_BxT=None):
+    """PPO-clip policy loss with optional KL-to-reference and entropy terms -> (scalar, aux).
+
+    L = agg(ppo_clip_objective) + kl_coef * agg(kl_penalty(logp, ref_logp))
+        - entropy_coef * agg(entropy)
+    with agg = `aggregate(., mask_BxT, agg_mode, norm_len)`. Sources: Schulman et al. 2017 eq. 7
+    and 9; DAPO clip-higher (Yu et al. 2025); GRPO's KL term (Shao et al. 2024, eq. 3-4).
+    The KL term is added iff ref_logp is given, the entropy term iff entropy_BxT is given (a
+    nonzero Python coefficient without its array is a ValueError); coefficients may be traced.
+    aux: 'pg_loss' and 'kl_ref' (when given) as aggregated into L; token-means over the mask,
+    whatever agg_mode, so runs compare: 'clip_frac', 'ratio_mean', 'approx_kl_old_abs' =
+    mean |logp - old_logp| and 'approx_kl_old_k3' (trainer-vs-sampler drift), 'entropy' if given.
+    """
+    chex.assert_rank([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT], 2)
+    chex.assert_equal_shape([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT])
+    if ref_logp is None and _is_nonzero_number(kl_coef):
+        raise ValueError("kl_coef is nonzero but ref_logp was not given")
+    if entropy_BxT is None and _is_nonzero_number(entropy_coef):
+        raise ValueError("entropy_coef is nonzero but entropy_BxT was not given")
+    valid_BxT = mask_BxT.astype(bool)
+    safe = lambda x: jnp.where(valid_BxT, _float(x), 0.0)  # noqa: E731
+    logp, old_logp = safe(logp_BxT), safe(old_logp_BxT)
+    pg_BxT, clipped_BxT = ppo_clip_objective(logp, old_logp, safe(adv_BxT),
+                                             clip_low=clip_low, clip_high=clip_high)
+    mean = lambda x: aggregate(x, mask_BxT, "token-mean")  # noqa: E731
+    pg = aggregate(pg_BxT, mask_BxT, agg_mode, norm_len)
+    aux = {"pg_loss": pg, "clip_frac": mean(clipped_BxT),
+           "ratio_mean": mean(jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP,
+                                               LOG_RATIO_CLAMP))),
+           "approx_kl_old_abs": mean(jnp.abs(logp - old_logp)),
+           "approx_kl_old_k3": mean(kl_penalty(logp, old_logp, "k3"))}
+    loss = pg
+    if ref_logp is not None:
+        chex.assert_equal_shape([logp_BxT, ref_logp])
+        kl = aggregate(kl_penalty(logp, safe(ref_logp), kl_estimator), mask_BxT, agg_mode,
+                       norm_len)
+        loss, aux["kl_ref"] = loss + kl_coef * kl, kl
+    if entropy_BxT is not None:
+        chex.assert_equal_shape([logp_BxT, entropy_BxT])
+        ent = aggregate(safe(entropy_BxT), mask_BxT, agg_mode, norm_len)
+        loss, aux["entropy"] = loss - entropy_coef * ent, mean(safe(entropy_BxT))
+    return loss, aux

@@ -1,0 +1,125 @@
+"""Coding environment: reference solutions pass, broken ones fail with useful feedback, the pass rate
+is the step quality, malformed actions are error observations."""
+
+import pytest
+
+from jaxagent.envs import host
+from jaxagent.envs.code_env import CodeEnv, CodeState, extract_code, values_equal
+from jaxagent.envs.sandbox import SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def env():
+    return CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6))
+
+
+def _task(env, task_id):
+    return next(t for t in env.tasks("all") if t.id == task_id)
+
+
+def _block(code):
+    return f"Here is my solution.\n```python\n{code}\n```"
+
+
+def test_task_set(env):
+    tasks = env.tasks("all")
+    assert len(tasks) >= 15 and len({t.id for t in tasks}) == len(tasks)
+    assert all(len(t.tests) >= 4 for t in tasks)
+    assert len(env.tasks("train")) + len(env.tasks("test")) == len(tasks)
+
+
+def test_reference_solutions_pass(env):
+    for task in env.tasks("all"):
+        state, obs = env.reset(0, task)
+        assert task.entry_point in obs and "Example:" in obs
+        state, obs, reward, done, info = env.step(state, _block(task.reference))
+        assert (reward, done, info["success"], info["pass_rate"]) == (1.0, True, True, 1.0), (task.id, obs)
+        assert obs == f"All {len(task.tests)} tests passed."
+        assert env.upper_bound_turns(task) == 1
+
+
+BROKEN = {
+    "pair-sum": ("seen[target - x], j]", "seen[target - x], j + 1]"),
+    "palindrome": ("c.lower()", "c"),
+    "roman": ("total -= v", "total += v"),
+    "merge-intervals": ("s <= out[-1][1]", "s < out[-1][1]"),
+    "nth-prime": ("return primes[n - 1]", "return primes[n]"),
+    "coin-change": ("return -1 if", "return 0 if"),
+}
+
+
+@pytest.mark.parametrize("task_id", sorted(BROKEN))
+def test_broken_solutions_fail_with_feedback(env, task_id):
+    task = _task(env, task_id)
+    old, new = BROKEN[task_id]
+    assert old in task.reference
+    broken = task.reference.replace(old, new)
+    state, _ = env.reset(0, task)
+    state, obs, reward, done, info = env.step(state, _block(broken))
+    assert reward == 0.0 and not done and info["valid"] and not info["success"]
+    assert 0.0 <= info["pass_rate"] < 1.0
+    assert obs.startswith(f"Passed {info['n_passed']}/{len(task.tests)} tests. First failing test: {task.entry_point}(")
+    assert "should return" in obs
+    assert env.step_quality(state, _block(broken)) == pytest.approx(info["pass_rate"])
+    assert env.step_quality(state, _block(task.reference)) == 1.0
+    # ...and fixing it on the next turn solves the task.
+    state, obs, reward, done, info = env.step(state, _block(task.reference))
+    assert (reward, done, state.turn) == (1.0, True, 2)
+
+
+def test_feedback_names_the_failure(env):
+    task = _task(env, "fizzbuzz")
+    state, _ = env.reset(0, task)
+    _, obs, _, _, info = env.step(state, _block("def fizzbuzz(n):\n    return [str(i) for i in range(1, n + 1)]"))
+    assert "First failing test: fizzbuzz(5) should return ['1', '2', 'Fizz', '4', 'Buzz'] but returned" in obs
+    assert not info["tool_error"] and info["pass_rate"] == pytest.approx(0.5)
+    _, obs, _, _, info = env.step(state, _block("def fizzbuzz(n):\n    raise KeyError('boom')"))
+    assert "failed with KeyError: 'boom'" in obs and info["tool_error"] and info["pass_rate"] == 0.0
+    _, obs, _, _, info = env.step(state, _block("def fizzbuzz(n)\n    return []"))
+    assert "Your code failed to run: SyntaxError" in obs and info["valid"]
+    _, obs, _, _, info = env.step(state, _block("def fizzbuzz(n):\n    while True:\n        pass"))
+    assert "timed out" in obs and info["tool_error"]
+    _, obs, _, _, info = env.step(state, _block("def fizz(n):\n    return []"))
+    assert "function 'fizzbuzz' is not defined" in obs
+
+
+def test_anchor_is_the_test_result_vector(env):
+    task = _task(env, "palindrome")
+    state, _ = env.reset(0, task)
+    a = env.step(state, _block("def is_palindrome(s):\n    return True"))
+    b = env.step(state, _block("def is_palindrome(s):\n    return len(s) >= 0"))
+    c = env.step(state, _block("def is_palindrome(s):\n    return False"))
+    assert env.anchor(a[0]) == env.anchor(b[0]) != env.anchor(c[0]) != env.anchor(state)
+    assert a[4]["anchor"] == env.anchor(state) and a[4]["next_anchor"] == env.anchor(a[0])
+    # An invalid action leaves the state (and its anchor) as it was.
+    d = env.step(a[0], "I give up")
+    assert not d[4]["valid"] and d[4]["anchor"] == d[4]["next_anchor"] == env.anchor(a[0])
+
+
+@pytest.mark.parametrize("action", ["", "just prose", "x" * 100_000, b"\x80\x81\xfe", None, "```python\n```",
+                                    "<think>```python\ndef f(): pass\n```</think>"])
+def test_malformed_actions_are_invalid(env, action):
+    state, _ = env.reset(0, _task(env, "flatten"))
+    state, obs, reward, done, info = env.step(state, action)
+    assert obs.startswith("Error:") and not info["valid"] and reward == 0.0 and not done
+    assert env.step_quality(state, action) == 0.0
+
+
+def test_extract_code_and_values_equal():
+    assert extract_code("```python\na = 1\n```\ntext\n```\nb = 2\n```") == "b = 2\n"
+    assert extract_code("```py\nx\n```") == "x\n"
+    assert extract_code("no code") is None
+    assert values_equal(1.0000000001, 1) and values_equal([1, [2.0]], [1, [2]])
+    assert not values_equal(True, 1) and not values_equal(1, True) and not values_equal([1], [1, 2])
+    assert not values_equal("1", 1) and values_equal({"a": [1]}, {"a": [1]})
+
+
+def test_registry_and_errors():
+    env = host.make("code")
+    assert isinstance(env, CodeEnv) and env.jittable is False
+    with pytest.raises(ValueError):
+        env.reset(0, "not a task")
+    state, _ = env.reset(0, env.tasks("all")[0])
+    done_state = CodeState(task=state.task, done=True)
+    with pytest.raises(ValueError):
+        env.step(done_state, "```python\npass\n```")
