@@ -195,6 +195,10 @@ def test_llr_matches_numpy_loop_and_is_zero_against_itself(token_batch):
     np.testing.assert_allclose(llr, want, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(np.asarray(likelihood.cumulative_llr(logp_rl, logp_rl, ids)), np.zeros(5))
     np.testing.assert_array_equal(np.asarray(likelihood.policy_token_counts(ids)), (ids >= 0).sum(1))
+    rollout_turn_index = np.asarray([[-1, 0, 0, 0, 1, 1]])  # system prefix, then turn 0 obs+action, turn 1 ...
+    rollout_policy = np.asarray([[0, 0, 1, 1, 0, 1]], bool)
+    np.testing.assert_array_equal(np.asarray(likelihood.policy_turn_ids(rollout_turn_index, rollout_policy)),
+                                  [[-1, -1, 0, 0, -1, 1]])
 
 
 def test_length_matching_hand_example():

@@ -186,7 +186,7 @@ def parse_action(codec: TextCodec, tokens_A: jax.Array, length) -> jax.Array:
     end_MxA = jnp.arange(a)[None, :] + codec.match_lens_M[:, None]
     hit_MxA = full_MxA & (end_MxA <= length)
     # score = end * (pa + 1) + len: larger end wins, then longer form; argmax picks the lowest m.
-    score_MxA = jnp.where(hit_MxA, -end_MxA * (pa + 1) + codec.match_lens_M[:, None], -1)
+    score_MxA = jnp.where(hit_MxA, end_MxA * (pa + 1) + codec.match_lens_M[:, None], -1)
     best = jnp.argmax(score_MxA.reshape(-1))
     found = jnp.any(hit_MxA)
     return jnp.where(found, codec.match_action_M[best // a], -1).astype(jnp.int32)

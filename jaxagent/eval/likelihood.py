@@ -5,7 +5,8 @@ R RL trajectories, M base trajectories.
 
 Token inputs follow the rollout's layout: logp_BxT is the per-token log-probability of the trajectory's
 own tokens under some policy, turn_ids_BxT is the index of the turn (action) a policy-generated token
-belongs to, -1 for prompt / observation / padding tokens.
+belongs to, -1 for prompt / observation / padding tokens. `policy_turn_ids` builds it from the rollout's
+`turn_index` (which also numbers observation tokens) and `policy_mask`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def _check_tokens(logp_BxT, turn_ids_BxT):
     _checks.require_ndim(logp_BxT, 2, "logp_BxT")
     _checks.require_same_shape(logp_BxT, turn_ids_BxT, "logp_BxT", "turn_ids_BxT")
     _checks.require_integer(turn_ids_BxT, "turn_ids_BxT")
+
+
+def policy_turn_ids(turn_index_BxT, policy_mask_BxT) -> jax.Array:
+    """Turn ids of policy-generated tokens, -1 elsewhere: where(policy_mask, turn_index, -1)."""
+    _checks.require_same_shape(turn_index_BxT, policy_mask_BxT, "turn_index_BxT", "policy_mask_BxT")
+    return jnp.where(jnp.asarray(policy_mask_BxT, bool), jnp.asarray(turn_index_BxT, jnp.int32), -1)
 
 
 def action_nll(logp_BxT, turn_ids_BxT, n_turns: int) -> dict[str, jax.Array]:

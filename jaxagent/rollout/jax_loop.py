@@ -34,6 +34,8 @@ from jaxagent.sampling.generate import bucket
 
 # process_reward_fn(env, state_before, action_index, remaining_turns, env_params) -> f32 scalar
 ProcessRewardFn = Callable[[Any, Any, jax.Array, jax.Array, Any], jax.Array]
+# expert_fn(env, key, state, remaining_turns, env_params) -> int32 action index (one episode)
+ExpertFn = Callable[[Any, jax.Array, Any, jax.Array, Any], jax.Array]
 
 
 def oracle_process_reward(env, state, action, remaining, env_params):
@@ -50,6 +52,12 @@ class RolloutConfig:
     max_context: int = 1024            # KV-cache slots per episode; full -> context_exhausted
     sampler: Sampler = Sampler()
     process_reward_fn: Optional[ProcessRewardFn] = None
+    # A scripted policy instead of the model (e.g. the noisy expert that writes the SFT data): its
+    # action's canonical text + <|im_end|> is the reply; the model is never called.
+    expert_fn: Optional[ExpertFn] = None
+    # Compile the forced-action path: rows with forced_actions[b, t] >= 0 reply with that action's
+    # canonical text (not policy tokens) and the model takes over afterwards (error-state evaluation).
+    allow_forced: bool = False
 
     def __post_init__(self):
         if self.t_max < 1:
@@ -77,11 +85,12 @@ def _write(buf_S, values_K, start, count):
 
 
 def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat, tasks, budgets, key,
-            env_params, rcfg: RolloutConfig, *, hide_budget=False) -> types.Rollout:
+            env_params, rcfg: RolloutConfig, *, hide_budget=False, forced_actions=None) -> types.Rollout:
     """Runs len(budgets) episodes of `env` on `tasks` (leading axis B) with per-episode budgets.
 
     `hide_budget` (traced: no recompile) drops the budget text from every prompt, the "unannounced"
-    evaluation mode; the episodes still stop at their budgets.
+    evaluation mode; the episodes still stop at their budgets. `forced_actions` int32[B, T_max]
+    (needs `rcfg.allow_forced`): where >= 0, that turn's reply is the action's canonical text.
 
     Host-side checks happen here (budgets in [1, T_max], context large enough for the first turn);
     the episodes themselves run in one jitted program (`rollout_jit`).
@@ -94,7 +103,16 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     if rcfg.max_context < need:
         raise ValueError(f"max_context={rcfg.max_context} cannot hold even one turn ({need} tokens: system "
                          "prompt, first observation and a full reply)")
-    return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, jnp.asarray(hide_budget, bool), cfg=cfg, env=env, layout=layout,
+    if forced_actions is not None and not rcfg.allow_forced:
+        raise ValueError("forced_actions needs RolloutConfig(allow_forced=True)")
+    forced = np.full((b.shape[0], rcfg.t_max), -1, np.int32) if forced_actions is None else np.asarray(forced_actions)
+    if forced.shape != (b.shape[0], rcfg.t_max):
+        raise ValueError(f"forced_actions must have shape {(b.shape[0], rcfg.t_max)}, got {forced.shape}")
+    if rcfg.max_action_tokens < env.codec.action_tokens_AxPa.shape[1] + 1:
+        raise ValueError(f"max_action_tokens={rcfg.max_action_tokens} is shorter than a canonical action "
+                         f"({env.codec.action_tokens_AxPa.shape[1]} tokens + stop)")
+    return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, jnp.asarray(hide_budget, bool),
+                       jnp.asarray(forced, jnp.int32), cfg=cfg, env=env, layout=layout,
                        fmt=fmt, rcfg=rcfg)
 
 
@@ -102,62 +120,93 @@ def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env) -> int:
     return layout.open_width + fmt.max_words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
 
 
+def _canonical_reply(env, layout: ChatLayout, action_B, m: int):
+    """Canonical reply tokens of env actions: action text + the first stop token, [B, M] and lengths."""
+    table, lens = env.codec.action_tokens_AxPa, env.codec.action_lens_A
+    a = jnp.clip(action_B, 0, table.shape[0] - 1)
+    toks, n = jax.vmap(concat, in_axes=(0, 0, None, None))(
+        table[a], lens[a], jnp.asarray(layout.stop_ids[:1], jnp.int32), 1)
+    toks = jnp.pad(toks, ((0, 0), (0, m - toks.shape[1])), constant_values=layout.pad_id)
+    return toks.astype(jnp.int32), n
+
+
+def _system_cache(params, cfg, layout: ChatLayout, n_ep: int, s: int, dtype):
+    """The system turn is identical for all episodes: prefill it once (batch 1) and copy its KV rows."""
+    sys_len, sys_width = len(layout.system), bucket(len(layout.system))
+    sys_toks = jnp.full((1, sys_width), layout.pad_id, jnp.int32).at[0, :sys_len].set(jnp.asarray(layout.system))
+    _, one = append(params, cfg, qwen3.init_cache(cfg, 1, sys_width, dtype), sys_toks,
+                    jnp.asarray([sys_len], jnp.int32))
+    cache = qwen3.init_cache(cfg, n_ep, s, dtype)
+    copy = lambda full, x: full.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))
+    return {"k": [copy(c, x) for c, x in zip(cache["k"], one["k"])],
+            "v": [copy(c, x) for c, x in zip(cache["v"], one["v"])],
+            "length": jnp.full((n_ep,), sys_len, jnp.int32)}
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
-def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, *, cfg, env, layout, fmt, rcfg) -> types.Rollout:
+def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_BxN, *, cfg, env, layout, fmt,
+                rcfg) -> types.Rollout:
     n_ep = budgets_B.shape[0]
     s, m, t_max = rcfg.max_context, rcfg.max_action_tokens, rcfg.t_max
-    dtype = jax.tree.leaves(params)[0].dtype
+    scripted = rcfg.expert_fn is not None  # no model at all: the expert writes every reply
     k_reset, k_loop = jax.random.split(key)
-
     states, obs = jax.vmap(env.reset, in_axes=(0, 0, None))(jax.random.split(k_reset, n_ep), tasks, env_params)
-
-    # The system turn is identical for all episodes: prefill it once (batch 1) and copy its KV rows.
     sys_len = len(layout.system)
-    sys_width = bucket(sys_len)
-    sys_toks = jnp.full((1, sys_width), layout.pad_id, jnp.int32).at[0, :sys_len].set(jnp.asarray(layout.system))
-    _, sys_cache = append(params, cfg, qwen3.init_cache(cfg, 1, sys_width, dtype), sys_toks,
-                          jnp.asarray([sys_len], jnp.int32))
-    cache = qwen3.init_cache(cfg, n_ep, s, dtype)
-    cache = {"k": [c.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:])[:, :sys_width])
-                   for c, x in zip(cache["k"], sys_cache["k"])],
-             "v": [c.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:])[:, :sys_width])
-                   for c, x in zip(cache["v"], sys_cache["v"])],
-             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
+    cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
     chunk_w = max_chunk(layout, fmt, env)
-
-    carry0 = dict(cache=cache, states=states, obs=obs, tokens=tokens,
-                  policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
-                  logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32),
-                  key=k_loop)
+    carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
+                  tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
+                  logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=k_loop)
+    write = jax.vmap(_write)
 
     def turn(c, t):
-        length = c["cache"]["length"]
+        length = c["length"]
         chunk, clen = jax.vmap(_chunk, in_axes=(None, None, None, 0, None, 0, None))(
             layout, fmt, env, c["obs"], t, budgets_B, hide_budget)
         running = c["status"] == types.RUNNING
         fits = length + clen + m <= s
         status = jnp.where(running & (t < budgets_B) & ~fits, types.CONTEXT_EXHAUSTED, c["status"])
         active = (status == types.RUNNING) & (t < budgets_B)
+        key, k_dec, k_exp = jax.random.split(c["key"], 3)
 
-        # 2. prompt chunk into the cache and the token buffer
+        # 1. the prompt chunk
         n_chunk = jnp.where(active, clen, 0)
-        logits, cache = append(params, cfg, c["cache"], chunk, n_chunk)
-        tokens = jax.vmap(_write)(c["tokens"], chunk, length, n_chunk)
-        turn_idx = jax.vmap(_write)(c["turn_idx"], jnp.full((n_ep, chunk_w), t, jnp.int32), length, n_chunk)
+        tokens = write(c["tokens"], chunk, length, n_chunk)
+        turn_idx = write(c["turn_idx"], jnp.full((n_ep, chunk_w), t, jnp.int32), length, n_chunk)
         start = length + n_chunk
 
-        # 3. the policy's reply
-        key, k_dec = jax.random.split(c["key"])
-        gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
-                     stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=active)
-        tokens = jax.vmap(_write)(tokens, gen.tokens, start, gen.lengths)
-        turn_idx = jax.vmap(_write)(turn_idx, jnp.full((n_ep, m), t, jnp.int32), start, gen.lengths)
-        policy = jax.vmap(_write)(c["policy"], jnp.ones((n_ep, m), bool), start, gen.lengths)
-        logp = jax.vmap(_write)(c["logp"], gen.logprobs, start, gen.lengths)
+        # 2. the reply: expert, forced action, or the policy
+        if scripted:
+            forced = jax.vmap(rcfg.expert_fn, in_axes=(None, 0, 0, 0, None))(
+                env, jax.random.split(k_exp, n_ep), c["states"], budgets_B - t, env_params)
+            forced = jnp.where(active, forced, -1)
+        else:
+            forced = jnp.where(active, forced_BxN[:, t], -1) if rcfg.allow_forced else jnp.full((n_ep,), -1)
+        f_toks, f_len = _canonical_reply(env, layout, forced, m)
+        is_forced = forced >= 0
+        if scripted:
+            reply, reply_len, reply_lp = f_toks, jnp.where(is_forced, f_len, 0), jnp.zeros((n_ep, m), jnp.float32)
+            stopped, sampled, cache = is_forced, jnp.zeros((n_ep,), bool), None
+        else:
+            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk)
+            sampled = active & ~is_forced
+            gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
+                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled)
+            cache = gen.cache
+            if rcfg.allow_forced:  # forced replies go into the cache as well
+                _, cache = append(params, cfg, cache, f_toks, jnp.where(is_forced, f_len, 0))
+            reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)
+            reply_len = jnp.where(is_forced, f_len, gen.lengths)
+            reply_lp = jnp.where(is_forced[:, None], 0.0, gen.logprobs)
+            stopped = jnp.where(is_forced, True, gen.stopped)
+        tokens = write(tokens, reply, start, reply_len)
+        turn_idx = write(turn_idx, jnp.full((n_ep, m), t, jnp.int32), start, reply_len)
+        policy = write(c["policy"], jnp.ones((n_ep, m), bool), start, jnp.where(sampled, reply_len, 0))
+        logp = write(c["logp"], reply_lp, start, reply_len)
 
-        # 4. the environment
-        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(c["states"], gen.tokens, gen.lengths, env_params)
+        # 3. the environment
+        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(c["states"], reply, reply_len, env_params)
         keep = lambda new, old: jax.tree.map(
             lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
         new_states, new_obs = keep(step.state, c["states"]), keep(step.obs, c["obs"])
@@ -175,10 +224,10 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, *, cfg, 
             active=active, reward=jnp.where(active, step.reward, 0.0),
             process_reward=jnp.where(active, proc, 0.0), valid=active & step.info["valid"],
             action=jnp.where(active, step.info["action"], -1), anchor=jnp.where(active, step.info["anchor"], -1),
-            span_start=jnp.where(active, start, 0), span_len=jnp.where(active, gen.lengths, 0),
-            stopped=active & gen.stopped, remaining=jnp.where(active, remaining, 0))
-        out = dict(cache=gen.cache, states=new_states, obs=new_obs, tokens=tokens, policy=policy,
-                   turn_idx=turn_idx, logp=logp, status=status, key=key)
+            span_start=jnp.where(active, start, 0), span_len=jnp.where(active, reply_len, 0),
+            stopped=active & stopped, remaining=jnp.where(active, remaining, 0), forced=active & is_forced)
+        out = dict(cache=cache, length=start + reply_len, states=new_states, obs=new_obs, tokens=tokens,
+                   policy=policy, turn_idx=turn_idx, logp=logp, status=status, key=key)
         return out, (rec, c["states"])
 
     final, (turns_NxB, states_NxB) = jax.lax.scan(turn, carry0, jnp.arange(t_max))
@@ -189,6 +238,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, *, cfg, 
     ret = jnp.where(finished, jnp.sum(turns.reward, axis=1), 0.0)
     return types.Rollout(
         tokens=final["tokens"], policy_mask=final["policy"], turn_index=final["turn_idx"], logprobs=final["logp"],
-        length=final["cache"]["length"], turns=turns, env_states=env_states, final_state=final["states"],
-        episode_return=ret, success=status == types.SUCCESS, turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32),
-        budget=budgets_B, status=status, generated_tokens=jnp.sum(turns.span_len, axis=1).astype(jnp.int32))
+        length=final["length"], turns=turns, env_states=env_states, final_state=final["states"],
+        episode_return=ret, success=status == types.SUCCESS,
+        turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32), budget=budgets_B, status=status,
+        generated_tokens=jnp.sum(turns.span_len * ~turns.forced, axis=1).astype(jnp.int32))

@@ -25,6 +25,7 @@ class Turns(NamedTuple):
     span_len: jax.Array        # int32 number of generated tokens (incl. the stop token)
     stopped: jax.Array         # bool: the reply ended on a stop token (not the token limit)
     remaining: jax.Array       # int32 turns left before this turn (budget - t)
+    forced: jax.Array          # bool: the reply was a forced/scripted action, not sampled
 
 
 class Rollout(NamedTuple):
