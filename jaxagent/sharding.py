@@ -51,17 +51,31 @@ def _axis_size(mesh: Mesh, axes: MeshAxes) -> int:
 
 def spec_for(logical: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
              rules: Optional[Mapping[str, MeshAxes]] = None) -> P:
-    """PartitionSpec for one array: rule lookup, divisibility fallback, no mesh axis used twice."""
+    """PartitionSpec for one array: rule lookup, divisibility fallback, no mesh axis used twice.
+
+    A dimension whose rule names several mesh axes (batch -> data, fsdp) keeps the longest prefix of
+    them whose size divides it; a dimension no prefix divides is replicated. Rule axes missing from
+    the mesh count as size 1. Unknown logical names and unknown mesh axis names are errors.
+    """
     rules = RULES if rules is None else rules
     if len(logical) != len(shape):
         raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
     used: set[str] = set()
     out = []
     for name, dim in zip(logical, shape):
+        if name is not None and name not in rules:
+            raise ValueError(f"logical axis {name!r} has no sharding rule (known: {sorted(rules)}); "
+                             "map it to None to replicate it")
         axes = rules.get(name) if name is not None else None
         names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+        unknown = [a for a in names if a not in mesh.axis_names and a not in MESH_AXES]
+        if unknown:
+            raise ValueError(f"rule for logical axis {name!r} names mesh axes {unknown} that the mesh "
+                             f"{tuple(mesh.axis_names)} does not have")
         names = tuple(a for a in names if a not in used and mesh.shape.get(a, 1) > 1)
-        if names and dim % _axis_size(mesh, names) == 0:
+        while names and dim % _axis_size(mesh, names):
+            names = names[:-1]
+        if names:
             used.update(names)
             out.append(names[0] if len(names) == 1 else names)
         else:

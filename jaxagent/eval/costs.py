@@ -10,13 +10,12 @@ import jax.numpy as jnp
 
 from jaxagent.eval import _checks
 
-RUNNING = 0  # episode still in progress
-SUCCESS = 1  # task solved
-FAILED = 2  # terminal failure (e.g. fell into a hole, wrong final answer)
-BUDGET_EXHAUSTED = 3  # turn budget spent without finishing
-CONTEXT_EXHAUSTED = 4  # token context full without finishing
-N_STATUS = 5
-STATUS_NAMES = ("running", "success", "failed", "budget_exhausted", "context_exhausted")
+# Episode status codes: one source, the rollout's (running, success, failed, budget_exhausted,
+# context_exhausted).
+from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING,  # noqa: E402,F401
+                                    STATUS_NAMES, SUCCESS)
+
+N_STATUS = len(STATUS_NAMES)
 
 
 def status_histogram(status, mask=None) -> jax.Array:

@@ -11,12 +11,14 @@ left or right padding.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
@@ -99,28 +101,45 @@ def right_align(tokens_BxL, mask_BxL):
     return jnp.take_along_axis(tokens_BxL, order, axis=1), mask_BxL.astype(jnp.int32).sum(1)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id"))
+def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
+    """Pins the cache to its rule-table sharding (batch over data/fsdp, KV heads over tensor)."""
+    if mesh is None:
+        return cache
+    shardings = shd.shardings_for(qwen3.cache_logical_axes(cfg), cache, mesh, rules)
+    return jax.lax.with_sharding_constraint(cache, shardings)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
+                                             "mesh", "rules"))
 def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
-              pad_id):
+              pad_id, mesh=None, rules=None):
+    rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
+    cache = _constrain_cache(cache, cfg, mesh, rules)
     logits, cache = append(params, cfg, cache, tokens, n)
+    cache = _constrain_cache(cache, cfg, mesh, rules)
     return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id)
 
 
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
              max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
-             pad_id: int = 0, cache_len: int | None = None) -> Generation:
+             pad_id: int = 0, cache_len: int | None = None, mesh: Mesh | None = None,
+             rules: Mapping[str, shd.MeshAxes] | None = None) -> Generation:
     """Samples continuations of a batch of prompts (padding on either side, given by the mask).
 
     The prompt width is bucketed to a power of two and `max_new_tokens` (int or [B]) is a traced
     value bounded by the static buffer `max_steps` (default: bucket(max(max_new_tokens))), so new
     prompt lengths and token limits reuse the compiled program.
+
+    `mesh` (optional, with `rules`, default `sharding.RULES`): for params sharded on that mesh
+    (e.g. `qwen3.load(path, mesh=mesh)`); the batch is split over the rules' batch axes and the
+    KV cache is pinned to its rule-table sharding instead of whatever the compiler propagates.
     """
     prompt = np.asarray(prompt_BxL)
-    if prompt.ndim != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt must be [B, L] with L >= 1, got shape {prompt.shape}")
+    if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be [B, L] with B, L >= 1, got shape {prompt.shape}")
     mask = np.ones_like(prompt, bool) if prompt_mask_BxL is None else np.asarray(prompt_mask_BxL, bool)
     if mask.shape != prompt.shape:
         raise ValueError(f"prompt_mask shape {mask.shape} != prompt shape {prompt.shape}")
@@ -151,6 +170,12 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     cache_len = cache_len or width + max_steps
     if cache_len < width + max_steps:
         raise ValueError(f"cache_len {cache_len} < prompt bucket {width} + max_steps {max_steps}")
-    return _generate(params, jnp.asarray(prompt, jnp.int32), jnp.asarray(mask), key, jnp.asarray(max_new),
-                     cfg=cfg, max_steps=max_steps, cache_len=cache_len, sampler=sampler,
-                     stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id)
+    prompt, mask, max_new = jnp.asarray(prompt, jnp.int32), jnp.asarray(mask), jnp.asarray(max_new)
+    if mesh is not None:
+        b = prompt.shape[0]
+        prompt, mask = (jax.device_put(x, shd.batch_sharding(mesh, 2, rules, batch_size=b)) for x in (prompt, mask))
+        max_new = jax.device_put(max_new, shd.batch_sharding(mesh, 1, rules, batch_size=b))
+        key = jax.device_put(key, shd.replicated(mesh))
+    return _generate(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
+                     sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
+                     rules=None if rules is None else tuple(sorted(rules.items())))
