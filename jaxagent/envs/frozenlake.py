@@ -63,19 +63,24 @@ def _reachable(map_LxL):
     return fls.shortest_path_length(map_LxL) < fls.UNREACHABLE
 
 
-def generate_map(key: jax.Array, size: int, frozen_prob, max_tries: int = 1000) -> jax.Array:
+def generate_map(key: jax.Array, size: int, frozen_prob, max_tries: int = 1000,
+                 random_start: bool = False) -> jax.Array:
     """A random solvable int8[size, size] map, as gymnasium's ``generate_random_map``: each cell
     frozen with probability ``frozen_prob`` else a hole, start (0, 0), goal (size-1, size-1),
     redrawn (lax.while_loop) until the goal is reachable. After ``max_tries`` draws (only for
-    frozen_prob near 0) it returns the all-frozen map, so the loop always ends."""
+    frozen_prob near 0) it returns the all-frozen map, so the loop always ends. ``random_start``
+    (jaxagent's extension) puts the start on a uniformly random non-goal cell instead of (0, 0), so
+    shortest paths vary from 1 to 2*(size-1) moves and tight budgets are sometimes enough."""
     if size < 2:
         raise ValueError(f"FrozenLake size must be >= 2, got {size}")
     p = jnp.clip(jnp.asarray(frozen_prob, jnp.float32), 0.0, 1.0)
 
     def draw(k):
-        frozen = jax.random.bernoulli(k, p, (size, size))
-        m = jnp.where(frozen, fls.FROZEN, fls.HOLE).astype(jnp.int8)
-        return m.at[0, 0].set(fls.START).at[-1, -1].set(fls.GOAL)
+        k_cells, k_start = jax.random.split(k)
+        frozen = jax.random.bernoulli(k_cells, p, (size, size))
+        m = jnp.where(frozen, fls.FROZEN, fls.HOLE).astype(jnp.int8).reshape(-1)
+        start = jax.random.randint(k_start, (), 0, size * size - 1) if random_start else 0
+        return m.at[start].set(fls.START).at[-1].set(fls.GOAL).reshape(size, size)
 
     def body(carry):
         k, _, _, i = carry
@@ -90,9 +95,9 @@ def generate_map(key: jax.Array, size: int, frozen_prob, max_tries: int = 1000) 
     return jnp.where(ok, m, fallback)
 
 
-def sample_tasks(key: jax.Array, n: int, size: int = 4, frozen_prob=0.8) -> jax.Array:
+def sample_tasks(key: jax.Array, n: int, size: int = 4, frozen_prob=0.8, random_start: bool = False) -> jax.Array:
     """int8[n, size, size] solvable maps, one per split key (vmapped ``generate_map``)."""
-    return jax.vmap(lambda k: generate_map(k, size, frozen_prob))(jax.random.split(key, n))
+    return jax.vmap(lambda k: generate_map(k, size, frozen_prob, random_start=random_start))(jax.random.split(key, n))
 
 
 class FrozenLake:

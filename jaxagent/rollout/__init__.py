@@ -3,3 +3,4 @@ from jaxagent.rollout.jax_loop import RolloutConfig, oracle_process_reward, roll
 from jaxagent.rollout.layout import ChatLayout, budget_format, chat_layout, env_codec
 from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING, STATUS_NAMES, SUCCESS,
                                     Rollout, Turns)
+from jaxagent.rollout.host_loop import HostRollout, HostTrace, host_rollout

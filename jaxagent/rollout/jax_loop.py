@@ -202,7 +202,9 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             stopped = jnp.where(is_forced, True, gen.stopped)
         tokens = write(tokens, reply, start, reply_len)
         turn_idx = write(turn_idx, jnp.full((n_ep, m), t, jnp.int32), start, reply_len)
-        policy = write(c["policy"], jnp.ones((n_ep, m), bool), start, jnp.where(sampled, reply_len, 0))
+        # Policy tokens: sampled replies; in scripted mode the expert is the acting policy (SFT targets).
+        acting = (sampled | is_forced) if scripted else sampled
+        policy = write(c["policy"], jnp.ones((n_ep, m), bool), start, jnp.where(acting, reply_len, 0))
         logp = write(c["logp"], reply_lp, start, reply_len)
 
         # 3. the environment
@@ -241,4 +243,4 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         length=final["length"], turns=turns, env_states=env_states, final_state=final["states"],
         episode_return=ret, success=status == types.SUCCESS,
         turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32), budget=budgets_B, status=status,
-        generated_tokens=jnp.sum(turns.span_len * ~turns.forced, axis=1).astype(jnp.int32))
+        generated_tokens=jnp.sum(final["policy"], axis=1).astype(jnp.int32))

@@ -1,0 +1,227 @@
+"""Prefill and decode throughput: jaxagent's KV-cache generate vs transformers' PyTorch `generate`.
+
+    python -m experiments.bench_model --json                # CPU: ~10M Qwen3, jax vs torch, one JSON line
+    python -m experiments.bench_model --device gpu --json   # Qwen3-0.6B / 4B shapes, bf16, HBM roofline
+    python -m experiments.bench_model --device gpu --tiny   # the GPU code path on a tiny model (smoke test)
+
+CPU mode: both frameworks get identical random weights (a transformers Qwen3ForCausalLM is built,
+saved, and read back with `qwen3.load`), the same prompts (no padding), greedy decoding of exactly
+`--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
+(jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
+max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both. Compile /
+warm-up time is excluded and reported separately; every timing is the median of `--repeats` runs.
+FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
+pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by an f32 matmul peak measured in
+the same run.
+
+GPU mode: random weights (`qwen3.init`, bf16), decode tokens/s at each batch size, and the fraction of
+the memory-bandwidth roofline: bytes read per decode step (all params + the KV cache of the mean
+context) / step time / `--hbm-gbps`.
+
+Legend: B batch, L prompt length, N new tokens, S cache slots.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import qwen3
+from jaxagent.models.config import PRESETS, Qwen3Config
+from jaxagent.sampling import GREEDY, generate
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_peak_gflops(n: int, repeats: int, dtype=jnp.float32) -> float:
+    """Best-of-`repeats` GFLOP/s of a jitted n x n @ n x n matmul (2 n^3 FLOPs)."""
+    k1, k2 = jax.random.split(jax.random.key(0))
+    a, b = jax.random.normal(k1, (n, n), dtype), jax.random.normal(k2, (n, n), dtype)
+    mm = jax.jit(jnp.matmul)
+    mm(a, b).block_until_ready()
+    best = min(_median_time(lambda: mm(a, b).block_until_ready(), 1) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def model_flops(cfg: Qwen3Config, batch: int, new_tokens: int, context: int) -> float:
+    """FLOPs of `new_tokens` tokens per row attending causally after `context` cached tokens."""
+    d, f, h, k, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                     cfg.num_key_value_heads, cfg.head_dim)
+    weights = cfg.num_hidden_layers * (d * (2 * h * e + 2 * k * e) + 3 * d * f) + cfg.vocab_size * d
+    pairs = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # (query, key) pairs, causal
+    attn = cfg.num_hidden_layers * 4 * h * e * pairs
+    return batch * (2 * weights * new_tokens + attn)
+
+
+def _jax_generate(params, cfg, prompt_BxL, max_new: int, max_steps: int):
+    out = generate(params, cfg, prompt_BxL, jax.random.key(0), max_new_tokens=max_new, max_steps=max_steps,
+                   sampler=GREEDY, stop_ids=())
+    out.tokens.block_until_ready()
+    return out
+
+
+def bench_jax(params, cfg, prompt_BxL, new_tokens: int, repeats: int) -> dict:
+    """Prefill (max_new_tokens=0) and full runs of one compiled program (max_new_tokens is traced)."""
+    t0 = time.perf_counter()
+    out = _jax_generate(params, cfg, prompt_BxL, new_tokens, new_tokens)
+    compile_s = time.perf_counter() - t0
+    if int(np.asarray(out.lengths).min()) != new_tokens:
+        raise RuntimeError("jax generate stopped early")
+    prefill = _median_time(lambda: _jax_generate(params, cfg, prompt_BxL, 0, new_tokens), repeats)
+    total = _median_time(lambda: _jax_generate(params, cfg, prompt_BxL, new_tokens, new_tokens), repeats)
+    return {"compile_s": compile_s, "prefill_s": prefill, "total_s": total, "tokens": np.asarray(out.tokens)}
+
+
+def bench_torch(model, prompt_BxL: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    import torch
+
+    ids = torch.tensor(prompt_BxL, dtype=torch.long)
+    mask = torch.ones_like(ids)
+
+    def gen(n):
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)
+
+    t0 = time.perf_counter()
+    out = gen(new_tokens)
+    warmup_s = time.perf_counter() - t0
+    if out.shape[1] != prompt_BxL.shape[1] + new_tokens:
+        raise RuntimeError("torch generate stopped early")
+    prefill = _median_time(lambda: gen(1), repeats)
+    total = _median_time(lambda: gen(new_tokens), repeats)
+    return {"compile_s": warmup_s, "prefill_s": prefill, "total_s": total,
+            "tokens": out[:, prompt_BxL.shape[1]:].numpy()}
+
+
+def _hf_model(cfg: Qwen3Config, seed: int):
+    import torch
+    from transformers import Qwen3Config as HFConfig, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    hf_cfg = HFConfig.from_dict(cfg.to_hf_dict())
+    return Qwen3ForCausalLM(hf_cfg).eval()
+
+
+def run_cpu(args) -> dict:
+    import torch
+
+    cfg = Qwen3Config() if args.tiny else PRESETS[args.preset]
+    model = _hf_model(cfg, args.seed)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        cfg_loaded, params = qwen3.load(d)
+    if cfg_loaded != cfg:
+        raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
+    prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.prompt_len))
+    peak = matmul_peak_gflops(args.matmul_n, args.repeats)
+    jx = bench_jax(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens, args.repeats)
+    th = bench_torch(model, prompt, args.new_tokens, args.repeats)
+    n_prompt = args.batch * args.prompt_len
+    prefill_flops = model_flops(cfg, args.batch, args.prompt_len, 0)
+    out = {"mode": "cpu", "preset": "tiny" if args.tiny else args.preset, "params": cfg.num_params(),
+           "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
+           "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size,
+           "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+           "repeats": args.repeats, "jax_devices": str(jax.devices()[0].platform),
+           "torch_threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
+    steps = max(args.new_tokens - 1, 1)
+    for name, r in (("jax", jx), ("torch", th)):
+        decode_s = (r["total_s"] - r["prefill_s"]) / steps
+        out[f"{name}_prefill_tok_s"] = n_prompt / r["prefill_s"]
+        out[f"{name}_decode_tok_s"] = args.batch / decode_s
+        out[f"{name}_decode_ms_per_step"] = decode_s * 1e3
+        out[f"{name}_prefill_ms"] = r["prefill_s"] * 1e3
+        out[f"{name}_prefill_frac_peak"] = prefill_flops / r["prefill_s"] / 1e9 / peak
+        out[f"{name}_compile_s"] = r["compile_s"]
+    out["prefill_ratio"] = out["jax_prefill_tok_s"] / out["torch_prefill_tok_s"]
+    out["decode_ratio"] = out["jax_decode_tok_s"] / out["torch_decode_tok_s"]
+    out["matmul_peak_gflops"] = peak
+    out["greedy_tokens_agree"] = float((jx["tokens"] == th["tokens"]).mean())
+    return out
+
+
+def run_gpu(args) -> dict:
+    """Decode throughput of real-size shapes with random bf16 weights, vs the HBM roofline."""
+    presets = ["tiny"] if args.tiny else args.presets.split(",")
+    batches = [int(b) for b in args.gpu_batches.split(",")]
+    results = {"mode": "gpu", "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+               "hbm_gbps": args.hbm_gbps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+               "repeats": args.repeats, "runs": []}
+    dtype = jnp.bfloat16
+    for name in presets:
+        cfg = Qwen3Config() if name == "tiny" else PRESETS[name]
+        params = qwen3.init(cfg, jax.random.key(args.seed), dtype)
+        param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+        for b in batches:
+            prompt = jax.random.randint(jax.random.key(b), (b, args.prompt_len), 0, cfg.vocab_size, jnp.int32)
+            r = bench_jax(params, cfg, prompt, args.new_tokens, args.repeats)
+            step_s = (r["total_s"] - r["prefill_s"]) / max(args.new_tokens - 1, 1)
+            mean_ctx = args.prompt_len + args.new_tokens / 2
+            kv_bytes = (b * mean_ctx * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+                        * jnp.dtype(dtype).itemsize)
+            achieved = (param_bytes + kv_bytes) / step_s / 1e9
+            results["runs"].append({
+                "preset": name, "params": cfg.num_params(), "batch": b,
+                "decode_tok_s": b / step_s, "decode_ms_per_step": step_s * 1e3,
+                "prefill_tok_s": b * args.prompt_len / r["prefill_s"], "compile_s": r["compile_s"],
+                "bytes_per_step_gb": (param_bytes + kv_bytes) / 1e9, "achieved_gbps": achieved,
+                "hbm_roofline_frac": achieved / args.hbm_gbps})
+        del params
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_model", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: jax vs transformers PyTorch on one shape; gpu: jax decode on real-size shapes "
+                        "(bf16) against the HBM roofline (default: cpu)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
+    p.add_argument("--preset", default="bench_10m", choices=sorted(PRESETS),
+                   help="cpu mode: model shape from jaxagent.models.config.PRESETS (default: bench_10m)")
+    p.add_argument("--presets", default="qwen3_0_6b,qwen3_4b",
+                   help="gpu mode: comma-separated PRESETS names (default: qwen3_0_6b,qwen3_4b)")
+    p.add_argument("--tiny", action="store_true",
+                   help="smoke test: the tiny preset with small batches/lengths (runs the gpu path on CPU)")
+    p.add_argument("--batch", type=int, default=16, help="cpu mode: batch size (default: 16)")
+    p.add_argument("--gpu-batches", default="1,64", help="gpu mode: comma-separated batch sizes (default: 1,64)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row (default: 128)")
+    p.add_argument("--new-tokens", type=int, default=64, help="generated tokens per row (default: 64)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported (default: 3)")
+    p.add_argument("--matmul-n", type=int, default=2048,
+                   help="cpu mode: side of the square f32 matmul that measures the peak (default: 2048)")
+    p.add_argument("--hbm-gbps", type=float, default=4800.0,
+                   help="gpu mode: memory bandwidth in GB/s for the roofline (default: 4800, H200)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and prompts (default: 0)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.batch, args.prompt_len, args.new_tokens = min(args.batch, 4), min(args.prompt_len, 16), \
+            min(args.new_tokens, 8)
+        args.gpu_batches = "1,4"
+        args.matmul_n = min(args.matmul_n, 256)
+    for name in ("batch", "prompt_len", "new_tokens", "repeats", "matmul_n"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    result = run_gpu(args) if args.device == "gpu" else run_cpu(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""RL train-step throughput: jaxagent's jitted PPO-clip step vs the same step written in PyTorch.
+
+    python -m experiments.bench_train --json                # CPU: ~10M Qwen3, jax vs torch, one JSON line
+    python -m experiments.bench_train --device gpu --json   # Qwen3-0.6B / 4B shapes: step time and MFU
+    python -m experiments.bench_train --device gpu --tiny   # the GPU code path on a tiny model (smoke test)
+
+One train step = forward over B x T tokens, per-token log-probs of the taken tokens, the PPO-clip
+token-mean loss on the policy tokens (clip 0.2 / 0.28, DAPO clip-higher), backward, global-norm
+clipping to 1.0, and an AdamW update (lr 1e-6, weight decay 0.01); both sides also compute the
+entropy, clip fraction and sampler drift metrics, and both skip a step with a non-finite gradient
+norm (jax: `optim.make_optimizer`'s guard; torch: `if isfinite(norm): opt.step()`).
+
+CPU mode: both frameworks get identical weights (jax params written with `qwen3.save` and read by
+transformers' `Qwen3ForCausalLM.from_pretrained`, default sdpa attention), the same batch (first
+`--prompt` tokens of each row are prompt, the rest policy tokens), f32. Compile / warm-up steps
+are excluded; step time is the median of `--steps` timed steps. tokens/s = B x T / step time.
+The first-step losses of both sides are reported (same weights and batch: they agree to ~1e-5).
+Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, App. B):
+6 x N_matmul x B x T + 12 x L x H x E x T x B x T, with N_matmul = the matmul weights incl. the
+unembedding; `*_frac_peak` = achieved FLOP/s / the best f32 matmul GFLOP/s measured in this run
+(max of jax's and torch's n x n matmul).
+
+GPU mode: random f32 master weights, bf16 compute (`compute_dtype`), the same step; reports step
+time, tokens/s and MFU = model FLOP/s / `--peak-tflops` (default: H100/H200 SXM dense bf16).
+
+Legend: B batch rows, T tokens per row, L layers, H query heads, E head dim, V vocab, D width.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import qwen3
+from jaxagent.models.config import PRESETS, Qwen3Config
+from jaxagent.rl import optim
+from jaxagent.rl import train_step as ts
+
+CLIP_LOW, CLIP_HIGH, LR, WD, MAX_NORM = 0.2, 0.28, 1e-6, 0.01, 1.0
+LOG_RATIO_CLAMP = 20.0
+
+
+def matmul_flops_params(cfg: Qwen3Config) -> int:
+    """Weights that enter a matmul per token: attention + MLP of every layer and the unembedding."""
+    d, f, h, k, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                     cfg.num_key_value_heads, cfg.head_dim)
+    per_layer = 2 * d * h * e + 2 * d * k * e + 3 * d * f
+    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * d
+
+
+def train_flops(cfg: Qwen3Config, batch: int, seq: int) -> float:
+    """6 N T_total + 12 L H E T T_total (PaLM App. B, training FLOPs incl. attention)."""
+    tokens = batch * seq
+    return (6.0 * matmul_flops_params(cfg) * tokens
+            + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq * tokens)
+
+
+def _median(times):
+    return statistics.median(times)
+
+
+def jax_matmul_gflops(n: int, repeats: int) -> float:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    mm = jax.jit(jnp.matmul)
+    mm(a, b).block_until_ready()
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def torch_matmul_gflops(n: int, repeats: int) -> float:
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def make_batch(cfg: Qwen3Config, batch: int, seq: int, prompt: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    mask = np.broadcast_to(np.arange(seq)[None] >= prompt, (batch, seq))
+    return {"tokens": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int32),
+            "policy_mask": np.ascontiguousarray(mask),
+            "advantages": rng.normal(size=(batch, seq)).astype(np.float32)}
+
+
+# ----------------------------------------------------------------------------- jax
+def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int = 1,
+              compute_dtype=None) -> dict:
+    tx = optim.make_optimizer(LR, weight_decay=WD, max_grad_norm=MAX_NORM)
+    state = ts.init_train_state(cfg, tx, jax.random.key(0), params=params)
+    step = ts.make_train_step(cfg, tx, ts.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
+                              micro_batches=micro_batches, compute_dtype=compute_dtype)
+    batch = {k: jnp.asarray(v) for k, v in batch_np.items()}
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    first_loss = float(m["loss"])
+    compile_s = time.perf_counter() - t0
+    for _ in range(max(warmup - 1, 0)):
+        state, m = step(state, batch)
+    jax.block_until_ready(state.params)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready((state.params, m))
+        times.append(time.perf_counter() - t0)
+    return {"step_s": _median(times), "compile_s": compile_s, "first_loss": first_loss,
+            "skipped": float(m["skipped_total"])}
+
+
+# ----------------------------------------------------------------------------- torch
+def torch_model_from(cfg: Qwen3Config, params):
+    from transformers import Qwen3ForCausalLM
+    with tempfile.TemporaryDirectory() as d:
+        qwen3.save(d, cfg, params)
+        model = Qwen3ForCausalLM.from_pretrained(d, dtype="float32")
+    model.train()
+    return model
+
+
+def bench_torch(model, batch_np, steps: int, warmup: int, threads: int) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    tokens = torch.from_numpy(batch_np["tokens"]).long()
+    mask = torch.from_numpy(batch_np["policy_mask"][:, 1:].astype(np.float32))
+    adv = torch.from_numpy(batch_np["advantages"][:, 1:])
+    old = torch.from_numpy(batch_np["old_logprobs"][:, 1:])
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+
+    def step():
+        logits = model(input_ids=tokens, use_cache=False).logits[:, :-1].float()
+        logsm = torch.log_softmax(logits, dim=-1)
+        logp = logsm.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        log_ratio = torch.clamp(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = torch.exp(log_ratio)
+        unclipped = -ratio * adv
+        clipped = -torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH) * adv
+        n = mask.sum().clamp(min=1.0)
+        loss = (torch.maximum(unclipped, clipped) * mask).sum() / n
+        with torch.no_grad():  # the same metrics the jax step returns
+            ent = -(logsm.exp() * logsm).sum(-1)
+            metrics = [((ent * mask).sum() / n), (((clipped > unclipped).float() * mask).sum() / n),
+                       (((logp - old).abs() * mask).sum() / n)]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if torch.isfinite(norm):
+            opt.step()
+        return float(loss), metrics
+
+    first_loss, _ = step()
+    for _ in range(max(warmup - 1, 0)):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"step_s": _median(times), "first_loss": first_loss}
+
+
+# ----------------------------------------------------------------------------- modes
+def run_cpu(args) -> dict:
+    cfg = PRESETS["tiny"] if args.tiny else PRESETS[args.preset or "bench_10m"]
+    b, t = (2, 32) if args.tiny else (args.batch, args.seq)
+    prompt = min(args.prompt, t // 2)
+    params = qwen3.init(cfg, jax.random.key(args.seed))
+    batch_np = make_batch(cfg, b, t, prompt, args.seed)
+    # realistic old log-probs: the current policy's, plus sampler noise
+    logp = jax.jit(lambda p, x: ts.token_logprobs(p, cfg, x))(params, jnp.asarray(batch_np["tokens"]))
+    rng = np.random.default_rng(args.seed + 1)
+    batch_np["old_logprobs"] = (np.asarray(logp) + 0.05 * rng.normal(size=(b, t))).astype(np.float32)
+    flops = train_flops(cfg, b, t)
+    threads = args.threads or os.cpu_count()
+    peak_jax = jax_matmul_gflops(args.matmul_n, args.matmul_repeats)
+    out = {"bench": "train_step", "device": "cpu", "backend": jax.default_backend(),
+           "preset": "tiny" if args.tiny else (args.preset or "bench_10m"),
+           "params": cfg.num_params(), "batch": b, "seq": t, "prompt": prompt,
+           "policy_tokens": int(batch_np["policy_mask"].sum()), "threads": threads,
+           "model_gflops_per_step": flops / 1e9, "jax_matmul_gflops": peak_jax}
+    j = bench_jax(cfg, params, batch_np, args.steps, args.warmup, args.micro_batches)
+    out.update(jax_step_s=j["step_s"], jax_tokens_per_s=b * t / j["step_s"],
+               jax_compile_s=j["compile_s"], jax_first_loss=j["first_loss"])
+    if not args.no_torch:
+        model = torch_model_from(cfg, params)
+        peak_torch = torch_matmul_gflops(args.matmul_n, args.matmul_repeats)
+        tr = bench_torch(model, batch_np, args.steps, args.warmup, threads)
+        peak = max(peak_jax, peak_torch)
+        out.update(torch_matmul_gflops=peak_torch, torch_step_s=tr["step_s"],
+                   torch_tokens_per_s=b * t / tr["step_s"], torch_first_loss=tr["first_loss"],
+                   first_loss_abs_diff=abs(tr["first_loss"] - j["first_loss"]),
+                   train_ratio=tr["step_s"] / j["step_s"],
+                   torch_frac_peak=flops / tr["step_s"] / (peak * 1e9))
+    else:
+        peak = peak_jax
+    out.update(peak_gflops=peak, jax_frac_peak=flops / j["step_s"] / (peak * 1e9))
+    return out
+
+
+def run_gpu(args) -> dict:
+    backend = jax.default_backend()
+    if backend != "gpu" and not args.tiny:
+        raise SystemExit(f"--device gpu needs a GPU backend (found {backend!r}); "
+                         "use --tiny to smoke-test the code path")
+    presets = ["tiny"] if args.tiny else (args.preset.split(",") if args.preset
+                                          else ["qwen3_0_6b", "qwen3_4b"])
+    b, t = (2, 32) if args.tiny else (args.batch, args.seq)
+    dtype = {"bf16": jnp.bfloat16, "f32": None}[args.compute_dtype]
+    results = []
+    for name in presets:
+        cfg = PRESETS[name]
+        params = qwen3.init(cfg, jax.random.key(args.seed))
+        batch_np = make_batch(cfg, b, t, min(args.prompt, t // 2), args.seed)
+        batch_np["old_logprobs"] = np.full((b, t), -math.log(cfg.vocab_size), np.float32)
+        j = bench_jax(cfg, params, batch_np, args.steps, args.warmup, args.micro_batches, dtype)
+        flops = train_flops(cfg, b, t)
+        results.append({"preset": name, "params": cfg.num_params(), "batch": b, "seq": t,
+                        "step_s": j["step_s"], "tokens_per_s": b * t / j["step_s"],
+                        "compile_s": j["compile_s"], "model_tflops_per_step": flops / 1e12,
+                        "mfu": flops / j["step_s"] / (args.peak_tflops * 1e12)})
+        del params
+    return {"bench": "train_step", "device": "gpu", "backend": backend,
+            "device_kind": jax.devices()[0].device_kind, "compute_dtype": args.compute_dtype,
+            "peak_tflops": args.peak_tflops, "micro_batches": args.micro_batches,
+            "results": results}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: jax vs torch on the ~10M preset; gpu: step time and MFU of large presets")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny model and shapes (2 x 32): smoke-tests either mode in seconds")
+    p.add_argument("--preset", default=None,
+                   help="model preset(s) from jaxagent.models.config.PRESETS (gpu: comma-separated; "
+                        "defaults: cpu bench_10m, gpu qwen3_0_6b,qwen3_4b)")
+    p.add_argument("--batch", type=int, default=None, help="rows per step (default: cpu 8, gpu 8)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per row (default: cpu 256, gpu 1024)")
+    p.add_argument("--prompt", type=int, default=64,
+                   help="leading prompt tokens per row, outside the loss mask (default 64)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps; the median is reported (default 3)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed steps before timing, the first one compiles (default 1)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="gradient-accumulation micro-batches of the jax step (default 1)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (default: all cores, as XLA uses)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side (cpu mode)")
+    p.add_argument("--matmul-n", type=int, default=1024,
+                   help="size of the n x n f32 matmul that measures the peak (default 1024)")
+    p.add_argument("--matmul-repeats", type=int, default=5, help="best-of repeats of that matmul")
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="gpu: accelerator peak for MFU, TFLOP/s (default 989, H100/H200 dense bf16)")
+    p.add_argument("--compute-dtype", choices=("bf16", "f32"), default="bf16",
+                   help="gpu: forward/backward dtype over f32 master weights (default bf16)")
+    p.add_argument("--seed", type=int, default=0, help="weights and batch seed")
+    args = p.parse_args(argv)
+    if args.batch is None:
+        args.batch = 8
+    if args.seq is None:
+        args.seq = 256 if args.device == "cpu" else 1024
+    for name in ("batch", "seq", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    result = run_cpu(args) if args.device == "cpu" else run_gpu(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

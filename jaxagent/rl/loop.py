@@ -1,0 +1,164 @@
+"""The RL loop: rollout -> advantages -> K epochs of minibatch updates -> metrics.
+
+Legend: B episodes (= n_tasks x G), G group size, N turns (T_max), S token slots.
+
+`rl_iteration` is one iteration for any jittable env; research code passes its own `rollout_fn`
+(params, tasks, budgets, key) -> Rollout and `sample_tasks_fn` (key, n) -> tasks. Advantages are
+computed per group / per trajectory (`jaxagent.rl.advantages`) and spread onto the policy tokens of
+each turn; the train step (`train_step.make_train_step`) does the sharded update.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.envs import budgets as budgets_lib
+from jaxagent.rl import advantages as adv_lib
+from jaxagent.rl.train_step import TrainState, split_rng, advance_data
+from jaxagent.rollout.types import Rollout
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "process", "ppo")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+    """One RL arm. estimator: grpo | dr_grpo | rloo (group outcome baselines), gigpo (+ anchor-state
+    step groups), process (GRPO + oracle process reward), ppo (GAE over turns with a critic)."""
+
+    estimator: str = "grpo"
+    n_tasks: int = 8
+    group_size: int = 8
+    budget_mode: str = "full"          # full | budgetmix (one budget per group, PAPER.md finding 8)
+    epochs: int = 1
+    minibatches: int = 1
+    gamma: float = 0.95                # GiGPO step returns; PPO GAE discount
+    gae_lambda: float = 0.95
+    omega: float = 1.0                 # GiGPO: A = A_E + omega * A_S
+    process_weight: float = 1.0        # process: A = A_GRPO + w * (Q* - V*)
+    filter_zero_variance: bool = False  # DAPO dynamic sampling: drop groups with equal rewards
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.budget_mode not in ("full", "budgetmix"):
+            raise ValueError(f"budget_mode must be 'full' or 'budgetmix', got {self.budget_mode!r}")
+        if self.n_tasks < 1 or self.group_size < 1 or self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("n_tasks, group_size, epochs and minibatches must be >= 1")
+        if self.estimator in ("grpo", "rloo", "gigpo", "process") and self.group_size < 2:
+            raise ValueError(f"{self.estimator} needs group_size >= 2")
+        if (self.n_tasks * self.group_size) % self.minibatches:
+            raise ValueError("n_tasks * group_size must be divisible by minibatches")
+
+    @property
+    def batch_size(self) -> int:
+        return self.n_tasks * self.group_size
+
+
+def _groups(x_B, g):
+    return x_B.reshape((-1, g) + x_B.shape[1:])
+
+
+def _policy_turns(ro: Rollout):
+    """Turn id of each policy token, -1 elsewhere ([B, S])."""
+    return jnp.where(ro.policy_mask, ro.turn_index, -1)
+
+
+@jax.jit
+def _ppo_turn_targets(values_BxS, ro: Rollout, gamma, lam):
+    """Turn-level GAE (Schulman et al. 2016): V(s_n) read at the first reply token of turn n,
+    rewards = env rewards (0 for unfinished budget/context-exhausted episodes' final turn), the
+    value after the last turn is 0 (terminal or out of budget: no more turns)."""
+    v_BxN = jnp.take_along_axis(values_BxS, ro.turns.span_start, axis=1) * ro.turns.active
+    finished = (ro.status == 1) | (ro.status == 2)
+    r_BxN = ro.turns.reward * finished[:, None]
+    adv, ret = adv_lib.batch_gae(r_BxN, v_BxN, ro.turns.active, jnp.zeros(r_BxN.shape[0]), gamma=gamma, lam=lam)
+    n = jnp.maximum(ro.turns.active.sum(), 1)
+    mean = jnp.sum(adv * ro.turns.active) / n
+    std = jnp.sqrt(jnp.sum(((adv - mean) * ro.turns.active) ** 2) / n) + 1e-6
+    return (adv - mean) / std * ro.turns.active, ret
+
+
+def compute_advantages(ro: Rollout, settings: RLSettings, values_BxS=None):
+    """Per-token advantages [B, S] (0 off policy tokens) and a keep mask [B] (zero-variance filter).
+
+    Outcome R_i = episode_return (0 for episodes that ran out of budget or context unfinished).
+    """
+    g = settings.group_size
+    turn_ids = _policy_turns(ro)
+    mask = ro.policy_mask
+    R_GxG = _groups(ro.episode_return, g)
+    keep = jnp.repeat(adv_lib.batch_has_reward_variance(R_GxG), g) if settings.filter_zero_variance else \
+        jnp.ones(ro.episode_return.shape, bool)
+    extra = {}
+    if settings.estimator in ("grpo", "dr_grpo", "rloo"):
+        a_B = adv_lib.batch_group_advantages(R_GxG, settings.estimator).reshape(-1)
+        per_turn = jnp.broadcast_to(a_B[:, None], ro.turns.active.shape)
+    elif settings.estimator == "gigpo":
+        per_turn = adv_lib.batch_gigpo_advantages(
+            R_GxG, _groups(ro.turns.reward, g), _groups(ro.turns.active, g), _groups(ro.turns.anchor, g),
+            gamma=settings.gamma, omega=settings.omega).reshape(ro.turns.active.shape)
+    elif settings.estimator == "process":
+        per_turn = jax.vmap(lambda o, p, m: adv_lib.process_advantages(o, p, m, weight=settings.process_weight))(
+            R_GxG, _groups(ro.turns.process_reward, g), _groups(ro.turns.active, g)).reshape(ro.turns.active.shape)
+    else:  # ppo
+        if values_BxS is None:
+            raise ValueError("the ppo estimator needs critic values")
+        per_turn, ret_BxN = _ppo_turn_targets(values_BxS, ro, settings.gamma, settings.gae_lambda)
+        extra["returns"] = adv_lib.batch_broadcast_to_tokens(ret_BxN, turn_ids, mask)
+        extra["old_values"] = values_BxS
+    adv = adv_lib.batch_broadcast_to_tokens(per_turn, turn_ids, mask) * keep[:, None]
+    return adv, keep, extra
+
+
+def sample_budgets(key, settings: RLSettings, t_max: int):
+    if settings.budget_mode == "budgetmix":
+        return budgets_lib.sample_budgetmix(key, settings.n_tasks, settings.group_size, t_max)
+    return budgets_lib.full_budget(settings.batch_size, t_max)
+
+
+def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sample_tasks_fn: Callable,
+                 train_step: Callable, settings: RLSettings, t_max: int,
+                 values_fn: Optional[Callable] = None) -> tuple[TrainState, dict, Rollout]:
+    """One RL iteration: sample n_tasks tasks, G rollouts each (budgets full or BudgetMix), compute
+    advantages, then `epochs` passes of `minibatches` updates over the shuffled episodes.
+
+    Returns the new state, metrics (rollout statistics + the mean of the train-step metrics) and the
+    rollout. `values_fn(critic_params, tokens) -> [B, S]` is needed for PPO.
+    """
+    state, key = split_rng(state)
+    k_task, k_budget, k_roll, k_shuffle = jax.random.split(key, 4)
+    tasks = sample_tasks_fn(k_task, settings.n_tasks)
+    tasks = jax.tree.map(lambda x: jnp.repeat(x, settings.group_size, axis=0), tasks)
+    budgets = sample_budgets(k_budget, settings, t_max)
+    ro = rollout_fn(state.params, tasks, np.asarray(budgets), k_roll)
+    values = None if settings.estimator != "ppo" else values_fn(state.critic_params, ro.tokens)
+    adv, keep, extra = compute_advantages(ro, settings, values)
+    batch = {"tokens": ro.tokens, "policy_mask": ro.policy_mask & keep[:, None], "advantages": adv,
+             "old_logprobs": ro.logprobs, **extra}
+    b = settings.batch_size
+    mb = b // settings.minibatches
+    train_metrics = []
+    for epoch in range(settings.epochs):
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(k_shuffle, epoch), b))
+        for i in range(settings.minibatches):
+            idx = perm[i * mb:(i + 1) * mb]
+            state, m = train_step(state, jax.tree.map(lambda x: x[idx], batch))
+            train_metrics.append(m)
+    state = advance_data(state, settings.n_tasks)
+    metrics = {k: float(np.mean([float(m[k]) for m in train_metrics])) for k in train_metrics[0]}
+    metrics.update(rollout_metrics(ro))
+    metrics["kept_fraction"] = float(np.mean(np.asarray(keep)))
+    return state, metrics, ro
+
+
+def rollout_metrics(ro: Rollout) -> dict:
+    """Batch statistics of a rollout; success_rate is R_multi (PAPER.md)."""
+    return {"success_rate": float(np.mean(np.asarray(ro.success))),
+            "mean_return": float(np.mean(np.asarray(ro.episode_return))),
+            "mean_turns": float(np.mean(np.asarray(ro.turns_used))),
+            "valid_action_rate": float(np.asarray(ro.turns.valid).sum() / max(1, np.asarray(ro.turns.active).sum())),
+            "mean_generated_tokens": float(np.mean(np.asarray(ro.generated_tokens)))}

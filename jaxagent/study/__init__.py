@@ -1,0 +1,1 @@
+"""The study's stages as library functions (the experiments/ scripts are thin wrappers around them)."""

@@ -1,0 +1,69 @@
+"""The toy world of the CPU study: the project's word-level tokenizer, FrozenLake and its chat layout.
+
+A tiny Qwen3 trained from scratch stands in for a pretrained base model: supervised learning on a
+noisy expert's trajectories gives a policy that knows the format and plays reasonably but makes
+(and sometimes recovers from) mistakes, which is the regime the study's questions are about.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+
+from jaxagent.envs.budgets import BudgetFormat
+from jaxagent.envs.experts import NoisyExpert
+from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams
+from jaxagent.envs.text_codec import TextCodec
+from jaxagent.models.tokenizer import Tokenizer, build_word_tokenizer
+from jaxagent.rollout import ChatLayout, RolloutConfig, budget_format, chat_layout, env_codec, rollout
+from jaxagent.rollout.types import Rollout
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ToyWorld:
+    tokenizer: Tokenizer
+    codec: TextCodec
+    env: FrozenLake
+    layout: ChatLayout
+    fmt: BudgetFormat
+
+
+# A short system prompt (words of FrozenLake's vocabulary): every token of context costs CPU time.
+TOY_SYSTEM_PROMPT = ("Reach the goal G without falling into a hole H . P is you . The budget says how many "
+                     "turns are left . Answer with exactly one move in the format <answer>Left</answer> .")
+
+
+def make_toy_world(tokenizer_dir: str | os.PathLike, size: int = 4, system_prompt: str = TOY_SYSTEM_PROMPT,
+                   enable_thinking: bool = True) -> ToyWorld:
+    """Builds (or reloads) the word-level tokenizer in `tokenizer_dir` and the FrozenLake env on it.
+
+    `enable_thinking=True` only means the layout inserts no empty think block before each reply
+    (six tokens a turn saved); the toy policy learns to answer directly.
+    """
+    words = FrozenLake.vocabulary()
+    if os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        tok = Tokenizer.from_dir(tokenizer_dir)
+    else:
+        tok = build_word_tokenizer(words, tokenizer_dir)
+    codec = env_codec(tok, words, FrozenLake.ACTION_STRINGS, word_level=True)
+    unknown = [w for w in system_prompt.split() if w not in words]
+    if unknown:
+        raise ValueError(f"system prompt words outside the env vocabulary: {unknown}")
+    layout = chat_layout(tok, system_prompt, enable_thinking=enable_thinking)
+    return ToyWorld(tok, codec, FrozenLake(codec, size=size), layout, budget_format(codec))
+
+
+def expert_rollouts(world: ToyWorld, tasks, budgets, key, env_params: FrozenLakeParams, *, epsilon: float,
+                    t_max: int, max_action_tokens: int, max_context: int) -> Rollout:
+    """Trajectories of the epsilon-noisy budget-aware expert in the exact chat layout the policy sees;
+    `policy_mask` marks the expert's replies (the SFT targets). No model is run."""
+    rcfg = RolloutConfig(t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
+                         expert_fn=NoisyExpert(epsilon))
+    return rollout(_no_params(), None, world.env, world.layout, world.fmt, tasks, budgets, key, env_params, rcfg)
+
+
+def _no_params():
+    """Placeholder params for scripted rollouts (the model is never called)."""
+    return {"unused": np.zeros((), np.float32)}

@@ -1,0 +1,163 @@
+"""Checkpoints: round trip (int layer keys, optimizer NamedTuples, PRNG key, data position), keep-N,
+atomicity (temporary directories ignored), wrong-shape restores, sharded restore, and an exact
+kill-and-resume of a training run in subprocesses."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent import sharding
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+from jaxagent.rl import checkpoint, optim
+from jaxagent.rl import train_step as ts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+TX = optim.make_optimizer(1e-3, weight_decay=0.01)
+
+
+def np_params(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape), jnp.float32),
+                        qwen3.param_shapes(cfg))
+
+
+def make_state(cfg=CFG, seed=0, **kw):
+    state = ts.init_train_state(cfg, TX, jax.random.key(seed), params=np_params(cfg, seed), **kw)
+    # make every part distinguishable from a fresh state
+    return state.replace(step=jnp.int32(7), data_pos=jnp.int32(123),
+                         opt_state=jax.tree.map(
+        lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.floating) else x, state.opt_state))
+
+
+def host(tree):
+    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x)
+                                             if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                                             else x), tree)
+
+
+def assert_same(a, b):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree.leaves(host(a)), jax.tree.leaves(host(b))):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def test_round_trip_keeps_structure_values_key_and_position(tmp_path):
+    cp = {"backbone": np_params(CFG, 1), "value_head": {"kernel": jnp.ones(32), "bias": jnp.zeros(())}}
+    state = make_state(with_ref_params=True, value_settings=ts.ValueSettings(), critic_params=cp)
+    mngr = checkpoint.make_manager(tmp_path / "ck", max_to_keep=2)
+    assert checkpoint.save(mngr, state, CFG, critic_cfg=CFG, extra={"note": "x"})
+    abstract = ts.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True,
+                                       value_settings=ts.ValueSettings(), critic_params=cp)
+    back = checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=CFG, critic_cfg=CFG)
+    assert_same(back, state)
+    assert list(back.params["layers"]) == [0, 1]  # int layer keys, not '0', '1'
+    assert jax.random.key_impl(back.rng) == jax.random.key_impl(state.rng)
+    assert int(back.step) == 7 and int(back.data_pos) == 123
+    meta = checkpoint.read_metadata(mngr)
+    assert meta["model_config"]["hidden_size"] == 32 and meta["extra"] == {"note": "x"}
+    assert meta["step"] == 7 and meta["data_pos"] == 123
+
+
+def test_keep_n_and_atomic_tmp_dirs_ignored(tmp_path):
+    d = tmp_path / "ck"
+    mngr = checkpoint.make_manager(d, max_to_keep=2)
+    state = make_state()
+    for s in range(1, 6):
+        checkpoint.save(mngr, state.replace(step=jnp.int32(s)), CFG)
+    assert checkpoint.all_steps(d) == [4, 5]
+    assert sorted(p for p in os.listdir(d) if p.isdigit()) == ["4", "5"]
+    # a save killed mid-write leaves only a temporary directory: never listed, never restored
+    (d / "9.orbax-checkpoint-tmp-1234").mkdir()
+    (d / "9.orbax-checkpoint-tmp-1234" / "junk").write_text("partial")
+    abstract = ts.abstract_train_state(CFG, TX, params=np_params(CFG))
+    back = checkpoint.restore_latest(d, abstract, cfg=CFG)
+    assert int(back.step) == 5 and checkpoint.all_steps(d) == [4, 5]
+    assert checkpoint.restore_latest(tmp_path / "missing", abstract) is None
+    (tmp_path / "empty").mkdir()
+    assert checkpoint.restore_latest(tmp_path / "empty", abstract) is None
+
+
+def test_restore_into_another_model_shape_fails_clearly(tmp_path):
+    mngr = checkpoint.make_manager(tmp_path / "ck")
+    checkpoint.save(mngr, make_state(), CFG)
+    other = Qwen3Config(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    abstract = ts.abstract_train_state(other, TX, params=np_params(other))
+    with pytest.raises(ValueError, match=r"hidden_size: checkpoint 32 vs expected 48"):
+        checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=other)
+    # without the config, the parameter shapes are compared before any array is read
+    with pytest.raises(ValueError, match=r"params/embed: checkpoint shape \(64, 32\) vs expected "
+                                         r"\(64, 48\)"):
+        checkpoint.restore_latest(tmp_path / "ck", abstract)
+    # a target with parts the checkpoint lacks
+    abstract_ref = ts.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True)
+    with pytest.raises(ValueError, match="ref_params"):
+        checkpoint.restore_latest(tmp_path / "ck", abstract_ref, cfg=CFG)
+
+
+def test_restore_onto_a_mesh(tmp_path):
+    state = make_state()
+    mngr = checkpoint.make_manager(tmp_path / "ck")
+    checkpoint.save(mngr, state, CFG)
+    mesh = sharding.make_mesh(2, 2, 2)
+    abstract = ts.abstract_train_state(CFG, TX, mesh=mesh, params=np_params(CFG))
+    back = checkpoint.restore_latest(mngr, abstract, cfg=CFG)
+    assert_same(back, state)
+    want = ts.state_shardings(CFG, TX, mesh)
+    assert back.params["layers"][1]["attn"]["q_proj"].sharding == want.params["layers"][1]["attn"]["q_proj"]
+    assert back.params["embed"].sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+
+
+def _worker(args):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _wait(proc, timeout=300):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"worker timed out:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
+    n, k = 6, 4
+    d = str(tmp_path / "ck")
+    killed = _worker(["--dir", d, "--steps", str(n), "--kill-after", str(k), "--keep", "3",
+                      "--out", str(tmp_path / "never.npz")])
+    straight = _worker(["--steps", str(n), "--out", str(tmp_path / "straight.npz")])
+    rc, out = _wait(killed)
+    assert rc == -9, f"expected SIGKILL, got rc={rc}:\n{out[-3000:]}"
+    assert not os.path.exists(tmp_path / "never.npz")
+    assert checkpoint.all_steps(d) == [k - 2, k - 1, k]  # keep-3
+    resumed = _worker(["--dir", d, "--steps", str(n), "--keep", "3",
+                       "--out", str(tmp_path / "resumed.npz")])
+    for proc in (straight, resumed):
+        rc, out = _wait(proc)
+        assert rc == 0, out[-3000:]
+    a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "resumed.npz")
+    assert int(b["resumed"]) == k and int(a["resumed"]) == -1
+    assert int(a["step"]) == int(b["step"]) == n and int(a["data_pos"]) == int(b["data_pos"]) == 4 * n
+    np.testing.assert_array_equal(a["rng"], b["rng"])
+    np.testing.assert_array_equal(a["losses"][k:], b["losses"])  # the resumed steps' losses
+    keys = [x for x in a.files if x.startswith("[")]
+    assert len(keys) == len(jax.tree.leaves(qwen3.param_shapes(Qwen3Config(num_hidden_layers=1))))
+    for key in keys:
+        np.testing.assert_allclose(a[key], b[key], atol=1e-6, rtol=0, err_msg=key)
+    bitwise = all(np.array_equal(a[key], b[key]) for key in keys)
+    assert bitwise, "resume matched to 1e-6 but not bitwise"
+    assert checkpoint.all_steps(d) == [n - 2, n - 1, n]

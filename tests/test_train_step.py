@@ -1,0 +1,342 @@
+"""Train step: log-probs, sharded == unsharded, micro-batching, the non-finite guard, KL / entropy /
+seq-mean weighting, the PPO critic (separate and shared backbone), optimizer schedules.
+
+Params come from numpy (no jitted random init: its compile alone costs seconds on 2 cores) and one
+compiled step is shared per configuration through module-scoped fixtures.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxagent import sharding
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+from jaxagent.rl import critic, losses, optim
+from jaxagent.rl import train_step as ts
+
+CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+B, S = 8, 12
+
+
+def keep_grads():
+    """Identity transform whose state is the last gradient: one compiled step yields the loss, the
+    gradients and the update."""
+    return optax.GradientTransformation(lambda p: optax.tree.zeros_like(p), lambda g, s, p=None: (g, g))
+
+
+TX = optax.chain(keep_grads(), optim.make_optimizer(1e-2, weight_decay=0.01, max_grad_norm=1.0))
+LS = ts.LossSettings(clip_low=0.2, clip_high=0.28)
+TOL = dict(atol=1e-5, rtol=1e-5)
+# LLVM -O0: compiles these tiny steps ~3x faster on 2 loaded cores; every compared run uses it.
+FAST = {"xla_backend_optimization_level": 0}
+
+
+def jit(f):
+    return jax.jit(f, compiler_options=FAST)
+
+
+def make_step(*a, **kw):
+    return ts.make_train_step(CFG, TX, *a, compiler_options=FAST, **kw)
+
+
+def np_params(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: jnp.asarray(1.0 + 0.1 * rng.normal(size=s.shape) if s.ndim == 1
+                                              else 0.3 * rng.normal(size=s.shape), jnp.float32),
+                        qwen3.param_shapes(cfg))
+
+
+def make_batch(seed=0, b=B, s=S, vocab=CFG.vocab_size):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (b, s))
+    lengths = rng.integers(s // 2, s + 1, b)
+    pos = np.arange(s)[None]
+    mask = (pos >= 3) & (pos < lengths[:, None]) & (rng.random((b, s)) < 0.8)
+    mask[1] = False  # a row without policy tokens (dropped group / padding)
+    return {"tokens": jnp.asarray(tokens, jnp.int32), "policy_mask": jnp.asarray(mask),
+            "advantages": jnp.asarray(rng.normal(size=(b, s)), jnp.float32),
+            "old_logprobs": jnp.asarray(-np.log(vocab) + 0.3 * rng.normal(size=(b, s)),
+                                        jnp.float32)}
+
+
+def fresh_state(mesh=None, **kw):
+    return ts.init_train_state(CFG, TX, jax.random.key(0), params=np_params(CFG), mesh=mesh, **kw)
+
+
+def to_np(tree):
+    def conv(x):
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x)
+    return jax.tree.map(conv, tree)
+
+
+def grads_of(state):
+    return state.opt_state[0]
+
+
+def assert_tree_close(a, b, **tol):
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path),
+                                   **(tol or TOL))
+
+
+@pytest.fixture(scope="module")
+def step1():
+    return make_step(LS)
+
+
+@pytest.fixture(scope="module")
+def reference(step1):
+    """Unsharded, one micro-batch: (initial params, new state as numpy, metrics)."""
+    state = fresh_state()
+    p0 = to_np(state.params)
+    new, metrics = step1(state, make_batch())
+    return p0, to_np(new), {k: float(v) for k, v in metrics.items()}
+
+
+# ----------------------------------------------------------------------------- log-probs
+def test_token_logprobs_match_manual_log_softmax_gather():
+    params, batch = np_params(CFG), make_batch()
+    tokens = batch["tokens"]
+    logp, ent = jit(lambda p, t: ts.token_logprobs(p, CFG, t, with_entropy=True))(params, tokens)
+    logits = np.asarray(jit(lambda p, t: qwen3.forward(p, CFG, t)[0])(params, tokens), np.float64)
+    z = logits - logits.max(-1, keepdims=True)
+    logsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    tok = np.asarray(tokens)
+    want = np.zeros((B, S))
+    want[:, 1:] = np.take_along_axis(logsm[:, :-1], tok[:, 1:, None], -1)[..., 0]
+    want_ent = np.zeros((B, S))
+    want_ent[:, 1:] = -(np.exp(logsm) * logsm).sum(-1)[:, :-1]
+    assert logp.shape == ent.shape == (B, S)
+    np.testing.assert_allclose(np.asarray(logp), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), want_ent, atol=1e-5)
+    assert np.all(np.asarray(logp)[:, 0] == 0) and np.all(np.asarray(logp)[:, 1:] < 0)
+
+
+# ----------------------------------------------------------------------------- sharding
+@pytest.mark.parametrize("shape", [(2, 2, 2),
+                                   pytest.param((1, 4, 2), marks=pytest.mark.slow),
+                                   pytest.param((8, 1, 1), marks=pytest.mark.slow)])
+def test_sharded_step_equals_unsharded(reference, shape):
+    p0, ref, ref_m = reference
+    mesh = sharding.make_mesh(*shape)
+    state = fresh_state(mesh)
+    assert_tree_close(to_np(state.params), p0, atol=0, rtol=0)
+    # the (2, 2, 2) mesh also accumulates 2 micro-batches: sharding and micro-batching compose
+    step = make_step(LS, mesh, micro_batches=2 if shape == (2, 2, 2) else 1)
+    new, metrics = step(state, make_batch())
+    for k in ("loss", "pg_loss", "clip_frac", "drift", "entropy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(float(metrics[k]), ref_m[k], err_msg=k, **TOL)
+    assert_tree_close(grads_of(new), grads_of(ref))           # gradients
+    assert_tree_close(new.params, ref.params)                 # one AdamW update
+    assert_tree_close(new.opt_state[1].inner_state, ref.opt_state[1].inner_state)
+    # the state really is sharded as the rules say, optimizer moments like their parameters
+    want = ts.state_shardings(CFG, TX, mesh)
+    up = new.params["layers"][0]["mlp"]["up_proj"]
+    assert up.sharding.spec == want.params["layers"][0]["mlp"]["up_proj"].spec
+    mu = new.opt_state[1].inner_state[1][0].mu["layers"][0]["mlp"]["up_proj"]
+    assert mu.sharding.spec == up.sharding.spec
+    if shape == (2, 2, 2):
+        assert up.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+        assert len(up.addressable_shards) == 8 and up.addressable_shards[0].data.shape == (16, 32)
+
+
+def test_state_shardings_follow_logical_axes():
+    mesh = sharding.make_mesh(1, 4, 2)
+    sh = ts.state_shardings(CFG, TX, mesh, with_ref_params=True,
+                            value_settings=ts.ValueSettings())
+    P = jax.sharding.PartitionSpec
+    assert sh.params["embed"].spec == P("tensor", "fsdp")
+    assert sh.ref_params["embed"].spec == P("tensor", "fsdp")
+    assert sh.opt_state[1].inner_state[1][0].nu["embed"].spec == P("tensor", "fsdp")
+    assert sh.opt_state[1].inner_state[1][0].count.spec == P()
+    assert sh.critic_params["value_head"]["kernel"].spec == P("fsdp")
+    assert sh.critic_params["backbone"]["layers"][0]["attn"]["q_proj"].spec == P("fsdp", "tensor", None)
+    assert sh.step.spec == P() and sh.rng.spec == P()
+
+
+# ----------------------------------------------------------------------------- micro-batches
+@pytest.mark.parametrize("m", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_micro_batches_give_the_same_update(reference, m):
+    _, ref, ref_m = reference
+    step = make_step(LS, micro_batches=m)
+    new, metrics = step(fresh_state(), make_batch())
+    for k in ("loss", "pg_loss", "clip_frac", "drift", "entropy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(float(metrics[k]), ref_m[k], err_msg=k, **TOL)
+    assert_tree_close(grads_of(new), grads_of(ref))
+    assert_tree_close(new.params, ref.params)
+
+
+# ----------------------------------------------------------------------------- non-finite guard
+def test_nan_advantage_skips_the_update_and_counts_it(step1, reference):
+    p0, ref, _ = reference
+    state = fresh_state()
+    inner0 = to_np(state.opt_state[1].inner_state)
+    bad = make_batch()
+    mask = np.asarray(bad["policy_mask"])
+    r, c = np.argwhere(mask)[0]
+    adv = np.asarray(bad["advantages"]).copy()
+    adv[r, c] = np.nan
+    bad["advantages"] = jnp.asarray(adv)
+    state, m = step1(state, bad)
+    assert float(m["skipped"]) == 1.0 and float(m["skipped_total"]) == 1.0
+    assert not np.isfinite(float(m["grad_norm"]))
+    assert_tree_close(state.params, p0, atol=0, rtol=0)        # bitwise unchanged
+    assert_tree_close(state.opt_state[1].inner_state, inner0, atol=0, rtol=0)
+    assert int(state.step) == 1
+    # a NaN outside the policy mask never reaches the loss: the step applies, as the reference
+    off = make_batch()
+    r, c = np.argwhere(~mask)[0]
+    adv = np.asarray(off["advantages"]).copy()
+    adv[r, c] = np.inf
+    off["advantages"] = jnp.asarray(adv)
+    state, m = step1(state, off)
+    assert float(m["skipped"]) == 0.0 and float(m["skipped_total"]) == 1.0
+    assert_tree_close(state.params, ref.params)
+    assert int(optim.nonfinite_count(state.opt_state)) == 1 and int(state.step) == 2
+    assert step1._cache_size() == 1  # same shapes: no retrace
+
+
+# ----------------------------------------------------------------------------- KL, entropy, seq-mean
+def test_kl_entropy_and_seq_mean_weighting_match_full_batch_loss():
+    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, agg_mode="seq-mean-token-mean",
+                         kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01)
+    batch = make_batch(1)
+    rng = np.random.default_rng(3)
+    params = np_params(CFG)
+    logp, ent = jit(lambda p, t: ts.token_logprobs(p, CFG, t, with_entropy=True))(
+        params, batch["tokens"])
+    batch["ref_logprobs"] = logp + jnp.asarray(0.2 * rng.normal(size=(B, S)), jnp.float32)
+    want, aux = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"],
+                                   batch["policy_mask"], clip_low=0.2, clip_high=0.28,
+                                   agg_mode="seq-mean-token-mean", kl_coef=0.1,
+                                   ref_logp=batch["ref_logprobs"], entropy_coef=0.01,
+                                   entropy_BxT=ent)
+    step = make_step(ls, micro_batches=2)
+    _, m = step(fresh_state(), batch)
+    np.testing.assert_allclose(float(m["loss"]), float(want), **TOL)
+    np.testing.assert_allclose(float(m["pg_loss"]), float(aux["pg_loss"]), **TOL)
+    np.testing.assert_allclose(float(m["kl"]), float(aux["kl_ref"]), **TOL)
+    np.testing.assert_allclose(float(m["entropy"]), float(aux["entropy"]), **TOL)
+    np.testing.assert_allclose(float(m["drift"]), float(aux["approx_kl_old_abs"]), **TOL)
+    assert float(m["kl"]) > 1e-3
+
+
+# ----------------------------------------------------------------------------- PPO critic
+def ppo_batch(seed=0):
+    batch = make_batch(seed)
+    rng = np.random.default_rng(seed + 10)
+    batch["returns"] = jnp.asarray(rng.normal(size=(B, S)), jnp.float32)
+    batch["old_values"] = jnp.asarray(0.1 * rng.normal(size=(B, S)), jnp.float32)
+    return batch
+
+
+def test_critic_values_align_to_action_tokens():
+    cp = critic.init(CFG, jax.random.key(1), backbone=np_params(CFG, 1))
+    tokens = make_batch()["tokens"]
+    v = jit(lambda p, t: critic.values(p, CFG, t))(cp, tokens)
+    h, _ = jit(lambda p, t: qwen3.hidden_states(p, CFG, t))(cp["backbone"], tokens)
+    raw = np.einsum("btd,d->bt", np.asarray(h), np.asarray(cp["value_head"]["kernel"]))
+    assert v.shape == (B, S) and np.all(np.asarray(v)[:, 0] == 0)
+    np.testing.assert_allclose(np.asarray(v)[:, 1:], raw[:, :-1], atol=1e-5)
+    with pytest.raises(ValueError, match="shared-backbone"):
+        critic.values({"value_head": cp["value_head"]}, CFG, tokens)
+
+
+def test_ppo_step_separate_critic(reference):
+    _, ref, _ = reference
+    vs = ts.ValueSettings(clip_eps=0.2, shared_backbone=False)
+    state = fresh_state(value_settings=vs, critic_params=critic.init(
+        CFG, jax.random.key(1), backbone=np_params(CFG, 1)))
+    c0 = to_np(state.critic_params)
+    batch = ppo_batch()
+    v = jit(lambda p, t: critic.values(p, CFG, t))(state.critic_params, batch["tokens"])
+    want, vaux = losses.value_loss(v, batch["old_values"], batch["returns"], batch["policy_mask"],
+                                   clip_eps=0.2)
+    step = make_step(LS, value_settings=vs, micro_batches=2)
+    new, m = step(state, batch)
+    np.testing.assert_allclose(float(m["vf_loss"]), float(want), **TOL)
+    np.testing.assert_allclose(float(m["vf_clip_frac"]), float(vaux["vf_clip_frac"]), **TOL)
+    # a separate critic leaves the policy's update exactly as without it
+    assert_tree_close(new.params, ref.params)
+    assert float(m["critic_grad_norm"]) > 0 and float(m["critic_skipped"]) == 0
+    moved = jax.tree.map(lambda a, b: np.max(np.abs(np.asarray(a) - b)), new.critic_params, c0)
+    assert min(jax.tree.leaves(moved)) > 0
+
+
+@pytest.mark.slow
+def test_ppo_step_shared_backbone(reference):
+    _, ref, ref_m = reference
+    vs = ts.ValueSettings(clip_eps=0.2, vf_coef=0.5, shared_backbone=True)
+    state = fresh_state(value_settings=vs)
+    assert set(state.critic_params) == {"value_head"}
+    head0 = to_np(state.critic_params)
+    batch = ppo_batch()
+    h, _ = jit(lambda p, t: qwen3.hidden_states(p, CFG, t))(state.params, batch["tokens"])
+    v = critic.head_values(state.critic_params["value_head"], h)
+    want, _ = losses.value_loss(v, batch["old_values"], batch["returns"], batch["policy_mask"],
+                                clip_eps=0.2)
+    step = make_step(LS, value_settings=vs)
+    new, m = step(state, batch)
+    np.testing.assert_allclose(float(m["vf_loss"]), float(want), **TOL)
+    np.testing.assert_allclose(float(m["loss"]), ref_m["loss"], **TOL)
+    # the value loss now also shapes the policy backbone's gradient
+    diff = np.abs(np.asarray(grads_of(new)["layers"][0]["mlp"]["up_proj"])
+                  - grads_of(ref)["layers"][0]["mlp"]["up_proj"])
+    assert diff.max() > 1e-6
+    assert np.abs(np.asarray(new.critic_params["value_head"]["kernel"])
+                  - head0["value_head"]["kernel"]).max() > 0
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_batches_raise_clear_errors(step1):
+    state = fresh_state()
+    batch = make_batch()
+    with pytest.raises(ValueError, match="lacks keys"):
+        step1(state, {k: v for k, v in batch.items() if k != "advantages"})
+    with pytest.raises(ValueError, match="shape"):
+        step1(state, {**batch, "advantages": batch["advantages"][:, :5]})
+    with pytest.raises(ValueError, match="micro_batches"):
+        make_step(LS, micro_batches=3)(state, batch)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        make_step(ts.LossSettings(kl_coef=0.1))(state, batch)
+    with pytest.raises(ValueError, match="data x fsdp"):
+        make_step(LS, sharding.make_mesh(8, 1, 1), micro_batches=2)(
+            fresh_state(sharding.make_mesh(8, 1, 1)), batch)
+    with pytest.raises(ValueError, match="agg_mode"):
+        ts.LossSettings(agg_mode="sum")
+
+
+# ----------------------------------------------------------------------------- optimizer
+def test_schedules():
+    s = optim.make_schedule(1.0, "linear_warmup_cosine", warmup_steps=10, total_steps=110)
+    np.testing.assert_allclose([float(s(i)) for i in (0, 5, 10, 60, 110)],
+                               [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
+    c = optim.make_schedule(2.0, "cosine", total_steps=100, final_lr_ratio=0.1)
+    np.testing.assert_allclose([float(c(0)), float(c(50)), float(c(100))], [2.0, 1.1, 0.2],
+                               atol=1e-6)
+    k = optim.make_schedule(3.0, "constant", warmup_steps=4)
+    np.testing.assert_allclose([float(k(0)), float(k(2)), float(k(4)), float(k(99))],
+                               [0.0, 1.5, 3.0, 3.0], atol=1e-6)
+    for kw in ({"schedule": "cosine"}, {"schedule": "linear_warmup_cosine", "warmup_steps": 5,
+                                        "total_steps": 5}, {"schedule": "exp"},
+               {"max_grad_norm": 0.0}):
+        with pytest.raises(ValueError):
+            optim.make_optimizer(1e-3, **kw)
+
+
+def test_optimizer_clips_then_adamw_and_guards():
+    tx = optim.make_optimizer(0.1, max_grad_norm=1.0, weight_decay=0.0)
+    p = {"w": jnp.array([1.0, 2.0])}
+    st = tx.init(p)
+    u, st = tx.update({"w": jnp.array([30.0, -40.0])}, st, p)  # norm 50 -> clipped to 1
+    # first Adam step: m/sqrt(v) = sign(g) (bias-corrected), so the update is -lr * sign(g)
+    np.testing.assert_allclose(np.asarray(u["w"]), [-0.1, 0.1], atol=1e-6)
+    u, st2 = tx.update({"w": jnp.array([jnp.inf, 1.0])}, st, p)
+    assert np.all(np.asarray(u["w"]) == 0) and int(optim.nonfinite_count(st2)) == 1
+    assert int(optim.last_step_skipped(st2)) == 1
+    assert int(st2.inner_state[1][0].count) == int(st.inner_state[1][0].count)
