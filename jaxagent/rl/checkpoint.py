@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import jax
 import orbax.checkpoint as ocp
