@@ -1,0 +1,91 @@
+"""Study presets: frozen dataclasses, one per scale. `quick` is the README's default (a 2-core CPU)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from jaxagent.models.config import Qwen3Config
+from jaxagent.study.stages import BaseSettings, TaskSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    n_tasks: int = 16                 # held-out maps per policy
+    n_samples: int = 8                # rollouts per task and budget tier (n of the pass@k estimator)
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    n_states: int = 32                # matched states per policy for step quality
+    n_error_states: int = 32
+    n_boot: int = 500
+    hidden_budget: bool = True        # also evaluate with the budget hidden (beyond the paper)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    model: Qwen3Config
+    task: TaskSettings
+    base: BaseSettings
+    arms: tuple[str, ...] = ("grpo", "budgetmix", "gigpo", "ppo", "grpo_oracle")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    iterations: int = 10
+    n_tasks: int = 4                  # tasks per RL iteration
+    group_size: int = 8               # rollouts per task (GRPO group)
+    lr: float = 3e-4
+    dynamics_every: int = 2           # R_multi / R_single logging period (iterations)
+    eval: EvalSettings = EvalSettings()
+    checkpoint: Optional[str] = None  # a local HF Qwen3 directory: the base model (skips SFT)
+    mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor)
+    compute_dtype: str = "float32"
+
+
+def _toy_model(vocab: int = 128) -> Qwen3Config:
+    # vocab is replaced by the toy tokenizer's size at run time
+    return Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        name="quick", model=_toy_model(),
+        task=TaskSettings(size=4, t_max=6, max_context=320),
+        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=3e-3),
+        iterations=10, n_tasks=4, group_size=8,
+        eval=EvalSettings(n_tasks=16, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_boot=300)),
+    "full": Preset(
+        name="full", model=Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+        task=TaskSettings(size=5, t_max=10, max_context=640),
+        base=BaseSettings(n_episodes=8192, steps=3000, batch_size=64, lr=2e-3),
+        seeds=(0, 1, 2, 3, 4), iterations=200, n_tasks=8, group_size=8,
+        eval=EvalSettings(n_tasks=64, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=256, n_error_states=256,
+                          n_boot=1000)),
+    # Accelerator presets: a real Qwen3 checkpoint directory is required (--checkpoint); the FrozenLake
+    # text goes through the real Qwen3 tokenizer (BPE) and the chat template of the checkpoint.
+    "qwen3-0.6b-1gpu": Preset(
+        name="qwen3-0.6b-1gpu", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
+                                                                        max_context=2048),
+        base=BaseSettings(steps=0), iterations=200, n_tasks=32, group_size=8, lr=1e-6, compute_dtype="bfloat16",
+        eval=EvalSettings(n_tasks=128, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
+    "qwen3-4b-8gpu": Preset(
+        name="qwen3-4b-8gpu", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
+                                                                      max_context=2048),
+        base=BaseSettings(steps=0), iterations=200, n_tasks=64, group_size=8, lr=1e-6, mesh=(1, 8, 1),
+        compute_dtype="bfloat16",
+        eval=EvalSettings(n_tasks=256, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
+    "qwen3-8b-v5p": Preset(
+        name="qwen3-8b-v5p", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
+                                                                     max_context=2048),
+        base=BaseSettings(steps=0), iterations=200, n_tasks=128, group_size=8, lr=1e-6, mesh=(4, 8, 2),
+        compute_dtype="bfloat16",
+        eval=EvalSettings(n_tasks=256, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
+    # Seconds-scale settings for the end-to-end CI test.
+    "ci": Preset(
+        name="ci", model=Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+        task=TaskSettings(size=3, t_max=3, max_context=160),
+        base=BaseSettings(n_episodes=64, steps=4, batch_size=8),
+        arms=("grpo", "budgetmix"), seeds=(0, 1), iterations=2, n_tasks=2, group_size=4, dynamics_every=1,
+        eval=EvalSettings(n_tasks=4, n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_states=4, n_error_states=4,
+                          n_boot=50)),
+}

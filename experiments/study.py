@@ -1,0 +1,189 @@
+"""Stage runners of the study: run directories, resumability, progress bars, files.
+
+runs/<name>/
+  config.json                      the preset
+  tokenizer/                       the toy word-level tokenizer (toy presets)
+  base/    policy/ (HF checkpoint), metrics.jsonl, DONE
+  arms/<arm>/seed<k>/  ckpt/ (orbax, resumable), policy/, metrics.jsonl, dynamics.jsonl, DONE
+  eval/<policy>.json, eval/DONE    every measured diagnostic
+  figures/*.png, report.md, metrics.json
+A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from experiments.presets import Preset
+from jaxagent.envs.frozenlake import FrozenLake
+from jaxagent.models import qwen3
+from jaxagent.models.tokenizer import Tokenizer
+from jaxagent.rl import checkpoint as ckpt_lib
+from jaxagent.rollout import chat_layout, env_codec, budget_format
+from jaxagent.study import stages
+from jaxagent.study.toy import ToyWorld, make_toy_world
+
+
+def _jsonable(x):
+    if dataclasses.is_dataclass(x):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(x).items()}
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return x
+
+
+def write_json(path, obj):
+    tmp = str(path) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(_jsonable(obj), f, indent=1)
+    os.replace(tmp, path)
+
+
+def append_jsonl(path, rec):
+    with open(path, "a") as f:
+        f.write(json.dumps(_jsonable(rec)) + "\n")
+
+
+def done(path) -> bool:
+    return os.path.isfile(os.path.join(path, "DONE"))
+
+
+def mark_done(path, info=None):
+    write_json(os.path.join(path, "DONE"), info or {"finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+class Run:
+    """A run directory with the world, model config and stage paths of one preset."""
+
+    def __init__(self, preset: Preset, root: str = "runs", name: str | None = None):
+        self.preset = preset
+        self.dir = os.path.abspath(os.path.join(root, name or preset.name))
+        os.makedirs(self.dir, exist_ok=True)
+        write_json(os.path.join(self.dir, "config.json"), preset)
+        if preset.checkpoint:
+            tok = Tokenizer.from_dir(preset.checkpoint)
+            words = FrozenLake.vocabulary()
+            codec = env_codec(tok, words, FrozenLake.ACTION_STRINGS, word_level=False)
+            self.world = ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
+                                  chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
+            self.cfg = qwen3.Qwen3Config.from_dir(preset.checkpoint)
+        else:
+            self.world = make_toy_world(os.path.join(self.dir, "tokenizer"), size=preset.task.size)
+            self.cfg = dataclasses.replace(preset.model, vocab_size=self.world.tokenizer.vocab_size)
+
+    def path(self, *parts) -> str:
+        p = os.path.join(self.dir, *parts)
+        os.makedirs(p, exist_ok=True)
+        return p
+
+    def arm_settings(self, arm: str) -> stages.ArmSettings:
+        p = self.preset
+        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size)
+        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr)
+
+    def load_policy(self, path):
+        cfg, params = qwen3.load(os.path.join(path, "policy"))
+        return params
+
+
+def run_base(run: Run, log=print):
+    """Stage 'base': SFT of the tiny Qwen3 on the noisy expert (or the given checkpoint as is)."""
+    out = run.path("base")
+    if done(out):
+        log(f"[base] done already: {out}")
+        return run.load_policy(out)
+    p = run.preset
+    if p.checkpoint:
+        _, params = qwen3.load(p.checkpoint)
+        qwen3.save(os.path.join(out, "policy"), run.cfg, params)
+        mark_done(out, {"source": p.checkpoint})
+        return params
+    t0 = time.time()
+    bar = tqdm(total=p.base.steps, desc="base SFT", unit="step")
+
+    def cb(i, rec):
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_accuracy']:.2f}")
+        append_jsonl(os.path.join(out, "metrics.jsonl"), rec)
+
+    params, hist = stages.train_base(run.world, run.cfg, jax.random.key(1000), p.task, p.base, callback=cb)
+    bar.close()
+    qwen3.save(os.path.join(out, "policy"), run.cfg, params)
+    mark_done(out, {"seconds": time.time() - t0, **hist[0], "final": hist[-1]})
+    return params
+
+
+def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print):
+    """Stage 'rl': one arm, one seed; checkpoints every iteration, resumes after a kill."""
+    out = run.path("arms", arm, f"seed{seed}")
+    if done(out):
+        return run.load_policy(out)
+    from jaxagent.eval import drivers  # R_single on held-out first-turn states
+
+    settings = run.arm_settings(arm)
+    rt = runtime or stages.make_arm_runtime(run.world, run.cfg, run.preset.task, settings)
+    manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)
+    abstract = jax.eval_shape(lambda: _init_state(run, rt, settings, base_params, seed))
+    state = ckpt_lib.restore_latest(manager, abstract)
+    if state is not None:
+        log(f"[{arm}/seed{seed}] resuming at iteration {int(state.data_pos) // settings.rl.n_tasks}")
+    heldout = run.preset.task.sample(jax.random.key(777), 32)
+    dyn = os.path.join(out, "dynamics.jsonl")
+    bar = tqdm(total=settings.iterations, desc=f"{arm} seed {seed}", unit="it",
+               initial=0 if state is None else int(state.data_pos) // settings.rl.n_tasks)
+
+    def cb(it, m, st):
+        bar.update(1)
+        bar.set_postfix(success=f"{m['success_rate']:.2f}")
+        append_jsonl(os.path.join(out, "metrics.jsonl"), m)
+        if it % run.preset.dynamics_every == 0 or it == settings.iterations - 1:
+            rs = drivers.r_single(run.world, run.cfg, st.params, heldout, t_max=run.preset.task.t_max,
+                                  env_params=run.preset.task.env_params())
+            append_jsonl(dyn, {"step": it, "r_multi": m["success_rate"], "r_single": float(rs["r_single"])})
+        ckpt_lib.save(manager, st, run.cfg, step=it, force=True)
+
+    if state is None:
+        state = _init_state(run, rt, settings, base_params, seed)
+        rs = drivers.r_single(run.world, run.cfg, base_params, heldout, t_max=run.preset.task.t_max,
+                              env_params=run.preset.task.env_params())
+        append_jsonl(dyn, {"step": -1, "r_multi": float("nan"), "r_single": float(rs["r_single"])})
+    state, _ = stages.train_rl(run.world, run.cfg, None, None, run.preset.task, settings, callback=cb,
+                               state=state, runtime=rt)
+    bar.close()
+    manager.wait_until_finished()
+    qwen3.save(os.path.join(out, "policy"), run.cfg, state.params)
+    mark_done(out)
+    return state.params
+
+
+def _init_state(run, rt, settings, base_params, seed):
+    from jaxagent.rl.train_step import init_train_state
+    return init_train_state(run.cfg, rt.optimizer, jax.random.key(seed), params=base_params,
+                            value_settings=rt.value_settings, critic_optimizer=rt.critic_optimizer,
+                            with_ref_params=settings.kl_coef > 0)
+
+
+def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):
+    """Every arm x seed; arms with equal compiled settings share one runtime (one compile)."""
+    policies = {}
+    runtimes = {}
+    for arm in arms or run.preset.arms:
+        settings = run.arm_settings(arm)
+        key = (settings.rl.estimator == "ppo", settings.rl.estimator == "process")
+        if key not in runtimes:
+            runtimes[key] = stages.make_arm_runtime(run.world, run.cfg, run.preset.task, settings)
+        for seed in seeds or run.preset.seeds:
+            policies[(arm, seed)] = run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log)
+    return policies
