@@ -118,6 +118,14 @@ def _hf_model(cfg: Qwen3Config, seed: int):
     return Qwen3ForCausalLM(hf_cfg).eval()
 
 
+def _single_thread() -> None:
+    """One compute thread per framework; must run before jax creates its CPU client."""
+    os.environ["XLA_FLAGS"] = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
+                               + os.environ.get("XLA_FLAGS", "")).strip()
+    import torch
+    torch.set_num_threads(1)
+
+
 def run_cpu(args) -> dict:
     import torch
 
@@ -139,7 +147,8 @@ def run_cpu(args) -> dict:
            "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size,
            "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "repeats": args.repeats, "jax_devices": str(jax.devices()[0].platform),
-           "torch_threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
+           "threads": args.threads, "torch_threads": torch.get_num_threads(),
+           "loadavg_1m_start": args.loadavg_start, "loadavg_1m_end": os.getloadavg()[0]}
     steps = max(args.new_tokens - 1, 1)
     for name, r in (("jax", jx), ("torch", th)):
         decode_s = (r["total_s"] - r["prefill_s"]) / steps
@@ -208,8 +217,14 @@ def main(argv=None) -> int:
                    help="cpu mode: side of the square f32 matmul that measures the peak (default: 2048)")
     p.add_argument("--hbm-gbps", type=float, default=4800.0,
                    help="gpu mode: memory bandwidth in GB/s for the roofline (default: 4800, H200)")
+    p.add_argument("--threads", type=int, default=0, choices=(0, 1),
+                   help="0: each framework's default CPU threading; 1: both single-threaded (XLA without "
+                        "its Eigen pool, torch.set_num_threads(1)), the steadier comparison on a shared, "
+                        "oversubscribed machine (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and prompts (default: 0)")
     args = p.parse_args(argv)
+    if args.threads == 1:
+        _single_thread()
     if args.tiny:
         args.batch, args.prompt_len, args.new_tokens = min(args.batch, 4), min(args.prompt_len, 16), \
             min(args.new_tokens, 8)
@@ -218,6 +233,10 @@ def main(argv=None) -> int:
     for name in ("batch", "prompt_len", "new_tokens", "repeats", "matmul_n"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.device == "gpu" and not args.tiny and jax.default_backend() != "gpu":
+        p.error(f"--device gpu needs a GPU (jax backend is {jax.default_backend()!r}); "
+                "use --tiny to smoke-test the code path on CPU")
+    args.loadavg_start = os.getloadavg()[0]
     result = run_gpu(args) if args.device == "gpu" else run_cpu(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0

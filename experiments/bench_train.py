@@ -165,7 +165,7 @@ def bench_torch(model, batch_np, steps: int, warmup: int, threads: int) -> dict:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         if torch.isfinite(norm):
             opt.step()
-        return float(loss), metrics
+        return float(loss.detach()), metrics
 
     first_loss, _ = step()
     for _ in range(max(warmup - 1, 0)):
@@ -260,8 +260,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=64,
                    help="leading prompt tokens per row, outside the loss mask (default 64)")
     p.add_argument("--steps", type=int, default=3, help="timed steps; the median is reported (default 3)")
-    p.add_argument("--warmup", type=int, default=1,
-                   help="untimed steps before timing, the first one compiles (default 1)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps before timing, the first one compiles (default 2)")
     p.add_argument("--micro-batches", type=int, default=1,
                    help="gradient-accumulation micro-batches of the jax step (default 1)")
     p.add_argument("--threads", type=int, default=0,

@@ -1,0 +1,19 @@
+"""Stage 'base': the toy base model (a tiny Qwen3 trained from scratch by SFT on a noisy expert).
+
+Why this stands in for a pretrained base: the study asks what RL changes in a policy that already
+knows the task's format and plays it imperfectly. Supervised learning on an epsilon-noisy,
+budget-aware optimal FrozenLake player gives exactly such a policy: valid answers, sensible moves,
+mistakes at a controlled rate and recoveries from them, and the budget text in every prompt.
+"""
+from experiments import cli, study
+
+
+def main(argv=None):
+    args = cli.parser(__doc__.splitlines()[0]).parse_args(argv)
+    run = study.Run(cli.preset_from(args), args.root, args.name)
+    study.run_base(run)
+    print(f"base policy in {run.dir}/base/policy")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""Stage 'rl': train RL arms from the base policy (grpo, budgetmix, gigpo, ppo, grpo_oracle).
+
+All arms use the same seeds, task distribution and number of updates; an interrupted arm resumes
+from its last orbax checkpoint.
+"""
+from experiments import cli, study
+from jaxagent.study.stages import ARMS
+
+
+def main(argv=None):
+    p = cli.parser(__doc__.splitlines()[0])
+    p.add_argument("--arm", nargs="+", default=None, choices=sorted(ARMS),
+                   help="arms to train (default: the preset's arms)")
+    args = p.parse_args(argv)
+    run = study.Run(cli.preset_from(args), args.root, args.name)
+    base = study.run_base(run)
+    study.run_all_arms(run, base, arms=args.arm)
+    print(f"policies in {run.dir}/arms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""The eval drivers on the toy FrozenLake world: Pass@(K,T) modes, upper bound, exact action scoring, matched
+step quality, error states with forced replay, likelihood and R_single.
+
+Policies are hand-built "bigram" Qwen3s: the next-token logits are set mostly by the current token (the
+assistant opener -> an action with fixed preferences, an action -> <|im_end|>), so episodes move, reach the
+goal and write canonical replies. `blind` zeroes attention and MLP outputs, so its logits depend on the
+current token only: it literally ignores the budget text. One rollout compile (B=8, T_max=4) serves all.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.envs import frozenlake_solver as fls
+from jaxagent.envs.frozenlake import FrozenLakeParams, sample_tasks
+from jaxagent.eval import drivers as D
+from jaxagent.eval import step_quality as sq
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+from jaxagent.rollout import RolloutConfig
+from jaxagent.rollout.jax_loop import rollout_jit
+from jaxagent.sampling import Sampler
+from jaxagent.study.toy import make_toy_world
+
+T_MAX, BATCH, N_TASKS, N_SAMPLES, KS, N_STATES, SCORE = 4, 8, 4, 2, (1, 2), 4, 8
+TIERS = (1, 2, 3, 4)
+ENV_PARAMS = FrozenLakeParams(horizon=T_MAX)
+
+
+@pytest.fixture(scope="module")
+def compiles_before():
+    return rollout_jit._cache_size(), D._reply_logprobs_jit._cache_size()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, compiles_before):
+    return make_toy_world(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def cfg(world):
+    return Qwen3Config(vocab_size=world.tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+def bigram_params(world, cfg, seed, prefs, *, blind=False):
+    """Embeddings on basis directions 0..4: the opener's last token on e0, action a on prefs[a] e0 + e_{1+a},
+    <|im_end|> on 4 (e1 + .. + e4); every other token has no component there (tied unembedding)."""
+    p = qwen3.init(cfg, jax.random.key(seed))
+    emb = p["embed"].at[:, :5].set(0.0)
+    opener = world.layout.close[-1]
+    emb = emb.at[opener].set(0.0).at[opener, 0].set(0.1)
+    for a, tok in enumerate(np.asarray(world.codec.action_tokens_AxPa)[:, 0]):
+        emb = emb.at[tok].set(0.0).at[tok, 0].set(prefs[a]).at[tok, 1 + a].set(1.0)
+    stop = world.layout.stop_ids[0]
+    emb = emb.at[stop].set(0.0).at[stop, 1:5].set(4.0)
+    p["embed"] = emb
+    if blind:
+        layer = p["layers"][0]
+        layer["attn"]["o_proj"] = jnp.zeros_like(layer["attn"]["o_proj"])
+        layer["mlp"]["down_proj"] = jnp.zeros_like(layer["mlp"]["down_proj"])
+    return p
+
+
+@pytest.fixture(scope="module")
+def policies(world, cfg):
+    return {"base": bigram_params(world, cfg, 0, (0.3, 0.9, 0.9, 0.3)),
+            "rl": bigram_params(world, cfg, 1, (0.05, 0.3, 1.2, 0.05)),
+            "blind": bigram_params(world, cfg, 2, (0.3, 0.9, 0.9, 0.3), blind=True)}
+
+
+@pytest.fixture(scope="module")
+def rcfg():
+    return RolloutConfig(t_max=T_MAX, max_action_tokens=4, max_context=256, sampler=Sampler(temperature=1.0),
+                         allow_forced=True)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    """Maps whose shortest paths are 1, 2, 3 and 4 moves (random starts), so every tier is partly solvable."""
+    pool = sample_tasks(jax.random.key(0), 64, 4, 0.8, random_start=True)
+    steps = np.asarray(jax.vmap(fls.shortest_path_length)(pool))
+    pick = [int(np.flatnonzero(steps == s)[0]) for s in (1, 2, 3, 4)]
+    return pool[np.asarray(pick)]
+
+
+@pytest.fixture(scope="module")
+def passes(world, cfg, policies, tasks, rcfg):
+    out = {}
+    for name in ("blind", "base"):
+        for mode in D.MODES:
+            out[name, mode] = D.pass_kt(world, cfg, policies[name], tasks, jax.random.key(7), t_max=T_MAX, tiers=TIERS,
+                                        n_samples=N_SAMPLES, ks=KS, env_params=ENV_PARAMS, rcfg=rcfg, mode=mode,
+                                        batch_size=BATCH, n_boot=200)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rollouts(world, cfg, policies, tasks, rcfg):
+    run = lambda name, seed: D.run_rollouts(world, cfg, policies[name], tasks, np.full(N_TASKS, T_MAX),  # noqa: E731
+                                            jax.random.key(seed), ENV_PARAMS, rcfg, batch_size=BATCH)
+    return run("base", 11), run("rl", 12)
+
+
+# ----------------------------------------------------------------------------- Pass@(K,T)
+def test_pass_kt_shapes_and_monotone(passes):
+    for (name, mode), res in passes.items():
+        assert res["grid"].shape == (len(TIERS), len(KS)) and res["per_task"].shape == (len(TIERS), len(KS), N_TASKS)
+        assert res["success"].shape == (len(TIERS), N_TASKS, N_SAMPLES)
+        assert (np.diff(res["per_task"], axis=1) >= 0).all()  # monotone in K
+        np.testing.assert_allclose(res["grid"], res["per_task"].mean(-1), atol=1e-6)
+        np.testing.assert_allclose(res["pass_at_t"], res["grid"][:, -1], atol=1e-6)
+        ci = res["pass_at_t_ci"]
+        assert (ci["lo"] <= res["pass_at_t"] + 1e-6).all() and (res["pass_at_t"] <= ci["hi"] + 1e-6).all()
+        c = res["costs"]
+        assert (c["mean_turns"] <= np.asarray(TIERS) + 1e-6).all()
+        np.testing.assert_array_equal(c["status_counts"].sum(-1), N_TASKS * N_SAMPLES)
+        np.testing.assert_allclose(c["mean_env_calls"], c["mean_turns"])
+        if mode == "truncated":
+            assert (np.diff(res["per_task"], axis=0) >= 0).all()  # monotone in T: success within T
+    assert passes["base", "announced"]["grid"].max() > 0  # the policies do reach the goal
+
+
+def test_hidden_equals_truncated(passes):
+    """Same key and rows at every tier: the budget-hidden run at tier T is the T_max run's first T turns."""
+    for name in ("base", "blind"):
+        hid, trunc = passes[name, "hidden"], passes[name, "truncated"]
+        np.testing.assert_array_equal(hid["success"], trunc["success"])
+        for k in ("mean_turns", "mean_gen_tokens", "truncation_rate", "status_counts", "success_rate"):
+            np.testing.assert_allclose(hid["costs"][k], trunc["costs"][k], err_msg=k)
+
+
+def test_announced_equals_truncated_when_budget_text_is_ignored(passes):
+    """The issue's property: a policy blind to the budget text gives the same Pass@(K,T) in both modes."""
+    ann, trunc = passes["blind", "announced"], passes["blind", "truncated"]
+    np.testing.assert_array_equal(ann["success"], trunc["success"])
+    np.testing.assert_array_equal(ann["grid"], trunc["grid"])
+
+
+def test_pass_kt_rejects_bad_input(world, cfg, policies, tasks, rcfg):
+    kw = dict(t_max=T_MAX, n_samples=N_SAMPLES, env_params=ENV_PARAMS, rcfg=rcfg)
+    with pytest.raises(ValueError, match="mode"):
+        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, mode="sideways", **kw)
+    with pytest.raises(ValueError, match="ks"):
+        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=(1, 3), **kw)
+    with pytest.raises(ValueError, match="t_max"):
+        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, **{**kw, "t_max": 5})
+
+
+# ----------------------------------------------------------------------------- upper bound
+def test_upper_bound_dominates_and_matches_dp(world, tasks, passes):
+    ub = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS)
+    np.testing.assert_array_equal(ub["min_turns"], [1, 2, 3, 4])
+    np.testing.assert_array_equal(ub["p_star"], (np.arange(1, 5)[:, None] <= np.asarray(TIERS)[None]).astype(float))
+    for res in passes.values():
+        assert (ub["per_task"] >= res["per_task"] - 1e-6).all()
+        assert (ub["grid"] >= res["grid"] - 1e-6).all()
+    # The max-probability DP agrees with BFS on the deterministic lake; slipping can only lower it.
+    dp = np.asarray(D._slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)]
+    np.testing.assert_allclose(dp, ub["p_star"], atol=1e-6)
+    slip = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS._replace(success_rate=1 / 3))
+    assert (slip["p_star"] <= ub["p_star"] + 1e-6).all() and (slip["p_star"] > 0).any()
+    assert (np.diff(slip["p_star"], axis=1) >= -1e-6).all()
+
+
+# ----------------------------------------------------------------------------- exact scoring
+def _canonical_turns(world, r):
+    """(episode, turn, action) of turns whose sampled reply is exactly a canonical reply."""
+    replies, lens = D.canonical_replies(world)
+    toks, start, span = np.asarray(r.tokens), np.asarray(r.turns.span_start), np.asarray(r.turns.span_len)
+    act, forced = np.asarray(r.turns.action), np.asarray(r.turns.forced)
+    out = []
+    for b, t in zip(*np.nonzero(np.asarray(r.turns.active) & ~forced)):
+        a = act[b, t]
+        if a >= 0 and span[b, t] == lens[a] and (toks[b, start[b, t]:start[b, t] + lens[a]] == replies[a, :lens[a]]).all():
+            out.append((b, t, a))
+    return out
+
+
+def test_reply_logprobs_match_sampler(world, cfg, policies, rollouts):
+    r = rollouts[0]
+    hits = _canonical_turns(world, r)
+    assert len(hits) >= 4
+    b, t, a = (np.asarray(x) for x in zip(*hits))
+    ctx, start, _, _ = D._state_contexts(r, b, t)
+    lp = np.asarray(D.reply_logprobs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
+    got = lp[np.arange(len(a)), a]
+    logprobs, span = np.asarray(r.logprobs), np.asarray(r.turns.span_len)
+    want = np.asarray([logprobs[i, s:s + n].sum() for i, s, n in zip(b, np.asarray(start), span[b, t])])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    probs = np.asarray(D.next_action_probs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
+    assert (probs >= 0).all() and (probs[:, :4].sum(1) <= 1 + 1e-6).all()
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
+    assert probs[:, :4].sum(1).min() > 0.5  # the bigram policy mostly answers canonically
+
+
+def test_hand_built_tables(world, rollouts):
+    """Scoring on hand-made probability tables at real states: optimal beats uniform wherever q varies."""
+    r = rollouts[0]
+    b, t = np.nonzero(np.asarray(r.turns.active))
+    states = jax.tree.map(lambda x: x[b, t], r.env_states)
+    h = np.asarray(r.turns.remaining)[b, t]
+    q = np.asarray(D.q_outcomes(world, states, h, ENV_PARAMS))
+    # q matches the solver, the invalid outcome is gamma V*_{h-1}
+    for i in range(len(b)):
+        mdp = fls.mdp_from_map(states.map_LxL[i], 1.0)
+        Q = np.asarray(fls.q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, T_MAX, 0.95))
+        pos = int(states.pos[i])
+        np.testing.assert_allclose(q[i, :4], Q[h[i], pos], atol=1e-6)
+        np.testing.assert_allclose(q[i, 4], 0.95 * Q[h[i] - 1, pos].max(), atol=1e-6)
+    s = len(b)
+    optimal = np.eye(5)[q[:, :4].argmax(1)]
+    uniform = np.full((s, 5), 0.2)
+    varies = q.max(1) - q.min(1) > 1e-6
+    assert varies.any()
+    ones = np.ones((s, 1), bool)
+    e_opt, e_uni = D.expected_quality(optimal, q), D.expected_quality(uniform, q)
+    np.testing.assert_allclose(e_uni, q.mean(1), atol=1e-6)
+    res = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_opt)[:, None], ones, state_mask_S=varies)
+    assert res["share_rl_better"] == 1.0 and res["share_rl_worse"] == 0.0
+    same = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_uni)[:, None], ones)
+    assert same["share_equal"] == 1.0
+    # inverse-CDF draws, and common random numbers: the optimal policy's G draws are all its best action
+    u = jax.random.uniform(jax.random.key(0), (s, 16))
+    np.testing.assert_array_equal(D.sample_outcomes(u, optimal), np.repeat(q[:, :4].argmax(1)[:, None], 16, 1))
+    np.testing.assert_array_equal(D.sample_outcomes(jnp.asarray([[0.1, 0.25, 0.6, 0.999]]), jnp.asarray([[0.2, 0.3, 0.5]])),
+                                  [[0, 1, 2, 2]])
+
+
+# ----------------------------------------------------------------------------- matched step quality
+@pytest.fixture(scope="module")
+def sq_runs(world, cfg, policies, tasks, rcfg, rollouts):
+    kw = dict(t_max=T_MAX, n_states=N_STATES, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE)
+    return {"self": D.step_quality_matched(world, cfg, policies["base"], policies["base"], tasks, jax.random.key(3),
+                                           rollouts=rollouts, **kw),
+            "pair": D.step_quality_matched(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(3),
+                                           rollouts=rollouts, **kw)}
+
+
+def test_step_quality_self_ties_everywhere(sq_runs):
+    res = sq_runs["self"]
+    assert res["mask"].all() and res["exact"]["n_states"] == 2 * N_STATES
+    for name in ("exact", "sampled", "exact_from_base", "sampled_from_rl"):
+        assert res[name]["share_equal"] == 1.0, name
+        assert res[name]["mean_q_base"] == res[name]["mean_q_rl"]
+    np.testing.assert_array_equal(res["probs_base"], res["probs_rl"])
+
+
+def test_step_quality_pair(world, cfg, policies, rollouts, sq_runs):
+    res = sq_runs["pair"]
+    ex = res["exact"]
+    assert abs(ex["share_rl_better"] + ex["share_equal"] + ex["share_rl_worse"] - 1) < 1e-6
+    assert ex["share_equal"] < 1.0  # different policies, different qualities
+    np.testing.assert_allclose(res["q_exact_rl"], (res["probs_rl"] * res["q"]).sum(1), atol=1e-6)
+    assert res["q_sampled_base"].shape == (2 * N_STATES, 16)
+    assert ((res["depth"] >= 0) & (res["depth"] < 1)).all()
+    np.testing.assert_array_equal(res["source"], np.repeat([0, 1], N_STATES))
+    by = res["exact_by_depth"]
+    assert by["share_rl_better"].shape == (4,) and np.nansum(by["n_states"]) == ex["n_states"]
+    # both policies scored on the SAME context: the RL policy at base-drawn states sees base's history
+    r_base = rollouts[0]
+    b, t = res["episode"][:N_STATES], res["turn"][:N_STATES]
+    assert np.asarray(r_base.turns.active)[b, t].all()
+    ctx, start, _, h = D._state_contexts(r_base, b, t)
+    np.testing.assert_array_equal(res["remaining"][:N_STATES], h)
+    probs_rl = np.asarray(D.next_action_probs(world, cfg, policies["rl"], ctx, start, score_batch=SCORE))
+    np.testing.assert_allclose(res["probs_rl"][:N_STATES], probs_rl, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- error states
+@pytest.fixture(scope="module")
+def err_runs(world, cfg, policies, tasks, rcfg, rollouts):
+    kw = dict(t_max=T_MAX, n_states=N_STATES, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE,
+              n_continuations=2, n_boot=200, rollouts=rollouts)
+    return {"pair": D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5),
+                                   return_rollouts=True, **kw),
+            "self": D.error_states(world, cfg, policies["base"], policies["base"], tasks, jax.random.key(5), **kw)}
+
+
+def test_error_action_is_legal_nonterminating_and_worst(world, rollouts, err_runs):
+    res = err_runs["pair"]
+    mask = res["mask"]
+    assert mask.sum() >= 2
+    nxt = fls.next_state_table(4)
+    for i in np.flatnonzero(mask):
+        r = rollouts[res["source"][i]]
+        b, t, a = res["episode"][i], res["turn"][i], res["action"][i]
+        assert 0 <= a < 4
+        map_ = np.asarray(r.env_states.map_LxL[b, t]).reshape(-1)
+        pos = int(r.env_states.pos[b, t])
+        q = res["pre_q"][i]
+        assert q[a] < q.max()
+        non_term = np.asarray([map_[nxt[pos, x]] not in (fls.HOLE, fls.GOAL) for x in range(4)])
+        assert non_term[a]
+        cands = non_term & (q < q.max())
+        assert q[a] == q[cands].min() and a == np.flatnonzero(cands & (q == q[cands].min()))[0]
+        assert res["remaining"][i] == int(r.turns.remaining[b, t]) - 1 >= 1
+
+
+def test_forced_replay_reproduces_states(rollouts, err_runs):
+    res = err_runs["pair"]
+    nxt = fls.next_state_table(4)
+    c = res["success_base"].shape[1]
+    assert res["replay_ok"][res["mask"]].all()
+    for name in ("continuation_base", "continuation_rl"):
+        cont = res["rollouts"][name]
+        for i in np.flatnonzero(res["mask"]):
+            r = rollouts[res["source"][i]]
+            b, t, a = res["episode"][i], res["turn"][i], res["action"][i]
+            rows = slice(i * c, (i + 1) * c)
+            pos = np.asarray(cont.env_states.pos[rows])
+            np.testing.assert_array_equal(pos[:, :t + 1], np.broadcast_to(np.asarray(r.env_states.pos[b, :t + 1]), (c, t + 1)))
+            assert (pos[:, t + 1] == nxt[int(r.env_states.pos[b, t]), a]).all()
+            assert np.asarray(cont.turns.forced[rows, :t + 1]).all() and not np.asarray(cont.turns.forced[rows, t + 1:]).any()
+            assert (np.asarray(cont.turns.action[rows, t]) == a).all()
+            np.testing.assert_array_equal(np.asarray(cont.turns.action[rows, :t]),
+                                          np.broadcast_to(np.asarray(r.turns.action[b, :t]), (c, t)))
+    m = res["metrics"]
+    for k in ("share_rl_better", "success_rl", "success_base"):
+        assert 0 <= m[k]["lo"] <= m[k]["mean"] <= m[k]["hi"] <= 1
+    np.testing.assert_allclose(m["success_rl"]["mean"], res["success_rl"][res["mask"]].mean(), atol=1e-6)
+
+
+def test_error_states_self_ties(err_runs):
+    m, res = err_runs["self"]["metrics"], err_runs["self"]
+    assert m["share_rl_better"]["mean"] == 0 and m["share_rl_worse"]["mean"] == 0
+    assert m["success_diff"]["mean"] == 0 and m["success_diff"]["lo"] == 0 == m["success_diff"]["hi"]
+    assert res["sampled"]["share_equal"] == 1.0
+
+
+def test_error_states_needs_deterministic_lake(world, cfg, policies, tasks, rcfg):
+    with pytest.raises(ValueError, match="deterministic"):
+        D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(0), t_max=T_MAX, n_states=2,
+                       env_params=ENV_PARAMS._replace(success_rate=0.5), rcfg=rcfg)
+
+
+# ----------------------------------------------------------------------------- likelihood
+def test_teacher_forced_equals_sampler(cfg, policies, rollouts):
+    r = rollouts[0]
+    logp = np.asarray(D.teacher_forced_logprobs(policies["base"], cfg, r.tokens, batch_size=BATCH))
+    mask = np.asarray(r.policy_mask)
+    assert mask.sum() > 10
+    np.testing.assert_allclose(logp[mask], np.asarray(r.logprobs)[mask], atol=1e-4)
+
+
+def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
+    r_base, r_rl = rollouts
+    same = D.likelihood(world, cfg, policies["base"], policies["base"], r_base, r_rl, jax.random.key(0),
+                        batch_size=BATCH, n_boot=200)
+    np.testing.assert_array_equal(same["llr_base"], 0.0)
+    np.testing.assert_array_equal(same["llr_rl"], 0.0)
+    if same["n_pairs"] > 0:
+        assert same["matched_llr_diff"]["mean"] == 0.0
+    # base actions' NLL under base = minus the sampler's log-probs summed per action
+    lp, turn_idx, pol = np.asarray(r_base.logprobs), np.asarray(r_base.turn_index), np.asarray(r_base.policy_mask)
+    want = [-lp[b][pol[b] & (turn_idx[b] == t)].sum() for b in range(N_TASKS) for t in range(T_MAX)
+            if (pol[b] & (turn_idx[b] == t)).any()]
+    np.testing.assert_allclose(np.sort(same["nll_base_actions"]), np.sort(want), atol=1e-4)
+
+    res = D.likelihood(world, cfg, policies["base"], policies["rl"], r_base, r_rl, jax.random.key(0),
+                       batch_size=BATCH, n_boot=200)
+    assert res["mean_llr_success_rl"] == pytest.approx(res["llr_rl"][res["success_rl"]].mean(), abs=1e-4) or \
+        not res["success_rl"].any()
+    # each policy's own trajectories are likelier under itself: E_RL[log RL/base] = KL >= 0 >= E_base[...]
+    assert res["llr_rl"].mean() > res["llr_base"].mean()
+    match = res["match"]
+    for i in np.flatnonzero(match >= 0):  # same task (row index), both successful, within 10%
+        j = match[i]
+        assert i == j and res["success_rl"][i] and res["success_base"][j]
+        n_rl, n_b = res["policy_tokens_rl"][i], res["policy_tokens_base"][j]
+        assert abs(n_rl - n_b) <= 0.1 * max(n_rl, n_b)
+    assert res["n_pairs"] == (match >= 0).sum()
+
+
+# ----------------------------------------------------------------------------- R_single
+def test_r_single(world, cfg, policies, tasks, rcfg, rollouts):
+    res = D.r_single(world, cfg, policies["base"], tasks, t_max=T_MAX, env_params=ENV_PARAMS,
+                     width=rcfg.max_context, score_batch=SCORE)
+    # the first-turn context is exactly the rollout's
+    ctx, n, _ = D.first_turn_contexts(world, tasks, t_max=T_MAX, env_params=ENV_PARAMS, width=rcfg.max_context)
+    r = rollouts[0]
+    start = np.asarray(r.turns.span_start[:, 0])
+    np.testing.assert_array_equal(np.asarray(n), start)
+    for i in range(N_TASKS):
+        np.testing.assert_array_equal(np.asarray(ctx[i, :start[i]]), np.asarray(r.tokens[i, :start[i]]))
+    want = (res["probs"] * res["optimal"]).sum(1).mean()
+    assert res["r_single"] == pytest.approx(want, abs=1e-6)
+    assert 0 < res["r_single"] < 1 and (res["invalid_mass"] >= 0).all()
+    # the task whose goal is one move away: its only optimal action is that move
+    assert res["optimal"][0].sum() >= 1
+    np.testing.assert_allclose(res["q"].max(1)[0], 1.0, atol=1e-6)
+
+
+def test_one_compile_each(compiles_before, passes, sq_runs, err_runs):
+    roll0, score0 = compiles_before
+    assert rollout_jit._cache_size() - roll0 <= 1
+    assert D._reply_logprobs_jit._cache_size() - score0 <= 1
