@@ -23,6 +23,7 @@ from jaxagent.sampling import Sampler
 from jaxagent.study.toy import make_toy_world
 
 T_MAX, BATCH, N_TASKS, N_SAMPLES, KS, N_STATES, SCORE = 4, 8, 4, 2, (1, 2), 4, 8
+ROW_TASK = np.repeat(np.arange(N_TASKS), 2)  # the shared rollouts: two episodes per task, one batch
 TIERS = (1, 2, 3, 4)
 ENV_PARAMS = FrozenLakeParams(horizon=T_MAX)
 
@@ -45,7 +46,7 @@ def cfg(world):
 
 def bigram_params(world, cfg, seed, prefs, *, blind=False):
     """Embeddings on basis directions 0..4: the opener's last token on e0, action a on prefs[a] e0 + e_{1+a},
-    <|im_end|> on 4 (e1 + .. + e4); every other token has no component there (tied unembedding)."""
+    <|im_end|> on 8 (e1 + .. + e4); every other token has no component there (tied unembedding)."""
     p = qwen3.init(cfg, jax.random.key(seed))
     emb = p["embed"].at[:, :5].set(0.0)
     opener = world.layout.close[-1]
@@ -53,7 +54,7 @@ def bigram_params(world, cfg, seed, prefs, *, blind=False):
     for a, tok in enumerate(np.asarray(world.codec.action_tokens_AxPa)[:, 0]):
         emb = emb.at[tok].set(0.0).at[tok, 0].set(prefs[a]).at[tok, 1 + a].set(1.0)
     stop = world.layout.stop_ids[0]
-    emb = emb.at[stop].set(0.0).at[stop, 1:5].set(4.0)
+    emb = emb.at[stop].set(0.0).at[stop, 1:5].set(8.0)
     p["embed"] = emb
     if blind:
         layer = p["layers"][0]
@@ -64,9 +65,9 @@ def bigram_params(world, cfg, seed, prefs, *, blind=False):
 
 @pytest.fixture(scope="module")
 def policies(world, cfg):
-    return {"base": bigram_params(world, cfg, 0, (0.3, 0.9, 0.9, 0.3)),
-            "rl": bigram_params(world, cfg, 1, (0.05, 0.3, 1.2, 0.05)),
-            "blind": bigram_params(world, cfg, 2, (0.3, 0.9, 0.9, 0.3), blind=True)}
+    return {"base": bigram_params(world, cfg, 0, (0.4, 1.2, 1.2, 0.4)),
+            "rl": bigram_params(world, cfg, 1, (0.0, 1.5, 1.3, 0.0)),
+            "blind": bigram_params(world, cfg, 2, (0.4, 1.2, 1.2, 0.4), blind=True)}
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +98,9 @@ def passes(world, cfg, policies, tasks, rcfg):
 
 @pytest.fixture(scope="module")
 def rollouts(world, cfg, policies, tasks, rcfg):
-    run = lambda name, seed: D.run_rollouts(world, cfg, policies[name], tasks, np.full(N_TASKS, T_MAX),  # noqa: E731
-                                            jax.random.key(seed), ENV_PARAMS, rcfg, batch_size=BATCH)
+    run = lambda name, seed: D.run_rollouts(world, cfg, policies[name], tasks[ROW_TASK],  # noqa: E731
+                                            np.full(ROW_TASK.size, T_MAX), jax.random.key(seed), ENV_PARAMS, rcfg,
+                                            batch_size=BATCH)
     return run("base", 11), run("rl", 12)
 
 
@@ -353,20 +355,21 @@ def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
         assert same["matched_llr_diff"]["mean"] == 0.0
     # base actions' NLL under base = minus the sampler's log-probs summed per action
     lp, turn_idx, pol = np.asarray(r_base.logprobs), np.asarray(r_base.turn_index), np.asarray(r_base.policy_mask)
-    want = [-lp[b][pol[b] & (turn_idx[b] == t)].sum() for b in range(N_TASKS) for t in range(T_MAX)
+    want = [-lp[b][pol[b] & (turn_idx[b] == t)].sum() for b in range(ROW_TASK.size) for t in range(T_MAX)
             if (pol[b] & (turn_idx[b] == t)).any()]
     np.testing.assert_allclose(np.sort(same["nll_base_actions"]), np.sort(want), atol=1e-4)
 
     res = D.likelihood(world, cfg, policies["base"], policies["rl"], r_base, r_rl, jax.random.key(0),
-                       batch_size=BATCH, n_boot=200)
-    assert res["mean_llr_success_rl"] == pytest.approx(res["llr_rl"][res["success_rl"]].mean(), abs=1e-4) or \
-        not res["success_rl"].any()
+                       task_ids_base=ROW_TASK, task_ids_rl=ROW_TASK, batch_size=BATCH, n_boot=200)
+    assert res["success_rl"].any() and res["success_base"].any()
+    assert res["mean_llr_success_rl"] == pytest.approx(res["llr_rl"][res["success_rl"]].mean(), abs=1e-4)
+    assert res["mean_nll_rl_actions"] > 0 and res["mean_nll_base_actions"] > 0
     # each policy's own trajectories are likelier under itself: E_RL[log RL/base] = KL >= 0 >= E_base[...]
     assert res["llr_rl"].mean() > res["llr_base"].mean()
     match = res["match"]
     for i in np.flatnonzero(match >= 0):  # same task (row index), both successful, within 10%
         j = match[i]
-        assert i == j and res["success_rl"][i] and res["success_base"][j]
+        assert ROW_TASK[i] == ROW_TASK[j] and res["success_rl"][i] and res["success_base"][j]
         n_rl, n_b = res["policy_tokens_rl"][i], res["policy_tokens_base"][j]
         assert abs(n_rl - n_b) <= 0.1 * max(n_rl, n_b)
     assert res["n_pairs"] == (match >= 0).sum()
@@ -380,9 +383,9 @@ def test_r_single(world, cfg, policies, tasks, rcfg, rollouts):
     ctx, n, _ = D.first_turn_contexts(world, tasks, t_max=T_MAX, env_params=ENV_PARAMS, width=rcfg.max_context)
     r = rollouts[0]
     start = np.asarray(r.turns.span_start[:, 0])
-    np.testing.assert_array_equal(np.asarray(n), start)
-    for i in range(N_TASKS):
-        np.testing.assert_array_equal(np.asarray(ctx[i, :start[i]]), np.asarray(r.tokens[i, :start[i]]))
+    np.testing.assert_array_equal(np.asarray(n)[ROW_TASK], start)
+    for row, i in enumerate(ROW_TASK):
+        np.testing.assert_array_equal(np.asarray(ctx[i, :start[row]]), np.asarray(r.tokens[row, :start[row]]))
     want = (res["probs"] * res["optimal"]).sum(1).mean()
     assert res["r_single"] == pytest.approx(want, abs=1e-6)
     assert 0 < res["r_single"] < 1 and (res["invalid_mass"] >= 0).all()

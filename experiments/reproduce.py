@@ -1,0 +1,30 @@
+"""The whole study in order: base -> every RL arm x seed -> eval -> runs/<name>/report.md.
+
+Resumable: a rerun skips finished stages and resumes an interrupted RL arm from its checkpoint.
+"""
+import time
+
+from experiments import cli, study
+from experiments import eval as eval_stage
+
+
+def main(argv=None):
+    args = cli.parser(__doc__.splitlines()[0]).parse_args(argv)
+    t0 = time.time()
+    run = study.Run(cli.preset_from(args), args.root, args.name)
+    base = study.run_base(run)
+    t_base = time.time()
+    policies = study.run_all_arms(run, base)
+    t_rl = time.time()
+    metrics, figures, evals, bound = eval_stage.evaluate(run, base, policies)
+    path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)
+    t_end = time.time()
+    timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
+    study.write_json(f"{run.dir}/timing.json", timing)
+    print(f"report: {path}")
+    print("verdicts: " + ", ".join(f"{k}={v}" for k, v in rep.verdicts.items()))
+    print("wall time (s): " + ", ".join(f"{k}={v:.0f}" for k, v in timing.items()))
+
+
+if __name__ == "__main__":
+    main()
