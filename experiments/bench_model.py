@@ -11,8 +11,9 @@ saved, and read back with `qwen3.load`), the same prompts (no padding), greedy d
 max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both. Compile /
 warm-up time is excluded and reported separately; every timing is the median of `--repeats` runs.
 FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
-pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by an f32 matmul peak measured in
-the same run.
+pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by the f32 matmul peak of a jitted
+jax square matmul measured in the same run (`matmul_peak_gflops`; torch's BLAS on the same matmul is
+reported as `torch_matmul_peak_gflops`, so a torch fraction above 1 means its BLAS beats XLA's).
 
 GPU mode: random weights (`qwen3.init`, bf16), decode tokens/s at each batch size, and the fraction of
 the memory-bandwidth roofline: bytes read per decode step (all params + the KV cache of the mean
@@ -56,6 +57,14 @@ def matmul_peak_gflops(n: int, repeats: int, dtype=jnp.float32) -> float:
     mm(a, b).block_until_ready()
     best = min(_median_time(lambda: mm(a, b).block_until_ready(), 1) for _ in range(repeats))
     return 2 * n ** 3 / best / 1e9
+
+
+def torch_matmul_peak_gflops(n: int, repeats: int) -> float:
+    """The same square f32 matmul through torch (its BLAS), for reference."""
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    return 2 * n ** 3 / min(_median_time(lambda: torch.mm(a, b), 1) for _ in range(repeats)) / 1e9
 
 
 def model_flops(cfg: Qwen3Config, batch: int, new_tokens: int, context: int) -> float:
@@ -138,6 +147,7 @@ def run_cpu(args) -> dict:
         raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
     prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.prompt_len))
     peak = matmul_peak_gflops(args.matmul_n, args.repeats)
+    torch_peak = torch_matmul_peak_gflops(args.matmul_n, args.repeats)
     jx = bench_jax(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens, args.repeats)
     th = bench_torch(model, prompt, args.new_tokens, args.repeats)
     n_prompt = args.batch * args.prompt_len
@@ -161,6 +171,7 @@ def run_cpu(args) -> dict:
     out["prefill_ratio"] = out["jax_prefill_tok_s"] / out["torch_prefill_tok_s"]
     out["decode_ratio"] = out["jax_decode_tok_s"] / out["torch_decode_tok_s"]
     out["matmul_peak_gflops"] = peak
+    out["torch_matmul_peak_gflops"] = torch_peak
     out["greedy_tokens_agree"] = float((jx["tokens"] == th["tokens"]).mean())
     return out
 

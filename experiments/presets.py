@@ -31,7 +31,7 @@ class Preset:
     iterations: int = 10
     n_tasks: int = 4                  # tasks per RL iteration
     group_size: int = 8               # rollouts per task (GRPO group)
-    lr: float = 3e-4
+    lr: float = 1e-3
     dynamics_every: int = 2           # R_multi / R_single logging period (iterations)
     eval: EvalSettings = EvalSettings()
     checkpoint: Optional[str] = None  # a local HF Qwen3 directory: the base model (skips SFT)

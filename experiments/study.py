@@ -150,14 +150,14 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
         append_jsonl(os.path.join(out, "metrics.jsonl"), m)
         if it % run.preset.dynamics_every == 0 or it == settings.iterations - 1:
             rs = drivers.r_single(run.world, run.cfg, st.params, heldout, t_max=run.preset.task.t_max,
-                                  env_params=run.preset.task.env_params())
+                                  env_params=run.preset.task.env_params(), width=run.preset.task.max_context)
             append_jsonl(dyn, {"step": it, "r_multi": m["success_rate"], "r_single": float(rs["r_single"])})
         ckpt_lib.save(manager, st, run.cfg, step=it, force=True)
 
     if state is None:
         state = _init_state(run, rt, settings, base_params, seed)
         rs = drivers.r_single(run.world, run.cfg, base_params, heldout, t_max=run.preset.task.t_max,
-                              env_params=run.preset.task.env_params())
+                              env_params=run.preset.task.env_params(), width=run.preset.task.max_context)
         append_jsonl(dyn, {"step": -1, "r_multi": float("nan"), "r_single": float(rs["r_single"])})
     state, _ = stages.train_rl(run.world, run.cfg, None, None, run.preset.task, settings, callback=cb,
                                state=state, runtime=rt)
@@ -181,7 +181,7 @@ def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):
     runtimes = {}
     for arm in arms or run.preset.arms:
         settings = run.arm_settings(arm)
-        key = (settings.rl.estimator == "ppo", settings.rl.estimator == "process")
+        key = settings.rl.estimator == "ppo"  # the critic changes the train step; nothing else does
         if key not in runtimes:
             runtimes[key] = stages.make_arm_runtime(run.world, run.cfg, run.preset.task, settings)
         for seed in seeds or run.preset.seeds:

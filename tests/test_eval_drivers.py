@@ -204,12 +204,13 @@ def test_hand_built_tables(world, rollouts):
     h = np.asarray(r.turns.remaining)[b, t]
     q = np.asarray(D.q_outcomes(world, states, h, ENV_PARAMS))
     # q matches the solver, the invalid outcome is gamma V*_{h-1}
-    for i in range(len(b)):
-        mdp = fls.mdp_from_map(states.map_LxL[i], 1.0)
-        Q = np.asarray(fls.q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, T_MAX, 0.95))
-        pos = int(states.pos[i])
-        np.testing.assert_allclose(q[i, :4], Q[h[i], pos], atol=1e-6)
-        np.testing.assert_allclose(q[i, 4], 0.95 * Q[h[i] - 1, pos].max(), atol=1e-6)
+    def solve(map_LxL):
+        mdp = fls.mdp_from_map(map_LxL, 1.0)
+        return fls.q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, T_MAX, 0.95)
+    Q = np.asarray(jax.jit(jax.vmap(solve))(states.map_LxL))  # [S, h, cell, action]
+    pos, idx = np.asarray(states.pos), np.arange(len(b))
+    np.testing.assert_allclose(q[:, :4], Q[idx, h, pos], atol=1e-6)
+    np.testing.assert_allclose(q[:, 4], 0.95 * Q[idx, h - 1, pos].max(-1), atol=1e-6)
     s = len(b)
     optimal = np.eye(5)[q[:, :4].argmax(1)]
     uniform = np.full((s, 5), 0.2)

@@ -180,23 +180,30 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
                             batch_size=batch_size)
     if mode == "truncated":
         r = run(budgets=np.full(n_rows, t_max), hide_budget=True)
-        per_tier = [(passk.truncated_success(costs.turns_to_success(r.status, r.turns_used)[None],
-                                             jnp.asarray([t]))[0, 0],) + _truncated_costs(r, int(t)) for t in tiers_T]
+        to_success_NxS = costs.turns_to_success(r.status, r.turns_used).reshape(n_tasks, n_samples)
+        success_TxNxS = passk.truncated_success(to_success_NxS, tiers_T)
+        per_tier = [_truncated_costs(r, int(t)) for t in tiers_T]
     else:
-        per_tier = []
+        per_tier, success = [], []
         for t in tiers_T:
             r = run(budgets=np.full(n_rows, t), hide_budget=mode == "hidden")
-            per_tier.append((r.success, r.status, r.turns_used, r.generated_tokens))
-    success_T, status_T, turns_T, tokens_T = (jnp.stack(x) for x in zip(*per_tier))
-    success_TxNxS = success_T.reshape(len(tiers_T), n_tasks, n_samples)
-    per_task = passk.pass_at_k_grid(success_TxNxS, ks_K)
+            per_tier.append((r.status, r.turns_used, r.generated_tokens))
+            success.append(r.success.reshape(n_tasks, n_samples))
+        success_TxNxS = jnp.stack(success)
+    status_T, turns_T, tokens_T = (jnp.stack(x) for x in zip(*per_tier))
     kmax = int(np.argmax(ks_K))
-    ci = passk.bootstrap_ci(per_task[:, kmax, :], k_ci, n_boot=n_boot)
-    return _to_host({
-        "mode": mode, "tiers": tiers_T, "ks": ks_K, "grid": jnp.mean(per_task, axis=-1), "per_task": per_task,
-        "success": success_TxNxS, "pass_at_t": ci.mean, "pass_at_t_k": int(ks_K[kmax]), "pass_at_t_ci": ci,
-        "costs": costs.cost_curves(status_T, turns_T, tokens_T, turns_T),
-    })
+    stats = _pass_stats(success_TxNxS, status_T, turns_T, tokens_T, jnp.asarray(ks_K), k_ci, kmax=kmax, n_boot=int(n_boot))
+    return _to_host({"mode": mode, "tiers": tiers_T, "ks": ks_K, "success": success_TxNxS,
+                     "pass_at_t_k": int(ks_K[kmax]), **stats})
+
+
+@functools.partial(jax.jit, static_argnames=("kmax", "n_boot"))
+def _pass_stats(success_TxNxS, status_TxB, turns_TxB, tokens_TxB, ks_K, key, *, kmax, n_boot):
+    """The metric functions of `pass_kt` in one compiled program (env calls = turns)."""
+    per_task = passk.pass_at_k_grid(success_TxNxS, ks_K)
+    ci = passk.bootstrap_ci(per_task[:, kmax, :], key, n_boot=n_boot)
+    return {"grid": jnp.mean(per_task, axis=-1), "per_task": per_task, "pass_at_t": ci.mean, "pass_at_t_ci": ci,
+            "costs": costs.cost_curves(status_TxB, turns_TxB, tokens_TxB, turns_TxB)}
 
 
 # ----------------------------------------------------------------------------- structural upper bound
@@ -352,6 +359,13 @@ def _score_pair(world, cfg, params_base, params_rl, ctx_SxW, ctx_len_S, q_SxO, k
 
 def _quality_summaries(scored, mask_S, depth_S, source_S, *, n_bins, tol):
     """`step_quality` (+ by depth, by the policy whose trajectory gave the state) exactly and from G draws."""
+    keys = ("q_exact_base", "q_exact_rl", "q_sampled_base", "q_sampled_rl")
+    return _quality_summaries_jit({k: scored[k] for k in keys}, jnp.asarray(mask_S), jnp.asarray(depth_S),
+                                  jnp.asarray(source_S), n_bins=int(n_bins), tol=float(tol))
+
+
+@functools.partial(jax.jit, static_argnames=("n_bins", "tol"))
+def _quality_summaries_jit(scored, mask_S, depth_S, source_S, *, n_bins, tol):
     ones = lambda x: jnp.ones(x.shape, bool)  # noqa: E731  every outcome counts (invalid = stay put)
     exact = (scored["q_exact_base"][:, None], scored["q_exact_rl"][:, None])
     sampled = (scored["q_sampled_base"], scored["q_sampled_rl"])

@@ -46,6 +46,10 @@ class TaskSettings:
         return sample_tasks(key, n, self.size, self.frozen_prob, random_start=self.random_start)
 
     def rollout_config(self, **kw) -> RolloutConfig:
+        """The study's one RolloutConfig: the oracle process reward is always recorded and forced actions
+        always compiled in, so training, every arm and every evaluation share a single rollout compile."""
+        kw.setdefault("process_reward_fn", oracle_process_reward)
+        kw.setdefault("allow_forced", True)
         return RolloutConfig(t_max=self.t_max, max_action_tokens=self.max_action_tokens,
                              max_context=self.max_context, **kw)
 
@@ -133,8 +137,7 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
 
     env_params = ts.env_params()
     ppo = arm.rl.estimator == "ppo"
-    proc = oracle_process_reward if arm.rl.estimator == "process" else None
-    rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature), process_reward_fn=proc)
+    rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
     opt = make_optimizer(arm.lr, max_grad_norm=1.0)
     vs = ValueSettings() if ppo else None
     copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
