@@ -9,7 +9,9 @@ saved, and read back with `qwen3.load`), the same prompts (no padding), greedy d
 `--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
 (jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
 max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both. Compile /
-warm-up time is excluded and reported separately; every timing is the median of `--repeats` runs.
+warm-up time is excluded and reported separately; the two frameworks' runs alternate within each of
+`--repeats` rounds (same background load for both); timings are medians, `*_best_*` and
+`*_ratio_best` use the fastest run of each (the least disturbed by other processes).
 FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
 pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by the f32 matmul peak of a jitted
 jax square matmul measured in the same run (`matmul_peak_gflops`; torch's BLAS on the same matmul is
@@ -77,45 +79,51 @@ def model_flops(cfg: Qwen3Config, batch: int, new_tokens: int, context: int) -> 
     return batch * (2 * weights * new_tokens + attn)
 
 
-def _jax_generate(params, cfg, prompt_BxL, max_new: int, max_steps: int):
-    out = generate(params, cfg, prompt_BxL, jax.random.key(0), max_new_tokens=max_new, max_steps=max_steps,
-                   sampler=GREEDY, stop_ids=())
-    out.tokens.block_until_ready()
-    return out
+def _jax_runner(params, cfg, prompt_BxL, new_tokens: int):
+    """n -> runs generate with max_new_tokens=n: one compiled program for every n (it is traced)."""
+    def run(n):
+        out = generate(params, cfg, prompt_BxL, jax.random.key(0), max_new_tokens=n, max_steps=new_tokens,
+                       sampler=GREEDY, stop_ids=())
+        out.tokens.block_until_ready()
+        return np.asarray(out.tokens)[:, :n]
+    return run
 
 
-def bench_jax(params, cfg, prompt_BxL, new_tokens: int, repeats: int) -> dict:
-    """Prefill (max_new_tokens=0) and full runs of one compiled program (max_new_tokens is traced)."""
-    t0 = time.perf_counter()
-    out = _jax_generate(params, cfg, prompt_BxL, new_tokens, new_tokens)
-    compile_s = time.perf_counter() - t0
-    if int(np.asarray(out.lengths).min()) != new_tokens:
-        raise RuntimeError("jax generate stopped early")
-    prefill = _median_time(lambda: _jax_generate(params, cfg, prompt_BxL, 0, new_tokens), repeats)
-    total = _median_time(lambda: _jax_generate(params, cfg, prompt_BxL, new_tokens, new_tokens), repeats)
-    return {"compile_s": compile_s, "prefill_s": prefill, "total_s": total, "tokens": np.asarray(out.tokens)}
-
-
-def bench_torch(model, prompt_BxL: np.ndarray, new_tokens: int, repeats: int) -> dict:
+def _torch_runner(model, prompt_BxL: np.ndarray):
+    """n -> transformers greedy generate of exactly n new tokens (no eos, min_new_tokens=n)."""
     import torch
 
-    ids = torch.tensor(prompt_BxL, dtype=torch.long)
+    ids = torch.tensor(np.asarray(prompt_BxL), dtype=torch.long)
     mask = torch.ones_like(ids)
 
-    def gen(n):
+    def run(n):
         with torch.inference_mode():
-            return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+        return out[:, ids.shape[1]:].numpy()
+    return run
 
-    t0 = time.perf_counter()
-    out = gen(new_tokens)
-    warmup_s = time.perf_counter() - t0
-    if out.shape[1] != prompt_BxL.shape[1] + new_tokens:
-        raise RuntimeError("torch generate stopped early")
-    prefill = _median_time(lambda: gen(1), repeats)
-    total = _median_time(lambda: gen(new_tokens), repeats)
-    return {"compile_s": warmup_s, "prefill_s": prefill, "total_s": total,
-            "tokens": out[:, prompt_BxL.shape[1]:].numpy()}
+
+def time_runners(runners: dict, prefill_n: dict, new_tokens: int, repeats: int) -> dict:
+    """Warm-up (compile) time, then prefill and full-generation timings, the frameworks interleaved
+    within each repeat so that both see the same background load; median and min per quantity."""
+    res = {}
+    for name, run in runners.items():
+        t0 = time.perf_counter()
+        toks = run(new_tokens)
+        if toks.shape[1] != new_tokens:
+            raise RuntimeError(f"{name} generated {toks.shape[1]} tokens, expected {new_tokens}")
+        res[name] = {"compile_s": time.perf_counter() - t0, "tokens": toks, "prefill": [], "total": []}
+    for _ in range(repeats):
+        for key, n in (("prefill", None), ("total", new_tokens)):
+            for name, run in runners.items():
+                t0 = time.perf_counter()
+                run(prefill_n[name] if n is None else n)
+                res[name][key].append(time.perf_counter() - t0)
+    for r in res.values():
+        for key in ("prefill", "total"):
+            r[f"{key}_s"], r[f"{key}_min_s"] = statistics.median(r[key]), min(r[key])
+    return res
 
 
 def _hf_model(cfg: Qwen3Config, seed: int):
@@ -148,8 +156,11 @@ def run_cpu(args) -> dict:
     prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.prompt_len))
     peak = matmul_peak_gflops(args.matmul_n, args.repeats)
     torch_peak = torch_matmul_peak_gflops(args.matmul_n, args.repeats)
-    jx = bench_jax(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens, args.repeats)
-    th = bench_torch(model, prompt, args.new_tokens, args.repeats)
+    runners = {"jax": _jax_runner(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens),
+               "torch": _torch_runner(model, prompt)}
+    # time to first token: jax with max_new_tokens=0 (the prompt forward, same compiled program),
+    # torch with max_new_tokens=1 (prompt forward + one argmax)
+    res = time_runners(runners, {"jax": 0, "torch": 1}, args.new_tokens, args.repeats)
     n_prompt = args.batch * args.prompt_len
     prefill_flops = model_flops(cfg, args.batch, args.prompt_len, 0)
     out = {"mode": "cpu", "preset": "tiny" if args.tiny else args.preset, "params": cfg.num_params(),
@@ -160,7 +171,7 @@ def run_cpu(args) -> dict:
            "threads": args.threads, "torch_threads": torch.get_num_threads(),
            "loadavg_1m_start": args.loadavg_start, "loadavg_1m_end": os.getloadavg()[0]}
     steps = max(args.new_tokens - 1, 1)
-    for name, r in (("jax", jx), ("torch", th)):
+    for name, r in res.items():
         decode_s = (r["total_s"] - r["prefill_s"]) / steps
         out[f"{name}_prefill_tok_s"] = n_prompt / r["prefill_s"]
         out[f"{name}_decode_tok_s"] = args.batch / decode_s
@@ -168,11 +179,15 @@ def run_cpu(args) -> dict:
         out[f"{name}_prefill_ms"] = r["prefill_s"] * 1e3
         out[f"{name}_prefill_frac_peak"] = prefill_flops / r["prefill_s"] / 1e9 / peak
         out[f"{name}_compile_s"] = r["compile_s"]
+        out[f"{name}_best_prefill_ms"] = r["prefill_min_s"] * 1e3
+        out[f"{name}_best_decode_ms_per_step"] = (r["total_min_s"] - r["prefill_min_s"]) / steps * 1e3
     out["prefill_ratio"] = out["jax_prefill_tok_s"] / out["torch_prefill_tok_s"]
     out["decode_ratio"] = out["jax_decode_tok_s"] / out["torch_decode_tok_s"]
+    out["prefill_ratio_best"] = out["torch_best_prefill_ms"] / out["jax_best_prefill_ms"]
+    out["decode_ratio_best"] = out["torch_best_decode_ms_per_step"] / out["jax_best_decode_ms_per_step"]
     out["matmul_peak_gflops"] = peak
     out["torch_matmul_peak_gflops"] = torch_peak
-    out["greedy_tokens_agree"] = float((jx["tokens"] == th["tokens"]).mean())
+    out["greedy_tokens_agree"] = float((res["jax"]["tokens"] == res["torch"]["tokens"]).mean())
     return out
 
 
@@ -190,7 +205,8 @@ def run_gpu(args) -> dict:
         param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
         for b in batches:
             prompt = jax.random.randint(jax.random.key(b), (b, args.prompt_len), 0, cfg.vocab_size, jnp.int32)
-            r = bench_jax(params, cfg, prompt, args.new_tokens, args.repeats)
+            r = time_runners({"jax": _jax_runner(params, cfg, prompt, args.new_tokens)}, {"jax": 0},
+                             args.new_tokens, args.repeats)["jax"]
             step_s = (r["total_s"] - r["prefill_s"]) / max(args.new_tokens - 1, 1)
             mean_ctx = args.prompt_len + args.new_tokens / 2
             kv_bytes = (b * mean_ctx * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
@@ -223,7 +239,8 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-batches", default="1,64", help="gpu mode: comma-separated batch sizes (default: 1,64)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row (default: 128)")
     p.add_argument("--new-tokens", type=int, default=64, help="generated tokens per row (default: 64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported (default: 3)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds (jax and torch alternate); medians and bests reported (default: 5)")
     p.add_argument("--matmul-n", type=int, default=2048,
                    help="cpu mode: side of the square f32 matmul that measures the peak (default: 2048)")
     p.add_argument("--hbm-gbps", type=float, default=4800.0,
