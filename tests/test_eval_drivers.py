@@ -181,7 +181,8 @@ def _canonical_turns(world, r):
     out = []
     for b, t in zip(*np.nonzero(np.asarray(r.turns.active) & ~forced)):
         a = act[b, t]
-        if a >= 0 and span[b, t] == lens[a] and (toks[b, start[b, t]:start[b, t] + lens[a]] == replies[a, :lens[a]]).all():
+        s = start[b, t]
+        if a >= 0 and span[b, t] == lens[a] and (toks[b, s:s + lens[a]] == replies[a, :lens[a]]).all():
             out.append((b, t, a))
     return out
 
@@ -233,8 +234,8 @@ def test_hand_built_tables(world, rollouts):
     # inverse-CDF draws, and common random numbers: the optimal policy's G draws are all its best action
     u = jax.random.uniform(jax.random.key(0), (s, 16))
     np.testing.assert_array_equal(D.sample_outcomes(u, optimal), np.repeat(q[:, :4].argmax(1)[:, None], 16, 1))
-    np.testing.assert_array_equal(D.sample_outcomes(jnp.asarray([[0.1, 0.25, 0.6, 0.999]]), jnp.asarray([[0.2, 0.3, 0.5]])),
-                                  [[0, 1, 2, 2]])
+    draws = D.sample_outcomes(jnp.asarray([[0.1, 0.25, 0.6, 0.999]]), jnp.asarray([[0.2, 0.3, 0.5]]))
+    np.testing.assert_array_equal(draws, [[0, 1, 2, 2]])
 
 
 # ----------------------------------------------------------------------------- matched step quality
@@ -319,10 +320,20 @@ def test_forced_replay_reproduces_states(rollouts, err_runs):
             b, t, a = res["episode"][i], res["turn"][i], res["action"][i]
             rows = slice(i * c, (i + 1) * c)
             pos = np.asarray(cont.env_states.pos[rows])
-            np.testing.assert_array_equal(pos[:, :t + 1], np.broadcast_to(np.asarray(r.env_states.pos[b, :t + 1]), (c, t + 1)))
+            traj = np.asarray(r.env_states.pos[b, :t + 1])
+            np.testing.assert_array_equal(pos[:, :t + 1], np.broadcast_to(traj, (c, t + 1)))
             assert (pos[:, t + 1] == nxt[int(r.env_states.pos[b, t]), a]).all()
-            assert np.asarray(cont.turns.forced[rows, :t + 1]).all() and not np.asarray(cont.turns.forced[rows, t + 1:]).any()
+            forced = np.asarray(cont.turns.forced[rows])
+            assert forced[:, :t + 1].all() and not forced[:, t + 1:].any()
             assert (np.asarray(cont.turns.action[rows, t]) == a).all()
+            # (a)'s context ends like the replay's: the injected canonical reply, then turn t + 1's prompt chunk
+            ctx, n = res["context"][i], res["context_len"][i]
+            tail = ctx[r.turns.span_start[b, t]:n]
+            start = np.asarray(cont.turns.span_start[rows])
+            for row in range(c):
+                got = np.asarray(cont.tokens[i * c + row, start[row, t]:start[row, t] + tail.size])
+                np.testing.assert_array_equal(got, tail)
+                assert start[row, t] + tail.size == start[row, t + 1]
             np.testing.assert_array_equal(np.asarray(cont.turns.action[rows, :t]),
                                           np.broadcast_to(np.asarray(r.turns.action[b, :t]), (c, t)))
     m = res["metrics"]

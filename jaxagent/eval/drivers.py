@@ -4,7 +4,7 @@ Each driver takes (world, cfg, params, key, ...) explicitly and returns a plain 
 numpy arrays (CIs as {"mean", "lo", "hi"}), ready for `plots` and `report.flatten_metrics`. Compiles are
 shared: every rollout goes through `run_rollouts`, which cuts episodes into fixed `batch_size` chunks, so one
 `rollout_jit` compile per (batch_size, RolloutConfig) serves every driver; pass ONE RolloutConfig with
-`allow_forced=True` everywhere (error states need it; a forced row of -1 samples exactly as without it).
+`allow_forced=True` everywhere (error states need it; rows without forced actions sample as usual).
 Exact next-action scoring and teacher-forced log-probs run in fixed `score_batch` / `batch_size` chunks too.
 
 Dimension legend (this module): B episodes (rollout rows), H turns (T_max), W context slots
@@ -29,7 +29,7 @@ policies tie on every state.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,9 +100,9 @@ def _n_rows(tree) -> int:
 def run_rollouts(world, cfg: Qwen3Config, params, tasks, budgets, key, env_params, rcfg: RolloutConfig, *,
                  hide_budget=False, forced_actions=None, batch_size: Optional[int] = None) -> types.Rollout:
     """`rollout` over len(budgets) episodes in chunks of exactly `batch_size` rows (the last chunk padded
-    with copies of the last row, dropped afterwards); chunk i uses key fold_in(key, i). Equal arguments give
-    equal episodes row by row, whatever the budgets (common random numbers across budget tiers).
-    batch_size None: one chunk of all rows."""
+    with copies of the last row, dropped afterwards); chunk i uses key fold_in(key, i), so calls that differ
+    only in budgets share their random numbers row by row (episodes with identical prompts stay identical
+    until the shorter budget ends). batch_size None: one chunk of all rows."""
     budgets = np.asarray(budgets)
     n = int(budgets.shape[0]) if budgets.ndim == 1 else -1
     if n < 1 or _n_rows(tasks) != n:
@@ -192,7 +192,8 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
         success_TxNxS = jnp.stack(success)
     status_T, turns_T, tokens_T = (jnp.stack(x) for x in zip(*per_tier))
     kmax = int(np.argmax(ks_K))
-    stats = _pass_stats(success_TxNxS, status_T, turns_T, tokens_T, jnp.asarray(ks_K), k_ci, kmax=kmax, n_boot=int(n_boot))
+    stats = _pass_stats(success_TxNxS, status_T, turns_T, tokens_T, jnp.asarray(ks_K), k_ci, kmax=kmax,
+                        n_boot=int(n_boot))
     return _to_host({"mode": mode, "tiers": tiers_T, "ks": ks_K, "success": success_TxNxS,
                      "pass_at_t_k": int(ks_K[kmax]), **stats})
 
@@ -457,8 +458,8 @@ def step_quality_matched(world, cfg: Qwen3Config, params_base, params_rl, tasks,
     ctx, ctx_len, states = _cat(ctx0, ctx1), jnp.where(mask, _cat(len0, len1), 1), _cat(st0, st1)
     h = jnp.where(mask, _cat(h0, h1), 1)
     q = q_outcomes(world, states, h, env_params)
-    scored = _score_pair(world, cfg, params_base, params_rl, ctx, ctx_len, q, k_g, temperature=_temperature(rcfg.sampler),
-                         n_sampled=n_sampled, score_batch=score_batch)
+    scored = _score_pair(world, cfg, params_base, params_rl, ctx, ctx_len, q, k_g,
+                         temperature=_temperature(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch)
     turn = jnp.asarray(np.concatenate([t0, t1]))
     source = jnp.asarray(np.repeat(np.arange(2), int(n_states)))
     depth = turn / t_max
@@ -551,7 +552,8 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     share_rl_worse, success_rl, success_base, success_diff, each a CI), exact / sampled summaries and by
     depth, and per-state arrays: action [S], pre_q [S, A], q [S, O], probs_base/rl, q_exact_base/rl,
     success_base/rl [S, C], replay_ok [S] (the replay met the trajectory's positions up to turn t and the
-    error state at t + 1), episode, turn, source, depth, mask. return_rollouts adds the continuation
+    error state at t + 1), context [S, W] / context_len [S] of (a), episode, turn, source, depth, mask,
+    remaining (turns left at the error state). return_rollouts adds the trajectories and the continuation
     rollouts (rows = state * C + continuation).
     """
     _check_rcfg(rcfg, t_max)
@@ -614,7 +616,8 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
         pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
         for i in range(n_s):
             t = turn[i]
-            replay_ok[i] &= bool((pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all() and (pos[i, :, t + 1] == err_pos[i]).all())
+            same_path = (pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
+            replay_ok[i] &= bool(same_path and (pos[i, :, t + 1] == err_pos[i]).all())
     replay_ok &= np.asarray(mask)
 
     ones = jnp.ones((n_s, 1), bool)
@@ -624,7 +627,8 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     out = _quality_summaries(scored, mask, depth, jnp.asarray(source), n_bins=n_bins, tol=tol)
     out.update(scored)
     out.update(metrics=metrics, action=sel["action"], pre_q=pre_q, success_base=success_base, success_rl=success_rl,
-               replay_ok=replay_ok, episode=episode, turn=turn, source=source, depth=depth, mask=mask, remaining=h)
+               replay_ok=replay_ok, episode=episode, turn=turn, source=source, depth=depth, mask=mask, remaining=h,
+               context=sel["ctx"], context_len=ctx_len)
     host = _to_host(out)
     if return_rollouts:
         host["rollouts"] = {"base": r_base, "rl": r_rl, "continuation_base": cont_base, "continuation_rl": cont_rl}
