@@ -8,7 +8,8 @@ CPU mode: both frameworks get identical random weights (a transformers Qwen3ForC
 saved, and read back with `qwen3.load`), the same prompts (no padding), greedy decoding of exactly
 `--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
 (jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
-max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both. Compile /
+max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both (paired within a
+round, then the median over rounds). Compile /
 warm-up time is excluded and reported separately; the two frameworks' runs alternate within each of
 `--repeats` rounds (same background load for both); timings are medians, `*_best_*` and
 `*_ratio_best` use the fastest run of each (the least disturbed by other processes).
@@ -123,6 +124,9 @@ def time_runners(runners: dict, prefill_n: dict, new_tokens: int, repeats: int) 
     for r in res.values():
         for key in ("prefill", "total"):
             r[f"{key}_s"], r[f"{key}_min_s"] = statistics.median(r[key]), min(r[key])
+        # decode time of each round: that round's full run minus its own prefill (paired under drifting load)
+        decode = [t - p for t, p in zip(r["total"], r["prefill"])]
+        r["decode_s"], r["decode_min_s"] = statistics.median(decode), min(decode)
     return res
 
 
@@ -172,7 +176,7 @@ def run_cpu(args) -> dict:
            "loadavg_1m_start": args.loadavg_start, "loadavg_1m_end": os.getloadavg()[0]}
     steps = max(args.new_tokens - 1, 1)
     for name, r in res.items():
-        decode_s = (r["total_s"] - r["prefill_s"]) / steps
+        decode_s = r["decode_s"] / steps
         out[f"{name}_prefill_tok_s"] = n_prompt / r["prefill_s"]
         out[f"{name}_decode_tok_s"] = args.batch / decode_s
         out[f"{name}_decode_ms_per_step"] = decode_s * 1e3
@@ -180,7 +184,7 @@ def run_cpu(args) -> dict:
         out[f"{name}_prefill_frac_peak"] = prefill_flops / r["prefill_s"] / 1e9 / peak
         out[f"{name}_compile_s"] = r["compile_s"]
         out[f"{name}_best_prefill_ms"] = r["prefill_min_s"] * 1e3
-        out[f"{name}_best_decode_ms_per_step"] = (r["total_min_s"] - r["prefill_min_s"]) / steps * 1e3
+        out[f"{name}_best_decode_ms_per_step"] = r["decode_min_s"] / steps * 1e3
     out["prefill_ratio"] = out["jax_prefill_tok_s"] / out["torch_prefill_tok_s"]
     out["decode_ratio"] = out["jax_decode_tok_s"] / out["torch_decode_tok_s"]
     out["prefill_ratio_best"] = out["torch_best_prefill_ms"] / out["jax_best_prefill_ms"]
@@ -207,7 +211,7 @@ def run_gpu(args) -> dict:
             prompt = jax.random.randint(jax.random.key(b), (b, args.prompt_len), 0, cfg.vocab_size, jnp.int32)
             r = time_runners({"jax": _jax_runner(params, cfg, prompt, args.new_tokens)}, {"jax": 0},
                              args.new_tokens, args.repeats)["jax"]
-            step_s = (r["total_s"] - r["prefill_s"]) / max(args.new_tokens - 1, 1)
+            step_s = r["decode_s"] / max(args.new_tokens - 1, 1)
             mean_ctx = args.prompt_len + args.new_tokens / 2
             kv_bytes = (b * mean_ctx * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
                         * jnp.dtype(dtype).itemsize)
