@@ -67,6 +67,12 @@ import sys
 import tempfile
 import time
 
+# torch's OpenMP pool spin-waits at every parallel region by default; on a shared, oversubscribed CPU
+# (other jobs running) each small op then costs a scheduler time slice (measured: ~8 ms per op instead of
+# ~0.1 ms with 2 threads). PASSIVE makes idle threads sleep. Read by OpenMP when torch is first imported
+# (below, in main), so it must be set here; an explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -527,7 +533,8 @@ def main(argv=None) -> int:
     peak = max(jax_peak, torch_peak)
     result = {"batch": args.batch, "t_max": ts.t_max, "max_action_tokens": ts.max_action_tokens,
               "max_context": ts.max_context, "map_size": ts.size, "temperature": args.temperature,
-              "repeats": args.repeats, "torch_threads": torch.get_num_threads(), "jax_backend": jax.default_backend(),
+              "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "jax_backend": jax.default_backend(),
               "loadavg_start": list(load_start), "jax_matmul_peak_gflops": jax_peak,
               "torch_matmul_peak_gflops": torch_peak, "matmul_peak_gflops": peak}
     if not args.skip_env:

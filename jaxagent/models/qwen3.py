@@ -8,7 +8,7 @@ pure dict) and merges it into the module inside the trace (`nnx.merge`), so `for
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
 K key/value heads, G = H / K query heads per KV head, E head dim, V vocab, L layers.
 
-KV cache (`init_cache`): {'k': [L x (B, S, K, E)], 'v': same, 'length': int32[B]}. Row b holds its tokens
+KV cache (`init_cache`): {'k': [L x (B, K, S, E)] (head-major), 'v': same, 'length': int32[B]}. Row b holds its tokens
 contiguously in slots [0, length[b]); a call writes its T tokens at slots length[b] .. length[b]+T-1 and
 advances length by n_valid[b] (<= T). Positions (RoPE) equal slot indices, so right-padded batches,
 per-row decode and appending an environment's reply to a cached history all use the same path. Slots
@@ -46,13 +46,18 @@ def rms_norm(x, weight, eps):
     return weight * y.astype(x.dtype)
 
 
-def rope(x_BxTxNxE, positions_BxT, theta):
-    """Rotary embedding, half-split layout (HF `rotate_half`), angles computed in f32."""
-    e = x_BxTxNxE.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+def rope_tables(positions_BxT, head_dim, theta):
+    """(cos, sin) [B, T, 1, E] of the rotary angles pos * theta^(-2i/E), in f32 (as HF computes them);
+    computed once per forward and shared by every layer."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     ang_BxTxE2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
     ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(ang).astype(x_BxTxNxE.dtype), jnp.sin(ang).astype(x_BxTxNxE.dtype)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def rope(x_BxTxNxE, tables):
+    """Rotary embedding, half-split layout (HF `rotate_half`): x cos + rotate_half(x) sin."""
+    cos, sin = (t.astype(x_BxTxNxE.dtype) for t in tables)
     x1, x2 = jnp.split(x_BxTxNxE, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return x_BxTxNxE * cos + rotated * sin
@@ -83,31 +88,32 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(e, cfg.rms_norm_eps, "head_dim")
         self.cfg = cfg
 
-    def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv_cache, write_slots_BxT):
+    def __call__(self, x_BxTxD, rope_BxT, mask_BxTxS, kv_cache, write_slots_BxT):
         cfg = self.cfg
         q = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.q_proj[...])
         k = jnp.einsum("btd,dke->btke", x_BxTxD, self.k_proj[...])
         v = jnp.einsum("btd,dke->btke", x_BxTxD, self.v_proj[...])
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = rope(self.q_norm(q), positions_BxT, cfg.rope_theta)
-        k = rope(self.k_norm(k), positions_BxT, cfg.rope_theta)
+        q = rope(self.q_norm(q), rope_BxT)
+        k = rope(self.k_norm(k), rope_BxT)
         if kv_cache is not None:
-            k_cache, v_cache = kv_cache
+            k_cache, v_cache = kv_cache  # head-major [B, K, S, E]: attention reads it without a transpose
             b_idx = jnp.arange(k.shape[0])[:, None]
-            # Writes past the cache end are dropped (mode='drop'); callers bound lengths on the host.
-            k_cache = k_cache.at[b_idx, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[b_idx, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
+            # [b, :, slot] indexing takes values [B, T, K, E]; writes past the cache end are dropped
+            # (mode='drop'): callers bound lengths on the host.
+            k_cache = k_cache.at[b_idx, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
             k_all, v_all, kv_cache = k_cache.astype(q.dtype), v_cache.astype(q.dtype), (k_cache, v_cache)
         else:
-            k_all, v_all = k, v
+            k_all, v_all = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         b, t = q.shape[:2]
         q = q.reshape(b, t, cfg.num_key_value_heads, cfg.group_size, cfg.head_dim)
-        scores = jnp.einsum("btkge,bske->bkgts", q, k_all, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btkge,bkse->bkgts", q, k_all, preferred_element_type=jnp.float32)
         scores = scores * (cfg.head_dim ** -0.5)
         scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(v_all.dtype)
-        out = jnp.einsum("bkgts,bske->btkge", probs, v_all)
+        out = jnp.einsum("bkgts,bkse->btkge", probs, v_all)
         out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
         y = jnp.einsum("bthe,hed->btd", out, self.o_proj[...])
         if cfg.attention_bias:
@@ -135,8 +141,8 @@ class Block(nnx.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, mask, kv_cache, write_slots):
-        a, kv_cache = self.attn(self.input_norm(x), positions, mask, kv_cache, write_slots)
+    def __call__(self, x, rope_tabs, mask, kv_cache, write_slots):
+        a, kv_cache = self.attn(self.input_norm(x), rope_tabs, mask, kv_cache, write_slots)
         x = x + a
         return x + self.mlp(self.post_norm(x)), kv_cache
 
@@ -153,10 +159,11 @@ class Qwen3(nnx.Module):
     def hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_slots_BxT):
         # Python loop over layers: on CPU, unrolled layers decode ~2x faster than lax.scan over layers.
         x = jnp.take(self.embed[...], tokens_BxT, axis=0)
+        tables = rope_tables(positions_BxT, self.cfg.head_dim, self.cfg.rope_theta)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache["k"][i], cache["v"][i])
-            x, kv = layer(x, positions_BxT, mask_BxTxS, kv, write_slots_BxT)
+            x, kv = layer(x, tables, mask_BxTxS, kv, write_slots_BxT)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -204,13 +211,13 @@ def logical_axes(cfg: Qwen3Config) -> Params:
 
 def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> Cache:
     """An empty KV cache with `max_len` slots per row."""
-    shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
     return {"k": [jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)],
             "v": [jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)],
             "length": jnp.zeros((batch,), jnp.int32)}
 
 
-CACHE_AXES = ("batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_AXES = ("batch", "kv_heads", "cache_seq", "head_dim")
 
 
 def cache_logical_axes(cfg: Qwen3Config) -> Cache:
@@ -231,7 +238,7 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
             mask = mask & attention_mask.astype(bool)[:, None, :]
         write_slots = None
     else:
-        s = cache["k"][0].shape[1]
+        s = cache["k"][0].shape[2]
         slots_BxT = cache["length"][:, None] + jnp.arange(t, dtype=jnp.int32)
         mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots_BxT[:, :, None]
         write_slots = slots_BxT

@@ -137,7 +137,7 @@ def _system_cache(params, cfg, layout: ChatLayout, n_ep: int, s: int, dtype):
     _, one = append(params, cfg, qwen3.init_cache(cfg, 1, sys_width, dtype), sys_toks,
                     jnp.asarray([sys_len], jnp.int32))
     cache = qwen3.init_cache(cfg, n_ep, s, dtype)
-    copy = lambda full, x: full.at[:, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))
+    copy = lambda full, x: full.at[:, :, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))
     return {"k": [copy(c, x) for c, x in zip(cache["k"], one["k"])],
             "v": [copy(c, x) for c, x in zip(cache["v"], one["v"])],
             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
