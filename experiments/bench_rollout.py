@@ -6,11 +6,14 @@
 1. Env stepping (`env_ratio`). JAX: `--env-batch` maps (`sample_tasks`), `FrozenLake.step_action`
    vmapped over them inside a jitted `lax.scan` of `--env-steps` steps, uniformly random actions drawn
    in the graph, autoreset to the start cell on termination or after 100 steps (gymnasium's 4x4 time
-   limit). The rendered token observation is kept alive (summed into the carry), so the text rendering
-   is part of every JAX step. gymnasium: `SyncVectorEnv` of `gym.make("FrozenLake-v1", desc=<the same
-   maps as 'SFHG' rows>, is_slippery=False)` (its default wrappers and next-step autoreset), actions
-   from numpy. Timed: the step loop only (env construction and the first reset excluded on both sides;
-   JAX compile excluded). steps/s = envs x steps / time.
+   limit). `env_ratio` uses the dynamics alone: the step's text observation is not consumed, so XLA
+   compiles its rendering away, and the state (cell index) is the observation, as in gymnasium's
+   FrozenLake-v1. `env_text_obs_ratio`: the same loop with the rendered token observation consumed
+   every step (what the rollout needs). gymnasium: `SyncVectorEnv` of `gym.make("FrozenLake-v1",
+   desc=<the same maps as 'SFHG' rows>, is_slippery=False)` (its default wrappers and next-step
+   autoreset) over the first `--gym-envs` maps, actions from numpy. Timed: the step loop only (env
+   construction and the first reset excluded on both sides; JAX compile excluded), repeats interleaved.
+   steps/s = envs x steps / median time.
 
 2. Rollout (`rollout_ratio`). Episodes of the toy world (`make_toy_world`: word-level tokenizer,
    FrozenLake, Qwen3 chat layout) with the study's task settings (`TaskSettings`, quick preset's T_max,
@@ -49,9 +52,13 @@
    not counted); `*_frac_peak` = achieved model FLOP/s / `matmul_peak_gflops`, the larger of the
    f32 square-matmul GFLOP/s of jitted jax and torch measured in the same run.
 
-`--profile` adds `profile`: the JAX rollout without the model (the scripted noisy expert: chunk
-building + env + bookkeeping), and the model pieces it calls per turn (one chunk append, one decode
-step) timed alone at the rollout's cache size and at a small one.
+`--profile` adds `<shape>_profile`: the same JAX rollout with the scripted noisy expert instead of the
+model (chunk building + env + bookkeeping, no model call) and with twice the cache slots (same episodes;
+the difference is the time that scales with the attention window / cache size, not with the tokens).
+
+Environment: OMP_WAIT_POLICY defaults to PASSIVE (set before torch is imported): with OpenMP's default
+spin-waiting, torch's 2-thread pool on a loaded 2-core machine paid ~8 ms per small op. Reported as
+`omp_wait_policy`; set it explicitly to override.
 
 Legend: B episodes, N turns (T_max), S cache slots, W chunk width, M action tokens, V vocab, L map side.
 """
@@ -127,8 +134,13 @@ def gym_desc(map_LxL) -> list[str]:
     return ["".join(fl.CELL_WORDS[int(c)] for c in row) for row in np.asarray(map_LxL)]
 
 
-def make_jax_env_run(env: fl.FrozenLake, env_params, n_steps: int):
-    """jitted (maps [E, L, L], key) -> checksum: E envs x n_steps random-action steps with autoreset."""
+def make_jax_env_run(env: fl.FrozenLake, env_params, n_steps: int, text_obs: bool):
+    """jitted (maps [E, L, L], key) -> checksum: E envs x n_steps random-action steps with autoreset.
+
+    `text_obs` False: the step's observation is not consumed, so XLA compiles its text rendering away
+    and the step is the dynamics alone (gymnasium's FrozenLake returns an int cell index, no text);
+    True: the rendered tokens feed the checksum, so every step renders the text observation too.
+    """
     step = jax.vmap(env.step_action, in_axes=(0, 0, None))
 
     @jax.jit
@@ -145,8 +157,9 @@ def make_jax_env_run(env: fl.FrozenLake, env_params, n_steps: int):
             reset = new.done | (new.t >= GYM_TIME_LIMIT)
             new = new._replace(pos=jnp.where(reset, start_E, new.pos), t=jnp.where(reset, 0, new.t),
                                done=jnp.zeros_like(new.done), success=jnp.zeros_like(new.success))
-            # the observation is used, so its text rendering is computed every step
-            acc = acc + jnp.sum(out.reward) + jnp.sum(out.obs.length) + jnp.sum(out.obs.tokens[:, 0])
+            acc = acc + jnp.sum(out.reward) + jnp.sum(new.pos)
+            if text_obs:
+                acc = acc + jnp.sum(out.obs.length) + jnp.sum(out.obs.tokens[:, -1])
             return (new, acc), None
 
         (_, acc), _ = jax.lax.scan(body, (states, jnp.float32(0)), jax.random.split(k_steps, n_steps))
@@ -160,9 +173,11 @@ def bench_env(world: ToyWorld, ts: TaskSettings, args) -> dict:
     from gymnasium.vector import SyncVectorEnv
 
     maps = ts.sample(jax.random.key(args.seed + 7), args.env_batch)
-    run = make_jax_env_run(world.env, ts.env_params(), args.env_steps)
+    runs = {"dyn": make_jax_env_run(world.env, ts.env_params(), args.env_steps, text_obs=False),
+            "text": make_jax_env_run(world.env, ts.env_params(), args.env_steps, text_obs=True)}
     t0 = time.perf_counter()
-    run(maps, jax.random.key(0)).block_until_ready()
+    for run in runs.values():
+        run(maps, jax.random.key(0)).block_until_ready()
     compile_s = time.perf_counter() - t0
 
     maps_np = np.asarray(maps)[: args.gym_envs]
@@ -176,16 +191,19 @@ def bench_env(world: ToyWorld, ts: TaskSettings, args) -> dict:
             venv.step(rng.integers(0, fls.N_ACTIONS, len(descs)))
 
     gym_run()  # warm-up
-    jax_t, gym_t = [], []
-    for r in range(args.repeats):  # interleaved: both sides see the same machine load
-        jax_t.append(_time(lambda: run(maps, jax.random.key(r + 1)).block_until_ready()))
-        gym_t.append(_time(gym_run))
+    times = {"dyn": [], "text": [], "gym": []}
+    for r in range(args.repeats):  # interleaved: every side sees the same machine load
+        for name, run in runs.items():
+            times[name].append(_time(lambda: run(maps, jax.random.key(r + 1)).block_until_ready()))
+        times["gym"].append(_time(gym_run))
     venv.close()
-    jax_sps = args.env_batch * args.env_steps / statistics.median(jax_t)
-    gym_sps = len(descs) * args.gym_steps / statistics.median(gym_t)
+    jax_sps = args.env_batch * args.env_steps / statistics.median(times["dyn"])
+    text_sps = args.env_batch * args.env_steps / statistics.median(times["text"])
+    gym_sps = len(descs) * args.gym_steps / statistics.median(times["gym"])
     return {"env_batch": args.env_batch, "env_steps": args.env_steps, "gym_envs": len(descs),
             "gym_steps": args.gym_steps, "jax_env_compile_s": compile_s, "jax_env_steps_per_s": jax_sps,
-            "gym_env_steps_per_s": gym_sps, "env_ratio": jax_sps / gym_sps}
+            "jax_env_text_obs_steps_per_s": text_sps, "gym_env_steps_per_s": gym_sps,
+            "env_ratio": jax_sps / gym_sps, "env_text_obs_ratio": text_sps / gym_sps}
 
 
 # ------------------------------------------------------------------ 2. the PyTorch + gymnasium rollout
@@ -434,35 +452,27 @@ def bench_rollout_shape(name: str, cfg: Qwen3Config, world: ToyWorld, ts: TaskSe
 # ------------------------------------------------------------------ profile of the JAX rollout
 def profile_jax(params, cfg, world: ToyWorld, ts: TaskSettings, rcfg: RolloutConfig, tasks, budgets, total_s,
                 args) -> dict:
-    """Where one JAX rollout's time goes: the same rollout with a scripted policy (no model: chunks,
-    env, bookkeeping), and the model calls it makes per turn, each jitted alone."""
+    """Where one JAX rollout's time goes, from whole-rollout variants (each compiled, then timed):
+    the scripted noisy expert instead of the model (chunk building + env + bookkeeping, no model), and
+    the same rollout with twice the cache slots (same episodes and tokens; only the attention window
+    and cache size double: the difference is the time that scales with max_context)."""
     from jaxagent.envs.experts import NoisyExpert
-    from jaxagent.sampling import append
 
     reps = max(args.repeats, 3)
-    scripted = dataclasses.replace(rcfg, expert_fn=NoisyExpert(0.25))
-    dummy = {"unused": np.zeros((), np.float32)}
-    run = lambda k: jax.block_until_ready(rollout(dummy, None, world.env, world.layout, world.fmt, tasks, budgets,
-                                                  jax.random.key(k), ts.env_params(), scripted))
-    run(0)
-    no_model_s = _median_time(lambda: run(1), reps)
-    n, w, m = args.batch, max_chunk(world.layout, world.fmt, world.env), rcfg.max_action_tokens
-    out = {"rollout_s": total_s, "no_model_rollout_s": no_model_s, "chunk_width": w}
-    app = jax.jit(lambda p, c, t, nv: append(p, cfg, c, t, nv))
-    for s in sorted({rcfg.max_context, 64}):
-        cache = qwen3.init_cache(cfg, n, s)
-        cache["length"] = jnp.full((n,), min(s - w - 1, len(world.layout.system) + 100), jnp.int32)
-        for width in (w, 1):
-            toks = jnp.ones((n, width), jnp.int32)
-            nv = jnp.full((n,), width, jnp.int32)
-            jax.block_until_ready(app(params, cache, toks, nv))
-            dt = _median_time(lambda: jax.block_until_ready(app(params, cache, toks, nv)), reps)
-            out[f"append_w{width}_S{s}_ms"] = dt * 1e3
-    s = rcfg.max_context
-    est = rcfg.t_max * (out[f"append_w{w}_S{s}_ms"] + m * out[f"append_w1_S{s}_ms"]) / 1e3
-    out["model_estimate_s"] = est  # T_max x (chunk append + M decode steps), each a separate jitted call
-    out["padded_tokens_per_episode"] = rcfg.t_max * (w + m)  # what the static-shape loop computes per row
-    return out
+    env_params = ts.env_params()
+
+    def timed(p, c, r):
+        run = lambda k: jax.block_until_ready(rollout(p, c, world.env, world.layout, world.fmt, tasks, budgets,
+                                                      jax.random.key(k), env_params, r))
+        run(0)
+        return _median_time(lambda: run(1), reps)
+
+    no_model = timed({"unused": np.zeros((), np.float32)}, None,
+                     dataclasses.replace(rcfg, expert_fn=NoisyExpert(0.25)))
+    wide = timed(params, cfg, dataclasses.replace(rcfg, max_context=2 * rcfg.max_context))
+    w = max_chunk(world.layout, world.fmt, world.env)
+    return {"rollout_s": total_s, "no_model_rollout_s": no_model, "rollout_2x_context_s": wide,
+            "chunk_width": w, "padded_tokens_per_episode": rcfg.t_max * (w + rcfg.max_action_tokens)}
 
 
 # ------------------------------------------------------------------ main
@@ -493,7 +503,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
     p.add_argument("--skip-env", action="store_true", help="skip the env-stepping benchmark")
     p.add_argument("--profile", action="store_true",
-                   help="also time the JAX rollout without the model and its per-turn model calls alone")
+                   help="also time the JAX rollout without the model (scripted expert) and with twice the cache "
+                        "slots, per shape (adds ~1 minute)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights, maps and sampling (default: 0)")
     args = p.parse_args(argv)
     for name in ("batch", "repeats", "env_batch", "env_steps", "gym_envs", "gym_steps", "matmul_n", "torch_threads"):
