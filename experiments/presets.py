@@ -45,6 +45,16 @@ def _toy_model(vocab: int = 128) -> Qwen3Config:
                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
+def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_tasks: int = 256) -> Preset:
+    """A real-checkpoint preset: no SFT (the checkpoint is the base), bf16 compute, longer replies."""
+    return Preset(name=name, model=Qwen3Config(),
+                  task=TaskSettings(size=4, t_max=10, max_action_tokens=64, max_context=2048),
+                  base=BaseSettings(steps=0), iterations=200, n_tasks=n_tasks, group_size=8, lr=1e-6, mesh=mesh,
+                  compute_dtype="bfloat16",
+                  eval=EvalSettings(n_tasks=eval_tasks, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512,
+                                    n_error_states=512))
+
+
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
         name="quick", model=_toy_model(),
@@ -62,23 +72,9 @@ PRESETS: dict[str, Preset] = {
                           n_boot=1000)),
     # Accelerator presets: a real Qwen3 checkpoint directory is required (--checkpoint); the FrozenLake
     # text goes through the real Qwen3 tokenizer (BPE) and the chat template of the checkpoint.
-    "qwen3-0.6b-1gpu": Preset(
-        name="qwen3-0.6b-1gpu", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
-                                                                        max_context=2048),
-        base=BaseSettings(steps=0), iterations=200, n_tasks=32, group_size=8, lr=1e-6, compute_dtype="bfloat16",
-        eval=EvalSettings(n_tasks=128, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
-    "qwen3-4b-8gpu": Preset(
-        name="qwen3-4b-8gpu", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
-                                                                      max_context=2048),
-        base=BaseSettings(steps=0), iterations=200, n_tasks=64, group_size=8, lr=1e-6, mesh=(1, 8, 1),
-        compute_dtype="bfloat16",
-        eval=EvalSettings(n_tasks=256, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
-    "qwen3-8b-v5p": Preset(
-        name="qwen3-8b-v5p", model=Qwen3Config(), task=TaskSettings(size=4, t_max=10, max_action_tokens=64,
-                                                                     max_context=2048),
-        base=BaseSettings(steps=0), iterations=200, n_tasks=128, group_size=8, lr=1e-6, mesh=(4, 8, 2),
-        compute_dtype="bfloat16",
-        eval=EvalSettings(n_tasks=256, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512, n_error_states=512)),
+    "qwen3-0.6b-1gpu": _accelerator("qwen3-0.6b-1gpu", n_tasks=32, mesh=(1, 1, 1), eval_tasks=128),
+    "qwen3-4b-8gpu": _accelerator("qwen3-4b-8gpu", n_tasks=64, mesh=(1, 8, 1)),
+    "qwen3-8b-v5p": _accelerator("qwen3-8b-v5p", n_tasks=128, mesh=(4, 8, 2)),
     # Seconds-scale settings for the end-to-end CI test.
     "ci": Preset(
         name="ci", model=Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
