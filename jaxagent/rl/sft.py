@@ -36,6 +36,6 @@ def make_sft_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation):
         (loss, aux), grads = jax.value_and_grad(sft_loss, has_aux=True)(params, cfg, tokens_BxS, mask_BxS)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, **aux,
-                                                                 "grad_norm": optax.global_norm(grads)}
+                                                                 "grad_norm": optax.tree.norm(grads)}
 
     return step
