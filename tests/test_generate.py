@@ -176,10 +176,14 @@ def test_top_k_1_equals_greedy(model, prompts, greedy_left):
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(greedy_left.logprobs), atol=1e-6)
 
 
-def test_tiny_top_p_equals_greedy(model, prompts, greedy_left):
+def test_tiny_top_p_equals_greedy(model, prompts):
     _, cfg, params = model
-    out = run(params, cfg, *prompts[1], sampler=Sampler(top_p=1e-6, temperature=1.5), seed=5)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(greedy_left.tokens))
+    # Sharper logits (embedding x8, tied head): the random model's near-uniform logits have top-2 gaps
+    # of ~1e-7, where log_softmax(logits / T) may round a tie the other way than argmax(logits).
+    sharp = {**params, "embed": params["embed"] * 8.0}
+    greedy = run(sharp, cfg, *prompts[1])
+    out = run(sharp, cfg, *prompts[1], sampler=Sampler(top_p=1e-6, temperature=1.5), seed=5)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(greedy.tokens))
 
 
 def _chi2_pvalue(counts, probs, min_expected=5.0):

@@ -47,6 +47,7 @@ from jaxagent.rl.train_step import token_logprobs
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig, _chunk, max_chunk, rollout
 from jaxagent.sampling import Sampler, bucket
+from jaxagent.xla_options import COMPILER_OPTIONS
 
 MODES = ("announced", "truncated", "hidden")
 N_ACTIONS = fls.N_ACTIONS
@@ -262,7 +263,7 @@ def canonical_replies(world) -> tuple[np.ndarray, np.ndarray]:
     return out, out_len
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature"), compiler_options=COMPILER_OPTIONS)
 def _reply_logprobs_jit(params, ctx_SxW, ctx_len_S, replies_AxR, reply_len_A, *, cfg, temperature):
     s, w = ctx_SxW.shape
     a, r = replies_AxR.shape
@@ -636,7 +637,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
 
 
 # ----------------------------------------------------------------------------- likelihood
-_token_logprobs_jit = jax.jit(token_logprobs, static_argnums=1)
+_token_logprobs_jit = jax.jit(token_logprobs, static_argnums=1, compiler_options=COMPILER_OPTIONS)
 
 
 def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxW, *, batch_size: Optional[int] = None) -> jax.Array:

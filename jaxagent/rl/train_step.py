@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxagent import sharding
+from jaxagent import sharding, xla_options
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
@@ -308,8 +308,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     `state_shardings`, batch rows over ('data', 'fsdp'), metrics replicated. `with_ref_params`
     says the state carries ref_params; `critic_optimizer` defaults to `optimizer`.
     `compute_dtype` (e.g. jnp.bfloat16) casts params for the forward pass (mixed precision; the
-    master params and Adam moments stay in their own dtype). `compiler_options` go to jax.jit
-    (e.g. {'xla_backend_optimization_level': 0} compiles a CPU step ~3x faster, for tests).
+    master params and Adam moments stay in their own dtype). `compiler_options` go to jax.jit on top
+    of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0} compiles a CPU step
+    ~3x faster, for tests).
 
     metrics (f32 scalars): loss (L_pi), pg_loss, kl (KL to the reference as aggregated, 0 without
     one), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
@@ -444,6 +445,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 
+    compiler_options = xla_options.compiler_options(compiler_options)
     if mesh is None:
         return jax.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
     return jax.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),

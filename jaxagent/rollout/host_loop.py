@@ -69,6 +69,7 @@ from jaxagent.models.tokenizer import TOOL_RESPONSE, TOOL_RESPONSE_END, Tokenize
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig
 from jaxagent.sampling import append, bucket, decode
+from jaxagent.xla_options import COMPILER_OPTIONS
 
 DEFAULT_BUDGET_TEMPLATE = "Turn {turn} of {budget}. {remaining} turns left."
 
@@ -115,7 +116,8 @@ class HostRollout(NamedTuple):
     trace: HostTrace            # texts, infos, errors and final states, on the host
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache", "logits_BxV"))
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache", "logits_BxV"),
+                   compiler_options=COMPILER_OPTIONS)
 def _append_jit(params, cache, tokens_BxW, n_valid_B, logits_BxV, *, cfg):
     """Appends each row's first n_valid tokens; rows with n_valid 0 keep their previous logits."""
     new_BxV, cache = append(params, cfg, cache, tokens_BxW, n_valid_B)
@@ -123,7 +125,7 @@ def _append_jit(params, cache, tokens_BxW, n_valid_B, logits_BxV, *, cfg):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "sampler", "stop_ids", "pad_id"),
-                   donate_argnames=("cache",))
+                   donate_argnames=("cache",), compiler_options=COMPILER_OPTIONS)
 def _decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, sampler, stop_ids, pad_id):
     return decode(params, cfg, cache, logits_BxV, key, max_steps, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id, active_B=active_B)

@@ -31,6 +31,7 @@ from jaxagent.rollout import types
 from jaxagent.rollout.layout import ChatLayout
 from jaxagent.sampling import Sampler, append, decode
 from jaxagent.sampling.generate import bucket
+from jaxagent.xla_options import COMPILER_OPTIONS
 
 # process_reward_fn(env, state_before, action_index, remaining_turns, env_params) -> f32 scalar
 ProcessRewardFn = Callable[[Any, Any, jax.Array, jax.Array, Any], jax.Array]
@@ -58,6 +59,14 @@ class RolloutConfig:
     # Compile the forced-action path: rows with forced_actions[b, t] >= 0 reply with that action's
     # canonical text (not policy tokens) and the model takes over afterwards (error-state evaluation).
     allow_forced: bool = False
+    # Attention windows: each turn attends over the smallest of `kv_windows` evenly spaced cache
+    # prefixes that holds every active episode's history plus the turn (a lax.switch; one compiled
+    # branch per window). 1 = always the whole cache.
+    kv_windows: int = 4
+
+    def windows(self) -> tuple[int, ...]:
+        s, n = self.max_context, max(1, self.kv_windows)
+        return tuple(sorted({min(s, -(-(s * i) // (16 * n)) * 16) for i in range(1, n + 1)}))  # multiples of 16
 
     def __post_init__(self):
         if self.t_max < 1:
@@ -137,13 +146,14 @@ def _system_cache(params, cfg, layout: ChatLayout, n_ep: int, s: int, dtype):
     _, one = append(params, cfg, qwen3.init_cache(cfg, 1, sys_width, dtype), sys_toks,
                     jnp.asarray([sys_len], jnp.int32))
     cache = qwen3.init_cache(cfg, n_ep, s, dtype)
-    copy = lambda full, x: full.at[:, :, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))
-    return {"k": [copy(c, x) for c, x in zip(cache["k"], one["k"])],
-            "v": [copy(c, x) for c, x in zip(cache["v"], one["v"])],
+    copy_k = lambda full, x: full.at[..., :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))  # [B,K,E,S]
+    copy_v = lambda full, x: full.at[:, :, :sys_width].set(jnp.broadcast_to(x, (n_ep,) + x.shape[1:]))  # [B,K,S,E]
+    return {"k": [copy_k(c, x) for c, x in zip(cache["k"], one["k"])],
+            "v": [copy_v(c, x) for c, x in zip(cache["v"], one["v"])],
             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
+@functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"), compiler_options=COMPILER_OPTIONS)
 def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_BxN, *, cfg, env, layout, fmt,
                 rcfg) -> types.Rollout:
     n_ep = budgets_B.shape[0]
@@ -189,13 +199,24 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             reply, reply_len, reply_lp = f_toks, jnp.where(is_forced, f_len, 0), jnp.zeros((n_ep, m), jnp.float32)
             stopped, sampled, cache = is_forced, jnp.zeros((n_ep,), bool), None
         else:
-            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk)
             sampled = active & ~is_forced
-            gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
-                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled)
+
+            def model_turn(window, cache):
+                logits, cache = append(params, cfg, cache, chunk, n_chunk, kv_window=window)
+                gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
+                             stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
+                cache = gen.cache
+                if rcfg.allow_forced:  # forced replies go into the cache as well
+                    _, cache = append(params, cfg, cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
+                return gen._replace(cache=cache)
+
+            # Attention reads only the smallest cache prefix that holds every active episode this turn
+            # (inactive rows' outputs are discarded, so they may see a truncated history).
+            windows = rcfg.windows()
+            need = jnp.max(jnp.where(active, length, 0)) + chunk_w + m
+            branch = jnp.minimum(jnp.searchsorted(jnp.asarray(windows), need), len(windows) - 1)
+            gen = jax.lax.switch(branch, [functools.partial(model_turn, w) for w in windows], c["cache"])
             cache = gen.cache
-            if rcfg.allow_forced:  # forced replies go into the cache as well
-                _, cache = append(params, cfg, cache, f_toks, jnp.where(is_forced, f_len, 0))
             reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)
             reply_len = jnp.where(is_forced, f_len, gen.lengths)
             reply_lp = jnp.where(is_forced[:, None], 0.0, gen.logprobs)

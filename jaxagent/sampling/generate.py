@@ -22,6 +22,7 @@ from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
+from jaxagent.xla_options import COMPILER_OPTIONS
 
 
 class Generation(NamedTuple):
@@ -37,23 +38,26 @@ def bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B):
+def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None):
     """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
 
     Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
-    their own last logits for such rows).
+    their own last logits for such rows). `kv_window`: see `qwen3.forward`.
     """
     last = jnp.maximum(n_valid_B - 1, 0)
-    logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last)
+    logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last,
+                                  kv_window=kv_window)
     return logits[:, 0], cache
 
 
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
-           sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None) -> Generation:
+           sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
+           kv_window: int | None = None) -> Generation:
     """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
 
     Every generated token, the stop token included, is written to the cache, so the next turn can
-    append directly after it. Rows with active_B False generate nothing.
+    append directly after it. Rows with active_B False generate nothing. `kv_window`: see
+    `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
     """
     b = logits_BxV.shape[0]
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
@@ -85,7 +89,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
         lengths = c.lengths + live
         hit_stop = live & jnp.isin(tok, stop)
         done = c.done | hit_stop | (lengths >= max_new_B)
-        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32))
+        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window)
         logits = jnp.where(live[:, None], logits, c.logits)
         return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
 
@@ -110,14 +114,14 @@ def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
-                                             "mesh", "rules"))
+                                             "mesh", "rules"), compiler_options=COMPILER_OPTIONS)
 def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
               pad_id, mesh=None, rules=None):
     rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
     cache = _constrain_cache(cache, cfg, mesh, rules)
-    logits, cache = append(params, cfg, cache, tokens, n)
+    logits, cache = append(params, cfg, cache, tokens, n, kv_window=tokens.shape[1])  # prompt: empty cache
     cache = _constrain_cache(cache, cfg, mesh, rules)
     return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id)

@@ -47,17 +47,25 @@ def policy_logprobs(logits_BxV, sampler: Sampler):
 
 
 def _filter(logits_BxV, sampler: Sampler):
+    """Masks (to _NEG) the tokens outside top-k / top-p. The kept set is decided by token index (ranks
+    from one sort), never by comparing a recomputed logit with a threshold: XLA may recompute the
+    logits inside different fusions with different rounding, and a threshold test could then drop
+    every token, the top one included (seen on XLA:CPU at -O0)."""
     x = logits_BxV
-    if sampler.top_k and sampler.top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, sampler.top_k)[0][:, -1:]
-        x = jnp.where(x < kth, _NEG, x)
+    b, v = x.shape
+    rows = jnp.arange(b)[:, None]
+    if sampler.top_k and sampler.top_k < v:
+        _, top_idx = jax.lax.top_k(x, sampler.top_k)
+        keep = jnp.zeros((b, v), bool).at[rows, top_idx].set(True)
+        x = jnp.where(keep, x, _NEG)
     if sampler.top_p < 1.0:
-        sorted_desc = jnp.sort(x, axis=-1)[:, ::-1]
+        order_BxV = jnp.argsort(-x, axis=-1, stable=True)  # descending; ties keep index order
+        sorted_desc = jnp.take_along_axis(x, order_BxV, axis=-1)
         probs = jax.nn.softmax(sorted_desc, axis=-1)
         before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
-        keep = before < sampler.top_p
-        threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x < threshold, _NEG, x)
+        keep_sorted = (before < sampler.top_p).at[:, 0].set(True)  # the top token always stays
+        keep = jnp.zeros((b, v), bool).at[rows, order_BxV].set(keep_sorted)
+        x = jnp.where(keep, x, _NEG)
     return x
 
 

@@ -2,18 +2,25 @@
 
 Each stage is a function of explicit settings returning params and a history of measured metrics;
 the experiments/ scripts add the CLI, progress bars, files and checkpoints through `callback`.
+
+Device mesh: every stage takes an optional (data, fsdp, tensor) `mesh` (`sharding.make_mesh`). With
+one, parameters (and optimizer state) live sharded per `sharding.RULES`, batches are split over the
+rules' batch axes, and the RL train step is the sharded `make_train_step(mesh=...)`; mesh=None runs
+everything on the default device.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxagent import sharding
 from jaxagent.envs import budgets as budgets_lib
 from jaxagent.envs.frozenlake import FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
@@ -22,9 +29,11 @@ from jaxagent.rl import critic as critic_lib
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
-from jaxagent.rl.train_step import LossSettings, ValueSettings, init_train_state, make_train_step
+from jaxagent.rl.train_step import (LossSettings, ValueSettings, init_train_state, make_train_step,
+                                    state_shardings)
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.study.toy import ToyWorld, expert_rollouts
+from jaxagent.xla_options import COMPILER_OPTIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +76,29 @@ class BaseSettings:
     warmup: int = 20
 
 
+def place_params(params, cfg: Qwen3Config, mesh=None):
+    """`params` on the mesh's parameter shardings (`qwen3.logical_axes` + `sharding.RULES`); a no-op
+    without a mesh (or params None) and for params already placed so."""
+    if mesh is None or params is None:
+        return params
+    return sharding.shard(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh))
+
+
+def batch_divisor(mesh) -> int:
+    """How many ways a batch is split on `mesh`: the product of the sizes of the rules' batch axes."""
+    if mesh is None:
+        return 1
+    axes = sharding.RULES["batch"]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return int(np.prod([mesh.shape.get(a, 1) for a in axes]))
+
+
 def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: BaseSettings,
-               callback: Optional[Callable[[int, dict], None]] = None):
-    """Returns (params, history): SFT on expert trajectories, loss on the expert's reply tokens only."""
+               callback: Optional[Callable[[int, dict], None]] = None, mesh=None):
+    """Returns (params, history): SFT on expert trajectories, loss on the expert's reply tokens only.
+
+    With a `mesh` the params are sharded on it and each SFT batch is split over its batch axes (when
+    they divide bs.batch_size; else the batch is replicated)."""
     k_task, k_budget, k_roll, k_init, k_batch = jax.random.split(key, 5)
     tasks = ts.sample(k_task, bs.n_episodes)
     budgets = np.asarray(budgets_lib.sample_budgetmix(k_budget, bs.n_episodes, 1, ts.t_max))
@@ -77,7 +106,8 @@ def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: Bas
                            max_action_tokens=ts.max_action_tokens, max_context=ts.max_context)
     width = int(math.ceil(int(np.max(np.asarray(data.length))) / 16) * 16)
     toks, mask = np.asarray(data.tokens[:, :width]), np.asarray(data.policy_mask[:, :width])
-    params = qwen3.init(cfg, k_init)
+    params = place_params(qwen3.init(cfg, k_init), cfg, mesh)
+    row_sh = None if mesh is None else sharding.batch_sharding(mesh, 2, batch_size=bs.batch_size)
     warmup = min(bs.warmup, bs.steps // 5)
     sched = optax.warmup_cosine_decay_schedule(0.0, bs.lr, warmup, max(bs.steps, warmup + 1), bs.lr * 0.1)
     opt = optax.adamw(sched, weight_decay=0.0)
@@ -87,7 +117,10 @@ def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: Bas
     history = [{"expert_success_rate": float(np.mean(np.asarray(data.success))), "sft_sequence_width": width}]
     for i in range(bs.steps):
         idx = rng.integers(0, bs.n_episodes, bs.batch_size)
-        params, opt_state, m = step(params, opt_state, toks[idx], mask[idx])
+        tb, mb = toks[idx], mask[idx]
+        if row_sh is not None:
+            tb, mb = jax.device_put(tb, row_sh), jax.device_put(mb, row_sh)
+        params, opt_state, m = step(params, opt_state, tb, mb)
         if callback is not None or i == bs.steps - 1:
             rec = {"step": i, **{k: float(v) for k, v in m.items()}}
             history.append(rec)
@@ -122,7 +155,11 @@ ARMS = {
 
 @dataclasses.dataclass(frozen=True)
 class ArmRuntime:
-    """Compiled pieces of an arm, shared by every seed (and by arms with the same settings)."""
+    """Compiled pieces of an arm, shared by every seed (and by arms with the same settings).
+
+    With a mesh, `train_step` places its inputs on `state_shardings` / the batch-row sharding first (a
+    no-op for arrays already there), and `rollout_fn` returns replicated arrays (readable on every host).
+    """
 
     rollout_fn: Callable
     train_step: Callable
@@ -130,40 +167,113 @@ class ArmRuntime:
     critic_optimizer: object
     values_fn: Optional[Callable]
     value_settings: Optional[ValueSettings]
+    mesh: Optional[Mesh] = None
+    state_shardings: Any = None        # a TrainState of NamedShardings when mesh is given
+    with_ref_params: bool = False
 
 
-def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings) -> ArmRuntime:
+def _compute_dtype(dtype):
+    """None for float32 (the master dtype: nothing to cast) or no dtype; else the jnp dtype."""
+    if dtype is None:
+        return None
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"compute_dtype {dtype!r} is not a dtype name (e.g. 'float32', 'bfloat16')") from e
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
+    return None if dt == jnp.float32 else dt
+
+
+def _row_sharding(mesh: Mesh) -> NamedSharding:
+    """The train step's batch-row sharding: rows over the rules' batch axes of size > 1."""
+    axes = sharding.RULES["batch"]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+    return NamedSharding(mesh, P(axes if axes else None))
+
+
+def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings, *,
+                     mesh: Optional[Mesh] = None, compute_dtype=None) -> ArmRuntime:
+    """The rollout, train step and optimizers of an arm. `mesh`: run sharded on it (module doc);
+    `compute_dtype` (e.g. 'bfloat16'): the dtype of the policy's forward passes in the train step and
+    in the training rollouts (the master params and Adam moments stay float32)."""
     from jaxagent.sampling import Sampler
 
     env_params = ts.env_params()
     ppo = arm.rl.estimator == "ppo"
+    cdt = _compute_dtype(compute_dtype)
     rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
     opt = make_optimizer(arm.lr, max_grad_norm=1.0)
     vs = ValueSettings() if ppo else None
     copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
+    with_ref = arm.kl_coef > 0
     step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
                                                   kl_coef=arm.kl_coef),
-                           with_ref_params=arm.kl_coef > 0, value_settings=vs, critic_optimizer=copt)
+                           mesh=mesh, with_ref_params=with_ref, value_settings=vs, critic_optimizer=copt,
+                           compute_dtype=cdt)
+
+    st_sh = None
+    if mesh is not None:
+        st_sh = state_shardings(cfg, opt, mesh, with_ref_params=with_ref, value_settings=vs,
+                                critic_optimizer=copt)
+        row_sh = _row_sharding(mesh)
+        sharded_step = step
+
+        def step(state, batch):
+            return sharded_step(jax.device_put(state, st_sh), jax.device_put(batch, row_sh))
+
+        # rollouts come back fully replicated: readable on every process, whatever the compiler chose
+        replicate = jax.jit(lambda tree: tree, out_shardings=sharding.replicated(mesh))
+
+    # a compute-dtype copy of the params for the rollouts (one program; elementwise, so sharded like them)
+    cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cdt) if jnp.issubdtype(x.dtype, jnp.floating) else x, p))
 
     def rollout_fn(params, tasks, budgets, k):
-        return rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
+        if cdt is not None:
+            params = cast(params)
+        if mesh is not None:  # episodes split over the batch axes (where they divide the batch)
+            n = np.shape(budgets)[0]
+            tasks = jax.tree.map(lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, batch_size=n))
+                                 if np.ndim(x) and x.shape[0] == n else x, tasks)
+        ro = rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
+        return ro if mesh is None else replicate(ro)
 
-    values_fn = jax.jit(lambda cp, toks: critic_lib.values(cp, cfg, toks)) if ppo else None
-    return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs)
+    values_fn = None
+    if ppo:  # the critic's old values in the compute dtype too, as the train step computes the new ones
+        values_fn = jax.jit(lambda cp, toks: critic_lib.values(cp if cdt is None else cast(cp), cfg, toks),
+                            compiler_options=COMPILER_OPTIONS)
+    return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs, mesh, st_sh, with_ref)
+
+
+def init_arm_state(rt: ArmRuntime, cfg: Qwen3Config, key, base_params):
+    """A fresh TrainState of the arm from the base params, on the runtime's mesh when it has one."""
+    return init_train_state(cfg, rt.optimizer, key, mesh=rt.mesh, params=place_params(base_params, cfg, rt.mesh),
+                            value_settings=rt.value_settings, critic_optimizer=rt.critic_optimizer,
+                            with_ref_params=rt.with_ref_params)
+
+
+def abstract_arm_state(rt: ArmRuntime, cfg: Qwen3Config, key, base_params):
+    """ShapeDtypeStructs of `init_arm_state`'s result, with the mesh shardings when the runtime has a mesh
+    (the restore target of a checkpoint: arrays come back sharded as the train step expects)."""
+    shapes = jax.eval_shape(lambda: init_arm_state(rt, cfg, key, base_params))
+    if rt.mesh is None:
+        return shapes
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, rt.state_shardings)
 
 
 def train_rl(world: ToyWorld, cfg: Qwen3Config, base_params, key, ts: TaskSettings, arm: ArmSettings,
              callback: Optional[Callable[[int, dict, object], None]] = None, state=None,
-             runtime: Optional[ArmRuntime] = None):
+             runtime: Optional[ArmRuntime] = None, *, mesh: Optional[Mesh] = None, compute_dtype=None):
     """Returns (state, history). RL from the base params; `state` resumes a saved TrainState.
 
     callback(iteration, metrics, state) runs after every iteration (progress, checkpoints, R_single).
-    `runtime` (from `make_arm_runtime`) lets seeds and arms share compiled functions.
+    `runtime` (from `make_arm_runtime`) lets seeds and arms share compiled functions; without one,
+    a runtime is built with `mesh` and `compute_dtype` (see `make_arm_runtime`).
     """
-    rt = runtime or make_arm_runtime(world, cfg, ts, arm)
+    rt = runtime or make_arm_runtime(world, cfg, ts, arm, mesh=mesh, compute_dtype=compute_dtype)
     if state is None:
-        state = init_train_state(cfg, rt.optimizer, key, params=base_params, value_settings=rt.value_settings,
-                                 critic_optimizer=rt.critic_optimizer, with_ref_params=arm.kl_coef > 0)
+        state = init_arm_state(rt, cfg, key, base_params)
     history = []
     start = int(state.data_pos) // arm.rl.n_tasks
     for it in range(start, arm.iterations):
