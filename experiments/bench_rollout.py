@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import re
 import statistics
@@ -85,6 +84,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench_model import matmul_peak_gflops
 from jaxagent.envs import frozenlake as fl
 from jaxagent.envs import frozenlake_solver as fls
 from jaxagent.envs.budgets import DEFAULT_TEMPLATE
@@ -115,15 +115,8 @@ def _median_time(fn, repeats: int) -> float:
 
 # ------------------------------------------------------------------ matmul peak
 def jax_matmul_gflops(n: int, repeats: int) -> float:
-    """Best-of-`repeats` GFLOP/s of a jitted f32 n x n @ n x n matmul (2 n^3 FLOPs)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    best = math.inf
-    for opts in (None, COMPILER_OPTIONS):  # XLA's default dot path and the one jaxagent compiles with
-        mm = jax.jit(jnp.matmul, compiler_options=opts)
-        mm(a, b).block_until_ready()
-        best = min([best] + [_time(lambda: mm(a, b).block_until_ready()) for _ in range(repeats)])
-    return 2 * n ** 3 / best / 1e9
+    """Best f32 n x n matmul GFLOP/s through XLA, with its default options and with jaxagent's."""
+    return max(matmul_peak_gflops(n, repeats, compiler_options=o) for o in (None, COMPILER_OPTIONS))
 
 
 def torch_matmul_gflops(n: int, repeats: int) -> float:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench_model import matmul_peak_gflops
 from jaxagent.models import qwen3
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.rl import optim
@@ -70,17 +71,8 @@ def _median(times):
 
 
 def jax_matmul_gflops(n: int, repeats: int) -> float:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    best = math.inf
-    for opts in (None, COMPILER_OPTIONS):  # XLA's default dot path and the one jaxagent compiles with
-        mm = jax.jit(jnp.matmul, compiler_options=opts)
-        mm(a, b).block_until_ready()
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            mm(a, b).block_until_ready()
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+    """Best f32 n x n matmul GFLOP/s through XLA, with its default options and with jaxagent's."""
+    return max(matmul_peak_gflops(n, repeats, compiler_options=o) for o in (None, COMPILER_OPTIONS))
 
 
 def torch_matmul_gflops(n: int, repeats: int) -> float:
