@@ -141,7 +141,7 @@ class Run:
         self.preset = preset
         self.compute_dtype = _check_compute_dtype(preset)
         self.mesh = make_run_mesh(preset)
-        split = stages.batch_divisor(self.mesh)
+        split = sharding.batch_divisor(self.mesh)
         if (preset.n_tasks * preset.group_size) % split:
             raise ValueError(f"preset {preset.name!r}: the RL batch n_tasks x group_size = "
                              f"{preset.n_tasks} x {preset.group_size} is not divisible by the mesh's batch axes "

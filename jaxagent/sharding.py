@@ -106,6 +106,24 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Optional[Mapping[str, MeshAxes]
     return NamedSharding(mesh, spec_for(("batch",) + (None,) * (ndim - 1), shape, mesh, rules))
 
 
+def batch_axes(mesh: Mesh) -> Optional[tuple[str, ...]]:
+    """The mesh axes (of size > 1) that batch rows are split over, per `RULES['batch']`; None if none."""
+    rule = RULES["batch"]
+    names = (rule,) if isinstance(rule, str) else tuple(rule or ())
+    names = tuple(a for a in names if mesh.shape.get(a, 1) > 1)
+    return names if names else None
+
+
+def batch_divisor(mesh: Optional[Mesh]) -> int:
+    """How many ways a batch is split on `mesh` (1 without one): a batch size must be a multiple."""
+    return 1 if mesh is None else _axis_size(mesh, batch_axes(mesh))
+
+
+def row_sharding(mesh: Mesh) -> NamedSharding:
+    """Batch rows over `batch_axes(mesh)`, every other axis replicated (any rank)."""
+    return NamedSharding(mesh, P(batch_axes(mesh)))
+
+
 def shard(tree: Any, shardings: Any) -> Any:
     """Places a pytree of host/device arrays onto the given shardings."""
     return jax.tree.map(jax.device_put, tree, shardings)

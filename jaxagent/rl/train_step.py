@@ -146,23 +146,6 @@ def token_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, with_entropy: bool =
 
 
 # ----------------------------------------------------------------------------- shardings
-def _batch_axes(mesh: Mesh):
-    rule = sharding.RULES["batch"]
-    names = (rule,) if isinstance(rule, str) else tuple(rule)
-    names = tuple(a for a in names if mesh.shape.get(a, 1) > 1)
-    return names if names else None
-
-
-def _batch_size_divisor(mesh: Optional[Mesh]) -> int:
-    if mesh is None:
-        return 1
-    axes = _batch_axes(mesh) or ()
-    out = 1
-    for a in axes:
-        out *= mesh.shape[a]
-    return out
-
-
 def _opt_state_shardings(optimizer, abstract_opt_state, param_shardings, mesh):
     return optax.tree_map_params(
         optimizer, lambda _, s: s, abstract_opt_state, param_shardings,
@@ -327,7 +310,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     copt = critic_optimizer if critic_optimizer is not None else optimizer
     ccfg = None if vs is None else _critic_cfg(cfg, vs, critic_cfg)
     need = BATCH_KEYS + (PPO_KEYS if vs is not None else ())
-    divisor = _batch_size_divisor(mesh)
+    divisor = sharding.batch_divisor(mesh)
     shared = vs is not None and vs.shared_backbone
     # A separate critic is trained on L_V alone; a shared one adds vf_coef * L_V to the policy's.
     vcoef = 0.0 if vs is None else (vs.vf_coef if shared else 1.0)
@@ -335,8 +318,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     if mesh is not None:
         st_sh = state_shardings(cfg, optimizer, mesh, with_ref_params=with_ref_params,
                                 value_settings=vs, critic_cfg=critic_cfg, critic_optimizer=copt)
-        row_axes = _batch_axes(mesh)
-        batch_sh = NamedSharding(mesh, P(row_axes))
+        row_axes = sharding.batch_axes(mesh)
+        batch_sh = sharding.row_sharding(mesh)
         micro_sh = NamedSharding(mesh, P(None, row_axes))
         rep = sharding.replicated(mesh)
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from jaxagent import sharding
 from jaxagent.envs import budgets as budgets_lib
@@ -82,15 +82,6 @@ def place_params(params, cfg: Qwen3Config, mesh=None):
     if mesh is None or params is None:
         return params
     return sharding.shard(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh))
-
-
-def batch_divisor(mesh) -> int:
-    """How many ways a batch is split on `mesh`: the product of the sizes of the rules' batch axes."""
-    if mesh is None:
-        return 1
-    axes = sharding.RULES["batch"]
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    return int(np.prod([mesh.shape.get(a, 1) for a in axes]))
 
 
 def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: BaseSettings,
@@ -185,14 +176,6 @@ def _compute_dtype(dtype):
     return None if dt == jnp.float32 else dt
 
 
-def _row_sharding(mesh: Mesh) -> NamedSharding:
-    """The train step's batch-row sharding: rows over the rules' batch axes of size > 1."""
-    axes = sharding.RULES["batch"]
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
-    return NamedSharding(mesh, P(axes if axes else None))
-
-
 def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings, *,
                      mesh: Optional[Mesh] = None, compute_dtype=None) -> ArmRuntime:
     """The rollout, train step and optimizers of an arm. `mesh`: run sharded on it (module doc);
@@ -217,7 +200,7 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     if mesh is not None:
         st_sh = state_shardings(cfg, opt, mesh, with_ref_params=with_ref, value_settings=vs,
                                 critic_optimizer=copt)
-        row_sh = _row_sharding(mesh)
+        row_sh = sharding.row_sharding(mesh)
         sharded_step = step
 
         def step(state, batch):
