@@ -281,6 +281,47 @@ def test_cache_continues_with_append(model, prompts, full_logits, sampled_t1):
             assert np.abs(np.asarray(logits[b]) - ref[-1]).max() < TOL
 
 
+def test_kv_windows_equal_full_attention(model, sampled_t1):
+    """Appending through a run-time window choice (`KVWindows`, one traced index) equals attending over
+    the whole cache for every window that holds the rows' histories; so does a static int window."""
+    _, cfg, params = model
+    cache = sampled_t1.cache
+    slots = cache["v"][0].shape[2]
+    extra = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (len(LENS), 3)))
+    n_valid = jnp.asarray([3, 1, 0, 2])
+    need = int(np.max(np.asarray(cache["length"]))) + 3
+    sizes = tuple(sorted({-(-need // 8) * 8, slots}))
+    ref, ref_cache = jax.jit(append, static_argnums=1)(params, cfg, cache, extra, n_valid)
+
+    @jax.jit
+    def windowed(cache, index):
+        return append(params, cfg, cache, extra, n_valid, kv_window=qwen3.KVWindows(sizes, index))
+
+    live = np.asarray(n_valid) > 0
+    for i in range(len(sizes)):
+        logits, new_cache = windowed(cache, jnp.int32(i))
+        assert np.abs(np.asarray(logits - ref)[live]).max() < TOL
+        for a, r in zip(jax.tree.leaves(new_cache), jax.tree.leaves(ref_cache)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=TOL)
+    static, _ = jax.jit(append, static_argnums=1, static_argnames="kv_window")(
+        params, cfg, cache, extra, n_valid, kv_window=sizes[0])
+    assert np.abs(np.asarray(static - ref)[live]).max() < TOL
+    assert int(qwen3.choose_window(sizes, need).index) == 0
+    assert int(qwen3.choose_window(sizes, slots + 5).index) == len(sizes) - 1  # too long: the largest
+    with pytest.raises(ValueError, match="kv_window"):
+        append(params, cfg, cache, extra, n_valid, kv_window=qwen3.KVWindows((slots + 8,), jnp.int32(0)))
+
+
+def test_untied_head_gives_the_same_logits(model, prompts):
+    _, cfg, params = model
+    toks = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 6)))
+    p2, c2 = qwen3.untied(params, cfg)
+    ref, _ = qwen3.forward(params, cfg, toks)
+    out, _ = qwen3.forward(p2, c2, toks)
+    assert not c2.tie_word_embeddings and qwen3.untied(p2, c2) == (p2, c2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6)
+
+
 # ---------------------------------------------------------------- no retrace
 def test_no_retrace_across_token_limits_and_prompt_lengths(model, prompts, greedy_left):
     _, cfg, params = model

@@ -17,9 +17,10 @@ past `length` may hold stale values; the causal mask (key slot <= query slot) ne
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,61 @@ def rope(x_BxTxNxE, tables):
     return x_BxTxNxE * cos + rotated * sin
 
 
+class KVWindows(NamedTuple):
+    """A run-time choice among static attention windows: attend over the first `sizes[index]` cache slots.
+
+    `sizes` (static, ascending) become one compiled branch each (`lax.switch` around the attention
+    core only; the cache update stays outside); `index` is a traced int32 scalar (see `choose_window`).
+    """
+    sizes: tuple[int, ...]
+    index: jax.Array
+
+
+def choose_window(sizes: tuple[int, ...], need) -> KVWindows:
+    """The smallest window in `sizes` holding `need` slots (traced), else the largest."""
+    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.asarray(need, jnp.int32)),
+                        len(sizes) - 1)
+    return KVWindows(tuple(int(w) for w in sizes), index.astype(jnp.int32))
+
+
+def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None):
+    """softmax(q k^T / sqrt(E) + mask) v over the first `window` slots of keys kt [B, K, E, S] and values
+    v [B, K, S, E]; returns [B, T, H, E]. With `window`, the caller guarantees every live slot lies below it."""
+    if window is not None:
+        kt_all, v_all, mask_BxTxS = kt_all[..., :window], v_all[:, :, :window], mask_BxTxS[..., :window]
+    q = q_BxTxHxE
+    kt_all, v_all = kt_all.astype(q.dtype), v_all.astype(q.dtype)
+    b, t = q.shape[:2]
+    q = q.reshape(b, t, cfg.num_key_value_heads, cfg.group_size, cfg.head_dim)
+    if t * cfg.group_size <= _FEW_QUERIES:
+        # Decoding: a few query rows per (row, KV head). XLA:CPU runs such batched dots at ~1-3 GFLOP/s;
+        # multiply-adds over E with S as the vector axis (keys stored [.., E, S]) are 5-20x faster. Blocks
+        # of 16 along E keep each reduction small enough that XLA fuses it with its multiply.
+        q32 = q.transpose(0, 2, 3, 1, 4).astype(jnp.float32)[..., None]  # [B, K, G, T, E, 1]
+        kt32 = kt_all[:, :, None, None].astype(jnp.float32)              # [B, K, 1, 1, E, S]
+        e_blk = min(cfg.head_dim, 16)
+        scores = sum(jnp.sum(q32[..., i:i + e_blk, :] * kt32[..., i:i + e_blk, :], axis=-2)
+                     for i in range(0, cfg.head_dim, e_blk))
+    else:  # [B, K, G*T, E] @ [B, K, E, S]: a plain (non-transposed) GEMM per (row, KV head)
+        q_m = q.transpose(0, 2, 3, 1, 4).reshape(b, cfg.num_key_value_heads, -1, cfg.head_dim)
+        scores = jax.lax.dot_general(q_m, kt_all, (((3,), (2,)), ((0, 1), (0, 1))),
+                                     preferred_element_type=jnp.float32)
+        scores = scores.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
+    scores = scores * (cfg.head_dim ** -0.5)
+    scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+    # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
+    # head instead of [T, S]. A row with every key masked gets uniform weights (finite mask value).
+    unnorm = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
+    p_m = unnorm.astype(v_all.dtype).reshape(b, cfg.num_key_value_heads, -1, unnorm.shape[-1])
+    out = jax.lax.dot_general(p_m, v_all, (((3,), (2,)), ((0, 1), (0, 1))),
+                              preferred_element_type=jnp.float32)  # [B, K, G*T, E]
+    out = out.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
+    out = out.transpose(0, 3, 1, 2, 4)
+    out = (out / denom.transpose(0, 3, 1, 2)[..., None]).astype(v_all.dtype)
+    return out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, axis: str):
         self.weight = _param(jnp.ones((dim,), jnp.float32), axis)
@@ -107,40 +163,19 @@ class Attention(nnx.Module):
             k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
             v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
             kv_cache = (k_cache, v_cache)
-            if kv_window is not None:  # the caller guarantees every live slot lies below the window
-                k_cache, v_cache = k_cache[..., :kv_window], v_cache[:, :, :kv_window]
-            kt_all, v_all = k_cache.astype(q.dtype), v_cache.astype(q.dtype)
+            if isinstance(kv_window, KVWindows):
+                # The branches only read the cache (updated above, outside the switch): a conditional
+                # that took and returned the cache would copy all of it into and out of the branch.
+                branches = [functools.partial(_attend, cfg, window=w) for w in kv_window.sizes]
+                out = jax.lax.switch(kv_window.index, branches, q, k_cache, v_cache, mask_BxTxS)
+            else:
+                out = _attend(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window)
         else:
-            kt_all, v_all = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-        b, t = q.shape[:2]
-        q = q.reshape(b, t, cfg.num_key_value_heads, cfg.group_size, cfg.head_dim)
-        if t * cfg.group_size <= _FEW_QUERIES:
-            # Decoding: a few query rows per (row, KV head). XLA:CPU runs such batched dots at ~1-3 GFLOP/s;
-            # multiply-adds over E with S as the vector axis (keys stored [.., E, S]) are 5-20x faster. Blocks
-            # of 16 along E keep each reduction small enough that XLA fuses it with its multiply.
-            q32 = q.transpose(0, 2, 3, 1, 4).astype(jnp.float32)[..., None]  # [B, K, G, T, E, 1]
-            kt32 = kt_all[:, :, None, None].astype(jnp.float32)              # [B, K, 1, 1, E, S]
-            e_blk = min(cfg.head_dim, 16)
-            scores = sum(jnp.sum(q32[..., i:i + e_blk, :] * kt32[..., i:i + e_blk, :], axis=-2)
-                         for i in range(0, cfg.head_dim, e_blk))
-        else:  # [B, K, G*T, E] @ [B, K, E, S]: a plain (non-transposed) GEMM per (row, KV head)
-            q_m = q.transpose(0, 2, 3, 1, 4).reshape(b, cfg.num_key_value_heads, -1, cfg.head_dim)
-            scores = jax.lax.dot_general(q_m, kt_all, (((3,), (2,)), ((0, 1), (0, 1))),
-                                         preferred_element_type=jnp.float32)
-            scores = scores.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
-        scores = scores * (cfg.head_dim ** -0.5)
-        scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
-        # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
-        # head instead of [T, S]. A row with every key masked gets uniform weights (finite mask value).
-        unnorm = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-        denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
-        p_m = unnorm.astype(v_all.dtype).reshape(b, cfg.num_key_value_heads, -1, unnorm.shape[-1])
-        out = jax.lax.dot_general(p_m, v_all, (((3,), (2,)), ((0, 1), (0, 1))),
-                                  preferred_element_type=jnp.float32)  # [B, K, G*T, E]
-        out = out.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1).transpose(0, 3, 1, 2, 4)
-        out = (out / denom.transpose(0, 3, 1, 2)[..., None]).astype(v_all.dtype)
-        out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-        y = jnp.einsum("bthe,hed->btd", out, self.o_proj[...])
+            out = _attend(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
+        # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
+        # the whole o_proj weight into that order on every decode step (~0.15 ms per layer at 10M).
+        b, t = out.shape[:2]
+        y = jnp.einsum("btf,fd->btd", out.reshape(b, t, -1), self.o_proj[...].reshape(-1, cfg.hidden_size))
         if cfg.attention_bias:
             y = y + self.o_bias[...]
         return y, kv_cache
@@ -234,6 +269,17 @@ def logical_axes(cfg: Qwen3Config) -> Params:
     return nnx.to_pure_dict(axes)
 
 
+def untied(params: Params, cfg: Qwen3Config) -> tuple[Params, Qwen3Config]:
+    """(params, cfg) with a tied LM head made explicit: lm_head = embed^T, a [D, V] copy.
+
+    Same logits; for loops that unembed many times (decoding), where XLA:CPU's dot with the
+    transposed [V, D] embedding ran ~2x slower than with a [D, V] matrix. Untied models pass through.
+    """
+    if not cfg.tie_word_embeddings:
+        return params, cfg
+    return {**params, "lm_head": params["embed"].T}, dataclasses.replace(cfg, tie_word_embeddings=False)
+
+
 def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> Cache:
     """An empty KV cache with `max_len` slots per row."""
     k_shape = (batch, cfg.num_key_value_heads, cfg.head_dim, max_len)
@@ -253,7 +299,8 @@ def cache_logical_axes(cfg: Qwen3Config) -> Cache:
 
 
 def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
-                  cache: Optional[Cache] = None, n_valid=None, kv_window: Optional[int] = None):
+                  cache: Optional[Cache] = None, n_valid=None,
+                  kv_window: Union[int, KVWindows, None] = None):
     """Final-norm hidden states [B, T, D] and the updated cache (see `forward` for the arguments)."""
     model = _module(params, cfg)
     b, t = tokens_BxT.shape
@@ -265,13 +312,15 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
             mask = mask & attention_mask.astype(bool)[:, None, :]
         write_slots = None
     else:
-        s = cache["v"][0].shape[2] if kv_window is None else kv_window
+        s = cache["v"][0].shape[2]
         slots_BxT = cache["length"][:, None] + jnp.arange(t, dtype=jnp.int32)
         mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots_BxT[:, :, None]
         write_slots = slots_BxT
     positions = slots_BxT if positions is None else positions
-    if kv_window is not None and (cache is None or not 0 < kv_window <= cache["v"][0].shape[2]):
-        raise ValueError(f"kv_window={kv_window} needs a cache with at least that many slots")
+    if kv_window is not None:
+        sizes = kv_window.sizes if isinstance(kv_window, KVWindows) else (kv_window,)
+        if cache is None or not all(0 < w <= cache["v"][0].shape[2] for w in sizes):
+            raise ValueError(f"kv_window={sizes} needs a cache with at least that many slots")
     h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots, kv_window)
     if cache is not None:
         n = jnp.full((b,), t, jnp.int32) if n_valid is None else n_valid.astype(jnp.int32)
@@ -285,7 +334,8 @@ def unembed(params: Params, cfg: Qwen3Config, h_BxTxD):
 
 
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
-            cache: Optional[Cache] = None, n_valid=None, logits_index=None, kv_window: Optional[int] = None):
+            cache: Optional[Cache] = None, n_valid=None, logits_index=None,
+            kv_window: Union[int, KVWindows, None] = None):
     """Logits [B, T, V] (f32) and the updated cache.
 
     Without a cache: causal attention over the T tokens; `attention_mask` [B, T] (1 = real token)
@@ -297,7 +347,8 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     `kv_window` (static int, with a cache): attend only to the first kv_window slots; the caller
     guarantees length + T <= kv_window for every row whose outputs it uses (rows past it read a
     truncated history). Writes still go to the full cache. Saves attention work when the cache is
-    mostly empty (prefill, early turns); a `lax.switch` over a few windows picks one at run time.
+    mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
+    windows at run time: a `lax.switch` around each layer's attention core.
     """
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions,
                              attention_mask=attention_mask, cache=cache, n_valid=n_valid, kv_window=kv_window)

@@ -60,9 +60,9 @@ class RolloutConfig:
     # canonical text (not policy tokens) and the model takes over afterwards (error-state evaluation).
     allow_forced: bool = False
     # Attention windows: each turn attends over the smallest of `kv_windows` evenly spaced cache
-    # prefixes that holds every active episode's history plus the turn (a lax.switch; one compiled
-    # branch per window). 1 = always the whole cache.
-    kv_windows: int = 4
+    # prefixes that holds every active episode's history plus the turn (`qwen3.KVWindows`: one
+    # compiled attention branch per window). 1 = always the whole cache.
+    kv_windows: int = 8
 
     def windows(self) -> tuple[int, ...]:
         s, n = self.max_context, max(1, self.kv_windows)
@@ -201,21 +201,16 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         else:
             sampled = active & ~is_forced
 
-            def model_turn(window, cache):
-                logits, cache = append(params, cfg, cache, chunk, n_chunk, kv_window=window)
-                gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
-                             stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
-                cache = gen.cache
-                if rcfg.allow_forced:  # forced replies go into the cache as well
-                    _, cache = append(params, cfg, cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
-                return gen._replace(cache=cache)
-
             # Attention reads only the smallest cache prefix that holds every active episode this turn
             # (inactive rows' outputs are discarded, so they may see a truncated history).
-            windows = rcfg.windows()
             need = jnp.max(jnp.where(active, length, 0)) + chunk_w + m
-            branch = jnp.minimum(jnp.searchsorted(jnp.asarray(windows), need), len(windows) - 1)
-            gen = jax.lax.switch(branch, [functools.partial(model_turn, w) for w in windows], c["cache"])
+            window = qwen3.choose_window(rcfg.windows(), need)
+            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk, kv_window=window)
+            gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
+                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
+            if rcfg.allow_forced:  # forced replies go into the cache as well
+                _, fcache = append(params, cfg, gen.cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
+                gen = gen._replace(cache=fcache)
             cache = gen.cache
             reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)
             reply_len = jnp.where(is_forced, f_len, gen.lengths)

@@ -33,6 +33,9 @@ class Generation(NamedTuple):
     cache: dict            # the cache holding prompt + generated tokens
 
 
+_PREDRAW_MAX_ELEMENTS = 1 << 22  # decode pre-draws all steps' sampling noise up to this size (16 MiB f32)
+
+
 def bucket(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= n (and >= minimum): static shapes without a compile per length."""
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
@@ -60,6 +63,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
     """
     b = logits_BxV.shape[0]
+    params, cfg = qwen3.untied(params, cfg)  # one transposed copy of a tied head, outside the loop
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -79,9 +83,22 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     def cond(c: Carry):
         return (c.step < max_steps) & ~jnp.all(c.done)
 
+    # One Gumbel draw for every step (when it is small) instead of one per step: each threefry call in
+    # the loop cost ~1 ms on CPU at rollout shapes, more than the model step of a small policy.
+    v = logits_BxV.shape[-1]
+    predrawn = None
+    if not sampler.greedy and max_steps * b * v <= _PREDRAW_MAX_ELEMENTS:
+        predrawn = jax.random.gumbel(key, (max_steps, b, v), jnp.float32)
+
     def body(c: Carry):
-        key, sub = jax.random.split(c.key)
-        tok, lp = sample(sub, c.logits, sampler)
+        key = c.key
+        if sampler.greedy:
+            tok, lp = sample(None, c.logits, sampler)
+        elif predrawn is not None:
+            tok, lp = sample(None, c.logits, sampler, gumbel_BxV=predrawn[c.step])
+        else:
+            key, sub = jax.random.split(c.key)
+            tok, lp = sample(sub, c.logits, sampler)
         live = ~c.done
         tok = jnp.where(live, tok, pad_id)
         tokens = c.tokens.at[:, c.step].set(tok)

@@ -69,12 +69,18 @@ def _filter(logits_BxV, sampler: Sampler):
     return x
 
 
-def sample(key, logits_BxV, sampler: Sampler):
-    """(tokens [B] int32, logprobs [B] under `policy_logprobs`)."""
+def sample(key, logits_BxV, sampler: Sampler, gumbel_BxV=None):
+    """(tokens [B] int32, logprobs [B] under `policy_logprobs`).
+
+    Non-greedy tokens are argmax(filtered log pi + g) with g standard Gumbel noise (the Gumbel-max
+    trick, as `jax.random.categorical`): g is drawn from `key`, or given as `gumbel_BxV` (pre-drawn
+    for many steps at once by `decode`; `key` is then unused)."""
     logp_BxV = policy_logprobs(logits_BxV, sampler)
     if sampler.greedy:
         tokens = jnp.argmax(logits_BxV, axis=-1)
     else:
-        tokens = jax.random.categorical(key, _filter(logp_BxV, sampler), axis=-1)
+        if gumbel_BxV is None:
+            gumbel_BxV = jax.random.gumbel(key, logp_BxV.shape, jnp.float32)
+        tokens = jnp.argmax(_filter(logp_BxV, sampler) + gumbel_BxV, axis=-1)
     tokens = tokens.astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp_BxV, tokens[:, None], axis=-1)[:, 0]
