@@ -417,3 +417,16 @@ def test_one_compile_each(compiles_before, passes, sq_runs, err_runs):
     roll0, score0 = compiles_before
     assert rollout_jit._cache_size() - roll0 <= 1
     assert D._reply_logprobs_jit._cache_size() - score0 <= 1
+
+
+def test_error_states_more_states_than_candidates(world, cfg, policies, tasks, rcfg, rollouts):
+    """n_states past the candidate pools: the unfilled slots (any cell, last turns included) are masked and
+    not replayed (this indexed past T_max once, when an unfilled slot fell on the last turn)."""
+    n = int(np.asarray(rollouts[0].turns.active).size)  # every (episode, turn) cell is drawn
+    res = D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5), t_max=T_MAX,
+                         n_states=n, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE,
+                         n_continuations=1, n_boot=50, rollouts=rollouts)
+    mask = res["mask"]
+    assert 0 < mask.sum() < mask.size
+    assert (res["turn"][~mask] == T_MAX - 1).any()
+    assert not res["replay_ok"][~mask].any() and res["replay_ok"][mask].all()

@@ -612,14 +612,16 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     # The replay check: positions up to turn t equal the trajectory's, position at t + 1 is the error state's.
     traj_pos = np.stack([np.asarray(r_base.env_states.pos), np.asarray(r_rl.env_states.pos)])[source, episode]
     err_pos = np.asarray(sel["states"].pos)
-    replay_ok = np.ones(n_s, bool)
+    replay_ok = np.asarray(mask).copy()
     for cont in (cont_base, cont_rl):
         pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
         for i in range(n_s):
             t = turn[i]
+            if not replay_ok[i] or t + 1 >= t_max:  # unfilled slot (fewer candidates than n_states): no replay
+                replay_ok[i] = False
+                continue
             same_path = (pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
             replay_ok[i] &= bool(same_path and (pos[i, :, t + 1] == err_pos[i]).all())
-    replay_ok &= np.asarray(mask)
 
     ones = jnp.ones((n_s, 1), bool)
     metrics = sq.error_state_metrics(scored["q_exact_base"][:, None], ones, scored["q_exact_rl"][:, None], ones,
