@@ -468,7 +468,7 @@ def profile_jax(params, cfg, world: ToyWorld, ts: TaskSettings, rcfg: RolloutCon
     no_model = timed({"unused": np.zeros((), np.float32)}, None,
                      dataclasses.replace(rcfg, expert_fn=NoisyExpert(0.25)))
     wide = timed(params, cfg, dataclasses.replace(rcfg, max_context=2 * rcfg.max_context))
-    w = max_chunk(world.layout, world.fmt, world.env)
+    w = max_chunk(world.layout, world.fmt, world.env, rcfg.t_max)
     return {"rollout_s": total_s, "no_model_rollout_s": no_model, "rollout_2x_context_s": wide,
             "chunk_width": w, "padded_tokens_per_episode": rcfg.t_max * (w + rcfg.max_action_tokens)}
 
@@ -528,7 +528,7 @@ def main(argv=None) -> int:
         world = make_toy_world(os.path.join(d, "tokenizer"), size=ts.size)
     if args.t_max:
         ts = dataclasses.replace(ts, t_max=args.t_max)
-    need = len(world.layout.system) + ts.t_max * (max_chunk(world.layout, world.fmt, world.env)
+    need = len(world.layout.system) + ts.t_max * (max_chunk(world.layout, world.fmt, world.env, ts.t_max)
                                                    + ts.max_action_tokens)
     if args.max_context:
         ts = dataclasses.replace(ts, max_context=args.max_context)

@@ -105,6 +105,17 @@ def test_budget_words_text(codec_tok, args, want):
     assert _text(codec, tok, ids, n) == want
 
 
+@pytest.mark.parametrize("t_max", [1, 6, 9, 10, 57, 100, 999, 5000])
+def test_words_for_bounds_every_rollout_text(codec_tok, t_max):
+    """`words_for(t_max)` is the exact maximum of n_words over turns, budgets and remaining turns <= t_max."""
+    codec, _ = codec_tok
+    fmt = bd.BudgetFormat.from_codec(codec)
+    vals = np.unique(np.clip(np.concatenate([np.arange(1, 12), [t_max - 1, t_max]]), 0, t_max))
+    t, b, r = (x.reshape(-1) for x in np.meshgrid(vals, vals, vals))
+    _, n = jax.jit(jax.vmap(lambda t, b, r: bd.budget_words(t - 1, b, r, fmt)))(t, b, r)
+    assert int(np.max(np.asarray(n))) == fmt.words_for(t_max) <= fmt.max_words
+
+
 def test_budget_words_hidden_and_custom_format(codec_tok):
     codec, tok = codec_tok
     fmt = bd.BudgetFormat.from_codec(codec)

@@ -113,6 +113,12 @@ class BudgetFormat:
     def max_words(self) -> int:
         return sum(3 if w in PLACEHOLDERS else 1 for w in self.template)
 
+    def words_for(self, t_max: int) -> int:
+        """Most words a budget text can have when every number is <= t_max (turns, budgets and
+        remaining turns of a rollout with that T_max): the rollout's prompt chunks need no wider slot."""
+        digits = min(3, len(str(min(max(int(t_max), 0), MAX_BUDGET))))
+        return sum(digits if w in PLACEHOLDERS else 1 for w in self.template)
+
 
 def vocabulary(template: Sequence[str] = DEFAULT_TEMPLATE) -> tuple[str, ...]:
     """Every word a budget text with ``template`` can contain."""

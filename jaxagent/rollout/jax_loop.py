@@ -108,7 +108,7 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     n_tasks = {x.shape[0] for x in jax.tree.leaves(tasks)}
     if n_tasks != {b.shape[0]}:
         raise ValueError(f"tasks have leading sizes {sorted(n_tasks)} but there are {b.shape[0]} budgets")
-    need = len(layout.system) + max_chunk(layout, fmt, env) + rcfg.max_action_tokens
+    need = len(layout.system) + max_chunk(layout, fmt, env, rcfg.t_max) + rcfg.max_action_tokens
     if rcfg.max_context < need:
         raise ValueError(f"max_context={rcfg.max_context} cannot hold even one turn ({need} tokens: system "
                          "prompt, first observation and a full reply)")
@@ -125,8 +125,11 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
                        fmt=fmt, rcfg=rcfg)
 
 
-def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env) -> int:
-    return layout.open_width + fmt.max_words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
+def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env, t_max: Optional[int] = None) -> int:
+    """Most tokens a turn's prompt chunk can have (with `t_max`: in a rollout with that T_max, whose
+    budget numbers have at most len(str(t_max)) digits)."""
+    words = fmt.max_words if t_max is None else fmt.words_for(t_max)
+    return layout.open_width + words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
 
 
 def _canonical_reply(env, layout: ChatLayout, action_B, m: int):
@@ -164,7 +167,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     sys_len = len(layout.system)
     cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
-    chunk_w = max_chunk(layout, fmt, env)
+    chunk_w = max_chunk(layout, fmt, env, t_max)  # the tight bound: fewer padded tokens per append
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
                   tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
                   logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=k_loop)
@@ -174,6 +177,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         length = c["length"]
         chunk, clen = jax.vmap(_chunk, in_axes=(None, None, None, 0, None, 0, None))(
             layout, fmt, env, c["obs"], t, budgets_B, hide_budget)
+        chunk = chunk[:, :chunk_w]  # every real chunk fits (budgets <= T_max); the rest is padding
         running = c["status"] == types.RUNNING
         fits = length + clen + m <= s
         status = jnp.where(running & (t < budgets_B) & ~fits, types.CONTEXT_EXHAUSTED, c["status"])
