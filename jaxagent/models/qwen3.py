@@ -166,7 +166,9 @@ def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Opti
     scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
     # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
     # head instead of [T, S]. A row with every key masked gets uniform weights (finite mask value).
-    unnorm = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    # The shift only keeps exp in range; the result does not depend on it, so its gradient is exactly 0:
+    # stop_gradient spares the backward max's tie masks (a compare + convert over every score per layer).
+    unnorm = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
     denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
     p_m = unnorm.astype(v_all.dtype).reshape(b, cfg.num_key_value_heads, -1, unnorm.shape[-1])
     out = jax.lax.dot_general(p_m, v_all, (((3,), (2,)), ((0, 1), (0, 1))),
