@@ -136,6 +136,26 @@ def test_ragged_appends_per_row(ckpt, fwd):
     assert np.asarray(cache["length"]).tolist() == pos
 
 
+def test_logits_index_equals_full_logits_and_cache(ckpt):
+    """With `logits_index` the last layer runs queries and MLP for one token per row only: the logits
+    equal the full forward's at that index, and the cache (every layer's keys and values) is the same."""
+    _, _, cfg, params = ckpt
+    rng = np.random.default_rng(5)
+    toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, 7)))
+    idx = jnp.asarray([6, 0, 3])
+    full, _ = qwen3.forward(params, cfg, toks)
+    one, _ = qwen3.forward(params, cfg, toks, logits_index=idx)
+    np.testing.assert_allclose(np.asarray(one)[:, 0], np.asarray(full)[np.arange(3), np.asarray(idx)], atol=TOL)
+    cache = qwen3.init_cache(cfg, 3, 16)
+    cache = qwen3.forward(params, cfg, toks[:, :2], cache=cache)[1]  # some history first
+    n = jnp.asarray([5, 1, 3])
+    full, c_full = qwen3.forward(params, cfg, toks[:, 2:], cache=cache, n_valid=n)
+    one, c_one = qwen3.forward(params, cfg, toks[:, 2:], cache=cache, n_valid=n, logits_index=n - 1)
+    np.testing.assert_allclose(np.asarray(one)[:, 0], np.asarray(full)[np.arange(3), np.asarray(n) - 1], atol=TOL)
+    for a, b in zip(jax.tree.leaves(c_full), jax.tree.leaves(c_one)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
 def test_bf16_runs_close(ckpt):
     d, _, cfg, params = ckpt
     _, p16 = qwen3.load(d, dtype=jnp.bfloat16)
