@@ -397,6 +397,8 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
         sizes = kv_window.sizes if isinstance(kv_window, KVWindows) else (kv_window,)
         if cache is None or not all(0 < w <= cache["v"][0].shape[2] for w in sizes):
             raise ValueError(f"kv_window={sizes} needs a cache with at least that many slots")
+    if index is not None and t == 1:
+        index = None  # one token per row already: decode steps skip the gathers
     h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots, kv_window, index)
     if cache is not None:
         n = jnp.full((b,), t, jnp.int32) if n_valid is None else n_valid.astype(jnp.int32)
