@@ -111,6 +111,22 @@ def test_cached_incremental_equals_full(ckpt, fwd):
     assert np.asarray(cache["length"]).tolist() == [12, 12]
 
 
+@pytest.mark.parametrize("slots,window,n", [(21, None, 20), (37, 19, 19)])
+def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, slots, window, n):
+    """One-token steps (decode attention's blocked multiply-adds over 16 slots) on caches and windows
+    whose size is not a multiple of 16 equal the full forward (n > 16: the last block holds live slots)."""
+    _, _, cfg, params = ckpt
+    toks = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, n))
+    full = np.asarray(fwd(params, jnp.asarray(toks), cfg))
+    step = jax.jit(lambda p, t, c: qwen3.forward(p, cfg, t, cache=c, kv_window=window))
+    cache = qwen3.init_cache(cfg, 2, slots)
+    outs = []
+    for i in range(toks.shape[1]):
+        lg, cache = step(params, jnp.asarray(toks[:, i:i + 1]), cache)
+        outs.append(np.asarray(lg))
+    assert np.abs(np.concatenate(outs, 1) - full).max() < TOL
+
+
 def test_ragged_appends_per_row(ckpt, fwd):
     """Rows advance by different amounts (n_valid) and still match their own full forward."""
     _, _, cfg, params = ckpt
