@@ -111,10 +111,11 @@ def test_cached_incremental_equals_full(ckpt, fwd):
     assert np.asarray(cache["length"]).tolist() == [12, 12]
 
 
-@pytest.mark.parametrize("slots,window,n", [(21, None, 20), (37, 19, 19)])
+@pytest.mark.parametrize("slots,window,n", [(21, None, 20), (37, 19, 19), (600, None, 18)])
 def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, slots, window, n):
     """One-token steps (decode attention's blocked multiply-adds over 16 slots) on caches and windows
-    whose size is not a multiple of 16 equal the full forward (n > 16: the last block holds live slots)."""
+    whose size is not a multiple of 16 equal the full forward (n > 16: the last block holds live slots);
+    600 slots: past `_SUM_MAX_SLOTS`, p.V is a dot again."""
     _, _, cfg, params = ckpt
     toks = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, n))
     full = np.asarray(fwd(params, jnp.asarray(toks), cfg))

@@ -32,6 +32,7 @@ Params = dict[str, Any]
 Cache = dict[str, Any]
 _FEW_QUERIES = 8  # at most this many query rows per KV head: decode-style attention (see Attention)
 _SUM_BLOCK = 16  # reduction block of decode attention's multiply-adds (see _sum_products)
+_SUM_MAX_SLOTS = 512  # decode's p.V as multiply-adds up to this many slots (32 blocks), on CPU only
 _MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
 
 
@@ -187,7 +188,9 @@ def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Opti
     # stop_gradient spares the backward max's tie masks (a compare + convert over every score per layer).
     unnorm = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
     denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
-    if few:  # the same multiply-adds over S, E the vector axis (values stored [.., S, E])
+    if few and v_all.shape[2] <= _SUM_MAX_SLOTS and jax.default_backend() == "cpu":
+        # The same multiply-adds over S, E the vector axis (values stored [.., S, E]). One block per 16
+        # slots: past a few hundred slots the program grows with the context, and GPUs/TPUs run the dot well.
         out = _sum_products(unnorm[..., None], v_all[:, :, None, None].astype(jnp.float32))  # [B, K, G, T, E]
     else:
         p_m = unnorm.astype(v_all.dtype).reshape(b, cfg.num_key_value_heads, -1, unnorm.shape[-1])
