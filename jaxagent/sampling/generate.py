@@ -41,15 +41,15 @@ def bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None):
+def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, packed=None):
     """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
 
     Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
-    their own last logits for such rows). `kv_window`: see `qwen3.forward`.
+    their own last logits for such rows). `kv_window`, `packed`: see `qwen3.forward`.
     """
     last = jnp.maximum(n_valid_B - 1, 0)
     logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last,
-                                  kv_window=kv_window)
+                                  kv_window=kv_window, packed=packed)
     return logits[:, 0], cache
 
 
@@ -65,6 +65,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     b = logits_BxV.shape[0]
     if jax.default_backend() == "cpu":  # XLA:CPU's dot with the transposed embedding is 2x slower (see untied)
         params, cfg = qwen3.untied(params, cfg)  # one [D, V] copy per call, outside the token loop
+    packed = qwen3.decode_weights(params, cfg, rows=b)  # None unless the CPU kernels apply; packed once per call
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -107,7 +108,8 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
         lengths = c.lengths + live
         hit_stop = live & jnp.isin(tok, stop)
         done = c.done | hit_stop | (lengths >= max_new_B)
-        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window)
+        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
+                               packed=packed)
         logits = jnp.where(live[:, None], logits, c.logits)
         return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
 

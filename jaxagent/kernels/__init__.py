@@ -1,0 +1,1 @@
+"""Compiled kernels XLA does not provide, behind pure JAX functions (see `cpu`)."""

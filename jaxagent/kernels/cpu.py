@@ -1,0 +1,166 @@
+"""Compiled CPU kernels for decoding-shaped work, called from jitted code through XLA's FFI.
+
+XLA:CPU runs the small products of decoding far below what the machine can do: a [16, 384] x [384, 1024]
+projection through Eigen packs the whole weight matrix into panels on every call (~5 GB/s of weights
+where memory gives ~15), and attention over a KV cache becomes many tiny batched dots plus separate
+softmax passes over the scores. `cpu_kernels.cc` holds two kernels for those shapes:
+
+- `skinny_matmul(x [M, K], w_packed, n) -> [M, n]`: weights pre-arranged by `pack_panels` into column
+  panels of 16 ([n / 16, K, 16], contiguous), so a decode step streams each weight once. Packing is a
+  copy of the weights: callers pack once outside their token loop (`qwen3.decode_weights`).
+- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window) -> [B, T, H, E]`:
+  softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots, fused per (row, KV head): scores,
+  masking, max, exp and the value product in one pass over the cache, with `qwen3._attend`'s semantics
+  (masked scores get -1e30, so a row with every key masked averages the window uniformly). Its gradient
+  is that of the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
+
+The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
+jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
+`~/.cache/jaxagent/kernels`) keyed by the source, jaxlib's version, the compiler and the CPU's flags; the
+build takes ~10 s once per machine. Nothing is downloaded. Where the build fails (no compiler) or
+`JAXAGENT_CPU_KERNELS=0`, `available()` is False and the model keeps its XLA paths; `unavailable_reason()`
+says why. GPU and TPU backends never use these kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PANEL = 16  # columns per weight panel; must equal kNr in cpu_kernels.cc
+_SOURCE = Path(__file__).with_name("cpu_kernels.cc")
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+_TARGETS = {"jaxagent_skinny_matmul": "JaxagentSkinnyMatmul", "jaxagent_attention": "JaxagentAttention"}
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags (Linux), so a shared cache never serves a -march=native build to another CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build_key(compiler: str) -> str:
+    h = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), jax.__version__.encode(), compiler.encode(), " ".join(_FLAGS).encode(),
+                 platform.machine().encode(), _cpu_signature().encode()):
+        h.update(part)
+    return h.hexdigest()[:20]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("JAXAGENT_KERNEL_CACHE") or Path.home() / ".cache" / "jaxagent" / "kernels")
+
+
+def _compile(compiler: str, out: Path) -> None:
+    """Builds the shared library into `out` atomically (a temporary file, then a rename), so concurrent
+    processes (test workers) never load a half-written library."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[Optional[ctypes.CDLL], str]:
+    """(library, '') once built, loaded and registered with XLA; (None, reason) otherwise. Cached per process."""
+    if os.environ.get("JAXAGENT_CPU_KERNELS", "1") == "0":
+        return None, "disabled by JAXAGENT_CPU_KERNELS=0"
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        return None, f"no C++ compiler ({compiler!r} not found; set CXX)"
+    try:
+        path = _cache_dir() / f"cpu_kernels-{_build_key(compiler)}.so"
+        if not path.exists():
+            _compile(compiler, path)
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        for target, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+        return None, f"build or load failed: {e}"
+    return lib, ""
+
+
+def available() -> bool:
+    """True when the default backend is CPU and the kernels are built and registered."""
+    return jax.default_backend() == "cpu" and _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why `available()` is False ('' when it is True)."""
+    if jax.default_backend() != "cpu":
+        return f"backend is {jax.default_backend()}, not cpu"
+    return _load()[1]
+
+
+def pack_panels(w_KxN: jax.Array) -> jax.Array:
+    """w [K, N] as the flat panel layout `skinny_matmul` reads: full 16-column panels [N // 16, K, 16],
+    then the last N % 16 columns as [K, N % 16]."""
+    k, n = w_KxN.shape
+    full = n // PANEL * PANEL
+    panels = w_KxN[:, :full].reshape(k, full // PANEL, PANEL).transpose(1, 0, 2).reshape(-1)
+    return jnp.concatenate([panels, w_KxN[:, full:].reshape(-1)])
+
+
+def skinny_matmul(x_MxK: jax.Array, w_packed: jax.Array, n: int) -> jax.Array:
+    """y [M, n] = x [M, K] @ w [K, n] (f32), w given as `pack_panels(w)`. Not differentiable: decoding only."""
+    if x_MxK.ndim != 2 or w_packed.shape != (x_MxK.shape[1] * n,):
+        raise ValueError(f"skinny_matmul: x {x_MxK.shape} and packed w {w_packed.shape} do not make [M, {n}]")
+    call = jax.ffi.ffi_call("jaxagent_skinny_matmul", jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
+                            vmap_method="sequential")
+    return call(x_MxK.astype(jnp.float32), w_packed.astype(jnp.float32))
+
+
+def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bool:
+    """Whether `attention` handles these operands (f32, head_dim a multiple of 8) on this backend."""
+    return (available() and q_BxTxHxE.shape[-1] % 8 == 0
+            and all(a.dtype == jnp.float32 for a in (q_BxTxHxE, kt, v)))
+
+
+def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window: int, reference):
+    """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as `reference(q, kt, v, mask)`
+    computes it (`qwen3._attend`); forward by the kernel, gradient by autodiff of `reference`."""
+    return _attention(reference, int(window), q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attention(reference, window, q, kt, v, mask):
+    call = jax.ffi.ffi_call("jaxagent_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                            vmap_method="sequential")
+    return call(q, kt, v, mask.astype(bool), window=np.int64(window))
+
+
+def _attention_fwd(reference, window, q, kt, v, mask):
+    return _attention(reference, window, q, kt, v, mask), (q, kt, v, mask)
+
+
+def _attention_bwd(reference, window, res, g):
+    q, kt, v, mask = res
+    _, vjp = jax.vjp(lambda q, kt, v: reference(q, kt, v, mask), q, kt, v)
+    return (*vjp(g), None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)

@@ -1,0 +1,347 @@
+// CPU kernels for XLA's FFI (custom calls), built by jaxagent/kernels/cpu.py on first use.
+//
+// skinny_matmul: y[M, N] = x[M, K] w[K, N] for few rows M (decoding: one token per sequence).
+// XLA:CPU's Eigen GEMM packs the whole weight matrix into panels on every call; with M = 16 that
+// packing costs more than the product itself (measured ~5 GB/s of weights against ~20 GB/s of memory
+// bandwidth). Here each thread streams its column strips of w exactly once from memory: a strip of
+// kNr columns [K, kNr] is one cache line per row of w, reread from L1/L2 for each block of kMr rows.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+constexpr int kNr = 16;  // columns per strip: two 8-lane vectors (one 64-byte line of w per row)
+constexpr int kMr = 6;   // rows per register tile: 12 accumulators + 2 weights + 1 broadcast <= 16 regs
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+
+// Rows [i0, i0 + R) by columns [j0, j0 + kNr): acc = sum_k x[i, k] w[k, j], then y = acc.
+template <int R>
+inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t i0, int64_t j0) {
+  v8f acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = v8f{};
+  const float* xr = x + i0 * K;
+  const float* wk = w + j0 * K;  // panel j0 / kNr: [K, kNr], contiguous
+  for (int64_t k = 0; k < K; ++k, wk += kNr) {
+    const v8f w0 = load8(wk), w1 = load8(wk + 8);
+    for (int r = 0; r < R; ++r) {
+      const float a = xr[r * K + k];
+      acc0[r] += a * w0;
+      acc1[r] += a * w1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store8(y + (i0 + r) * N + j0, acc0[r]);
+    store8(y + (i0 + r) * N + j0 + 8, acc1[r]);
+  }
+}
+
+void strip(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t j0) {
+  if (j0 + kNr > N) {  // the last, partial strip: plain loops
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = j0; j < N; ++j) {
+        float s = 0.f;
+        for (int64_t k = 0; k < K; ++k) s += x[i * K + k] * w[j0 * K + k * (N - j0) + (j - j0)];
+        y[i * N + j] = s;
+      }
+    return;
+  }
+  int64_t i0 = 0;
+  for (; i0 + kMr <= M; i0 += kMr) tile<kMr>(x, w, y, K, N, i0, j0);
+  switch (M - i0) {
+    case 5: tile<5>(x, w, y, K, N, i0, j0); break;
+    case 4: tile<4>(x, w, y, K, N, i0, j0); break;
+    case 3: tile<3>(x, w, y, K, N, i0, j0); break;
+    case 2: tile<2>(x, w, y, K, N, i0, j0); break;
+    case 1: tile<1>(x, w, y, K, N, i0, j0); break;
+    default: break;
+  }
+}
+
+// Runs body(c) for c in [0, chunks) on the caller and up to threads - 1 pool workers. Chunks are
+// claimed from a shared counter, so the caller never waits on a task that has not started: it runs
+// every unclaimed chunk itself (no deadlock when the pool is busy), then waits for claimed ones.
+template <typename Body>
+void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, Body body) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto state = std::make_shared<State>();
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) {
+    pool.Schedule([state, chunks, body]() {
+      for (int64_t c; (c = state->next.fetch_add(1)) < chunks;) {
+        body(c);
+        state->done.fetch_add(1, std::memory_order_release);
+      }
+    });
+  }
+  for (int64_t c; (c = state->next.fetch_add(1)) < chunks;) {
+    body(c);
+    state->done.fetch_add(1, std::memory_order_release);
+  }
+  while (state->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+}
+
+ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                            ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 1 || yd.size() != 2 || yd[0] != xd[0] || wd[0] != xd[1] * yd[1])
+    return ffi::Error::InvalidArgument("skinny_matmul: expects x[M, K], packed w[K * N], y[M, N]");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t strips = (N + kNr - 1) / kNr;
+  // A few strips per chunk keeps the counter traffic low; at least two chunks per thread balance the load.
+  const int64_t per_chunk = std::max<int64_t>(1, strips / (4 * std::max<int64_t>(1, pool.num_threads())));
+  const int64_t chunks = (strips + per_chunk - 1) / per_chunk;
+  parallel_chunks(pool, chunks, [=](int64_t c) {
+    const int64_t s_end = std::min(strips, (c + 1) * per_chunk);
+    for (int64_t s = c * per_chunk; s < s_end; ++s) strip(xp, wp, yp, M, K, N, s * kNr);
+  });
+  return ffi::Error::Success();
+}
+
+
+// ---------------------------------------------------------------------------------------- attention
+// exp(x) on 8 lanes: x = n ln2 + r with |r| <= ln2 / 2; exp(r) by its degree-6 Taylor polynomial
+// (relative error < 2e-7 there), times 2^n written into the exponent bits. x < -87 (a masked score
+// minus its row max) gives exactly 0, as XLA's exp does for the softmax's masked slots.
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int8_t v8c __attribute__((vector_size(8)));
+
+inline v8f splat(float a) { return v8f{a, a, a, a, a, a, a, a}; }
+
+inline v8f exp8(v8f x) {
+  const v8i masked = x < splat(-87.0f);
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  x = x > splat(88.0f) ? splat(88.0f) : x;
+  const v8f round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const v8f n = (x * splat(1.44269504088896341f) + round) - round;
+  const v8f r = (x - n * splat(0.693359375f)) - n * splat(-2.12194440e-4f);  // ln 2 in two parts
+  v8f p = splat(1.0f / 720);
+  p = p * r + splat(1.0f / 120);
+  p = p * r + splat(1.0f / 24);
+  p = p * r + splat(1.0f / 6);
+  p = p * r + splat(0.5f);
+  p = p * r + splat(1.0f);
+  p = p * r + splat(1.0f);
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  v8f scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return masked ? splat(0.0f) : p * scale;
+}
+
+inline float exp1(float x) {
+  v8f v = splat(x);
+  return exp8(v)[0];
+}
+
+struct AttnShape {
+  int64_t B, T, H, KV, G, E, S, W;
+};
+
+// Scores of rows rows[0..R) (pointers to their q vectors) against slots [s0, s0 + kNr): acc = q . k.
+template <int R>
+inline void score_tile(const float* const* q, const float* kt, int64_t E, int64_t S, int64_t s0,
+                       float* sc, int64_t ld) {
+  v8f acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = v8f{};
+  const float* kp = kt + s0;
+  for (int64_t e = 0; e < E; ++e, kp += S) {
+    // The strip walks E rows of keys S apart: fetch each row's next line (the next strip) ahead, as the
+    // hardware prefetchers do not follow that many strided streams.
+    __builtin_prefetch(kp + 2 * kNr);
+    const v8f k0 = load8(kp), k1 = load8(kp + 8);
+    for (int r = 0; r < R; ++r) {
+      const float a = q[r][e];
+      acc0[r] += a * k0;
+      acc1[r] += a * k1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store8(sc + r * ld + s0, acc0[r]);
+    store8(sc + r * ld + s0 + 8, acc1[r]);
+  }
+}
+
+// out rows[0..R) (8 * C columns from e0) = sum_s p[r, s] v[s, e0 : e0 + 8 C].
+template <int R, int C>
+inline void pv_tile(const float* p, int64_t ld, const float* v, int64_t E, int64_t W, int64_t e0,
+                    float* const* out) {
+  v8f acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = v8f{};
+  const float* vp = v + e0;
+  for (int64_t s = 0; s < W; ++s, vp += E) {
+    v8f vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load8(vp + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const float a = p[r * ld + s];
+      for (int c = 0; c < C; ++c) acc[r][c] += a * vv[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) store8(out[r] + e0 + 8 * c, acc[r][c]);
+}
+
+template <int R>
+void pv_rows(const float* p, int64_t ld, const float* v, int64_t E, int64_t W, float* const* out) {
+  int64_t e0 = 0;
+  for (; e0 + 32 <= E; e0 += 32) pv_tile<R, 4>(p, ld, v, E, W, e0, out);
+  switch ((E - e0) / 8) {
+    case 3: pv_tile<R, 3>(p, ld, v, E, W, e0, out); break;
+    case 2: pv_tile<R, 2>(p, ld, v, E, W, e0, out); break;
+    case 1: pv_tile<R, 1>(p, ld, v, E, W, e0, out); break;
+    default: break;
+  }
+}
+
+constexpr int kRows = 6;  // query rows per block: the score tile's rows (12 accumulators)
+
+// One (batch row b, KV head h) pair: every query row (g, t) of its G heads, in blocks of kRows.
+void attend_pair(const AttnShape& d, const float* q, const float* kt, const float* v, const bool* mask,
+                 float* out, float scale, int64_t b, int64_t h, float* sc) {
+  const int64_t rows = d.G * d.T, ld = (d.W + kNr - 1) / kNr * kNr;
+  const float* ktp = kt + (b * d.KV + h) * d.E * d.S;  // [E, S]
+  const float* vp = v + (b * d.KV + h) * d.S * d.E;    // [S, E]
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r0));
+    const float* qr[kRows];
+    float* orow[kRows];
+    const bool* mrow[kRows];
+    for (int r = 0; r < R; ++r) {
+      const int64_t g = (r0 + r) / d.T, t = (r0 + r) % d.T;
+      const int64_t off = ((b * d.T + t) * d.H + h * d.G + g) * d.E;
+      qr[r] = q + off;
+      orow[r] = out + off;
+      mrow[r] = mask + (b * d.T + t) * d.S;
+    }
+    // Slots past every row's last unmasked one only add exp(-1e30 - max) = 0: stop the block there.
+    // A row with no unmasked slot keeps the whole window (its softmax is uniform over all of it).
+    int64_t W = 0;
+    for (int r = 0; r < R && W < d.W; ++r) {
+      int64_t last = d.W - 1;
+      while (last >= 0 && !mrow[r][last]) --last;
+      W = last < 0 ? d.W : std::max(W, last + 1);
+    }
+    int64_t s0 = 0;
+    for (; s0 + kNr <= W; s0 += kNr) {
+      switch (R) {
+        case 6: score_tile<6>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+        case 5: score_tile<5>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+        case 4: score_tile<4>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+        case 3: score_tile<3>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+        case 2: score_tile<2>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+        default: score_tile<1>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+      }
+    }
+    for (int r = 0; r < R; ++r)  // the last, partial block of slots
+      for (int64_t s = s0; s < W; ++s) {
+        float a = 0.f;
+        for (int64_t e = 0; e < d.E; ++e) a += qr[r][e] * ktp[e * d.S + s];
+        sc[r * ld + s] = a;
+      }
+    float inv_sum[kRows];
+    for (int r = 0; r < R; ++r) {  // scale, mask, and exp(score - row max) in place
+      float* row = sc + r * ld;
+      // masked slots get the XLA path's finite mask value, -1e30
+      v8f vmax = splat(-3.0e38f);
+      int64_t s = 0;
+      for (; s + 8 <= W; s += 8) {
+        v8c m;
+        std::memcpy(&m, mrow[r] + s, sizeof m);
+        const v8i keep = __builtin_convertvector(m, v8i) != 0;
+        const v8f val = keep ? load8(row + s) * splat(scale) : splat(-1e30f);
+        store8(row + s, val);
+        vmax = vmax > val ? vmax : val;
+      }
+      float mx = vmax[0];
+      for (int l = 1; l < 8; ++l) mx = std::max(mx, vmax[l]);
+      for (; s < W; ++s) {
+        row[s] = mrow[r][s] ? row[s] * scale : -1e30f;
+        mx = std::max(mx, row[s]);
+      }
+      v8f total = v8f{};
+      s = 0;
+      for (; s + 8 <= W; s += 8) {
+        const v8f e = exp8(load8(row + s) - splat(mx));
+        store8(row + s, e);
+        total += e;
+      }
+      float sum = 0.f;
+      for (int l = 0; l < 8; ++l) sum += total[l];
+      for (; s < W; ++s) sum += (row[s] = exp1(row[s] - mx));
+      inv_sum[r] = 1.0f / sum;
+    }
+    int r = 0;
+    for (; r + 3 <= R; r += 3) pv_rows<3>(sc + r * ld, ld, vp, d.E, W, orow + r);
+    for (; r < R; ++r) pv_rows<1>(sc + r * ld, ld, vp, d.E, W, orow + r);
+    for (int rr = 0; rr < R; ++rr)
+      for (int64_t e = 0; e < d.E; e += 8) store8(orow[rr] + e, load8(orow[rr] + e) * splat(inv_sum[rr]));
+  }
+}
+
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, int64_t window,
+                         ffi::ResultBuffer<ffi::F32> out) {
+  const auto qd = q.dimensions(), kd = kt.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 3)
+    return ffi::Error::InvalidArgument("attention: expects q[B,T,H,E], kt[B,K,E,S], v[B,K,S,E], mask[B,T,S]");
+  AttnShape d{qd[0], qd[1], qd[2], kd[1], 0, qd[3], kd[3], window};
+  if (d.KV <= 0 || d.H % d.KV != 0 || kd[0] != d.B || kd[2] != d.E || vd[0] != d.B || vd[1] != d.KV ||
+      vd[2] != d.S || vd[3] != d.E || md[0] != d.B || md[1] != d.T || md[2] != d.S || d.E % 8 != 0 ||
+      d.W <= 0 || d.W > d.S)
+    return ffi::Error::InvalidArgument("attention: inconsistent shapes, head_dim not a multiple of 8 or bad window");
+  d.G = d.H / d.KV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.E));
+  const float* qp = q.typed_data();
+  const float* kp = kt.typed_data();
+  const float* vp = v.typed_data();
+  const bool* mp = mask.typed_data();
+  float* op = out->typed_data();
+  const int64_t ld = (d.W + kNr - 1) / kNr * kNr;
+  parallel_chunks(pool, d.B * d.KV, [=](int64_t c) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>(kRows * ld)) scratch.resize(kRows * ld);
+    attend_pair(d, qp, kp, vp, mp, op, scale, c / d.KV, c % d.KV, scratch.data());
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentSkinnyMatmul, SkinnyMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentAttention, AttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Attr<int64_t>("window")
+                                  .Ret<ffi::Buffer<ffi::F32>>());

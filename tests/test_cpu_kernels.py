@@ -1,0 +1,146 @@
+"""The compiled CPU kernels (jaxagent.kernels.cpu) against numpy and the XLA paths they replace."""
+import functools
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.kernels import cpu
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+
+needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
+
+
+def _cfg(h, kv, e, **kw):
+    base = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=h, num_key_value_heads=kv, head_dim=e)
+    return Qwen3Config(**{**base, **kw})
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or jax.default_backend() != "cpu",
+                    reason="no C++ compiler or not on CPU")
+def test_kernels_build_where_a_compiler_exists():
+    # CI has g++: the kernels must build there, or every other test here would silently run the XLA path.
+    assert cpu.available(), cpu.unavailable_reason()
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (16, 384, 1024), (5, 7, 40), (7, 33, 102), (13, 64, 16),
+                                   (64, 128, 250), (3, 5, 15)])
+def test_skinny_matmul_matches_numpy(m, k, n):
+    rng = np.random.default_rng(m * 1000 + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    got = jax.jit(lambda x, w: cpu.skinny_matmul(x, cpu.pack_panels(w), w.shape[1]))(x, w)
+    np.testing.assert_allclose(np.asarray(got), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+
+
+@needs_kernels
+def test_skinny_matmul_rejects_mismatched_operands():
+    x = jnp.ones((4, 8))
+    with pytest.raises(ValueError, match="skinny_matmul"):
+        cpu.skinny_matmul(x, cpu.pack_panels(jnp.ones((9, 16))), 16)
+
+
+def _attention_case(rng, b, t, h, kv, e, s, causal):
+    q = rng.standard_normal((b, t, h, e)).astype(np.float32)
+    kt = rng.standard_normal((b, kv, e, s)).astype(np.float32)
+    v = rng.standard_normal((b, kv, s, e)).astype(np.float32)
+    if causal:  # what the model builds: slot <= position, rows at different lengths
+        pos = rng.integers(0, s - t + 1, b)[:, None] + np.arange(t)
+        mask = np.arange(s)[None, None, :] <= pos[:, :, None]
+    else:
+        mask = rng.random((b, t, s)) < 0.6
+    mask[0, t // 2] = False  # a row with every key masked: uniform weights, as in the XLA path
+    return q, kt, v, mask
+
+
+@needs_kernels
+@pytest.mark.parametrize("b,t,h,kv,e,s,window,causal", [
+    (3, 1, 8, 2, 64, 40, None, True),     # decode, GQA 4
+    (3, 1, 8, 2, 64, 40, 21, False),      # a window shorter than the cache
+    (4, 43, 4, 2, 32, 130, 96, True),     # an append: many rows per KV head, blocks of 6 rows and 16 slots
+    (2, 5, 6, 3, 24, 37, 37, False),      # head_dim 24: three 8-lane column groups; 37 slots: partial blocks
+    (2, 3, 2, 1, 8, 5, None, True),       # smaller than one block everywhere
+])
+def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
+    cfg = _cfg(h, kv, e)
+    q, kt, v, mask = _attention_case(np.random.default_rng(b * 100 + t), b, t, h, kv, e, s, causal)
+    w = s if window is None else window
+    reference = functools.partial(qwen3._attend, cfg, window=window)
+    want = reference(q, kt, v, mask)
+    got = jax.jit(lambda *a: cpu.attention(*a, w, reference))(q, kt, v, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernels
+def test_attention_gradient_is_the_xla_paths():
+    cfg = _cfg(4, 2, 16)
+    q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 3, 4, 2, 16, 24, True)
+    reference = functools.partial(qwen3._attend, cfg, window=None)
+    loss = lambda f: lambda q, kt, v: jnp.sum(jnp.sin(f(q, kt, v, mask)))
+    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, kt, v)
+    got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 24, reference)), argnums=(0, 1, 2)))(q, kt, v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
+def test_attention_under_vmap():
+    cfg = _cfg(4, 2, 16)
+    rng = np.random.default_rng(1)
+    cases = [_attention_case(rng, 2, 3, 4, 2, 16, 24, True) for _ in range(3)]
+    q, kt, v, mask = (np.stack(parts) for parts in zip(*cases))
+    reference = functools.partial(qwen3._attend, cfg, window=None)
+    got = jax.jit(jax.vmap(lambda *a: cpu.attention(*a, 24, reference)))(q, kt, v, mask)
+    want = jax.vmap(reference)(q, kt, v, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("tied", [True, False])
+def test_packed_decode_step_equals_unpacked(tied):
+    cfg = _cfg(4, 2, 16, tie_word_embeddings=tied, intermediate_size=40)  # 40: a partial panel
+    params = qwen3.init(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (5, 9), 0, cfg.vocab_size)
+    _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 16))
+    packed = qwen3.decode_weights(params, cfg, rows=5)
+    assert packed is not None
+    step = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk))
+    want, want_cache = step(params, cache, tokens[:, :1], None)
+    got, got_cache = step(params, cache, tokens[:, :1], packed)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_cache["k"][1]), np.asarray(want_cache["k"][1]), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_decode_weights_only_where_the_kernel_applies():
+    cfg = _cfg(4, 2, 16)
+    params = qwen3.init(cfg, jax.random.key(0))
+    assert qwen3.decode_weights(params, cfg, rows=qwen3._SKINNY_MAX_ROWS + 1) is None
+    assert qwen3.decode_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg, rows=4) is None
+    assert qwen3.decode_weights(params, cfg, rows=4) is not None
+
+
+def _probe(env: dict) -> str:
+    code = ("from jaxagent.kernels import cpu; import jax\n"
+            "print(cpu.available(), '|', cpu.unavailable_reason())\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_disabled_or_missing_compiler_falls_back(tmp_path):
+    assert _probe({"JAXAGENT_CPU_KERNELS": "0"}) == "False | disabled by JAXAGENT_CPU_KERNELS=0"
+    out = _probe({"CXX": "no-such-compiler-xyz", "JAXAGENT_KERNEL_CACHE": str(tmp_path)})
+    assert out.startswith("False | no C++ compiler")
+    out = _probe({"CXX": "false", "JAXAGENT_KERNEL_CACHE": str(tmp_path)})  # a "compiler" that always fails
+    assert out.startswith("False | build or load failed")
+    assert not list(tmp_path.rglob("*.so"))  # no half-written library left behind
