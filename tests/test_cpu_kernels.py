@@ -42,6 +42,17 @@ def test_skinny_matmul_matches_numpy(m, k, n):
 
 
 @needs_kernels
+def test_pack_panels_layout_and_concatenation():
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal((7, n)).astype(np.float32) for n in (20, 5, 16))  # panels straddle a and b
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.pack_panels)(a)), cpu.pack_panels_reference(a))
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.pack_panels)(a, b, c)),
+                                  cpu.pack_panels_reference(np.concatenate([a, b, c], axis=1)))
+    with pytest.raises(ValueError, match="one K"):
+        cpu.pack_panels(a, rng.standard_normal((6, 3)).astype(np.float32))
+
+
+@needs_kernels
 def test_skinny_matmul_rejects_mismatched_operands():
     x = jnp.ones((4, 8))
     with pytest.raises(ValueError, match="skinny_matmul"):
@@ -117,6 +128,12 @@ def test_packed_decode_step_equals_unpacked(tied):
     got, got_cache = step(params, cache, tokens[:, :1], packed)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_cache["k"][1]), np.asarray(want_cache["k"][1]), rtol=1e-5, atol=1e-5)
+    # an append of 3 tokens with logits for one token per row: the last layer's query rows are gathered
+    append = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk,
+                                                       logits_index=jnp.array([0, 2, 1, 2, 0])))
+    want, _ = append(params, cache, tokens[:, :3], None)
+    got, _ = append(params, cache, tokens[:, :3], qwen3.decode_weights(params, cfg, rows=15))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

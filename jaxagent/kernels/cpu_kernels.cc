@@ -40,6 +40,7 @@ inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t N,
   const float* xr = x + i0 * K;
   const float* wk = w + j0 * K;  // panel j0 / kNr: [K, kNr], contiguous
   for (int64_t k = 0; k < K; ++k, wk += kNr) {
+    __builtin_prefetch(wk + kNr * K);  // the next panel, same row: streams in while this one is reused
     const v8f w0 = load8(wk), w1 = load8(wk + 8);
     for (int r = 0; r < R; ++r) {
       const float a = xr[r * K + k];
@@ -327,6 +328,55 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
   return ffi::Error::Success();
 }
 
+
+// ------------------------------------------------------------------------------------------- packing
+// The panel layout skinny_matmul reads, for w = [w_0 | w_1 | ...] (all [K, N_i], concatenated along
+// columns): full panels [N / kNr][K][kNr], then the last N % kNr columns as [K, N % kNr]. One pass,
+// 64-byte rows copied per (panel, k), panels split over threads.
+ffi::Error PackPanelsImpl(ffi::ThreadPool pool, ffi::RemainingArgs ws, ffi::ResultBuffer<ffi::F32> out) {
+  std::vector<const float*> src;
+  std::vector<int64_t> cols;
+  int64_t K = -1, N = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    auto w = ws.get<ffi::Buffer<ffi::F32>>(i);
+    if (!w.has_value() || w->dimensions().size() != 2)
+      return ffi::Error::InvalidArgument("pack_panels: expects f32 matrices [K, N_i]");
+    const auto d = w->dimensions();
+    if (K >= 0 && d[0] != K) return ffi::Error::InvalidArgument("pack_panels: matrices differ in K");
+    K = d[0];
+    src.push_back(w->typed_data());
+    cols.push_back(d[1]);
+    N += d[1];
+  }
+  if (K < 0 || out->dimensions().size() != 1 || out->dimensions()[0] != K * N)
+    return ffi::Error::InvalidArgument("pack_panels: output must be [K * N]");
+  // column j of the concatenation -> (matrix, its column)
+  std::vector<int64_t> which(N), col(N);
+  for (int64_t m = 0, j = 0; m < static_cast<int64_t>(cols.size()); ++m)
+    for (int64_t c = 0; c < cols[m]; ++c, ++j) which[j] = m, col[j] = c;
+  float* dst = out->typed_data();
+  const int64_t panels = (N + kNr - 1) / kNr;
+  const int64_t per_chunk = std::max<int64_t>(1, panels / (4 * std::max<int64_t>(1, pool.num_threads())));
+  const int64_t chunks = (panels + per_chunk - 1) / per_chunk;
+  parallel_chunks(pool, chunks, [&, dst, K, N](int64_t c) {
+    for (int64_t p = c * per_chunk; p < std::min(panels, (c + 1) * per_chunk); ++p) {
+      const int64_t j0 = p * kNr, width = std::min<int64_t>(kNr, N - j0);
+      float* o = dst + j0 * K;
+      // one source matrix for the whole panel (the usual case): contiguous row pieces
+      const bool one = which[j0] == which[j0 + width - 1];
+      for (int64_t k = 0; k < K; ++k, o += width) {
+        if (one) {
+          const int64_t m = which[j0];
+          std::memcpy(o, src[m] + k * cols[m] + col[j0], width * sizeof(float));
+        } else {
+          for (int64_t j = 0; j < width; ++j) o[j] = src[which[j0 + j]][k * cols[which[j0 + j]] + col[j0 + j]];
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentSkinnyMatmul, SkinnyMatmulImpl,
@@ -344,4 +394,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentAttention, AttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Attr<int64_t>("window")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentPackPanels, PackPanelsImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
                                   .Ret<ffi::Buffer<ffi::F32>>());

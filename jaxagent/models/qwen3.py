@@ -217,14 +217,11 @@ def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, windo
     return _attend(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window)
 
 
-def _project(x_Bx_xI, w_IxO, packed=None):
-    """x @ w over x's last axis (`dense`); with `packed` (`decode_weights`), the same product by the CPU
-    skinny-GEMM kernel on the flattened rows."""
-    if packed is None:
-        return dense(x_Bx_xI, w_IxO)
-    n = int(np.prod(w_IxO.shape[1:]))
-    y = cpu_kernels.skinny_matmul(x_Bx_xI.reshape(-1, x_Bx_xI.shape[-1]), packed, n)
-    return y.reshape(x_Bx_xI.shape[:-1] + w_IxO.shape[1:]).astype(x_Bx_xI.dtype)
+def _packed_dense(x_Bx_xI, packed_w, out_dims: tuple[int, ...]):
+    """x @ w over x's last axis (as `dense`) by the CPU skinny-GEMM kernel on the flattened rows, w
+    given as panels (`decode_weights`); output [..., *out_dims]."""
+    y = cpu_kernels.skinny_matmul(x_Bx_xI.reshape(-1, x_Bx_xI.shape[-1]), packed_w, int(np.prod(out_dims)))
+    return y.reshape(x_Bx_xI.shape[:-1] + tuple(out_dims)).astype(x_Bx_xI.dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -261,10 +258,15 @@ class Attention(nnx.Module):
         if query_index is not None:
             x_q, mask_BxTxS = _rows(x_BxTxD, query_index), _rows(mask_BxTxS, query_index)
             rope_q = tuple(_rows(r, query_index) for r in rope_BxT)
-        packed = packed or {}
-        q = _project(x_q, self.q_proj[...], packed.get("q_proj"))  # [B, T, H, E]
-        k = _project(x_BxTxD, self.k_proj[...], packed.get("k_proj"))  # [B, T, K, E]
-        v = _project(x_BxTxD, self.v_proj[...], packed.get("v_proj"))
+        if packed is not None:  # q, k and v of every token from one kernel call on [q | k | v] panels
+            h, kv, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            qkv = _packed_dense(x_BxTxD, packed["qkv_proj"], (h + 2 * kv, e))
+            q, k, v = jnp.split(qkv, (h, h + kv), axis=2)
+            q = q if query_index is None else _rows(q, query_index)
+        else:
+            q = dense(x_q, self.q_proj[...])  # [B, T, H, E]
+            k = dense(x_BxTxD, self.k_proj[...])  # [B, T, K, E]
+            v = dense(x_BxTxD, self.v_proj[...])
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = rope(self.q_norm(q), rope_q)
@@ -289,7 +291,10 @@ class Attention(nnx.Module):
         # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
         # the whole o_proj weight into that order on every decode step (~0.15 ms per layer at 10M).
         b, t = out.shape[:2]
-        y = _project(out.reshape(b, t, -1), self.o_proj[...].reshape(-1, cfg.hidden_size), packed.get("o_proj"))
+        if packed is None:
+            y = dense(out.reshape(b, t, -1), self.o_proj[...].reshape(-1, cfg.hidden_size))
+        else:
+            y = _packed_dense(out.reshape(b, t, -1), packed["o_proj"], (cfg.hidden_size,))
         if cfg.attention_bias:
             y = y + self.o_bias[...]
         return y, kv_cache
@@ -303,10 +308,13 @@ class MLP(nnx.Module):
         self.down_proj = _param(_normal(rngs, (f, d)), "mlp", "embed")
 
     def __call__(self, x_BxTxD, packed=None):
-        packed = packed or {}
-        gate = _project(x_BxTxD, self.gate_proj[...], packed.get("gate_proj"))
-        up = _project(x_BxTxD, self.up_proj[...], packed.get("up_proj"))
-        return _project(jax.nn.silu(gate) * up, self.down_proj[...], packed.get("down_proj"))
+        if packed is None:
+            gate = dense(x_BxTxD, self.gate_proj[...])
+            up = dense(x_BxTxD, self.up_proj[...])
+            return dense(jax.nn.silu(gate) * up, self.down_proj[...])
+        f, d = self.down_proj.shape  # gate and up from one kernel call on [gate | up] panels
+        gate, up = jnp.split(_packed_dense(x_BxTxD, packed["gate_up_proj"], (2 * f,)), 2, axis=-1)
+        return _packed_dense(jax.nn.silu(gate) * up, packed["down_proj"], (d,))
 
 
 class Block(nnx.Module):
@@ -351,9 +359,8 @@ class Qwen3(nnx.Module):
         return self.norm(x), (new_k, new_v)
 
     def unembed(self, h_BxTxD, packed=None):
-        if packed is not None and "lm_head" in packed:
-            w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-            return _project(h_BxTxD, w, packed["lm_head"]).astype(jnp.float32)
+        if packed is not None:
+            return _packed_dense(h_BxTxD, packed["lm_head"], (self.cfg.vocab_size,)).astype(jnp.float32)
         if self.cfg.tie_word_embeddings:
             return dense_transposed(h_BxTxD, self.embed[...], jnp.float32)
         return dense(h_BxTxD, self.lm_head[...], jnp.float32)
@@ -437,12 +444,9 @@ def decode_weights(params: Params, cfg: Qwen3Config, rows: int) -> Optional[Pack
     layers = []
     for i in range(cfg.num_hidden_layers):
         attn, mlp = params["layers"][i]["attn"], params["layers"][i]["mlp"]
-        layers.append({"q_proj": pack(attn["q_proj"].reshape(cfg.hidden_size, -1)),
-                       "k_proj": pack(attn["k_proj"].reshape(cfg.hidden_size, -1)),
-                       "v_proj": pack(attn["v_proj"].reshape(cfg.hidden_size, -1)),
-                       "o_proj": pack(attn["o_proj"].reshape(-1, cfg.hidden_size)),
-                       "gate_proj": pack(mlp["gate_proj"]), "up_proj": pack(mlp["up_proj"]),
-                       "down_proj": pack(mlp["down_proj"])})
+        qkv = [attn[name].reshape(cfg.hidden_size, -1) for name in ("q_proj", "k_proj", "v_proj")]
+        layers.append({"qkv_proj": pack(*qkv), "o_proj": pack(attn["o_proj"].reshape(-1, cfg.hidden_size)),
+                       "gate_up_proj": pack(mlp["gate_proj"], mlp["up_proj"]), "down_proj": pack(mlp["down_proj"])})
     head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
     return {"layers": layers, "lm_head": pack(head)}
 
