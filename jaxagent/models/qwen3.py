@@ -57,11 +57,21 @@ def rms_norm(x, weight, eps):
 
 def rope_tables(positions_BxT, head_dim, theta):
     """(cos, sin) [B, T, 1, E] of the rotary angles pos * theta^(-2i/E), in f32 (as HF computes them);
-    computed once per forward and shared by every layer."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    ang_BxTxE2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
-    ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
-    return jnp.cos(ang), jnp.sin(ang)
+    computed once per forward and shared by every layer.
+
+    On CPU they are computed inside a conditional (a buffer XLA cannot fuse into its consumers), so
+    that they are computed once: otherwise XLA:CPU fused cos and sin into every layer's q and k
+    rotation, evaluating them once per head and layer (a 1M-parameter rollout spent ~40 ms of ~470 in
+    those fusions); it drops optimization barriers before fusion, so a barrier does not do it."""
+    def tables(positions):
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+        ang_BxTxE2 = positions.astype(jnp.float32)[..., None] * inv_freq
+        ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
+        return jnp.cos(ang), jnp.sin(ang)
+    if jax.default_backend() != "cpu":  # (GPU conditionals read their predicate on the host)
+        return tables(positions_BxT)
+    # Both branches are the same function, so the result never depends on the (traced) predicate.
+    return jax.lax.cond(jnp.any(positions_BxT != 0), tables, tables, positions_BxT)
 
 
 def rope(x_BxTxNxE, tables):
