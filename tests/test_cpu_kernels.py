@@ -84,20 +84,30 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
     cfg = _cfg(h, kv, e)
     q, kt, v, mask = _attention_case(np.random.default_rng(b * 100 + t), b, t, h, kv, e, s, causal)
     w = s if window is None else window
-    reference = functools.partial(qwen3._attend, cfg, window=window)
-    want = reference(q, kt, v, mask)
-    got = jax.jit(lambda *a: cpu.attention(*a, w, reference))(q, kt, v, mask)
+    want = qwen3._attend(cfg, q, kt, v, mask, window=window)
+    reference = functools.partial(qwen3._attend, cfg)
+    got = jax.jit(lambda *a: cpu.attention(*a, reference))(q, kt, v, mask, w)  # the window traced
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernels
+def test_attention_window_out_of_range_is_an_error():
+    cfg = _cfg(4, 2, 16)
+    q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 1, 4, 2, 16, 24, True)
+    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(qwen3._attend, cfg)))
+    for bad in (0, 25):
+        with pytest.raises(Exception, match="window"):
+            jax.block_until_ready(f(bad))
 
 
 @needs_kernels
 def test_attention_gradient_is_the_xla_paths():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 3, 4, 2, 16, 24, True)
-    reference = functools.partial(qwen3._attend, cfg, window=None)
+    reference = functools.partial(qwen3._attend, cfg)
     loss = lambda f: lambda q, kt, v: jnp.sum(jnp.sin(f(q, kt, v, mask)))
-    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, kt, v)
-    got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 24, reference)), argnums=(0, 1, 2)))(q, kt, v)
+    want = jax.grad(loss(functools.partial(qwen3._attend, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
+    got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 20, reference)), argnums=(0, 1, 2)))(q, kt, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
@@ -108,7 +118,7 @@ def test_attention_under_vmap():
     rng = np.random.default_rng(1)
     cases = [_attention_case(rng, 2, 3, 4, 2, 16, 24, True) for _ in range(3)]
     q, kt, v, mask = (np.stack(parts) for parts in zip(*cases))
-    reference = functools.partial(qwen3._attend, cfg, window=None)
+    reference = functools.partial(qwen3._attend, cfg)
     got = jax.jit(jax.vmap(lambda *a: cpu.attention(*a, 24, reference)))(q, kt, v, mask)
     want = jax.vmap(reference)(q, kt, v, mask)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)

@@ -154,27 +154,29 @@ def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bo
             and all(a.dtype == jnp.float32 for a in (q_BxTxHxE, kt, v)))
 
 
-def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window: int, reference):
-    """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as `reference(q, kt, v, mask)`
-    computes it (`qwen3._attend`); forward by the kernel, gradient by autodiff of `reference`."""
-    return _attention(reference, int(window), q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS)
+def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference):
+    """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as
+    `reference(q, kt, v, mask, traced_window=window)` computes it (`qwen3._attend`). `window` (int32
+    scalar, may be traced) is read at run time. Forward by the kernel; gradient by autodiff of
+    `reference`. A window outside [1, S] is an error at run time."""
+    return _attention(reference, q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, jnp.asarray(window, jnp.int32))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _attention(reference, window, q, kt, v, mask):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(reference, q, kt, v, mask, window):
     call = jax.ffi.ffi_call("jaxagent_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32),
                             vmap_method="sequential")
-    return call(q, kt, v, mask.astype(bool), window=np.int64(window))
+    return call(q, kt, v, mask.astype(bool), window)
 
 
-def _attention_fwd(reference, window, q, kt, v, mask):
-    return _attention(reference, window, q, kt, v, mask), (q, kt, v, mask)
+def _attention_fwd(reference, q, kt, v, mask, window):
+    return _attention(reference, q, kt, v, mask, window), (q, kt, v, mask, window)
 
 
-def _attention_bwd(reference, window, res, g):
-    q, kt, v, mask = res
-    _, vjp = jax.vjp(lambda q, kt, v: reference(q, kt, v, mask), q, kt, v)
-    return (*vjp(g), None)
+def _attention_bwd(reference, res, g):
+    q, kt, v, mask, window = res
+    _, vjp = jax.vjp(lambda q, kt, v: reference(q, kt, v, mask, traced_window=window), q, kt, v)
+    return (*vjp(g), None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

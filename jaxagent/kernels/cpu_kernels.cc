@@ -302,12 +302,14 @@ void attend_pair(const AttnShape& d, const float* q, const float* kt, const floa
 }
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt,
-                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, int64_t window,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> window,
                          ffi::ResultBuffer<ffi::F32> out) {
   const auto qd = q.dimensions(), kd = kt.dimensions(), vd = v.dimensions(), md = mask.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 3)
     return ffi::Error::InvalidArgument("attention: expects q[B,T,H,E], kt[B,K,E,S], v[B,K,S,E], mask[B,T,S]");
-  AttnShape d{qd[0], qd[1], qd[2], kd[1], 0, qd[3], kd[3], window};
+  if (window.element_count() != 1) return ffi::Error::InvalidArgument("attention: window must be a scalar");
+  // The window is an operand, read at run time: one program serves every window (no branch per size).
+  AttnShape d{qd[0], qd[1], qd[2], kd[1], 0, qd[3], kd[3], static_cast<int64_t>(*window.typed_data())};
   if (d.KV <= 0 || d.H % d.KV != 0 || kd[0] != d.B || kd[2] != d.E || vd[0] != d.B || vd[1] != d.KV ||
       vd[2] != d.S || vd[3] != d.E || md[0] != d.B || md[1] != d.T || md[2] != d.S || d.E % 8 != 0 ||
       d.W <= 0 || d.W > d.S)
@@ -393,7 +395,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentAttention, AttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("window")
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentPackPanels, PackPanelsImpl,

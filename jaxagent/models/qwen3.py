@@ -174,9 +174,12 @@ def _sum_products(a, b):
                for i in range(0, n, _SUM_BLOCK))
 
 
-def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None):
+def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None,
+            traced_window=None):
     """softmax(q k^T / sqrt(E) + mask) v over the first `window` slots of keys kt [B, K, E, S] and values
-    v [B, K, S, E]; returns [B, T, H, E]. With `window`, the caller guarantees every live slot lies below it."""
+    v [B, K, S, E]; returns [B, T, H, E]. With `window`, the caller guarantees every live slot lies below it.
+    `traced_window` (int32 scalar): the same over the first `traced_window` slots without slicing (slots
+    past it weigh exactly 0, even in a row whose every slot is masked): the CPU kernel's gradient."""
     if window is not None:
         kt_all, v_all, mask_BxTxS = kt_all[..., :window], v_all[:, :, :window], mask_BxTxS[..., :window]
     q = q_BxTxHxE
@@ -196,6 +199,8 @@ def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Opti
         scores = scores.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
     scores = scores * (cfg.head_dim ** -0.5)
     scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+    if traced_window is not None:  # below every masked score: exp(-2e30 - max) = 0 whatever the row's max
+        scores = jnp.where(jnp.arange(scores.shape[-1]) < traced_window, scores, 2 * _MASK_VALUE)
     # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
     # head instead of [T, S]. A row with every key masked gets uniform weights (finite mask value).
     # The shift only keeps exp in range; the result does not depend on it, so its gradient is exactly 0:
@@ -216,14 +221,25 @@ def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Opti
     return out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
 
 
-def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None):
-    """`_attend` over a KV cache; on CPU, by the fused kernel (`jaxagent.kernels.cpu.attention`: scores,
-    softmax and values in one pass per (row, KV head), same results). Measured (in-process A/B, 2-core
-    EPYC): the 1M-parameter rollout 658 -> 495 ms, the 10M prefill 425 -> 383 ms."""
+def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS,
+                   window: Union[int, KVWindows, None] = None):
+    """`_attend` over a KV cache, over its first `window` slots (a static size or a `KVWindows` choice).
+
+    On CPU, by the fused kernel (`jaxagent.kernels.cpu.attention`: scores, softmax and values in one
+    pass per (row, KV head), same results), which reads the window at run time: a `KVWindows` needs no
+    branch per size. Measured (in-process A/B, 2-core EPYC): the 1M-parameter rollout 658 -> 495 ms,
+    the 10M prefill 425 -> 383 ms. Elsewhere XLA's `_attend`, in a `lax.switch` over the sizes."""
     if cpu_kernels.attention_supported(q_BxTxHxE, kt_all, v_all):
-        reference = functools.partial(_attend, cfg, window=window)
-        return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS,
-                                     kt_all.shape[-1] if window is None else window, reference)
+        if isinstance(window, KVWindows):
+            size = jnp.asarray(window.sizes, jnp.int32)[window.index]
+        else:
+            size = kt_all.shape[-1] if window is None else window
+        return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, functools.partial(_attend, cfg))
+    if isinstance(window, KVWindows):
+        # The branches only read the cache (updated by the caller, outside the switch): a conditional
+        # that took and returned the cache would copy all of it into and out of the branch.
+        branches = [functools.partial(_attend, cfg, window=w) for w in window.sizes]
+        return jax.lax.switch(window.index, branches, q_BxTxHxE, kt_all, v_all, mask_BxTxS)
     return _attend(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window)
 
 
@@ -289,13 +305,7 @@ class Attention(nnx.Module):
             k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
             v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
             kv_cache = (k_cache, v_cache)
-            if isinstance(kv_window, KVWindows):
-                # The branches only read the cache (updated above, outside the switch): a conditional
-                # that took and returned the cache would copy all of it into and out of the branch.
-                branches = [functools.partial(_attend_cached, cfg, window=w) for w in kv_window.sizes]
-                out = jax.lax.switch(kv_window.index, branches, q, k_cache, v_cache, mask_BxTxS)
-            else:
-                out = _attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window)
+            out = _attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window)
         else:
             out = _attend(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
         # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
