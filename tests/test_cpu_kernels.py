@@ -164,6 +164,17 @@ def _probe(env: dict) -> str:
     return out.stdout.strip()
 
 
+def test_kernels_load_on_first_direct_call():
+    # a fresh process calling a kernel before anything asked `available()`
+    code = ("import jax.numpy as jnp; from jaxagent.kernels import cpu\n"
+            "print(float(cpu.skinny_matmul(jnp.ones((2, 3)), cpu.pack_panels(jnp.ones((3, 5))), 5)[1, 4]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if cpu.available():
+        assert out.returncode == 0 and out.stdout.strip() == "3.0", out.stderr[-2000:]
+    else:
+        assert "CPU kernels unavailable" in out.stderr
+
+
 def test_disabled_or_missing_compiler_falls_back(tmp_path):
     assert _probe({"JAXAGENT_CPU_KERNELS": "0"}) == "False | disabled by JAXAGENT_CPU_KERNELS=0"
     out = _probe({"CXX": "no-such-compiler-xyz", "JAXAGENT_KERNEL_CACHE": str(tmp_path)})

@@ -117,6 +117,12 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
+def _require() -> None:
+    """Builds and registers the kernels if needed; a clear error where they cannot be used."""
+    if not available():
+        raise RuntimeError(f"jaxagent CPU kernels unavailable: {unavailable_reason()}")
+
+
 def pack_panels(*ws_KxN: jax.Array) -> jax.Array:
     """w = [w_0 | w_1 | ...] (matrices [K, N_i] side by side, N = sum N_i) as the flat panel layout
     `skinny_matmul` reads: full 16-column panels [N // 16, K, 16], then the last N % 16 columns as
@@ -125,6 +131,7 @@ def pack_panels(*ws_KxN: jax.Array) -> jax.Array:
     if any(w.ndim != 2 or w.shape[0] != k for w in ws_KxN):
         raise ValueError(f"pack_panels: expects matrices [K, N_i] with one K, got {[w.shape for w in ws_KxN]}")
     n = sum(w.shape[1] for w in ws_KxN)
+    _require()
     call = jax.ffi.ffi_call("jaxagent_pack_panels", jax.ShapeDtypeStruct((k * n,), jnp.float32),
                             vmap_method="sequential")
     return call(*(w.astype(jnp.float32) for w in ws_KxN))
@@ -143,6 +150,7 @@ def skinny_matmul(x_MxK: jax.Array, w_packed: jax.Array, n: int) -> jax.Array:
     """y [M, n] = x [M, K] @ w [K, n] (f32), w given as `pack_panels(w)`. Not differentiable: decoding only."""
     if x_MxK.ndim != 2 or w_packed.shape != (x_MxK.shape[1] * n,):
         raise ValueError(f"skinny_matmul: x {x_MxK.shape} and packed w {w_packed.shape} do not make [M, {n}]")
+    _require()
     call = jax.ffi.ffi_call("jaxagent_skinny_matmul", jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
                             vmap_method="sequential")
     return call(x_MxK.astype(jnp.float32), w_packed.astype(jnp.float32))
@@ -159,6 +167,7 @@ def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference):
     `reference(q, kt, v, mask, traced_window=window)` computes it (`qwen3._attend`). `window` (int32
     scalar, may be traced) is read at run time. Forward by the kernel; gradient by autodiff of
     `reference`. A window outside [1, S] is an error at run time."""
+    _require()
     return _attention(reference, q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, jnp.asarray(window, jnp.int32))
 
 
