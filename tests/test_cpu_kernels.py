@@ -182,3 +182,9 @@ def test_disabled_or_missing_compiler_falls_back(tmp_path):
     out = _probe({"CXX": "false", "JAXAGENT_KERNEL_CACHE": str(tmp_path)})  # a "compiler" that always fails
     assert out.startswith("False | build or load failed")
     assert not list(tmp_path.rglob("*.so"))  # no half-written library left behind
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or jax.default_backend() != "cpu",
+                    reason="no C++ compiler or not on CPU")
+def test_unwritable_cache_directory_falls_back_to_a_temporary_one():
+    assert _probe({"JAXAGENT_KERNEL_CACHE": "/proc/jaxagent-not-writable"}) == "True |"

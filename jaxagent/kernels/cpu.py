@@ -16,8 +16,8 @@ softmax passes over the scores. `cpu_kernels.cc` holds two kernels for those sha
 
 The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
 jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
-`~/.cache/jaxagent/kernels`) keyed by the source, jaxlib's version, the compiler and the CPU's flags; the
-build takes ~10 s once per machine. Nothing is downloaded. Where the build fails (no compiler) or
+`~/.cache/jaxagent/kernels`; a per-user temporary directory if that is not writable) keyed by the
+source, jaxlib's version, the compiler and the CPU's flags; the build takes ~10 s once per machine. Nothing is downloaded. Where the build fails (no compiler) or
 `JAXAGENT_CPU_KERNELS=0`, `available()` is False and the model keeps its XLA paths; `unavailable_reason()`
 says why. GPU and TPU backends never use these kernels.
 """
@@ -94,9 +94,15 @@ def _load() -> tuple[Optional[ctypes.CDLL], str]:
     if shutil.which(compiler) is None:
         return None, f"no C++ compiler ({compiler!r} not found; set CXX)"
     try:
-        path = _cache_dir() / f"cpu_kernels-{_build_key(compiler)}.so"
+        name = f"cpu_kernels-{_build_key(compiler)}.so"
+        path = _cache_dir() / name
         if not path.exists():
-            _compile(compiler, path)
+            try:
+                _compile(compiler, path)
+            except OSError:  # the cache directory is not writable: a per-user temporary one
+                path = Path(tempfile.gettempdir()) / f"jaxagent-kernels-{os.getuid()}" / name
+                if not path.exists():
+                    _compile(compiler, path)
         lib = ctypes.cdll.LoadLibrary(str(path))
         for target, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
