@@ -3,13 +3,14 @@
 XLA:CPU runs the small products of decoding far below what the machine can do: a [16, 384] x [384, 1024]
 projection through Eigen packs the whole weight matrix into panels on every call (~5 GB/s of weights
 where memory gives ~15), and attention over a KV cache becomes many tiny batched dots plus separate
-softmax passes over the scores. `cpu_kernels.cc` holds two kernels for those shapes:
+softmax passes over the scores. `cpu_kernels.cc` holds the kernels for those shapes (and the packing):
 
 - `skinny_matmul(x [M, K], w_packed, n) -> [M, n]`: weights pre-arranged by `pack_panels` into column
   panels of 16 ([n / 16, K, 16], contiguous), so a decode step streams each weight once. Packing is a
   copy of the weights: callers pack once outside their token loop (`qwen3.decode_weights`).
-- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window) -> [B, T, H, E]`:
-  softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots, fused per (row, KV head): scores,
+- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference)`
+  -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an int32
+  scalar read at run time, so one program serves every window), fused per (row, KV head): scores,
   masking, max, exp and the value product in one pass over the cache, with `qwen3._attend`'s semantics
   (masked scores get -1e30, so a row with every key masked averages the window uniformly). Its gradient
   is that of the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
@@ -17,9 +18,11 @@ softmax passes over the scores. `cpu_kernels.cc` holds two kernels for those sha
 The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
 jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
 `~/.cache/jaxagent/kernels`; a per-user temporary directory if that is not writable) keyed by the
-source, jaxlib's version, the compiler and the CPU's flags; the build takes ~10 s once per machine. Nothing is downloaded. Where the build fails (no compiler) or
-`JAXAGENT_CPU_KERNELS=0`, `available()` is False and the model keeps its XLA paths; `unavailable_reason()`
-says why. GPU and TPU backends never use these kernels.
+source, jaxlib's version, the compiler and the CPU's flags; the build takes ~7-10 s once per machine.
+Nothing is downloaded. Where the build fails (no compiler) or `JAXAGENT_CPU_KERNELS=0`, `available()`
+is False and the model keeps its XLA paths; `unavailable_reason()` says why, and calling a kernel
+directly raises. GPU and TPU backends never use these kernels. Inside a sharded (multi-device) CPU
+program XLA runs each custom call on whole, replicated operands: correct, not partitioned.
 """
 from __future__ import annotations
 
