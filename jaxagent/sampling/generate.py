@@ -63,9 +63,9 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
     """
     b = logits_BxV.shape[0]
-    if jax.default_backend() == "cpu":  # XLA:CPU's dot with the transposed embedding is 2x slower (see untied)
-        params, cfg = qwen3.untied(params, cfg)  # one [D, V] copy per call, outside the token loop
     packed = qwen3.decode_weights(params, cfg, rows=b)  # None unless the CPU kernels apply; packed once per call
+    if packed is None and jax.default_backend() == "cpu":  # XLA:CPU's dot with the transposed embedding is
+        params, cfg = qwen3.untied(params, cfg)  # 2x slower (see untied): one [D, V] copy, outside the token loop
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
