@@ -79,6 +79,9 @@ def _attention_case(rng, b, t, h, kv, e, s, causal):
     (4, 43, 4, 2, 32, 130, 96, True),     # an append: many rows per KV head, blocks of 6 rows and 16 slots
     (2, 5, 6, 3, 24, 37, 37, False),      # head_dim 24: three 8-lane column groups; 37 slots: partial blocks
     (2, 3, 2, 1, 8, 5, None, True),       # smaller than one block everywhere
+    (2, 9, 4, 1, 128, 150, None, True),   # head_dim 128: value chunks of 32 slots, accumulated; 150 slots
+    (1, 25, 1, 1, 16, 300, 290, False),   # groups of 6, 6, 6, 6, 1 rows; two value chunks of 256 slots
+    (2, 53, 2, 2, 40, 112, 100, True),    # blocks of 48 + 5 rows; head_dim 40: 16 + 16 + 8 columns
 ])
 def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
     cfg = _cfg(h, kv, e)

@@ -19,6 +19,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -128,76 +132,103 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
 
 
 // ---------------------------------------------------------------------------------------- attention
-// exp(x) on 8 lanes: x = n ln2 + r with |r| <= ln2 / 2; exp(r) by its degree-6 Taylor polynomial
-// (relative error < 2e-7 there), times 2^n written into the exponent bits. x < -87 (a masked score
-// minus its row max) gives exactly 0, as XLA's exp does for the softmax's masked slots.
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef int8_t v8c __attribute__((vector_size(8)));
 
 inline v8f splat(float a) { return v8f{a, a, a, a, a, a, a, a}; }
 
-inline v8f exp8(v8f x) {
-  const v8i masked = x < splat(-87.0f);
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  x = x > splat(88.0f) ? splat(88.0f) : x;
+// 8 mask bytes -> lanes of all ones where nonzero. GCC 12 widens an 8-byte vector lane by lane in
+// general-purpose registers (~30 instructions); AVX2 has one instruction for it.
+inline v8i mask8(const bool* p) {
+#ifdef __AVX2__
+  const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return reinterpret_cast<v8i>(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
+#else
+  v8c m;
+  std::memcpy(&m, p, sizeof m);
+  return __builtin_convertvector(m, v8i) != 0;
+#endif
+}
+
+// 2^x on 8 lanes for x <= 0 (a score minus its row max, in log2 units): x = n + f with n = round(x),
+// |f| <= 1/2; 2^f by a degree-5 polynomial fitted for relative error (< 2.4e-7 in f32 arithmetic),
+// times 2^n written into the exponent bits. x < -126 (every masked slot) gives exactly 0, as XLA's
+// exp does for the softmax's masked slots; the lanes' other results are then never used.
+inline v8f exp2_8(v8f x) {
+  const v8i tiny = x < splat(-126.0f);
   const v8f round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const v8f n = (x * splat(1.44269504088896341f) + round) - round;
-  const v8f r = (x - n * splat(0.693359375f)) - n * splat(-2.12194440e-4f);  // ln 2 in two parts
-  v8f p = splat(1.0f / 720);
-  p = p * r + splat(1.0f / 120);
-  p = p * r + splat(1.0f / 24);
-  p = p * r + splat(1.0f / 6);
-  p = p * r + splat(0.5f);
-  p = p * r + splat(1.0f);
-  p = p * r + splat(1.0f);
+  const v8f n = (x + round) - round;
+  const v8f f = x - n;
+  v8f p = splat(1.3276469e-3f);
+  p = p * f + splat(9.6755410e-3f);
+  p = p * f + splat(5.5507135e-2f);
+  p = p * f + splat(2.4022120e-1f);
+  p = p * f + splat(6.9314694e-1f);
+  p = p * f + splat(1.0000001f);
   const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
   v8f scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return masked ? splat(0.0f) : p * scale;
-}
-
-inline float exp1(float x) {
-  v8f v = splat(x);
-  return exp8(v)[0];
+  return tiny ? splat(0.0f) : p * scale;
 }
 
 struct AttnShape {
   int64_t B, T, H, KV, G, E, S, W;
 };
 
-// Scores of rows rows[0..R) (pointers to their q vectors) against slots [s0, s0 + kNr): acc = q . k.
+constexpr float kMasked = -1e30f;   // the XLA path's finite mask value (here in log2 units)
+constexpr float kBeyond = -3e38f;   // slots past a group's end: 0 even for a row with every slot masked
+
+// Scores of rows [0, R) (pointers to their q vectors, already scaled by log2(e) / sqrt(E)) against slots
+// [s0, s0 + kNr): sc = q . k where the row's mask is set, kMasked where not, kBeyond from `limit` on;
+// vmax[r] keeps each row's running maximum (one pass over the scores fewer).
 template <int R>
-inline void score_tile(const float* const* q, const float* kt, int64_t E, int64_t S, int64_t s0,
-                       float* sc, int64_t ld) {
-  v8f acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = v8f{};
+inline void score_tile(const float* const* q, const float* kt, int64_t E, int64_t S, int64_t s0, float* sc,
+                       int64_t ld, const bool* const* m, int64_t limit, v8f* vmax) {
   const float* kp = kt + s0;
-  for (int64_t e = 0; e < E; ++e, kp += S) {
+  // The first step initialises the accumulators (zero-filled arrays became a memset and stack spills).
+  __builtin_prefetch(kp + 2 * kNr);
+  v8f k0 = load8(kp), k1 = load8(kp + 8);
+  v8f acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    const float a = q[r][0];
+    acc0[r] = a * k0;
+    acc1[r] = a * k1;
+  }
+  kp += S;
+  for (int64_t e = 1; e < E; ++e, kp += S) {
     // The strip walks E rows of keys S apart: fetch each row's next line (the next strip) ahead, as the
     // hardware prefetchers do not follow that many strided streams.
     __builtin_prefetch(kp + 2 * kNr);
-    const v8f k0 = load8(kp), k1 = load8(kp + 8);
+    k0 = load8(kp);
+    k1 = load8(kp + 8);
     for (int r = 0; r < R; ++r) {
       const float a = q[r][e];
       acc0[r] += a * k0;
       acc1[r] += a * k1;
     }
   }
+  const v8i slot = v8i{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<int32_t>(s0);
+  const v8i in0 = slot < static_cast<int32_t>(limit), in1 = slot + 8 < static_cast<int32_t>(limit);
   for (int r = 0; r < R; ++r) {
-    store8(sc + r * ld + s0, acc0[r]);
-    store8(sc + r * ld + s0 + 8, acc1[r]);
+    const v8f x0 = in0 ? (mask8(m[r] + s0) ? acc0[r] : splat(kMasked)) : splat(kBeyond);
+    const v8f x1 = in1 ? (mask8(m[r] + s0 + 8) ? acc1[r] : splat(kMasked)) : splat(kBeyond);
+    store8(sc + r * ld + s0, x0);
+    store8(sc + r * ld + s0 + 8, x1);
+    const v8f hi = x0 > x1 ? x0 : x1;
+    vmax[r] = vmax[r] > hi ? vmax[r] : hi;
   }
 }
 
-// out rows[0..R) (8 * C columns from e0) = sum_s p[r, s] v[s, e0 : e0 + 8 C].
+// out rows[0..R) (8 * C columns from e0) (+)= sum_{s < n} p[r, s] v[s, e0 : e0 + 8 C]; accumulates into
+// out when `acc_in` (the second and later slot chunks).
 template <int R, int C>
-inline void pv_tile(const float* p, int64_t ld, const float* v, int64_t E, int64_t W, int64_t e0,
-                    float* const* out) {
+inline void pv_tile(const float* p, int64_t ld, const float* v, int64_t E, int64_t n, int64_t e0,
+                    float* const* out, bool acc_in) {
   v8f acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = v8f{};
+    for (int c = 0; c < C; ++c) acc[r][c] = acc_in ? load8(out[r] + e0 + 8 * c) : v8f{};
   const float* vp = v + e0;
-  for (int64_t s = 0; s < W; ++s, vp += E) {
+  for (int64_t s = 0; s < n; ++s, vp += E) {
     v8f vv[C];
     for (int c = 0; c < C; ++c) vv[c] = load8(vp + 8 * c);
     for (int r = 0; r < R; ++r) {
@@ -209,100 +240,155 @@ inline void pv_tile(const float* p, int64_t ld, const float* v, int64_t E, int64
     for (int c = 0; c < C; ++c) store8(out[r] + e0 + 8 * c, acc[r][c]);
 }
 
+// Tiles of R rows x 16 columns for R >= 3 (for R = 6: 12 accumulators, 2 value vectors and one
+// broadcast in registers, 8 loads per 12 FMAs; 3 rows x 32 columns needs 15 loads per 12 FMAs, as the
+// value vectors no longer fit in registers, and ran at ~75% of the FMA rate). For one or two rows
+// (decoding) 32 columns: each value row is then read whole and in order, which streams from memory
+// better than two passes over half rows.
 template <int R>
-void pv_rows(const float* p, int64_t ld, const float* v, int64_t E, int64_t W, float* const* out) {
+void pv_rows(const float* p, int64_t ld, const float* v, int64_t E, int64_t n, float* const* out, bool acc_in) {
   int64_t e0 = 0;
-  for (; e0 + 32 <= E; e0 += 32) pv_tile<R, 4>(p, ld, v, E, W, e0, out);
-  switch ((E - e0) / 8) {
-    case 3: pv_tile<R, 3>(p, ld, v, E, W, e0, out); break;
-    case 2: pv_tile<R, 2>(p, ld, v, E, W, e0, out); break;
-    case 1: pv_tile<R, 1>(p, ld, v, E, W, e0, out); break;
-    default: break;
+  if (R <= 2) {
+    for (; e0 + 32 <= E; e0 += 32) pv_tile<R, 4>(p, ld, v, E, n, e0, out, acc_in);
+    switch ((E - e0) / 8) {
+      case 3: pv_tile<R, 3>(p, ld, v, E, n, e0, out, acc_in); break;
+      case 2: pv_tile<R, 2>(p, ld, v, E, n, e0, out, acc_in); break;
+      case 1: pv_tile<R, 1>(p, ld, v, E, n, e0, out, acc_in); break;
+      default: break;
+    }
+    return;
+  }
+  for (; e0 + 16 <= E; e0 += 16) pv_tile<R, 2>(p, ld, v, E, n, e0, out, acc_in);
+  if (e0 < E) pv_tile<R, 1>(p, ld, v, E, n, e0, out, acc_in);
+}
+
+inline void score_group(int rows, const float* const* q, const float* kt, int64_t E, int64_t S, int64_t s0,
+                        float* sc, int64_t ld, const bool* const* m, int64_t limit, v8f* vmax) {
+  switch (rows) {
+    case 6: score_tile<6>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
+    case 5: score_tile<5>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
+    case 4: score_tile<4>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
+    case 3: score_tile<3>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
+    case 2: score_tile<2>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
+    default: score_tile<1>(q, kt, E, S, s0, sc, ld, m, limit, vmax); break;
   }
 }
 
-constexpr int kRows = 6;  // query rows per block: the score tile's rows (12 accumulators)
+// The last slot + 1 of row `m` below `w` that is unmasked; 0 if none. Eight mask bytes at a time.
+inline int64_t unmasked_end(const bool* m, int64_t w) {
+  int64_t s = w;
+  for (; s % 8 != 0; --s)
+    if (m[s - 1]) return s;
+  for (; s > 0; s -= 8) {
+    uint64_t word;
+    std::memcpy(&word, m + s - 8, sizeof word);
+    if (word != 0) return s - 8 + (63 - __builtin_clzll(word)) / 8 + 1;  // little endian: last byte highest
+  }
+  return 0;
+}
 
-// One (batch row b, KV head h) pair: every query row (g, t) of its G heads, in blocks of kRows.
+constexpr int kRows = 6;     // query rows per group: the score tile's rows (12 accumulators)
+constexpr int kGroups = 8;   // groups per block: each key strip / value chunk is loaded once for all of them
+constexpr int kBlockRows = kRows * kGroups;
+constexpr int64_t kValueChunkBytes = 16 << 10;  // value rows per chunk: stays in L1 while every group uses it
+
+// One (batch row b, KV head h) pair: every query row (g, t) of its G heads, in blocks of up to kBlockRows
+// rows. Per block, the scores of all rows are computed strip by strip (each strip of keys is read from
+// L2 once and reused from L1 by every group), then each row's softmax, then the value product chunk by
+// chunk (each chunk of values read once for every group). `work` holds kBlockRows * (ld + E) floats.
 void attend_pair(const AttnShape& d, const float* q, const float* kt, const float* v, const bool* mask,
-                 float* out, float scale, int64_t b, int64_t h, float* sc) {
+                 float* out, float qscale, int64_t b, int64_t h, float* work) {
   const int64_t rows = d.G * d.T, ld = (d.W + kNr - 1) / kNr * kNr;
   const float* ktp = kt + (b * d.KV + h) * d.E * d.S;  // [E, S]
   const float* vp = v + (b * d.KV + h) * d.S * d.E;    // [S, E]
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int R = static_cast<int>(std::min<int64_t>(kRows, rows - r0));
-    const float* qr[kRows];
-    float* orow[kRows];
-    const bool* mrow[kRows];
-    for (int r = 0; r < R; ++r) {
+  const int64_t chunk = std::max<int64_t>(kNr, kValueChunkBytes / (d.E * 4));
+  float* sc = work;                    // [kBlockRows, ld] scores, then probabilities (unnormalised)
+  float* qs = work + kBlockRows * ld;  // [kBlockRows, E] scaled queries
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
+    const int64_t nr = std::min<int64_t>(kBlockRows, rows - r0);
+    const int ng = static_cast<int>((nr + kRows - 1) / kRows);
+    const float* qr[kBlockRows];
+    float* orow[kBlockRows];
+    const bool* mrow[kBlockRows];
+    v8f vmax[kBlockRows];
+    int64_t wg[kGroups];  // each group's slots: up to its rows' last unmasked one
+    int rg[kGroups];      // rows in each group
+    for (int64_t r = 0; r < nr; ++r) {
       const int64_t g = (r0 + r) / d.T, t = (r0 + r) % d.T;
       const int64_t off = ((b * d.T + t) * d.H + h * d.G + g) * d.E;
-      qr[r] = q + off;
+      for (int64_t e = 0; e < d.E; e += 8) store8(qs + r * d.E + e, load8(q + off + e) * splat(qscale));
+      qr[r] = qs + r * d.E;
       orow[r] = out + off;
       mrow[r] = mask + (b * d.T + t) * d.S;
+      vmax[r] = splat(kMasked);
     }
-    // Slots past every row's last unmasked one only add exp(-1e30 - max) = 0: stop the block there.
-    // A row with no unmasked slot keeps the whole window (its softmax is uniform over all of it).
-    int64_t W = 0;
-    for (int r = 0; r < R && W < d.W; ++r) {
-      int64_t last = d.W - 1;
-      while (last >= 0 && !mrow[r][last]) --last;
-      W = last < 0 ? d.W : std::max(W, last + 1);
+    int64_t w_max = 0;
+    for (int gi = 0; gi < ng; ++gi) {
+      rg[gi] = static_cast<int>(std::min<int64_t>(kRows, nr - gi * kRows));
+      // Slots past every row's last unmasked one only add 2^(-1e30 - max) = 0: stop the group there.
+      // A row with no unmasked slot keeps the whole window (its softmax is uniform over all of it).
+      int64_t w = 0;
+      for (int r = gi * kRows; r < gi * kRows + rg[gi] && w < d.W; ++r) {
+        const int64_t end = unmasked_end(mrow[r], d.W);
+        w = end == 0 ? d.W : std::max(w, end);
+      }
+      wg[gi] = w;
+      w_max = std::max(w_max, w);
     }
-    int64_t s0 = 0;
-    for (; s0 + kNr <= W; s0 += kNr) {
-      switch (R) {
-        case 6: score_tile<6>(qr, ktp, d.E, d.S, s0, sc, ld); break;
-        case 5: score_tile<5>(qr, ktp, d.E, d.S, s0, sc, ld); break;
-        case 4: score_tile<4>(qr, ktp, d.E, d.S, s0, sc, ld); break;
-        case 3: score_tile<3>(qr, ktp, d.E, d.S, s0, sc, ld); break;
-        case 2: score_tile<2>(qr, ktp, d.E, d.S, s0, sc, ld); break;
-        default: score_tile<1>(qr, ktp, d.E, d.S, s0, sc, ld); break;
+    // Whole strips up to each group's end rounded up, as far as the cache has slots (slots past the
+    // group's end come out masked); the scalar loop below only runs when S is not a multiple of kNr.
+    const int64_t w_tiles = std::min((w_max + kNr - 1) / kNr * kNr, d.S / kNr * kNr);
+    for (int64_t s0 = 0; s0 + kNr <= w_tiles; s0 += kNr)
+      for (int gi = 0; gi < ng; ++gi)
+        if (s0 < wg[gi])
+          score_group(rg[gi], qr + gi * kRows, ktp, d.E, d.S, s0, sc + gi * kRows * ld, ld, mrow + gi * kRows,
+                      wg[gi], vmax + gi * kRows);
+    float inv_sum[kBlockRows];
+    for (int gi = 0; gi < ng; ++gi) {
+      const int64_t W = wg[gi], tiled = std::min((W + kNr - 1) / kNr * kNr, w_tiles);
+      for (int r = gi * kRows; r < gi * kRows + rg[gi]; ++r) {
+        float* row = sc + r * ld;
+        float mx = vmax[r][0];
+        for (int l = 1; l < 8; ++l) mx = std::max(mx, vmax[r][l]);
+        for (int64_t s = tiled; s < W; ++s) {  // the last, partial strip
+          float a = 0.f;
+          for (int64_t e = 0; e < d.E; ++e) a += qr[r][e] * ktp[e * d.S + s];
+          row[s] = mrow[r][s] ? a : kMasked;
+          mx = std::max(mx, row[s]);
+        }
+        // 2^(score - row max) in place; whole vectors as far as the tiles wrote (masked beyond W)
+        const int64_t vec_end = tiled >= (W + 7) / 8 * 8 ? (W + 7) / 8 * 8 : W / 8 * 8;
+        v8f total = v8f{};
+        int64_t s = 0;
+        for (; s < vec_end; s += 8) {
+          const v8f e = exp2_8(load8(row + s) - splat(mx));
+          store8(row + s, e);
+          total += e;
+        }
+        float sum = 0.f;
+        for (int l = 0; l < 8; ++l) sum += total[l];
+        for (; s < W; ++s) sum += (row[s] = exp2_8(splat(row[s] - mx))[0]);
+        inv_sum[r] = 1.0f / sum;
       }
     }
-    for (int r = 0; r < R; ++r)  // the last, partial block of slots
-      for (int64_t s = s0; s < W; ++s) {
-        float a = 0.f;
-        for (int64_t e = 0; e < d.E; ++e) a += qr[r][e] * ktp[e * d.S + s];
-        sc[r * ld + s] = a;
+    for (int64_t c0 = 0; c0 < w_max; c0 += chunk)
+      for (int gi = 0; gi < ng; ++gi) {
+        if (c0 >= wg[gi]) continue;
+        const int64_t n = std::min(chunk, wg[gi] - c0);
+        const float* p = sc + gi * kRows * ld + c0;
+        const float* vc = vp + c0 * d.E;
+        float* const* o = orow + gi * kRows;
+        switch (rg[gi]) {
+          case 6: pv_rows<6>(p, ld, vc, d.E, n, o, c0 > 0); break;
+          case 5: pv_rows<5>(p, ld, vc, d.E, n, o, c0 > 0); break;
+          case 4: pv_rows<4>(p, ld, vc, d.E, n, o, c0 > 0); break;
+          case 3: pv_rows<3>(p, ld, vc, d.E, n, o, c0 > 0); break;
+          case 2: pv_rows<2>(p, ld, vc, d.E, n, o, c0 > 0); break;
+          default: pv_rows<1>(p, ld, vc, d.E, n, o, c0 > 0); break;
+        }
       }
-    float inv_sum[kRows];
-    for (int r = 0; r < R; ++r) {  // scale, mask, and exp(score - row max) in place
-      float* row = sc + r * ld;
-      // masked slots get the XLA path's finite mask value, -1e30
-      v8f vmax = splat(-3.0e38f);
-      int64_t s = 0;
-      for (; s + 8 <= W; s += 8) {
-        v8c m;
-        std::memcpy(&m, mrow[r] + s, sizeof m);
-        const v8i keep = __builtin_convertvector(m, v8i) != 0;
-        const v8f val = keep ? load8(row + s) * splat(scale) : splat(-1e30f);
-        store8(row + s, val);
-        vmax = vmax > val ? vmax : val;
-      }
-      float mx = vmax[0];
-      for (int l = 1; l < 8; ++l) mx = std::max(mx, vmax[l]);
-      for (; s < W; ++s) {
-        row[s] = mrow[r][s] ? row[s] * scale : -1e30f;
-        mx = std::max(mx, row[s]);
-      }
-      v8f total = v8f{};
-      s = 0;
-      for (; s + 8 <= W; s += 8) {
-        const v8f e = exp8(load8(row + s) - splat(mx));
-        store8(row + s, e);
-        total += e;
-      }
-      float sum = 0.f;
-      for (int l = 0; l < 8; ++l) sum += total[l];
-      for (; s < W; ++s) sum += (row[s] = exp1(row[s] - mx));
-      inv_sum[r] = 1.0f / sum;
-    }
-    int r = 0;
-    for (; r + 3 <= R; r += 3) pv_rows<3>(sc + r * ld, ld, vp, d.E, W, orow + r);
-    for (; r < R; ++r) pv_rows<1>(sc + r * ld, ld, vp, d.E, W, orow + r);
-    for (int rr = 0; rr < R; ++rr)
-      for (int64_t e = 0; e < d.E; e += 8) store8(orow[rr] + e, load8(orow[rr] + e) * splat(inv_sum[rr]));
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t e = 0; e < d.E; e += 8) store8(orow[r] + e, load8(orow[r] + e) * splat(inv_sum[r]));
   }
 }
 
@@ -320,7 +406,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
       d.W <= 0 || d.W > d.S)
     return ffi::Error::InvalidArgument("attention: inconsistent shapes, head_dim not a multiple of 8 or bad window");
   d.G = d.H / d.KV;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.E));
+  const float qscale = 1.4426950408889634f / std::sqrt(static_cast<float>(d.E));  // log2(e) / sqrt(E)
   const float* qp = q.typed_data();
   const float* kp = kt.typed_data();
   const float* vp = v.typed_data();
@@ -329,8 +415,9 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
   const int64_t ld = (d.W + kNr - 1) / kNr * kNr;
   parallel_chunks(pool, d.B * d.KV, [=](int64_t c) {
     thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<size_t>(kRows * ld)) scratch.resize(kRows * ld);
-    attend_pair(d, qp, kp, vp, mp, op, scale, c / d.KV, c % d.KV, scratch.data());
+    const size_t need = static_cast<size_t>(kBlockRows * (ld + d.E));
+    if (scratch.size() < need) scratch.resize(need);
+    attend_pair(d, qp, kp, vp, mp, op, qscale, c / d.KV, c % d.KV, scratch.data());
   });
   return ffi::Error::Success();
 }
