@@ -30,15 +30,43 @@ def test_kernels_build_where_a_compiler_exists():
     assert cpu.available(), cpu.unavailable_reason()
 
 
+def _valid_rows(n_valid, t):
+    return np.arange(t)[None, :] < np.clip(np.asarray(n_valid), 0, t)[:, None]  # [B, T]
+
+
 @needs_kernels
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (16, 384, 1024), (5, 7, 40), (7, 33, 102), (13, 64, 16),
-                                   (64, 128, 250), (3, 5, 15)])
-def test_skinny_matmul_matches_numpy(m, k, n):
-    rng = np.random.default_rng(m * 1000 + n)
-    x = rng.standard_normal((m, k)).astype(np.float32)
+@pytest.mark.parametrize("b,t,k,n", [(1, 1, 1, 1), (16, 1, 384, 1024), (5, 1, 7, 40), (7, 1, 33, 102),
+                                     (13, 1, 64, 16), (64, 1, 128, 250), (3, 1, 5, 15),
+                                     (64, 43, 128, 256),  # an append: chunks of 96 rows over all panels
+                                     (9, 31, 20, 37)])    # row tails in every chunk, a partial panel
+def test_rows_matmul_matches_numpy(b, t, k, n):
+    rng = np.random.default_rng(b * 1000 + n)
+    x = rng.standard_normal((b, t, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
-    got = jax.jit(lambda x, w: cpu.skinny_matmul(x, cpu.pack_panels(w), w.shape[1]))(x, w)
-    np.testing.assert_allclose(np.asarray(got), x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+    n_valid = rng.integers(-1, t + 2, b).astype(np.int32)  # incl. 0, negative (-> 0) and > T (-> T)
+    n_valid[0] = t
+    got = np.asarray(jax.jit(lambda x, nv, w: cpu.rows_matmul(x, nv, cpu.pack_panels(w), w.shape[1]))(x, n_valid, w))
+    valid = _valid_rows(n_valid, t)
+    np.testing.assert_allclose(got[valid], (x.astype(np.float64) @ w)[valid], rtol=1e-5, atol=1e-4 * np.sqrt(k))
+    assert (got[~valid] == 0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("b,t,d,f", [(64, 43, 128, 384),  # the rollout's appends at the 1M shape
+                                     (3, 7, 40, 24),      # F = 24: gate and up panels straddle
+                                     (2, 50, 64, 1024),   # chunks of 18 rows (the intermediate within L2)
+                                     (4, 2, 16, 8)])      # fewer rows than one tile
+def test_mlp_matches_xla(b, t, d, f):
+    rng = np.random.default_rng(b + t + d + f)
+    x = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
+    gate, up, down = (jnp.asarray(rng.standard_normal(s) * 0.3, jnp.float32) for s in ((d, f), (d, f), (f, d)))
+    n_valid = rng.integers(0, t + 1, b).astype(np.int32)
+    n_valid[0] = t
+    got = np.asarray(jax.jit(lambda x, nv: cpu.mlp(x, nv, cpu.pack_panels(gate, up), cpu.pack_panels(down)))(x, n_valid))
+    want = np.asarray((jax.nn.silu(x @ gate) * (x @ up)) @ down)
+    valid = _valid_rows(n_valid, t)
+    np.testing.assert_allclose(got[valid], want[valid], rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert (got[~valid] == 0).all()
 
 
 @needs_kernels
@@ -53,10 +81,14 @@ def test_pack_panels_layout_and_concatenation():
 
 
 @needs_kernels
-def test_skinny_matmul_rejects_mismatched_operands():
-    x = jnp.ones((4, 8))
-    with pytest.raises(ValueError, match="skinny_matmul"):
-        cpu.skinny_matmul(x, cpu.pack_panels(jnp.ones((9, 16))), 16)
+def test_kernels_reject_mismatched_operands():
+    x = jnp.ones((2, 3, 8))
+    with pytest.raises(ValueError, match="rows_matmul"):
+        cpu.rows_matmul(x, jnp.ones((2,), jnp.int32), cpu.pack_panels(jnp.ones((9, 16))), 16)
+    with pytest.raises(ValueError, match="rows_matmul"):
+        cpu.rows_matmul(x, jnp.ones((3,), jnp.int32), cpu.pack_panels(jnp.ones((8, 16))), 16)
+    with pytest.raises(ValueError, match="mlp"):
+        cpu.mlp(x, jnp.ones((2,), jnp.int32), cpu.pack_panels(jnp.ones((8, 12))), cpu.pack_panels(jnp.ones((12, 8))))
 
 
 def _attention_case(rng, b, t, h, kv, e, s, causal):
@@ -128,34 +160,61 @@ def test_attention_under_vmap():
 
 
 @needs_kernels
+def test_attention_skips_padded_queries():
+    cfg = _cfg(4, 2, 16)
+    q, kt, v, mask = _attention_case(np.random.default_rng(3), 4, 9, 4, 2, 16, 40, True)
+    n_valid = jnp.array([9, 0, 4, 1], jnp.int32)
+    reference = functools.partial(qwen3._attend, cfg)
+    got = np.asarray(jax.jit(lambda *a: cpu.attention(*a, reference, n_valid))(q, kt, v, mask, 40))
+    want = np.asarray(reference(q, kt, v, mask))
+    valid = _valid_rows(n_valid, 9)
+    np.testing.assert_allclose(got[valid], want[valid], rtol=1e-5, atol=2e-6)
+    assert (got[~valid] == 0).all()
+    # the padded queries' outputs are constants (0): no gradient flows into them
+    loss = lambda f: lambda q: jnp.sum(jnp.sin(f(q)))
+    g = jax.grad(loss(lambda q: cpu.attention(q, kt, v, mask, 40, reference, n_valid)))(q)
+    g_ref = jax.grad(loss(lambda q: jnp.where(valid[:, :, None, None], reference(q, kt, v, mask), 0.0)))(q)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
 @pytest.mark.parametrize("tied", [True, False])
-def test_packed_decode_step_equals_unpacked(tied):
+def test_packed_forward_equals_unpacked(tied):
     cfg = _cfg(4, 2, 16, tie_word_embeddings=tied, intermediate_size=40)  # 40: a partial panel
     params = qwen3.init(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (5, 9), 0, cfg.vocab_size)
-    _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 16))
-    packed = qwen3.decode_weights(params, cfg, rows=5)
+    _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 24))
+    packed = qwen3.packed_weights(params, cfg)
     assert packed is not None
     step = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk))
     want, want_cache = step(params, cache, tokens[:, :1], None)
     got, got_cache = step(params, cache, tokens[:, :1], packed)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_cache["k"][1]), np.asarray(want_cache["k"][1]), rtol=1e-5, atol=1e-5)
-    # an append of 3 tokens with logits for one token per row: the last layer's query rows are gathered
-    append = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk,
-                                                       logits_index=jnp.array([0, 2, 1, 2, 0])))
-    want, _ = append(params, cache, tokens[:, :3], None)
-    got, _ = append(params, cache, tokens[:, :3], qwen3.decode_weights(params, cfg, rows=15))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # a right-padded append (rows of 7, 0, 3, 1 and 5 real tokens) with the logits of each row's last
+    # real token: the kernels compute only the real tokens; what they write must equal the XLA path
+    n_valid = jnp.array([7, 0, 3, 1, 5], jnp.int32)
+    append = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk, n_valid=n_valid,
+                                                       logits_index=jnp.maximum(n_valid - 1, 0)))
+    want, want_cache = append(params, cache, tokens[:, :7], None)
+    got, got_cache = append(params, cache, tokens[:, :7], packed)
+    live = np.asarray(n_valid) > 0
+    np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got_cache["length"]), np.asarray(want_cache["length"]))
+    slots = np.arange(24)[None, :] < np.asarray(want_cache["length"])[:, None]  # [B, S]: written and real
+    for layer in range(cfg.num_hidden_layers):
+        for name, s_axis in (("k", 3), ("v", 2)):
+            g, w = (np.moveaxis(np.asarray(c[name][layer]), s_axis, 1) for c in (got_cache, want_cache))  # [B, S, ..]
+            np.testing.assert_allclose(g[slots], w[slots], rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels
-def test_decode_weights_only_where_the_kernel_applies():
+def test_packed_weights_only_where_the_kernels_apply():
     cfg = _cfg(4, 2, 16)
     params = qwen3.init(cfg, jax.random.key(0))
-    assert qwen3.decode_weights(params, cfg, rows=qwen3._SKINNY_MAX_ROWS + 1) is None
-    assert qwen3.decode_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg, rows=4) is None
-    assert qwen3.decode_weights(params, cfg, rows=4) is not None
+    assert qwen3.packed_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg) is None
+    packed = qwen3.packed_weights(params, cfg)
+    assert len(packed["layers"]) == cfg.num_hidden_layers and packed["lm_head"].shape == (32 * 61,)
 
 
 def _probe(env: dict) -> str:
@@ -170,7 +229,7 @@ def _probe(env: dict) -> str:
 def test_kernels_load_on_first_direct_call():
     # a fresh process calling a kernel before anything asked `available()`
     code = ("import jax.numpy as jnp; from jaxagent.kernels import cpu\n"
-            "print(float(cpu.skinny_matmul(jnp.ones((2, 3)), cpu.pack_panels(jnp.ones((3, 5))), 5)[1, 4]))\n")
+            "print(float(cpu.rows_matmul(jnp.ones((2, 1, 3)), jnp.ones((2,), jnp.int32), cpu.pack_panels(jnp.ones((3, 5))), 5)[1, 0, 4]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if cpu.available():
         assert out.returncode == 0 and out.stdout.strip() == "3.0", out.stderr[-2000:]

@@ -1,19 +1,24 @@
-"""Compiled CPU kernels for decoding-shaped work, called from jitted code through XLA's FFI.
+"""Compiled CPU kernels for the model's hot paths, called from jitted code through XLA's FFI.
 
-XLA:CPU runs the small products of decoding far below what the machine can do: a [16, 384] x [384, 1024]
-projection through Eigen packs the whole weight matrix into panels on every call (~5 GB/s of weights
-where memory gives ~15), and attention over a KV cache becomes many tiny batched dots plus separate
-softmax passes over the scores. `cpu_kernels.cc` holds the kernels for those shapes (and the packing):
+XLA:CPU runs the model's products and attention below what the machine can do at decoding and
+rollout shapes: a [16, 384] x [384, 1024] projection through Eigen packs the whole weight matrix into
+panels on every call (~5 GB/s of weights where memory gives ~15), padded tokens cost as much as real
+ones, and attention over a KV cache becomes many tiny batched dots plus separate softmax passes.
+`cpu_kernels.cc` holds the kernels (and the packing):
 
-- `skinny_matmul(x [M, K], w_packed, n) -> [M, n]`: weights pre-arranged by `pack_panels` into column
-  panels of 16 ([n / 16, K, 16], contiguous), so a decode step streams each weight once. Packing is a
-  copy of the weights: callers pack once outside their token loop (`qwen3.decode_weights`).
-- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference)`
-  -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an int32
-  scalar read at run time, so one program serves every window), fused per (row, KV head): scores,
-  masking, max, exp and the value product in one pass over the cache, with `qwen3._attend`'s semantics
-  (masked scores get -1e30, so a row with every key masked averages the window uniformly). Its gradient
-  is that of the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
+- `rows_matmul(x [B, T, K], n_valid [B], w_packed, n) -> [B, T, n]`: x @ w for each row's first
+  n_valid tokens (0 for the rest: right-padded appends and finished rows cost nothing), the weights
+  pre-arranged by `pack_panels` into column panels of 16 ([n / 16, K, 16], contiguous), so a decode
+  step streams each weight once. Packing copies the weights: callers pack once outside their token
+  loop (`qwen3.packed_weights`).
+- `mlp(x, n_valid, gate_up_packed, down_packed)`: the SwiGLU block of many rows in one call; its
+  [rows, 2F] intermediate stays in L2 instead of going through memory three times.
+- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference,
+  n_valid)` -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an
+  int32 scalar read at run time, so one program serves every window), fused per (row, KV head):
+  scores, masking, max, exp and the value product, with `qwen3._attend`'s semantics (masked scores
+  get -1e30, so a row with every key masked averages the window uniformly). Its gradient is that of
+  the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
 
 The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
 jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
@@ -44,7 +49,8 @@ import numpy as np
 PANEL = 16  # columns per weight panel; must equal kNr in cpu_kernels.cc
 _SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
-_TARGETS = {"jaxagent_skinny_matmul": "JaxagentSkinnyMatmul", "jaxagent_attention": "JaxagentAttention",
+_TARGETS = {"jaxagent_rows_matmul": "JaxagentRowsMatmul", "jaxagent_mlp": "JaxagentMlp",
+            "jaxagent_attention": "JaxagentAttention",
             "jaxagent_pack_panels": "JaxagentPackPanels"}
 
 
@@ -134,7 +140,7 @@ def _require() -> None:
 
 def pack_panels(*ws_KxN: jax.Array) -> jax.Array:
     """w = [w_0 | w_1 | ...] (matrices [K, N_i] side by side, N = sum N_i) as the flat panel layout
-    `skinny_matmul` reads: full 16-column panels [N // 16, K, 16], then the last N % 16 columns as
+    `rows_matmul` and `mlp` read: full 16-column panels [N // 16, K, 16], then the last N % 16 columns as
     [K, N % 16]. One pass by the kernel (XLA's transpose for this took ~25 ms on a 10M model's weights)."""
     k = ws_KxN[0].shape[0]
     if any(w.ndim != 2 or w.shape[0] != k for w in ws_KxN):
@@ -155,14 +161,32 @@ def pack_panels_reference(w_KxN) -> np.ndarray:
     return np.concatenate([panels, w[:, full:].reshape(-1)])
 
 
-def skinny_matmul(x_MxK: jax.Array, w_packed: jax.Array, n: int) -> jax.Array:
-    """y [M, n] = x [M, K] @ w [K, n] (f32), w given as `pack_panels(w)`. Not differentiable: decoding only."""
-    if x_MxK.ndim != 2 or w_packed.shape != (x_MxK.shape[1] * n,):
-        raise ValueError(f"skinny_matmul: x {x_MxK.shape} and packed w {w_packed.shape} do not make [M, {n}]")
+def rows_matmul(x_BxTxK: jax.Array, n_valid_B: jax.Array, w_packed: jax.Array, n: int) -> jax.Array:
+    """y [B, T, n]: y[b, t] = x[b, t] @ w for t < n_valid[b] (clipped to [0, T]), 0 for the other rows;
+    w given as `pack_panels(w)`. Only the valid rows are computed (right-padded batches, finished rows).
+    Not differentiable."""
+    if x_BxTxK.ndim != 3 or n_valid_B.shape != x_BxTxK.shape[:1] or w_packed.shape != (x_BxTxK.shape[2] * n,):
+        raise ValueError(f"rows_matmul: x {x_BxTxK.shape}, n_valid {n_valid_B.shape} and packed w "
+                         f"{w_packed.shape} do not make [B, T, {n}]")
     _require()
-    call = jax.ffi.ffi_call("jaxagent_skinny_matmul", jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
+    call = jax.ffi.ffi_call("jaxagent_rows_matmul", jax.ShapeDtypeStruct(x_BxTxK.shape[:2] + (n,), jnp.float32),
                             vmap_method="sequential")
-    return call(x_MxK.astype(jnp.float32), w_packed.astype(jnp.float32))
+    return call(x_BxTxK.astype(jnp.float32), n_valid_B.astype(jnp.int32), w_packed.astype(jnp.float32))
+
+
+def mlp(x_BxTxD: jax.Array, n_valid_B: jax.Array, gate_up_packed: jax.Array, down_packed: jax.Array) -> jax.Array:
+    """SwiGLU y [B, T, D] = (silu(x @ gate) * (x @ up)) @ down for each row's first n_valid tokens (0 for
+    the others), the weights given as `pack_panels(gate, up)` and `pack_panels(down)`; the intermediate
+    never leaves the cache. Not differentiable."""
+    b, t, d = x_BxTxD.shape
+    f = down_packed.shape[0] // d if d else 0
+    if n_valid_B.shape != (b,) or gate_up_packed.shape != (2 * f * d,) or f * d != down_packed.shape[0] or f % 8:
+        raise ValueError(f"mlp: x {x_BxTxD.shape}, n_valid {n_valid_B.shape}, packed [gate | up] "
+                         f"{gate_up_packed.shape} and down {down_packed.shape} do not fit (F a multiple of 8)")
+    _require()
+    call = jax.ffi.ffi_call("jaxagent_mlp", jax.ShapeDtypeStruct(x_BxTxD.shape, jnp.float32), vmap_method="sequential")
+    return call(x_BxTxD.astype(jnp.float32), n_valid_B.astype(jnp.int32), gate_up_packed.astype(jnp.float32),
+                down_packed.astype(jnp.float32))
 
 
 def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bool:
@@ -171,30 +195,35 @@ def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bo
             and all(a.dtype == jnp.float32 for a in (q_BxTxHxE, kt, v)))
 
 
-def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference):
+def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference, n_valid_B=None):
     """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as
     `reference(q, kt, v, mask, traced_window=window)` computes it (`qwen3._attend`). `window` (int32
-    scalar, may be traced) is read at run time. Forward by the kernel; gradient by autodiff of
-    `reference`. A window outside [1, S] is an error at run time."""
+    scalar, may be traced) is read at run time. `n_valid_B` [B] (optional): only each row's first
+    n_valid queries are computed, the others' outputs are 0 (right-padded appends). Forward by the
+    kernel; gradient by autodiff of `reference`. A window outside [1, S] is an error at run time."""
     _require()
-    return _attention(reference, q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, jnp.asarray(window, jnp.int32))
+    b, t = q_BxTxHxE.shape[:2]
+    n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else jnp.asarray(n_valid_B, jnp.int32)
+    return _attention(reference, q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, jnp.asarray(window, jnp.int32), n)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(reference, q, kt, v, mask, window):
+def _attention(reference, q, kt, v, mask, window, n_valid):
     call = jax.ffi.ffi_call("jaxagent_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32),
                             vmap_method="sequential")
-    return call(q, kt, v, mask.astype(bool), window)
+    return call(q, kt, v, mask.astype(bool), window, n_valid)
 
 
-def _attention_fwd(reference, q, kt, v, mask, window):
-    return _attention(reference, q, kt, v, mask, window), (q, kt, v, mask, window)
+def _attention_fwd(reference, q, kt, v, mask, window, n_valid):
+    return _attention(reference, q, kt, v, mask, window, n_valid), (q, kt, v, mask, window, n_valid)
 
 
 def _attention_bwd(reference, res, g):
-    q, kt, v, mask, window = res
+    q, kt, v, mask, window, n_valid = res
+    t = jnp.arange(q.shape[1])  # the zeroed (padded) queries have no gradient
+    g = jnp.where((t[None, :] < n_valid[:, None])[:, :, None, None], g, 0)
     _, vjp = jax.vjp(lambda q, kt, v: reference(q, kt, v, mask, traced_window=window), q, kt, v)
-    return (*vjp(g), None, None)
+    return (*vjp(g), None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

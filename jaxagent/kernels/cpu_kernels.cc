@@ -1,13 +1,16 @@
 // CPU kernels for XLA's FFI (custom calls), built by jaxagent/kernels/cpu.py on first use.
 //
-// skinny_matmul: y[M, N] = x[M, K] w[K, N] for few rows M (decoding: one token per sequence), with w
+// rows_matmul: y[b, t] = x[b, t] w for each row's first n_valid[b] tokens (0 elsewhere), with w
 //   pre-arranged by pack_panels into panels of kNr columns ([N / kNr][K][kNr], contiguous). XLA:CPU's
-//   Eigen GEMM packs the whole weight matrix on every call; at M = 16 that ran at ~5 GB/s of weights
-//   (memory streams ~14-16 GB/s on two cores here). Each panel is read once from memory and reused from
-//   L1/L2 for every block of kMr rows, while the next panel is prefetched.
+//   Eigen GEMM packs the whole weight matrix on every call; at 16 rows that ran at ~5 GB/s of weights
+//   (memory streams ~14-16 GB/s on two cores here). Few rows (decoding): each panel is read once from
+//   memory, reused from L1 for every tile of kMr rows while the next panel is prefetched. Many rows
+//   (appends): chunks of rows, each panel reused by all the chunk's tiles; padding rows cost nothing.
+// mlp: the SwiGLU block for many rows in one call, its [rows, 2F] intermediate kept in L2.
 // attention: softmax(q k^T / sqrt(E) + mask) v over a KV cache (keys [B, K, E, S], values [B, K, S, E]),
-//   fused per (batch row, KV head): register-tiled scores, masking, exp, and the value product, stopping
-//   at each block's last unmasked slot; the window is read at run time.
+//   per (batch row, KV head), 48 query rows at a time: register-tiled scores with the mask and row max
+//   fused in, exp2, and the value product, each group of rows stopping at its last unmasked slot; the
+//   window and each row's number of real queries are read at run time.
 // pack_panels: the panel layout of one or several weight matrices placed side by side.
 // Every kernel splits its work over XLA's intra-op thread pool (parallel_chunks).
 #include <algorithm>
@@ -41,50 +44,6 @@ inline v8f load8(const float* p) {
 
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
-// Rows [i0, i0 + R) by columns [j0, j0 + kNr): acc = sum_k x[i, k] w[k, j], then y = acc.
-template <int R>
-inline void tile(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t i0, int64_t j0) {
-  v8f acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = v8f{};
-  const float* xr = x + i0 * K;
-  const float* wk = w + j0 * K;  // panel j0 / kNr: [K, kNr], contiguous
-  for (int64_t k = 0; k < K; ++k, wk += kNr) {
-    __builtin_prefetch(wk + kNr * K);  // the next panel, same row: streams in while this one is reused
-    const v8f w0 = load8(wk), w1 = load8(wk + 8);
-    for (int r = 0; r < R; ++r) {
-      const float a = xr[r * K + k];
-      acc0[r] += a * w0;
-      acc1[r] += a * w1;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    store8(y + (i0 + r) * N + j0, acc0[r]);
-    store8(y + (i0 + r) * N + j0 + 8, acc1[r]);
-  }
-}
-
-void strip(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t j0) {
-  if (j0 + kNr > N) {  // the last, partial strip: plain loops
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = j0; j < N; ++j) {
-        float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s += x[i * K + k] * w[j0 * K + k * (N - j0) + (j - j0)];
-        y[i * N + j] = s;
-      }
-    return;
-  }
-  int64_t i0 = 0;
-  for (; i0 + kMr <= M; i0 += kMr) tile<kMr>(x, w, y, K, N, i0, j0);
-  switch (M - i0) {
-    case 5: tile<5>(x, w, y, K, N, i0, j0); break;
-    case 4: tile<4>(x, w, y, K, N, i0, j0); break;
-    case 3: tile<3>(x, w, y, K, N, i0, j0); break;
-    case 2: tile<2>(x, w, y, K, N, i0, j0); break;
-    case 1: tile<1>(x, w, y, K, N, i0, j0); break;
-    default: break;
-  }
-}
-
 // Runs body(c) for c in [0, chunks) on the caller and up to threads - 1 pool workers. Chunks are
 // claimed from a shared counter, so the caller never waits on a task that has not started: it runs
 // every unclaimed chunk itself (no deadlock when the pool is busy), then waits for claimed ones.
@@ -110,26 +69,113 @@ void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, Body body) {
   while (state->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
 }
 
-ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                            ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 1 || yd.size() != 2 || yd[0] != xd[0] || wd[0] != xd[1] * yd[1])
-    return ffi::Error::InvalidArgument("skinny_matmul: expects x[M, K], packed w[K * N], y[M, N]");
-  const int64_t M = xd[0], K = xd[1], N = yd[1];
+// ------------------------------------------------------------------------------ matmul of valid rows
+// y[b, t] = x[b, t] w for t < n_valid[b], 0 for the other rows: a batch of right-padded sequences
+// (appends of different lengths, finished episodes with n_valid 0) costs only its real tokens. The
+// valid rows are gathered by pointer into tiles of kMr rows; the work is split into chunks of
+// kChunkRows rows (for many rows; each panel is then reused from L1 by all the chunk's tiles) or
+// additionally into groups of panels (for few rows: the weights then stream from memory once).
+
+// Rows xr[0..R) x panel columns [j0, j0 + kNr): y = x w. The first step initialises the accumulators.
+// With kPrefetch (few rows: the weights stream from memory) the next panel is fetched meanwhile.
+template <int R, bool kPrefetch>
+inline void tile_rows(const float* const* xr, const float* w, float* const* yr, int64_t K, int64_t j0) {
+  const float* wk = w + j0 * K;  // panel j0 / kNr: [K, kNr], contiguous
+  if (kPrefetch) __builtin_prefetch(wk + kNr * K);
+  v8f w0 = load8(wk), w1 = load8(wk + 8);
+  v8f acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = xr[r][0] * w0;
+    acc1[r] = xr[r][0] * w1;
+  }
+  wk += kNr;
+  for (int64_t k = 1; k < K; ++k, wk += kNr) {
+    if (kPrefetch) __builtin_prefetch(wk + kNr * K);
+    w0 = load8(wk);
+    w1 = load8(wk + 8);
+    for (int r = 0; r < R; ++r) {
+      const float a = xr[r][k];
+      acc0[r] += a * w0;
+      acc1[r] += a * w1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store8(yr[r] + j0, acc0[r]);
+    store8(yr[r] + j0 + 8, acc1[r]);
+  }
+}
+
+// Rows xr[0..m) by panel columns [j0, min(j0 + kNr, N)).
+template <bool kPrefetch>
+void strip_rows(const float* const* xr, const float* w, float* const* yr, int64_t m, int64_t K, int64_t N,
+                int64_t j0) {
+  if (j0 + kNr > N) {  // the last, partial panel: [K, N - j0], plain loops
+    const int64_t nc = N - j0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < nc; ++j) {
+        float s = 0.f;
+        for (int64_t k = 0; k < K; ++k) s += xr[i][k] * w[j0 * K + k * nc + j];
+        yr[i][j0 + j] = s;
+      }
+    return;
+  }
+  int64_t i = 0;
+  for (; i + kMr <= m; i += kMr) tile_rows<kMr, kPrefetch>(xr + i, w, yr + i, K, j0);
+  switch (m - i) {
+    case 5: tile_rows<5, kPrefetch>(xr + i, w, yr + i, K, j0); break;
+    case 4: tile_rows<4, kPrefetch>(xr + i, w, yr + i, K, j0); break;
+    case 3: tile_rows<3, kPrefetch>(xr + i, w, yr + i, K, j0); break;
+    case 2: tile_rows<2, kPrefetch>(xr + i, w, yr + i, K, j0); break;
+    case 1: tile_rows<1, kPrefetch>(xr + i, w, yr + i, K, j0); break;
+    default: break;
+  }
+}
+
+constexpr int64_t kChunkRows = 16 * kMr;
+
+ffi::Error RowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> n_valid,
+                          ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), nd = n_valid.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 3 || nd.size() != 1 || wd.size() != 1 || yd.size() != 3 || nd[0] != xd[0] ||
+      yd[0] != xd[0] || yd[1] != xd[1] || wd[0] != xd[2] * yd[2])
+    return ffi::Error::InvalidArgument("rows_matmul: expects x[B, T, K], n_valid[B], packed w[K * N], y[B, T, N]");
+  const int64_t B = xd[0], T = xd[1], K = xd[2], N = yd[2];
   const float* xp = x.typed_data();
+  const int32_t* np_ = n_valid.typed_data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
-  const int64_t strips = (N + kNr - 1) / kNr;
-  // A few strips per chunk keeps the counter traffic low; at least two chunks per thread balance the load.
-  const int64_t per_chunk = std::max<int64_t>(1, strips / (4 * std::max<int64_t>(1, pool.num_threads())));
-  const int64_t chunks = (strips + per_chunk - 1) / per_chunk;
-  parallel_chunks(pool, chunks, [=](int64_t c) {
-    const int64_t s_end = std::min(strips, (c + 1) * per_chunk);
-    for (int64_t s = c * per_chunk; s < s_end; ++s) strip(xp, wp, yp, M, K, N, s * kNr);
+  std::vector<const float*> xr;
+  std::vector<float*> yr;
+  xr.reserve(B * T);
+  yr.reserve(B * T);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::clamp<int64_t>(np_[b], 0, T);
+    for (int64_t t = 0; t < n; ++t) {
+      xr.push_back(xp + (b * T + t) * K);
+      yr.push_back(yp + (b * T + t) * N);
+    }
+    if (n < T) std::memset(yp + (b * T + n) * N, 0, sizeof(float) * (T - n) * N);
+  }
+  const int64_t m = static_cast<int64_t>(xr.size());
+  if (m == 0 || N == 0) return ffi::Error::Success();
+  const int64_t strips = (N + kNr - 1) / kNr, threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t row_chunks = (m + kChunkRows - 1) / kChunkRows;
+  // Enough tasks to balance the threads: split the panels too when there are few row chunks.
+  const int64_t panel_groups = std::min(strips, std::max<int64_t>(1, (4 * threads + row_chunks - 1) / row_chunks));
+  const int64_t per_group = (strips + panel_groups - 1) / panel_groups;
+  const float* const* xrp = xr.data();
+  float* const* yrp = yr.data();
+  parallel_chunks(pool, row_chunks * panel_groups, [=](int64_t c) {
+    const int64_t rc = c / panel_groups, pg = c % panel_groups;
+    const int64_t r0 = rc * kChunkRows, nr = std::min(kChunkRows, m - r0);
+    const int64_t s_end = std::min(strips, (pg + 1) * per_group);
+    for (int64_t s = pg * per_group; s < s_end; ++s) {
+      if (row_chunks == 1) strip_rows<true>(xrp + r0, wp, yrp + r0, nr, K, N, s * kNr);
+      else strip_rows<false>(xrp + r0, wp, yrp + r0, nr, K, N, s * kNr);
+    }
   });
   return ffi::Error::Success();
 }
-
 
 // ---------------------------------------------------------------------------------------- attention
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -297,8 +343,11 @@ constexpr int64_t kValueChunkBytes = 16 << 10;  // value rows per chunk: stays i
 // L2 once and reused from L1 by every group), then each row's softmax, then the value product chunk by
 // chunk (each chunk of values read once for every group). `work` holds kBlockRows * (ld + E) floats.
 void attend_pair(const AttnShape& d, const float* q, const float* kt, const float* v, const bool* mask,
-                 float* out, float qscale, int64_t b, int64_t h, float* work) {
-  const int64_t rows = d.G * d.T, ld = (d.W + kNr - 1) / kNr * kNr;
+                 float* out, float qscale, int64_t b, int64_t h, int64_t n_valid, float* work) {
+  // Only the row's first n_valid queries (a right-padded append): the others' outputs are 0.
+  for (int64_t t = n_valid; t < d.T; ++t)
+    std::memset(out + ((b * d.T + t) * d.H + h * d.G) * d.E, 0, sizeof(float) * d.G * d.E);
+  const int64_t rows = d.G * n_valid, ld = (d.W + kNr - 1) / kNr * kNr;
   const float* ktp = kt + (b * d.KV + h) * d.E * d.S;  // [E, S]
   const float* vp = v + (b * d.KV + h) * d.S * d.E;    // [S, E]
   const int64_t chunk = std::max<int64_t>(kNr, kValueChunkBytes / (d.E * 4));
@@ -314,7 +363,7 @@ void attend_pair(const AttnShape& d, const float* q, const float* kt, const floa
     int64_t wg[kGroups];  // each group's slots: up to its rows' last unmasked one
     int rg[kGroups];      // rows in each group
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t g = (r0 + r) / d.T, t = (r0 + r) % d.T;
+      const int64_t g = (r0 + r) / n_valid, t = (r0 + r) % n_valid;
       const int64_t off = ((b * d.T + t) * d.H + h * d.G + g) * d.E;
       for (int64_t e = 0; e < d.E; e += 8) store8(qs + r * d.E + e, load8(q + off + e) * splat(qscale));
       qr[r] = qs + r * d.E;
@@ -394,11 +443,12 @@ void attend_pair(const AttnShape& d, const float* q, const float* kt, const floa
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt,
                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> window,
-                         ffi::ResultBuffer<ffi::F32> out) {
+                         ffi::Buffer<ffi::S32> n_valid, ffi::ResultBuffer<ffi::F32> out) {
   const auto qd = q.dimensions(), kd = kt.dimensions(), vd = v.dimensions(), md = mask.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 3)
     return ffi::Error::InvalidArgument("attention: expects q[B,T,H,E], kt[B,K,E,S], v[B,K,S,E], mask[B,T,S]");
   if (window.element_count() != 1) return ffi::Error::InvalidArgument("attention: window must be a scalar");
+  if (n_valid.element_count() != qd[0]) return ffi::Error::InvalidArgument("attention: n_valid must be [B]");
   // The window is an operand, read at run time: one program serves every window (no branch per size).
   AttnShape d{qd[0], qd[1], qd[2], kd[1], 0, qd[3], kd[3], static_cast<int64_t>(*window.typed_data())};
   if (d.KV <= 0 || d.H % d.KV != 0 || kd[0] != d.B || kd[2] != d.E || vd[0] != d.B || vd[1] != d.KV ||
@@ -411,20 +461,86 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
   const float* kp = kt.typed_data();
   const float* vp = v.typed_data();
   const bool* mp = mask.typed_data();
+  const int32_t* nvp = n_valid.typed_data();
   float* op = out->typed_data();
   const int64_t ld = (d.W + kNr - 1) / kNr * kNr;
   parallel_chunks(pool, d.B * d.KV, [=](int64_t c) {
     thread_local std::vector<float> scratch;
     const size_t need = static_cast<size_t>(kBlockRows * (ld + d.E));
     if (scratch.size() < need) scratch.resize(need);
-    attend_pair(d, qp, kp, vp, mp, op, qscale, c / d.KV, c % d.KV, scratch.data());
+    const int64_t b = c / d.KV;
+    attend_pair(d, qp, kp, vp, mp, op, qscale, b, c % d.KV, std::clamp<int64_t>(nvp[b], 0, d.T), scratch.data());
   });
   return ffi::Error::Success();
 }
 
 
+// --------------------------------------------------------------------------------- fused MLP (SwiGLU)
+// y[b, t] = (silu(x g) * (x u)) d for t < n_valid[b], 0 for the other rows, with [g | u] and d packed
+// as panels. Per chunk of valid rows the [rows, 2F] intermediate stays in L2: unfused, the products
+// wrote it to memory, XLA's elementwise pass read it back and wrote [rows, F], the down product read
+// that (~25 MB per layer of a 64 x 43-token append at F = 384, with the KV cache filling L3).
+
+// silu(g) * u on 8 lanes: g / (1 + e^-g) * u, e^-g as 2^(-g log2 e) clamped to [2^-126, 2^126].
+inline v8f silu_mul8(v8f g, v8f u) {
+  v8f x = g * splat(-1.4426950408889634f);
+  x = x < splat(-126.0f) ? splat(-126.0f) : x;
+  x = x > splat(126.0f) ? splat(126.0f) : x;
+  return g / (splat(1.0f) + exp2_8(x)) * u;
+}
+
+ffi::Error MlpImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> n_valid,
+                   ffi::Buffer<ffi::F32> w_gate_up, ffi::Buffer<ffi::F32> w_down, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), nd = n_valid.dimensions(), yd = y->dimensions();
+  if (xd.size() != 3 || nd.size() != 1 || nd[0] != xd[0] || yd.size() != 3 || yd[0] != xd[0] || yd[1] != xd[1] ||
+      yd[2] != xd[2] || w_gate_up.dimensions().size() != 1 || w_down.dimensions().size() != 1)
+    return ffi::Error::InvalidArgument("mlp: expects x[B, T, D], n_valid[B], packed [gate | up], packed down");
+  const int64_t B = xd[0], T = xd[1], D = xd[2], F = w_down.element_count() / std::max<int64_t>(1, D);
+  if (F * D != w_down.element_count() || w_gate_up.element_count() != D * 2 * F || F % 8 != 0)
+    return ffi::Error::InvalidArgument("mlp: packed weights must be [D * 2F] and [F * D] with F a multiple of 8");
+  const float* xp = x.typed_data();
+  const int32_t* np_ = n_valid.typed_data();
+  const float* wg = w_gate_up.typed_data();
+  const float* wd = w_down.typed_data();
+  float* yp = y->typed_data();
+  std::vector<const float*> xr;
+  std::vector<float*> yr;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::clamp<int64_t>(np_[b], 0, T);
+    for (int64_t t = 0; t < n; ++t) {
+      xr.push_back(xp + (b * T + t) * D);
+      yr.push_back(yp + (b * T + t) * D);
+    }
+    if (n < T) std::memset(yp + (b * T + n) * D, 0, sizeof(float) * (T - n) * D);
+  }
+  const int64_t m = static_cast<int64_t>(xr.size());
+  if (m == 0) return ffi::Error::Success();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  // Rows per chunk: the intermediate within ~256 KB (L2), and at least two chunks per thread.
+  int64_t rows = std::max<int64_t>(kMr, (256 << 10) / (2 * F * 4) / kMr * kMr);
+  rows = std::min(rows, std::max<int64_t>(kMr, ((m + 2 * threads - 1) / (2 * threads) + kMr - 1) / kMr * kMr));
+  const int64_t chunks = (m + rows - 1) / rows;
+  const float* const* xrp = xr.data();
+  float* const* yrp = yr.data();
+  parallel_chunks(pool, chunks, [=](int64_t c) {
+    thread_local std::vector<float> h;
+    thread_local std::vector<float*> hr;
+    const int64_t r0 = c * rows, nr = std::min(rows, m - r0);
+    if (h.size() < static_cast<size_t>(nr * 2 * F)) h.resize(nr * 2 * F);
+    hr.resize(nr);
+    for (int64_t r = 0; r < nr; ++r) hr[r] = h.data() + r * 2 * F;
+    for (int64_t j0 = 0; j0 < 2 * F; j0 += kNr) strip_rows<false>(xrp + r0, wg, hr.data(), nr, D, 2 * F, j0);
+    for (int64_t r = 0; r < nr; ++r)  // gate -> silu(gate) * up, in the first F columns
+      for (int64_t j = 0; j < F; j += 8) store8(hr[r] + j, silu_mul8(load8(hr[r] + j), load8(hr[r] + F + j)));
+    // The down product reads rows of F from rows laid out 2F apart: same pointers, K = F.
+    for (int64_t j0 = 0; j0 < D; j0 += kNr)
+      strip_rows<false>(const_cast<const float* const*>(hr.data()), wd, yrp + r0, nr, F, D, j0);
+  });
+  return ffi::Error::Success();
+}
+
 // ------------------------------------------------------------------------------------------- packing
-// The panel layout skinny_matmul reads, for w = [w_0 | w_1 | ...] (all [K, N_i], concatenated along
+// The panel layout rows_matmul and mlp read, for w = [w_0 | w_1 | ...] (all [K, N_i], concatenated along
 // columns): full panels [N / kNr][K][kNr], then the last N % kNr columns as [K, N % kNr]. One pass,
 // 64-byte rows copied per (panel, k), panels split over threads.
 ffi::Error PackPanelsImpl(ffi::ThreadPool pool, ffi::RemainingArgs ws, ffi::ResultBuffer<ffi::F32> out) {
@@ -473,9 +589,19 @@ ffi::Error PackPanelsImpl(ffi::ThreadPool pool, ffi::RemainingArgs ws, ffi::Resu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentSkinnyMatmul, SkinnyMatmulImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentRowsMatmul, RowsMatmulImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentMlp, MlpImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
@@ -487,6 +613,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxagentAttention, AttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 

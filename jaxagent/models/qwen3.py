@@ -36,7 +36,6 @@ Packed = dict[str, Any]
 _FEW_QUERIES = 8  # at most this many query rows per KV head: decode-style attention (see Attention)
 _SUM_BLOCK = 16  # reduction block of decode attention's multiply-adds (see _sum_products)
 _SUM_MAX_SLOTS = 512  # decode's p.V as multiply-adds up to this many slots (32 blocks), on CPU only
-_SKINNY_MAX_ROWS = 64  # decode_weights: packed products for at most this many rows per step
 _MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
 
 
@@ -222,19 +221,21 @@ def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Opti
 
 
 def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS,
-                   window: Union[int, KVWindows, None] = None):
+                   window: Union[int, KVWindows, None] = None, n_valid_B=None):
     """`_attend` over a KV cache, over its first `window` slots (a static size or a `KVWindows` choice).
 
     On CPU, by the fused kernel (`jaxagent.kernels.cpu.attention`: scores, softmax and values in one
     pass per (row, KV head), same results), which reads the window at run time: a `KVWindows` needs no
-    branch per size. Measured (in-process A/B, 2-core EPYC): the 1M-parameter rollout 658 -> 495 ms,
-    the 10M prefill 425 -> 383 ms. Elsewhere XLA's `_attend`, in a `lax.switch` over the sizes."""
+    branch per size; with `n_valid_B` it skips each row's padded queries (their outputs are 0).
+    Measured (in-process A/B, 2-core EPYC): the 1M-parameter rollout 658 -> 495 ms, the 10M prefill
+    425 -> 383 ms. Elsewhere XLA's `_attend`, in a `lax.switch` over the sizes (all queries computed)."""
     if cpu_kernels.attention_supported(q_BxTxHxE, kt_all, v_all):
         if isinstance(window, KVWindows):
             size = jnp.asarray(window.sizes, jnp.int32)[window.index]
         else:
             size = kt_all.shape[-1] if window is None else window
-        return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, functools.partial(_attend, cfg))
+        return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, functools.partial(_attend, cfg),
+                                     n_valid_B)
     if isinstance(window, KVWindows):
         # The branches only read the cache (updated by the caller, outside the switch): a conditional
         # that took and returned the cache would copy all of it into and out of the branch.
@@ -243,11 +244,21 @@ def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS,
     return _attend(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window)
 
 
-def _packed_dense(x_Bx_xI, packed_w, out_dims: tuple[int, ...]):
-    """x @ w over x's last axis (as `dense`) by the CPU skinny-GEMM kernel on the flattened rows, w
-    given as panels (`decode_weights`); output [..., *out_dims]."""
-    y = cpu_kernels.skinny_matmul(x_Bx_xI.reshape(-1, x_Bx_xI.shape[-1]), packed_w, int(np.prod(out_dims)))
-    return y.reshape(x_Bx_xI.shape[:-1] + tuple(out_dims)).astype(x_Bx_xI.dtype)
+def _packed_dense(x_BxTxI, packed_w, out_dims: tuple[int, ...], n_valid_B=None):
+    """x @ w over x's last axis (as `dense`) by the CPU GEMM kernel, w given as panels
+    (`packed_weights`); output [B, T, *out_dims]. With `n_valid_B`, only each row's first n_valid
+    tokens are computed (the others are 0): padding and finished rows cost nothing."""
+    b, t = x_BxTxI.shape[:2]
+    n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
+    y = cpu_kernels.rows_matmul(x_BxTxI, n, packed_w, int(np.prod(out_dims)))
+    return y.reshape((b, t) + tuple(out_dims)).astype(x_BxTxI.dtype)
+
+
+def _query_rows_valid(n_valid_B, query_index):
+    """Valid tokens per row after `_rows(x, query_index)` kept one token per row: 1 where any was valid."""
+    if n_valid_B is None or query_index is None:
+        return n_valid_B
+    return (n_valid_B > 0).astype(jnp.int32)
 
 
 class RMSNorm(nnx.Module):
@@ -276,9 +287,10 @@ class Attention(nnx.Module):
         self.cfg = cfg
 
     def __call__(self, x_BxTxD, rope_BxT, mask_BxTxS, kv_cache, write_slots_BxT, kv_window=None,
-                 query_index=None, packed=None):
+                 query_index=None, packed=None, n_valid_B=None):
         """Keys and values of all T tokens (written to the cache); queries of all T, or with
-        `query_index` [B] of that one token per row (output [B, 1, D])."""
+        `query_index` [B] of that one token per row (output [B, 1, D]). With `packed`, `n_valid_B`:
+        the products only for each row's first n_valid tokens (the others' outputs are 0)."""
         cfg = self.cfg
         x_q, rope_q = x_BxTxD, rope_BxT
         if query_index is not None:
@@ -286,7 +298,7 @@ class Attention(nnx.Module):
             rope_q = tuple(_rows(r, query_index) for r in rope_BxT)
         if packed is not None:  # q, k and v of every token from one kernel call on [q | k | v] panels
             h, kv, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            qkv = _packed_dense(x_BxTxD, packed["qkv_proj"], (h + 2 * kv, e))
+            qkv = _packed_dense(x_BxTxD, packed["qkv_proj"], (h + 2 * kv, e), n_valid_B)
             q, k, v = jnp.split(qkv, (h, h + kv), axis=2)
             q = q if query_index is None else _rows(q, query_index)
         else:
@@ -305,7 +317,8 @@ class Attention(nnx.Module):
             k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
             v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
             kv_cache = (k_cache, v_cache)
-            out = _attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window)
+            out = _attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window,
+                                 n_valid_B=_query_rows_valid(n_valid_B, query_index))
         else:
             out = _attend(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
         # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
@@ -314,7 +327,8 @@ class Attention(nnx.Module):
         if packed is None:
             y = dense(out.reshape(b, t, -1), self.o_proj[...].reshape(-1, cfg.hidden_size))
         else:
-            y = _packed_dense(out.reshape(b, t, -1), packed["o_proj"], (cfg.hidden_size,))
+            y = _packed_dense(out.reshape(b, t, -1), packed["o_proj"], (cfg.hidden_size,),
+                              _query_rows_valid(n_valid_B, query_index))
         if cfg.attention_bias:
             y = y + self.o_bias[...]
         return y, kv_cache
@@ -327,14 +341,20 @@ class MLP(nnx.Module):
         self.up_proj = _param(_normal(rngs, (d, f)), "embed", "mlp")
         self.down_proj = _param(_normal(rngs, (f, d)), "mlp", "embed")
 
-    def __call__(self, x_BxTxD, packed=None):
+    def __call__(self, x_BxTxD, packed=None, n_valid_B=None):
         if packed is None:
             gate = dense(x_BxTxD, self.gate_proj[...])
             up = dense(x_BxTxD, self.up_proj[...])
             return dense(jax.nn.silu(gate) * up, self.down_proj[...])
-        f, d = self.down_proj.shape  # gate and up from one kernel call on [gate | up] panels
-        gate, up = jnp.split(_packed_dense(x_BxTxD, packed["gate_up_proj"], (2 * f,)), 2, axis=-1)
-        return _packed_dense(jax.nn.silu(gate) * up, packed["down_proj"], (d,))
+        f, d = self.down_proj.shape
+        if x_BxTxD.shape[1] > 1 and f % 8 == 0:  # many rows: one fused kernel call (see cpu.mlp)
+            b, t = x_BxTxD.shape[:2]
+            n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
+            return cpu_kernels.mlp(x_BxTxD, n, packed["gate_up_proj"], packed["down_proj"]).astype(x_BxTxD.dtype)
+        # decode steps: the products split over weight panels (streamed from memory once), gate and up
+        # from one call on [gate | up] panels
+        gate, up = jnp.split(_packed_dense(x_BxTxD, packed["gate_up_proj"], (2 * f,), n_valid_B), 2, axis=-1)
+        return _packed_dense(jax.nn.silu(gate) * up, packed["down_proj"], (d,), n_valid_B)
 
 
 class Block(nnx.Module):
@@ -344,11 +364,12 @@ class Block(nnx.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, rope_tabs, mask, kv_cache, write_slots, kv_window=None, query_index=None, packed=None):
+    def __call__(self, x, rope_tabs, mask, kv_cache, write_slots, kv_window=None, query_index=None, packed=None,
+                 n_valid_B=None):
         a, kv_cache = self.attn(self.input_norm(x), rope_tabs, mask, kv_cache, write_slots, kv_window, query_index,
-                                packed)
+                                packed, n_valid_B)
         x = (x if query_index is None else _rows(x, query_index)) + a
-        return x + self.mlp(self.post_norm(x), packed), kv_cache
+        return x + self.mlp(self.post_norm(x), packed, _query_rows_valid(n_valid_B, query_index)), kv_cache
 
 
 class Qwen3(nnx.Module):
@@ -361,7 +382,7 @@ class Qwen3(nnx.Module):
         self.cfg = cfg
 
     def hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_slots_BxT, kv_window=None,
-               query_index=None, packed=None):
+               query_index=None, packed=None, n_valid_B=None):
         # Python loop over layers: on CPU, unrolled layers decode ~2x faster than lax.scan over layers.
         # With query_index only that token's output is wanted: the last layer still writes every token's
         # keys and values but runs attention queries, o_proj and the MLP for that token alone.
@@ -372,15 +393,15 @@ class Qwen3(nnx.Module):
             kv = None if cache is None else (cache["k"][i], cache["v"][i])
             last = i == len(self.layers) - 1
             x, kv = layer(x, tables, mask_BxTxS, kv, write_slots_BxT, kv_window, query_index if last else None,
-                          None if packed is None else packed["layers"][i])
+                          None if packed is None else packed["layers"][i], n_valid_B)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
         return self.norm(x), (new_k, new_v)
 
-    def unembed(self, h_BxTxD, packed=None):
+    def unembed(self, h_BxTxD, packed=None, n_valid_B=None):
         if packed is not None:
-            return _packed_dense(h_BxTxD, packed["lm_head"], (self.cfg.vocab_size,)).astype(jnp.float32)
+            return _packed_dense(h_BxTxD, packed["lm_head"], (self.cfg.vocab_size,), n_valid_B).astype(jnp.float32)
         if self.cfg.tie_word_embeddings:
             return dense_transposed(h_BxTxD, self.embed[...], jnp.float32)
         return dense(h_BxTxD, self.lm_head[...], jnp.float32)
@@ -449,16 +470,16 @@ def cache_logical_axes(cfg: Qwen3Config) -> Cache:
             "length": ("batch",)}
 
 
-def decode_weights(params: Params, cfg: Qwen3Config, rows: int) -> Optional[Packed]:
-    """The projection weights packed for the CPU skinny-GEMM kernel (`jaxagent.kernels.cpu`), for
-    `forward(..., packed=)` calls of at most `rows` rows (batch x tokens); None where it does not apply
-    (another backend, kernels unavailable, weights not f32, more than `_SKINNY_MAX_ROWS` rows).
+def packed_weights(params: Params, cfg: Qwen3Config) -> Optional[Packed]:
+    """The projection weights packed for the CPU GEMM kernel (`jaxagent.kernels.cpu.rows_matmul`), for
+    `forward(..., packed=)`; None where it does not apply (another backend, kernels unavailable,
+    weights not f32).
 
-    Packing copies every weight once: call it outside a token loop (as `generate.decode` does). Measured
-    (in-process A/B, 2-core EPYC, 10M-parameter Qwen3, batch 16): XLA's Eigen path ran the 42 products
-    of a decode step at ~5 GB/s of weights, re-packing them on every call."""
-    if (rows > _SKINNY_MAX_ROWS or not cpu_kernels.available()
-            or any(w.dtype != jnp.float32 for w in jax.tree.leaves(params))):
+    Packing copies every weight once: call it outside a token loop (as `generate.decode` and the
+    rollout do). Measured (in-process A/B, 2-core EPYC): XLA's Eigen path ran the 42 products of a
+    10M-parameter decode step (batch 16) at ~5 GB/s of weights, re-packing them on every call; for
+    the rollout's appends the kernel computes only the real tokens (no padding, no finished rows)."""
+    if not cpu_kernels.available() or any(w.dtype != jnp.float32 for w in jax.tree.leaves(params)):
         return None
     pack = cpu_kernels.pack_panels
     layers = []
@@ -497,16 +518,18 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
             raise ValueError(f"kv_window={sizes} needs a cache with at least that many slots")
     if index is not None and t == 1:
         index = None  # one token per row already: decode steps skip the gathers
-    h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots, kv_window, index, packed)
+    n = jnp.full((b,), t, jnp.int32) if n_valid is None else jnp.clip(n_valid.astype(jnp.int32), 0, t)
+    h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots, kv_window, index, packed,
+                                     None if packed is None or cache is None else n)
     if cache is not None:
-        n = jnp.full((b,), t, jnp.int32) if n_valid is None else n_valid.astype(jnp.int32)
         cache = {"k": new_k, "v": new_v, "length": cache["length"] + n}
     return h, cache
 
 
-def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] = None):
-    """Logits [B, T, V] in f32 from hidden states."""
-    return _module(params, cfg).unembed(h_BxTxD, packed)
+def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] = None, n_valid_B=None):
+    """Logits [B, T, V] in f32 from hidden states (with `packed` and `n_valid_B`: only each row's first
+    n_valid positions; the others are 0)."""
+    return _module(params, cfg).unembed(h_BxTxD, packed, n_valid_B)
 
 
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
@@ -526,12 +549,16 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     truncated history). Writes still go to the full cache. Saves attention work when the cache is
     mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
     windows at run time: a `lax.switch` around each layer's attention core.
-    `packed` (`decode_weights(params, cfg, rows)`): the projections by the CPU skinny-GEMM kernel, for
-    calls of at most `rows` rows; same logits up to f32 rounding. Not differentiable.
+    `packed` (`packed_weights(params, cfg)`): the projections by the CPU GEMM kernel, which (with a
+    cache and `n_valid`) computes only each row's first n_valid tokens; their logits equal the XLA
+    path's up to f32 rounding, the other positions' are 0. Not differentiable.
     """
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions, attention_mask=attention_mask,
                              cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, packed=packed)
-    return unembed(params, cfg, h, packed), cache
+    rows = None  # h has all T positions per row, or one (logits_index): then 1 where any token was valid
+    if packed is not None and n_valid is not None and cache is not None:
+        rows = jnp.clip(n_valid.astype(jnp.int32), 0, h.shape[1])
+    return unembed(params, cfg, h, packed, rows), cache
 
 
 def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None):

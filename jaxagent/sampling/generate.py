@@ -55,15 +55,17 @@ def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=
 
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
            sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
-           kv_window: int | None = None) -> Generation:
+           kv_window: int | None = None, packed=None) -> Generation:
     """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
 
     Every generated token, the stop token included, is written to the cache, so the next turn can
     append directly after it. Rows with active_B False generate nothing. `kv_window`: see
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
+    `packed`: `qwen3.packed_weights(params, cfg)` when the caller has them (packed here otherwise).
     """
     b = logits_BxV.shape[0]
-    packed = qwen3.decode_weights(params, cfg, rows=b)  # None unless the CPU kernels apply; packed once per call
+    if packed is None:
+        packed = qwen3.packed_weights(params, cfg)  # None unless the CPU kernels apply; once per call
     if packed is None and jax.default_backend() == "cpu":  # XLA:CPU's dot with the transposed embedding is
         params, cfg = qwen3.untied(params, cfg)  # 2x slower (see untied): one [D, V] copy, outside the token loop
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
