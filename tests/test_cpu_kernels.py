@@ -81,6 +81,26 @@ def test_pack_panels_layout_and_concatenation():
 
 
 @needs_kernels
+@pytest.mark.parametrize("b,t,h,kv,e", [(64, 43, 4, 2, 32), (3, 5, 6, 3, 8), (2, 1, 16, 8, 128)])
+def test_norm_rope_matches_the_model(b, t, h, kv, e):
+    rng = np.random.default_rng(b + t + e)
+    qkv = jnp.asarray(rng.standard_normal((b, t, h + 2 * kv, e)) * 3, jnp.float32)
+    wq, wk = (jnp.asarray(rng.standard_normal(e), jnp.float32) for _ in range(2))
+    positions = jnp.asarray(rng.integers(0, 500, (b, t)), jnp.int32)
+    cos, sin = qwen3.rope_tables(positions, e, 1e6)  # [B, T, 1, E]
+    n_valid = rng.integers(0, t + 1, b).astype(np.int32)
+    n_valid[0] = t
+    got_q, got_k = jax.jit(lambda *a: cpu.norm_rope(*a, 1e-6, h))(qkv, n_valid, wq, wk, cos[:, :, 0], sin[:, :, 0])
+    want_q = qwen3.rope(qwen3.rms_norm(qkv[:, :, :h], wq, 1e-6), (cos, sin))
+    want_k = qwen3.rope(qwen3.rms_norm(qkv[:, :, h:h + kv], wk, 1e-6), (cos, sin))
+    valid = _valid_rows(n_valid, t)
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        got, want = np.asarray(got), np.asarray(want)
+        np.testing.assert_allclose(got[valid], want[valid], rtol=1e-5, atol=1e-5)
+        assert (got[~valid] == 0).all()
+
+
+@needs_kernels
 def test_kernels_reject_mismatched_operands():
     x = jnp.ones((2, 3, 8))
     with pytest.raises(ValueError, match="rows_matmul"):
@@ -89,6 +109,9 @@ def test_kernels_reject_mismatched_operands():
         cpu.rows_matmul(x, jnp.ones((3,), jnp.int32), cpu.pack_panels(jnp.ones((8, 16))), 16)
     with pytest.raises(ValueError, match="mlp"):
         cpu.mlp(x, jnp.ones((2,), jnp.int32), cpu.pack_panels(jnp.ones((8, 12))), cpu.pack_panels(jnp.ones((12, 8))))
+    with pytest.raises(ValueError, match="norm_rope"):  # 6 heads cannot split into 3 query heads + k + v
+        cpu.norm_rope(jnp.ones((2, 3, 6, 8)), jnp.ones((2,), jnp.int32), jnp.ones(8), jnp.ones(8),
+                      jnp.ones((2, 3, 8)), jnp.ones((2, 3, 8)), 1e-6, 3)
 
 
 def _attention_case(rng, b, t, h, kv, e, s, causal):

@@ -50,6 +50,7 @@ PANEL = 16  # columns per weight panel; must equal kNr in cpu_kernels.cc
 _SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 _TARGETS = {"jaxagent_rows_matmul": "JaxagentRowsMatmul", "jaxagent_mlp": "JaxagentMlp",
+            "jaxagent_norm_rope": "JaxagentNormRope",
             "jaxagent_attention": "JaxagentAttention",
             "jaxagent_pack_panels": "JaxagentPackPanels"}
 
@@ -187,6 +188,25 @@ def mlp(x_BxTxD: jax.Array, n_valid_B: jax.Array, gate_up_packed: jax.Array, dow
     call = jax.ffi.ffi_call("jaxagent_mlp", jax.ShapeDtypeStruct(x_BxTxD.shape, jnp.float32), vmap_method="sequential")
     return call(x_BxTxD.astype(jnp.float32), n_valid_B.astype(jnp.int32), gate_up_packed.astype(jnp.float32),
                 down_packed.astype(jnp.float32))
+
+
+def norm_rope(qkv_BxTxNxE, n_valid_B, q_norm_E, k_norm_E, cos_BxTxE, sin_BxTxE, eps: float, heads: int):
+    """(q [B, T, H, E], k [B, T, K, E]) from the fused [q | k | v] product (N = H + 2K heads): the q and k
+    heads RMS-normalised (`qwen3.rms_norm`) and rotated (`qwen3.rope`, half-split) for each row's first
+    n_valid tokens, 0 for the others. Not differentiable."""
+    b, t, n, e = qkv_BxTxNxE.shape
+    kv = (n - heads) // 2
+    if heads + 2 * kv != n or e % 2 or n_valid_B.shape != (b,) or cos_BxTxE.shape != (b, t, e) or \
+            sin_BxTxE.shape != (b, t, e) or q_norm_E.shape != (e,) or k_norm_E.shape != (e,):
+        raise ValueError(f"norm_rope: qkv {qkv_BxTxNxE.shape} with {heads} query heads, tables {cos_BxTxE.shape} "
+                         f"and norms {q_norm_E.shape}, {k_norm_E.shape} do not fit")
+    _require()
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    call = jax.ffi.ffi_call("jaxagent_norm_rope", (jax.ShapeDtypeStruct((b, t, heads, e), jnp.float32),
+                                                   jax.ShapeDtypeStruct((b, t, kv, e), jnp.float32)),
+                            vmap_method="sequential")
+    return call(f32(qkv_BxTxNxE), jnp.asarray(n_valid_B, jnp.int32), f32(q_norm_E), f32(k_norm_E), f32(cos_BxTxE),
+                f32(sin_BxTxE), eps=np.float32(eps))
 
 
 def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bool:

@@ -299,16 +299,26 @@ class Attention(nnx.Module):
         if packed is not None:  # q, k and v of every token from one kernel call on [q | k | v] panels
             h, kv, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             qkv = _packed_dense(x_BxTxD, packed["qkv_proj"], (h + 2 * kv, e), n_valid_B)
-            q, k, v = jnp.split(qkv, (h, h + kv), axis=2)
+            v = qkv[:, :, h + kv:]
+            if cfg.attention_bias:
+                q, k = jnp.split(qkv[:, :, :h + kv], (h,), axis=2)
+                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+                q, k = rope(self.q_norm(q), rope_BxT), rope(self.k_norm(k), rope_BxT)
+            else:  # q/k norms and rotation in one kernel pass (five XLA fusions per layer otherwise)
+                b, t = qkv.shape[:2]
+                q, k = cpu_kernels.norm_rope(
+                    qkv, jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B,
+                    self.q_norm.weight[...], self.k_norm.weight[...], rope_BxT[0].reshape(b, t, e),
+                    rope_BxT[1].reshape(b, t, e), cfg.rms_norm_eps, h)
             q = q if query_index is None else _rows(q, query_index)
         else:
             q = dense(x_q, self.q_proj[...])  # [B, T, H, E]
             k = dense(x_BxTxD, self.k_proj[...])  # [B, T, K, E]
             v = dense(x_BxTxD, self.v_proj[...])
-        if cfg.attention_bias:
-            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = rope(self.q_norm(q), rope_q)
-        k = rope(self.k_norm(k), rope_BxT)
+            if cfg.attention_bias:
+                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+            q = rope(self.q_norm(q), rope_q)
+            k = rope(self.k_norm(k), rope_BxT)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache  # k [B, K, E, S], v [B, K, S, E]: attention reads them without a transpose
             b_idx = jnp.arange(k.shape[0])[:, None]
