@@ -131,6 +131,22 @@ void strip_rows(const float* const* xr, const float* w, float* const* yr, int64_
   }
 }
 
+// Pointers to the rows (b, t < n_valid[b]) of x [B, T, K] and y [B, T, N] (n_valid clipped to [0, T]);
+// y's other rows are set to 0.
+void valid_rows(const float* x, float* y, const int32_t* n_valid, int64_t B, int64_t T, int64_t K, int64_t N,
+                std::vector<const float*>& xr, std::vector<float*>& yr) {
+  xr.reserve(B * T);
+  yr.reserve(B * T);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::clamp<int64_t>(n_valid[b], 0, T);
+    for (int64_t t = 0; t < n; ++t) {
+      xr.push_back(x + (b * T + t) * K);
+      yr.push_back(y + (b * T + t) * N);
+    }
+    if (n < T) std::memset(y + (b * T + n) * N, 0, sizeof(float) * (T - n) * N);
+  }
+}
+
 constexpr int64_t kChunkRows = 16 * kMr;
 
 ffi::Error RowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> n_valid,
@@ -146,16 +162,7 @@ ffi::Error RowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   float* yp = y->typed_data();
   std::vector<const float*> xr;
   std::vector<float*> yr;
-  xr.reserve(B * T);
-  yr.reserve(B * T);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = std::clamp<int64_t>(np_[b], 0, T);
-    for (int64_t t = 0; t < n; ++t) {
-      xr.push_back(xp + (b * T + t) * K);
-      yr.push_back(yp + (b * T + t) * N);
-    }
-    if (n < T) std::memset(yp + (b * T + n) * N, 0, sizeof(float) * (T - n) * N);
-  }
+  valid_rows(xp, yp, np_, B, T, K, N, xr, yr);
   const int64_t m = static_cast<int64_t>(xr.size());
   if (m == 0 || N == 0) return ffi::Error::Success();
   const int64_t strips = (N + kNr - 1) / kNr, threads = std::max<int64_t>(1, pool.num_threads());
@@ -505,14 +512,7 @@ ffi::Error MlpImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   float* yp = y->typed_data();
   std::vector<const float*> xr;
   std::vector<float*> yr;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = std::clamp<int64_t>(np_[b], 0, T);
-    for (int64_t t = 0; t < n; ++t) {
-      xr.push_back(xp + (b * T + t) * D);
-      yr.push_back(yp + (b * T + t) * D);
-    }
-    if (n < T) std::memset(yp + (b * T + n) * D, 0, sizeof(float) * (T - n) * D);
-  }
+  valid_rows(xp, yp, np_, B, T, D, D, xr, yr);
   const int64_t m = static_cast<int64_t>(xr.size());
   if (m == 0) return ffi::Error::Success();
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
