@@ -13,6 +13,8 @@ ones, and attention over a KV cache becomes many tiny batched dots plus separate
   loop (`qwen3.packed_weights`).
 - `mlp(x, n_valid, gate_up_packed, down_packed)`: the SwiGLU block of many rows in one call; its
   [rows, 2F] intermediate stays in L2 instead of going through memory three times.
+- `norm_rope(qkv, n_valid, q_norm, k_norm, cos, sin, eps, heads)`: the q and k heads' RMS norms and
+  rotary embedding in one pass over the fused [q | k | v] product.
 - `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference,
   n_valid)` -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an
   int32 scalar read at run time, so one program serves every window), fused per (row, KV head):

@@ -7,6 +7,7 @@
 //   memory, reused from L1 for every tile of kMr rows while the next panel is prefetched. Many rows
 //   (appends): chunks of rows, each panel reused by all the chunk's tiles; padding rows cost nothing.
 // mlp: the SwiGLU block for many rows in one call, its [rows, 2F] intermediate kept in L2.
+// norm_rope: the q and k heads' RMS norms and rotary embedding, one pass over the [q | k | v] product.
 // attention: softmax(q k^T / sqrt(E) + mask) v over a KV cache (keys [B, K, E, S], values [B, K, S, E]),
 //   per (batch row, KV head), 48 query rows at a time: register-tiled scores with the mask and row max
 //   fused in, exp2, and the value product, each group of rows stopping at its last unmasked slot; the
