@@ -13,7 +13,7 @@ pytest.importorskip("bfcl_eval")
 
 from jaxagent.envs import host  # noqa: E402
 from jaxagent.envs.bfcl_env import (CATEGORIES, BFCLEnv, collect_error_prefixes, correction_rate,  # noqa: E402
-                                    format_tool_call, validate_call)
+                                    deep_copy, format_tool_call, function_docs, validate_call)
 
 PER_CATEGORY = 6
 
@@ -280,3 +280,122 @@ def test_every_solvable_task_replays_to_reward_one(env):
         if steps[-1][1] != 1.0:
             failures.append(task.id)
     assert not failures
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile actions (issue 17): numbers out of range, deep nesting, deep directory trees
+# ------------------------------------------------------------------------------------------------
+_BIG_INT = "1" + "0" * 400  # an integer literal beyond the float range
+
+
+def _raw_call(name, args_json):
+    return '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (name, args_json)
+
+
+def test_numbers_out_of_range_are_refused():
+    docs = {d["name"]: d for d in function_docs("MathAPI")}
+    assert validate_call(docs["add"], {"a": 2, "b": 0.5}) == ({"a": 2.0, "b": 0.5}, None)
+    for bad, message in [(10**400, "too large for a float"), (float("inf"), "finite number, got inf"),
+                         (float("-inf"), "finite number, got -inf"), (float("nan"), "finite number, got nan")]:
+        args, err = validate_call(docs["add"], {"a": bad, "b": 1.0})
+        assert args is None and message in err, (bad, err)
+    args, err = validate_call(docs["mean"], {"numbers": [1.0, float("nan")]})
+    assert args is None and "mean()[1] must be a finite number, got nan" in err
+    args, err = validate_call(docs["round_number"], {"number": 1.5, "decimal_places": 2**63})
+    assert args is None and "64-bit integer" in err
+    assert validate_call(docs["round_number"], {"number": 1.5, "decimal_places": 2**63 - 1})[1] is None
+
+
+HOSTILE_ACTIONS = [
+    # huge numbers, NaN and infinities (JSON extensions Python's parser accepts)
+    (_raw_call("add", '{"a": %s, "b": 1}' % _BIG_INT), "too large for a float"),
+    (_raw_call("add", '{"a": 1e400, "b": 1}'), "finite number"),
+    (_raw_call("add", '{"a": NaN, "b": 1}'), "finite number"),
+    (_raw_call("subtract", '{"a": Infinity, "b": -Infinity}'), "finite number"),
+    (_raw_call("mean", '{"numbers": [1.5, -1e999]}'), "finite number"),
+    (_raw_call("round_number", '{"number": 1.5, "decimal_places": %s}' % _BIG_INT), "64-bit integer"),
+    (_raw_call("add", '{"a": %s, "b": 1}' % ("9" * 5000)), "not valid JSON"),  # beyond int-parsing limit
+    # deep nesting of brackets, braces and parentheses
+    ("<tool_call>" + "[" * 20_000 + "</tool_call>", "not valid JSON"),
+    (_raw_call("cd", '{"folder": %s}' % ("[" * 3000 + "]" * 3000)), "not valid JSON"),
+    (_raw_call("cd", '{"folder": %s}' % ("[" * 400 + "]" * 400)), "must be of type string"),
+    (_raw_call("ls", '{"a": %s}' % ('{"x": ' * 400 + "1" + "}" * 400)), "must be of type boolean"),
+    ("<tool_call>cd" + "(" * 10_000 + ")" * 10_000 + "</tool_call>", "not valid JSON"),
+    ("<tool_call>" + "{" * 15_000, "unterminated"),
+    # unicode and very long strings
+    (format_tool_call("cd", {"folder": "\ud800\u202e\U0001F600\u0000"}), "No such file or directory"),
+    (format_tool_call("c\u0064\u200b", {"folder": "x"}), "unknown function"),
+    (format_tool_call("\U0001F4A3" * 100, {}), "unknown function"),
+    (format_tool_call("cd", {"folder": "a" * 30_000}), '{"error": "cd: \'aaa'),
+    (format_tool_call("x" * 32_000, {}), "unknown function"),
+    ("\n".join([format_tool_call("pwd", {})] * 65), "too many tool calls"),
+]
+
+
+@pytest.mark.parametrize("action,message", HOSTILE_ACTIONS, ids=[str(i) for i in range(len(HOSTILE_ACTIONS))])
+def test_hostile_actions_are_error_observations(env, action, message):
+    task = env.task("multi_turn_base_15")  # GorillaFileSystem + MathAPI
+    assert set(task.involved_classes) == {"GorillaFileSystem", "MathAPI"}
+    state, _ = env.reset(0, task)
+    state, obs, reward, done, info = env.step(state, action)
+    assert message in obs, obs[:300]
+    assert info["tool_error"] and info["error"] and info["obs_role"] == "tool" and not done and reward == 0.0
+    json.dumps(info)  # infos stay plain data
+    state, obs, _, _, info = env.step(state, _call("pwd"))  # the episode goes on
+    assert info["valid"] and not info["tool_error"]
+
+
+def _deep_tree_actions(levels_per_step=32, steps=19):
+    step = "\n".join([_call("mkdir", dir_name="d"), _call("cd", folder="d")] * levels_per_step)
+    return [step] * steps
+
+
+def test_clone_and_correction_rate_with_a_608_deep_directory_tree(env):
+    task = env.task("multi_turn_base_0")
+    actions = _deep_tree_actions()
+    state, _ = env.reset(0, task)
+    for a in actions:
+        state, _, _, done, info = env.step(state, a)
+        assert info["valid"] and not done
+    assert env.step(env.clone(state), _call("pwd"))[1].count("/d") == 608
+    copy = env.clone(state)  # 20 steps per turn: each state has one step left
+    assert "only_in_the_copy" in env.step(copy, _call("mkdir", dir_name="only_in_the_copy") + _call("ls"))[1]
+    assert "only_in_the_copy" not in env.step(state, _call("ls"))[1]
+    # the correction rate clones the replayed prefix: the last step of the prefix has a tool error
+    prefix = actions[:-1] + [actions[-1] + "\n" + _call("cd", folder=7)]
+    trajectory = {"task": task, "actions": prefix, "infos": [], "policy": "deep"}
+    s, _ = env.reset(0, task)
+    for a in prefix:
+        s, _, _, _, info = env.step(s, a)
+        trajectory["infos"].append(info)
+    prefixes = collect_error_prefixes([trajectory])
+    assert [p.step for p in prefixes] == [18]
+    rates = correction_rate(env, prefixes, {"fix": [_call("cd", folder="..")], "bad": [_call("cd", folder=7)]})
+    assert rates["fix"]["corrected"] == [True] and rates["bad"]["corrected"] == [False]
+
+
+def test_deep_copy_is_depth_safe_and_matches_deepcopy(env):
+    task = env.task("multi_turn_base_0")
+    state, _ = env.reset(0, task)
+    fs = state.instances["GorillaFileSystem"]
+    node = fs.root
+    for _ in range(5000):  # far beyond the recursion limit
+        node._add_directory("d")
+        node = node.contents["d"]
+    fs._current_dir = node
+    copied = env.clone(state)
+    c_fs = copied.instances["GorillaFileSystem"]
+    depth, d = 0, c_fs._current_dir
+    while d.parent is not None:
+        assert d.parent.contents[d.name] is d  # parent links point into the copy
+        d, depth = d.parent, depth + 1
+    assert d is c_fs.root and c_fs.root is not fs.root and depth == 5000
+    c_fs._current_dir._add_directory("new")
+    assert "new" not in fs._current_dir.contents and fs._current_dir.contents == {}
+    assert copied.task is state.task and copied.instances is not state.instances
+    shared = {"k": [1, 2]}
+    obj = {"a": shared, "b": shared, "t": (1, [2]), "s": {3}, "self": None}
+    obj["self"] = obj
+    out = deep_copy(obj)
+    assert out == {"a": {"k": [1, 2]}, "b": {"k": [1, 2]}, "t": (1, [2]), "s": {3}, "self": out}
+    assert out["a"] is out["b"] is not shared and out["self"] is out and out["t"][1] is not obj["t"][1]

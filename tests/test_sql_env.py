@@ -4,12 +4,15 @@ limits hold, malformed actions are error observations; plus the host-env registr
 import hashlib
 import os
 import time
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from jaxagent.envs import host
-from jaxagent.envs.sql_env import SQLEnv, SQLState, parse_sql_action, results_match, run_query
+from jaxagent.envs import sql_env
+from jaxagent.envs.sql_env import (QueryError, SQLEnv, SQLState, parse_sql_action, results_match,
+                                     run_query)
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +203,98 @@ def test_registry(tmp_path):
         host.register("sql", SQLEnv)
     host.register("sql-test-alias", lambda **kw: SQLEnv(cache_dir=tmp_path, **kw), overwrite=True)
     assert host.make("sql-test-alias", max_obs_rows=5).max_obs_rows == 5
+
+
+_ROWS_100 = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) SELECT x FROM c)"
+HUGE_RESULTS = [
+    # issue 17: ~1900 zeroblob columns (30 per CTE row, cross-joined 64 times) in a 750-character query
+    "WITH z AS (SELECT " + ", ".join(f"zeroblob(100000) c{i}" for i in range(30)) + ") SELECT * FROM "
+    + ", ".join(["z"] * 64),
+    "SELECT " + ", ".join(["zeroblob(30000)"] * 200),
+    "SELECT " + ", ".join(["zeroblob(30000)"] * 60) + " FROM " + _ROWS_100,  # many rows of wide blobs
+    "SELECT " + ", ".join(["printf('%.*c', 30000, 'x')"] * 60) + " FROM " + _ROWS_100,  # wide text
+    "SELECT x, randomblob(20000), hex(randomblob(10000)) FROM " + _ROWS_100,
+    "SELECT zeroblob(1000000000)",
+    "SELECT group_concat(hex(randomblob(1000))) FROM " + _ROWS_100,
+]
+
+
+@pytest.mark.parametrize("query", HUGE_RESULTS)
+def test_result_bytes_and_time_are_bounded(env, query):
+    """A result larger than the byte budget is an error observation; at most the budget plus one row
+    (max_columns * max_value_len bytes) is converted, within the time limit."""
+    state, _ = env.reset(0, _task(env, "shop-01"))
+    bound = env.max_result_bytes + sql_env.DEFAULT_MAX_COLUMNS * sql_env.DEFAULT_MAX_VALUE_LEN
+    tracemalloc.start()
+    try:
+        t0 = time.monotonic()
+        state, obs, reward, done, info = env.step(state, f"```sql\n{query}\n```")
+        elapsed = time.monotonic() - t0
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert obs.startswith("Error:") and info["valid"] and info["tool_error"] and not done, obs[:200]
+    assert any(k in obs for k in ("result too large", "too many columns", "too big")), obs[:200]
+    assert peak_bytes < bound + 1_000_000, peak_bytes
+    assert elapsed < env.time_limit_s + 1.0, elapsed
+
+
+def test_byte_budget_counts_text_and_blob_bytes(env):
+    path = env.db_path(_task(env, "shop-01"))
+    q = "SELECT x, zeroblob(1000), printf('%.*c', 1000, 'y') FROM " + _ROWS_100
+    cols, rows, truncated = run_query(path, q, time_limit_s=2, max_rows=1000, max_result_bytes=100 * 2008)
+    assert len(cols) == 3 and len(rows) == 100 and not truncated
+    assert rows[0] == (1, bytes(1000), "y" * 1000)
+    with pytest.raises(QueryError, match="result too large: more than 200799 bytes"):
+        run_query(path, q, time_limit_s=2, max_rows=1000, max_result_bytes=100 * 2008 - 1)
+    with pytest.raises(QueryError, match="too many columns"):
+        run_query(path, "SELECT " + ", ".join(["1"] * 9), time_limit_s=2, max_rows=10, max_columns=8)
+    with pytest.raises(ValueError, match="max_result_bytes"):
+        SQLEnv(cache_dir=env.cache_dir, max_result_bytes=0)
+
+
+def test_time_limit_covers_fetching(env):
+    """A query too short for the progress handler to fire still meets the deadline in the fetch loop."""
+    path = env.db_path(_task(env, "shop-01"))
+    with pytest.raises(QueryError, match="time limit of 1e-06s exceeded"):
+        run_query(path, "SELECT 1", time_limit_s=1e-6, max_rows=10)
+    assert run_query(path, "SELECT 1", time_limit_s=2, max_rows=10)[1] == [(1,)]
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT fts3_tokenizer('simple')",  # returns a host pointer
+    "SELECT FTS3_TOKENIZER('porter')",
+    "SELECT load_extension('/tmp/evil.so')",
+    "SELECT sqlite_compileoption_get(0)",
+    "SELECT fts5_source_id()",
+    "SELECT name FROM customers WHERE sqlite_log(1, name) IS NULL",
+    "SELECT readfile('/etc/passwd')",
+])
+def test_functions_outside_the_allow_list_are_refused(env, query):
+    state, _ = env.reset(0, _task(env, "shop-01"))
+    state, obs, reward, done, info = env.step(state, f"```sql\n{query}\n```")
+    assert obs.startswith("Error:") and info["tool_error"] and not done, obs
+    assert "is not allowed" in obs or "no such function" in obs, obs
+    _, obs, reward, done, info = env.step(state, f"<answer>{query}</answer>")
+    assert reward == 0.0 and done and info["error"]
+
+
+def test_ordinary_functions_are_allowed(env):
+    path = env.db_path(_task(env, "shop-01"))
+    run = lambda q: run_query(path, q, time_limit_s=2, max_rows=100)[1]  # noqa: E731
+    assert run("SELECT upper('ab'), lower('AB'), length('abc'), substr('abcd', 2, 2), round(1.26, 1), abs(-3), "
+               "coalesce(NULL, 4), ifnull(NULL, 5), iif(1, 6, 7), printf('%03d', 8), instr('xyz', 'z'), "
+               "replace('aa', 'a', 'b'), trim('  t '), typeof(1.5), hex('A'), nullif(1, 1), "
+               "julianday('2024-01-02') - julianday('2024-01-01'), strftime('%Y', '2024-05-01'), "
+               "date('2024-01-31', '+1 day'), json_extract('{\"a\": 9}', '$.a'), '{\"b\": 10}' ->> '$.b', "
+               "CAST(sqrt(16) AS INTEGER), max(1, 2), min(1, 2)") == [
+        ("AB", "ab", 3, "bc", 1.3, 3, 4, 5, 6, "008", 3, "bb", "t", "real", "41", None, 1.0, "2024", "2024-02-01",
+         9, 10, 4, 2, 1)]
+    assert run("SELECT count(*), count(DISTINCT category), sum(stock), total(stock), min(price), max(price), "
+               "round(avg(price), 4), length(group_concat(name, '|')) FROM products") == [
+        (13, 4, 370, 370.0, 15.0, 249.0, 71.2908, 190)]
+    ranked = run("SELECT name, row_number() OVER (ORDER BY price DESC, id), rank() OVER (ORDER BY price DESC) "
+                 "FROM products ORDER BY 2 LIMIT 3")
+    assert [r[1] for r in ranked] == [1, 2, 3] and ranked[0][2] == 1
+    assert {f.lower() for f in sql_env.ALLOWED_FUNCTIONS} == set(sql_env.ALLOWED_FUNCTIONS)
+    assert not {"fts3_tokenizer", "load_extension", "readfile", "writefile"} & sql_env.ALLOWED_FUNCTIONS

@@ -31,8 +31,10 @@ Execution results are stringified as BFCL does (str kept, dict as JSON, others s
 parsed JSON, never by eval of text; a malformed call is answered with an error observation and the
 turn continues (BFCL ends the turn on an undecodable message); integers given for BFCL "float"
 parameters are converted to float, for model and ground-truth calls alike (JSON has one number type);
-a `precision` argument above 1000 is refused (MathAPI would hang); the tools' global numeric
-precision is restored after each call.
+a `precision` argument above 1000 is refused (MathAPI would hang); so are non-finite numbers (NaN,
+Infinity, 1e400), integers beyond the float range for float parameters and beyond 64 bits for
+integer parameters; the tools' global numeric precision is restored after each call. `clone` copies
+without recursion (`deep_copy`), so deep directory trees built by the model can be branched.
 
 valid=False: some call in the message is malformed (bad JSON, unknown or unavailable function,
 wrong or missing arguments) or the message is empty / too long. tool_error: valid=False or some
@@ -48,6 +50,7 @@ from __future__ import annotations
 import ast
 import collections
 import copy
+import copyreg
 import dataclasses
 import decimal
 import functools
@@ -55,6 +58,8 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
+import types
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -75,6 +80,7 @@ _CLASSES = {  # class -> (module, function-doc file)
 }
 _STATELESS = {"MathAPI"}
 _MAX_PRECISION = 1000
+_MAX_INT = 2**63 - 1  # larger integer arguments are refused (no BFCL parameter needs them)
 _MAX_OBS_RESULT_CHARS = 8000
 MAX_CALLS_PER_MESSAGE = 64  # the largest ground-truth turn has 34 calls
 
@@ -135,6 +141,26 @@ class BFCLState:
 # ------------------------------------------------------------------------------------------------
 # Schema validation and execution
 # ------------------------------------------------------------------------------------------------
+def _number_error(value: Any, path: str) -> str | None:
+    """A float parameter must be a finite float (NaN, Infinity, 1e400 and integers beyond the float
+    range are refused, not passed to the tools)."""
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return f"{path} is too large for a float"
+    if not math.isfinite(as_float):
+        return f"{path} must be a finite number, got {as_float!r}"
+    return None
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _type_error(value: Any, schema: Mapping, path: str) -> str | None:
     """None if `value` fits the BFCL parameter schema, else a message naming the problem."""
     t = schema.get("type", "any")
@@ -151,8 +177,14 @@ def _type_error(value: Any, schema: Mapping, path: str) -> str | None:
     }.get(t)
     if ok is not None and not ok(value):
         return f"{path} must be of type {t}, got {type(value).__name__}"
+    if t in ("float", "number") or (isinstance(value, float) and t == "any"):
+        err = _number_error(value, path)
+        if err:
+            return err
+    if t == "integer" and not -_MAX_INT <= value <= _MAX_INT:
+        return f"{path} must be a 64-bit integer (|value| <= 2**63 - 1)"
     if "enum" in schema and value not in schema["enum"]:
-        return f"{path} must be one of {schema['enum']}, got {value!r}"
+        return f"{path} must be one of {schema['enum']}, got {_short_repr(value)}"
     if t in ("array", "tuple") and isinstance(schema.get("items"), Mapping):
         for i, v in enumerate(value):
             err = _type_error(v, schema["items"], f"{path}[{i}]")
@@ -240,7 +272,7 @@ def is_error_result(result: str) -> bool:
     if result.startswith("{"):
         try:
             obj = json.loads(result)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         return isinstance(obj, dict) and "error" in obj
     return False
@@ -262,6 +294,65 @@ def parse_call_string(call: str, class_names: Sequence[str]) -> tuple[str, dict]
         for p, a in zip(params, node.args):
             kwargs[p] = ast.literal_eval(a)
     return name, kwargs
+
+
+# ------------------------------------------------------------------------------------------------
+# Depth-safe copying
+# ------------------------------------------------------------------------------------------------
+_ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes, range, type, types.FunctionType,
+                     types.BuiltinFunctionType, type(Ellipsis), type(NotImplemented)})
+
+
+def _plain_instance(obj: Any) -> bool:
+    """An instance copy.deepcopy would copy as cls.__new__(cls) plus a deep copy of its __dict__."""
+    cls = type(obj)
+    return (hasattr(obj, "__dict__") and not hasattr(obj, "__deepcopy__") and not hasattr(cls, "__setstate__")
+            and cls not in copyreg.dispatch_table
+            and cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+            and not any("__slots__" in vars(k) for k in cls.__mro__))
+
+
+def deep_copy(obj: Any, memo: dict | None = None) -> Any:
+    """copy.deepcopy without recursion through dicts, lists and plain instances (objects copied as
+    class + __dict__), so nesting depth (e.g. a deep directory tree made by the model) is not limited
+    by the interpreter's recursion limit. Shared references and cycles are preserved through `memo`;
+    other objects (datetime, random.Random, tuples, sets, ...) go to copy.deepcopy with the same memo."""
+    memo = {} if memo is None else memo
+    keep_alive: list = []
+    pending: list = []  # (original, copy) whose contents are still to be filled in
+
+    def shell(x: Any) -> Any:
+        if type(x) in _ATOMIC:
+            return x
+        found = memo.get(id(x), memo)
+        if found is not memo:
+            return found
+        t = type(x)
+        if t is dict:
+            y = {}
+        elif t is list:
+            y = []
+        elif _plain_instance(x):
+            y = t.__new__(t)
+        else:
+            return copy.deepcopy(x, memo)
+        memo[id(x)] = y
+        keep_alive.append(x)
+        pending.append((x, y))
+        return y
+
+    root = shell(obj)
+    while pending:
+        x, y = pending.pop()
+        if type(x) is dict:
+            for k, v in x.items():  # keys are hashed now, so they are copied whole
+                y[k if type(k) in _ATOMIC else copy.deepcopy(k, memo)] = shell(v)
+        elif type(x) is list:
+            y.extend(shell(v) for v in x)
+        else:
+            y.__dict__.update((k, shell(v)) for k, v in vars(x).items())
+    return root
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,8 +590,9 @@ class BFCLEnv(HostEnv):
         return state, self._user_message(task, 0)
 
     def clone(self, state: BFCLState) -> BFCLState:
-        """Independent copy of the tool instances and bookkeeping (the task is shared, not copied)."""
-        return copy.deepcopy(state, memo={id(state.task): state.task})
+        """Independent copy of the tool instances and bookkeeping (the task is shared, not copied);
+        depth-safe (`deep_copy`), so a deep directory tree built by the model can be cloned."""
+        return deep_copy(state, memo={id(state.task): state.task})
 
     def anchor(self, state: BFCLState) -> int:
         return state_anchor(state.turn, state.instances)
@@ -580,7 +672,10 @@ class BFCLEnv(HostEnv):
                 valid, tool_error = False, True
                 continue
             cls, doc = docs[c.name]
-            args, err = validate_call(doc, c.arguments)
+            try:
+                args, err = validate_call(doc, c.arguments)
+            except (RecursionError, OverflowError, ValueError, TypeError, MemoryError) as e:
+                args, err = None, f"arguments of {c.name}() could not be checked ({type(e).__name__})"
             if err is not None:
                 results.append(f"Error: {err}")
                 valid, tool_error = False, True
