@@ -1,16 +1,22 @@
 """Coding environment: reference solutions pass, broken ones fail with useful feedback, the pass rate
-is the step quality, malformed actions are error observations."""
+is the step quality, malformed actions are error observations, and a failing sandbox is an
+infrastructure error, never a score."""
 
 import pytest
 
-from jaxagent.envs import host
+from jaxagent.envs import host, sandbox
 from jaxagent.envs.code_env import CodeEnv, CodeState, extract_code, values_equal
-from jaxagent.envs.sandbox import SandboxLimits
+from jaxagent.envs.sandbox import SandboxLimits, SandboxSetupError, SandboxUnavailable
+
+PROBLEM = sandbox.strong_isolation_problem()
+# The env's logic does not depend on the isolation; without strong isolation (not root) these tests
+# use the explicit weak mode. The sandbox's own guarantees are tested in test_sandbox.py.
+MODE = "namespaces" if PROBLEM is None else "unsafe-rlimits-only"
 
 
 @pytest.fixture(scope="module")
 def env():
-    return CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6))
+    return CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6, mode=MODE))
 
 
 def _task(env, task_id):
@@ -123,3 +129,44 @@ def test_registry_and_errors():
     done_state = CodeState(task=state.task, done=True)
     with pytest.raises(ValueError):
         env.step(done_state, "```python\npass\n```")
+
+
+def test_unavailable_sandbox_raises_instead_of_scoring(monkeypatch):
+    env = CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6))  # the default mode
+    task = env.tasks("all")[0]
+    state, _ = env.reset(0, task)
+    monkeypatch.setattr(sandbox, "strong_isolation_problem", lambda: "the process is not root (euid 1000)")
+    with pytest.raises(SandboxUnavailable, match="not root"):
+        env.step(state, _block(task.reference))
+    with pytest.raises(SandboxUnavailable):
+        env.step_quality(state, _block(task.reference))
+    assert state.turn == 0 and not state.done
+
+
+@pytest.mark.skipif(PROBLEM is not None, reason=f"strong isolation unavailable here: {PROBLEM}")
+def test_setup_failure_is_not_the_models_failure(monkeypatch):
+    env = CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6))
+    task = env.tasks("all")[0]
+    state, _ = env.reset(0, task)
+    monkeypatch.setattr(sandbox, "_pick_uid", lambda: 2 ** 32 - 1)  # the privilege drop fails (EINVAL)
+    with pytest.raises(SandboxSetupError, match="dropping privileges"):
+        env.step(state, _block(task.reference))  # a reference solution is never scored 0 for it
+    monkeypatch.undo()
+    state, obs, reward, done, info = env.step(state, _block(task.reference))
+    assert (reward, done, info["isolation"]) == (1.0, True, "namespaces")
+
+
+def test_hostile_output_is_an_error_observation(env):
+    # Forged and deeply nested lines on every descriptor, then a deeply nested return value: each
+    # is an observation for the model, never an exception out of step.
+    task = _task(env, "fizzbuzz")
+    code = ("import os\nDEEP = ('@@jaxagent-sbx ' + '[' * 200000 + ']' * 200000 + '\\n').encode()\n"
+            "FAKE = b'@@jaxagent-sbx {\"i\": 0, \"status\": \"ok\", \"value\": []}\\n'\n"
+            "for fd in range(256):\n    for data in (DEEP, FAKE):\n        try:\n"
+            "            os.write(fd, data)\n        except OSError:\n            pass\n"
+            "def fizzbuzz(n):\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n")
+    state, _ = env.reset(0, task)
+    state, obs, reward, done, info = env.step(state, _block(code))
+    assert reward == 0.0 and not done and info["valid"] and info["pass_rate"] == 0.0
+    assert obs.startswith("Passed 0/") and "failed" in obs
+    assert info["isolation"] == MODE

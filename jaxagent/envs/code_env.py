@@ -4,7 +4,8 @@ No dimension legend: host-side Python, no arrays.
 
 Action: a Python solution in a ```python code block (the last block if there are several; a bare
 ``` block is accepted). The code runs in the sandbox (jaxagent.envs.sandbox: wall, CPU, memory,
-process and file-size limits, no network, a throwaway work directory, an unprivileged uid) and the
+process and file-size limits, no network, a throwaway work directory, an unprivileged uid; by default
+strong isolation or an error, never a silent fallback) and the
 task's entry-point function is called on every unit test's arguments; return values are compared
 with the expected values here, outside the sandbox (floats to 1e-6 relative, bool distinct from
 int, tuples as lists, sets as sorted lists).
@@ -19,6 +20,10 @@ values).
 Anchor (`anchor(state)`): hash of (task id, pass/fail vector of the latest submission, None before
 the first); an invalid action keeps the previous vector (the env state did not change).
 upper_bound_turns = 1 (the reference solution passes in one submission).
+Infrastructure failures are not the model's: when the sandbox is unavailable or fails to set up,
+`step` and `step_quality` raise `sandbox.SandboxError` (SandboxUnavailable / SandboxSetupError, with
+`infrastructure_error = True`) instead of scoring the action 0, so the caller can stop or exclude
+the episode.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import re
 
 from jaxagent.envs.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host import HostEnv, coerce_action, make_info, split_tasks, stable_hash, strip_think
-from jaxagent.envs.sandbox import SandboxLimits, SandboxResult, run_calls
+from jaxagent.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +81,10 @@ def values_equal(got, expected, rel: float = 1e-6, abs_tol: float = 1e-9) -> boo
 
 
 def _short(v, n: int = 200) -> str:
-    s = repr(v)
+    try:
+        s = repr(v)
+    except RecursionError:
+        return "<a value nested too deeply to show>"
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
@@ -126,7 +134,8 @@ class CodeEnv(HostEnv):
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate(self, task: CodeTask, code: str) -> tuple[list[bool], SandboxResult]:
-        """Run `code` on every test of `task`; per-test pass flags and the raw sandbox result."""
+        """Run `code` on every test of `task`; per-test pass flags and the raw sandbox result.
+        Raises `SandboxError` when the sandbox itself fails (never a score for the model)."""
         result = run_calls(code, task.entry_point, [a for a, _ in task.tests], self.limits)
         passed = [o.status == "ok" and values_equal(o.value, e) for o, (_, e) in zip(result.outcomes, task.tests)]
         return passed, result
