@@ -9,15 +9,21 @@ saved, and read back with `qwen3.load`), the same prompts (no padding), greedy d
 `--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
 (jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
 max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both (paired within a
-round, then the median over rounds). Compile /
-warm-up time is excluded and reported separately; the two frameworks' runs alternate within each of
-`--repeats` rounds (same background load for both); timings are medians, `*_best_*` and
-`*_ratio_best` use the fastest run of each (the least disturbed by other processes).
+round, then the median over `--repeats` rounds). Compile / warm-up time is excluded and reported
+separately; timings are medians, `*_best_*` and `*_ratio_best` use the fastest run of each side (the
+least disturbed by other processes). jax runs in this process; the PyTorch peer then runs in worker
+processes at every thread count and OpenMP wait policy (`experiments.bench_common`): its prefill
+figures come from the setting with the fastest median prefill (`torch_prefill_threads`,
+`torch_prefill_omp_wait_policy`), its decode figures from the fastest median decode (`torch_threads`,
+`omp_wait_policy`), every setting's times are in `torch_settings`, and its `*_best_*` figures are its
+fastest run at any setting. The run's machine load is reported (`other_cores`, `loadavg_1m_*`); on a
+busy machine (the rule in bench_common) the ratios are null and reported as `*_ratio*_busy`.
 FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
 pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by the machine's f32 matmul peak,
 `matmul_peak_gflops`: the best of the same square matmul through XLA with its default options
 (`jax_default_matmul_peak_gflops`), through XLA with `jaxagent.xla_options.COMPILER_OPTIONS`
-(`jax_matmul_peak_gflops`) and through torch's BLAS (`torch_matmul_peak_gflops`), all in this run.
+(`jax_matmul_peak_gflops`) and through torch's BLAS at each peer setting (`torch_matmul_peak_gflops`),
+all in this run.
 
 GPU mode: random weights (`qwen3.init`, bf16), decode tokens/s at each batch size, and the fraction of
 the memory-bandwidth roofline: bytes read per decode step (all params + the KV cache of the mean
@@ -39,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
+                                     run_peer_workers, setting_fields)
 from jaxagent.models import qwen3
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.sampling import GREEDY, generate
@@ -142,45 +150,74 @@ def _hf_model(cfg: Qwen3Config, seed: int):
 
 
 def _single_thread() -> None:
-    """One compute thread per framework; must run before jax creates its CPU client."""
+    """One compute thread for XLA; must run before jax creates its CPU client."""
     os.environ["XLA_FLAGS"] = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
                                + os.environ.get("XLA_FLAGS", "")).strip()
+
+
+def peer_worker(spec: dict, threads: list[int]) -> dict:
+    """Worker side (run by bench_common): the torch matmul peak and generate timings per thread count."""
     import torch
-    torch.set_num_threads(1)
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
+    prompt = np.asarray(spec["prompt"], np.int64)
+    out = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        peak = torch_matmul_peak_gflops(spec["matmul_n"], spec["repeats"])
+        r = time_runners({"torch": _torch_runner(model, prompt)}, {"torch": 1}, spec["new_tokens"],
+                         spec["repeats"])["torch"]
+        out[t] = {"matmul_gflops": peak, "tokens": r["tokens"].tolist(),
+                  **{k: r[k] for k in ("compile_s", "prefill_s", "prefill_min_s", "decode_s", "decode_min_s")}}
+    return out
 
 
 def run_cpu(args) -> dict:
     import torch
 
+    torch.set_num_threads(1)  # this process only builds the weights with torch; the peer runs in workers
     cfg = Qwen3Config() if args.tiny else PRESETS[args.preset]
     model = _hf_model(cfg, args.seed)
+    prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.prompt_len))
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
+        del model
         cfg_loaded, params = qwen3.load(d)
-    if cfg_loaded != cfg:
-        raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
-    prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (args.batch, args.prompt_len))
-    jax_peaks = {"xla_default": matmul_peak_gflops(args.matmul_n, args.repeats),
-                 "jaxagent_options": matmul_peak_gflops(args.matmul_n, args.repeats,
-                                                        compiler_options=COMPILER_OPTIONS)}
-    torch_peak = torch_matmul_peak_gflops(args.matmul_n, args.repeats)
+        if cfg_loaded != cfg:
+            raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
+        jax_peaks = {"xla_default": matmul_peak_gflops(args.matmul_n, args.repeats),
+                     "jaxagent_options": matmul_peak_gflops(args.matmul_n, args.repeats,
+                                                            compiler_options=COMPILER_OPTIONS)}
+        # time to first token: jax with max_new_tokens=0 (the prompt forward, same compiled program),
+        # torch with max_new_tokens=1 (prompt forward + one argmax)
+        jx = time_runners({"jax": _jax_runner(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens)},
+                          {"jax": 0}, args.new_tokens, args.repeats)["jax"]
+        spec = {"model_dir": d, "prompt": prompt.tolist(), "new_tokens": args.new_tokens,
+                "repeats": args.repeats, "matmul_n": args.matmul_n}
+        settings = peer_settings(len(args.meter.cpus), threads=args.threads)
+        peer = run_peer_workers("experiments.bench_model", spec, settings)
+    dec = pick_best({s: r["decode_s"] for s, r in peer.items()})
+    pre = pick_best({s: r["prefill_s"] for s, r in peer.items()})
+    tr = {"compile_s": peer[dec]["compile_s"], "decode_s": peer[dec]["decode_s"],
+          "prefill_s": peer[pre]["prefill_s"], "prefill_min_s": min(r["prefill_min_s"] for r in peer.values()),
+          "decode_min_s": min(r["decode_min_s"] for r in peer.values())}
+    torch_peak = max(r["matmul_gflops"] for r in peer.values())
     peak = max(*jax_peaks.values(), torch_peak)  # the machine's best f32 matmul, whoever reaches it
-    runners = {"jax": _jax_runner(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens),
-               "torch": _torch_runner(model, prompt)}
-    # time to first token: jax with max_new_tokens=0 (the prompt forward, same compiled program),
-    # torch with max_new_tokens=1 (prompt forward + one argmax)
-    res = time_runners(runners, {"jax": 0, "torch": 1}, args.new_tokens, args.repeats)
     n_prompt = args.batch * args.prompt_len
     prefill_flops = model_flops(cfg, args.batch, args.prompt_len, 0)
+    steps = max(args.new_tokens - 1, 1)
     out = {"mode": "cpu", "preset": "tiny" if args.tiny else args.preset, "params": cfg.num_params(),
            "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
            "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size,
            "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "repeats": args.repeats, "jax_devices": str(jax.devices()[0].platform),
-           "threads": args.threads, "torch_threads": torch.get_num_threads(),
-           "loadavg_1m_start": args.loadavg_start, "loadavg_1m_end": os.getloadavg()[0]}
-    steps = max(args.new_tokens - 1, 1)
-    for name, r in res.items():
+           "repeats": args.repeats, "jax_devices": str(jax.devices()[0].platform), "threads": args.threads,
+           **setting_fields(dec), **setting_fields(pre, "torch_prefill_threads", "torch_prefill_omp_wait_policy"),
+           "torch_settings": per_setting(peer, lambda r: {
+               "prefill_ms": r["prefill_s"] * 1e3, "decode_ms_per_step": r["decode_s"] / steps * 1e3,
+               "best_prefill_ms": r["prefill_min_s"] * 1e3, "best_decode_ms_per_step": r["decode_min_s"] / steps * 1e3,
+               "compile_s": r["compile_s"], "matmul_gflops": r["matmul_gflops"]})}
+    for name, r in (("jax", jx), ("torch", tr)):
         decode_s = r["decode_s"] / steps
         out[f"{name}_prefill_tok_s"] = n_prompt / r["prefill_s"]
         out[f"{name}_decode_tok_s"] = args.batch / decode_s
@@ -198,8 +235,9 @@ def run_cpu(args) -> dict:
     out["jax_matmul_peak_gflops"] = jax_peaks["jaxagent_options"]
     out["jax_default_matmul_peak_gflops"] = jax_peaks["xla_default"]
     out["torch_matmul_peak_gflops"] = torch_peak
-    out["greedy_tokens_agree"] = float((res["jax"]["tokens"] == res["torch"]["tokens"]).mean())
-    return out
+    out["greedy_tokens_agree"] = min(float((jx["tokens"] == np.asarray(r["tokens"])).mean()) for r in peer.values())
+    out.update(args.meter.fields())
+    return flag_busy(out, ("prefill_ratio", "decode_ratio", "prefill_ratio_best", "decode_ratio_best"))
 
 
 def run_gpu(args) -> dict:
@@ -257,11 +295,11 @@ def main(argv=None) -> int:
     p.add_argument("--hbm-gbps", type=float, default=4800.0,
                    help="gpu mode: memory bandwidth in GB/s for the roofline (default: 4800, H200)")
     p.add_argument("--threads", type=int, default=0, choices=(0, 1),
-                   help="0: each framework's default CPU threading; 1: both single-threaded (XLA without "
-                        "its Eigen pool, torch.set_num_threads(1)), the steadier comparison on a shared, "
-                        "oversubscribed machine (default: 0)")
+                   help="0: XLA's default CPU threading, the PyTorch peer at its best of 1..N threads; 1: both "
+                        "single-threaded (XLA without its Eigen pool, the peer at 1 thread) (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and prompts (default: 0)")
     args = p.parse_args(argv)
+    args.meter = LoadMeter()  # the run's load window starts here
     if args.threads == 1:
         _single_thread()
     if args.tiny:
@@ -275,7 +313,6 @@ def main(argv=None) -> int:
     if args.device == "gpu" and not args.tiny and jax.default_backend() != "gpu":
         p.error(f"--device gpu needs a GPU (jax backend is {jax.default_backend()!r}); "
                 "use --tiny to smoke-test the code path on CPU")
-    args.loadavg_start = os.getloadavg()[0]
     result = run_gpu(args) if args.device == "gpu" else run_cpu(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0

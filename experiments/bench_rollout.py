@@ -12,7 +12,8 @@
    every step (what the rollout needs). gymnasium: `SyncVectorEnv` of `gym.make("FrozenLake-v1",
    desc=<the same maps as 'SFHG' rows>, is_slippery=False)` (its default wrappers and next-step
    autoreset) over the first `--gym-envs` maps, actions from numpy. Timed: the step loop only (env
-   construction and the first reset excluded on both sides; JAX compile excluded), repeats interleaved.
+   construction and the first reset excluded on both sides; JAX compile excluded), repeats interleaved
+   (both sides run in this process).
    steps/s = envs x steps / median time.
 
 2. Rollout (`rollout_ratio`). Episodes of the toy world (`make_toy_world`: word-level tokenizer,
@@ -46,19 +47,24 @@
    (untimed) checks that both build identical token streams and compute the same log-probabilities
    (`*_replay_tokens_equal`, `*_replay_logprob_max_abs_diff`).
 
-   episodes/s = batch / median time over `--repeats` interleaved repeats (jax, torch, jax, torch, ...;
-   a new sampling key each repeat). Model FLOPs = 2 x params x tokens processed (the system prompt once
-   per batch + every episode's chunk and reply tokens, i.e. real tokens, no padding; attention FLOPs are
-   not counted); `*_frac_peak` = achieved model FLOP/s / `matmul_peak_gflops`, the larger of the
-   f32 square-matmul GFLOP/s of jitted jax and torch measured in the same run.
+   episodes/s = batch / median time over `--repeats` repeats (a new sampling key each repeat). Model
+   FLOPs = 2 x params x tokens processed (the system prompt once per batch + every episode's chunk and
+   reply tokens, i.e. real tokens, no padding; attention FLOPs are not counted); `*_frac_peak` =
+   achieved model FLOP/s / `matmul_peak_gflops`, the larger of the f32 square-matmul GFLOP/s of jitted
+   jax and of torch (its best peer setting) measured in the same run.
 
 `--profile` adds `<shape>_profile`: the same JAX rollout with the scripted noisy expert instead of the
 model (chunk building + env + bookkeeping, no model call) and with twice the cache slots (same episodes;
 the difference is the time that scales with the attention window / cache size, not with the tokens).
 
-Environment: OMP_WAIT_POLICY defaults to PASSIVE (set before torch is imported): with OpenMP's default
-spin-waiting, torch's 2-thread pool on a loaded 2-core machine paid ~8 ms per small op. Reported as
-`omp_wait_policy`; set it explicitly to override.
+The PyTorch side runs in worker processes (`experiments.bench_common`) at every torch thread count and
+OpenMP wait policy, on the same maps and from the same sampling seed at each setting; per shape the
+setting with the fastest median rollout is reported (`<shape>_torch_threads`,
+`<shape>_omp_wait_policy`, every setting in `<shape>_torch_settings`; the top-level `torch_threads` /
+`omp_wait_policy` are those of the shape that gives `rollout_ratio`). This process runs the JAX side, the
+gymnasium env bench and the replay check (torch at 1 thread). The run's machine load is reported
+(`other_cores`, `loadavg_1m_*`, `loadavg_start` / `loadavg_end`); on a busy machine (the rule in
+bench_common) every `*_ratio` is null and reported as `*_ratio_busy`.
 
 Legend: B episodes, N turns (T_max), S cache slots, W chunk width, M action tokens, V vocab, L map side.
 """
@@ -74,16 +80,12 @@ import sys
 import tempfile
 import time
 
-# torch's OpenMP pool spin-waits at every parallel region by default; on a shared, oversubscribed CPU
-# (other jobs running) each small op then costs a scheduler time slice (measured: ~8 ms per op instead of
-# ~0.1 ms with 2 threads). PASSIVE makes idle threads sleep. Read by OpenMP when torch is first imported
-# (below, in main), so it must be set here; an explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
+                                     run_peer_workers, setting_fields)
 from experiments.bench_model import matmul_peak_gflops
 from jaxagent.envs import frozenlake as fl
 from jaxagent.envs import frozenlake_solver as fls
@@ -382,68 +384,112 @@ def tokens_processed(lengths, sys_len: int) -> int:
     return int(sys_len + np.sum(np.asarray(lengths) - sys_len))
 
 
-def bench_rollout_shape(name: str, cfg: Qwen3Config, world: ToyWorld, ts: TaskSettings, args, peak: float) -> dict:
+def _torch_model(model_dir: str):
     import torch
     from transformers import Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    return Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def peer_worker(spec: dict, threads: list[int]) -> dict:
+    """Worker side (run by bench_common): per thread count, the torch matmul peak and, per shape, the
+    timed PyTorch + gymnasium rollouts (one warm-up, then `repeats`), each setting from the same seed."""
+    import torch
+
+    world = make_toy_world(spec["tokenizer_dir"], size=spec["map_size"])
+    host, sys_len = HostText(world), len(world.layout.system)
+    budgets = np.asarray(spec["budgets"], np.int32)
+    shapes = {name: (_torch_model(sh["model_dir"]), make_gym_envs(np.load(sh["tasks_npy"])))
+              for name, sh in spec["shapes"].items()}
+    out = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        res = {"matmul_gflops": torch_matmul_gflops(spec["matmul_n"], 5), "shapes": {}}
+        for name, (model, envs) in shapes.items():
+            gen = torch.Generator().manual_seed(spec["seed"])
+
+            def run():
+                return torch_rollout(model, host, envs, budgets, t_max=spec["t_max"],
+                                     max_action_tokens=spec["max_action_tokens"], max_context=spec["max_context"],
+                                     temperature=spec["temperature"], generator=gen,
+                                     format_penalty=spec["format_penalty"])
+
+            warm_s = _time(run)
+            times, toks = [], []
+            for _ in range(spec["repeats"]):
+                t0 = time.perf_counter()
+                th = run()
+                times.append(time.perf_counter() - t0)
+                toks.append(tokens_processed(th["length"], sys_len))
+            res["shapes"][name] = {"s": statistics.median(times), "min_s": min(times), "warmup_s": warm_s,
+                                   "tokens": statistics.mean(toks),
+                                   "success_rate": float(np.mean(th["status"] == types.SUCCESS))}
+        out[t] = res
+    return out
+
+
+def bench_jax_shape(name: str, cfg: Qwen3Config, world: ToyWorld, ts: TaskSettings, args, workdir: str) -> tuple:
+    """The JAX rollout of one shape, timed, and the replay check; writes the weights and maps the
+    peer workers read. Returns (partial results, the shape's worker spec)."""
     params = qwen3.init(cfg, jax.random.key(args.seed))
-    with tempfile.TemporaryDirectory() as d:
-        qwen3.save(d, cfg, params)
-        model = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model_dir, tasks_npy = os.path.join(workdir, f"model_{name}"), os.path.join(workdir, f"tasks_{name}.npy")
+    qwen3.save(model_dir, cfg, params)
+    model = _torch_model(model_dir)
     rcfg = RolloutConfig(t_max=ts.t_max, max_action_tokens=ts.max_action_tokens, max_context=ts.max_context,
                          sampler=Sampler(temperature=args.temperature))
     env_params = ts.env_params()
     tasks = ts.sample(jax.random.key(args.seed + 1), args.batch)
+    np.save(tasks_npy, np.asarray(tasks))
     budgets = np.full((args.batch,), ts.t_max, np.int32)
     host = HostText(world)
     envs = make_gym_envs(tasks)
-    gen = torch.Generator().manual_seed(args.seed)
 
     def jax_run(k):
         r = rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, jax.random.key(k), env_params,
                     rcfg)
         return jax.block_until_ready(r)
 
-    def torch_run():
-        return torch_rollout(model, host, envs, budgets, t_max=rcfg.t_max, max_action_tokens=rcfg.max_action_tokens,
-                             max_context=rcfg.max_context, temperature=args.temperature, generator=gen,
-                             format_penalty=env_params.format_penalty)
-
     t0 = time.perf_counter()
     jx = jax_run(1000)
     compile_s = time.perf_counter() - t0
-    torch_warm_s = _time(torch_run)
     check = replay_check(model, host, envs, budgets, jx, rcfg, args.temperature)
-    jax_t, torch_t, jax_tok, torch_tok = [], [], [], []
+    del model
+    jax_t, jax_tok = [], []
     sys_len = len(world.layout.system)
-    for r in range(args.repeats):  # interleaved: both sides see the same machine load
+    for r in range(args.repeats):
         t0 = time.perf_counter()
         jx = jax_run(r)
         jax_t.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        th = torch_run()
-        torch_t.append(time.perf_counter() - t0)
         jax_tok.append(tokens_processed(jx.length, sys_len))
-        torch_tok.append(tokens_processed(th["length"], sys_len))
-    jt, tt = statistics.median(jax_t), statistics.median(torch_t)
-    n_params = cfg.num_params()
-    jax_gflops = 2 * n_params * statistics.mean(jax_tok) / jt / 1e9
-    torch_gflops = 2 * n_params * statistics.mean(torch_tok) / tt / 1e9
-    out = {"params": n_params, "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers,
+    jt = statistics.median(jax_t)
+    out = {"params": cfg.num_params(), "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers,
            "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-           "vocab": cfg.vocab_size, "jax_compile_s": compile_s, "torch_warmup_s": torch_warm_s,
-           "jax_episodes_per_s": args.batch / jt, "torch_episodes_per_s": args.batch / tt,
-           "rollout_ratio": tt / jt, "jax_s": jt, "torch_s": tt,
+           "vocab": cfg.vocab_size, "jax_compile_s": compile_s, "jax_episodes_per_s": args.batch / jt, "jax_s": jt,
            "jax_tokens_per_episode": statistics.mean(jax_tok) / args.batch,
-           "torch_tokens_per_episode": statistics.mean(torch_tok) / args.batch,
-           "jax_model_gflops": jax_gflops, "torch_model_gflops": torch_gflops,
-           "jax_frac_peak": jax_gflops / peak, "torch_frac_peak": torch_gflops / peak,
-           "jax_success_rate": float(np.mean(np.asarray(jx.success))),
-           "torch_success_rate": float(np.mean(th["status"] == types.SUCCESS)), **check}
+           "jax_success_rate": float(np.mean(np.asarray(jx.success))), **check}
     if args.profile:
         out["profile"] = profile_jax(params, cfg, world, ts, rcfg, tasks, budgets, jt, args)
+    return out, {"model_dir": model_dir, "tasks_npy": tasks_npy}
+
+
+def finish_shape(name: str, out: dict, peer: dict, args, peak: float) -> dict:
+    """Adds the peer's figures at its best setting for this shape; keys prefixed with the shape name."""
+    runs = {s: r["shapes"][name] for s, r in peer.items()}
+    best = pick_best({s: r["s"] for s, r in runs.items()})
+    tr, jt = runs[best], out["jax_s"]
+    n_params = out["params"]
+    jax_gflops = 2 * n_params * out["jax_tokens_per_episode"] * args.batch / jt / 1e9
+    torch_gflops = 2 * n_params * tr["tokens"] / tr["s"] / 1e9
+    out = {**out, **setting_fields(best),
+           "torch_settings": per_setting(runs, lambda r: {"s": r["s"], "min_s": r["min_s"],
+                                                          "episodes_per_s": args.batch / r["s"]}),
+           "torch_warmup_s": tr["warmup_s"], "torch_episodes_per_s": args.batch / tr["s"],
+           "rollout_ratio": tr["s"] / jt, "torch_s": tr["s"], "torch_tokens_per_episode": tr["tokens"] / args.batch,
+           "jax_model_gflops": jax_gflops, "torch_model_gflops": torch_gflops,
+           "jax_frac_peak": jax_gflops / peak, "torch_frac_peak": torch_gflops / peak,
+           "torch_success_rate": tr["success_rate"]}
     return {f"{name}_{k}": v for k, v in out.items()}
 
 
@@ -489,7 +535,7 @@ def main(argv=None) -> int:
                    help="comma-separated model shapes: 'default' (quick preset model, toy vocab) and/or '1m' "
                         "(hidden 128, 4 layers, 4 heads, 2 KV heads, head_dim 32) (default: default,1m)")
     p.add_argument("--repeats", type=int, default=3,
-                   help="timed repeats per side, interleaved; medians reported (default: 3)")
+                   help="timed repeats per side (the peer's at each setting); medians reported (default: 3)")
     p.add_argument("--env-batch", type=int, default=4096, help="JAX env bench: maps stepped at once (default: 4096)")
     p.add_argument("--env-steps", type=int, default=200, help="JAX env bench: scan length (default: 200)")
     p.add_argument("--gym-envs", type=int, default=1024,
@@ -498,16 +544,20 @@ def main(argv=None) -> int:
     p.add_argument("--gym-steps", type=int, default=20, help="gymnasium env bench: vector steps (default: 20)")
     p.add_argument("--matmul-n", type=int, default=1024,
                    help="side of the square f32 matmul measuring the peak (default: 1024)")
-    p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch.set_num_threads of the PyTorch peer; 0: its best of 1..N (default: 0)")
     p.add_argument("--skip-env", action="store_true", help="skip the env-stepping benchmark")
     p.add_argument("--profile", action="store_true",
                    help="also time the JAX rollout without the model (scripted expert) and with twice the cache "
-                        "slots, per shape (adds ~1 minute)")
+                        "slots, per shape")
     p.add_argument("--seed", type=int, default=0, help="seed for weights, maps and sampling (default: 0)")
     args = p.parse_args(argv)
-    for name in ("batch", "repeats", "env_batch", "env_steps", "gym_envs", "gym_steps", "matmul_n", "torch_threads"):
+    meter = LoadMeter()  # the run's load window starts here
+    for name in ("batch", "repeats", "env_batch", "env_steps", "gym_envs", "gym_steps", "matmul_n"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.torch_threads < 0:
+        p.error("--torch-threads must be >= 0")
     if args.t_max < 0 or args.max_context < 0:
         p.error("--t-max and --max-context must be >= 0")
     if args.gym_envs > args.env_batch:
@@ -520,41 +570,55 @@ def main(argv=None) -> int:
     import torch
     from experiments.presets import PRESETS
 
-    torch.set_num_threads(args.torch_threads)
-    load_start = os.getloadavg()
+    torch.set_num_threads(1)  # this process's torch work (the replay check) is untimed; the peer runs in workers
     preset = PRESETS["quick"]
     ts = preset.task
     with tempfile.TemporaryDirectory() as d:
         world = make_toy_world(os.path.join(d, "tokenizer"), size=ts.size)
-    if args.t_max:
-        ts = dataclasses.replace(ts, t_max=args.t_max)
-    need = len(world.layout.system) + ts.t_max * (max_chunk(world.layout, world.fmt, world.env, ts.t_max)
-                                                   + ts.max_action_tokens)
-    if args.max_context:
-        ts = dataclasses.replace(ts, max_context=args.max_context)
-    elif args.t_max and need > ts.max_context:
-        ts = dataclasses.replace(ts, max_context=-(-need // 64) * 64)
-    vocab = world.tokenizer.vocab_size
-    cfgs = {"default": dataclasses.replace(preset.model, vocab_size=vocab),
-            "1m": Qwen3Config(vocab_size=vocab, **ONE_M_SHAPE)}
+        if args.t_max:
+            ts = dataclasses.replace(ts, t_max=args.t_max)
+        need = len(world.layout.system) + ts.t_max * (max_chunk(world.layout, world.fmt, world.env, ts.t_max)
+                                                       + ts.max_action_tokens)
+        if args.max_context:
+            ts = dataclasses.replace(ts, max_context=args.max_context)
+        elif args.t_max and need > ts.max_context:
+            ts = dataclasses.replace(ts, max_context=-(-need // 64) * 64)
+        vocab = world.tokenizer.vocab_size
+        cfgs = {"default": dataclasses.replace(preset.model, vocab_size=vocab),
+                "1m": Qwen3Config(vocab_size=vocab, **ONE_M_SHAPE)}
 
-    jax_peak, torch_peak = jax_matmul_gflops(args.matmul_n, 5), torch_matmul_gflops(args.matmul_n, 5)
+        jax_peak = jax_matmul_gflops(args.matmul_n, 5)
+        result = {"batch": args.batch, "t_max": ts.t_max, "max_action_tokens": ts.max_action_tokens,
+                  "max_context": ts.max_context, "map_size": ts.size, "temperature": args.temperature,
+                  "repeats": args.repeats, "jax_backend": jax.default_backend(),
+                  "loadavg_start": list(meter.start_sample.loadavg), "jax_matmul_peak_gflops": jax_peak}
+        if not args.skip_env:
+            result.update(bench_env(world, ts, args))
+        jax_side, spec = {}, {"tokenizer_dir": os.path.join(d, "tokenizer"), "map_size": ts.size, "t_max": ts.t_max,
+                              "max_action_tokens": ts.max_action_tokens, "max_context": ts.max_context,
+                              "format_penalty": float(ts.env_params().format_penalty),
+                              "temperature": args.temperature, "seed": args.seed, "repeats": args.repeats,
+                              "matmul_n": args.matmul_n, "budgets": [ts.t_max] * args.batch, "shapes": {}}
+        for name in shapes:
+            jax_side[name], spec["shapes"][name] = bench_jax_shape(name, cfgs[name], world, ts, args, d)
+        peer = run_peer_workers("experiments.bench_rollout", spec,
+                                peer_settings(len(meter.cpus), threads=args.torch_threads))
+    torch_peak = max(r["matmul_gflops"] for r in peer.values())
     peak = max(jax_peak, torch_peak)
-    result = {"batch": args.batch, "t_max": ts.t_max, "max_action_tokens": ts.max_action_tokens,
-              "max_context": ts.max_context, "map_size": ts.size, "temperature": args.temperature,
-              "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "jax_backend": jax.default_backend(),
-              "loadavg_start": list(load_start), "jax_matmul_peak_gflops": jax_peak,
-              "torch_matmul_peak_gflops": torch_peak, "matmul_peak_gflops": peak}
-    if not args.skip_env:
-        result.update(bench_env(world, ts, args))
-    ratios = []
+    result.update(torch_matmul_peak_gflops=torch_peak, matmul_peak_gflops=peak)
+    ratios = {}
     for name in shapes:
-        r = bench_rollout_shape(name, cfgs[name], world, ts, args, peak)
-        ratios.append(r[f"{name}_rollout_ratio"])
+        r = finish_shape(name, jax_side[name], peer, args, peak)
+        ratios[name] = r[f"{name}_rollout_ratio"]
         result.update(r)
-    result["rollout_ratio"] = min(ratios)
+    head = min(ratios, key=ratios.get)
+    result["torch_threads"] = result[f"{head}_torch_threads"]
+    result["omp_wait_policy"] = result[f"{head}_omp_wait_policy"]
+    result["rollout_ratio"] = ratios[head]
+    result.update(meter.fields())
     result["loadavg_end"] = list(os.getloadavg())
+    ratio_keys = ["env_ratio", "env_text_obs_ratio", "rollout_ratio"] + [f"{n}_rollout_ratio" for n in shapes]
+    flag_busy(result, ratio_keys)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0
 

@@ -14,7 +14,12 @@ CPU mode: both frameworks get identical weights (jax params written with `qwen3.
 transformers' `Qwen3ForCausalLM.from_pretrained`, default sdpa attention), the same batch (first
 `--prompt` tokens of each row are prompt, the rest policy tokens), f32. Compile / warm-up steps
 are excluded; step time is the median of `--steps` timed steps. tokens/s = B x T / step time.
-The first-step losses of both sides are reported (same weights and batch: they agree to ~1e-5).
+The first-step losses of both sides are reported (same weights and batch: they should agree to
+float32 rounding). jax runs in this process; the PyTorch step then runs in worker processes, from the
+same initial weights, at every thread count and OpenMP wait policy (`experiments.bench_common`): the
+setting with the fastest median step is reported (`torch_threads`, `omp_wait_policy`), every setting's
+step time in `torch_settings`. The run's machine load is reported (`other_cores`, `loadavg_1m_*`); on
+a busy machine (the rule in bench_common) `train_ratio` is null and reported as `train_ratio_busy`.
 Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, App. B):
 6 x N_matmul x B x T + 12 x L x H x E x T x B x T, with N_matmul = the matmul weights incl. the
 unembedding; `*_frac_peak` = achieved FLOP/s / the best f32 matmul GFLOP/s measured in this run
@@ -40,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
+                                     run_peer_workers, setting_fields)
 from experiments.bench_model import matmul_peak_gflops
 from jaxagent.models import qwen3
 from jaxagent.models.config import PRESETS, Qwen3Config
@@ -121,11 +128,10 @@ def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int
 
 
 # ----------------------------------------------------------------------------- torch
-def torch_model_from(cfg: Qwen3Config, params):
+def torch_model_from(model_dir: str):
+    """The PyTorch model from a `qwen3.save` directory, in training mode."""
     from transformers import Qwen3ForCausalLM
-    with tempfile.TemporaryDirectory() as d:
-        qwen3.save(d, cfg, params)
-        model = Qwen3ForCausalLM.from_pretrained(d, dtype="float32")
+    model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype="float32")
     model.train()
     return model
 
@@ -169,7 +175,23 @@ def bench_torch(model, batch_np, steps: int, warmup: int, threads: int) -> dict:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"step_s": _median(times), "first_loss": first_loss}
+    return {"step_s": _median(times), "min_step_s": min(times), "first_loss": first_loss}
+
+
+def peer_worker(spec: dict, threads: list[int]) -> dict:
+    """Worker side (run by bench_common): per thread count, the torch matmul peak and the train step
+    from the saved initial weights."""
+    import torch
+
+    with np.load(spec["batch_npz"]) as f:
+        batch_np = {k: f[k] for k in f.files}
+    out = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        peak = torch_matmul_gflops(spec["matmul_n"], spec["matmul_repeats"])
+        r = bench_torch(torch_model_from(spec["model_dir"]), batch_np, spec["steps"], spec["warmup"], t)
+        out[t] = {"matmul_gflops": peak, **r}
+    return out
 
 
 # ----------------------------------------------------------------------------- modes
@@ -184,30 +206,40 @@ def run_cpu(args) -> dict:
     rng = np.random.default_rng(args.seed + 1)
     batch_np["old_logprobs"] = (np.asarray(logp) + 0.05 * rng.normal(size=(b, t))).astype(np.float32)
     flops = train_flops(cfg, b, t)
-    threads = args.threads or os.cpu_count()
     peak_jax = jax_matmul_gflops(args.matmul_n, args.matmul_repeats)
     out = {"bench": "train_step", "device": "cpu", "backend": jax.default_backend(),
            "preset": "tiny" if args.tiny else (args.preset or "bench_10m"),
            "params": cfg.num_params(), "batch": b, "seq": t, "prompt": prompt,
-           "policy_tokens": int(batch_np["policy_mask"].sum()), "threads": threads,
+           "policy_tokens": int(batch_np["policy_mask"].sum()), "threads": args.threads or len(args.meter.cpus),
            "model_gflops_per_step": flops / 1e9, "jax_matmul_gflops": peak_jax}
     j = bench_jax(cfg, params, batch_np, args.steps, args.warmup, args.micro_batches)
     out.update(jax_step_s=j["step_s"], jax_tokens_per_s=b * t / j["step_s"],
                jax_compile_s=j["compile_s"], jax_first_loss=j["first_loss"])
+    peak = peak_jax
     if not args.no_torch:
-        model = torch_model_from(cfg, params)
-        peak_torch = torch_matmul_gflops(args.matmul_n, args.matmul_repeats)
-        tr = bench_torch(model, batch_np, args.steps, args.warmup, threads)
+        with tempfile.TemporaryDirectory() as d:
+            qwen3.save(os.path.join(d, "model"), cfg, params)
+            np.savez(os.path.join(d, "batch.npz"), **batch_np)
+            spec = {"model_dir": os.path.join(d, "model"), "batch_npz": os.path.join(d, "batch.npz"),
+                    "steps": args.steps, "warmup": args.warmup, "matmul_n": args.matmul_n,
+                    "matmul_repeats": args.matmul_repeats}
+            peer = run_peer_workers("experiments.bench_train", spec,
+                                    peer_settings(len(args.meter.cpus), threads=args.threads))
+        best = pick_best({s: r["step_s"] for s, r in peer.items()})
+        tr = peer[best]
+        peak_torch = max(r["matmul_gflops"] for r in peer.values())
         peak = max(peak_jax, peak_torch)
-        out.update(torch_matmul_gflops=peak_torch, torch_step_s=tr["step_s"],
+        out.update(threads=best.threads, **setting_fields(best),
+                   torch_settings=per_setting(peer, lambda r: {"step_s": r["step_s"], "min_step_s": r["min_step_s"],
+                                                               "matmul_gflops": r["matmul_gflops"]}),
+                   torch_matmul_gflops=peak_torch, torch_step_s=tr["step_s"],
                    torch_tokens_per_s=b * t / tr["step_s"], torch_first_loss=tr["first_loss"],
                    first_loss_abs_diff=abs(tr["first_loss"] - j["first_loss"]),
                    train_ratio=tr["step_s"] / j["step_s"],
                    torch_frac_peak=flops / tr["step_s"] / (peak * 1e9))
-    else:
-        peak = peak_jax
     out.update(peak_gflops=peak, jax_frac_peak=flops / j["step_s"] / (peak * 1e9))
-    return out
+    out.update(args.meter.fields())
+    return flag_busy(out, ("train_ratio",))
 
 
 def run_gpu(args) -> dict:
@@ -259,7 +291,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batches", type=int, default=1,
                    help="gradient-accumulation micro-batches of the jax step (default 1)")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch intra-op threads (default: all cores, as XLA uses)")
+                   help="cpu: torch intra-op threads of the PyTorch peer; 0: its best of 1..N (default 0)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch side (cpu mode)")
     p.add_argument("--matmul-n", type=int, default=1024,
                    help="size of the n x n f32 matmul that measures the peak (default 1024)")
@@ -270,6 +302,7 @@ def main(argv=None) -> int:
                    help="gpu: forward/backward dtype over f32 master weights (default bf16)")
     p.add_argument("--seed", type=int, default=0, help="weights and batch seed")
     args = p.parse_args(argv)
+    args.meter = LoadMeter()  # the run's load window starts here
     if args.batch is None:
         args.batch = 8
     if args.seq is None:
@@ -277,6 +310,8 @@ def main(argv=None) -> int:
     for name in ("batch", "seq", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    if args.threads < 0:
+        p.error("--threads must be >= 0")
     result = run_cpu(args) if args.device == "cpu" else run_gpu(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0

@@ -1,0 +1,256 @@
+"""Shared helpers of the CPU benchmarks (bench_model, bench_rollout, bench_train): the machine load
+during a run, the PyTorch peer at its best thread setting, and the busy flag.
+
+Busy rule (`busy_verdict`). A run is *busy* when either holds:
+  (a) processes other than the benchmark (its own process and its reaped peer workers) used more than
+      `MAX_OTHER_CORES` = 0.3 cores on average over the run: the busy time (user, nice, system, irq,
+      softirq, steal) that /proc/stat reports for the CPUs this process may run on, minus the
+      benchmark's own user + system time (`os.times()`, children included), divided by the wall time;
+  (b) the 1-minute load average at the start of the run exceeded `MAX_LOAD_FRAC` = 0.5 x the machine's
+      cores (`os.cpu_count()`, which the load average covers; it remembers the previous minute: leave
+      a minute between two benchmark runs).
+Where /proc/stat cannot be read, (a) is unknown and (b) alone decides. Every run reports `cores` (the
+usable CPUs), `measure_s` (the run's wall time), `other_cores` and `other_cpu_s` (other processes'
+average cores and CPU-seconds), `own_cores`, `loadavg_1m_start` and `loadavg_1m_end`. A busy run reports
+`"busy": true` with `busy_reason`, and each ratio against the peer is set to null and moved to
+`<name>_busy`, so that a ratio taken on a loaded machine cannot be quoted as a result; a quiet run
+has `"busy": false` and null `<name>_busy` fields (the same keys either way).
+
+Peer setting (`peer_settings`, `pick_best`). The PyTorch peer runs at every torch intra-op thread
+count 1..N (N = the cores this process may use) under OMP_WAIT_POLICY unset (the OpenMP runtime's
+default: idle threads spin before sleeping) and PASSIVE (idle threads sleep at once); with one thread
+there is no pool to wait, so the policy is tried once. OpenMP reads the variable when torch starts its
+runtime, so each policy gets its own worker process (`run_peer_workers`, which runs
+`python -m experiments.bench_common MODULE SPEC THREADS`); the worker tries its thread counts in
+ascending order. The fastest setting wins (ties: fewer threads, then the default policy) and the JSON
+names it (`torch_threads`, `omp_wait_policy`) next to every setting's time (`torch_settings`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Mapping, Sequence
+
+MAX_OTHER_CORES = 0.3
+MAX_LOAD_FRAC = 0.5
+PASSIVE = "PASSIVE"
+DEFAULT_POLICY = "default"  # OMP_WAIT_POLICY removed from the worker's environment
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------ machine load
+def usable_cpus() -> list[int]:
+    """CPU indices this process may run on (its affinity mask), or range(os.cpu_count())."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def parse_proc_stat(text: str, cpus: Sequence[int]) -> float:
+    """Busy clock ticks (user+nice+system+irq+softirq+steal; guest time is inside user) summed over
+    the `cpuK` lines of /proc/stat for K in `cpus`."""
+    want = {f"cpu{k}" for k in cpus}
+    total, seen = 0, set()
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] in want:
+            v = [int(x) for x in fields[1:9]] + [0] * max(0, 9 - len(fields))
+            user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+            total += user + nice + system + irq + softirq + steal
+            seen.add(fields[0])
+    if seen != want:
+        raise ValueError(f"/proc/stat lacks lines for {sorted(want - seen)}")
+    return float(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSample:
+    """One reading: wall clock, busy CPU-seconds of the usable cores (None without /proc/stat), this
+    process's own CPU-seconds (reaped children included) and the load averages."""
+    wall_s: float
+    cpu_busy_s: float | None
+    own_s: float
+    loadavg: tuple[float, float, float]
+
+
+def sample_load(cpus: Sequence[int] | None = None) -> LoadSample:
+    cpus = usable_cpus() if cpus is None else cpus
+    try:
+        with open("/proc/stat") as f:
+            busy = parse_proc_stat(f.read(), cpus) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        busy = None
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    return LoadSample(time.monotonic(), busy, own, tuple(os.getloadavg()))
+
+
+def load_between(start: LoadSample, end: LoadSample, cores: int) -> dict:
+    """Average cores used by other processes and by us between two samples, and the 1-min loadavg."""
+    wall = end.wall_s - start.wall_s
+    if wall <= 0:
+        raise ValueError(f"load window must have positive length, got {wall} s")
+    own = (end.own_s - start.own_s) / wall
+    other = None
+    if start.cpu_busy_s is not None and end.cpu_busy_s is not None:
+        # clock-tick rounding can make the difference slightly negative on an idle machine
+        other = max(0.0, (end.cpu_busy_s - start.cpu_busy_s) / wall - own)
+    return {"cores": cores, "measure_s": wall, "other_cores": other,
+            "other_cpu_s": None if other is None else other * wall, "own_cores": own,
+            "loadavg_1m_start": start.loadavg[0], "loadavg_1m_end": end.loadavg[0]}
+
+
+def busy_verdict(other_cores: float | None, loadavg_1m_start: float, cores: int, *,
+                 max_other_cores: float = MAX_OTHER_CORES,
+                 max_load_frac: float = MAX_LOAD_FRAC) -> tuple[bool, str | None]:
+    """The busy rule of the module docstring: (busy, reason or None); `cores` = the machine's cores."""
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    reasons = []
+    if other_cores is not None and other_cores > max_other_cores:
+        reasons.append(f"other processes used {other_cores:.2f} cores on average (limit {max_other_cores})")
+    if loadavg_1m_start > max_load_frac * cores:
+        reasons.append(f"1-min loadavg {loadavg_1m_start:.2f} at start > {max_load_frac} x {cores} cores")
+    return bool(reasons), ("; ".join(reasons) or None)
+
+
+class LoadMeter:
+    """Built at the start of a run; `fields()` at its end gives the load keys and the busy verdict."""
+
+    def __init__(self):
+        self.cpus = usable_cpus()
+        self.start_sample = sample_load(self.cpus)
+
+    def fields(self) -> dict:
+        out = load_between(self.start_sample, sample_load(self.cpus), len(self.cpus))
+        machine_cores = max(os.cpu_count() or 1, out["cores"])
+        out["busy"], out["busy_reason"] = busy_verdict(out["other_cores"], out["loadavg_1m_start"], machine_cores)
+        return out
+
+
+def flag_busy(out: dict, ratio_keys: Sequence[str]) -> dict:
+    """Moves each ratio in `ratio_keys` to `<key>_busy` (and sets `<key>` to None) when out["busy"];
+    on a quiet run `<key>_busy` is None. Keys absent from `out` are skipped."""
+    if "busy" not in out:
+        raise ValueError("flag_busy needs out['busy'] (from LoadMeter.fields())")
+    for k in ratio_keys:
+        if k in out:
+            value = out[k]
+            out[k], out[f"{k}_busy"] = (None, value) if out["busy"] else (value, None)
+    return out
+
+
+# ------------------------------------------------------------------ peer settings
+@dataclasses.dataclass(frozen=True)
+class PeerSetting:
+    """torch intra-op threads and OMP_WAIT_POLICY (DEFAULT_POLICY: the variable unset)."""
+    threads: int
+    wait_policy: str = DEFAULT_POLICY
+
+    @property
+    def label(self) -> str:
+        return f"t{self.threads}" + ("" if self.wait_policy == DEFAULT_POLICY else f"-{self.wait_policy.lower()}")
+
+
+def peer_settings(cores: int, threads: int = 0, policies: Sequence[str] = (DEFAULT_POLICY, PASSIVE)) -> list[PeerSetting]:
+    """Threads 1..cores (or only `threads` when > 0) x `policies`; one thread once (no pool to wait)."""
+    if cores < 1 or threads < 0:
+        raise ValueError(f"need cores >= 1 and threads >= 0, got cores={cores}, threads={threads}")
+    if not policies or any(p not in (DEFAULT_POLICY, PASSIVE) for p in policies):
+        raise ValueError(f"policies must be a non-empty subset of {(DEFAULT_POLICY, PASSIVE)}, got {policies}")
+    counts = [threads] if threads else list(range(1, cores + 1))
+    out = []
+    for t in counts:
+        out.extend([PeerSetting(t, policies[0])] if t == 1 else [PeerSetting(t, p) for p in policies])
+    return out
+
+
+def pick_best(times: Mapping[PeerSetting, float | None]) -> PeerSetting:
+    """The fastest setting; ties go to fewer threads, then the default policy. None / non-finite
+    times (a failed setting) are skipped."""
+    ok = {s: t for s, t in times.items() if t is not None and math.isfinite(t)}
+    if not ok:
+        raise ValueError(f"no setting has a finite time: {dict(times)}")
+    return min(ok, key=lambda s: (ok[s], s.threads, s.wait_policy != DEFAULT_POLICY))
+
+
+def per_setting(results: Mapping[PeerSetting, dict], fn) -> dict:
+    """{label: fn(result)} in the order t1, t2, t2-passive, ..., for the JSON's per-setting table."""
+    order = sorted(results, key=lambda s: (s.threads, s.wait_policy != DEFAULT_POLICY, s.wait_policy))
+    return {s.label: fn(results[s]) for s in order}
+
+
+def setting_fields(best: PeerSetting, threads_key: str = "torch_threads",
+                   policy_key: str = "omp_wait_policy") -> dict:
+    """The winning setting as JSON keys."""
+    return {threads_key: best.threads, policy_key: best.wait_policy}
+
+
+# ------------------------------------------------------------------ peer workers
+def worker_env(policy: str, base: Mapping[str, str] | None = None) -> dict:
+    """The environment of a peer worker: OMP_WAIT_POLICY set to `policy` or removed for the default."""
+    env = dict(os.environ if base is None else base)
+    env.pop("OMP_NUM_THREADS", None)  # torch.set_num_threads decides
+    env["JAX_PLATFORMS"] = "cpu"  # the worker's incidental jax use (building inputs) must not probe accelerators
+    if policy == DEFAULT_POLICY:
+        env.pop("OMP_WAIT_POLICY", None)
+    else:
+        env["OMP_WAIT_POLICY"] = policy
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_peer_workers(module: str, spec: dict, settings: Sequence[PeerSetting], *,
+                     timeout_s: float = 3600.0) -> dict[PeerSetting, dict]:
+    """Runs `module.peer_worker(spec, threads)` once per wait policy in a fresh process and returns
+    each setting's result dict. `spec` must be JSON-serialisable."""
+    by_policy: dict[str, list[int]] = {}
+    for s in settings:
+        by_policy.setdefault(s.wait_policy, []).append(s.threads)
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        spec_path = os.path.join(d, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        for policy, threads in by_policy.items():
+            cmd = [sys.executable, "-m", "experiments.bench_common", module, spec_path,
+                   ",".join(str(t) for t in sorted(threads))]
+            proc = subprocess.run(cmd, env=worker_env(policy), cwd=_REPO_ROOT, capture_output=True, text=True,
+                                  timeout=timeout_s)
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"peer worker {module} (OMP_WAIT_POLICY={policy}, threads {threads}) failed "
+                                   f"with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
+            reply = json.loads(lines[-1])
+            seen = reply["omp_wait_policy"] or DEFAULT_POLICY
+            if seen != policy:
+                raise RuntimeError(f"peer worker saw OMP_WAIT_POLICY={seen}, expected {policy}")
+            for t, r in reply["results"].items():
+                results[PeerSetting(int(t), policy)] = r
+    return results
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m experiments.bench_common MODULE SPEC.json THREADS(csv)", file=sys.stderr)
+        return 2
+    module, spec_path, threads = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    counts = sorted(int(t) for t in threads.split(","))
+    results = importlib.import_module(module).peer_worker(spec, counts)
+    print(json.dumps({"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                      "results": {str(t): r for t, r in results.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
