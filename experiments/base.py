@@ -9,9 +9,10 @@ from experiments import cli, study
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0]).parse_args(argv)
-    run = study.Run(cli.preset_from(args), args.root, args.name)
-    study.run_base(run)
+    args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
+    with cli.clear_errors():
+        run = cli.make_run(args)
+        study.run_base(run)
     print(f"base policy in {run.dir}/base/policy")
 
 

@@ -16,6 +16,7 @@ class EvalSettings:
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     n_states: int = 32                # matched states per policy for step quality
     n_error_states: int = 32
+    n_sampled: int = 16               # G: next actions sampled per policy and matched state (finding 3)
     n_boot: int = 500
     hidden_budget: bool = True        # also evaluate with the budget hidden (beyond the paper)
 
@@ -32,11 +33,24 @@ class Preset:
     n_tasks: int = 4                  # tasks per RL iteration
     group_size: int = 8               # rollouts per task (GRPO group)
     lr: float = 1e-3
+    epochs: int = 1                   # passes over each iteration's episodes (PPO-style reuse)
+    minibatches: int = 1              # updates per pass; with epochs > 1 the clip becomes active
+    kl_coef: float = 0.0              # KL(policy || base) penalty (k3 estimator)
+    entropy_coef: float = 0.0
     dynamics_every: int = 2           # R_multi / R_single logging period (iterations)
     eval: EvalSettings = EvalSettings()
     checkpoint: Optional[str] = None  # a local HF Qwen3 directory: the base model (skips SFT)
     mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor)
     compute_dtype: str = "float32"
+    # Memory of the RL train step (issue 20; `python -m experiments.aot_check` checks the fit):
+    micro_batches: int = 1            # gradient-accumulation micro-batches per update
+    remat: Optional[str] = None       # per-layer activation checkpointing (qwen3.REMAT_POLICIES)
+    tis_cap: Optional[float] = None   # truncated importance sampling cap on the sampler's log-probs
+    # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS
+    # name), the TPU topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
+    aot_model: Optional[str] = None
+    aot_topology: Optional[str] = None
+    aot_hbm_gib: Optional[float] = None
 
 
 def _toy_model(vocab: int = 128) -> Qwen3Config:
@@ -45,23 +59,41 @@ def _toy_model(vocab: int = 128) -> Qwen3Config:
                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
-def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_tasks: int = 256) -> Preset:
-    """A real-checkpoint preset: no SFT (the checkpoint is the base), bf16 compute, longer replies."""
+def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_tasks: int = 256,
+                 micro_batches: int, aot_model: str, aot_topology: str, aot_hbm_gib: Optional[float] = None,
+                 remat: Optional[str] = "full") -> Preset:
+    """A real-checkpoint preset: no SFT (the checkpoint is the base), bf16 compute, longer replies; the train
+    step's micro-batches and remat sized so every program fits the chip (docs/aot.md)."""
     return Preset(name=name, model=Qwen3Config(),
                   task=TaskSettings(size=4, t_max=10, max_action_tokens=64, max_context=2048),
                   base=BaseSettings(steps=0), iterations=200, n_tasks=n_tasks, group_size=8, lr=1e-6, mesh=mesh,
-                  compute_dtype="bfloat16",
+                  compute_dtype="bfloat16", micro_batches=micro_batches, remat=remat, aot_model=aot_model,
+                  aot_topology=aot_topology, aot_hbm_gib=aot_hbm_gib,
                   eval=EvalSettings(n_tasks=eval_tasks, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=512,
                                     n_error_states=512))
 
 
 PRESETS: dict[str, Preset] = {
+    # The toy RL recipe (docs/study.md, from `python -m experiments.sweep`): lr 2e-4 (the SFT rate is 3e-3),
+    # 64 episodes per iteration (8 groups of 8), 2 epochs x 2 minibatches (so the clip is active), KL 0.05
+    # to the base. The old 1e-3 / 32 episodes / 1 update collapsed one seed in three.
     "quick": Preset(
         name="quick", model=_toy_model(),
         task=TaskSettings(size=4, t_max=6, max_context=320),
         base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=3e-3),
-        iterations=10, n_tasks=4, group_size=8,
-        eval=EvalSettings(n_tasks=16, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_boot=300)),
+        iterations=15, n_tasks=8, group_size=8, lr=2e-4, epochs=2, minibatches=2, kl_coef=0.05,
+        eval=EvalSettings(n_tasks=32, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_sampled=8,
+                          n_boot=300)),
+    # Sized for power: 5 seeds, K up to 8, 64 held-out maps (about 31% of them solvable at the tightest
+    # tier, T=2 of 6), 64 matched and error states per policy with G=16.
+    "standard": Preset(
+        name="standard", model=_toy_model(),
+        task=TaskSettings(size=4, t_max=6, max_context=320),
+        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=3e-3),
+        seeds=(0, 1, 2, 3, 4), iterations=20, n_tasks=8, group_size=8, lr=2e-4, epochs=2, minibatches=2,
+        kl_coef=0.05,
+        eval=EvalSettings(n_tasks=64, n_samples=8, ks=(1, 2, 4, 8), n_states=64, n_error_states=64,
+                          n_sampled=16, n_boot=1000)),
     "full": Preset(
         name="full", model=Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32),
@@ -72,9 +104,15 @@ PRESETS: dict[str, Preset] = {
                           n_boot=1000)),
     # Accelerator presets: a real Qwen3 checkpoint directory is required (--checkpoint); the FrozenLake
     # text goes through the real Qwen3 tokenizer (BPE) and the chat template of the checkpoint.
-    "qwen3-0.6b-1gpu": _accelerator("qwen3-0.6b-1gpu", n_tasks=32, mesh=(1, 1, 1), eval_tasks=128),
-    "qwen3-4b-8gpu": _accelerator("qwen3-4b-8gpu", n_tasks=64, mesh=(1, 8, 1)),
-    "qwen3-8b-v5p": _accelerator("qwen3-8b-v5p", n_tasks=128, mesh=(4, 8, 2)),
+    # GPU presets: one 80 GB GPU (H100/A100) each; AOT-checked on the v5p topology with as many chips.
+    # 16 tasks x 8: the rollout's KV cache of 256 episodes x 2048 slots did not fit 80 GB (docs/aot.md)
+    "qwen3-0.6b-1gpu": _accelerator("qwen3-0.6b-1gpu", n_tasks=16, mesh=(1, 1, 1), eval_tasks=128,
+                                    micro_batches=16, aot_model="qwen3_0_6b", aot_topology="v5p:1x1x1",
+                                    aot_hbm_gib=80.0),
+    "qwen3-4b-8gpu": _accelerator("qwen3-4b-8gpu", n_tasks=64, mesh=(1, 8, 1), micro_batches=16,
+                                  aot_model="qwen3_4b", aot_topology="v5p:2x2x2", aot_hbm_gib=80.0),
+    "qwen3-8b-v5p": _accelerator("qwen3-8b-v5p", n_tasks=128, mesh=(4, 8, 2), micro_batches=8,
+                                 aot_model="qwen3_8b", aot_topology="v5p:4x4x4"),
     # Seconds-scale settings for the end-to-end CI test.
     "ci": Preset(
         name="ci", model=Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

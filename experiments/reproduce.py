@@ -1,6 +1,8 @@
 """The whole study in order: base -> every RL arm x seed -> eval -> runs/<name>/report.md.
 
-Resumable: a rerun skips finished stages and resumes an interrupted RL arm from its checkpoint.
+Resumable: a rerun skips finished stages and resumes an interrupted RL arm from its checkpoint; a rerun
+with other settings in the same run directory refuses (naming them) unless --force. --seed-offset N runs
+the same preset on seeds shifted by N, in runs/<preset>-s<N>.
 """
 import time
 
@@ -9,12 +11,13 @@ from experiments import eval as eval_stage
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
     t0 = time.time()
-    run = study.Run(cli.preset_from(args), args.root, args.name)
-    base = study.run_base(run)
-    t_base = time.time()
-    policies = study.run_all_arms(run, base)
+    with cli.clear_errors():
+        run = cli.make_run(args)
+        base = study.run_base(run)
+        t_base = time.time()
+        policies = study.run_all_arms(run, base)
     t_rl = time.time()
     metrics, figures, evals, bound = eval_stage.evaluate(run, base, policies)
     path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)

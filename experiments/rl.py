@@ -8,13 +8,14 @@ from jaxagent.study.stages import ARMS
 
 
 def main(argv=None):
-    p = cli.parser(__doc__.splitlines()[0])
+    p = cli.parser(__doc__.splitlines()[0], run_options=True)
     p.add_argument("--arm", nargs="+", default=None, choices=sorted(ARMS),
                    help="arms to train (default: the preset's arms)")
     args = p.parse_args(argv)
-    run = study.Run(cli.preset_from(args), args.root, args.name)
-    base = study.run_base(run)
-    study.run_all_arms(run, base, arms=args.arm)
+    with cli.clear_errors():
+        run = cli.make_run(args)
+        base = study.run_base(run)
+        study.run_all_arms(run, base, arms=args.arm)
     print(f"policies in {run.dir}/arms")
 
 

@@ -1,13 +1,24 @@
 """Stage runners of the study: run directories, resumability, progress bars, files.
 
-runs/<name>/
-  config.json                      the preset
+runs/<name>/   (default name: the preset's, or <preset>-s<N> with a seed offset N)
+  config.json                      the preset (+ seed_offset)
   tokenizer/                       the toy word-level tokenizer (toy presets)
   base/    policy/ (HF checkpoint), metrics.jsonl, DONE
   arms/<arm>/seed<k>/  ckpt/ (orbax, resumable), policy/, metrics.jsonl, dynamics.jsonl, DONE
   eval/<policy>.json, eval/DONE    every measured diagnostic
   figures/*.png, report.md, metrics.json
-A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint.
+A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint,
+and its metrics/dynamics files are cut back to the restored iteration (lines appended after the last
+checkpoint are not repeated).
+
+Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
+result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings
+raises SettingsMismatch naming them, unless the Run is made with force=True (`--force`): then every stage
+whose recorded settings differ (or are unknown, for markers of older versions) is redone, and the
+cached evaluations are dropped. The mesh and the choice of arms and seeds never count as a difference.
+Seed offset N (`--seed-offset`): RL seed k -> k + N and the base SFT key BASE_SEED -> BASE_SEED + N.
+An RL iteration whose update was skipped for non-finite gradients, or that leaves non-finite params,
+stops the stage with NonFiniteError before its metrics and checkpoint are written.
 
 Device mesh: a preset's `mesh` (data, fsdp, tensor) other than (1, 1, 1) runs the stages sharded on a
 `sharding.make_mesh` mesh over every device (the product must equal `jax.device_count()`); (1, 1, 1)
@@ -20,8 +31,11 @@ each process, orbax checkpoints by orbax's own multi-host protocol.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
+import math
 import os
+import shutil
 import tempfile
 import time
 
@@ -39,6 +53,18 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import stages
 from jaxagent.study.toy import ToyWorld, make_toy_world
+
+
+BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's seed offset)
+RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
+
+
+class SettingsMismatch(ValueError):
+    """A run directory, stage or checkpoint was made with other settings than the current run's."""
+
+
+class NonFiniteError(RuntimeError):
+    """An RL update was non-finite (skipped by the optimizer's guard) or left non-finite params."""
 
 
 def _jsonable(x):
@@ -81,6 +107,88 @@ def append_jsonl(path, rec):
         return
     with open(path, "a") as f:
         f.write(json.dumps(_jsonable(rec)) + "\n")
+
+
+def cut_jsonl(path, keep) -> int:
+    """Rewrites a JSON-lines file atomically with only the records for which keep(record) is true (a
+    line cut short by a kill is dropped too); returns how many lines were dropped. Process 0 only."""
+    if not is_main_process() or not os.path.isfile(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None
+            if isinstance(rec, dict) and keep(rec):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            elif line.strip():
+                dropped += 1
+    if dropped:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path),
+                                   suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    return dropped
+
+
+def _plain(x):
+    """JSON types only (tuples -> lists, dataclasses -> dicts): what a recorded setting reads back as."""
+    return json.loads(json.dumps(_jsonable(x)))
+
+
+def check_preset(preset: Preset):
+    """ValueError naming the field when a preset's counts make no sense (e.g. iterations < 1)."""
+    for field in ("iterations", "n_tasks", "group_size", "dynamics_every"):
+        v = getattr(preset, field)
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"preset {preset.name!r}: {field} must be a positive integer, got {v!r}")
+    seeds = tuple(preset.seeds)
+    if not seeds or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ValueError(f"preset {preset.name!r}: seeds must be one or more non-negative integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"preset {preset.name!r}: seeds must be distinct, got {seeds!r}")
+
+
+def _all_finite_leaves(tree):
+    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), tree)
+
+
+_all_finite_leaves_jit = jax.jit(_all_finite_leaves)
+
+
+def nonfinite_leaves(tree) -> list[str]:
+    """Paths of the floating leaves of `tree` holding a NaN or Inf."""
+    floats = jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.floating) else None, tree)
+    flags = jax.device_get(_all_finite_leaves_jit(floats))
+    return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0] if not ok]
+
+
+def check_update(label: str, it: int, metrics: dict, state):
+    """Raises NonFiniteError when iteration `it` skipped an update for non-finite gradients (the optimizer's
+    guard, `skipped` / `critic_skipped` > 0), reports a non-finite loss or gradient norm, or left non-finite
+    params (policy or critic)."""
+    problems = []
+    for k in ("skipped", "critic_skipped"):
+        v = metrics.get(k, 0.0)
+        if not math.isfinite(v) or v > 0:
+            problems.append(f"{k}={v:.3g} (share of this iteration's updates the optimizer skipped because "
+                            "their gradients were not finite)")
+    for k in ("loss", "grad_norm", "critic_grad_norm"):
+        if k in metrics and not math.isfinite(metrics[k]):
+            problems.append(f"{k}={metrics[k]}")
+    for name in ("params", "critic_params"):
+        tree = getattr(state, name, None)
+        bad = [] if tree is None else nonfinite_leaves(tree)
+        if bad:
+            problems.append(f"non-finite {name}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
+    if problems:
+        raise NonFiniteError(
+            f"[{label}] RL iteration {it} diverged: {'; '.join(problems)}. Stopped before its metrics and "
+            f"checkpoint were written (the run resumes from iteration {it}); lower the learning rate or "
+            "check the inputs before rerunning")
 
 
 def save_policy(path, cfg, params):
@@ -127,6 +235,22 @@ def done(path) -> bool:
     return os.path.isfile(os.path.join(path, "DONE"))
 
 
+def done_settings(path):
+    """The settings recorded in <path>/DONE, or None (an older marker without them, or unreadable)."""
+    try:
+        with open(os.path.join(path, "DONE")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info.get("settings") if isinstance(info, dict) else None
+
+
+def _short(diff: list[str], n: int = 30) -> str:
+    """The differences, top-level settings (e.g. name, iterations) before nested ones."""
+    diff = sorted(diff, key=lambda d: "." in d.split(":")[0])
+    return "; ".join(diff[:n]) + (f" (and {len(diff) - n} more)" if len(diff) > n else "")
+
+
 def mark_done(path, info=None):
     write_json(os.path.join(path, "DONE"), info or {"finished": time.strftime("%Y-%m-%d %H:%M:%S")})
 
@@ -137,7 +261,15 @@ class Run:
     `mesh` is the preset's device mesh (None for (1, 1, 1)), built once here; `compute_dtype` the
     jnp dtype of the RL forward passes."""
 
-    def __init__(self, preset: Preset, root: str = "runs", name: str | None = None):
+    def __init__(self, preset: Preset, root: str = "runs", name: str | None = None, *, seed_offset: int = 0,
+                 force: bool = False):
+        if not isinstance(seed_offset, (int, np.integer)) or isinstance(seed_offset, bool) or seed_offset < 0:
+            raise ValueError(f"seed_offset must be a non-negative integer, got {seed_offset!r}")
+        check_preset(preset)
+        self.seed_offset, self.force = int(seed_offset), bool(force)
+        if self.seed_offset:
+            preset = dataclasses.replace(preset, seeds=tuple(int(s) + self.seed_offset for s in preset.seeds))
+        self.base_seed = BASE_SEED + self.seed_offset
         self.preset = preset
         self.compute_dtype = _check_compute_dtype(preset)
         self.mesh = make_run_mesh(preset)
@@ -146,9 +278,12 @@ class Run:
             raise ValueError(f"preset {preset.name!r}: the RL batch n_tasks x group_size = "
                              f"{preset.n_tasks} x {preset.group_size} is not divisible by the mesh's batch axes "
                              f"(data x fsdp = {split} for mesh {tuple(preset.mesh)})")
-        self.dir = os.path.abspath(os.path.join(root, name or preset.name))
+        default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
+        self.dir = os.path.abspath(os.path.join(root, name or default))
         os.makedirs(self.dir, exist_ok=True)
-        write_json(os.path.join(self.dir, "config.json"), preset)
+        record = {**_plain(preset), "seed_offset": self.seed_offset}
+        self._check_run_settings(record)
+        write_json(os.path.join(self.dir, "config.json"), record)
         if preset.checkpoint:
             tok = Tokenizer.from_dir(preset.checkpoint)
             words = FrozenLake.vocabulary()
@@ -165,30 +300,124 @@ class Run:
         os.makedirs(p, exist_ok=True)
         return p
 
+    def _check_run_settings(self, record: dict):
+        """Compares config.json (if any) with `record`; SettingsMismatch unless force (which drops eval/)."""
+        path, old = os.path.join(self.dir, "config.json"), None
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    old = json.load(f)
+            except ValueError:
+                old = {"config.json": "<unreadable>"}
+        sync_processes(f"config-check:{self.dir}")  # every process read config.json before it is rewritten
+        if old is None:
+            return
+        if isinstance(old, dict):
+            old.setdefault("seed_offset", 0)  # written before seed offsets existed
+
+        def strip(d):
+            return {k: v for k, v in d.items() if k not in RESULT_NEUTRAL} if isinstance(d, dict) else d
+
+        diff = ckpt_lib.settings_diff(strip(old), strip(record))
+        if not diff:
+            return
+        if not self.force:
+            raise SettingsMismatch(
+                f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs "
+                f"now): {_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass "
+                "--force to redo the stages whose settings differ")
+        self._drop_eval_cache(None)
+
+    def _drop_eval_cache(self, label: str | None):
+        """Removes cached evaluations: all of them (label None or 'base'), else those of one arm/seed."""
+        if is_main_process():
+            ev = os.path.join(self.dir, "eval")
+            if label in (None, "base"):
+                shutil.rmtree(ev, ignore_errors=True)
+            else:
+                stem = label.replace("/", "_")
+                for f in glob.glob(os.path.join(ev, f"{stem}.json")) + glob.glob(os.path.join(ev, f"*_{stem}.json")):
+                    os.remove(f)
+        sync_processes(f"drop-eval:{self.dir}:{label}")
+
+    def base_settings(self) -> dict:
+        """What determines the base policy (recorded in base/DONE)."""
+        p = self.preset
+        if p.checkpoint:
+            return _plain({"model": self.cfg, "checkpoint": os.path.abspath(p.checkpoint)})
+        return _plain({"model": self.cfg, "task": p.task, "base": p.base, "seed": self.base_seed})
+
+    def arm_stage_settings(self, arm: str, seed: int) -> dict:
+        """What determines an arm/seed's policy and logs (recorded in its DONE and its checkpoints)."""
+        p = self.preset
+        return _plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
+                       "task": p.task, "compute_dtype": p.compute_dtype, "dynamics_every": p.dynamics_every})
+
+    def check_recorded(self, recorded, settings: dict, where: str, out: str, label: str) -> bool:
+        """True if `recorded` (settings of a DONE marker or checkpoint at `where`; None: not recorded, an
+        older version's) may be used with `settings`; else SettingsMismatch, or with force: the stage
+        directory `out` is emptied (and its cached evaluations dropped) and False returned."""
+        if recorded is None:
+            if not self.force:
+                return True
+            diff = ["settings: not recorded (made by an older version)"]
+        else:
+            diff = ckpt_lib.settings_diff(recorded, settings)
+            if not diff:
+                return True
+        if not self.force:
+            raise SettingsMismatch(
+                f"stage {label}: {where} was made with other settings ({len(diff)} differ, as recorded vs now): "
+                f"{_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                "to redo this stage")
+        sync_processes(f"reset:{out}")  # every process has read the record before it goes
+        if is_main_process():
+            shutil.rmtree(out, ignore_errors=True)
+        self._drop_eval_cache(label)
+        os.makedirs(out, exist_ok=True)
+        return False
+
+    def stage_done(self, out: str, settings: dict, label: str) -> bool:
+        """Whether stage `out` is finished with `settings` (see `check_recorded`)."""
+        if not done(out):
+            return False
+        return self.check_recorded(done_settings(out), settings, os.path.join(out, "DONE"), out, label)
+
     def arm_settings(self, arm: str) -> stages.ArmSettings:
         p = self.preset
-        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size)
-        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr)
+        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size, epochs=p.epochs,
+                                 minibatches=p.minibatches)
+        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr, kl_coef=p.kl_coef,
+                                  entropy_coef=p.entropy_coef)
 
     def load_policy(self, path):
-        """The params of <path>/policy, sharded on the run's mesh when it has one."""
+        """The params of <path>/policy, sharded on the run's mesh when it has one; SettingsMismatch when
+        it was saved for another model config (before any array reaches a compiled function)."""
         cfg, params = qwen3.load(os.path.join(path, "policy"), mesh=self.mesh)
+        diff = ckpt_lib.settings_diff(dataclasses.asdict(cfg), dataclasses.asdict(self.cfg))
+        if diff:
+            raise SettingsMismatch(f"the policy in {os.path.join(path, 'policy')} was saved for another model "
+                                   f"config than this run's (saved vs now): {_short(diff)}; this run directory "
+                                   "was made with other settings: use another --name, or --force")
         return params
 
 
 def run_base(run: Run, log=print):
     """Stage 'base': SFT of the tiny Qwen3 on the noisy expert (or the given checkpoint as is)."""
     out = run.path("base")
-    if done(out):
+    settings = run.base_settings()
+    if run.stage_done(out, settings, "base"):
         log(f"[base] done already: {out}")
         return run.load_policy(out)
     p = run.preset
     if p.checkpoint:
         _, params = qwen3.load(p.checkpoint, mesh=run.mesh)
         save_policy(os.path.join(out, "policy"), run.cfg, params)
-        mark_done(out, {"source": p.checkpoint})
+        mark_done(out, {"source": p.checkpoint, "settings": settings})
         return params
     t0 = time.time()
+    if is_main_process() and os.path.isfile(os.path.join(out, "metrics.jsonl")):
+        os.remove(os.path.join(out, "metrics.jsonl"))  # of an SFT killed before its end: it restarts from 0
     bar = tqdm(total=p.base.steps, desc="base SFT", unit="step", disable=not is_main_process())
 
     def cb(i, rec):
@@ -196,44 +425,63 @@ def run_base(run: Run, log=print):
         bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_accuracy']:.2f}")
         append_jsonl(os.path.join(out, "metrics.jsonl"), rec)
 
-    params, hist = stages.train_base(run.world, run.cfg, jax.random.key(1000), p.task, p.base, callback=cb,
+    params, hist = stages.train_base(run.world, run.cfg, jax.random.key(run.base_seed), p.task, p.base, callback=cb,
                                      mesh=run.mesh)
     bar.close()
     save_policy(os.path.join(out, "policy"), run.cfg, params)
-    mark_done(out, {"seconds": time.time() - t0, **hist[0], "final": hist[-1]})
+    mark_done(out, {"seconds": time.time() - t0, **hist[0], "final": hist[-1], "settings": settings})
     return params
 
 
 def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print):
     """Stage 'rl': one arm, one seed; checkpoints every iteration, resumes after a kill."""
+    label = f"{arm}/seed{seed}"
     out = run.path("arms", arm, f"seed{seed}")
-    if done(out):
+    recorded = run.arm_stage_settings(arm, seed)
+    if run.stage_done(out, recorded, label):
         return run.load_policy(out)
     from jaxagent.eval import drivers  # R_single on held-out first-turn states
 
     settings = run.arm_settings(arm)
     rt = runtime or make_runtime(run, settings)
     manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)
+    expect = {"settings": recorded}
+    if manager.latest_step() is not None:  # an interrupted run: resumable only with the same settings
+        saved = (ckpt_lib.read_metadata(manager).get("extra") or {}).get("settings")
+        where = os.path.join(out, "ckpt", str(manager.latest_step()))
+        if not run.check_recorded(saved, recorded, where, out, label):
+            manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)  # emptied by --force
+        elif saved is None:
+            expect = None  # a checkpoint of an older version, without recorded settings
     # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
     abstract = stages.abstract_arm_state(rt, run.cfg, jax.random.key(seed), base_params)
-    state = ckpt_lib.restore_latest(manager, abstract)
+    state = ckpt_lib.restore_latest(manager, abstract, cfg=run.cfg, expect_extra=expect)
+    metrics_path, dyn = os.path.join(out, "metrics.jsonl"), os.path.join(out, "dynamics.jsonl")
+    start = 0 if state is None else int(state.data_pos) // settings.rl.n_tasks
     if state is not None:
-        log(f"[{arm}/seed{seed}] resuming at iteration {int(state.data_pos) // settings.rl.n_tasks}")
+        log(f"[{label}] resuming at iteration {start}")
+        # lines of iterations after the restored checkpoint (a kill between append and save) go
+        cut_jsonl(metrics_path, lambda r: r.get("iteration", start) < start)
+        cut_jsonl(dyn, lambda r: r.get("step", start) < start)
+    elif is_main_process():
+        for f in (metrics_path, dyn):
+            if os.path.isfile(f):
+                os.remove(f)
+    sync_processes(f"cut-logs:{out}")
     heldout = run.preset.task.sample(jax.random.key(777), 32)
-    dyn = os.path.join(out, "dynamics.jsonl")
-    bar = tqdm(total=settings.iterations, desc=f"{arm} seed {seed}", unit="it",
-               initial=0 if state is None else int(state.data_pos) // settings.rl.n_tasks,
+    bar = tqdm(total=settings.iterations, desc=f"{arm} seed {seed}", unit="it", initial=start,
                disable=not is_main_process())
 
     def cb(it, m, st):
+        check_update(label, it, m, st)  # before anything of this iteration is written
         bar.update(1)
         bar.set_postfix(success=f"{m['success_rate']:.2f}")
-        append_jsonl(os.path.join(out, "metrics.jsonl"), m)
+        append_jsonl(metrics_path, m)
         if it % run.preset.dynamics_every == 0 or it == settings.iterations - 1:
             rs = drivers.r_single(run.world, run.cfg, st.params, heldout, t_max=run.preset.task.t_max,
                                   env_params=run.preset.task.env_params(), width=run.preset.task.max_context)
             append_jsonl(dyn, {"step": it, "r_multi": m["success_rate"], "r_single": float(rs["r_single"])})
-        ckpt_lib.save(manager, st, run.cfg, step=it, force=True)
+        ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
 
     if state is None:
         state = stages.init_arm_state(rt, run.cfg, jax.random.key(seed), base_params)
@@ -243,9 +491,9 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
     state, _ = stages.train_rl(run.world, run.cfg, None, None, run.preset.task, settings, callback=cb,
                                state=state, runtime=rt)
     bar.close()
-    manager.wait_until_finished()
+    ckpt_lib.wait_until_finished(manager)
     save_policy(os.path.join(out, "policy"), run.cfg, state.params)
-    mark_done(out)
+    mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
     sync_processes(f"done:{out}")
     return state.params
 

@@ -29,6 +29,12 @@ RULES: dict[str, MeshAxes] = {
     "mlp": "tensor",
     "cache_seq": None,
     "seq": None,
+    # activations (`qwen3.RESIDUAL_AXES`, `qwen3.LOGITS_AXES`): rows over data x fsdp, logits' vocab over
+    # tensor, the rest whole, so FSDP gathers weights per layer and never splits the residual stream
+    "activation_batch": ("data", "fsdp"),
+    "activation_seq": None,
+    "activation_embed": None,
+    "activation_vocab": "tensor",
 }
 
 
@@ -122,6 +128,18 @@ def batch_divisor(mesh: Optional[Mesh]) -> int:
 def row_sharding(mesh: Mesh) -> NamedSharding:
     """Batch rows over `batch_axes(mesh)`, every other axis replicated (any rank)."""
     return NamedSharding(mesh, P(batch_axes(mesh)))
+
+
+def constrain(x: jax.Array, logical: Sequence[Optional[str]], mesh=None,
+              rules: Optional[Mapping[str, MeshAxes]] = None) -> jax.Array:
+    """x pinned (`with_sharding_constraint`) to the rule-table sharding of its logical axes on `mesh`, or
+    on the abstract mesh of an enclosing `jax.set_mesh`; x unchanged when there is neither."""
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh is None or mesh.empty:
+            return x
+        return jax.lax.with_sharding_constraint(x, spec_for(logical, x.shape, mesh, rules))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec_for(logical, x.shape, mesh, rules)))
 
 
 def shard(tree: Any, shardings: Any) -> Any:

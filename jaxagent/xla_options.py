@@ -1,20 +1,27 @@
-"""XLA compiler options that jaxagent's jitted programs are compiled with.
+"""XLA compiler options that jaxagent's jitted programs are compiled with, and `jit`, which applies them.
 
-`COMPILER_OPTIONS` goes to `jax.jit(..., compiler_options=...)` at every jit boundary that runs the
-model (generation, rollouts, train steps, evaluation drivers), so no process-wide flag or environment
-variable is needed and research code that jits its own functions can pass the same dict.
+`COMPILER_OPTIONS` go with every jaxagent entry point that runs the model (generation, rollouts, train
+steps, evaluation drivers), so no process-wide flag or environment variable is needed; research code
+that jits its own functions can pass the same dict.
 
-Why each option (measured on the 2-core AMD EPYC CI machine, jaxlib 0.10.2, f32):
-- ``xla_cpu_experimental_ynn_fusion_type = ""``: XLA:CPU routes dots through YNNPACK by default. For the
-  small-batch shapes of decoding (e.g. [16, 384] x [384, 1024]) with weights that do not fit in cache,
-  that path ran at ~3 GB/s of weight traffic (1.0 ms per call in a 6-layer decode loop) where XLA's
-  Eigen path runs the same dot in ~0.25-0.4 ms; a 10M-parameter Qwen3 decode step fell from 22 ms to
-  15 ms and a one-token forward from 13 ms to 7.5 ms; large (prefill-sized) dots are as fast or faster
-  (2048x384x1024: 127 vs 122 GFLOP/s). An empty list disables the YNN fusion pass. The field belongs to
-  XLA's backend-independent DebugOptions, so GPU and TPU compiles accept and ignore it.
+Composition: jax accepts `compiler_options` only on a top-level `jax.jit`; a jit carrying them raises
+inside a user's `jax.jit`, `jax.eval_shape`, `jax.make_jaxpr` or `vmap`. So the entry points are made
+with `jit` below: called at top level they compile with the options; called under any transformation
+they are plain nested jits, and the outermost boundary (the user's) decides the options.
+
+Why each option:
+- ``xla_cpu_experimental_ynn_fusion_type = ""``: XLA:CPU routes dots through YNNPACK by default, which
+  runs decoding's small-batch products with weights that do not fit in cache far below XLA's Eigen
+  path; an empty list disables that fusion pass. The field belongs to XLA's backend-independent
+  DebugOptions, so GPU and TPU compiles accept and ignore it.
 Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks).
 """
 from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import jax
 
 COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -22,3 +29,47 @@ COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 def compiler_options(extra: dict | None = None) -> dict:
     """A fresh copy of `COMPILER_OPTIONS`, updated with `extra` (which wins on conflicts)."""
     return {**COMPILER_OPTIONS, **(extra or {})}
+
+
+_merged = compiler_options  # `jit` below takes a keyword of the same name
+try:
+    from jax._src.core import trace_state_clean as _trace_state_clean  # no public query for this in jax 0.10
+except ImportError:  # pragma: no cover
+    _trace_state_clean = None
+
+
+def _top_level(args) -> bool:
+    """Whether no jax transformation (jit/eval_shape/make_jaxpr tracing, vmap, grad) is active."""
+    if _trace_state_clean is None:  # fallback: traced arguments mean a transformation (misses closures only)
+        return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+    return _trace_state_clean()
+
+
+class _Jitted:
+    """A jitted function that compiles with compiler options at top level and nests without them."""
+
+    def __init__(self, fun: Callable, options: dict, jit_kwargs: dict):
+        self._top = jax.jit(fun, compiler_options=options, **jit_kwargs)
+        self._nested = jax.jit(fun, **jit_kwargs)
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args, **kwargs):
+        return (self._top if _top_level((args, kwargs)) else self._nested)(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...: the top-level jit's
+        if name in ("_top", "_nested"):
+            raise AttributeError(name)
+        return getattr(self._top, name)
+
+    def __get__(self, obj, objtype=None):  # usable as a method decorator too
+        return self if obj is None else functools.partial(self, obj)
+
+
+def jit(fun: Optional[Callable] = None, *, compiler_options: Optional[dict] = None, **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` with `COMPILER_OPTIONS` (updated with `compiler_options`) at top
+    level, and a plain nested jit when called under a transformation (see the module docstring).
+    Usable as `jit(f, ...)` or as a decorator `@functools.partial(jit, static_argnames=...)`."""
+    options = _merged(compiler_options)
+    if fun is None:
+        return lambda f: _Jitted(f, options, jit_kwargs)
+    return _Jitted(fun, options, jit_kwargs)

@@ -1,7 +1,12 @@
 """Checkpoints: round trip (int layer keys, optimizer NamedTuples, PRNG key, data position), keep-N,
-atomicity (temporary directories ignored), wrong-shape restores, sharded restore, and an exact
-kill-and-resume of a training run in subprocesses."""
+atomicity (temporary directories ignored), wrong-shape restores, sharded restore, an exact
+kill-and-resume of a training run in subprocesses, and integrity: checksum manifests naming a flipped
+or truncated file, clear errors for missing/corrupt orbax files, config and run-settings checks."""
+import dataclasses
+import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxagent import sharding
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import checkpoint, optim
 from jaxagent.rl import train_step as ts
@@ -79,9 +84,9 @@ def test_keep_n_and_atomic_tmp_dirs_ignored(tmp_path):
     abstract = ts.abstract_train_state(CFG, TX, params=np_params(CFG))
     back = checkpoint.restore_latest(d, abstract, cfg=CFG)
     assert int(back.step) == 5 and checkpoint.all_steps(d) == [4, 5]
-    assert checkpoint.restore_latest(tmp_path / "missing", abstract) is None
+    assert checkpoint.restore_latest(tmp_path / "missing", abstract, cfg=CFG) is None
     (tmp_path / "empty").mkdir()
-    assert checkpoint.restore_latest(tmp_path / "empty", abstract) is None
+    assert checkpoint.restore_latest(tmp_path / "empty", abstract, cfg=CFG) is None
 
 
 def test_restore_into_another_model_shape_fails_clearly(tmp_path):
@@ -92,10 +97,11 @@ def test_restore_into_another_model_shape_fails_clearly(tmp_path):
     abstract = ts.abstract_train_state(other, TX, params=np_params(other))
     with pytest.raises(ValueError, match=r"hidden_size: checkpoint 32 vs expected 48"):
         checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=other)
-    # without the config, the parameter shapes are compared before any array is read
+    # with the saved config but a target of another shape, the parameter shapes are compared before any
+    # array is read
     with pytest.raises(ValueError, match=r"params/embed: checkpoint shape \(64, 32\) vs expected "
                                          r"\(64, 48\)"):
-        checkpoint.restore_latest(tmp_path / "ck", abstract)
+        checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=CFG)
     # a target with parts the checkpoint lacks
     abstract_ref = ts.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True)
     with pytest.raises(ValueError, match="ref_params"):
@@ -161,3 +167,117 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     bitwise = all(np.array_equal(a[key], b[key]) for key in keys)
     assert bitwise, "resume matched to 1e-6 but not bitwise"
     assert checkpoint.all_steps(d) == [n - 2, n - 1, n]
+
+
+# ---------------------------------------------------------------- integrity
+def _saved(tmp_path, **kw):
+    d = tmp_path / "ck"
+    mngr = checkpoint.make_manager(d, **kw)
+    assert checkpoint.save(mngr, make_state(), CFG, extra={"settings": {"arm": "grpo", "lr": 1e-3}})
+    return d, d / "7"
+
+
+def _abstract():
+    return ts.abstract_train_state(CFG, TX, params=np_params(CFG))
+
+
+def _largest_data_file(step_dir):
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_manifest_lists_every_file_of_the_step(tmp_path):
+    d, step_dir = _saved(tmp_path)
+    manifest = json.loads((step_dir / weights.MANIFEST_NAME).read_text())
+    on_disk = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*")
+               if p.is_file() and p.name != weights.MANIFEST_NAME}
+    assert set(manifest["files"]) == on_disk and f"state/_METADATA" in on_disk
+    data = _largest_data_file(step_dir)
+    rel = str(data.relative_to(step_dir))
+    assert manifest["files"][rel]["bytes"] == data.stat().st_size
+    assert manifest["files"][rel]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    back = checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    assert_same(back, make_state())
+
+
+def test_flipped_byte_in_the_array_data_names_the_file(tmp_path):
+    d, step_dir = _saved(tmp_path)
+    data = _largest_data_file(step_dir)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+    rel = str(data.relative_to(step_dir))
+    with pytest.raises(ValueError, match=rf"checkpoint .*7 is corrupt: file {re.escape(rel)} does not match "
+                                         r"its checksum"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+
+
+def test_truncated_array_data_is_named_with_and_without_manifest(tmp_path):
+    d, step_dir = _saved(tmp_path)
+    data = _largest_data_file(step_dir)
+    size = data.stat().st_size
+    with open(data, "r+b") as f:
+        f.truncate(size // 2)
+    rel = str(data.relative_to(step_dir))
+    with pytest.raises(ValueError, match=rf"file {re.escape(rel)} has {size // 2} bytes but was saved with "
+                                         rf"{size} \(truncated"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    # without a manifest (an older checkpoint): no TensorStore spec dump, the step directory and the cause
+    os.remove(step_dir / weights.MANIFEST_NAME)
+    with pytest.raises(ValueError, match=r"checkpoint .*7: orbax could not read the saved arrays: .*probably "
+                                         r"truncated or corrupt") as e:
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    assert "TensorStore({" not in str(e.value) and len(str(e.value)) < 800
+
+
+def test_missing_orbax_metadata_is_named(tmp_path):
+    d, step_dir = _saved(tmp_path)
+    os.remove(step_dir / "state" / "_METADATA")
+    with pytest.raises(ValueError, match=r"incomplete: file state/_METADATA is missing"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    os.remove(step_dir / weights.MANIFEST_NAME)  # no manifest: found by name all the same
+    with pytest.raises(ValueError, match=r"checkpoint .*7 is incomplete: file state/_METADATA is missing"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    os.remove(step_dir / "metadata" / "metadata")
+    with pytest.raises(ValueError, match=r"file metadata/metadata is missing"):
+        checkpoint.read_metadata(checkpoint.make_manager(d, read_only=True))
+
+
+def test_step_without_manifest_restores_unverified(tmp_path):
+    d, step_dir = _saved(tmp_path)
+    os.remove(step_dir / weights.MANIFEST_NAME)
+    assert checkpoint.verify_step(checkpoint.make_manager(d, read_only=True), 7) is False
+    assert_same(checkpoint.restore_latest(d, _abstract(), cfg=CFG), make_state())
+
+
+def test_async_save_gets_its_manifest(tmp_path):
+    d = tmp_path / "ck"
+    mngr = checkpoint.make_manager(d, async_save=True)
+    checkpoint.save(mngr, make_state(), CFG, step=1)
+    checkpoint.save(mngr, make_state(), CFG, step=2)  # completes step 1 (and its manifest) first
+    assert (d / "1" / weights.MANIFEST_NAME).is_file()
+    checkpoint.wait_until_finished(mngr)
+    assert (d / "2" / weights.MANIFEST_NAME).is_file()
+    assert checkpoint.verify_step(mngr, 2) is True
+
+
+def test_restore_needs_the_config_and_checks_run_settings(tmp_path):
+    d, _ = _saved(tmp_path)
+    with pytest.raises(ValueError, match="needs cfg"):
+        checkpoint.restore_latest(d, _abstract(), cfg=None)
+    # same shapes, another model: refused (before, a restore without cfg accepted it silently)
+    other = dataclasses.replace(CFG, rope_theta=CFG.rope_theta * 2)
+    with pytest.raises(ValueError, match=r"another model config: rope_theta: checkpoint"):
+        checkpoint.restore_latest(d, _abstract(), cfg=other)
+    with pytest.raises(ValueError, match=r"other run settings.*settings\.lr: 0\.001 vs 0\.002"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG, expect_extra={"settings": {"arm": "grpo", "lr": 2e-3}})
+    with pytest.raises(ValueError, match=r"seed: '<absent>' vs 3"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG, expect_extra={"seed": 3})
+    back = checkpoint.restore_latest(d, _abstract(), cfg=CFG, expect_extra={"settings": {"arm": "grpo", "lr": 1e-3}})
+    assert int(back.step) == 7
+
+
+def test_settings_diff_names_nested_fields():
+    assert checkpoint.settings_diff({"a": {"b": 1, "c": (1, 2)}}, {"a": {"b": 1, "c": [1, 2]}}) == []
+    assert checkpoint.settings_diff({"a": {"b": 1}}, {"a": {"b": 2, "d": 0}}) == ["a.b: 1 vs 2",
+                                                                                "a.d: '<absent>' vs 0"]

@@ -27,6 +27,8 @@ def _cfg(h, kv, e, **kw):
                     reason="no C++ compiler or not on CPU")
 def test_kernels_build_where_a_compiler_exists():
     # CI has g++: the kernels must build there, or every other test here would silently run the XLA path.
+    if os.environ.get("JAXAGENT_CPU_KERNELS") == "0":
+        pytest.skip("the suite runs with the kernels disabled on purpose (JAXAGENT_CPU_KERNELS=0)")
     assert cpu.available(), cpu.unavailable_reason()
 
 
@@ -167,7 +169,8 @@ def test_attention_gradient_is_the_xla_paths():
     want = jax.grad(loss(functools.partial(qwen3._attend, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
     got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 20, reference)), argnums=(0, 1, 2)))(q, kt, v)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
+                                   atol=1e-5 * float(np.abs(np.asarray(w)).max()))
 
 
 @needs_kernels
@@ -197,7 +200,8 @@ def test_attention_skips_padded_queries():
     loss = lambda f: lambda q: jnp.sum(jnp.sin(f(q)))
     g = jax.grad(loss(lambda q: cpu.attention(q, kt, v, mask, 40, reference, n_valid)))(q)
     g_ref = jax.grad(loss(lambda q: jnp.where(valid[:, :, None, None], reference(q, kt, v, mask), 0.0)))(q)
-    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5,
+                               atol=1e-5 * float(np.abs(np.asarray(g_ref)).max()))
 
 
 @needs_kernels
@@ -243,7 +247,8 @@ def test_packed_weights_only_where_the_kernels_apply():
 def _probe(env: dict) -> str:
     code = ("from jaxagent.kernels import cpu; import jax\n"
             "print(cpu.available(), '|', cpu.unavailable_reason())\n")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+    base = {k: v for k, v in os.environ.items() if k != "JAXAGENT_CPU_KERNELS"}  # the suite may run with it =0
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()

@@ -83,6 +83,29 @@ def test_identical_policies_tie_everywhere(q_table):
     assert float(out["mean_q_base"]) == float(out["mean_q_rl"])
 
 
+def test_invalid_reply_is_scored_as_invalid_not_as_staying_put():
+    """A policy whose replies are all invalid gets the worst value (0) at every state, exactly and sampled,
+    even where staying put would have kept a positive gamma V* (the issue's collapsed seed)."""
+    q = np.asarray([[0.9, 0.5, 0.7, 0.6], [0.2, 0.0, 0.1, 0.0]], np.float32)
+    collapsed = np.asarray([[0, 0, 0, 0, 1.0], [0, 0, 0, 0, 1.0]], np.float32)
+    mixed = np.asarray([[0.5, 0, 0, 0, 0.5], [0, 0, 1.0, 0, 0]], np.float32)
+    draws = np.asarray([[4, 4, 0], [2, 2, 2]])
+    out = step_quality.score_outcomes(collapsed, q, draws)
+    np.testing.assert_array_equal(np.asarray(out["exact"]), [0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(out["invalid_mass"]), [1.0, 1.0])
+    good = step_quality.score_outcomes(mixed, q, draws)
+    np.testing.assert_allclose(np.asarray(good["exact"]), [0.45, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(good["sampled"]), [[0.0, 0.0, 0.9], [0.1, 0.1, 0.1]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(good["invalid_share"]), [2 / 3, 0.0], rtol=1e-6)
+    assert step_quality.INVALID_VALUE == 0.0 and q.min() >= step_quality.INVALID_VALUE
+    custom = step_quality.score_outcomes(mixed, q, draws, invalid_value=-1.0)
+    np.testing.assert_allclose(np.asarray(custom["exact"]), [-0.05, 0.1], rtol=1e-5)
+    with pytest.raises(ValueError, match="actions then 'invalid'"):
+        step_quality.score_outcomes(mixed[:, :4], q, draws)
+    with pytest.raises(ValueError, match="rows"):
+        step_quality.score_outcomes(mixed, q, draws[:1])
+
+
 def test_masks_and_tolerance():
     q_base = np.asarray([[0.5, 0.5, np.nan], [0.2, 0.4, 0.0]], np.float32)
     valid_base = np.asarray([[1, 1, 0], [1, 1, 0]], bool)

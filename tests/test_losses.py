@@ -94,6 +94,42 @@ def test_policy_loss_with_kl_and_entropy():
     np.testing.assert_allclose(loss, 0.02 + 0.1 * 0.7374885 / 6 - 0.01 * 2.0, rtol=1e-5)
 
 
+# Truncated importance sampling (Yao et al. 2025): sampler log-probs such that the raw weights
+# pi_old / pi_sampler are [[.5, 3], [1, 2.5, 1.5, .8]]; C = 2 truncates 3 and 2.5 to 2.
+TIS_RAW = np.array([[0.5, 3.0, 1.0, 1.0], [1.0, 2.5, 1.5, 0.8]])
+SAMPLER = np.where(MASK_P, -1.0 - np.log(TIS_RAW), np.nan).astype(np.float32)  # must not leak
+
+
+def test_truncated_is_weights_hand():
+    w, trunc = L.truncated_is_weights(np.log(TIS_RAW), np.zeros_like(TIS_RAW), 2.0)
+    np.testing.assert_allclose(w, [[0.5, 2.0, 1.0, 1.0], [1.0, 2.0, 1.5, 0.8]], rtol=1e-6)
+    np.testing.assert_array_equal(trunc, [[0, 1, 0, 0], [0, 1, 0, 0]])
+    with pytest.raises(ValueError, match="cap"):
+        L.truncated_is_weights(np.zeros(2), np.zeros(2), 0.0)
+
+
+def test_policy_loss_tis_hand_and_gradient():
+    # per-token PPO loss x w: -1.28*.5, -.5*2 | .8*1, 2.2*2, -2.4*1.5, 1.3*.8 -> sum 1.0 over 6 tokens
+    f = lambda lp, sp: L.policy_loss(lp, OLD, ADV, MASK_P, agg_mode="token-mean", sampler_logp=sp,  # noqa: E731
+                                     tis_cap=2.0, **CLIP)
+    loss, aux = f(LOGP, SAMPLER)
+    np.testing.assert_allclose(loss, 1.0 / 6, rtol=1e-5)
+    np.testing.assert_allclose(aux["tis_weight_mean"], 7.8 / 6, rtol=1e-5)
+    np.testing.assert_allclose(aux["tis_trunc_frac"], 2 / 6, rtol=1e-6)
+    np.testing.assert_allclose(aux["clip_frac"], 2 / 6, rtol=1e-6)  # clipping is unchanged
+    g_lp, g_sp = jax.grad(lambda lp, sp: f(lp, sp)[0], argnums=(0, 1))(jnp.asarray(LOGP),
+                                                                      jnp.asarray(SAMPLER))
+    # the unweighted gradient -r A / 6 (0 where clipped) times w; no gradient reaches the weights
+    want = np.array([[0.0, -0.5 * 2, 0.0, 0.0], [0.0, 2.2 * 2, -2.4 * 1.5, 1.3 * 0.8]]) / 6
+    np.testing.assert_allclose(g_lp, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(g_sp, np.zeros_like(SAMPLER))
+    # without tis_cap the sampler log-probs are ignored: the plain loss
+    plain, _ = L.policy_loss(LOGP, OLD, ADV, MASK_P, agg_mode="token-mean", sampler_logp=SAMPLER, **CLIP)
+    np.testing.assert_allclose(plain, 0.12 / 6, atol=1e-6)
+    with pytest.raises(ValueError, match="sampler_logp"):
+        L.policy_loss(LOGP, OLD, ADV, MASK_P, agg_mode="token-mean", tis_cap=2.0, **CLIP)
+
+
 def test_policy_loss_bad_input():
     with pytest.raises(ValueError, match="ref_logp"):
         L.policy_loss(LOGP, OLD, ADV, MASK_P, agg_mode="token-mean", kl_coef=0.1, **CLIP)

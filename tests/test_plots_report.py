@@ -38,6 +38,16 @@ def figure_paths(tmp_path_factory):
                                                  "base actions": np.random.default_rng(1).normal(10, 3, 200)},
                                                 out / "nll.png"),
         "dynamics": plots.training_dynamics([0, 10, 20], [0.2, 0.35, 0.53], [0.6, 0.55, 0.5], out / "dyn.png"),
+        "dynamics_seeds": plots.training_dynamics_seeds(
+            {"seed 0": ([-1, 0, 2], [np.nan, 0.2, 0.4], [0.6, 0.55, 0.5]),
+             "seed 1": ([-1, 0, 2], [np.nan, 0.3, 0.2], [0.6, 0.6, 0.58])}, out / "dyn_seeds.png"),
+        "learning_grpo": plots.learning_curves(
+            {"seed 0 (healthy)": {"iteration": np.arange(4), "success_rate": [0.2, 0.3, 0.4, 0.5],
+                                  "valid_action_rate": [0.97, 0.98, 0.99, 1.0], "kl": [0, 0.01, 0.02, 0.02],
+                                  "entropy": [1.2, 1.1, 1.0, 0.9]},
+             "seed 2 (collapsed)": {"iteration": np.arange(4), "success_rate": [0.2, 0.0, 0.0, 0.0],
+                                    "valid_action_rate": [0.98, 0.16, 0.0, 0.0]}},
+            out / "learning_grpo.png", title="grpo", styles={"seed 2 (collapsed)": ":"}),
     }
 
 
@@ -48,22 +58,10 @@ def test_plots_write_nonempty_pngs(figure_paths):
         plots.pass_kt_heatmap(np.zeros((2, 3)), [1, 2], [1, 2], "unused.png")
     with pytest.raises(ValueError, match="finite"):
         plots.likelihood_histograms({"a": [np.nan]}, "unused.png")
-
-
-def test_verdict_rule():
-    v = report.verdict
-    assert v(0.1, 0.5, +1) == report.REPRODUCED
-    assert v(-0.5, -0.1, +1) == report.NOT_REPRODUCED
-    assert v(-0.1, 0.5, +1) == report.INCONCLUSIVE
-    assert v(-0.5, -0.1, -1) == report.REPRODUCED
-    assert v(0.1, 0.5, -1) == report.NOT_REPRODUCED
-    assert v(-0.1, 0.2, 0) == report.REPRODUCED
-    assert v(0.1, 0.2, 0) == report.NOT_REPRODUCED
-    assert v(None, 0.2, +1) == report.INCONCLUSIVE
-    assert v(float("nan"), 0.2, +1) == report.INCONCLUSIVE
-    assert v(0.0, 0.2, +1) == report.INCONCLUSIVE  # the CI must exclude zero
-    with pytest.raises(ValueError, match="direction"):
-        v(0.1, 0.2, 2)
+    with pytest.raises(ValueError, match="no seed logged"):
+        plots.learning_curves({"seed 0": {"loss": [1.0]}}, "unused.png")
+    with pytest.raises(ValueError, match="at least one seed"):
+        plots.training_dynamics_seeds({}, "unused.png")
 
 
 def test_paper_figures_and_default_findings_are_consistent():
@@ -81,74 +79,148 @@ def test_paper_figures_and_default_findings_are_consistent():
             assert np.sign(figs[by_label["rl"]]["value"] - figs[by_label["base"]]["value"]) == f.direction, f.key
         if f.diff_paper:
             assert np.sign(figs[f.diff_paper]["value"]) == f.direction, f.key
+        # every finding can be decided: a parity finding states its margin, every other its reference effect
+        if f.direction == 0:
+            assert f.margin and f.margin > 0 and f.effect_source, f.key
+        else:
+            assert f.effect and f.effect > 0 and f.effect_source, f.key
     assert len({f.key for f in report.DEFAULT_FINDINGS}) == len(report.DEFAULT_FINDINGS)
+    by_key = {f.key: f for f in report.DEFAULT_FINDINGS}
+    # f1 and f2 are different contrasts: the gap at the largest K, and its change from full to tight budget
+    assert by_key["f1_breadth"].diff != by_key["f2_shrink_frozenlake"].diff
+    assert by_key["f2_shrink_frozenlake"].direction == -1
+    assert by_key["f8_budgetmix_t25"].effect == pytest.approx(0.075)
+    assert by_key["f4_error_frozenlake"].effect == pytest.approx(0.513 - 0.386)
+
+
+def _est(mean, lo=None, hi=None, mde=None, lo90=None, hi90=None, seeds="grpo seeds 0, 1; none excluded", n=2):
+    """A stats.Estimate as metrics.json holds it (t over seeds)."""
+    out = {"mean": mean, "seeds": seeds}
+    if lo is not None:
+        out.update(lo=lo, hi=hi, lo90=lo if lo90 is None else lo90, hi90=hi if hi90 is None else hi90,
+                   se=(hi - lo) / 4, mde=mde, df=n - 1, n_seeds=n, n_units=16 * n, method="t over seeds", reason="")
+    return out
 
 
 RUN_METRICS = {
-    "f2_tight_frozenlake": {"base": 0.3125, "rl": 0.2719, "diff": {"mean": -0.0406, "lo": -0.0712, "hi": -0.0108}},
+    "f1_breadth": {"gap_k1": 0.12, "gap_k2": 0.09, "base": 0.5, "rl": 0.6,
+                   "diff": {**_est(0.1, 0.04, 0.16, 0.08, seeds="grpo seeds 0, 1; excluded: 2 (grpo collapsed)"),
+                            "all": _est(0.03, -0.2, 0.26, 0.3, seeds="grpo seeds 0, 1, 2", n=3)}},
+    "f2_shrink_frozenlake": {"gap_full": 0.2, "gap_tight": 0.05, "solvable_tight": 0.125, "base_tight": 0.3125,
+                             "rl_tight": 0.36, "diff": _est(-0.15, -0.25, -0.05, 0.08)},
     "f3_step_frozenlake": {"share_rl_better": 0.4375, "share_rl_worse": 0.375,  # share_equal not measured
-                           "mean_q_base": 0.6123, "mean_q_rl": 0.6348, "diff": {"mean": 0.0225, "lo": 0.0103, "hi": 0.0351}},
-    "f5_nll": {"base": 10.714, "rl": 10.9, "diff": {"mean": 0.186, "lo": -0.137, "hi": 0.512}},
-    "f5_matched_bfcl": {"n_pairs": 57, "n_tasks": 23, "diff": {"mean": 612.3, "lo": 301.9, "hi": 907.4}},
+                           "mean_q_base": 0.6123, "mean_q_rl": 0.6348, "diff": _est(0.0225, 0.0103, 0.0351, 0.02)},
+    "f5_nll": {"base": 10.714, "rl": 10.9, "diff": _est(0.186, -0.137, 0.512, 0.45)},
+    "f5_matched_bfcl": {"n_pairs": 57, "n_tasks": 23, "diff": {"mean": 612.3, "lo": 301.9, "hi": 907.4}},  # CI only
     "f6_r_multi": {"first": 0.21, "last": 0.5, "diff": {"mean": 0.29}},  # no CI measured
-    "f8_budgetmix_t100": {"base": 0.7013, "rl": 0.7041, "diff": {"mean": 0.0028, "lo": -0.0113, "hi": 0.0171}},
+    "f8_budgetmix_t25": {"base": 0.3, "rl": 0.31, "diff": _est(0.01, -0.2, 0.22, 0.3)},
+    "f8_budgetmix_t100": {"base": 0.7013, "rl": 0.7041,
+                          "diff": _est(0.0028, -0.0113, 0.0171, 0.02, lo90=-0.009, hi90=0.015)},
+    "health": {"grpo": {"seed0": {"status": "healthy", "reason": "valid-action rate >= 0.95 throughout",
+                                  "min_valid": 0.97, "last_valid": 0.99, "last_success": 0.5},
+                        "seed2": {"status": "collapsed", "reason": "training success 0 over the last 3 iterations",
+                                  "min_valid": 0.0, "last_valid": 0.0, "last_success": 0.0}}},
 }
-EXPECTED = {"f2_tight_frozenlake": report.REPRODUCED, "f3_step_frozenlake": report.NOT_REPRODUCED,
-            "f5_nll": report.INCONCLUSIVE, "f5_matched_bfcl": report.REPRODUCED, "f6_r_multi": report.INCONCLUSIVE,
-            "f8_budgetmix_t100": report.REPRODUCED}
+EXPECTED = {"f1_breadth": report.REPRODUCED, "f2_shrink_frozenlake": report.REPRODUCED,
+            "f3_step_frozenlake": report.NOT_REPRODUCED,  # significant on the opposite side
+            "f5_nll": report.NOT_REPRODUCED,  # CI holds 0, MDE 0.45 < E = 19% of 10.714, E excluded
+            "f5_matched_bfcl": report.REPRODUCED, "f6_r_multi": report.INCONCLUSIVE,
+            "f8_budgetmix_t25": report.UNDERPOWERED,  # MDE 0.3 > the paper's 7.5 points
+            "f8_budgetmix_t100": report.REPRODUCED}  # TOST: 90% CI inside +/-4 points
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, figure_paths):
     run_dir = tmp_path_factory.mktemp("report")
-    (run_dir / "a.json").write_text(json.dumps({k: RUN_METRICS[k] for k in list(RUN_METRICS)[:3]}))
-    (run_dir / "b.json").write_text(json.dumps({k: RUN_METRICS[k] for k in list(RUN_METRICS)[3:]}))
-    metrics = report.load_metrics([run_dir / "a.json", run_dir / "b.json"])
+    keys = list(RUN_METRICS)
+    (run_dir / "a.json").write_text(json.dumps({k: RUN_METRICS[k] for k in keys[:4]}))
+    (run_dir / "b.json").write_text(json.dumps({k: RUN_METRICS[k] for k in keys[4:]}))
+    metrics = report.load_metrics([run_dir / "a.json", run_dir / "b.json"], keep_text=True)
     rep = report.build_report(metrics, run_dir, figures=figure_paths, meta={"Pass@(K,T) mode": "truncated"})
     path = report.write_report(rep, run_dir / "report.md")
     return metrics, rep, path, run_dir
 
 
 def test_report_verdicts_follow_the_rule(built):
-    _, rep, path, _ = built
+    metrics, rep, path, _ = built
     assert rep.verdicts == EXPECTED
     text = open(path).read()
     assert text == rep.markdown and "truncated" in text
     sections = {s.split("\n", 1)[0]: s for s in text.split("\n## ")[1:]}
     titles = {f.key: f.title for f in report.DEFAULT_FINDINGS}
+    summary = sections["Summary: one row per finding"]
     for key, want in EXPECTED.items():
-        assert f"**Verdict: {want}**" in sections[titles[key]], key
-    assert "Not measured in this run" in sections and titles["f1_breadth"] in sections["Not measured in this run"]
+        sec = sections[titles[key]]
+        assert f"**Verdict: {want}**: {rep.reasons[key]}" in sec, key
+        assert "Seeds: " in sec, key
+        row = next(line for line in summary.splitlines() if line.startswith(f"| {titles[key]} |"))
+        assert f"| {want} |" in row, key
+    assert "Not measured in this run" in sections and titles["f7_process_frozenlake"] in sections["Not measured in this run"]
+    # the seeds each verdict used are named, exclusions included, and the all-seeds sensitivity is printed
+    f1 = sections[titles["f1_breadth"]]
+    assert "Seeds: grpo seeds 0, 1; excluded: 2 (grpo collapsed)." in f1
+    assert "Sensitivity, every seed" in f1 and "grpo seeds 0, 1, 2" in f1
+    assert "| RL - base at K=1 (points) | 12.0 | — |" in f1 and "K=4" not in f1  # optional rows
+    # the seed-health table names the collapsed seed and embeds the learning curves
+    hs = sections["Seed health"]
+    assert "| grpo | 2 | collapsed | training success 0 over the last 3 iterations |" in hs
+    assert "Excluded from the primary verdicts: grpo seed 2 (collapsed)." in hs
+    assert "learning_grpo.png" in hs
+    # the f5 reference effect is relative to the measured base NLL
+    f5 = next(f for f in report.DEFAULT_FINDINGS if f.key == "f5_nll")
+    assert report.reference_effect(f5, metrics) == pytest.approx(10.714 * 1.95 / 10.25)
 
 
 def _table_numbers(markdown):
-    """Numbers in the measured and paper columns of every table row (labels excluded)."""
-    found = []
+    """Numbers in the value columns of every table (labels, seed lists and reasons excluded)."""
+    found, cols = [], None
     for line in markdown.splitlines():
+        if not line.startswith("|"):
+            cols = None
+            continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 3 and not set(cells[1]) <= set("-"):
-            for cell in cells[1:]:
-                found += re.findall(r"-?\d+(?:\.\d+)?", cell)
+        if cols is None:  # a header row: pick the value columns
+            if cells[0] == "quantity":
+                cols = [1, 2]
+            elif cells[0] == "finding":
+                cols = [1, 2, 3, 4]
+            elif cells[0] == "arm":
+                cols = [4, 5, 6]
+            else:
+                cols = []
+            continue
+        if set(cells[0]) <= set("-"):
+            continue
+        for i in cols:
+            found += re.findall(r"-?\d+(?:\.\d+)?", cells[i])
     return found
 
 
 def test_every_printed_number_comes_from_the_inputs(built):
     metrics, rep, _, _ = built
     listed = report.printed_numbers(rep)
-    assert len(listed) > 20
+    assert len(listed) > 40
+    findings = {f.key: f for f in report.DEFAULT_FINDINGS}
     for text, value, source in listed:
         kind, key = source.split(":", 1)
+        scale = next(n.scale for n in rep.numbers if n.source == source and n.text == text)
         if kind == "run":
             assert value == metrics[key], source
-            scale = next(n.scale for n in rep.numbers if n.source == source and n.text == text)
-            assert float(text) == pytest.approx(value * scale, abs=0.051), source
+        elif kind == "paper":
+            assert value == report.PAPER_FIGURES[key]["value"], source
         else:
-            assert kind == "paper" and value == report.PAPER_FIGURES[key]["value"], source
-            assert float(text) == pytest.approx(value, abs=0.051), source
-    assert Counter(_table_numbers(rep.markdown)) == Counter(t for t, _, _ in listed)  # nothing printed unsourced
+            assert kind == "rule", source
+            fkey, what = key.rsplit(".", 1)
+            f = findings[fkey]
+            want = f.margin if what == "margin" else report.reference_effect(f, metrics)
+            assert value == pytest.approx(want), source
+        assert float(text) == pytest.approx(value * scale, abs=0.051), source
+    assert Counter(_table_numbers(rep.markdown)) <= Counter(t for t, _, _ in listed)  # nothing printed unsourced
+    assert len(_table_numbers(rep.markdown)) > 40
     printed_sources = {s for _, _, s in listed}
     assert "run:f5_matched_bfcl.diff.lo" in printed_sources and "paper:f5_matched_bfcl_diff" in printed_sources
-    assert "run:f6_r_multi.diff.mean" in printed_sources
+    assert "run:f6_r_multi.diff.mean" in printed_sources and "rule:f8_budgetmix_t100.margin" in printed_sources
+    assert "run:health.grpo.seed2.last_valid" in printed_sources
     assert "| tie (%) | — | — |" in rep.markdown  # a metric the run did not write prints no number
 
 
@@ -163,6 +235,7 @@ def test_flatten_and_load_metrics(tmp_path):
     flat = report.flatten_metrics({"a": {"ci": CI(jnp.float32(0.5), jnp.float32(0.25), 1.0), "n": np.int32(3)},
                                    "skip": np.zeros(3), "name": "x"})
     assert flat == {"a.ci.mean": 0.5, "a.ci.lo": 0.25, "a.ci.hi": 1.0, "a.n": 3.0}
+    assert report.flatten_metrics({"a": {"seeds": "grpo seeds 0"}}, keep_text=True) == {"a.seeds": "grpo seeds 0"}
     (tmp_path / "x.json").write_text(json.dumps({"k": 1.0}))
     (tmp_path / "y.json").write_text(json.dumps({"k": 2.0}))
     with pytest.raises(ValueError, match="more than one file"):

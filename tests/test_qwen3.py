@@ -13,7 +13,13 @@ from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from tests.hf_reference import hf_logits, make_hf_qwen3
 
-TOL = 1e-4
+TOL = 1e-4  # HF parity (PyTorch vs XLA f32, logits of magnitude ~1); same-model comparisons use `_f32_tol`
+
+
+def _f32_tol(ref, terms: int) -> float:
+    """A bound for f32 rounding differences (summation order, fused multiply-adds) between two ways of
+    computing `ref`: a few ulps per sqrt(reduction length), scaled by the values' magnitude."""
+    return 16 * float(np.finfo(np.float32).eps) * np.sqrt(terms) * max(1.0, float(np.abs(np.asarray(ref)).max()))
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -45,6 +51,17 @@ def test_config_read(ckpt):
 
 @pytest.mark.parametrize("seq", [1, 7, 13])
 def test_logits_match_transformers(ckpt, fwd, seq):
+    _check_logits_match_transformers(ckpt, fwd, seq)
+
+
+@pytest.mark.parametrize("seam", ["accelerator"], indirect=True)
+def test_logits_match_transformers_with_accelerator_branches(ckpt, fwd, seam):
+    """One token (decode-shaped attention: dot_general scores and p.V, RoPE tables without the CPU's
+    conditional), as GPUs and TPUs compile it, run on CPU."""
+    _check_logits_match_transformers(ckpt, fwd, 1)
+
+
+def _check_logits_match_transformers(ckpt, fwd, seq):
     _, model, cfg, params = ckpt
     toks = np.random.default_rng(seq).integers(0, cfg.vocab_size, (2, seq))
     ours = np.asarray(fwd(params, jnp.asarray(toks), cfg))
@@ -98,7 +115,10 @@ def test_legacy_rope_theta_key(tmp_path):
     assert cfg.rope_theta == 4321.0
 
 
-def test_cached_incremental_equals_full(ckpt, fwd):
+@pytest.mark.parametrize("seam", ["kernels", "accelerator"], indirect=True)
+def test_cached_incremental_equals_full(ckpt, fwd, seam):
+    """Prefill and decode through the cache equal the cache-free forward, with this host's CPU program
+    (kernels) and with the XLA branches GPUs and TPUs compile (dot_general attention), run on CPU."""
     _, _, cfg, params = ckpt
     toks = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 12))
     full = np.asarray(fwd(params, jnp.asarray(toks), cfg))
@@ -111,11 +131,14 @@ def test_cached_incremental_equals_full(ckpt, fwd):
     assert np.asarray(cache["length"]).tolist() == [12, 12]
 
 
-@pytest.mark.parametrize("slots,window,n", [(21, None, 20), (37, 19, 19), (600, None, 18)])
-def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, slots, window, n):
-    """One-token steps (decode attention's blocked multiply-adds over 16 slots) on caches and windows
-    whose size is not a multiple of 16 equal the full forward (n > 16: the last block holds live slots);
-    600 slots: past `_SUM_MAX_SLOTS`, p.V is a dot again."""
+@pytest.mark.parametrize("seam,slots,window,n", [
+    ("cpu_xla", 21, None, 20), ("cpu_xla", 37, 19, 19), ("cpu_xla", 600, None, 18),
+    ("kernels", 37, 19, 19), ("accelerator", 37, 19, 19)], indirect=["seam"])
+def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, seam, slots, window, n):
+    """One-token steps equal the full forward. cpu_xla (kernels off): XLA:CPU's decode attention as
+    blocked multiply-adds over 16 slots (`ops._sum_products`), on caches and windows whose size is not a
+    multiple of 16 (n > 16: the last block holds live slots); 600 slots: past `ops._SUM_MAX_SLOTS`, p.V is
+    a dot_general. kernels: the fused CPU attention kernel. accelerator: dot_general scores and p.V."""
     _, _, cfg, params = ckpt
     toks = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, n))
     full = np.asarray(fwd(params, jnp.asarray(toks), cfg))
@@ -128,7 +151,8 @@ def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, slots, window, n)
     assert np.abs(np.concatenate(outs, 1) - full).max() < TOL
 
 
-def test_ragged_appends_per_row(ckpt, fwd):
+@pytest.mark.parametrize("seam", ["kernels", "accelerator"], indirect=True)
+def test_ragged_appends_per_row(ckpt, fwd, seam):
     """Rows advance by different amounts (n_valid) and still match their own full forward."""
     _, _, cfg, params = ckpt
     rng = np.random.default_rng(4)
@@ -170,7 +194,7 @@ def test_logits_index_equals_full_logits_and_cache(ckpt):
     one, c_one = qwen3.forward(params, cfg, toks[:, 2:], cache=cache, n_valid=n, logits_index=n - 1)
     np.testing.assert_allclose(np.asarray(one)[:, 0], np.asarray(full)[np.arange(3), np.asarray(n) - 1], atol=TOL)
     for a, b in zip(jax.tree.leaves(c_full), jax.tree.leaves(c_one)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=_f32_tol(b, cfg.hidden_size))
 
 
 def test_bf16_runs_close(ckpt):
@@ -322,3 +346,27 @@ def test_bad_config_values():
         Qwen3Config(hidden_size=0)
     with pytest.raises(ValueError, match="model_type"):
         Qwen3Config.from_hf_dict({"model_type": "llama"})
+
+
+def test_remat_policies_keep_values_and_gradients():
+    """Per-block `jax.checkpoint` (remat=...) changes what the backward keeps, not what it computes."""
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    params = qwen3.init(cfg, jax.random.key(0))
+    toks = jax.random.randint(jax.random.key(1), (2, 7), 0, cfg.vocab_size)
+    r = jax.random.normal(jax.random.key(2), (2, 7, cfg.vocab_size))
+
+    def loss_and_grad(remat):
+        return jax.jit(jax.value_and_grad(lambda p: jnp.sum(qwen3.forward(p, cfg, toks, remat=remat)[0] * r)))(params)
+
+    want_loss, want = loss_and_grad(None)
+    assert set(qwen3.REMAT_POLICIES) == {"full", "dots", "dots_no_batch"}
+    for policy in ("full", "dots_no_batch"):  # nothing saved; the projections saved (attention recomputed)
+        got_loss, got = loss_and_grad(policy)
+        np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=_f32_tol(w, 2 * 7 * cfg.vocab_size))
+    jaxpr = str(jax.make_jaxpr(lambda p: qwen3.hidden_states(p, cfg, toks, remat="full")[0])(params))
+    assert jaxpr.count("remat2[") == cfg.num_hidden_layers  # one checkpoint per block
+    with pytest.raises(ValueError, match="remat"):
+        qwen3.forward(params, cfg, toks, remat="everything")

@@ -179,3 +179,28 @@ def test_context_exhausted(setup):
     with pytest.raises(ValueError, match="cannot hold even one turn"):
         rollout(setup["params"], setup["cfg"], setup["env"], setup["layout"], setup["fmt"], _tasks(3), np.full(B, 3),
                 jax.random.key(0), setup["env_params"], dataclasses.replace(rcfg, max_context=one_turn - 1))
+
+
+@pytest.mark.parametrize("value", [4, 5, -2, 99])
+def test_forced_actions_out_of_range_are_an_error(setup, value, monkeypatch):
+    """Forced actions are -1 or an action index in [0, A): anything else used to be clipped to a valid
+    action silently. Valid ones reach the jitted rollout unchanged (stubbed: only the check is tested)."""
+    import dataclasses
+    from jaxagent.rollout import jax_loop
+    rcfg = dataclasses.replace(setup["rcfg"], allow_forced=True)
+    n_act = setup["env"].codec.action_tokens_AxPa.shape[0]
+    assert n_act == 4
+    forced = np.full((B, T_MAX), -1, np.int32)
+    forced[2, 1] = value
+    args = (setup["params"], setup["cfg"], setup["env"], setup["layout"], setup["fmt"], _tasks(0), np.full(B, T_MAX),
+            jax.random.key(0), setup["env_params"], rcfg)
+    with pytest.raises(ValueError, match=rf"in \[0, 4\); got {value} at episode 2, turn 1 \(1 such entries\)"):
+        rollout(*args, forced_actions=forced)
+    with pytest.raises(ValueError, match="must be integers"):
+        rollout(*args, forced_actions=np.full((B, T_MAX), 1.5))
+    seen = {}
+    monkeypatch.setattr(jax_loop, "rollout_jit", lambda *a, **kw: seen.setdefault("forced", np.asarray(a[6])))
+    forced[2, 1] = n_act - 1
+    forced[0, 0] = 0
+    rollout(*args, forced_actions=forced)
+    np.testing.assert_array_equal(seen["forced"], forced)

@@ -222,3 +222,30 @@ def test_mesh_layout():
     assert sub.devices.shape == (1, 1, 2)
     x = shd.shard({"a": jnp.arange(8.0)}, {"a": shd.batch_sharding(mesh, 1)})
     assert x["a"].addressable_shards[0].data.shape == (2,)
+
+
+def test_activation_constraints_pin_rows_and_vocab(sharded, batch, reference):
+    """forward(mesh=...) pins the residual stream to rows over (data, fsdp) and the logits' vocab to
+    tensor (the activation rules), whatever sharding the compiler would pick; same values."""
+    mesh_shape, mesh, cfg, params = sharded
+    toks, _ = batch
+    p_sh = shd.shardings_for(qwen3.logical_axes(cfg), params, mesh)
+    fwd = jax.jit(lambda p, t: qwen3.forward(p, cfg, t, mesh=mesh)[0], in_shardings=(p_sh, shd.replicated(mesh)))
+    logits = fwd(params, toks)
+    want = NamedSharding(mesh, shd.spec_for(qwen3.LOGITS_AXES, logits.shape, mesh))
+    assert logits.sharding.is_equivalent_to(want, 3)
+    assert want.spec == P(shd.batch_axes(mesh), None, "tensor" if mesh_shape[2] > 1 else None)
+    jaxpr = str(jax.make_jaxpr(lambda p, t: qwen3.hidden_states(p, cfg, t, mesh=mesh)[0])(params, toks))
+    assert jaxpr.count("sharding_constraint") == cfg.num_hidden_layers + 2  # table, embeddings, every block
+    assert np.abs(np.asarray(logits) - reference[0]).max() < TOL
+
+
+def test_constrain_reads_the_context_mesh_and_is_a_no_op_without_one():
+    x = jnp.ones((8, 3, 16))
+    assert shd.constrain(x, qwen3.RESIDUAL_AXES) is x
+    assert {"activation_batch", "activation_seq", "activation_embed", "activation_vocab"} <= set(shd.RULES)
+    mesh = shd.make_mesh(2, 2, 2)
+    with jax.set_mesh(mesh):
+        y = jax.jit(lambda x: shd.constrain(x * 2, qwen3.LOGITS_AXES))(x)
+    assert y.sharding.spec == P(("data", "fsdp"), None, "tensor")
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.ones((8, 3, 16)))

@@ -117,6 +117,105 @@ def test_token_logprobs_match_manual_log_softmax_gather():
     assert np.all(np.asarray(logp)[:, 0] == 0) and np.all(np.asarray(logp)[:, 1:] < 0)
 
 
+# ----------------------------------------------------------------------------- chunked log-probs
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunked_logprobs_and_gradients_equal_unchunked(tied):
+    """Chunks of 5 positions over S = 12 (two full chunks and a padded one) under jax.checkpoint:
+    the same log-probs, entropies and parameter gradients as one pass over all positions."""
+    cfg = CFG if tied else Qwen3Config(**{**CFG.__dict__, "tie_word_embeddings": False})
+    params, batch = np_params(cfg, 2), make_batch(2)
+    rng = np.random.default_rng(5)
+    w1, w2 = (jnp.asarray(rng.normal(size=(B, S)), jnp.float32) for _ in range(2))
+
+    def objective(p, chunk):
+        logp, ent = ts.token_logprobs(p, cfg, batch["tokens"], with_entropy=True, logits_chunk=chunk)
+        return jnp.sum(logp * w1 + ent * w2), (logp, ent)
+
+    (v_c, (lp_c, en_c)), g_c = jit(lambda p: jax.value_and_grad(objective, has_aux=True)(p, 5))(params)
+    (v_u, (lp_u, en_u)), g_u = jit(lambda p: jax.value_and_grad(objective, has_aux=True)(p, None))(params)
+    scale = float(np.abs(np.asarray(lp_u)).max())
+    np.testing.assert_allclose(lp_c, lp_u, atol=1e-5 * scale)
+    np.testing.assert_allclose(en_c, en_u, atol=1e-5 * scale)
+    np.testing.assert_allclose(v_c, v_u, rtol=1e-5)
+    assert np.all(np.asarray(lp_c)[:, 0] == 0) and np.all(np.asarray(en_c)[:, 0] == 0)
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g_c)[0], jax.tree.leaves(g_u)):
+        b = np.asarray(b)
+        np.testing.assert_allclose(a, b, atol=1e-5 * max(np.abs(b).max(), 1e-3),
+                                   err_msg=jax.tree_util.keystr(path))
+    head = "embed" if tied else "lm_head"
+    assert np.abs(np.asarray(g_c[head])).max() > 1e-4  # the head really gets its gradient
+
+
+def test_chunked_remat_step_equals_reference(reference):
+    """Logits in chunks of 5 positions and per-layer remat ('full'): the reference's update."""
+    _, ref, ref_m = reference
+    new, metrics = make_step(LS, logits_chunk=5, remat="full")(fresh_state(), make_batch())
+    for k in ("loss", "pg_loss", "clip_frac", "drift", "entropy", "grad_norm"):
+        np.testing.assert_allclose(float(metrics[k]), ref_m[k], err_msg=k, **TOL)
+    assert_tree_close(grads_of(new), grads_of(ref))
+    assert_tree_close(new.params, ref.params)
+    with pytest.raises(ValueError, match="logits_chunk"):
+        ts.token_logprobs(np_params(CFG), CFG, make_batch()["tokens"], logits_chunk=0)
+    with pytest.raises(ValueError, match="remat"):
+        make_step(LS, remat="everything")(fresh_state(), make_batch())
+
+
+# ----------------------------------------------------------------------------- sampler/trainer mismatch
+def test_mismatch_metrics_from_the_first_pass(reference):
+    """Without sampler_logprobs, old_logprobs are the sampler's: mismatch = |logp_train - old| over
+    policy tokens, logp_train from the pre-update params."""
+    p0, _, ref_m = reference
+    batch = make_batch()
+    logp = np.asarray(jit(lambda p, t: ts.token_logprobs(p, CFG, t))(p0, batch["tokens"]))
+    mask = np.asarray(batch["policy_mask"])
+    gap = np.abs(logp - np.asarray(batch["old_logprobs"]))[mask]
+    np.testing.assert_allclose(ref_m["mismatch_mean"], gap.mean(), rtol=1e-5)
+    np.testing.assert_allclose(ref_m["mismatch_max"], gap.max(), rtol=1e-5)
+    np.testing.assert_allclose(ref_m["mismatch_mean"], ref_m["drift"], rtol=1e-6)
+
+
+def test_tis_with_sampler_logprobs_and_micro_batches():
+    """old_logprobs = trainer's, sampler_logprobs = sampler's: mismatch = |old - sampler| (hand
+    values), the loss = losses.policy_loss with TIS weights min(exp(old - sampler), C)."""
+    batch = make_batch(3)
+    mask = np.array(batch["policy_mask"])
+    delta = np.where(np.arange(B * S).reshape(B, S) % 3 == 0, 1.5, -0.25).astype(np.float32)
+    delta[7, 11] = 3.0  # the largest gap, on a policy token
+    mask[7, 11] = True
+    batch["policy_mask"] = jnp.asarray(mask)
+    batch["sampler_logprobs"] = batch["old_logprobs"] - jnp.asarray(delta)
+    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+    _, m = make_step(ls, micro_batches=2)(fresh_state(), batch)
+    np.testing.assert_allclose(float(m["mismatch_mean"]), np.abs(delta)[mask].mean(), rtol=1e-5)
+    assert float(m["mismatch_max"]) == pytest.approx(3.0, rel=1e-6)
+    # weights exp(1.5) -> 2 (truncated), exp(-.25) = .7788, exp(3) -> 2
+    w = np.minimum(np.exp(delta), 2.0)[mask]
+    np.testing.assert_allclose(float(m["tis_weight_mean"]), w.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(m["tis_trunc_frac"]), (np.exp(delta)[mask] > 2).mean(), rtol=1e-5)
+    logp = jit(lambda p, t: ts.token_logprobs(p, CFG, t))(np_params(CFG), batch["tokens"])
+    want, _ = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["policy_mask"],
+                                 clip_low=0.2, clip_high=0.28, agg_mode="token-mean",
+                                 sampler_logp=batch["sampler_logprobs"], tis_cap=2.0)
+    np.testing.assert_allclose(float(m["loss"]), float(want), **TOL)
+
+
+def test_tis_without_sampler_key_uses_the_first_pass_as_old_policy(reference):
+    """old_logprobs are the sampler's; pi_old_train = this step's forward: ratio 1, no clipping, and
+    the loss is token-mean of -min(exp(logp - old), C) * A."""
+    p0, _, ref_m = reference
+    batch = make_batch()
+    _, m = make_step(ts.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=1.5))(fresh_state(), batch)
+    logp = np.asarray(jit(lambda p, t: ts.token_logprobs(p, CFG, t))(p0, batch["tokens"]), np.float64)
+    mask = np.asarray(batch["policy_mask"])
+    w = np.minimum(np.exp(logp - np.asarray(batch["old_logprobs"])), 1.5)[mask]
+    want = np.mean(-w * np.asarray(batch["advantages"])[mask])
+    np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5, atol=1e-6)
+    assert float(m["clip_frac"]) == 0.0 and float(m["ratio_mean"]) == pytest.approx(1.0)
+    np.testing.assert_allclose(float(m["mismatch_mean"]), ref_m["mismatch_mean"], rtol=1e-5)
+    with pytest.raises(ValueError, match="tis_cap"):
+        ts.LossSettings(tis_cap=0.0)
+
+
 # ----------------------------------------------------------------------------- sharding
 @pytest.mark.parametrize("shape", [(2, 2, 2),
                                    pytest.param((1, 4, 2), marks=pytest.mark.slow),

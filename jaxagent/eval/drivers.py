@@ -17,8 +17,9 @@ up to a turn's generation prompt), pi(a) = prod_j pi(reply_a[j] | context, reply
 reply of action a (its answer string + the first stop token), computed by teacher forcing (the context
 prefilled once into a KV cache, the A replies appended as A rows, one batched forward each; never token by
 token), with the sampler's temperature (`sampling.policy_logprobs`). The remaining mass
-1 - sum_a pi(a) is "invalid": any other reply, valued as staying put (gamma V*_{h-1}(s), as
-`FrozenLake.process_reward` values an invalid action). jaxagent's choice: a non-canonical reply that still
+1 - sum_a pi(a) is "invalid": any other reply, scored as invalid, i.e. the worst outcome
+`step_quality.INVALID_VALUE` (0, a failed episode), never as staying put (a collapsed policy that answers
+nothing valid must not look good on step quality). jaxagent's choice: a non-canonical reply that still
 parses (extra text around the answer) counts in that remaining mass.
 
 Step quality (PAPER.md, "jaxagent's definitions"): q(s, a) = Q*_h(s, a), h = the remaining budget. Each
@@ -47,7 +48,7 @@ from jaxagent.rl.train_step import token_logprobs
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig, _chunk, max_chunk, rollout
 from jaxagent.sampling import Sampler, bucket
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 MODES = ("announced", "truncated", "hidden")
 N_ACTIONS = fls.N_ACTIONS
@@ -263,7 +264,7 @@ def canonical_replies(world) -> tuple[np.ndarray, np.ndarray]:
     return out, out_len
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature"), compiler_options=COMPILER_OPTIONS)
+@functools.partial(xla_options.jit, static_argnames=("cfg", "temperature"))
 def _reply_logprobs_jit(params, ctx_SxW, ctx_len_S, replies_AxR, reply_len_A, *, cfg, temperature):
     s, w = ctx_SxW.shape
     a, r = replies_AxR.shape
@@ -318,14 +319,13 @@ def next_action_probs(world, cfg: Qwen3Config, params, ctx_SxW, ctx_len_S, *, te
 def _q_outcomes_jit(states, h_S, env_params, *, env):
     def one(state, h):
         q_A = env.q_values(state, h, env_params)
-        stay = env.process_reward(state, -1, h, env_params) + jnp.max(q_A)  # invalid = stay: gamma V*_{h-1}
-        return jnp.concatenate([q_A, stay[None]])
+        return jnp.concatenate([q_A, jnp.full((1,), sq.INVALID_VALUE, q_A.dtype)])  # invalid: the worst outcome
     return jax.vmap(one)(states, h_S)
 
 
 def q_outcomes(world, states, h_S, env_params) -> jax.Array:
     """q [S, O]: Q*_h(s, a) for the A actions (h = remaining turns, discount env_params.gamma) and the
-    invalid outcome valued as staying put, gamma V*_{h-1}(s) (`FrozenLake.process_reward`)."""
+    invalid outcome scored as invalid: `step_quality.INVALID_VALUE` (0, the value of a failed episode)."""
     return _q_outcomes_jit(states, jnp.asarray(h_S, jnp.int32), env_params, env=world.env)
 
 
@@ -368,7 +368,7 @@ def _quality_summaries(scored, mask_S, depth_S, source_S, *, n_bins, tol):
 
 @functools.partial(jax.jit, static_argnames=("n_bins", "tol"))
 def _quality_summaries_jit(scored, mask_S, depth_S, source_S, *, n_bins, tol):
-    ones = lambda x: jnp.ones(x.shape, bool)  # noqa: E731  every outcome counts (invalid = stay put)
+    ones = lambda x: jnp.ones(x.shape, bool)  # noqa: E731  every outcome counts (invalid = the worst value)
     exact = (scored["q_exact_base"][:, None], scored["q_exact_rl"][:, None])
     sampled = (scored["q_sampled_base"], scored["q_sampled_rl"])
     out = {}
@@ -639,7 +639,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
 
 
 # ----------------------------------------------------------------------------- likelihood
-_token_logprobs_jit = jax.jit(token_logprobs, static_argnums=1, compiler_options=COMPILER_OPTIONS)
+_token_logprobs_jit = xla_options.jit(token_logprobs, static_argnums=1)
 
 
 def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxW, *, batch_size: Optional[int] = None) -> jax.Array:

@@ -127,3 +127,50 @@ def training_dynamics(steps_L, r_multi_L, r_single_L, path) -> str:
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], loc="best")
     return _save(fig, path)
+
+
+LEARNING_CURVE_KEYS = (("success_rate", "training success rate"), ("valid_action_rate", "valid-action rate"),
+                       ("kl", "KL to the base"), ("entropy", "entropy (nats/token)"))
+
+
+def learning_curves(per_seed: Mapping[str, Mapping[str, np.ndarray]], path, *, title: str = "",
+                    keys=LEARNING_CURVE_KEYS, styles: Mapping[str, str] | None = None) -> str:
+    """One panel per training-log key that any seed logged (success, valid-action rate, KL, entropy), one
+    line per seed over iterations. per_seed: label -> {"iteration": [L], key: [L], ...}; styles: label ->
+    matplotlib line style (e.g. ":" for a collapsed seed). Raises ValueError when no seed logged any key."""
+    present = [(k, name) for k, name in keys if any(k in rec for rec in per_seed.values())]
+    if not present:
+        raise ValueError(f"learning_curves: no seed logged any of {[k for k, _ in keys]}")
+    fig, axes = _new(ncols=len(present), width=3.6, height=3.2)
+    for ax, (k, name) in zip(axes, present):
+        for label, rec in per_seed.items():
+            if k not in rec:
+                continue
+            y = np.asarray(rec[k], np.float64)
+            x = np.asarray(rec.get("iteration", np.arange(y.size)), np.float64)
+            ax.plot(x, y, (styles or {}).get(label, "-"), marker=".", label=label)
+        ax.set(xlabel="RL iteration", title=name)
+        if k in ("success_rate", "valid_action_rate"):
+            ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def training_dynamics_seeds(per_seed: Mapping[str, tuple], path) -> str:
+    """R_multi (left) and R_single (right) over training steps, one line per seed.
+    per_seed: label -> (steps [L], r_multi [L], r_single [L]); non-finite values are not drawn."""
+    if not per_seed:
+        raise ValueError("training_dynamics_seeds needs at least one seed")
+    fig, (ax_m, ax_s) = _new(ncols=2, width=4.5)
+    for label, (steps, rm, rs) in per_seed.items():
+        steps = np.asarray(steps, np.float64)
+        for ax, y in ((ax_m, rm), (ax_s, rs)):
+            y = np.asarray(y, np.float64)
+            ok = np.isfinite(y)
+            ax.plot(steps[ok], y[ok], marker="o", label=label)
+    ax_m.set(xlabel="training step", ylabel="R_multi (trajectory success)", title="R_multi")
+    ax_s.set(xlabel="training step", ylabel="R_single (mass on Q*-optimal actions)", title="R_single")
+    ax_m.legend(fontsize=7)
+    return _save(fig, path)

@@ -18,6 +18,39 @@ from jaxagent.eval import _checks
 from jaxagent.eval.passk import bootstrap_ci
 
 
+INVALID_VALUE = 0.0  # an invalid reply is scored as a failed episode: the worst outcome, as every Q* >= 0
+
+
+def score_outcomes(probs_SxO, q_SxA, draws_SxG, *, invalid_value: float = INVALID_VALUE):
+    """Exact and sampled quality of a policy at each state with an invalid reply scored as invalid.
+
+    probs[s, o]: the policy's probability of outcome o (the A canonical actions, then o = A "invalid"),
+    q[s, a] = Q*_h(s, a), draws[s, g] in [0, A] the G sampled outcomes. An invalid reply gets `invalid_value`
+    (default 0: the value of never reaching the goal, the worst outcome since every reward is >= 0; PAPER.md
+    finding 3 counts actions, and a reply that is no action is not one that stays put).
+      exact[s]   = sum_a probs[s, a] q[s, a] + probs[s, A] invalid_value
+      sampled[s, g] = q[s, draws[s, g]] (invalid_value for draws == A)
+      invalid_share[s] = mean_g 1[draws[s, g] == A];  invalid_mass[s] = probs[s, A]
+    """
+    _checks.require_ndim(q_SxA, 2, "q_SxA")
+    _checks.require_ndim(probs_SxO, 2, "probs_SxO")
+    _checks.require_ndim(draws_SxG, 2, "draws_SxG")
+    q = jnp.asarray(q_SxA, jnp.float32)
+    s, a = q.shape
+    if np.shape(probs_SxO) != (s, a + 1):
+        raise ValueError(f"probs_SxO must have shape {(s, a + 1)} (the actions then 'invalid'), got "
+                         f"{np.shape(probs_SxO)}")
+    if np.shape(draws_SxG)[0] != s:
+        raise ValueError(f"draws_SxG must have {s} rows, got shape {np.shape(draws_SxG)}")
+    probs = jnp.asarray(probs_SxO, jnp.float32)
+    draws = jnp.asarray(draws_SxG, jnp.int32)
+    q_ext = jnp.concatenate([q, jnp.full((s, 1), invalid_value, jnp.float32)], axis=-1)
+    return {"exact": jnp.sum(probs * q_ext, axis=-1),
+            "sampled": jnp.take_along_axis(q_ext, jnp.clip(draws, 0, a), axis=-1),
+            "invalid_share": jnp.mean(draws >= a, axis=-1),
+            "invalid_mass": probs[:, a]}
+
+
 def _masked_mean(x, mask, axis=-1):
     mask = mask.astype(jnp.float32)
     count = mask.sum(axis)

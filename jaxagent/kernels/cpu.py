@@ -18,7 +18,7 @@ ones, and attention over a KV cache becomes many tiny batched dots plus separate
 - `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference,
   n_valid)` -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an
   int32 scalar read at run time, so one program serves every window), fused per (row, KV head):
-  scores, masking, max, exp and the value product, with `qwen3._attend`'s semantics (masked scores
+  scores, masking, max, exp and the value product, with `ops.attention`'s semantics (masked scores
   get -1e30, so a row with every key masked averages the window uniformly). Its gradient is that of
   the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
 
@@ -28,7 +28,9 @@ jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
 source, jaxlib's version, the compiler and the CPU's flags; the build takes ~7-10 s once per machine.
 Nothing is downloaded. Where the build fails (no compiler) or `JAXAGENT_CPU_KERNELS=0`, `available()`
 is False and the model keeps its XLA paths; `unavailable_reason()` says why, and calling a kernel
-directly raises. GPU and TPU backends never use these kernels. Inside a sharded (multi-device) CPU
+directly raises. The model reaches them only through `jaxagent.models.ops`, which selects them with
+`jax.lax.platform_dependent` when a program is lowered for CPU: programs lowered for GPU or TPU (on a
+CPU host too) never contain them. Inside a sharded (multi-device) CPU
 program XLA runs each custom call on whole, replicated operands: correct, not partitioned.
 """
 from __future__ import annotations
@@ -124,14 +126,13 @@ def _load() -> tuple[Optional[ctypes.CDLL], str]:
 
 
 def available() -> bool:
-    """True when the default backend is CPU and the kernels are built and registered."""
-    return jax.default_backend() == "cpu" and _load()[0] is not None
+    """True when the kernels are built and registered (for XLA's CPU platform; whether a program uses
+    them is decided when it is lowered, see `jaxagent.models.ops`)."""
+    return _load()[0] is not None
 
 
 def unavailable_reason() -> str:
     """Why `available()` is False ('' when it is True)."""
-    if jax.default_backend() != "cpu":
-        return f"backend is {jax.default_backend()}, not cpu"
     return _load()[1]
 
 
@@ -194,7 +195,7 @@ def mlp(x_BxTxD: jax.Array, n_valid_B: jax.Array, gate_up_packed: jax.Array, dow
 
 def norm_rope(qkv_BxTxNxE, n_valid_B, q_norm_E, k_norm_E, cos_BxTxE, sin_BxTxE, eps: float, heads: int):
     """(q [B, T, H, E], k [B, T, K, E]) from the fused [q | k | v] product (N = H + 2K heads): the q and k
-    heads RMS-normalised (`qwen3.rms_norm`) and rotated (`qwen3.rope`, half-split) for each row's first
+    heads RMS-normalised (`ops.rms_norm`) and rotated (`ops.rope`, half-split) for each row's first
     n_valid tokens, 0 for the others. Not differentiable."""
     b, t, n, e = qkv_BxTxNxE.shape
     kv = (n - heads) // 2
@@ -212,14 +213,14 @@ def norm_rope(qkv_BxTxNxE, n_valid_B, q_norm_E, k_norm_E, cos_BxTxE, sin_BxTxE, 
 
 
 def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bool:
-    """Whether `attention` handles these operands (f32, head_dim a multiple of 8) on this backend."""
+    """Whether `attention` handles these operands (f32, head_dim a multiple of 8) with the kernels built."""
     return (available() and q_BxTxHxE.shape[-1] % 8 == 0
             and all(a.dtype == jnp.float32 for a in (q_BxTxHxE, kt, v)))
 
 
 def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference, n_valid_B=None):
     """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as
-    `reference(q, kt, v, mask, traced_window=window)` computes it (`qwen3._attend`). `window` (int32
+    `reference(q, kt, v, mask, traced_window=window)` computes it (`ops.attention`). `window` (int32
     scalar, may be traced) is read at run time. `n_valid_B` [B] (optional): only each row's first
     n_valid queries are computed, the others' outputs are 0 (right-padded appends). Forward by the
     kernel; gradient by autodiff of `reference`. A window outside [1, S] is an error at run time."""

@@ -1,42 +1,59 @@
-"""Dense Qwen3 in Flax NNX, used through pure functions over a plain params pytree.
+"""Dense Qwen3: one XLA model as pure functions over a plain params pytree.
 
-The NNX modules below define the parameters (with their logical sharding axes) and the computation;
-jitted code never holds a module: it takes `params` (a nested dict of arrays, the module's state as a
-pure dict) and merges it into the module inside the trace (`nnx.merge`), so `forward` composes with
-`jax.jit`, `jax.vmap`, `jax.grad` and `lax.scan` like any pure function.
+NNX modules declare the parameters (shapes, initialisation, logical sharding axes); the computation is
+plain functions over `params` (a nested dict of arrays, the modules' state as a pure dict), so
+`forward` composes with `jax.jit`, `jax.vmap`, `jax.grad`, `jax.checkpoint` and `lax.scan` like any
+pure function. The few platform-dependent operations go through the ops seam (`jaxagent.models.ops`),
+where programs lowered for CPU may use the compiled CPU kernels; every other program is plain XLA.
 
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
 K key/value heads, G = H / K query heads per KV head, E head dim, V vocab, L layers.
 
 KV cache (`init_cache`): {'k': [L x (B, K, E, S)], 'v': [L x (B, K, S, E)], 'length': int32[B]}: head-major,
-keys stored transposed so that decoding scores every slot with vector ops along S (see `Attention`). Row b holds its tokens
-contiguously in slots [0, length[b]); a call writes its T tokens at slots length[b] .. length[b]+T-1 and
-advances length by n_valid[b] (<= T). Positions (RoPE) equal slot indices, so right-padded batches,
-per-row decode and appending an environment's reply to a cached history all use the same path. Slots
-past `length` may hold stale values; the causal mask (key slot <= query slot) never reads them.
+keys stored transposed so that decoding scores every slot with vector ops along S (see `ops.attention`).
+Row b holds its tokens contiguously in slots [0, length[b]); a call writes its T tokens at slots
+length[b] .. length[b]+T-1 and advances length by n_valid[b] (<= T). Positions (RoPE) equal slot
+indices, so right-padded batches, per-row decode and appending an environment's reply to a cached
+history all use the same path. Slots past `length` may hold stale values; the causal mask (key slot
+<= query slot) never reads them.
+
+Sharding: with a mesh (`mesh=`, or the abstract mesh of a `jax.set_mesh` context) the residual stream
+is pinned to `RESIDUAL_AXES` and the logits to `LOGITS_AXES` through `sharding.RULES` (batch over
+data x fsdp, vocab over tensor), so FSDP all-gathers weights per layer instead of splitting activations.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxagent.kernels import cpu as cpu_kernels
+from jaxagent import sharding as shd
+from jaxagent.models import ops
 from jaxagent.models.config import Qwen3Config
 
 Params = dict[str, Any]
 Cache = dict[str, Any]
-Packed = dict[str, Any]
-_FEW_QUERIES = 8  # at most this many query rows per KV head: decode-style attention (see Attention)
-_SUM_BLOCK = 16  # reduction block of decode attention's multiply-adds (see _sum_products)
-_SUM_MAX_SLOTS = 512  # decode's p.V as multiply-adds up to this many slots (32 blocks), on CPU only
-_MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
+Packed = ops.Packed
+
+# The numerics live in the ops seam (`jaxagent.models.ops`); these names stay importable from here.
+rms_norm, rope_tables, rope, dense, dense_transposed = ops.rms_norm, ops.rope_tables, ops.rope, ops.dense, \
+    ops.dense_transposed
+KVWindows, choose_window, packed_weights = ops.KVWindows, ops.choose_window, ops.packed_weights
+_attend = ops.attention
+
+# Per-block activation checkpointing (`jax.checkpoint`) policies by name, for `hidden_states(remat=)`.
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only each block's input; recompute the rest
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep the projections' outputs
+}
+RESIDUAL_AXES = ("activation_batch", "activation_seq", "activation_embed")
+LOGITS_AXES = ("activation_batch", "activation_seq", "activation_vocab")
 
 
 def _normal(rngs: nnx.Rngs, shape, std=0.02):
@@ -47,227 +64,12 @@ def _param(value, *axes):
     return nnx.Param(value, logical_axes=tuple(axes))
 
 
-def rms_norm(x, weight, eps):
-    """y = w * x / sqrt(mean(x^2) + eps), statistics in f32 (as HF Qwen3RMSNorm)."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight * y.astype(x.dtype)
-
-
-def rope_tables(positions_BxT, head_dim, theta):
-    """(cos, sin) [B, T, 1, E] of the rotary angles pos * theta^(-2i/E), in f32 (as HF computes them);
-    computed once per forward and shared by every layer.
-
-    On CPU they are computed inside a conditional (a buffer XLA cannot fuse into its consumers), so
-    that they are computed once: otherwise XLA:CPU fused cos and sin into every layer's q and k
-    rotation, evaluating them once per head and layer (a 1M-parameter rollout spent ~40 ms of ~470 in
-    those fusions); it drops optimization barriers before fusion, so a barrier does not do it."""
-    def tables(positions):
-        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-        ang_BxTxE2 = positions.astype(jnp.float32)[..., None] * inv_freq
-        ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
-        return jnp.cos(ang), jnp.sin(ang)
-    if jax.default_backend() != "cpu":  # (GPU conditionals read their predicate on the host)
-        return tables(positions_BxT)
-    # Both branches are the same function, so the result never depends on the (traced) predicate.
-    return jax.lax.cond(jnp.any(positions_BxT != 0), tables, tables, positions_BxT)
-
-
-def rope(x_BxTxNxE, tables):
-    """Rotary embedding, half-split layout (HF `rotate_half`): x cos + rotate_half(x) sin."""
-    cos, sin = (t.astype(x_BxTxNxE.dtype) for t in tables)
-    x1, x2 = jnp.split(x_BxTxNxE, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return x_BxTxNxE * cos + rotated * sin
-
-
-def _dot_f32(a, b, dims):
-    """dot_general in the promoted dtype of a and b, accumulated and returned in f32."""
-    dt = jnp.promote_types(a.dtype, b.dtype)
-    return jax.lax.dot_general(a.astype(dt), b.astype(dt), (dims, ((), ())), preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x, w, out_dtype=None):
-    """y[..., o...] = sum_i x[..., i] w[i, o...]: a projection (w's first axis contracts x's last).
-
-    The same product as `jnp.einsum`; only the backward is written out, as two plain GEMMs over the
-    flattened tokens: dx = dy w^T and dw = x^T dy. With autodiff's transpose of the einsum, XLA:CPU
-    wrote every activation gradient a second time in transposed layout for the weight-gradient dot (a
-    strided copy as slow as the dot itself: 30% of a 10M model's train step); this form needs no copy.
-    """
-    return jnp.tensordot(x, w, axes=1, preferred_element_type=out_dtype)
-
-
-def _dense_fwd(x, w, out_dtype):
-    return dense(x, w, out_dtype), (x, w)
-
-
-def _dense_bwd(out_dtype, res, dy):
-    x, w = res
-    k = x.shape[-1]
-    w2 = w.reshape(k, -1)
-    x2, dy2 = x.reshape(-1, k), dy.reshape(-1, w2.shape[1])
-    dx = _dot_f32(dy2, w2, ((1,), (1,))).astype(x.dtype).reshape(x.shape)   # [M, N] x [K, N] -> [M, K]
-    dw = _dot_f32(x2, dy2, ((0,), (0,))).astype(w.dtype).reshape(w.shape)   # [M, K] x [M, N] -> [K, N]
-    return dx, dw
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense_transposed(x, w_NxI, out_dtype=None):
-    """y[..., n] = sum_i x[..., i] w[n, i] (a tied unembedding: x @ embed^T), backward as in `dense`."""
-    return jnp.einsum("...i,ni->...n", x, w_NxI, preferred_element_type=out_dtype)
-
-
-def _dense_t_fwd(x, w, out_dtype):
-    return dense_transposed(x, w, out_dtype), (x, w)
-
-
-def _dense_t_bwd(out_dtype, res, dy):
-    x, w = res
-    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, w.shape[0])
-    dx = _dot_f32(dy2, w, ((1,), (0,))).astype(x.dtype).reshape(x.shape)    # [M, N] x [N, I] -> [M, I]
-    dw = _dot_f32(dy2, x2, ((0,), (0,))).astype(w.dtype)                     # [M, N] x [M, I] -> [N, I]
-    return dx, dw
-
-
-dense_transposed.defvjp(_dense_t_fwd, _dense_t_bwd)
-
-
-def _rows(x_BxTx_, index_B):
-    """x[b, index[b]] for every row, keeping a length-1 token axis: [B, T, ...] -> [B, 1, ...]."""
-    idx = index_B.astype(jnp.int32).reshape((-1, 1) + (1,) * (x_BxTx_.ndim - 2))
-    return jnp.take_along_axis(x_BxTx_, idx, axis=1)
-
-
-class KVWindows(NamedTuple):
-    """A run-time choice among static attention windows: attend over the first `sizes[index]` cache slots.
-
-    `sizes` (static, ascending) become one compiled branch each (`lax.switch` around the attention
-    core only; the cache update stays outside); `index` is a traced int32 scalar (see `choose_window`).
-    """
-    sizes: tuple[int, ...]
-    index: jax.Array
-
-
-def choose_window(sizes: tuple[int, ...], need) -> KVWindows:
-    """The smallest window in `sizes` holding `need` slots (traced), else the largest."""
-    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.asarray(need, jnp.int32)),
-                        len(sizes) - 1)
-    return KVWindows(tuple(int(w) for w in sizes), index.astype(jnp.int32))
-
-
-def _sum_products(a, b):
-    """sum over axis -2 of a * b (broadcast), as a sum of blocks of `_SUM_BLOCK` along that axis.
-
-    XLA:CPU fuses each block's multiply with its reduction (vectorised along the last axis). Measured in
-    a 10M decode step (in-process A/B): scores and P.V both this way, 13.7 -> 10.7 ms per step (P.V as a
-    batched dot ran at ~4 GFLOP/s). Blocks of 32 for the scores: 52 ms (XLA fused q's norm and rope
-    into every block); 32 or 64 for P.V: 13-14 ms.
-    """
-    n = a.shape[-2]
-    return sum(jnp.sum(a[..., i:i + _SUM_BLOCK, :] * b[..., i:i + _SUM_BLOCK, :], axis=-2)
-               for i in range(0, n, _SUM_BLOCK))
-
-
-def _attend(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None,
-            traced_window=None):
-    """softmax(q k^T / sqrt(E) + mask) v over the first `window` slots of keys kt [B, K, E, S] and values
-    v [B, K, S, E]; returns [B, T, H, E]. With `window`, the caller guarantees every live slot lies below it.
-    `traced_window` (int32 scalar): the same over the first `traced_window` slots without slicing (slots
-    past it weigh exactly 0, even in a row whose every slot is masked): the CPU kernel's gradient."""
-    if window is not None:
-        kt_all, v_all, mask_BxTxS = kt_all[..., :window], v_all[:, :, :window], mask_BxTxS[..., :window]
-    q = q_BxTxHxE
-    kt_all, v_all = kt_all.astype(q.dtype), v_all.astype(q.dtype)
-    b, t = q.shape[:2]
-    q = q.reshape(b, t, cfg.num_key_value_heads, cfg.group_size, cfg.head_dim)
-    few = t * cfg.group_size <= _FEW_QUERIES
-    if few:
-        # Decoding: a few query rows per (row, KV head). XLA:CPU runs such batched dots at ~1-4 GFLOP/s;
-        # multiply-adds over E with S as the vector axis (keys stored [.., E, S]) are 3-5x faster.
-        q32 = q.transpose(0, 2, 3, 1, 4).astype(jnp.float32)[..., None]  # [B, K, G, T, E, 1]
-        scores = _sum_products(q32, kt_all[:, :, None, None].astype(jnp.float32))  # x [B, K, 1, 1, E, S]
-    else:  # [B, K, G*T, E] @ [B, K, E, S]: a plain (non-transposed) GEMM per (row, KV head)
-        q_m = q.transpose(0, 2, 3, 1, 4).reshape(b, cfg.num_key_value_heads, -1, cfg.head_dim)
-        scores = jax.lax.dot_general(q_m, kt_all, (((3,), (2,)), ((0, 1), (0, 1))),
-                                     preferred_element_type=jnp.float32)
-        scores = scores.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
-    scores = scores * (cfg.head_dim ** -0.5)
-    scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
-    if traced_window is not None:  # below every masked score: exp(-2e30 - max) = 0 whatever the row's max
-        scores = jnp.where(jnp.arange(scores.shape[-1]) < traced_window, scores, 2 * _MASK_VALUE)
-    # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
-    # head instead of [T, S]. A row with every key masked gets uniform weights (finite mask value).
-    # The shift only keeps exp in range; the result does not depend on it, so its gradient is exactly 0:
-    # stop_gradient spares the backward max's tie masks (a compare + convert over every score per layer).
-    unnorm = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-    denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
-    if few and v_all.shape[2] <= _SUM_MAX_SLOTS and jax.default_backend() == "cpu":
-        # The same multiply-adds over S, E the vector axis (values stored [.., S, E]). One block per 16
-        # slots: past a few hundred slots the program grows with the context, and GPUs/TPUs run the dot well.
-        out = _sum_products(unnorm[..., None], v_all[:, :, None, None].astype(jnp.float32))  # [B, K, G, T, E]
-    else:
-        p_m = unnorm.astype(v_all.dtype).reshape(b, cfg.num_key_value_heads, -1, unnorm.shape[-1])
-        out = jax.lax.dot_general(p_m, v_all, (((3,), (2,)), ((0, 1), (0, 1))),
-                                  preferred_element_type=jnp.float32)  # [B, K, G*T, E]
-        out = out.reshape(b, cfg.num_key_value_heads, cfg.group_size, t, -1)
-    out = out.transpose(0, 3, 1, 2, 4)
-    out = (out / denom.transpose(0, 3, 1, 2)[..., None]).astype(v_all.dtype)
-    return out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-
-
-def _attend_cached(cfg: Qwen3Config, q_BxTxHxE, kt_all, v_all, mask_BxTxS,
-                   window: Union[int, KVWindows, None] = None, n_valid_B=None):
-    """`_attend` over a KV cache, over its first `window` slots (a static size or a `KVWindows` choice).
-
-    On CPU, by the fused kernel (`jaxagent.kernels.cpu.attention`: scores, softmax and values in one
-    pass per (row, KV head), same results), which reads the window at run time: a `KVWindows` needs no
-    branch per size; with `n_valid_B` it skips each row's padded queries (their outputs are 0).
-    Measured (in-process A/B, 2-core EPYC): the 1M-parameter rollout 658 -> 495 ms, the 10M prefill
-    425 -> 383 ms. Elsewhere XLA's `_attend`, in a `lax.switch` over the sizes (all queries computed)."""
-    if cpu_kernels.attention_supported(q_BxTxHxE, kt_all, v_all):
-        if isinstance(window, KVWindows):
-            size = jnp.asarray(window.sizes, jnp.int32)[window.index]
-        else:
-            size = kt_all.shape[-1] if window is None else window
-        return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, functools.partial(_attend, cfg),
-                                     n_valid_B)
-    if isinstance(window, KVWindows):
-        # The branches only read the cache (updated by the caller, outside the switch): a conditional
-        # that took and returned the cache would copy all of it into and out of the branch.
-        branches = [functools.partial(_attend, cfg, window=w) for w in window.sizes]
-        return jax.lax.switch(window.index, branches, q_BxTxHxE, kt_all, v_all, mask_BxTxS)
-    return _attend(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window)
-
-
-def _packed_dense(x_BxTxI, packed_w, out_dims: tuple[int, ...], n_valid_B=None):
-    """x @ w over x's last axis (as `dense`) by the CPU GEMM kernel, w given as panels
-    (`packed_weights`); output [B, T, *out_dims]. With `n_valid_B`, only each row's first n_valid
-    tokens are computed (the others are 0): padding and finished rows cost nothing."""
-    b, t = x_BxTxI.shape[:2]
-    n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
-    y = cpu_kernels.rows_matmul(x_BxTxI, n, packed_w, int(np.prod(out_dims)))
-    return y.reshape((b, t) + tuple(out_dims)).astype(x_BxTxI.dtype)
-
-
-def _query_rows_valid(n_valid_B, query_index):
-    """Valid tokens per row after `_rows(x, query_index)` kept one token per row: 1 where any was valid."""
-    if n_valid_B is None or query_index is None:
-        return n_valid_B
-    return (n_valid_B > 0).astype(jnp.int32)
-
-
+# ------------------------------------------------------------------ parameters (definitions only)
+# The NNX modules declare the parameters, their initialisation and their logical sharding axes; the
+# computation below is plain functions over the params pytree.
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, axis: str):
+    def __init__(self, dim: int, axis: str):
         self.weight = _param(jnp.ones((dim,), jnp.float32), axis)
-        self.eps = eps
-
-    def __call__(self, x):
-        return rms_norm(x, self.weight[...].astype(x.dtype), self.eps)
 
 
 class Attention(nnx.Module):
@@ -282,66 +84,8 @@ class Attention(nnx.Module):
             self.k_bias = _param(jnp.zeros((k, e)), "kv_heads", "head_dim")
             self.v_bias = _param(jnp.zeros((k, e)), "kv_heads", "head_dim")
             self.o_bias = _param(jnp.zeros((d,)), "embed")
-        self.q_norm = RMSNorm(e, cfg.rms_norm_eps, "head_dim")
-        self.k_norm = RMSNorm(e, cfg.rms_norm_eps, "head_dim")
-        self.cfg = cfg
-
-    def __call__(self, x_BxTxD, rope_BxT, mask_BxTxS, kv_cache, write_slots_BxT, kv_window=None,
-                 query_index=None, packed=None, n_valid_B=None):
-        """Keys and values of all T tokens (written to the cache); queries of all T, or with
-        `query_index` [B] of that one token per row (output [B, 1, D]). With `packed`, `n_valid_B`:
-        the products only for each row's first n_valid tokens (the others' outputs are 0)."""
-        cfg = self.cfg
-        x_q, rope_q = x_BxTxD, rope_BxT
-        if query_index is not None:
-            x_q, mask_BxTxS = _rows(x_BxTxD, query_index), _rows(mask_BxTxS, query_index)
-            rope_q = tuple(_rows(r, query_index) for r in rope_BxT)
-        if packed is not None:  # q, k and v of every token from one kernel call on [q | k | v] panels
-            h, kv, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            qkv = _packed_dense(x_BxTxD, packed["qkv_proj"], (h + 2 * kv, e), n_valid_B)
-            v = qkv[:, :, h + kv:]
-            if cfg.attention_bias:
-                q, k = jnp.split(qkv[:, :, :h + kv], (h,), axis=2)
-                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-                q, k = rope(self.q_norm(q), rope_BxT), rope(self.k_norm(k), rope_BxT)
-            else:  # q/k norms and rotation in one kernel pass (five XLA fusions per layer otherwise)
-                b, t = qkv.shape[:2]
-                q, k = cpu_kernels.norm_rope(
-                    qkv, jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B,
-                    self.q_norm.weight[...], self.k_norm.weight[...], rope_BxT[0].reshape(b, t, e),
-                    rope_BxT[1].reshape(b, t, e), cfg.rms_norm_eps, h)
-            q = q if query_index is None else _rows(q, query_index)
-        else:
-            q = dense(x_q, self.q_proj[...])  # [B, T, H, E]
-            k = dense(x_BxTxD, self.k_proj[...])  # [B, T, K, E]
-            v = dense(x_BxTxD, self.v_proj[...])
-            if cfg.attention_bias:
-                q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-            q = rope(self.q_norm(q), rope_q)
-            k = rope(self.k_norm(k), rope_BxT)
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache  # k [B, K, E, S], v [B, K, S, E]: attention reads them without a transpose
-            b_idx = jnp.arange(k.shape[0])[:, None]
-            # [b, :, :, slot] / [b, :, slot] indexing takes values [B, T, K, E]; writes past the cache end are
-            # dropped (mode='drop'): callers bound lengths on the host.
-            k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
-            kv_cache = (k_cache, v_cache)
-            out = _attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window=kv_window,
-                                 n_valid_B=_query_rows_valid(n_valid_B, query_index))
-        else:
-            out = _attend(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
-        # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
-        # the whole o_proj weight into that order on every decode step (~0.15 ms per layer at 10M).
-        b, t = out.shape[:2]
-        if packed is None:
-            y = dense(out.reshape(b, t, -1), self.o_proj[...].reshape(-1, cfg.hidden_size))
-        else:
-            y = _packed_dense(out.reshape(b, t, -1), packed["o_proj"], (cfg.hidden_size,),
-                              _query_rows_valid(n_valid_B, query_index))
-        if cfg.attention_bias:
-            y = y + self.o_bias[...]
-        return y, kv_cache
+        self.q_norm = RMSNorm(e, "head_dim")
+        self.k_norm = RMSNorm(e, "head_dim")
 
 
 class MLP(nnx.Module):
@@ -351,70 +95,69 @@ class MLP(nnx.Module):
         self.up_proj = _param(_normal(rngs, (d, f)), "embed", "mlp")
         self.down_proj = _param(_normal(rngs, (f, d)), "mlp", "embed")
 
-    def __call__(self, x_BxTxD, packed=None, n_valid_B=None):
-        if packed is None:
-            gate = dense(x_BxTxD, self.gate_proj[...])
-            up = dense(x_BxTxD, self.up_proj[...])
-            return dense(jax.nn.silu(gate) * up, self.down_proj[...])
-        f, d = self.down_proj.shape
-        if x_BxTxD.shape[1] > 1 and f % 8 == 0:  # many rows: one fused kernel call (see cpu.mlp)
-            b, t = x_BxTxD.shape[:2]
-            n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
-            return cpu_kernels.mlp(x_BxTxD, n, packed["gate_up_proj"], packed["down_proj"]).astype(x_BxTxD.dtype)
-        # decode steps: the products split over weight panels (streamed from memory once), gate and up
-        # from one call on [gate | up] panels
-        gate, up = jnp.split(_packed_dense(x_BxTxD, packed["gate_up_proj"], (2 * f,), n_valid_B), 2, axis=-1)
-        return _packed_dense(jax.nn.silu(gate) * up, packed["down_proj"], (d,), n_valid_B)
-
 
 class Block(nnx.Module):
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        self.input_norm = RMSNorm(cfg.hidden_size, "embed")
         self.attn = Attention(cfg, rngs)
-        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        self.post_norm = RMSNorm(cfg.hidden_size, "embed")
         self.mlp = MLP(cfg, rngs)
-
-    def __call__(self, x, rope_tabs, mask, kv_cache, write_slots, kv_window=None, query_index=None, packed=None,
-                 n_valid_B=None):
-        a, kv_cache = self.attn(self.input_norm(x), rope_tabs, mask, kv_cache, write_slots, kv_window, query_index,
-                                packed, n_valid_B)
-        x = (x if query_index is None else _rows(x, query_index)) + a
-        return x + self.mlp(self.post_norm(x), packed, _query_rows_valid(n_valid_B, query_index)), kv_cache
 
 
 class Qwen3(nnx.Module):
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
         self.embed = _param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size)), "vocab", "embed")
         self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed")
+        self.norm = RMSNorm(cfg.hidden_size, "embed")
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size)), "embed", "vocab")
-        self.cfg = cfg
 
-    def hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_slots_BxT, kv_window=None,
-               query_index=None, packed=None, n_valid_B=None):
-        # Python loop over layers: on CPU, unrolled layers decode ~2x faster than lax.scan over layers.
-        # With query_index only that token's output is wanted: the last layer still writes every token's
-        # keys and values but runs attention queries, o_proj and the MLP for that token alone.
-        x = jnp.take(self.embed[...], tokens_BxT, axis=0)
-        tables = rope_tables(positions_BxT, self.cfg.head_dim, self.cfg.rope_theta)
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache["k"][i], cache["v"][i])
-            last = i == len(self.layers) - 1
-            x, kv = layer(x, tables, mask_BxTxS, kv, write_slots_BxT, kv_window, query_index if last else None,
-                          None if packed is None else packed["layers"][i], n_valid_B)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-        return self.norm(x), (new_k, new_v)
 
-    def unembed(self, h_BxTxD, packed=None, n_valid_B=None):
-        if packed is not None:
-            return _packed_dense(h_BxTxD, packed["lm_head"], (self.cfg.vocab_size,), n_valid_B).astype(jnp.float32)
-        if self.cfg.tie_word_embeddings:
-            return dense_transposed(h_BxTxD, self.embed[...], jnp.float32)
-        return dense(h_BxTxD, self.lm_head[...], jnp.float32)
+# ------------------------------------------------------------------ computation
+def _norm(cfg: Qwen3Config, p_norm, x):
+    return ops.rms_norm(x, p_norm["weight"].astype(x.dtype), cfg.rms_norm_eps)
+
+
+def _query_rows_valid(n_valid_B, query_index):
+    """Valid tokens per row after `rows(x, query_index)` kept one token per row: 1 where any was valid."""
+    if n_valid_B is None or query_index is None:
+        return n_valid_B
+    return (n_valid_B > 0).astype(jnp.int32)
+
+
+def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, prep, tables, mask_BxTxS, write_slots_BxT,
+           query_index, n_valid_B):
+    """One decoder block: x + attn(norm(x)), then + mlp(norm(.)); returns (x, (k cache, v cache) or None).
+
+    Keys and values of all T tokens (written to the cache); queries of all T, or with `query_index` [B]
+    of that one token per row (output [B, 1, D]). `prep`, `n_valid_B`: the layer's packed weights and
+    the valid tokens per row, for the CPU kernels (`ops`)."""
+    pa = p["attn"]
+    q, k, v = ops.qkv(cfg, pa, _norm(cfg, p["input_norm"], x_BxTxD), tables, query_index, prep, n_valid_B)
+    n_valid_q = _query_rows_valid(n_valid_B, query_index)
+    if query_index is not None:
+        mask_BxTxS = ops.rows(mask_BxTxS, query_index)
+    if kv_cache is not None:
+        k_cache, v_cache = kv_cache  # k [B, K, E, S], v [B, K, S, E]: attention reads them without a transpose
+        b_idx = jnp.arange(k.shape[0])[:, None]
+        # [b, :, :, slot] / [b, :, slot] indexing takes values [B, T, K, E]; writes past the cache end are
+        # dropped (mode='drop'): callers bound lengths on the host.
+        k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
+        kv_cache = (k_cache, v_cache)
+        out = ops.attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window,
+                                n_valid_q if prep is not None else None)
+    else:
+        out = ops.attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
+    # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
+    # the whole o_proj weight into that order on every decode step.
+    b, t = out.shape[:2]
+    a = ops.project(out.reshape(b, t, -1), pa["o_proj"].reshape(-1, cfg.hidden_size),
+                    None if prep is None else prep["o_proj"], n_valid_q)
+    if cfg.attention_bias:
+        a = a + pa["o_bias"]
+    x = (x_BxTxD if query_index is None else ops.rows(x_BxTxD, query_index)) + a
+    return x + ops.mlp(p["mlp"], _norm(cfg, p["post_norm"], x), prep, n_valid_q), kv_cache
 
 
 # ------------------------------------------------------------------ pure API
@@ -422,13 +165,6 @@ class Qwen3(nnx.Module):
 def _abstract(cfg: Qwen3Config):
     """(graphdef, abstract state) of the module for `cfg`; traced once per config, no arrays made."""
     return nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, nnx.Rngs(0))))
-
-
-def _module(params: Params, cfg: Qwen3Config) -> Qwen3:
-    graphdef, abstract_state = _abstract(cfg)
-    state = jax.tree.map(lambda x: x, abstract_state)  # fresh copy: replace_by_pure_dict mutates
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
@@ -480,34 +216,20 @@ def cache_logical_axes(cfg: Qwen3Config) -> Cache:
             "length": ("batch",)}
 
 
-def packed_weights(params: Params, cfg: Qwen3Config) -> Optional[Packed]:
-    """The projection weights packed for the CPU GEMM kernel (`jaxagent.kernels.cpu.rows_matmul`), for
-    `forward(..., packed=)`; None where it does not apply (another backend, kernels unavailable,
-    weights not f32).
-
-    Packing copies every weight once: call it outside a token loop (as `generate.decode` and the
-    rollout do). Measured (in-process A/B, 2-core EPYC): XLA's Eigen path ran the 42 products of a
-    10M-parameter decode step (batch 16) at ~5 GB/s of weights, re-packing them on every call; for
-    the rollout's appends the kernel computes only the real tokens (no padding, no finished rows)."""
-    if not cpu_kernels.available() or any(w.dtype != jnp.float32 for w in jax.tree.leaves(params)):
-        return None
-    pack = cpu_kernels.pack_panels
-    layers = []
-    for i in range(cfg.num_hidden_layers):
-        attn, mlp = params["layers"][i]["attn"], params["layers"][i]["mlp"]
-        qkv = [attn[name].reshape(cfg.hidden_size, -1) for name in ("q_proj", "k_proj", "v_proj")]
-        layers.append({"qkv_proj": pack(*qkv), "o_proj": pack(attn["o_proj"].reshape(-1, cfg.hidden_size)),
-                       "gate_up_proj": pack(mlp["gate_proj"], mlp["up_proj"]), "down_proj": pack(mlp["down_proj"])})
-    head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return {"layers": layers, "lm_head": pack(head)}
-
-
 def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
                   cache: Optional[Cache] = None, n_valid=None,
-                  kv_window: Union[int, KVWindows, None] = None, index=None, packed: Optional[Packed] = None):
+                  kv_window: Union[int, KVWindows, None] = None, index=None, packed: Optional[Packed] = None,
+                  remat: Optional[str] = None, mesh=None):
     """Final-norm hidden states [B, T, D] and the updated cache (see `forward` for the arguments);
-    with `index` [B], only that token's hidden state per row ([B, 1, D]); the cache gets every token."""
-    model = _module(params, cfg)
+    with `index` [B], only that token's hidden state per row ([B, 1, D]); the cache gets every token.
+
+    `remat`: None (keep every activation for the backward), or a `REMAT_POLICIES` name: each decoder
+    block runs under `jax.checkpoint` with that policy ('full': save only the block's input and
+    recompute the rest in the backward; 'dots': save every matmul output; 'dots_no_batch': save the
+    matmuls without batch dimensions, i.e. the projections, and recompute attention). Same values and
+    gradients, less activation memory. `mesh`: pins the residual stream to `RESIDUAL_AXES`."""
+    if remat is not None and remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}: expected None or one of {sorted(REMAT_POLICIES)}")
     b, t = tokens_BxT.shape
     tokens_BxT = jnp.clip(tokens_BxT, 0, cfg.vocab_size - 1)  # out-of-range ids never index garbage
     if cache is None:
@@ -529,22 +251,47 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     if index is not None and t == 1:
         index = None  # one token per row already: decode steps skip the gathers
     n = jnp.full((b,), t, jnp.int32) if n_valid is None else jnp.clip(n_valid.astype(jnp.int32), 0, t)
-    h, (new_k, new_v) = model.hidden(tokens_BxT, positions, mask, cache, write_slots, kv_window, index, packed,
-                                     None if packed is None or cache is None else n)
+    layers_prep = None if packed is None else packed.get("layers")
+    n_kernel = None if layers_prep is None or cache is None else n  # the kernels skip padded tokens
+
+    block = functools.partial(_block, cfg, kv_window)
+    if remat is not None:
+        block = jax.checkpoint(block, policy=REMAT_POLICIES[remat])
+    # Python loop over layers: on CPU, unrolled layers decode ~2x faster than lax.scan over layers.
+    # With index only that token's output is wanted: the last layer still writes every token's keys
+    # and values but runs attention queries, o_proj and the MLP for that token alone.
+    # FSDP: the table gathered over its embed dimension first (as every weight is), so the lookup is
+    # a vocab-parallel gather, not an all-to-all of the rows
+    embed = shd.constrain(params["embed"], ("vocab", None), mesh)
+    x = shd.constrain(jnp.take(embed, tokens_BxT, axis=0), RESIDUAL_AXES, mesh)
+    tables = ops.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    new_k, new_v = [], []
+    for i in range(cfg.num_hidden_layers):
+        kv = None if cache is None else (cache["k"][i], cache["v"][i])
+        last = i == cfg.num_hidden_layers - 1
+        x, kv = block(params["layers"][i], x, kv, None if layers_prep is None else layers_prep[i], tables, mask,
+                      write_slots, index if last else None, n_kernel)
+        x = shd.constrain(x, RESIDUAL_AXES, mesh)
+        if kv is not None:
+            new_k.append(kv[0])
+            new_v.append(kv[1])
+    h = _norm(cfg, params["norm"], x)
     if cache is not None:
         cache = {"k": new_k, "v": new_v, "length": cache["length"] + n}
     return h, cache
 
 
-def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] = None, n_valid_B=None):
-    """Logits [B, T, V] in f32 from hidden states (with `packed` and `n_valid_B`: only each row's first
-    n_valid positions; the others are 0)."""
-    return _module(params, cfg).unembed(h_BxTxD, packed, n_valid_B)
+def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] = None, n_valid_B=None, *,
+            mesh=None):
+    """Logits [B, T, V] in f32 from hidden states (with `packed` and `n_valid_B`, a CPU program computes
+    only each row's first n_valid positions; the others are 0). `mesh`: pins them to `LOGITS_AXES`."""
+    return shd.constrain(ops.unembed(cfg, params, h_BxTxD, packed, n_valid_B), LOGITS_AXES, mesh)
 
 
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
             cache: Optional[Cache] = None, n_valid=None, logits_index=None,
-            kv_window: Union[int, KVWindows, None] = None, packed: Optional[Packed] = None):
+            kv_window: Union[int, KVWindows, None] = None, packed: Optional[Packed] = None,
+            remat: Optional[str] = None, mesh=None):
     """Logits [B, T, V] (f32) and the updated cache.
 
     Without a cache: causal attention over the T tokens; `attention_mask` [B, T] (1 = real token)
@@ -558,23 +305,32 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     guarantees length + T <= kv_window for every row whose outputs it uses (rows past it read a
     truncated history). Writes still go to the full cache. Saves attention work when the cache is
     mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
-    windows at run time: a `lax.switch` around each layer's attention core.
-    `packed` (`packed_weights(params, cfg)`): the projections by the CPU GEMM kernel, which (with a
-    cache and `n_valid`) computes only each row's first n_valid tokens; their logits equal the XLA
-    path's up to f32 rounding, the other positions' are 0. Not differentiable.
+    windows at run time: a `lax.switch` around each layer's attention core (the CPU kernel reads the
+    window at run time instead).
+    `packed` (`packed_weights(params, cfg)`, or `ops.head_copy`): weights prepared for the CPU kernels;
+    a program lowered for CPU then runs the projections by the GEMM kernel, which (with a cache and
+    `n_valid`) computes only each row's first n_valid tokens: their logits equal the XLA path's up to
+    f32 rounding, the other positions' are unspecified (0 there). Programs for other platforms ignore
+    it. Not differentiable.
+    `remat`, `mesh`: see `hidden_states` (`mesh` also pins the logits to `LOGITS_AXES`).
     """
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions, attention_mask=attention_mask,
-                             cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, packed=packed)
+                             cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, packed=packed,
+                             remat=remat, mesh=mesh)
     rows = None  # h has all T positions per row, or one (logits_index): then 1 where any token was valid
     if packed is not None and n_valid is not None and cache is not None:
         rows = jnp.clip(n_valid.astype(jnp.int32), 0, h.shape[1])
-    return unembed(params, cfg, h, packed, rows), cache
+    return unembed(params, cfg, h, packed, rows, mesh=mesh), cache
 
 
-def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None):
-    """(cfg, params) from a local HF Qwen3 checkpoint directory; see `jaxagent.models.weights`."""
+def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
+         check_finite: bool = True):
+    """(cfg, params) from a local HF Qwen3 checkpoint directory; see `jaxagent.models.weights`.
+
+    verify: check the checksum manifest `save` writes (when present); check_finite: ValueError naming
+    a tensor with NaN/Inf values."""
     from jaxagent.models import weights
-    return weights.load(path, dtype=dtype, mesh=mesh, rules=rules)
+    return weights.load(path, dtype=dtype, mesh=mesh, rules=rules, verify=verify, check_finite=check_finite)
 
 
 def save(path: str | os.PathLike, cfg: Qwen3Config, params: Params) -> None:

@@ -7,14 +7,21 @@ ever holds more than one full tensor.
 
 HF layout (torch [out, in]) -> ours: q/k/v_proj [H*E, D] -> [D, H, E]; o_proj [D, H*E] -> [H, E, D];
 MLP [F, D] -> [D, F] (down: [D, F] -> [F, D]); lm_head [V, D] -> [D, V]; embed and norms as they are.
+
+Integrity: `save` writes a checksum manifest (MANIFEST_NAME: sha256 and size of every file it wrote)
+last, atomically; `load` verifies it when present (a directory without one, e.g. from Hugging Face,
+loads unverified) and, by default, rejects non-finite weights. `write_manifest` / `verify_manifest`
+are shared with the orbax train-state checkpoints (`jaxagent.rl.checkpoint`).
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import struct
-from typing import Any, Callable, Iterable
+import tempfile
+from typing import Any, Callable, Iterable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +35,88 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_d
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
            "BOOL": np.bool_}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+MANIFEST_NAME = "jaxagent_checksums.json"
+MANIFEST_FORMAT = 1
+
+
+# ------------------------------------------------------------------ checksum manifests
+def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk_bytes), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(directory: str, files: Optional[Iterable[str]] = None) -> dict:
+    """Writes <directory>/MANIFEST_NAME: {"files": {relative path: {"sha256", "bytes"}}} for `files`
+    (relative paths; default every regular file under `directory`), atomically (temp + rename)."""
+    directory = os.fspath(directory)
+    if files is None:
+        files = sorted(os.path.relpath(os.path.join(root, f), directory)
+                       for root, _, names in os.walk(directory) for f in names
+                       if f != MANIFEST_NAME and not f.startswith(MANIFEST_NAME + "."))
+    entries = {}
+    for rel in files:
+        full = os.path.join(directory, rel)
+        entries[rel.replace(os.sep, "/")] = {"sha256": file_sha256(full), "bytes": os.path.getsize(full)}
+    manifest = {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": entries}
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=MANIFEST_NAME + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, os.path.join(directory, MANIFEST_NAME))
+    return manifest
+
+
+def read_manifest(directory: str) -> Optional[dict]:
+    """The manifest of `directory`, or None when it has none; ValueError when it is unreadable."""
+    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"checksum manifest {path} is corrupt (not JSON: {e}); the files it covers "
+                         "cannot be verified") from e
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                                              and isinstance(v.get("bytes"), int) for v in files.values()):
+        raise ValueError(f"checksum manifest {path} is malformed (expected "
+                         "{'files': {path: {'sha256': str, 'bytes': int}}})")
+    return manifest
+
+
+def verify_manifest(directory: str, *, required: Iterable[str] = (), what: str = "directory") -> bool:
+    """Checks every file listed in `directory`'s manifest (size, then sha256); False if there is no
+    manifest, True if all match. ValueError naming the file when one is missing, truncated or altered,
+    or when a file in `required` (relative paths the caller will read) is not covered."""
+    directory = os.fspath(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return False
+    files = manifest["files"]
+    for rel in required:
+        if rel.replace(os.sep, "/") not in files:
+            raise ValueError(f"{what} {directory}: file {rel} is not covered by its checksum manifest "
+                             f"({MANIFEST_NAME}); it was added or renamed after the save")
+    for rel, info in sorted(files.items()):
+        full = os.path.join(directory, *rel.split("/"))
+        if not os.path.isfile(full):
+            raise ValueError(f"{what} {directory} is incomplete: file {rel} is missing (listed in "
+                             f"{MANIFEST_NAME})")
+        size = os.path.getsize(full)
+        if size != info["bytes"]:
+            raise ValueError(f"{what} {directory} is corrupt: file {rel} has {size} bytes but was saved "
+                             f"with {info['bytes']} (truncated or overwritten)")
+        digest = file_sha256(full)
+        if digest != info["sha256"]:
+            raise ValueError(f"{what} {directory} is corrupt: file {rel} does not match its checksum "
+                             f"(sha256 {digest[:16]}... vs {info['sha256'][:16]}... at save time)")
+    return True
 
 
 # ------------------------------------------------------------------ safetensors format
@@ -44,8 +133,11 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: corrupt safetensors header: {e}") from e
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
     header.pop("__metadata__", None)
     for name, info in header.items():
+        _check_header_entry(path, name, info)
         begin, end = info["data_offsets"]
         if info["dtype"] not in _DTYPES:
             raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
@@ -54,6 +146,29 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
             raise ValueError(f"{path}: tensor {name!r} is truncated or corrupt "
                              f"(offsets {begin}..{end}, shape {info['shape']}, file {size} bytes)")
     return header, 8 + n
+
+
+def _check_header_entry(path: str, name: str, info) -> None:
+    """A header entry is {"dtype": str, "shape": [int >= 0, ...], "data_offsets": [begin, end]}."""
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: corrupt safetensors header: the entry of tensor {name!r} is not an object")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+    if missing:
+        raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} lacks {missing} "
+                         "(each tensor needs dtype, shape and data_offsets)")
+    offs, shape = info["data_offsets"], info["shape"]
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not (isinstance(offs, list) and len(offs) == 2 and all(map(is_int, offs)) and offs[0] <= offs[1]):
+        raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} has data_offsets {offs!r} "
+                         "(expected [begin, end] with 0 <= begin <= end)")
+    if not (isinstance(shape, list) and all(map(is_int, shape))):
+        raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} has shape {shape!r} "
+                         "(expected a list of non-negative ints)")
+    if not isinstance(info["dtype"], str):
+        raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} has dtype {info['dtype']!r}")
 
 
 class SafetensorsFile:
@@ -160,19 +275,28 @@ def _checkpoint_files(path: str) -> list[str]:
     return files
 
 
-def load(path, *, dtype=jnp.float32, mesh=None, rules=None):
+def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True, check_finite: bool = True):
     """(cfg, params) from a local HF Qwen3 directory; tensors cast to `dtype`, sharded if `mesh`.
 
     Errors name the offending key: a tensor the model needs but the files lack, a tensor the files
     have but the model does not know (a tied checkpoint's redundant `lm_head.weight` is accepted),
     and a tensor whose shape differs from the config's (both shapes given).
+    verify: check the files against the directory's checksum manifest when it has one (`save` writes
+    it); ValueError naming a missing, truncated or altered file. check_finite: ValueError naming the
+    first tensor with a NaN or Inf (after the cast to `dtype`).
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    shard_paths = _checkpoint_files(path) if os.path.isfile(os.path.join(path, "config.json")) else []
+    if verify:
+        index = "model.safetensors.index.json"
+        needed = ["config.json"] + [os.path.relpath(f, path) for f in shard_paths]
+        needed += [index] if os.path.isfile(os.path.join(path, index)) else []
+        verify_manifest(path, required=needed, what="model directory")
     cfg = Qwen3Config.from_dir(path)
     layout = _hf_layout(cfg)
-    files = [SafetensorsFile(f) for f in _checkpoint_files(path)]
+    files = [SafetensorsFile(f) for f in shard_paths or _checkpoint_files(path)]
     where = {}
     for f in files:
         for key in f.keys():
@@ -201,7 +325,13 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None):
         if host is None or host.shape != expect:
             raise ValueError(f"tensor {key!r} has shape {hf_shape} in the checkpoint but the config "
                              f"implies {tuple(expect)} (as {ours}); checkpoint and config.json disagree")
-        host = np.asarray(host).astype(jnp.dtype(dtype))
+        with np.errstate(over="ignore"):  # an overflow to Inf is reported below, by tensor name
+            host = np.asarray(host).astype(jnp.dtype(dtype))
+        if check_finite and not np.isfinite(host).all():
+            n_bad = int(host.size - np.count_nonzero(np.isfinite(host)))
+            raise ValueError(f"tensor {key!r} in {where[key].path} has {n_bad} non-finite values (NaN/Inf) "
+                             f"of {host.size} after the cast to {jnp.dtype(dtype)}; load(..., "
+                             "check_finite=False) loads it anyway")
         if shardings is None:
             value = jnp.asarray(host)
         else:
@@ -211,9 +341,12 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None):
 
 
 def save(path, cfg: Qwen3Config, params, *, max_shard_bytes: int = 4 << 30) -> None:
-    """Writes config.json and model(-0000i-of-0000n).safetensors (+ index when sharded) in HF layout."""
+    """Writes config.json and model(-0000i-of-0000n).safetensors (+ index when sharded) in HF layout,
+    then the checksum manifest of those files (last, so a directory with a manifest is complete)."""
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
+    if os.path.exists(os.path.join(path, MANIFEST_NAME)):  # an interrupted save must not look verified
+        os.remove(os.path.join(path, MANIFEST_NAME))
     tensors = {}
     dtype_name = "float32"
     for key, (ours, _, to_hf) in _hf_layout(cfg).items():
@@ -231,16 +364,21 @@ def save(path, cfg: Qwen3Config, params, *, max_shard_bytes: int = 4 << 30) -> N
     shards.append(cur)
     for stale in glob.glob(os.path.join(path, "*.safetensors")) + glob.glob(os.path.join(path, "*.index.json")):
         os.remove(stale)
+    written = ["config.json"]
     if len(shards) == 1:
         write_safetensors(os.path.join(path, "model.safetensors"), shards[0])
+        written.append("model.safetensors")
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             write_safetensors(os.path.join(path, name), shard)
             weight_map.update({k: name for k in shard})
+            written.append(name)
         total = sum(t.nbytes for t in tensors.values())
         with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+        written.append("model.safetensors.index.json")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf_dict(dtype_name), f, indent=1)
+    write_manifest(path, written)

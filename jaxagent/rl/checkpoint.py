@@ -11,20 +11,31 @@ only once every item is written (rename is atomic on a local filesystem), so a p
 mid-save leaves a temporary directory that `latest_step` never lists: the previous checkpoint
 stays the latest. Keep-N: `max_to_keep` deletes the oldest steps after each save.
 
-Restoring checks the saved config JSON against the expected one (and the saved parameter shapes
-against the target's) before reading any array, so a checkpoint of another model shape fails with
-a ValueError naming the differing fields instead of an error deep inside tensorstore.
+Integrity: after orbax commits a step, a checksum manifest (`weights.MANIFEST_NAME`: sha256 and
+size of every file of the step) is written into the step directory, last and atomically (with
+async saves: at the next `save` or at `wait_until_finished`, which also give the latest step one if
+a kill came between orbax's commit and the manifest). `restore` verifies it before reading anything
+and names the missing, truncated or altered file; a step without a manifest (older checkpoints)
+restores unverified. Files orbax cannot work without (`state/_METADATA`, `metadata/metadata`) are
+checked by name in any case, and an array orbax cannot read becomes a ValueError naming the step
+directory and TensorStore's own cause (array and byte range), not a spec dump.
+
+Restoring checks the saved config JSON against the expected one (required: a same-shape checkpoint
+of another config must not load silently), the caller's run settings (`expect_extra`) against the
+saved `extra`, and the saved parameter shapes against the target's, before reading any array.
 This is one of the library's explicit I/O modules (it writes files; it never prints).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import jax
 import orbax.checkpoint as ocp
 
+from jaxagent.models import weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl.train_step import TrainState
 
@@ -32,6 +43,8 @@ STATE_ITEM, META_ITEM = "state", "metadata"
 FORMAT_VERSION = 1
 _FIELDS = ("params", "opt_state", "step", "rng", "data_pos", "ref_params", "critic_params",
            "critic_opt_state")
+# Files orbax needs to restore a step (its array index and the JSON item), relative to the step dir.
+_REQUIRED_FILES = (f"{STATE_ITEM}/_METADATA", f"{META_ITEM}/metadata")
 
 
 def make_manager(directory: Union[str, os.PathLike], *, max_to_keep: Optional[int] = 3,
@@ -40,7 +53,8 @@ def make_manager(directory: Union[str, os.PathLike], *, max_to_keep: Optional[in
     """An orbax CheckpointManager for train states (keep the newest `max_to_keep`; None = all).
 
     async_save=True returns from `save` while arrays are written in the background (call
-    `manager.wait_until_finished()` before exiting); the default blocks, so a saved step is on disk.
+    `wait_until_finished(manager)` before exiting: it also writes the last step's checksum manifest);
+    the default blocks, so a saved step is on disk with its manifest when `save` returns.
     """
     if max_to_keep is not None and max_to_keep < 1:
         raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -76,10 +90,93 @@ def save(manager: ocp.CheckpointManager, state: TrainState, cfg: Qwen3Config, *,
             "critic_config": _config_dict(critic_cfg), "step": step,
             "data_pos": int(state.data_pos), "rng_impl": str(jax.random.key_impl(state.rng)),
             "items": sorted(k for k in _state_tree(state)), "extra": extra or {}}
+    wait_until_finished(manager)  # an earlier async save: complete it and write its manifest
     saved = manager.save(step, args=ocp.args.Composite(
         **{STATE_ITEM: ocp.args.StandardSave(_state_tree(state)),
-           META_ITEM: ocp.args.JsonSave(meta)}), force=force)
+           META_ITEM: ocp.args.JsonSave(_plain_json(meta))}), force=force)
+    if saved and not manager.is_saving_in_progress():
+        _write_manifest(manager, step)
     return bool(saved)
+
+
+def wait_until_finished(manager: ocp.CheckpointManager) -> None:
+    """Waits for an async save to land, then writes the latest step's checksum manifest if it lacks
+    one (orbax has committed it, so it is complete)."""
+    manager.wait_until_finished()
+    latest = manager.latest_step()
+    if latest is not None and not os.path.isfile(
+            os.path.join(step_directory(manager, latest), weights.MANIFEST_NAME)):
+        _write_manifest(manager, latest)
+
+
+def step_directory(manager: ocp.CheckpointManager, step: int) -> str:
+    return os.path.join(os.fspath(manager.directory), str(int(step)))
+
+
+def _write_manifest(manager, step: int) -> None:
+    if jax.process_index() == 0:
+        weights.write_manifest(step_directory(manager, step))
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"checkpoint_manifest:{manager.directory}:{step}")
+
+
+def _plain_json(x):
+    """`x` as plain JSON types (tuples -> lists, dataclasses -> dicts), so saved == expected compares."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        x = dataclasses.asdict(x)
+    return json.loads(json.dumps(x, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def settings_diff(saved: Any, expected: Any, prefix: str = "") -> list[str]:
+    """'path: saved X vs expected Y' for every leaf where two JSON-like trees differ (dicts recursed)."""
+    saved, expected = _plain_json(saved), _plain_json(expected)
+    if isinstance(saved, dict) and isinstance(expected, dict):
+        out = []
+        for k in sorted(set(saved) | set(expected)):
+            p = f"{prefix}.{k}" if prefix else str(k)
+            if k not in saved or k not in expected:
+                out.append(f"{p}: {saved.get(k, '<absent>')!r} vs {expected.get(k, '<absent>')!r}")
+            else:
+                out.extend(settings_diff(saved[k], expected[k], p))
+        return out
+    return [] if saved == expected else [f"{prefix or '<value>'}: {saved!r} vs {expected!r}"]
+
+
+def verify_step(manager: ocp.CheckpointManager, step: int, *, checksums: bool = True) -> bool:
+    """Raises ValueError naming the file when step `step` is incomplete or (with its manifest and
+    `checksums`) corrupt; returns whether the checksums were verified."""
+    d = step_directory(manager, step)
+    if not os.path.isdir(d):
+        raise ValueError(f"no checkpoint at step {step} in {manager.directory} (no directory {d})")
+    verified = checksums and weights.verify_manifest(d, what="checkpoint")
+    for rel in _REQUIRED_FILES:
+        if not os.path.isfile(os.path.join(d, rel)):
+            raise ValueError(f"checkpoint {d} is incomplete: file {rel} is missing (orbax cannot restore the "
+                             "step without it); delete this step directory to restore the previous step")
+    return verified
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().split(" See full TensorStore details")[0]
+    return f"{type(e).__name__}: " + (text.splitlines()[0][:300] if text else "(no message)")
+
+
+def _orbax_call(what: str, d: str, verified: bool, fn):
+    """Runs an orbax read; its errors (e.g. a TensorStore spec dump) become a ValueError naming `d` and
+    the innermost cause (TensorStore's own message names the array and the byte range)."""
+    try:
+        return fn()
+    except Exception as e:  # orbax/tensorstore raise bare Exception, TypeError, KeyError, ...
+        chain, c = [], e
+        while c is not None and len(chain) < 8:
+            chain.append(c)
+            c = c.__cause__ or c.__context__
+        why = ("its files match their checksums, so the target or the orbax version is the likely cause"
+               if verified else "a file under it is probably truncated or corrupt (it has no checksum "
+               "manifest to say which)")
+        cause = _first_line(chain[-1]) + ("" if len(chain) == 1 else f" (raised as {_first_line(e)})")
+        raise ValueError(f"checkpoint {d}: orbax could not read the {what}: {cause}; {why}") from e
 
 
 def read_metadata(manager: ocp.CheckpointManager, step: Optional[int] = None) -> Optional[dict]:
@@ -87,8 +184,16 @@ def read_metadata(manager: ocp.CheckpointManager, step: Optional[int] = None) ->
     step = manager.latest_step() if step is None else step
     if step is None:
         return None
-    out = manager.restore(step, args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()}))
-    return out[META_ITEM]
+    d = step_directory(manager, step)
+    if not os.path.isfile(os.path.join(d, META_ITEM, "metadata")):
+        raise ValueError(f"checkpoint {d} is incomplete: file {META_ITEM}/metadata is missing")
+    out = _orbax_call("metadata item", d, False, lambda: manager.restore(
+        step, args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})))
+    meta = out[META_ITEM]
+    if not isinstance(meta, dict):
+        raise ValueError(f"checkpoint {d}: file {META_ITEM}/metadata holds {type(meta).__name__}, not the "
+                         "metadata object `save` writes")
+    return meta
 
 
 def _config_diff(saved: Optional[dict], expected: Qwen3Config) -> list[str]:
@@ -116,8 +221,13 @@ def _shapes_by_path(tree) -> dict[str, tuple]:
 def _check_shapes(manager, step, target: dict, meta: dict):
     """Compares saved vs target shapes of the params-like items (plain nested dicts, so their paths
     are unambiguous); raises ValueError listing the differences."""
-    saved_tree = manager.item_metadata(step)[STATE_ITEM]
+    d = step_directory(manager, step)
+    saved_tree = _orbax_call("array index (state/_METADATA)", d, False,
+                             lambda: manager.item_metadata(step)[STATE_ITEM])
     saved_tree = getattr(saved_tree, "tree", saved_tree)
+    if not isinstance(saved_tree, dict):
+        raise ValueError(f"checkpoint {d}: orbax found no readable array index in {STATE_ITEM}/_METADATA "
+                         f"(got {type(saved_tree).__name__}); the file is missing or corrupt")
     problems = []
     for item in ("params", "ref_params", "critic_params"):
         if item not in target:
@@ -148,17 +258,29 @@ def _abstract(x):
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: TrainState, *,
-            cfg: Optional[Qwen3Config] = None,
-            critic_cfg: Optional[Qwen3Config] = None) -> TrainState:
+            cfg: Qwen3Config, critic_cfg: Optional[Qwen3Config] = None,
+            expect_extra: Optional[dict] = None, verify: bool = True) -> TrainState:
     """Restores checkpoint `step` into the structure, dtypes and shardings of `abstract_state`
     (ShapeDtypeStructs, e.g. `train_step.abstract_train_state`, or a concrete TrainState).
 
-    With `cfg` (recommended) the saved model config must equal it, else ValueError listing the
-    differing fields; the saved parameter shapes must match the target's in any case.
+    The saved model config must equal `cfg` (required: equal shapes do not make equal models), else
+    ValueError listing the differing fields; each key of `expect_extra` (the run settings that
+    matter) must equal the saved `extra`'s; the saved parameter shapes must match the target's.
+    verify: check the step's checksum manifest first (module doc).
     """
+    if not isinstance(cfg, Qwen3Config):
+        raise ValueError(f"restore needs cfg, the Qwen3Config the checkpoint must have been saved for; "
+                         f"got {type(cfg).__name__}")
+    d = step_directory(manager, step)
+    verified = verify_step(manager, step, checksums=verify)
     meta = read_metadata(manager, step)
-    if meta is None:
-        raise ValueError(f"no checkpoint at step {step} in {manager.directory}")
+    if expect_extra:
+        saved_extra = meta.get("extra") or {}
+        diff = [x for k in sorted(expect_extra)
+                for x in settings_diff({k: saved_extra.get(k, "<absent>")}, {k: expect_extra[k]})]
+        if diff:
+            raise ValueError(f"checkpoint {d} was saved with other run settings (checkpoint vs expected): "
+                             + "; ".join(diff[:12]) + (f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""))
     for name, want, saved in (("model", cfg, meta.get("model_config")),
                               ("critic", critic_cfg, meta.get("critic_config"))):
         if want is not None:
@@ -177,15 +299,16 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: TrainStat
     target["rng"] = jax.ShapeDtypeStruct(rng_abs.shape, rng_abs.dtype,
                                          sharding=getattr(rng, "sharding", None))
     target = jax.tree.map(_abstract, target)
-    out = manager.restore(step, args=ocp.args.Composite(
-        **{STATE_ITEM: ocp.args.StandardRestore(target)}))[STATE_ITEM]
+    out = _orbax_call("saved arrays", d, verified, lambda: manager.restore(step, args=ocp.args.Composite(
+        **{STATE_ITEM: ocp.args.StandardRestore(target)}))[STATE_ITEM])
     out["rng"] = jax.random.wrap_key_data(out["rng"], impl=meta.get("rng_impl") or None)
     return TrainState(**{f: out.get(f) for f in _FIELDS})
 
 
 def restore_latest(directory: Union[str, os.PathLike, ocp.CheckpointManager],
-                   abstract_state: TrainState, *, cfg: Optional[Qwen3Config] = None,
-                   critic_cfg: Optional[Qwen3Config] = None) -> Optional[TrainState]:
+                   abstract_state: TrainState, *, cfg: Qwen3Config,
+                   critic_cfg: Optional[Qwen3Config] = None, expect_extra: Optional[dict] = None,
+                   verify: bool = True) -> Optional[TrainState]:
     """The newest complete checkpoint in `directory` (or a manager) restored like `restore`, or
     None if there is none (a missing directory counts as empty)."""
     if isinstance(directory, ocp.CheckpointManager):
@@ -197,7 +320,8 @@ def restore_latest(directory: Union[str, os.PathLike, ocp.CheckpointManager],
     step = manager.latest_step()
     if step is None:
         return None
-    return restore(manager, step, abstract_state, cfg=cfg, critic_cfg=critic_cfg)
+    return restore(manager, step, abstract_state, cfg=cfg, critic_cfg=critic_cfg, expect_extra=expect_extra,
+                   verify=verify)
 
 
 def all_steps(directory: Union[str, os.PathLike]) -> list[int]:

@@ -17,7 +17,7 @@ gradient of both terms, and the critic params are just {'value_head': ...} with 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -69,12 +69,15 @@ def head_values(value_head: dict, h_BxTxD: jax.Array) -> jax.Array:
     return jnp.pad(raw_BxT[:, :-1], ((0, 0), (1, 0)))
 
 
-def values(critic_params: CriticParams, cfg: Qwen3Config, tokens_BxT: jax.Array) -> jax.Array:
-    """V [B, T] (f32) of a separate-backbone critic, aligned to the action token (module doc)."""
+def values(critic_params: CriticParams, cfg: Qwen3Config, tokens_BxT: jax.Array, *,
+           remat: Optional[str] = None, mesh=None) -> jax.Array:
+    """V [B, T] (f32) of a separate-backbone critic, aligned to the action token (module doc).
+    `remat` / `mesh`: the backbone's per-layer checkpoint policy and activation-sharding mesh
+    (`qwen3.hidden_states`); the critic never computes vocabulary logits."""
     if "backbone" not in critic_params:
         raise ValueError("critic params have no 'backbone' (shared-backbone critic): apply "
                          "head_values to the policy's hidden states instead")
     if tokens_BxT.ndim != 2:
         raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
-    h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, tokens_BxT)
+    h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, tokens_BxT, remat=remat, mesh=mesh)
     return head_values(critic_params["value_head"], h_BxTxD)

@@ -136,20 +136,45 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, clip_eps,
     return loss, aux
 
 
+def truncated_is_weights(old_logp, sampler_logp, cap):
+    """Token-level truncated importance weights for a sampler/trainer mismatch -> (w, truncated).
+
+    w_t = min(pi_old_train(a_t | s_t) / pi_sampler(a_t | s_t), C)
+        = min(exp(old_logp_t - sampler_logp_t), C)
+    where pi_old_train is the trainer's pre-update policy (e.g. f32 masters) and pi_sampler the
+    policy that generated the tokens (e.g. a bf16 or vLLM sampler). The weight corrects the
+    sampler's distribution towards the trainer's; truncation at C bounds its variance.
+    Source: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (blog post, Aug 2025; truncated importance sampling, TIS). The weight carries no
+    gradient (stop_gradient); elementwise over any shape. `truncated` is True where w hit C.
+    """
+    chex.assert_equal_shape([old_logp, sampler_logp])
+    if isinstance(cap, (int, float)) and cap <= 0:
+        raise ValueError(f"the truncated importance sampling cap must be > 0, got {cap}")
+    log_w = jnp.clip(_float(old_logp) - _float(sampler_logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    raw = jnp.exp(log_w)
+    w = jax.lax.stop_gradient(jnp.minimum(raw, cap))
+    return w, raw > cap
+
+
 def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_high, agg_mode,
                 norm_len=None, kl_coef=0.0, ref_logp=None, kl_estimator="k3",
-                entropy_coef=0.0, entropy_BxT=None):
+                entropy_coef=0.0, entropy_BxT=None, sampler_logp=None, tis_cap=None):
     """PPO-clip policy loss with optional KL-to-reference and entropy terms -> (scalar, aux).
 
-    L = agg(ppo_clip_objective) + kl_coef * agg(kl_penalty(logp, ref_logp))
+    L = agg(w * ppo_clip_objective) + kl_coef * agg(kl_penalty(logp, ref_logp))
         - entropy_coef * agg(entropy)
     with agg = `aggregate(., mask_BxT, agg_mode, norm_len)`. Sources: Schulman et al. 2017 eq. 7
     and 9; DAPO clip-higher (Yu et al. 2025); GRPO's KL term (Shao et al. 2024, eq. 3-4).
+    w = 1, or with `tis_cap` = C the truncated importance weight of the sampler/trainer mismatch,
+    w_t = min(exp(old_logp_t - sampler_logp_t), C) (`truncated_is_weights`; Yao et al. 2025, TIS):
+    old_logp is then the trainer's pre-update log-prob and `sampler_logp` the sampler's.
     The KL term is added iff ref_logp is given, the entropy term iff entropy_BxT is given (a
     nonzero Python coefficient without its array is a ValueError); coefficients may be traced.
     aux: 'pg_loss' and 'kl_ref' (when given) as aggregated into L; token-means over the mask,
     whatever agg_mode, so runs compare: 'clip_frac', 'ratio_mean', 'approx_kl_old_abs' =
-    mean |logp - old_logp| and 'approx_kl_old_k3' (trainer-vs-sampler drift), 'entropy' if given.
+    mean |logp - old_logp| and 'approx_kl_old_k3' (trainer-vs-sampler drift), 'entropy' if given;
+    with tis_cap 'tis_weight_mean' and 'tis_trunc_frac' (share of tokens whose weight hit C).
     """
     chex.assert_rank([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT], 2)
     chex.assert_equal_shape([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT])
@@ -157,14 +182,22 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
         raise ValueError("kl_coef is nonzero but ref_logp was not given")
     if entropy_BxT is None and _is_nonzero_number(entropy_coef):
         raise ValueError("entropy_coef is nonzero but entropy_BxT was not given")
+    if tis_cap is not None and sampler_logp is None:
+        raise ValueError("tis_cap is set but sampler_logp (the sampler's log-probs) was not given")
     valid_BxT = mask_BxT.astype(bool)
     safe = lambda x: jnp.where(valid_BxT, _float(x), 0.0)  # noqa: E731
     logp, old_logp = safe(logp_BxT), safe(old_logp_BxT)
     pg_BxT, clipped_BxT = ppo_clip_objective(logp, old_logp, safe(adv_BxT),
                                              clip_low=clip_low, clip_high=clip_high)
     mean = lambda x: aggregate(x, mask_BxT, "token-mean")  # noqa: E731
+    tis_aux = {}
+    if tis_cap is not None:
+        chex.assert_equal_shape([logp_BxT, sampler_logp])
+        w_BxT, trunc_BxT = truncated_is_weights(old_logp, safe(sampler_logp), tis_cap)
+        pg_BxT = w_BxT * pg_BxT
+        tis_aux = {"tis_weight_mean": mean(w_BxT), "tis_trunc_frac": mean(trunc_BxT)}
     pg = aggregate(pg_BxT, mask_BxT, agg_mode, norm_len)
-    aux = {"pg_loss": pg, "clip_frac": mean(clipped_BxT),
+    aux = {"pg_loss": pg, "clip_frac": mean(clipped_BxT), **tis_aux,
            "ratio_mean": mean(jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP,
                                                LOG_RATIO_CLAMP))),
            "approx_kl_old_abs": mean(jnp.abs(logp - old_logp)),

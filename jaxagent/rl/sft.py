@@ -12,7 +12,7 @@ import optax
 
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 
 def sft_loss(params, cfg: Qwen3Config, tokens_BxS, mask_BxS):
@@ -32,7 +32,7 @@ def sft_loss(params, cfg: Qwen3Config, tokens_BxS, mask_BxS):
 def make_sft_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation):
     """One jitted SFT update; params and optimizer state are donated."""
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1), compiler_options=COMPILER_OPTIONS)
+    @functools.partial(xla_options.jit, donate_argnums=(0, 1))
     def step(params, opt_state, tokens_BxS, mask_BxS):
         (loss, aux), grads = jax.value_and_grad(sft_loss, has_aux=True)(params, cfg, tokens_BxS, mask_BxS)
         updates, opt_state = optimizer.update(grads, opt_state, params)

@@ -12,6 +12,19 @@ Batch (a dict of [B, S] arrays, one row per rollout, laid out like `rollout.type
 
 Per-token arrays use one index, the action token: logp[:, t] = log pi(tokens[t] | tokens[:t]).
 
+Memory (issue 20): the per-token log-probs and entropies are computed from the final hidden states
+in chunks of `logits_chunk` positions (`next_token_stats`): each chunk is unembedded, log-softmaxed
+and reduced to [B, C] under `jax.checkpoint`, so the f32 logits of a whole sequence [B, S, V] never
+exist, in the forward or the backward. `remat` names the model's per-layer `jax.checkpoint` policy
+(`qwen3.hidden_states(remat=...)`); `micro_batches` bounds the rows in flight.
+
+Sampler/trainer mismatch (issue 16). Batch key `sampler_logprobs` (optional): the sampler's
+log-probs, `old_logprobs` then being the trainer's pre-update ones. Without it `old_logprobs` are the
+sampler's and the trainer's pre-update log-probs are this step's own forward (exact on the first
+update after a rollout). Metrics mismatch_mean / mismatch_max = token-mean / max over policy tokens
+of |log p_train - log p_sampler|. `LossSettings.tis_cap` turns on truncated importance sampling
+(`losses.truncated_is_weights`).
+
 Micro-batches. Row i goes to micro-batch i mod M (a strided split, so each device's shard of the
 batch contributes to every micro-batch and no data moves between devices). Each micro-batch loss
 is computed with `losses.policy_loss` and re-weighted by (its aggregation denominator / the global
@@ -38,7 +51,8 @@ from jaxagent.rl import losses, optim
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
 PPO_KEYS = ("returns", "old_values")
-OPTIONAL_KEYS = ("ref_logprobs",)
+OPTIONAL_KEYS = ("ref_logprobs", "sampler_logprobs")
+DEFAULT_LOGITS_CHUNK = 512  # positions per unembedding chunk (module doc)
 
 
 # ----------------------------------------------------------------------------- settings and state
@@ -53,10 +67,13 @@ class LossSettings:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     norm_len: Optional[int] = None
+    tis_cap: Optional[float] = None   # truncated importance sampling cap C (None: off)
 
     def __post_init__(self):
         if self.agg_mode not in losses.AGG_MODES:
             raise ValueError(f"agg_mode must be one of {losses.AGG_MODES}, got {self.agg_mode!r}")
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ValueError(f"tis_cap must be > 0 (or None for off), got {self.tis_cap}")
         if self.kl_estimator not in losses.KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {losses.KL_ESTIMATORS}, "
                              f"got {self.kl_estimator!r}")
@@ -123,25 +140,79 @@ def advance_data(state: TrainState, n) -> TrainState:
 
 
 # ----------------------------------------------------------------------------- log-probs
-def _logp_entropy_from_logits(logits_BxTxV, tokens_BxT):
-    """logp[:, t] = log softmax(logits[:, t-1])[tokens[:, t]] (0 at t = 0) and the entropy of the
-    same next-token distributions (0 at t = 0), both [B, T] in f32."""
-    z = logits_BxTxV[:, :-1].astype(jnp.float32)
-    lse_BxT1 = jax.nn.logsumexp(z, axis=-1)
-    tok_logit = jnp.take_along_axis(z, tokens_BxT[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    logp = tok_logit - lse_BxT1
-    ent = lse_BxT1 - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))  # noqa: E731
-    return pad(logp), pad(ent)
+def _head(params, cfg: Qwen3Config):
+    """The unembedding matrix: the tied embedding [V, D] or the LM head [D, V]."""
+    return params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
 
 
-def token_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, with_entropy: bool = False):
+def _unembed_f32(head, cfg: Qwen3Config, h_BxCxD):
+    """Logits [B, C, V] in f32 (as `qwen3.unembed`) from the head matrix alone: a scan over chunks
+    that closed over the whole params tree would carry a zero gradient for every parameter."""
+    if cfg.tie_word_embeddings:
+        return jnp.einsum("bcd,vd->bcv", h_BxCxD, head.astype(h_BxCxD.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("bcd,dv->bcv", h_BxCxD, head.astype(h_BxCxD.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
+                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None):
+    """(logp, entropy) [B, T] from final hidden states, aligned as `token_logprobs`.
+
+    logp[:, t] = z_{t-1}[tokens[t]] - logsumexp(z_{t-1}) and H[:, t] = logsumexp(z_{t-1}) -
+    sum_v softmax(z_{t-1})_v z_{t-1,v}, z_{t-1} = unembed(h[:, t-1]) in f32; both 0 at t = 0.
+    With T > logits_chunk the positions go through a `lax.scan` over chunks of logits_chunk, each
+    under `jax.checkpoint` (the backward recomputes its logits): only [B, C, V] f32 logits exist at
+    a time. logits_chunk None (or >= T): one pass over all positions. `head`: `_head(params, cfg)`.
+    With a mesh, each chunk's logits are pinned to `qwen3.LOGITS_AXES` (`sharding.constrain`).
+    """
+    b, t, _ = h_BxTxD.shape
+    # targets: the next token; the last position's (out of range) target is dropped below
+    tgt_BxT = jnp.pad(tokens_BxT[:, 1:].astype(jnp.int32), ((0, 0), (0, 1)))
+
+    def stats(head, h_BxCxD, tgt_BxC):
+        z = _unembed_f32(head, cfg, h_BxCxD)
+        z = sharding.constrain(z, qwen3.LOGITS_AXES, mesh)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        logp = jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - lse
+        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+        return logp, ent
+
+    if logits_chunk is not None and logits_chunk < 1:
+        raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
+    if logits_chunk is None or logits_chunk >= t:
+        logp, ent = stats(head, h_BxTxD, tgt_BxT)
+    else:
+        c = int(logits_chunk)
+        n = -(-t // c)
+        pad = ((0, 0), (0, n * c - t))
+        h = jnp.pad(h_BxTxD, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # [n, B, C, D]
+        tg = jnp.pad(tgt_BxT, pad).reshape(b, n, c).swapaxes(0, 1)
+        chunk_fn = jax.checkpoint(stats, prevent_cse=False)
+        _, (logp, ent) = jax.lax.scan(lambda _, x: (None, chunk_fn(head, *x)), None, (h, tg))
+        logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+        ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+    return shift(logp), shift(ent)
+
+
+def _hidden(params, cfg: Qwen3Config, tokens_BxT, remat, mesh):
+    """`qwen3.hidden_states` with the remat policy and the activation-sharding mesh."""
+    h, _ = qwen3.hidden_states(params, cfg, tokens_BxT, remat=remat, mesh=mesh)
+    return h
+
+
+def token_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, with_entropy: bool = False,
+                   logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, remat: Optional[str] = None,
+                   mesh: Optional[Mesh] = None):
     """logp [B, T] with logp[:, t] = log pi(tokens[t] | tokens[:t]) and logp[:, 0] = 0; with
-    with_entropy also H[:, t] = entropy of pi(. | tokens[:t]) (0 at t = 0)."""
+    with_entropy also H[:, t] = entropy of pi(. | tokens[:t]) (0 at t = 0). Chunked over positions
+    (`next_token_stats`), so [B, T, V] logits never exist."""
     if tokens_BxT.ndim != 2:
         raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
-    logits, _ = qwen3.forward(params, cfg, tokens_BxT)
-    logp, ent = _logp_entropy_from_logits(logits, tokens_BxT)
+    h = _hidden(params, cfg, tokens_BxT, remat, mesh)
+    logp, ent = next_token_stats(_head(params, cfg), cfg, h, tokens_BxT, logits_chunk=logits_chunk,
+                                 mesh=mesh)
     return (logp, ent) if with_entropy else logp
 
 
@@ -277,13 +348,16 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                     value_settings: Optional[ValueSettings] = None,
                     critic_cfg: Optional[Qwen3Config] = None,
                     critic_optimizer: Optional[optax.GradientTransformation] = None,
-                    compute_dtype=None, compiler_options: Optional[dict] = None):
+                    compute_dtype=None, remat: Optional[str] = None,
+                    logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK,
+                    compiler_options: Optional[dict] = None):
     """`step(state, batch) -> (state, metrics)`: one jax.jit, state donated.
 
     Objective (minimised): L_pi = policy_loss(logp, old_logp, A, mask; clip_low, clip_high,
     agg_mode, norm_len, kl_coef * KL_ref(kl_estimator), entropy_coef * H) (`losses.policy_loss`:
-    PPO-clip, Schulman et al. 2017 eq. 7; DAPO clip-higher; GRPO's KL, Shao et al. 2024 eq. 3-4),
-    plus, with `value_settings` (PPO), the clipped value loss L_V (`losses.value_loss`).
+    PPO-clip, Schulman et al. 2017 eq. 7; DAPO clip-higher; GRPO's KL, Shao et al. 2024 eq. 3-4;
+    with loss_settings.tis_cap, truncated importance weights on the sampler's log-probs, Yao et al.
+    2025), plus, with `value_settings` (PPO), the clipped value loss L_V (`losses.value_loss`).
     Gradients are summed over `micro_batches` with lax.scan (module doc), then the optimizer
     (clip + AdamW + non-finite guard, `optim.make_optimizer`) applies them.
 
@@ -291,7 +365,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     `state_shardings`, batch rows over ('data', 'fsdp'), metrics replicated. `with_ref_params`
     says the state carries ref_params; `critic_optimizer` defaults to `optimizer`.
     `compute_dtype` (e.g. jnp.bfloat16) casts params for the forward pass (mixed precision; the
-    master params and Adam moments stay in their own dtype). `compiler_options` go to jax.jit on top
+    master params and Adam moments stay in their own dtype). `remat`: the model's per-layer
+    checkpoint policy (policy, reference and critic forwards; None keeps every activation);
+    `logits_chunk`: positions per unembedding chunk (module doc; None: no chunking). `compiler_options` go to jax.jit on top
     of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0} compiles a CPU step
     ~3x faster, for tests).
 
@@ -299,8 +375,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     one), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
     policy tokens (sampler-vs-trainer drift), grad_norm (before clipping), skipped (1 if this
     update was skipped for non-finite gradients), skipped_total, tokens (policy tokens in the
-    batch); with a critic also vf_loss, vf_clip_frac, vf_mse, value_mean, critic_grad_norm,
-    critic_skipped.
+    batch); mismatch_mean, mismatch_max (|log p_train - log p_sampler| over policy tokens, module
+    doc; the max over micro-batches); with tis_cap tis_weight_mean, tis_trunc_frac; with a critic
+    also vf_loss, vf_clip_frac, vf_mse, value_mean, critic_grad_norm, critic_skipped.
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -330,29 +407,51 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
 
     def micro_loss(params, critic_params, ref_params, mb, denoms):
         tokens, mask = mb["tokens"], mb["policy_mask"]
-        h, _ = qwen3.hidden_states(cast(params), cfg, tokens)
-        logp, ent = _logp_entropy_from_logits(qwen3.unembed(cast(params), cfg, h), tokens)
+        p = cast(params)
+        h = _hidden(p, cfg, tokens, remat, mesh)
+        logp, ent = next_token_stats(_head(p, cfg), cfg, h, tokens, logits_chunk=logits_chunk,
+                                     mesh=mesh)
         ref_logp = mb.get("ref_logprobs")
         if ref_logp is None and ref_params is not None:
-            ref_logp = jax.lax.stop_gradient(token_logprobs(cast(ref_params), cfg, tokens))
+            ref_logp = jax.lax.stop_gradient(token_logprobs(
+                cast(ref_params), cfg, tokens, logits_chunk=logits_chunk, remat=remat, mesh=mesh))
+        # the trainer's pre-update log-probs vs the sampler's (module doc)
+        sampler_logp = mb.get("sampler_logprobs")
+        old_logp = mb["old_logprobs"]
+        if sampler_logp is None:
+            sampler_logp = old_logp
+            if ls.tis_cap is not None:  # this step's forward is the pre-update trainer policy
+                old_logp = jax.lax.stop_gradient(logp)
+            train_logp = jax.lax.stop_gradient(logp)
+        else:
+            train_logp = old_logp
+        valid = mask.astype(bool)
+        gap = jnp.where(valid, jnp.abs(train_logp.astype(jnp.float32)
+                                       - sampler_logp.astype(jnp.float32)), 0.0)
         pl, aux = losses.policy_loss(
-            logp, mb["old_logprobs"], mb["advantages"], mask, clip_low=ls.clip_low,
+            logp, old_logp, mb["advantages"], mask, clip_low=ls.clip_low,
             clip_high=ls.clip_high, agg_mode=ls.agg_mode, norm_len=ls.norm_len,
             kl_coef=ls.kl_coef, ref_logp=ref_logp, kl_estimator=ls.kl_estimator,
-            entropy_coef=ls.entropy_coef, entropy_BxT=ent if ls.entropy_coef else None)
+            entropy_coef=ls.entropy_coef, entropy_BxT=ent if ls.entropy_coef else None,
+            sampler_logp=sampler_logp if ls.tis_cap is not None else None, tis_cap=ls.tis_cap)
         w_agg = _agg_denominator(mask, ls.agg_mode) / jnp.maximum(denoms["agg"], 1.0)
         w_tok = jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(denoms["tokens"], 1.0)
         ent_mean = losses.aggregate(jax.lax.stop_gradient(ent), mask, "token-mean")
         m = {"loss": w_agg * pl, "pg_loss": w_agg * aux["pg_loss"],
              "kl": w_agg * aux.get("kl_ref", jnp.zeros(())), "entropy": w_tok * ent_mean,
              "clip_frac": w_tok * aux["clip_frac"], "ratio_mean": w_tok * aux["ratio_mean"],
-             "drift": w_tok * aux["approx_kl_old_abs"]}
+             "drift": w_tok * aux["approx_kl_old_abs"],
+             "mismatch_mean": w_tok * losses.aggregate(gap, mask, "token-mean"),
+             "mismatch_max": jnp.max(gap)}
+        if ls.tis_cap is not None:
+            m.update(tis_weight_mean=w_tok * aux["tis_weight_mean"],
+                     tis_trunc_frac=w_tok * aux["tis_trunc_frac"])
         total = w_agg * pl
         if vs is not None:
             if shared:
                 v = critic_lib.head_values(critic_params["value_head"], h)
             else:
-                v = critic_lib.values(cast(critic_params), ccfg, tokens)
+                v = critic_lib.values(cast(critic_params), ccfg, tokens, remat=remat, mesh=mesh)
             vl, vaux = losses.value_loss(v, mb["old_values"], mb["returns"], mask,
                                          clip_eps=vs.clip_eps, agg_mode=vs.agg_mode,
                                          norm_len=ls.norm_len)
@@ -403,7 +502,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                 (_, m), (g, cg) = grad_fn(params, cparams, ref_params, mb, denoms)
                 add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
                 g_acc = constrain(add(g_acc, g), st_sh.params if mesh is not None else None)
-                return (g_acc, add(cg_acc, cg), add(m_acc, m)), None
+                m_acc = {k: jnp.maximum(m_acc[k], v) if k.endswith("_max") else m_acc[k] + v
+                         for k, v in m.items()}
+                return (g_acc, add(cg_acc, cg), m_acc), None
 
             m0 = jax.eval_shape(lambda: grad_fn(params, cparams, ref_params,
                                                 jax.tree.map(lambda x: x[0], mbs), denoms)[0][1])
@@ -428,11 +529,10 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 
-    compiler_options = xla_options.compiler_options(compiler_options)
     if mesh is None:
-        return jax.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
-    return jax.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),
-                   donate_argnums=(0,), compiler_options=compiler_options)
+        return xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
+    return xla_options.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),
+                           donate_argnums=(0,), compiler_options=compiler_options)
 
 
 def make_ppo_train_step(cfg: Qwen3Config, optimizer, loss_settings: LossSettings,

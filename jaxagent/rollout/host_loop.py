@@ -69,7 +69,7 @@ from jaxagent.models.tokenizer import TOOL_RESPONSE, TOOL_RESPONSE_END, Tokenize
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig
 from jaxagent.sampling import append, bucket, decode
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 DEFAULT_BUDGET_TEMPLATE = "Turn {turn} of {budget}. {remaining} turns left."
 
@@ -116,16 +116,15 @@ class HostRollout(NamedTuple):
     trace: HostTrace            # texts, infos, errors and final states, on the host
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache", "logits_BxV"),
-                   compiler_options=COMPILER_OPTIONS)
+@functools.partial(xla_options.jit, static_argnames=("cfg",), donate_argnames=("cache", "logits_BxV"))
 def _append_jit(params, cache, tokens_BxW, n_valid_B, logits_BxV, *, cfg):
     """Appends each row's first n_valid tokens; rows with n_valid 0 keep their previous logits."""
     new_BxV, cache = append(params, cfg, cache, tokens_BxW, n_valid_B)
     return jnp.where((n_valid_B > 0)[:, None], new_BxV, logits_BxV), cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "sampler", "stop_ids", "pad_id"),
-                   donate_argnames=("cache",), compiler_options=COMPILER_OPTIONS)
+@functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "sampler", "stop_ids", "pad_id"),
+                   donate_argnames=("cache",))
 def _decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, sampler, stop_ids, pad_id):
     return decode(params, cfg, cache, logits_BxV, key, max_steps, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id, active_B=active_B)
@@ -284,6 +283,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
             return state, obs, sys_ids, observation_turn(tokenizer, obs, "user", btext) + list(
                 pieces.generation_prompt)
         except Exception as err:  # noqa: BLE001 -- an env failure ends only its own episode
+            if getattr(err, "infrastructure_error", False):
+                raise  # the sandbox failed, not the model: never score it as the model's 0
             return err
 
     def step(b, t, text, closed):
@@ -306,6 +307,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
                          + list(pieces.generation_prompt))
             return state, obs, info, nums, chunk
         except Exception as err:  # noqa: BLE001
+            if getattr(err, "infrastructure_error", False):
+                raise
             return err
 
     pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None

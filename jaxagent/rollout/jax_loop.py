@@ -31,7 +31,7 @@ from jaxagent.rollout import types
 from jaxagent.rollout.layout import ChatLayout
 from jaxagent.sampling import Sampler, append, decode
 from jaxagent.sampling.generate import bucket
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 # process_reward_fn(env, state_before, action_index, remaining_turns, env_params) -> f32 scalar
 ProcessRewardFn = Callable[[Any, Any, jax.Array, jax.Array, Any], jax.Array]
@@ -117,6 +117,15 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     forced = np.full((b.shape[0], rcfg.t_max), -1, np.int32) if forced_actions is None else np.asarray(forced_actions)
     if forced.shape != (b.shape[0], rcfg.t_max):
         raise ValueError(f"forced_actions must have shape {(b.shape[0], rcfg.t_max)}, got {forced.shape}")
+    if forced_actions is not None:
+        n_act = env.codec.action_tokens_AxPa.shape[0]
+        if not np.issubdtype(forced.dtype, np.integer):
+            raise ValueError(f"forced_actions must be integers (-1 or an action index), got dtype {forced.dtype}")
+        bad = (forced != -1) & ((forced < 0) | (forced >= n_act))
+        if bad.any():
+            ep, turn = (int(i[0]) for i in np.nonzero(bad))
+            raise ValueError(f"forced_actions must be -1 (not forced) or an action index in [0, {n_act}); got "
+                             f"{int(forced[ep, turn])} at episode {ep}, turn {turn} ({int(bad.sum())} such entries)")
     if rcfg.max_action_tokens < env.codec.action_tokens_AxPa.shape[1] + 1:
         raise ValueError(f"max_action_tokens={rcfg.max_action_tokens} is shorter than a canonical action "
                          f"({env.codec.action_tokens_AxPa.shape[1]} tokens + stop)")
@@ -156,7 +165,7 @@ def _system_cache(params, cfg, layout: ChatLayout, n_ep: int, s: int, dtype):
             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"), compiler_options=COMPILER_OPTIONS)
+@functools.partial(xla_options.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
 def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_BxN, *, cfg, env, layout, fmt,
                 rcfg) -> types.Rollout:
     n_ep = budgets_B.shape[0]

@@ -19,10 +19,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxagent import sharding as shd
-from jaxagent.models import qwen3
+from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 
 class Generation(NamedTuple):
@@ -41,33 +41,33 @@ def bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, packed=None):
+def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, packed=None, mesh=None):
     """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
 
     Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
-    their own last logits for such rows). `kv_window`, `packed`: see `qwen3.forward`.
+    their own last logits for such rows). `kv_window`, `packed`, `mesh`: see `qwen3.forward`.
     """
     last = jnp.maximum(n_valid_B - 1, 0)
     logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last,
-                                  kv_window=kv_window, packed=packed)
+                                  kv_window=kv_window, packed=packed, mesh=mesh)
     return logits[:, 0], cache
 
 
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
            sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
-           kv_window: int | None = None, packed=None) -> Generation:
+           kv_window: int | None = None, packed=None, mesh=None) -> Generation:
     """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
 
     Every generated token, the stop token included, is written to the cache, so the next turn can
     append directly after it. Rows with active_B False generate nothing. `kv_window`: see
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
-    `packed`: `qwen3.packed_weights(params, cfg)` when the caller has them (packed here otherwise).
+    `packed`: `qwen3.packed_weights(params, cfg)` when the caller has them (prepared here otherwise,
+    once per call, outside the token loop: the kernels' panels, else a tied head's [D, V] copy for
+    XLA:CPU, see `ops.head_copy`; programs for other platforms drop them). `mesh`: see `qwen3.forward`.
     """
     b = logits_BxV.shape[0]
     if packed is None:
-        packed = qwen3.packed_weights(params, cfg)  # None unless the CPU kernels apply; once per call
-    if packed is None and jax.default_backend() == "cpu":  # XLA:CPU's dot with the transposed embedding is
-        params, cfg = qwen3.untied(params, cfg)  # 2x slower (see untied): one [D, V] copy, outside the token loop
+        packed = qwen3.packed_weights(params, cfg) or ops.head_copy(params, cfg)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -111,7 +111,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
         hit_stop = live & jnp.isin(tok, stop)
         done = c.done | hit_stop | (lengths >= max_new_B)
         logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
-                               packed=packed)
+                               packed=packed, mesh=mesh)
         logits = jnp.where(live[:, None], logits, c.logits)
         return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
 
@@ -135,18 +135,19 @@ def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
     return jax.lax.with_sharding_constraint(cache, shardings)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
-                                             "mesh", "rules"), compiler_options=COMPILER_OPTIONS)
+@functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
+                                             "mesh", "rules"))
 def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
               pad_id, mesh=None, rules=None):
     rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
     cache = _constrain_cache(cache, cfg, mesh, rules)
-    logits, cache = append(params, cfg, cache, tokens, n, kv_window=tokens.shape[1])  # prompt: empty cache
+    act_mesh = mesh if rules is None else None  # activation constraints follow sharding.RULES
+    logits, cache = append(params, cfg, cache, tokens, n, kv_window=tokens.shape[1], mesh=act_mesh)  # empty cache
     cache = _constrain_cache(cache, cfg, mesh, rules)
     return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
-                  stop_ids=stop_ids, pad_id=pad_id)
+                  stop_ids=stop_ids, pad_id=pad_id, mesh=act_mesh)
 
 
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
@@ -161,8 +162,15 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
 
     `mesh` (optional, with `rules`, default `sharding.RULES`): for params sharded on that mesh
     (e.g. `qwen3.load(path, mesh=mesh)`); the batch is split over the rules' batch axes and the
-    KV cache is pinned to its rule-table sharding instead of whatever the compiler propagates.
+    KV cache is pinned to its rule-table sharding instead of whatever the compiler propagates (with
+    the default rules, the model's activations too: `qwen3.forward(mesh=)`).
+
+    Inside a user's `jax.jit` / `eval_shape` / `vmap` (traced prompt, mask or token limits) only the
+    shape checks run (the value checks need concrete inputs) and `max_steps` must be given.
     """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((prompt_BxL, prompt_mask_BxL, max_new_tokens))):
+        return _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler,
+                                stop_ids, pad_id, cache_len, mesh, rules)
     prompt = np.asarray(prompt_BxL)
     if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be [B, L] with B, L >= 1, got shape {prompt.shape}")
@@ -205,3 +213,29 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     return _generate(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
                      sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
                      rules=None if rules is None else tuple(sorted(rules.items())))
+
+
+def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler, stop_ids,
+                     pad_id, cache_len, mesh, rules) -> Generation:
+    """`generate` for traced inputs: the same program, with the checks that need only shapes."""
+    shape = np.shape(prompt_BxL)
+    if len(shape) != 2 or 0 in shape:
+        raise ValueError(f"prompt must be [B, L] with B, L >= 1, got shape {shape}")
+    if prompt_mask_BxL is not None and np.shape(prompt_mask_BxL) != shape:
+        raise ValueError(f"prompt_mask shape {np.shape(prompt_mask_BxL)} != prompt shape {shape}")
+    if np.ndim(max_new_tokens) > 1 or (np.ndim(max_new_tokens) == 1 and np.shape(max_new_tokens)[0] != shape[0]):
+        raise ValueError(f"max_new_tokens must be an int or a [B={shape[0]}] array, got shape "
+                         f"{np.shape(max_new_tokens)}")
+    if max_steps is None or int(max_steps) < 1:
+        raise ValueError(f"generate under a jax transformation needs an explicit max_steps >= 1, got {max_steps}")
+    max_steps, width = int(max_steps), bucket(shape[1])
+    cache_len = cache_len or width + max_steps
+    if cache_len < width + max_steps:
+        raise ValueError(f"cache_len {cache_len} < prompt bucket {width} + max_steps {max_steps}")
+    mask = jnp.ones(shape, bool) if prompt_mask_BxL is None else jnp.asarray(prompt_mask_BxL, bool)
+    pad = ((0, 0), (0, width - shape[1]))
+    prompt = jnp.pad(jnp.asarray(prompt_BxL, jnp.int32), pad, constant_values=pad_id)
+    max_new = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (shape[0],)), 0, max_steps)
+    return _generate(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
+                     cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
+                     mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))

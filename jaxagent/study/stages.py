@@ -33,7 +33,7 @@ from jaxagent.rl.train_step import (LossSettings, ValueSettings, init_train_stat
                                     state_shardings)
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.study.toy import ToyWorld, expert_rollouts
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent import xla_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +44,14 @@ class TaskSettings:
     frozen_prob: float = 0.8
     random_start: bool = True
     success_rate: float = 1.0        # 1.0 deterministic; 1/3 gymnasium's slippery ice
+    format_penalty: float = 0.0      # reward -format_penalty for an invalid reply (the turn is spent, no move)
     t_max: int = 8
     max_action_tokens: int = 4
     max_context: int = 384
 
     def env_params(self) -> FrozenLakeParams:
-        return FrozenLakeParams(success_rate=self.success_rate, frozen_prob=self.frozen_prob, horizon=self.t_max)
+        return FrozenLakeParams(success_rate=self.success_rate, frozen_prob=self.frozen_prob,
+                                format_penalty=self.format_penalty, horizon=self.t_max)
 
     def sample(self, key, n):
         return sample_tasks(key, n, self.size, self.frozen_prob, random_start=self.random_start)
@@ -132,6 +134,7 @@ class ArmSettings:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     critic_lr: float = 1e-3
 
 
@@ -177,10 +180,13 @@ def _compute_dtype(dtype):
 
 
 def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings, *,
-                     mesh: Optional[Mesh] = None, compute_dtype=None) -> ArmRuntime:
+                     mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
+                     remat: Optional[str] = None, tis_cap: Optional[float] = None) -> ArmRuntime:
     """The rollout, train step and optimizers of an arm. `mesh`: run sharded on it (module doc);
     `compute_dtype` (e.g. 'bfloat16'): the dtype of the policy's forward passes in the train step and
-    in the training rollouts (the master params and Adam moments stay float32)."""
+    in the training rollouts (the master params and Adam moments stay float32). `micro_batches`,
+    `remat`: the train step's gradient accumulation and per-layer checkpointing (memory only; same
+    update); `tis_cap`: truncated importance sampling on the sampler's log-probs (`LossSettings`)."""
     from jaxagent.sampling import Sampler
 
     env_params = ts.env_params()
@@ -192,9 +198,10 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
     with_ref = arm.kl_coef > 0
     step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                  kl_coef=arm.kl_coef),
-                           mesh=mesh, with_ref_params=with_ref, value_settings=vs, critic_optimizer=copt,
-                           compute_dtype=cdt)
+                                                  kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef,
+                                                  tis_cap=tis_cap),
+                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
+                           critic_optimizer=copt, compute_dtype=cdt, remat=remat)
 
     st_sh = None
     if mesh is not None:
@@ -224,8 +231,7 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
 
     values_fn = None
     if ppo:  # the critic's old values in the compute dtype too, as the train step computes the new ones
-        values_fn = jax.jit(lambda cp, toks: critic_lib.values(cp if cdt is None else cast(cp), cfg, toks),
-                            compiler_options=COMPILER_OPTIONS)
+        values_fn = xla_options.jit(lambda cp, toks: critic_lib.values(cp if cdt is None else cast(cp), cfg, toks))
     return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs, mesh, st_sh, with_ref)
 
 

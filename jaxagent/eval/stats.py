@@ -1,0 +1,254 @@
+"""Seed-aware statistics of the study: cluster bootstrap, t-intervals over seeds, MDE, TOST, verdict rules.
+
+Dimension legend (this module): S seeds (clusters), U units within one seed (tasks, states, actions, pairs),
+R bootstrap replicates.
+
+The study's unit of replication is the RL seed: states, tasks and actions measured on one trained policy are
+correlated through that policy, so they are never pooled across seeds as if independent. Every estimator takes
+`units_per_seed`, a sequence with one entry per seed; an entry is a 1-D array of unit values [U_s], or a tuple
+of 1-D arrays that are resampled independently within the seed (e.g. (NLL of RL actions, NLL of base actions)).
+A statistic maps a list of such entries to one number; the default is the mean over seeds of each seed's mean,
+so every seed weighs the same whatever its number of units.
+
+Interval methods (`seed_estimate`):
+- S >= min_boot_seeds (5): two-stage cluster bootstrap (Davison & Hinkley 1997, "Bootstrap Methods and their
+  Application", sec. 3.8, "strategy 1": resample clusters with replacement, then units with replacement within
+  each chosen cluster); percentile interval, SE = standard deviation of the R replicates.
+- 2 <= S < 5: a bootstrap over 3 or 4 clusters has too few distinct resamples, so the seed-level statistics
+  v_s = stat([units_s]) are treated as S iid draws: mean v-bar, SE = sd(v) / sqrt(S), Student-t interval with
+  S - 1 degrees of freedom (the seed means carry the within-seed noise, so nothing is counted twice).
+- S < 2: "n/a" with the reason (between-seed variance is not estimable from one seed).
+
+Minimum detectable effect (`mde`; Bloom 1995, "Minimum detectable effects", Evaluation Review 19(5), eq. 1):
+MDE = (q_{1 - alpha/2} + q_{power}) * SE, q the standard normal quantile for the bootstrap (2.80 SE at
+alpha 0.05 and 80% power) and the Student-t quantile with S - 1 df for the t-interval: the true effect a
+two-sided test at level alpha detects with probability `power` at this sample size.
+
+Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6), two one-sided tests): a difference is
+equivalent to zero within margin m at level alpha iff the (1 - 2 alpha) interval lies inside (-m, m).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy import stats as _sps
+
+REPRODUCED, NOT_REPRODUCED, UNDERPOWERED, INCONCLUSIVE = "reproduced", "not reproduced", "underpowered", "inconclusive"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, UNDERPOWERED, INCONCLUSIVE)
+BOOTSTRAP, T_SEEDS, NOT_AVAILABLE = "cluster bootstrap", "t over seeds", "n/a"
+MIN_BOOT_SEEDS = 5
+VERDICT_RULE = (
+    "d = the measured difference signed so that the paper's direction is positive, CI its 95% interval, "
+    "MDE = (q(0.975) + q(0.8)) x SE its minimum detectable effect (80% power, two-sided 5%), E the reference "
+    "effect of the finding. Directional findings: **reproduced** if the CI lies above 0; **not reproduced** if "
+    "it lies below 0, or if it contains 0 while MDE <= E and its upper end is below E (the study had the power "
+    "to see E and E is excluded); **underpowered** if it contains 0 and MDE > E; **inconclusive** otherwise "
+    "(the CI holds both 0 and E) or without an interval. Parity findings (the paper reports no difference): "
+    "**reproduced** if the two one-sided tests at 5% show equivalence within the stated margin m (the 90% CI "
+    "inside (-m, m)); **not reproduced** if the 95% CI excludes 0; **underpowered** if neither and MDE > m; "
+    "**inconclusive** otherwise.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A seed-aware estimate: point value, (1 - alpha) interval [lo, hi], (1 - 2 alpha) interval [lo90, hi90]
+    (for TOST), standard error, minimum detectable effect, degrees of freedom (inf for the bootstrap), the number
+    of seeds and units used, the method (BOOTSTRAP, T_SEEDS, NOT_AVAILABLE) and a reason when not available."""
+
+    mean: float
+    lo: float
+    hi: float
+    lo90: float
+    hi90: float
+    se: float
+    mde: float
+    df: float
+    n_seeds: int
+    n_units: int
+    method: str
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.method != NOT_AVAILABLE and math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    def as_dict(self) -> dict:
+        """Numbers (NaN where undefined) plus the method / reason strings, keyed by field name."""
+        return dataclasses.asdict(self)
+
+
+def _not_available(reason: str, n_seeds: int = 0, n_units: int = 0, mean: float = math.nan) -> Estimate:
+    nan = math.nan
+    return Estimate(mean, nan, nan, nan, nan, nan, nan, nan, n_seeds, n_units, NOT_AVAILABLE, reason)
+
+
+def _quantile(p: float, df: float) -> float:
+    return float(_sps.norm.ppf(p)) if not math.isfinite(df) else float(_sps.t.ppf(p, df))
+
+
+def mde(se: float, df: float = math.inf, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable effect (q_{1-alpha/2} + q_power) * se (module docstring; Bloom 1995, eq. 1)."""
+    _check_level(alpha, "alpha")
+    _check_level(power, "power")
+    if not (se >= 0):
+        return math.nan
+    return (_quantile(1 - alpha / 2, df) + _quantile(power, df)) * float(se)
+
+
+def _check_level(x: float, name: str) -> None:
+    if not (0.0 < float(x) < 1.0):
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {x}")
+
+
+# ----------------------------------------------------------------------------- units and statistics
+def _as_entry(entry):
+    if isinstance(entry, tuple):
+        return tuple(np.asarray(a, np.float64).reshape(-1) for a in entry)
+    return np.asarray(entry, np.float64).reshape(-1)
+
+
+def _entry_size(entry) -> int:
+    return min(a.size for a in entry) if isinstance(entry, tuple) else entry.size
+
+
+def _entry_units(entry) -> int:
+    return sum(a.size for a in entry) if isinstance(entry, tuple) else entry.size
+
+
+def mean_of_seed_means(entries) -> float:
+    """(1/S) sum_s mean(units_s): every seed weighs the same."""
+    return float(np.mean([np.mean(e) for e in entries]))
+
+
+def mean_difference(entries) -> float:
+    """(1/S) sum_s [mean(a_s) - mean(b_s)] for entries (a_s, b_s) of two unit samples per seed
+    (e.g. per-action NLL of RL actions and of base actions under base, PAPER.md finding 5)."""
+    return float(np.mean([np.mean(a) - np.mean(b) for a, b in entries]))
+
+
+def _resample(entry, rng):
+    if isinstance(entry, tuple):
+        return tuple(a[rng.integers(0, a.size, a.size)] for a in entry)
+    return entry[rng.integers(0, entry.size, entry.size)]
+
+
+# ----------------------------------------------------------------------------- interval estimators
+def t_interval(values_S, *, alpha: float = 0.05, power: float = 0.8, n_units: int | None = None) -> Estimate:
+    """Student-t interval over seed-level values v_s (one number per seed; NaNs dropped):
+    mean = v-bar, SE = sd(v, ddof=1) / sqrt(S), CI = mean -/+ t_{1-alpha/2, S-1} SE, MDE with t quantiles.
+    Fewer than 2 finite values give "n/a" with the reason."""
+    _check_level(alpha, "alpha")
+    v = np.asarray(values_S, np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    s = int(v.size)
+    units = s if n_units is None else int(n_units)
+    if s < 2:
+        return _not_available(f"{s} seed(s) with a value: between-seed variance needs >= 2", s, units,
+                              float(v.mean()) if s else math.nan)
+    df = float(s - 1)
+    se = float(v.std(ddof=1) / math.sqrt(s))
+    mean = float(v.mean())
+    h95, h90 = _quantile(1 - alpha / 2, df) * se, _quantile(1 - alpha, df) * se
+    return Estimate(mean, mean - h95, mean + h95, mean - h90, mean + h90, se, mde(se, df, alpha, power), df, s,
+                    units, T_SEEDS)
+
+
+def cluster_bootstrap(units_per_seed: Sequence, stat: Callable = mean_of_seed_means, *, n_boot: int = 1000,
+                      alpha: float = 0.05, power: float = 0.8, rng_seed: int = 0) -> Estimate:
+    """Two-stage cluster bootstrap (module docstring; Davison & Hinkley 1997, sec. 3.8): each replicate draws S
+    seeds with replacement, then each drawn seed's units with replacement (tuple entries: each array
+    independently), and evaluates `stat`. Point value = stat of the data; percentile (1 - alpha) and
+    (1 - 2 alpha) intervals; SE = sd of the replicates; replicates where stat is NaN are dropped."""
+    _check_level(alpha, "alpha")
+    if int(n_boot) < 2:
+        raise ValueError(f"n_boot must be >= 2, got {n_boot}")
+    entries = [_as_entry(e) for e in units_per_seed]
+    if not entries or any(_entry_size(e) == 0 for e in entries):
+        raise ValueError("cluster_bootstrap needs at least one seed and at least one unit in every seed")
+    rng = np.random.default_rng(rng_seed)
+    s = len(entries)
+    reps = np.empty(int(n_boot))
+    for r in range(int(n_boot)):
+        pick = rng.integers(0, s, s)
+        reps[r] = stat([_resample(entries[i], rng) for i in pick])
+    reps = reps[np.isfinite(reps)]
+    n_units = sum(_entry_units(e) for e in entries)
+    point = float(stat(entries))
+    if reps.size < 2 or not math.isfinite(point):
+        return _not_available("the statistic is undefined on the data or on most resamples", s, n_units, point)
+    lo, hi, lo90, hi90 = np.quantile(reps, [alpha / 2, 1 - alpha / 2, alpha, 1 - alpha])
+    se = float(reps.std(ddof=1))
+    return Estimate(point, float(lo), float(hi), float(lo90), float(hi90), se, mde(se, math.inf, alpha, power),
+                    math.inf, s, n_units, BOOTSTRAP)
+
+
+def seed_estimate(units_per_seed: Sequence, stat: Callable = mean_of_seed_means, *, n_boot: int = 1000,
+                  alpha: float = 0.05, power: float = 0.8, min_boot_seeds: int = MIN_BOOT_SEEDS,
+                  rng_seed: int = 0) -> Estimate:
+    """The study's estimator of a quantity measured on units nested in seeds (module docstring): seeds without
+    units are dropped; >= min_boot_seeds seeds: `cluster_bootstrap`; 2..min_boot_seeds-1: `t_interval` over the
+    per-seed statistics stat([units_s]); fewer: "n/a" with the reason."""
+    entries = [_as_entry(e) for e in units_per_seed]
+    entries = [e for e in entries if _entry_size(e) > 0]
+    s = len(entries)
+    n_units = sum(_entry_units(e) for e in entries)
+    if s >= int(min_boot_seeds):
+        return cluster_bootstrap(entries, stat, n_boot=n_boot, alpha=alpha, power=power, rng_seed=rng_seed)
+    per_seed = np.asarray([stat([e]) for e in entries], np.float64)
+    est = t_interval(per_seed, alpha=alpha, power=power, n_units=n_units)
+    if est.method == NOT_AVAILABLE and s == 1:
+        return dataclasses.replace(est, reason="one seed with data: between-seed variance is not estimable")
+    if est.method == NOT_AVAILABLE and s == 0:
+        return dataclasses.replace(est, reason="no seed with data")
+    return est
+
+
+# ----------------------------------------------------------------------------- equivalence and verdicts
+def tost(est: Estimate, margin: float) -> bool:
+    """Two one-sided tests at level alpha (Schuirmann 1987): equivalent iff -margin < lo90 and hi90 < margin,
+    the (1 - 2 alpha) interval inside (-margin, margin). No interval: False."""
+    if not (margin > 0):
+        raise ValueError(f"the equivalence margin must be positive, got {margin}")
+    return est.available and math.isfinite(est.lo90) and -margin < est.lo90 and est.hi90 < margin
+
+
+def decide(est: Estimate | None, direction: int, effect: float | None = None,
+           margin: float | None = None) -> tuple[str, str]:
+    """Verdict and its reason (in words; the caller prints the numbers) from `VERDICT_RULE`. direction +1 / -1: the sign of the paper's difference;
+    0: the paper reports parity (needs margin > 0). effect: the reference effect size E > 0 (magnitude, in
+    the difference's units; None: no power rule, a CI containing 0 is inconclusive)."""
+    if direction not in (-1, 0, 1):
+        raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
+    if direction == 0 and (margin is None or not margin > 0):
+        raise ValueError(f"a parity finding needs an equivalence margin > 0, got {margin}")
+    if est is None or not est.available:
+        why = "no estimate" if est is None else (est.reason or "not available")
+        return INCONCLUSIVE, f"no interval ({why})"
+    if direction == 0:
+        if tost(est, margin):
+            return REPRODUCED, "equivalent within the margin (TOST: 90% CI inside it)"
+        if est.lo > 0 or est.hi < 0:
+            return NOT_REPRODUCED, "the 95% CI excludes 0"
+        if not math.isfinite(est.mde):
+            return INCONCLUSIVE, "neither equivalent nor different, and the MDE is unknown"
+        if est.mde > margin:
+            return UNDERPOWERED, "neither equivalent nor different, MDE > margin"
+        return INCONCLUSIVE, "neither equivalent nor different"
+    d_lo, d_hi = sorted((direction * est.lo, direction * est.hi))
+    if d_lo > 0:
+        return REPRODUCED, "the 95% CI excludes 0 on the paper's side"
+    if d_hi < 0:
+        return NOT_REPRODUCED, "the 95% CI excludes 0 on the opposite side"
+    if effect is None or not math.isfinite(effect) or effect == 0:
+        return INCONCLUSIVE, "the 95% CI contains 0 and there is no reference effect"
+    e = abs(float(effect))
+    if not math.isfinite(est.mde):
+        return INCONCLUSIVE, "the 95% CI contains 0 and its MDE is unknown"
+    if est.mde > e:
+        return UNDERPOWERED, "the 95% CI contains 0 and MDE > E"
+    if d_hi < e:
+        return NOT_REPRODUCED, "the 95% CI contains 0, MDE <= E and the CI excludes E"
+    return INCONCLUSIVE, "the 95% CI contains both 0 and E"
