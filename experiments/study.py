@@ -500,8 +500,10 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
 
 def make_runtime(run: Run, settings: stages.ArmSettings) -> stages.ArmRuntime:
     """The arm's compiled pieces on the run's mesh, with the preset's compute dtype."""
-    return stages.make_arm_runtime(run.world, run.cfg, run.preset.task, settings, mesh=run.mesh,
-                                   compute_dtype=run.compute_dtype)
+    p = run.preset
+    return stages.make_arm_runtime(run.world, run.cfg, p.task, settings, mesh=run.mesh,
+                                   compute_dtype=run.compute_dtype, micro_batches=p.micro_batches, remat=p.remat,
+                                   tis_cap=p.tis_cap)
 
 
 def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):

@@ -700,7 +700,7 @@ def format_tool_call(name: str, arguments: Mapping) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Error-prefix evaluation (PAPER.md finding 4, BFCL case study): bookkeeping only
+# Error-prefix evaluation (docs/study.md finding 4, BFCL case study): bookkeeping only
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ErrorPrefix:
@@ -777,7 +777,7 @@ def is_correction(info: Mapping) -> bool:
 def correction_rate(env: HostEnv, prefixes: Sequence[ErrorPrefix], continuations: Mapping[str, Sequence[str]],
                     *, corrected: Callable[[Mapping], bool] = is_correction) -> dict[str, dict]:
     """Correction rate of each policy: continue every prefix with that policy's one action and count
-    corrections (PAPER.md finding 4: 191 BFCL prefixes, one action from each model, 41.4% vs 27.2%).
+    corrections (docs/study.md finding 4: 191 BFCL prefixes, one action from each model, 41.4% vs 27.2%).
 
     `continuations[policy][i]` is the policy's action for `prefixes[i]`. Returns, per policy:
     rate, n, n_corrected, corrected (per-prefix flags) and by_source (rate per prefix source policy).

@@ -1,6 +1,6 @@
 """Interaction budgets: evaluation tiers, BudgetMix sampling, validation and the announced budget text.
 
-Definitions (PAPER.md, "jaxagent's definitions" and finding 8, BudgetMix RL):
+Definitions (docs/study.md, "jaxagent's definitions" and finding 8, BudgetMix RL):
     tier(f)          = max(1, ceil(f * T_max)),  f in {0.25, 0.5, 0.75, 1.0}
     BudgetMix        : candidates tier(f) for f in {0.1, 0.2, ..., 1.0}, one drawn uniformly per task,
                        shared by all G rollouts of that task's group.

@@ -12,7 +12,7 @@ int, tuples as lists, sets as sorted lists).
 Observation: "All N tests passed." or the number passed plus the first failing test (its call, the
 expected value, and what came back: the wrong value, the exception, a timeout, or the load error).
 Reward: 1 when every test passes (the episode then ends), else 0.
-step_quality(state, action) = the action's unit-test pass rate (PAPER.md finding 3: step quality on
+step_quality(state, action) = the action's unit-test pass rate (docs/study.md finding 3: step quality on
 DeepCoder-MT is the unit-test pass rate); it does not advance the state.
 valid=False means no code block was found; code that fails, crashes or times out is a valid action
 with `error` set (`tool_error` when it crashed, raised or timed out rather than returning wrong

@@ -100,7 +100,7 @@ def generate_map(key: jax.Array, size: int, frozen_prob, max_tries: int = 1000,
 @functools.partial(jax.jit, static_argnames=("n", "size", "random_start"))
 def sample_tasks(key: jax.Array, n: int, size: int = 4, frozen_prob=0.8, random_start: bool = False) -> jax.Array:
     """int8[n, size, size] solvable maps, one per split key (vmapped ``generate_map``); jitted, since the
-    redraw loop run op by op compiles every primitive (measured: 2.4 s per call in the study)."""
+    redraw loop run op by op would compile every primitive on each call."""
     return jax.vmap(lambda k: generate_map(k, size, frozen_prob, random_start=random_start))(jax.random.split(key, n))
 
 
@@ -243,7 +243,7 @@ class FrozenLake:
 
     def process_reward(self, state: FrozenLakeState, action_index, remaining_horizon,
                        env_params: FrozenLakeParams) -> jax.Array:
-        """Oracle process reward r = Q*_h(s, a) - V*_h(s) <= 0 (PAPER.md, definition of the oracle
+        """Oracle process reward r = Q*_h(s, a) - V*_h(s) <= 0 (docs/study.md, definition of the oracle
         process reward; finding 7), h = remaining_horizon (None: horizon - t). An invalid action is
         valued as staying put: Q = gamma V*_{h-1}(s) (its format penalty is in the env reward)."""
         a = jnp.asarray(action_index, jnp.int32)

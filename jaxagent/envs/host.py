@@ -9,7 +9,7 @@ Interface. A host env is a Python object with `jittable = False` and
                                           are deterministic: they ignore the seed)
   step(state, action_text) -> (state, obs, reward, done, info)
   upper_bound_turns(task) -> int          turns of the reference solution: the structural upper bound
-                                          (PAPER.md, "Structural upper bound": T >= this is solvable)
+                                          (docs/study.md, "Structural upper bound": T >= this is solvable)
   step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
   anchor(state) -> int                    GiGPO anchor of a state (below)
   clone(state) -> state                   an independent copy, to branch (error states, matched states)

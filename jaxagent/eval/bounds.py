@@ -2,7 +2,7 @@
 
 Dimension legend (this module): N tasks, T budget tiers, K values of k.
 
-PAPER.md, "jaxagent's definitions", Structural upper bound: FrozenLake takes p*[task, T], the optimal
+docs/study.md, "jaxagent's definitions", Structural upper bound: FrozenLake takes p*[task, T], the optimal
 probability of reaching the goal within T steps from its exact DP solver (deterministic maps: 0/1 from
 shortest path <= T); other tasks take 1 if a reference solution needs <= T turns.
 """
@@ -33,7 +33,7 @@ def pass_at_k_bound_per_task(p_star_NxT, ks_K) -> jax.Array:
     """Per-task Pass@(K,T) upper bound [T, K, N] = 1 - (1 - p*[task, T])^K.
 
     K independent trajectories of the best policy each succeed with probability p*; no policy does
-    better (PAPER.md, "jaxagent's definitions", Structural upper bound).
+    better (docs/study.md, "jaxagent's definitions", Structural upper bound).
     """
     _checks.require_ndim(p_star_NxT, 2, "p_star_NxT")
     _checks.require_ndim(ks_K, 1, "ks_K")

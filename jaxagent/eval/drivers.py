@@ -22,7 +22,7 @@ token), with the sampler's temperature (`sampling.policy_logprobs`). The remaini
 nothing valid must not look good on step quality). jaxagent's choice: a non-canonical reply that still
 parses (extra text around the answer) counts in that remaining mass.
 
-Step quality (PAPER.md, "jaxagent's definitions"): q(s, a) = Q*_h(s, a), h = the remaining budget. Each
+Step quality (docs/study.md, "jaxagent's definitions"): q(s, a) = Q*_h(s, a), h = the remaining budget. Each
 state is scored exactly, mean q = sum_o pi(o) q(o), and by G actions drawn from pi (the paper's protocol);
 the G draws of the two policies use common random numbers (inverse-CDF on shared uniforms), so equal
 policies tie on every state.
@@ -150,14 +150,14 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
             batch_size: Optional[int] = None, n_boot: int = 1000) -> dict:
     """Pass@(K,T) of one policy on `tasks` (N maps), n_samples episodes per task and budget tier.
 
-    Estimator (PAPER.md, "jaxagent's definitions", Pass@(K,T); Chen et al. 2021 eq. 1):
+    Estimator (docs/study.md, "jaxagent's definitions", Pass@(K,T); Chen et al. 2021 eq. 1):
     pass[t, k, task] = 1 - C(n - c, k) / C(n, k), c successes among the n = n_samples episodes of the
     task at tier t; grid[t, k] = mean over tasks. Modes:
       announced: separate rollouts per tier T, the budget T written into every prompt;
-      truncated: one T_max run per sample with the budget hidden (PAPER.md), success at tier T iff the
+      truncated: one T_max run per sample with the budget hidden (docs/study.md), success at tier T iff the
                  episode succeeded with turns_used <= T; costs per tier as if stopped after T turns;
       hidden:    like announced (separate rollouts, budget T enforced) but the budget text hidden
-                 (`hide_budget=True`; PAPER.md finding 9's open question).
+                 (`hide_budget=True`; docs/study.md finding 9's open question).
     Every tier's rollouts (and the truncated run) use the same key and row layout (row = task * S +
     sample), so 'hidden' equals 'truncated' episode by episode: the announced mode of a policy that
     cannot see the budget text.
@@ -220,7 +220,7 @@ def _slippery_p_star(maps_NxLxL, success_rate, *, horizon):
 
 
 def upper_bound(world, tasks, *, tiers: Sequence[int], ks: Sequence[int], env_params) -> dict:
-    """Exact structural Pass@(K,T) bound of FrozenLake tasks (PAPER.md, "jaxagent's definitions").
+    """Exact structural Pass@(K,T) bound of FrozenLake tasks (docs/study.md, "jaxagent's definitions").
 
     p*[task, T] = the best success probability of any policy within T turns: deterministic lake
     (success_rate 1): 1[shortest path <= T] (BFS); slippery: max-probability DP `success_prob_within` from
@@ -435,7 +435,7 @@ def step_quality_matched(world, cfg: Qwen3Config, params_base, params_rl, tasks,
                          env_params, rcfg: RolloutConfig, n_sampled: int = 16, n_bins: int = 4, budgets=None,
                          hide_budget=False, rollouts=None, batch_size: Optional[int] = None, score_batch: int = 16,
                          tol: float = 0.0) -> dict:
-    """Step quality on matched states (PAPER.md finding 3 and "jaxagent's definitions").
+    """Step quality on matched states (docs/study.md finding 3 and "jaxagent's definitions").
 
     Both policies roll out on `tasks` (budgets default T_max; or pass `rollouts=(base, rl)`). Equal numbers
     n = min(n_states, #base states, #RL states) of visited non-terminal states (active turns, pre-step) are
@@ -484,7 +484,7 @@ def _error_actions_jit(states, h_S, env_params, *, env, tol):
 
 
 def error_actions(world, states, h_S, env_params, *, tol: float = 0.0):
-    """The injected error action at each state (PAPER.md, "jaxagent's definitions", Error state): among the
+    """The injected error action at each state (docs/study.md, "jaxagent's definitions", Error state): among the
     non-terminating actions (no probability of entering a hole or the goal), the one with the lowest
     Q*_h(s, a) below max_a Q*_h(s, a) - tol (`step_quality.choose_error_action`), -1 if none.
     Returns (action int32[S], q int32[S, A], non_terminating bool[S, A])."""
@@ -536,7 +536,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
                  env_params, rcfg: RolloutConfig, n_continuations: int = 4, n_sampled: int = 16, n_bins: int = 4,
                  budgets=None, hide_budget=False, rollouts=None, batch_size: Optional[int] = None,
                  score_batch: int = 16, tol: float = 0.0, n_boot: int = 1000, return_rollouts: bool = False) -> dict:
-    """Error-state diagnostics (PAPER.md finding 4 and "jaxagent's definitions", Error state).
+    """Error-state diagnostics (docs/study.md finding 4 and "jaxagent's definitions", Error state).
 
     Pool: from each policy's trajectories (rollouts as in `step_quality_matched`), (episode, turn) cells
     that are active with >= 2 turns left, whose earlier turns were all valid actions (so a forced replay of
@@ -656,7 +656,7 @@ def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxW, *, batch_size:
 def likelihood(world, cfg: Qwen3Config, params_base, params_rl, rollouts_base: types.Rollout,
                rollouts_rl: types.Rollout, key, *, task_ids_base=None, task_ids_rl=None, rel_tol: float = 0.1,
                n_boot: int = 1000, batch_size: Optional[int] = None) -> dict:
-    """Likelihood diagnostics (PAPER.md finding 5 and "jaxagent's definitions"), teacher-forced at
+    """Likelihood diagnostics (docs/study.md finding 5 and "jaxagent's definitions"), teacher-forced at
     temperature 1 in batched jitted passes over each rollout's whole token buffer.
 
     nll_rl_actions / nll_base_actions: per-action NLL under pi_base (sum of -log pi_base over the action's
@@ -720,7 +720,7 @@ def first_turn_contexts(world, tasks, *, t_max: int, env_params, width: int, hid
 
 def r_single(world, cfg: Qwen3Config, params, heldout_tasks, *, t_max: int, env_params, sampler: Sampler = Sampler(),
              width: Optional[int] = None, score_batch: int = 16, hide_budget=False, tol: float = 1e-6) -> dict:
-    """R_single (PAPER.md finding 6, "jaxagent's definitions"): mean over held-out tasks' first-turn states of
+    """R_single (docs/study.md finding 6, "jaxagent's definitions"): mean over held-out tasks' first-turn states of
     the probability mass pi puts on Q*-optimal actions, Q*_h with h = t_max (`dynamics.r_single`,
     `dynamics.optimal_action_mask` with tolerance tol for float ties); pi scored exactly as in
     `step_quality_matched` (the invalid remainder is never optimal). width: context slots (default the

@@ -3,7 +3,7 @@
 Dimension legend (this module): B episodes of the training batch, S held-out states, A actions,
 L logged records.
 
-PAPER.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
+docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
 batch; R_single = mean single-step quality on a fixed held-out state set (FrozenLake: probability mass
 the policy puts on Q*-optimal actions).
 """

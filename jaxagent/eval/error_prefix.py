@@ -1,5 +1,5 @@
 """The study's error-prefix evaluation on host envs (BFCL): continue prefixes that end in a tool-call
-error with ONE action from each of two policies and compare correction rates (PAPER.md finding 4:
+error with ONE action from each of two policies and compare correction rates (docs/study.md finding 4:
 191 BFCL prefixes, 41.4% RL vs 27.2% base).
 
 Each prefix is replayed as forced replies (`host_rollout(..., forced_actions=...)`: the prefix's actions

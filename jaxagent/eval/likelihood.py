@@ -34,7 +34,7 @@ def policy_turn_ids(turn_index_BxT, policy_mask_BxT) -> jax.Array:
 def action_nll(logp_BxT, turn_ids_BxT, n_turns: int) -> dict[str, jax.Array]:
     """Per-action negative log-likelihood and its mean over actions.
 
-    nll[b, a] = -sum_{t: turn_ids[b,t] = a} logp[b, t]  (PAPER.md, "jaxagent's definitions", Action NLL:
+    nll[b, a] = -sum_{t: turn_ids[b,t] = a} logp[b, t]  (docs/study.md, "jaxagent's definitions", Action NLL:
     sum of -log pi over the action's generated tokens); mean_nll = mean over every action present
     (at least one token) in the batch. Computed by one segment sum; ids outside [0, n_turns) are ignored.
     Returns nll [B, N], action_mask [B, N], mean_nll [].
@@ -65,7 +65,7 @@ def cumulative_llr(logp_rl_BxT, logp_base_BxT, turn_ids_BxT) -> jax.Array:
     """Cumulative log-likelihood ratio per trajectory [B].
 
     llr[b] = sum_{t: turn_ids[b,t] >= 0} (log pi_RL(y_t | .) - log pi_base(y_t | .)) = log pi_RL(tau) -
-    log pi_base(tau) over the policy-generated tokens (PAPER.md, "jaxagent's definitions", Cumulative LLR).
+    log pi_base(tau) over the policy-generated tokens (docs/study.md, "jaxagent's definitions", Cumulative LLR).
     """
     _check_tokens(logp_rl_BxT, turn_ids_BxT)
     _checks.require_same_shape(logp_rl_BxT, logp_base_BxT, "logp_rl_BxT", "logp_base_BxT")
@@ -78,7 +78,7 @@ def length_matched_pairs(task_rl_R, success_rl_R, ntok_rl_R, task_base_M, succes
     """Length-matched (RL, base) trajectory pairs with static shapes.
 
     Candidates [R, M]: same task, both successful, |n_rl - n_base| <= rel_tol * max(n_rl, n_base) on
-    policy-token counts (PAPER.md, "jaxagent's definitions": within 10% of the longer). Matching is greedy
+    policy-token counts (docs/study.md, "jaxagent's definitions": within 10% of the longer). Matching is greedy
     and one-to-one, not a maximum matching: RL trajectories in index order each take the still-unused
     candidate base trajectory with the smallest token-count gap (lowest index on ties), or none.
     Returns candidates [R, M], match [R] (base index or -1), pair_mask [R, M], n_pairs, n_tasks
@@ -116,7 +116,7 @@ def length_matched_pairs(task_rl_R, success_rl_R, ntok_rl_R, task_base_M, succes
 def matched_difference(values_rl_R, values_base_M, match_R, key, *, n_boot: int = 1000, alpha: float = 0.05) -> CI:
     """Mean paired difference values_rl[i] - values_base[match[i]] over matched pairs (match >= 0) with a
     percentile bootstrap CI over pairs (`passk.bootstrap_ci`); e.g. the length-matched cumulative LLR
-    control of PAPER.md finding 5. No pair gives NaN."""
+    control of docs/study.md finding 5. No pair gives NaN."""
     _checks.require_same_shape(values_rl_R, match_R, "values_rl_R", "match_R")
     match_R = jnp.asarray(match_R, jnp.int32)
     base_R = jnp.asarray(values_base_M, jnp.float32)[jnp.clip(match_R, 0, None)]

@@ -3,7 +3,7 @@
 Dimension legend (this module): T budget tiers, N tasks, S samples (rollouts) per task and budget,
 K values of k, R bootstrap replicates.
 
-Modes (PAPER.md, "jaxagent's definitions", Pass@(K,T)); a report must say which one it used:
+Modes (docs/study.md, "jaxagent's definitions", Pass@(K,T)); a report must say which one it used:
 - announced: the budget is written into the prompt, so every tier has its own rollouts,
   `success_TxNxS[t, task, sample]`, fed to `pass_at_k_grid` directly.
 - truncated: the budget is hidden; one T_max run per sample, and a sample counts as a success at tier T
@@ -90,7 +90,7 @@ def pass_at_k_grid(success_TxNxS, ks_K, valid_TxNxS=None) -> jax.Array:
 
     success_TxNxS[t, task, sample]: announced mode (separate rollouts per budget tier) or the output of
     `truncated_success` (truncated mode). Entry [t, j, i] = pass@ks[j] of task i at tier t (Chen et al.
-    2021, eq. 1; PAPER.md "jaxagent's definitions", Pass@(K,T)).
+    2021, eq. 1; docs/study.md "jaxagent's definitions", Pass@(K,T)).
     """
     _checks.require_ndim(success_TxNxS, 3, "success_TxNxS")
     _check_ks(ks_K, np.shape(success_TxNxS)[2])

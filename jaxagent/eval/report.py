@@ -28,7 +28,7 @@ from jaxagent.eval.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNDERP
 VERDICT_RULE = stats.VERDICT_RULE
 SEI = "jaxagent's smallest effect of interest"
 _PCT = "%"
-_PAPER_ROWS = (  # (key, value, unit, description), from /work/shared/PAPER.md
+_PAPER_ROWS = (  # (key, value, unit, description), from /work/shared/docs/study.md
     # Finding 2: budget dependence at K=8, 25% of T_max.
     ("f2_bfcl_4b_t25_base", 3.0, _PCT, "BFCL-v3, Qwen3-4B, 25% budget, K=8: base model"),
     ("f2_bfcl_4b_t25_grpo", 2.5, _PCT, "BFCL-v3, Qwen3-4B, 25% budget, K=8: full-budget GRPO"),

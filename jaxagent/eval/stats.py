@@ -125,7 +125,7 @@ def mean_of_seed_means(entries) -> float:
 
 def mean_difference(entries) -> float:
     """(1/S) sum_s [mean(a_s) - mean(b_s)] for entries (a_s, b_s) of two unit samples per seed
-    (e.g. per-action NLL of RL actions and of base actions under base, PAPER.md finding 5)."""
+    (e.g. per-action NLL of RL actions and of base actions under base, docs/study.md finding 5)."""
     return float(np.mean([np.mean(a) - np.mean(b) for a, b in entries]))
 
 

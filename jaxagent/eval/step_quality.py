@@ -3,7 +3,7 @@
 Dimension legend (this module): S states, G sampled actions per policy and state, A actions of the env,
 R continuations per error state, D depth bins.
 
-PAPER.md, "jaxagent's definitions", Step quality: q(s, a) = Q*_h(s, a) with h the remaining budget; per
+docs/study.md, "jaxagent's definitions", Step quality: q(s, a) = Q*_h(s, a) with h the remaining budget; per
 state compare the mean q of each policy's G actions; "RL better on X%" is the share of states where RL's
 mean q is strictly higher, ties reported separately. Error state: from a non-terminal state, take a
 non-terminating action with Q* below the best (the worst such action) and continue from there.
@@ -26,7 +26,7 @@ def score_outcomes(probs_SxO, q_SxA, draws_SxG, *, invalid_value: float = INVALI
 
     probs[s, o]: the policy's probability of outcome o (the A canonical actions, then o = A "invalid"),
     q[s, a] = Q*_h(s, a), draws[s, g] in [0, A] the G sampled outcomes. An invalid reply gets `invalid_value`
-    (default 0: the value of never reaching the goal, the worst outcome since every reward is >= 0; PAPER.md
+    (default 0: the value of never reaching the goal, the worst outcome since every reward is >= 0; docs/study.md
     finding 3 counts actions, and a reply that is no action is not one that stays put).
       exact[s]   = sum_a probs[s, a] q[s, a] + probs[s, A] invalid_value
       sampled[s, g] = q[s, draws[s, g]] (invalid_value for draws == A)
@@ -106,7 +106,7 @@ def _summaries(per_state, weight_S):
 
 def step_quality(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, *, tol: float = 0.0, state_mask_S=None):
     """Shares of used states where RL's mean q is strictly higher / equal (|diff| <= tol) / lower, and the
-    mean over used states of each policy's per-state mean q (PAPER.md finding 3; formulas in
+    mean over used states of each policy's per-state mean q (docs/study.md finding 3; formulas in
     `per_state_comparison`). Empty selections give NaN."""
     per_state = per_state_comparison(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, tol=tol,
                                      state_mask_S=state_mask_S)
@@ -121,7 +121,7 @@ def depth_bins(depth_S, n_bins: int) -> jax.Array:
 def step_quality_by_depth(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, depth_S, *, n_bins: int = 4,
                           tol: float = 0.0, state_mask_S=None):
     """`step_quality` within each of n_bins equal-width bins of normalised depth d_t = t / T_max in [0, 1]
-    (PAPER.md finding 4: RL's advantage grows with d_t). Every value has shape [D]; empty bins give NaN.
+    (docs/study.md finding 4: RL's advantage grows with d_t). Every value has shape [D]; empty bins give NaN.
     Also returns bin_edges [D + 1]."""
     if int(n_bins) < 1:
         raise ValueError(f"n_bins must be positive, got {n_bins}")
@@ -137,7 +137,7 @@ def step_quality_by_depth(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, de
 def choose_error_action(q_A, non_terminating_A, valid_A=None, *, tol: float = 0.0) -> jax.Array:
     """The injected error action of one state, int32 (-1 if none exists).
 
-    PAPER.md, "jaxagent's definitions", Error state: among valid non-terminating actions a with
+    docs/study.md, "jaxagent's definitions", Error state: among valid non-terminating actions a with
     Q*(s, a) < max_{a' valid} Q*(s, a') - tol, the one with the lowest Q* (lowest index on ties).
     vmap over states for a batch.
     """
@@ -153,7 +153,7 @@ def choose_error_action(q_A, non_terminating_A, valid_A=None, *, tol: float = 0.
 
 def error_state_metrics(q_base_SxG, valid_base_SxG, q_rl_SxG, valid_rl_SxG, success_base_SxR, success_rl_SxR,
                         key, *, tol: float = 0.0, state_mask_S=None, n_boot: int = 1000, alpha: float = 0.05):
-    """Error-state metrics with percentile bootstrap CIs over error states (PAPER.md finding 4).
+    """Error-state metrics with percentile bootstrap CIs over error states (docs/study.md finding 4).
 
     share_rl_better / share_rl_worse: shares of error states where RL's mean q over its G actions is
     strictly higher / lower than base's (as in `per_state_comparison`); success_rl / success_base: mean

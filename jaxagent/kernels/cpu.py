@@ -145,7 +145,7 @@ def _require() -> None:
 def pack_panels(*ws_KxN: jax.Array) -> jax.Array:
     """w = [w_0 | w_1 | ...] (matrices [K, N_i] side by side, N = sum N_i) as the flat panel layout
     `rows_matmul` and `mlp` read: full 16-column panels [N // 16, K, 16], then the last N % 16 columns as
-    [K, N % 16]. One pass by the kernel (XLA's transpose for this took ~25 ms on a 10M model's weights)."""
+    [K, N % 16]. One pass by the kernel (XLA's transpose is slower here)."""
     k = ws_KxN[0].shape[0]
     if any(w.ndim != 2 or w.shape[0] != k for w in ws_KxN):
         raise ValueError(f"pack_panels: expects matrices [K, N_i] with one K, got {[w.shape for w in ws_KxN]}")

@@ -237,7 +237,7 @@ def process_advantages(outcomes_G, process_rewards_GxN, mask_GxN, *, weight=1.0,
     """Outcome group advantage plus a weighted oracle process term, per step -> A_GxN.
 
     A(i,t) = norm_{group}(R)_i + weight * r^proc(i,t)   on valid steps, 0 on masked ones,
-    with r^proc(s_t, a_t) = Q*(s_t, a_t) - V*(s_t) (jaxagent's definition, PAPER.md). The process
+    with r^proc(s_t, a_t) = Q*(s_t, a_t) - V*(s_t) (jaxagent's definition, docs/study.md). The process
     term is used raw, not discounted or group-normalised: Q* - V* is already an advantage (of the
     optimal policy, <= 0, zero exactly for optimal actions, in units of the outcome reward), and as
     the expected potential-based shaping term with potential V* it leaves the optimal policy
@@ -257,7 +257,7 @@ def process_shaped_rewards(process_rewards_N, mask_N, outcome, *, weight=1.0):
     """Per-step rewards r_t = R * 1[t = last valid step] + weight * r^proc_t (0 on masked steps).
 
     The reward form of `process_advantages`, for GAE or GiGPO step returns ("process reward added
-    to the outcome reward", PAPER.md). All-masked trajectories get all zeros.
+    to the outcome reward", docs/study.md). All-masked trajectories get all zeros.
     """
     chex.assert_rank([process_rewards_N, mask_N, outcome], [1, 1, 0])
     chex.assert_equal_shape([process_rewards_N, mask_N])

@@ -32,7 +32,7 @@ class RLSettings:
     estimator: str = "grpo"
     n_tasks: int = 8
     group_size: int = 8
-    budget_mode: str = "full"          # full | budgetmix (one budget per group, PAPER.md finding 8)
+    budget_mode: str = "full"          # full | budgetmix (one budget per group, docs/study.md finding 8)
     epochs: int = 1
     minibatches: int = 1
     gamma: float = 0.95                # GiGPO step returns; PPO GAE discount
@@ -150,13 +150,17 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
             train_metrics.append(m)
     state = advance_data(state, settings.n_tasks)
     metrics = {k: float(np.mean([float(m[k]) for m in train_metrics])) for k in train_metrics[0]}
+    # the sampler/trainer mismatch is defined before any update: the first step's figures
+    for k in ("mismatch_mean", "mismatch_max"):
+        if k in train_metrics[0]:
+            metrics[k] = float(train_metrics[0][k])
     metrics.update(rollout_metrics(ro))
     metrics["kept_fraction"] = float(np.mean(np.asarray(keep)))
     return state, metrics, ro
 
 
 def rollout_metrics(ro: Rollout) -> dict:
-    """Batch statistics of a rollout; success_rate is R_multi (PAPER.md)."""
+    """Batch statistics of a rollout; success_rate is R_multi (docs/study.md)."""
     return {"success_rate": float(np.mean(np.asarray(ro.success))),
             "mean_return": float(np.mean(np.asarray(ro.episode_return))),
             "mean_turns": float(np.mean(np.asarray(ro.turns_used))),

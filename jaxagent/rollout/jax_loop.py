@@ -40,7 +40,7 @@ ExpertFn = Callable[[Any, jax.Array, Any, jax.Array, Any], jax.Array]
 
 
 def oracle_process_reward(env, state, action, remaining, env_params):
-    """FrozenLake's exact r_t = Q*_h(s_t, a_t) - V*_h(s_t) with h = the remaining turns (PAPER.md)."""
+    """FrozenLake's exact r_t = Q*_h(s_t, a_t) - V*_h(s_t) with h = the remaining turns (docs/study.md)."""
     return env.process_reward(state, action, remaining, env_params)
 
 

@@ -88,7 +88,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
         return (c.step < max_steps) & ~jnp.all(c.done)
 
     # One Gumbel draw for every step (when it is small) instead of one per step: each threefry call in
-    # the loop cost ~1 ms on CPU at rollout shapes, more than the model step of a small policy.
+    # the loop costs as much as a small policy's model step on CPU.
     v = logits_BxV.shape[-1]
     predrawn = None
     if not sampler.greedy and max_steps * b * v <= _PREDRAW_MAX_ELEMENTS:
