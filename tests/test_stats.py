@@ -184,3 +184,12 @@ def test_read_log_and_describe(tmp_path):
     assert health.read_log(tmp_path / "absent.jsonl") == []
     hl = {0: health.classify_seed(_log([1.0] * 3)), 2: health.classify_seed(_log([0.1] * 3))}
     assert health.describe_seeds("grpo", [0, 1, 2], hl) == "grpo seeds 0, 1 (excluded: 2 collapsed)"
+
+
+def test_zero_width_interval_decides_nothing():
+    """Both policies at a ceiling (every seed and unit the same difference): no verdict either way."""
+    est = stats.seed_estimate([np.zeros(16), np.zeros(16), np.zeros(16)])
+    assert est.available and est.se == 0 and est.lo == est.hi == 0
+    for direction, margin in ((1, None), (-1, None), (0, 0.04)):
+        verdict, reason = stats.decide(est, direction, effect=0.1, margin=margin)
+        assert verdict == stats.INCONCLUSIVE and "no variation" in reason

@@ -49,7 +49,8 @@ VERDICT_RULE = (
     "(the CI holds both 0 and E) or without an interval. Parity findings (the paper reports no difference): "
     "**reproduced** if the two one-sided tests at 5% show equivalence within the stated margin m (the 90% CI "
     "inside (-m, m)); **not reproduced** if the 95% CI excludes 0; **underpowered** if neither and MDE > m; "
-    "**inconclusive** otherwise.")
+    "**inconclusive** otherwise. A zero-width CI (every seed and unit gave the same difference, e.g. both "
+    "policies at the structural upper bound) is **inconclusive**.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +228,10 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None,
     if est is None or not est.available:
         why = "no estimate" if est is None else (est.reason or "not available")
         return INCONCLUSIVE, f"no interval ({why})"
+    if est.se == 0 and est.lo == est.hi:
+        # every seed and unit gave the same difference (e.g. both policies at the structural upper bound):
+        # a zero-width CI decides nothing about the effect
+        return INCONCLUSIVE, "no variation: every seed and unit gave the same difference (a ceiling or floor)"
     if direction == 0:
         if tost(est, margin):
             return REPRODUCED, "equivalent within the margin (TOST: 90% CI inside it)"
