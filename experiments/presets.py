@@ -76,10 +76,11 @@ def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_ta
 PRESETS: dict[str, Preset] = {
     # The toy RL recipe (docs/study.md, from `python -m experiments.sweep`): lr 2e-4 (the SFT rate is 3e-3),
     # 64 episodes per iteration (8 groups of 8), 2 epochs x 2 minibatches (so the clip is active), KL 0.05
-    # to the base. The old 1e-3 / 32 episodes / 1 update collapsed one seed in three.
+    # to the base, reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update collapsed one
+    # seed in three.
     "quick": Preset(
         name="quick", model=_toy_model(),
-        task=TaskSettings(size=4, t_max=6, max_context=320),
+        task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
         base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=3e-3),
         iterations=15, n_tasks=8, group_size=8, lr=2e-4, epochs=2, minibatches=2, kl_coef=0.05,
         eval=EvalSettings(n_tasks=32, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_sampled=8,
@@ -88,7 +89,7 @@ PRESETS: dict[str, Preset] = {
     # tier, T=2 of 6), 64 matched and error states per policy with G=16.
     "standard": Preset(
         name="standard", model=_toy_model(),
-        task=TaskSettings(size=4, t_max=6, max_context=320),
+        task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
         base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=3e-3),
         seeds=(0, 1, 2, 3, 4), iterations=20, n_tasks=8, group_size=8, lr=2e-4, epochs=2, minibatches=2,
         kl_coef=0.05,

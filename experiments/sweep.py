@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from experiments import cli, study
-from jaxagent.envs import budgets as budgets_lib
+from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.study import stages
 
 # name -> ArmSettings / RLSettings overrides; every setting uses the GRPO estimator unless it says so
@@ -33,6 +33,10 @@ GRIDS = {
                                       format_penalty=0.1),
         "lr1e-4_b128_e2m4_kl_fp": dict(lr=1e-4, n_tasks=16, group_size=8, epochs=2, minibatches=4, kl_coef=0.05,
                                        format_penalty=0.1),
+        "lr2e-4_b64_e2m2_kl_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
+                                        format_penalty=0.3),
+        "lr2e-4_b64_e2m2_kl_fp1": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
+                                       format_penalty=1.0),
     },
 }
 _RL_FIELDS = {f.name for f in dataclasses.fields(stages.RLSettings)}
@@ -44,12 +48,14 @@ def arm_settings(base: stages.ArmSettings, overrides: dict, iterations: int) -> 
     return dataclasses.replace(base, rl=dataclasses.replace(base.rl, **rl_kw), iterations=iterations, **arm_kw)
 
 
-def heldout_success(rt: stages.ArmRuntime, params, tasks, t_max: int, samples: int, key) -> np.ndarray:
-    """Per-task success rate at full budget (Pass@1 per task), `samples` episodes per task."""
+def heldout_success(rt: stages.ArmRuntime, params, tasks, t_max: int, samples: int, key) -> tuple[np.ndarray, float]:
+    """Per-task success rate at full budget (Pass@1 per task), `samples` episodes per task, and the
+    valid-action rate over all turns taken."""
     rows = jax.tree.map(lambda x: np.repeat(np.asarray(x), samples, axis=0), tasks)
     n = int(np.shape(jax.tree.leaves(tasks)[0])[0])
     ro = rt.rollout_fn(params, rows, np.asarray(budgets_lib.full_budget(n * samples, t_max)), key)
-    return np.asarray(ro.success, np.float64).reshape(n, samples).mean(axis=1)
+    valid = float(np.asarray(ro.turns.valid).sum() / max(1, np.asarray(ro.turns.active).sum()))
+    return np.asarray(ro.success, np.float64).reshape(n, samples).mean(axis=1), valid
 
 
 def main(argv=None):
@@ -79,16 +85,18 @@ def main(argv=None):
         rt = study.make_runtime(run, settings)
         if base_rt is None:
             base_rt = rt
-            base_succ = heldout_success(rt, base_params, tasks, ts.t_max, args.heldout_samples, k_eval)
-            print(json.dumps({"setting": "base", "heldout_pass1": float(base_succ.mean())}), flush=True)
+            base_succ, base_valid = heldout_success(rt, base_params, tasks, ts.t_max, args.heldout_samples, k_eval)
+            print(json.dumps({"setting": "base", "heldout_pass1": float(base_succ.mean()),
+                              "heldout_valid": base_valid}), flush=True)
         for seed in seeds:
             t0 = time.time()
             state, hist = stages.train_rl(run.world, run.cfg, base_params, jax.random.key(seed), run.preset.task, settings,
                                           runtime=rt)
-            succ = heldout_success(rt, state.params, tasks, ts.t_max, args.heldout_samples, k_eval)
+            succ, valid = heldout_success(rt, state.params, tasks, ts.t_max, args.heldout_samples, k_eval)
             rec = {"setting": name, "seed": seed, **over, "iterations": iterations,
                    "seconds": round(time.time() - t0, 1),
                    "heldout_pass1": float(succ.mean()), "base_pass1": float(base_succ.mean()),
+                   "heldout_valid": valid, "base_valid": base_valid,
                    "min_valid": min(h["valid_action_rate"] for h in hist),
                    "train_success": [round(h["success_rate"], 3) for h in hist],
                    "valid": [round(h["valid_action_rate"], 3) for h in hist],

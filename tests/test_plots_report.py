@@ -241,3 +241,17 @@ def test_flatten_and_load_metrics(tmp_path):
     with pytest.raises(ValueError, match="more than one file"):
         report.load_metrics([tmp_path / "x.json", tmp_path / "y.json"])
     assert math.isnan(report.load_metrics([tmp_path / "x.json"]).get("missing", float("nan")))
+
+
+def test_report_says_when_both_policies_sit_on_the_structural_bound(tmp_path):
+    """f2 with both policies at the tightest tier's upper bound gets the bound note; off the bound it does not."""
+    def f2_text(base_tight, rl_tight):
+        m = report.flatten_metrics({"f2_shrink_frozenlake": {
+            "base_full": 0.6, "rl_full": 0.8, "base_tight": base_tight, "rl_tight": rl_tight,
+            "solvable_tight": 0.1875, "gap_full": 0.2, "gap_tight": rl_tight - base_tight, "tight_turns": 2,
+            "diff": {"mean": rl_tight - base_tight - 0.2, "lo": -0.25, "hi": -0.15, "method": "t over seeds",
+                     "mde": 0.05, "n_seeds": 3}}})
+        md = report.build_report(m, tmp_path).markdown
+        return md[md.index("## 2. FrozenLake"):]
+    assert "every policy reaches the structural upper bound (18.8%" in f2_text(0.1875, 0.1875)
+    assert "structural upper bound" not in f2_text(0.125, 0.1875)

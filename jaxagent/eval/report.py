@@ -116,6 +116,7 @@ class Finding:
     effect_rel: str | None = None
     margin: float | None = None
     note: str = ""
+    at_bound: tuple[str, ...] = ()   # (policy value keys..., upper-bound key): say when every policy sits on it
 
 
 def reference_effect(f: Finding, metrics: Mapping) -> float | None:
@@ -218,6 +219,8 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
                  100.0),
              Row("tightest tier (turns)", "f2_shrink_frozenlake.tight_turns", None, 1.0, ".0f")),
             "f2_shrink_frozenlake.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f", ("pass_at_t",),
+            at_bound=("f2_shrink_frozenlake.base_tight", "f2_shrink_frozenlake.rl_tight",
+                      "f2_shrink_frozenlake.solvable_tight"),
             **_PASS_SEI),
     _pair("f2_tight_bfcl", "2. BFCL, 25% budget (paper: K=8): advantage shrinks or inverts",
           "f2_bfcl_4b_t25_base", "f2_bfcl_4b_t25_grpo", -1, ("pass_at_t",), effect=0.005,
@@ -449,11 +452,26 @@ def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report
                   f"MDE {p.run(f'{f.diff}.all.mde', f.diff_scale, f.diff_fmt)}: {all_result}.", ""]
     if f.note:
         lines += [f.note, ""]
+    if bound_note := _at_bound_note(f, p.metrics):
+        lines += [bound_note, ""]
     for name in f.figures:
         if name in figures:
             rel = os.path.relpath(os.path.abspath(figures[name]), os.path.abspath(report_dir))
             lines += [f"![{name}]({rel.replace(os.sep, '/')})", ""]
     return lines
+
+
+def _at_bound_note(f: Finding, metrics: Mapping) -> str:
+    """A sentence when every policy value in f.at_bound equals the structural upper bound (its last key): the
+    difference there is then fixed by the bound, not measured against it."""
+    if not f.at_bound:
+        return ""
+    *values, bound = (_num(metrics, k) for k in f.at_bound)
+    if not all(math.isfinite(v) for v in (*values, bound)) or any(abs(v - bound) > 1e-9 for v in values):
+        return ""
+    return (f"At the tightest tier every policy reaches the structural upper bound ({100 * bound:.1f}% of tasks "
+            "solvable within the budget): the gap there is 0 by construction, so this difference measures how "
+            "far the bound binds, not a loss of RL's advantage on tasks it could still solve.")
 
 
 def _health_section(p: _Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
