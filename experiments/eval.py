@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments import cli, study
-from jaxagent.envs import budgets as budgets_lib
+from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import drivers, health, plots, report, stats, step_quality
 from jaxagent.sampling import Sampler
 
@@ -209,6 +209,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
                         [MAIN_ARM, other])
                 est.mean(f"{name}.base", {s: rl[s][t_i, kmax_i].mean() for s in both}, [MAIN_ARM, other])
                 est.mean(f"{name}.rl", {s: oth[s][t_i, kmax_i].mean() for s in both}, [MAIN_ARM, other])
+                m[f"{name}.bound"] = float(np.asarray(bound["grid"])[t_i, kmax_i])  # structural Pass@K bound
     # Beyond the paper: announced vs hidden budget per arm at the tightest tier.
     if p.eval.hidden_budget:
         for arm in ["base"] + arms:

@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from experiments.presets import Preset
 from jaxagent import sharding
-from jaxagent.envs.frozenlake import FrozenLake
+from jaxagent.envs.jax.frozenlake import FrozenLake
 from jaxagent.models import qwen3
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rl import checkpoint as ckpt_lib

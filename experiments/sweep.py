@@ -37,6 +37,12 @@ GRIDS = {
                                         format_penalty=0.3),
         "lr2e-4_b64_e2m2_kl_fp1": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
                                        format_penalty=1.0),
+        "lr1e-4_b64_e2m2_kl_fp03": dict(lr=1e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
+                                        format_penalty=0.3),
+        "lr2e-4_b64_e2m2_kl01_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.1,
+                                          format_penalty=0.3),
+        "lr2e-4_b64_e1m2_kl_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=1, minibatches=2, kl_coef=0.05,
+                                        format_penalty=0.3),
     },
 }
 _RL_FIELDS = {f.name for f in dataclasses.fields(stages.RLSettings)}

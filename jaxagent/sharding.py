@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -36,6 +37,13 @@ RULES: dict[str, MeshAxes] = {
     "activation_embed": None,
     "activation_vocab": "tensor",
 }
+
+
+# Sampling (rollouts): every chip decodes its own episodes a token at a time, so FSDP (weights gathered
+# for every use) would move the whole model over the fsdp axis at every decode step. The rollout's copy of
+# the weights is instead split over tensor only and replicated over data and fsdp (gathered once per
+# rollout); activations, the KV cache and the episodes stay split over the batch axes as in `RULES`.
+ROLLOUT_RULES: dict[str, MeshAxes] = {**RULES, "embed": None}
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Optional[Sequence] = None) -> Mesh:
@@ -145,3 +153,28 @@ def constrain(x: jax.Array, logical: Sequence[Optional[str]], mesh=None,
 def shard(tree: Any, shardings: Any) -> Any:
     """Places a pytree of host/device arrays onto the given shardings."""
     return jax.tree.map(jax.device_put, tree, shardings)
+
+
+def map_row_chunks(fn, x: Any, chunks: int, mesh=None) -> Any:
+    """fn applied to `chunks` row chunks of the pytree x (leading axis B) one after another (`lax.map`),
+    the results put back in row order: bounds the activation memory of a row-independent fn to B / chunks
+    rows. The split is strided (row i in chunk i mod chunks), so each device's shard of the rows feeds
+    every chunk and no data moves; each chunk's rows are pinned to the batch axes (`constrain`).
+    chunks = 1 calls fn on x directly."""
+    leaves = jax.tree.leaves(x)
+    b = leaves[0].shape[0]
+    if chunks < 1 or b % chunks:
+        raise ValueError(f"row chunks must be >= 1 and divide the {b} rows, got {chunks}")
+    if chunks == 1:
+        return fn(x)
+
+    def split(a):  # [B, ...] -> [chunks, B / chunks, ...]
+        a = jnp.swapaxes(a.reshape((b // chunks, chunks) + a.shape[1:]), 0, 1)
+        return constrain(a, (None, "activation_batch") + (None,) * (a.ndim - 2), mesh)
+
+    def merge(a):  # inverse of split
+        a = constrain(a, (None, "activation_batch") + (None,) * (a.ndim - 2), mesh)
+        a = jnp.swapaxes(a, 0, 1)
+        return a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])
+
+    return jax.tree.map(merge, jax.lax.map(fn, jax.tree.map(split, x)))

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 pytest.importorskip("bfcl_eval")
 
-from jaxagent.envs import host  # noqa: E402
-from jaxagent.envs.bfcl_env import (CATEGORIES, BFCLEnv, collect_error_prefixes, correction_rate,  # noqa: E402
-                                    deep_copy, format_tool_call, function_docs, validate_call)
+from jaxagent.envs.host import base as host  # noqa: E402
+from jaxagent.envs.host.bfcl_calls import format_tool_call, function_docs, validate_call  # noqa: E402
+from jaxagent.envs.host.bfcl_env import CATEGORIES, BFCLEnv  # noqa: E402
+from jaxagent.envs.host.bfcl_state import deep_copy  # noqa: E402
+from jaxagent.eval.error_prefix import collect_error_prefixes, correction_rate  # noqa: E402
 
 PER_CATEGORY = 6
 

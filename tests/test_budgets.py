@@ -1,12 +1,12 @@
-"""Tests for jaxagent.envs.budgets: tiers, BudgetMix sampling, validation, budget text."""
+"""Tests for jaxagent.envs.jax.budgets: tiers, BudgetMix sampling, validation, budget text."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from jaxagent.envs import budgets as bd
-from jaxagent.envs.text_codec import make_codec, render
+from jaxagent.envs.jax import budgets as bd
+from jaxagent.envs.jax.text_codec import make_codec, render
 
 
 def test_budget_tiers_exact_ceil():

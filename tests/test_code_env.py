@@ -4,9 +4,9 @@ infrastructure error, never a score."""
 
 import pytest
 
-from jaxagent.envs import host, sandbox
-from jaxagent.envs.code_env import CodeEnv, CodeState, extract_code, values_equal
-from jaxagent.envs.sandbox import SandboxLimits, SandboxSetupError, SandboxUnavailable
+from jaxagent.envs.host import base as host, sandbox
+from jaxagent.envs.host.code_env import CodeEnv, CodeState, extract_code, values_equal
+from jaxagent.envs.host.sandbox import SandboxLimits, SandboxSetupError, SandboxUnavailable
 
 PROBLEM = sandbox.strong_isolation_problem()
 # The env's logic does not depend on the isolation; without strong isolation (not root) these tests

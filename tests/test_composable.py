@@ -47,8 +47,15 @@ def _gen(p, t, m, k):
 
 
 def _same(a, b):
+    """Integer and bool leaves (tokens, lengths, done flags) exactly; float leaves to a few ulp: the nested
+    program is compiled without the top-level compiler options, so XLA may fuse and round differently
+    (1 ulp on AMD EPYC)."""
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(x, y)
 
 
 def test_xla_options_jit_keeps_options_at_top_level_only():
@@ -144,7 +151,7 @@ def test_eval_driver_jits_nest(params, prompt):
 
 @pytest.mark.slow
 def test_rollout_jit_nests():
-    from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
+    from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
     from jaxagent.models.tokenizer import build_word_tokenizer
     from jaxagent.rollout import RolloutConfig, budget_format, chat_layout, env_codec
     from jaxagent.rollout.jax_loop import rollout_jit

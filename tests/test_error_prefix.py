@@ -11,7 +11,7 @@ from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rollout import RolloutConfig
 from jaxagent.sampling import Sampler
 
-bfcl_env = pytest.importorskip("jaxagent.envs.bfcl_env")
+bfcl_env = pytest.importorskip("jaxagent.envs.host.bfcl_env")
 pytest.importorskip("bfcl_eval")
 
 BAD_CALL = '<tool_call>\n{"name": "no_such_function", "arguments": {}}\n</tool_call>'
@@ -19,7 +19,7 @@ BAD_CALL = '<tool_call>\n{"name": "no_such_function", "arguments": {}}\n</tool_c
 
 @pytest.fixture(scope="module")
 def setup():
-    from jaxagent.envs import host
+    from jaxagent.envs.host import base as host
     env = host.make("bfcl")
     task = env.task("multi_turn_base_105")
     gt = env.ground_truth_actions(task)
@@ -27,7 +27,7 @@ def setup():
     state, _ = env.reset(0, task)
     _, _, _, done, info = env.step(state, BAD_CALL)
     traj["infos"], traj["dones"] = [info], [done]
-    prefixes = bfcl_env.collect_error_prefixes([traj], t_max=4)
+    prefixes = error_prefix.collect_error_prefixes([traj], t_max=4)
     return env, task, gt, prefixes
 
 
@@ -38,7 +38,7 @@ def test_error_prefix_is_collected(setup):
 
 def test_ground_truth_continuation_corrects_and_bad_one_does_not(setup):
     env, _, gt, prefixes = setup
-    rates = bfcl_env.correction_rate(env, prefixes, {"oracle": [gt[0]], "bad": [BAD_CALL]})
+    rates = error_prefix.correction_rate(env, prefixes, {"oracle": [gt[0]], "bad": [BAD_CALL]})
     assert rates["oracle"]["rate"] == 1.0 and rates["bad"]["rate"] == 0.0
 
 

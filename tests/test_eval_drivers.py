@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.envs import frozenlake_solver as fls
-from jaxagent.envs.frozenlake import FrozenLakeParams
+from jaxagent.envs.jax import frozenlake_solver as fls
+from jaxagent.envs.jax.frozenlake import FrozenLakeParams
 from jaxagent.eval import drivers as D
+from jaxagent.eval import pass_drivers
 from jaxagent.eval import step_quality as sq
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
@@ -165,7 +166,7 @@ def test_upper_bound_dominates_and_matches_dp(world, tasks, passes):
         assert (ub["per_task"] >= res["per_task"] - 1e-6).all()
         assert (ub["grid"] >= res["grid"] - 1e-6).all()
     # The max-probability DP agrees with BFS on the deterministic lake; slipping can only lower it.
-    dp = np.asarray(D._slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)]
+    dp = np.asarray(pass_drivers._slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)]
     np.testing.assert_allclose(dp, ub["p_star"], atol=1e-6)
     slip = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS._replace(success_rate=1 / 3))
     assert (slip["p_star"] <= ub["p_star"] + 1e-6).all() and (slip["p_star"] > 0).any()
@@ -192,7 +193,7 @@ def test_reply_logprobs_match_sampler(world, cfg, policies, rollouts):
     hits = _canonical_turns(world, r)
     assert len(hits) >= 4
     b, t, a = (np.asarray(x) for x in zip(*hits))
-    ctx, start, _, _ = D._state_contexts(r, b, t)
+    ctx, start, _, _ = D.state_contexts(r, b, t)
     lp = np.asarray(D.reply_logprobs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
     got = lp[np.arange(len(a)), a]
     logprobs, span = np.asarray(r.logprobs), np.asarray(r.turns.span_len)
@@ -228,7 +229,7 @@ def test_hand_built_tables(world, rollouts):
     ones = np.ones((s, 1), bool)
     e_opt, e_uni = D.expected_quality(optimal, q), D.expected_quality(uniform, q)
     np.testing.assert_allclose(e_uni, q.mean(1), atol=1e-6)
-    res = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_opt)[:, None], ones, state_mask_S=varies)
+    res = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_opt)[:, None], ones, state_mask_I=varies)
     assert res["share_rl_better"] == 1.0 and res["share_rl_worse"] == 0.0
     same = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_uni)[:, None], ones)
     assert same["share_equal"] == 1.0
@@ -273,7 +274,7 @@ def test_step_quality_pair(world, cfg, policies, rollouts, sq_runs):
     r_base = rollouts[0]
     b, t = res["episode"][:N_STATES], res["turn"][:N_STATES]
     assert np.asarray(r_base.turns.active)[b, t].all()
-    ctx, start, _, h = D._state_contexts(r_base, b, t)
+    ctx, start, _, h = D.state_contexts(r_base, b, t)
     np.testing.assert_array_equal(res["remaining"][:N_STATES], h)
     probs_rl = np.asarray(D.next_action_probs(world, cfg, policies["rl"], ctx, start, score_batch=SCORE))
     np.testing.assert_allclose(res["probs_rl"][:N_STATES], probs_rl, atol=1e-6)

@@ -68,7 +68,7 @@ def test_optimal_policy_beats_suboptimal_base_everywhere(q_table):
     assert float(out["share_rl_better"]) == pytest.approx(9 / 12)
     assert float(out["share_equal"]) == pytest.approx(3 / 12)
     assert float(out["share_rl_worse"]) == 0.0
-    sub = step_quality.step_quality(q_base, valid, q_rl, valid, state_mask_S=base_suboptimal)
+    sub = step_quality.step_quality(q_base, valid, q_rl, valid, state_mask_I=base_suboptimal)
     assert float(sub["share_rl_better"]) == 1.0  # 100% of states where base is suboptimal
     assert float(out["mean_q_rl"]) == pytest.approx(q_table.max(1).mean(), rel=1e-6)
     assert float(out["mean_q_base"]) == pytest.approx(q_base.mean(), rel=1e-6)

@@ -1,4 +1,4 @@
-"""Tests for jaxagent.envs.frozenlake: maps, text observations, dynamics, fuzzed actions, jit/vmap."""
+"""Tests for jaxagent.envs.jax.frozenlake: maps, text observations, dynamics, fuzzed actions, jit/vmap."""
 
 import chex
 import jax
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from jaxagent.envs import frozenlake_solver as fls
-from jaxagent.envs.base import Env, EnvStep, INFO_KEYS, Obs
-from jaxagent.envs.frozenlake import (ACTION_STRINGS, FrozenLake, FrozenLakeParams, generate_map,
+from jaxagent.envs.jax import frozenlake_solver as fls
+from jaxagent.envs.jax.base import Env, EnvStep, INFO_KEYS, Obs
+from jaxagent.envs.jax.frozenlake import (ACTION_STRINGS, FrozenLake, FrozenLakeParams, generate_map,
                                       sample_tasks)
-from jaxagent.envs.text_codec import make_codec
+from jaxagent.envs.jax.text_codec import make_codec
 
 L, R, D, U = fls.LEFT, fls.RIGHT, fls.DOWN, fls.UP
 CODE = {"F": fls.FROZEN, "H": fls.HOLE, "S": fls.START, "G": fls.GOAL}

@@ -1,4 +1,4 @@
-"""Tests for jaxagent.envs.frozenlake_solver against gymnasium 1.4's FrozenLakeEnv and hand values."""
+"""Tests for jaxagent.envs.jax.frozenlake_solver against gymnasium 1.4's FrozenLakeEnv and hand values."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +7,7 @@ from gymnasium.envs.toy_text.frozen_lake import MAPS, FrozenLakeEnv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxagent.envs import frozenlake_solver as fls
+from jaxagent.envs.jax import frozenlake_solver as fls
 
 CODE = {"F": fls.FROZEN, "H": fls.HOLE, "S": fls.START, "G": fls.GOAL}
 HORIZON = 8

@@ -4,6 +4,7 @@ no-retrace guards and input validation.
 Legend: B batch, L prompt width, M new-token buffer, V vocab.
 """
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from scipy import stats
 
 from jaxagent.models import qwen3
-from jaxagent.sampling import GREEDY, Sampler, append, generate, sample
+from jaxagent.sampling import GREEDY, Sampler, append, decode, generate, sample
 from tests.hf_reference import make_hf_qwen3
 
 _gen_module = importlib.import_module("jaxagent.sampling.generate")  # the name `generate` is the function
@@ -331,6 +332,43 @@ def test_kv_windows_equal_full_attention(model, sampled_t1, seam):
     assert int(qwen3.choose_window(sizes, slots + 5).index) == len(sizes) - 1  # too long: the largest
     with pytest.raises(ValueError, match="kv_window"):
         append(params, cfg, cache, extra, n_valid, kv_window=qwen3.KVWindows((slots + 8,), jnp.int32(0)))
+
+
+def _compiled_ops(fn, *args):
+    """(conditionals, batched dot_generals, custom calls) in the program XLA compiled for `fn(*args)`."""
+    hlo = fn.lower(*args).compile().as_text()
+    lines = hlo.splitlines()
+    return (sum("conditional(" in x for x in lines), sum(bool(re.search(r"\bdot\(", x)) and "lhs_batch_dims={0,1}" in x
+                                                        for x in lines), sum("custom-call(" in x for x in lines))
+
+
+@pytest.mark.parametrize("seam", ["accelerator"], indirect=True)
+def test_kv_windows_decode_executes_the_switch_and_the_pv_dot(model, prompts, hf_ref, seam):
+    """Greedy decoding through a run-time window choice (`KVWindows`, one traced index) with the branches
+    GPUs and TPUs compile, executed here: the compiled program holds the `lax.switch` over the sizes (a
+    conditional per layer) whose branches compute the scores and the short-cache p.V as batched
+    dot_generals (no CPU kernel, no multiply-adds), and for every window that holds the sequences the tokens
+    equal transformers' greedy ones."""
+    _, cfg, params = model
+    seqs, _, (right_t, _) = prompts
+    slots = 64
+    sizes = (32, slots)  # 32 holds prompt (<= 9) + MAX_STEPS new tokens
+    cache0 = qwen3.init_cache(cfg, len(LENS), slots)
+    logits0, cache0 = jax.jit(append, static_argnums=1)(params, cfg, cache0, jnp.asarray(right_t),
+                                                        jnp.asarray([len(x) for x in seqs]))
+
+    @jax.jit
+    def windowed(cache, logits, index):
+        return decode(params, cfg, cache, logits, jax.random.key(0), MAX_NEW, max_steps=MAX_STEPS, sampler=GREEDY,
+                      stop_ids=(), pad_id=PAD, kv_window=qwen3.KVWindows(sizes, index))
+
+    conds, batched, calls = _compiled_ops(windowed, cache0, logits0, jnp.int32(0))
+    layers = cfg.num_hidden_layers
+    assert calls == 0 and conds >= layers  # the switch over the sizes, in every layer
+    assert batched == 2 * layers * len(sizes)  # scores and p.V dots in each branch of each layer's switch
+    for i in range(len(sizes)):
+        out = windowed(cache0, logits0, jnp.int32(i))
+        np.testing.assert_array_equal(np.asarray(out.tokens)[:, :MAX_NEW], hf_ref)
 
 
 def test_untied_head_gives_the_same_logits(model, prompts):

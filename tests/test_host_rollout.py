@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.envs import host
-from jaxagent.envs.sql_env import SQLEnv
+from jaxagent.envs.host import base as host
+from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import chat, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
@@ -406,3 +406,5 @@ def test_bad_inputs(tok, envs):
         run([1, 1], env=type("J", (), {"jittable": True})())
     with pytest.raises(ValueError, match="host envs"):
         run([1, 1], rcfg=dataclasses.replace(RCFG, process_reward_fn=lambda *a: 0.0))
+    with pytest.raises(ValueError, match="allow_forced"):  # a JAX-loop field the host loop would ignore
+        run([1, 1], rcfg=dataclasses.replace(RCFG, allow_forced=True))

@@ -73,7 +73,7 @@ def _programs(dtype):
 
 
 def _rollout_program(dtype):
-    from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
+    from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
     from jaxagent.models.tokenizer import build_word_tokenizer
     from jaxagent.rollout import RolloutConfig, budget_format, chat_layout, env_codec
     from jaxagent.rollout.jax_loop import rollout_jit

@@ -255,3 +255,24 @@ def test_report_says_when_both_policies_sit_on_the_structural_bound(tmp_path):
         return md[md.index("## 2. FrozenLake"):]
     assert "every policy reaches the structural upper bound (18.8%" in f2_text(0.1875, 0.1875)
     assert "structural upper bound" not in f2_text(0.125, 0.1875)
+
+
+def test_a_comparator_at_the_structural_bound_makes_a_directional_finding_underpowered():
+    """f7 at the tightest tier: GRPO within 2 points of the bound cannot be beaten by E = 10 points, so a CI
+    holding 0 is underpowered (ceiling) whether it has zero width or not; with headroom the rule is the usual
+    one, and a CI above 0 stays reproduced."""
+    f = next(x for x in report.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
+
+    def verdict(lo, hi, base, bound):
+        m = report.flatten_metrics({"f7_process_frozenlake": {
+            "base": base, "rl": base, "bound": bound,
+            "diff": {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "lo90": lo, "hi90": hi, "se": (hi - lo) / 4,
+                     "mde": 0.02, "n_seeds": 5, "method": "cluster bootstrap"}}})
+        return report.finding_verdict(f, m)
+
+    v, why = verdict(0.0, 0.0, 0.2344, 0.2344)
+    assert v == report.UNDERPOWERED and why.startswith("ceiling") and "< E = 10.0" in why
+    v, why = verdict(0.0, 0.012, 0.2375, 0.2656)
+    assert v == report.UNDERPOWERED and "by more than 2.8" in why
+    assert verdict(-0.01, 0.02, 0.30, 0.60)[0] == report.NOT_REPRODUCED  # headroom 30 points: E excluded
+    assert verdict(0.004, 0.02, 0.2375, 0.2656)[0] == report.REPRODUCED   # a real gain stands at the bound

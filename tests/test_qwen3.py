@@ -2,6 +2,7 @@
 import functools
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.models import qwen3, weights
+from jaxagent.models import ops, qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from tests.hf_reference import hf_logits, make_hf_qwen3
 
@@ -144,6 +145,18 @@ def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, seam, slots, wind
     full = np.asarray(fwd(params, jnp.asarray(toks), cfg))
     step = jax.jit(lambda p, t, c: qwen3.forward(p, cfg, t, cache=c, kv_window=window))
     cache = qwen3.init_cache(cfg, 2, slots)
+    # the path the docstring names is the one compiled: batched dot_generals (attention's scores and p.V; the
+    # projections are plain dots) and custom calls (the CPU kernels) in the program XLA built for this step
+    hlo = step.lower(params, jnp.asarray(toks[:, :1]), cache).compile().as_text().splitlines()
+    batched = sum(bool(re.search(r"\bdot\(", x)) and "lhs_batch_dims={0,1}" in x for x in hlo)
+    kernel_calls = sum("custom-call(" in x for x in hlo)
+    layers = cfg.num_hidden_layers
+    if seam == "cpu_xla":  # scores always multiply-adds; p.V too up to _SUM_MAX_SLOTS slots, a dot past it
+        assert kernel_calls == 0 and batched == (layers if slots > ops._SUM_MAX_SLOTS else 0), (slots, batched)
+    elif seam == "accelerator":
+        assert kernel_calls == 0 and batched == 2 * layers
+    elif ops.kernels_built():  # the fused attention kernel in every layer, no XLA attention
+        assert kernel_calls >= layers and batched == 0
     outs = []
     for i in range(toks.shape[1]):
         lg, cache = step(params, jnp.asarray(toks[:, i:i + 1]), cache)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
+from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import build_word_tokenizer

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
+from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import build_word_tokenizer

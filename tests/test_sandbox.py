@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from jaxagent.envs import sandbox
-from jaxagent.envs.sandbox import (SandboxLimits, SandboxSetupError, SandboxUnavailable, run_calls,
+from jaxagent.envs.host import sandbox
+from jaxagent.envs.host.sandbox import (SandboxLimits, SandboxSetupError, SandboxUnavailable, run_calls,
                                    strong_isolation_problem)
 
 LIMITS = SandboxLimits(wall_s=2.0, per_call_s=0.5, cpu_s=3)
@@ -269,9 +269,10 @@ def test_weak_mode_blocks_sockets_outside_writes_and_special_files(tmp_path):
 
 
 def test_child_program_is_the_package_module():
-    import jaxagent.envs.sandbox_child as child
+    import jaxagent.envs.host.sandbox_child as child
 
-    assert os.path.samefile(sandbox._CHILD, child.__file__) and child.MARK.encode() == sandbox._MARK
+    assert os.path.samefile(sandbox._CHILD, os.path.dirname(child.__file__)) and child.MARK.encode() == sandbox._MARK
+    assert os.path.isfile(os.path.join(sandbox._CHILD, "__main__.py"))  # `python -I -S <directory>` runs it
 
 
 def test_bad_arguments_raise_value_error():
@@ -312,7 +313,7 @@ def test_probe_names_what_is_missing(monkeypatch):
 
 _UNDER_UNSHARE = textwrap.dedent("""\
     import sys
-    import jaxagent.envs.sandbox as s
+    import jaxagent.envs.host.sandbox as s
     if sys.argv[1] == "bypass-probe":
         s.strong_isolation_problem = lambda: None  # as if the probe had missed what is missing
     try:
@@ -506,7 +507,7 @@ def test_deeply_nested_control_lines_do_not_raise():
 
 _PARENT = textwrap.dedent("""\
     import sys
-    from jaxagent.envs.sandbox import SandboxLimits, run_calls
+    from jaxagent.envs.host.sandbox import SandboxLimits, run_calls
     mode = sys.argv[1]
     code = "import time\\ndef f():\\n    time.sleep(60)\\n"
     run_calls(code, "f", [[]], SandboxLimits(wall_s=30.0, per_call_s=25.0, cpu_s=30, mode=mode))

@@ -9,9 +9,9 @@ import tracemalloc
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxagent.envs import host
-from jaxagent.envs import sql_env
-from jaxagent.envs.sql_env import (QueryError, SQLEnv, SQLState, parse_sql_action, results_match,
+from jaxagent.envs.host import base as host
+from jaxagent.envs.host import sql_env
+from jaxagent.envs.host.sql_env import (QueryError, SQLEnv, SQLState, parse_sql_action, results_match,
                                      run_query)
 
 

@@ -209,24 +209,78 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
             assert f"Seeds: {metrics[f'{f.diff}.seeds']}." in rep.markdown, f.key
 
 
+def _recomputed(ci_run):
+    """Run numbers recomputed from the run's raw files (the training logs, the per-policy eval files, the bound
+    stored next to them), never read from metrics.json or computed by report.py / experiments.eval: key -> value."""
+    want = {}
+    for arm in ("grpo", "budgetmix"):
+        for s in (0, 1):
+            recs = [json.loads(line) for line in open(os.path.join(ci_run, "arms", arm, f"seed{s}", "metrics.jsonl"))
+                    if line.strip()]
+            valid = [float(r["valid_action_rate"]) for r in recs if isinstance(r.get("valid_action_rate"), (int, float))]
+            success = [float(r["success_rate"]) for r in recs if isinstance(r.get("success_rate"), (int, float))]
+            prefix = f"health.{arm}.seed{s}"
+            want.update({f"{prefix}.min_valid": min(valid), f"{prefix}.last_valid": valid[-1],
+                         f"{prefix}.last_success": success[-1]})
+    base, rl = _per_task(ci_run, "base"), [_per_task(ci_run, f"grpo_seed{s}") for s in (0, 1)]  # [U, J, P]
+    want["f1_breadth.base"] = float(np.mean(base[-1, -1]))  # full budget (last tier), largest K
+    want["f2_shrink_frozenlake.base_full"] = float(np.mean(base[-1, -1]))
+    want["f2_shrink_frozenlake.base_tight"] = float(np.mean(base[0, -1]))
+    tiers = json.load(open(os.path.join(ci_run, "eval", "base.json")))["announced"]["tiers"]
+    want["f2_shrink_frozenlake.tight_turns"] = float(tiers[0])
+    gaps = [r - base for r in rl]
+    for prefix in ("f1_breadth.diff", "f1_breadth.diff.all"):  # mean over the two seeds of task-mean gaps
+        want[f"{prefix}.mean"] = float(np.mean([np.mean(g[-1, -1]) for g in gaps]))
+    for prefix in ("f2_shrink_frozenlake.diff", "f2_shrink_frozenlake.diff.all"):
+        want[f"{prefix}.mean"] = float(np.mean([np.mean(g[0, -1] - g[-1, -1]) for g in gaps]))
+    nll = []
+    for s in (0, 1):
+        x = json.load(open(os.path.join(ci_run, "eval", f"likelihood_grpo_seed{s}.json")))
+        nll.append(np.mean(x["nll_rl_actions"]) - np.mean(x["nll_base_actions"]))
+    for prefix in ("f5_nll.diff", "f5_nll.diff.all"):
+        want[f"{prefix}.mean"] = float(np.mean(nll))
+    return want
+
+
+def _shows(shown: str, value: float) -> bool:
+    """The printed text is `value` (or `value` in percent) rounded to the digits shown."""
+    digits = len(shown.split(".")[1]) if "." in shown else 0
+    half = 0.5 * 10 ** -digits + 1e-9
+    x = float(shown)
+    return abs(x - value) <= half or abs(x - 100 * value) <= half
+
+
 @pytest.mark.slow
 def test_every_printed_number_comes_from_the_run(ci_run, outputs):
+    """Each number the report prints: the text shows it (rounded as printed), the run's metrics.json holds it,
+    and where it can be recomputed from the run's raw files (training logs, eval files), it equals that."""
     text, metrics, _ = outputs
     rep = report.build_report(metrics, ci_run, figures={})
     nums = report.printed_numbers(rep)
     assert len(nums) > 30
     findings = {f.key: f for f in report.DEFAULT_FINDINGS}
+    recomputed = _recomputed(ci_run)
+    checked = []
     for shown, value, source in nums:
         kind, key = source.split(":", 1)
+        assert shown in text, source
         if kind == "run":
-            assert metrics[key] == pytest.approx(value), key
+            # metrics.json on disk, not the value report.py passed along
+            assert json.load(open(os.path.join(ci_run, "metrics.json")))[key] == pytest.approx(value), key
+            if key in recomputed:
+                assert _shows(shown, recomputed[key]), (key, shown, recomputed[key])
+                assert value == pytest.approx(recomputed[key], abs=1e-6), key
+                checked.append(key)
         elif kind == "paper":
-            assert report.PAPER_FIGURES[key]["value"] == pytest.approx(value), key
+            assert _shows(shown, report.PAPER_FIGURES[key]["value"]), key
         else:
             fkey, what = key.rsplit(".", 1)
-            assert kind == "rule" and value == pytest.approx(
-                findings[fkey].margin if what == "margin" else report.reference_effect(findings[fkey], metrics))
-        assert shown in text, source
+            rule = findings[fkey].margin if what == "margin" else report.reference_effect(findings[fkey], metrics)
+            assert kind == "rule" and _shows(shown, abs(rule)), key
+    # the health table, f1, f2 and f5 numbers were all recomputed independently
+    assert sum(k.startswith("health.") for k in checked) == 12, checked
+    assert {"f1_breadth.base", "f2_shrink_frozenlake.base_tight", "f2_shrink_frozenlake.tight_turns"} <= set(checked)
+    assert any(k.startswith("f1_breadth.diff") for k in checked) and any(k.startswith("f5_nll.diff") for k in checked)
     # the report on disk is the one build_report makes from metrics.json (plus figures and the hidden table)
     assert rep.verdicts == {f.key: report.finding_verdict(f, metrics)[0] for f in report.DEFAULT_FINDINGS
                             if f.key in rep.verdicts}

@@ -46,12 +46,13 @@ def mesh_run(tmp_path_factory):
     study.mark_done(run.path("base"))
     base = study.run_base(run, log=lambda *_: None)
 
-    seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": []}
+    seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}
     real_rollout, real_make_step, real_save = stages.rollout, stages.make_train_step, ckpt_lib.save
 
     def spy_rollout(params, *args, **kw):
         seen["rollout_params"].append(jax.tree.leaves(params))
         seen["rollout_tasks"].append(jax.tree.leaves(args[4]))
+        seen["rollout_mesh"].append(jax.sharding.get_abstract_mesh())
         return real_rollout(params, *args, **kw)
 
     def spy_make_step(*args, **kw):
@@ -113,10 +114,14 @@ def test_rollouts_and_train_step_get_the_mesh_and_bf16(mesh_run):
     assert kw["mesh"] is mesh_run["run"].mesh and kw["compute_dtype"] == jnp.bfloat16
     # one rollout per iteration (ITERATIONS in all, over the two processes' lifetimes)
     assert len(seen["rollout_params"]) == ITERATIONS
-    for leaves, tasks in zip(seen["rollout_params"], seen["rollout_tasks"]):
+    for leaves, tasks, mesh in zip(seen["rollout_params"], seen["rollout_tasks"], seen["rollout_mesh"]):
         assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
         assert all(len(x.sharding.device_set) == 8 for x in leaves)
         assert any(not x.sharding.is_fully_replicated for x in leaves)
+        # sharding.ROLLOUT_RULES: split over tensor only, no weight gathered over fsdp while decoding
+        assert all("fsdp" not in jax.tree.leaves(tuple(x.sharding.spec)) for x in leaves)
+        # the rollout runs under the mesh context, so the model pins its activations to the batch axes
+        assert not mesh.empty and dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
         # the episodes are split over data x fsdp
         assert any(x.sharding.spec and x.sharding.spec[0] == ("data", "fsdp") for x in tasks)
 

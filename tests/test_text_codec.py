@@ -1,4 +1,4 @@
-"""Tests for jaxagent.envs.text_codec with a word-level tokenizer and the real Qwen3 BPE."""
+"""Tests for jaxagent.envs.jax.text_codec with a word-level tokenizer and the real Qwen3 BPE."""
 import importlib.util
 import os
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from jaxagent.envs.text_codec import TextCodec, compact, concat, make_codec, parse_action, render
+from jaxagent.envs.jax.text_codec import TextCodec, compact, concat, make_codec, parse_action, render
 
 _parse = jax.jit(parse_action)
 _render = jax.jit(render)

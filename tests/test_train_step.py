@@ -346,6 +346,23 @@ def test_critic_values_align_to_action_tokens():
         critic.values({"value_head": cp["value_head"]}, CFG, tokens)
 
 
+def test_critic_values_fn_row_chunks_and_mesh_equal_plain_values():
+    """`critic.make_values_fn` (PPO's old values in stages): 4 row chunks on a (2, 2, 2) mesh, rows sharded
+    over data x fsdp, give the plain values; bad chunk counts are a clear error."""
+    cp = critic.init(CFG, jax.random.key(1), backbone=np_params(CFG, 1))
+    tokens = make_batch()["tokens"]
+    want = np.asarray(jit(lambda p, t: critic.values(p, CFG, t))(cp, tokens))
+    mesh = sharding.make_mesh(2, 2, 2)
+    fn = critic.make_values_fn(CFG, mesh=mesh, micro_batches=2, remat="full")
+    p_sh = sharding.shardings_for(critic.logical_axes(CFG), cp, mesh)
+    row = sharding.row_sharding(mesh)
+    got = fn(jax.device_put(cp, p_sh), jax.device_put(tokens, row))
+    assert got.sharding.is_equivalent_to(row, 2)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    with pytest.raises(ValueError, match="row chunks"):
+        critic.values(cp, CFG, tokens, micro_batches=3)
+
+
 def test_ppo_step_separate_critic(reference):
     _, ref, _ = reference
     vs = ts.ValueSettings(clip_eps=0.2, shared_backbone=False)

@@ -1,7 +1,7 @@
 """Episode status codes and cost curves (turns, generated tokens, env calls) from rollout outputs.
 
-Dimension legend (this module): B episodes (any leading shape is flattened into episodes),
-T budget tiers. The rollout imports the status codes below.
+Dimension legend (CONVENTIONS.md): B episodes (any leading shape is flattened into episodes),
+U budget tiers. The rollout imports the status codes below.
 """
 from __future__ import annotations
 
@@ -60,9 +60,9 @@ def cost_summary(status, turns, gen_tokens, env_calls, mask=None) -> dict[str, j
     return out
 
 
-def cost_curves(status_TxB, turns_TxB, gen_tokens_TxB, env_calls_TxB, mask_TxB=None) -> dict[str, jax.Array]:
+def cost_curves(status_UxB, turns_UxB, gen_tokens_UxB, env_calls_UxB, mask_UxB=None) -> dict[str, jax.Array]:
     """`cost_summary` at every budget tier: each value gains a leading T axis."""
-    _checks.require_same_shape(status_TxB, turns_TxB, "status_TxB", "turns_TxB")
-    if mask_TxB is None:
-        mask_TxB = jnp.ones(jnp.shape(status_TxB), bool)
-    return jax.vmap(cost_summary)(status_TxB, turns_TxB, gen_tokens_TxB, env_calls_TxB, mask_TxB)
+    _checks.require_same_shape(status_UxB, turns_UxB, "status_UxB", "turns_UxB")
+    if mask_UxB is None:
+        mask_UxB = jnp.ones(jnp.shape(status_UxB), bool)
+    return jax.vmap(cost_summary)(status_UxB, turns_UxB, gen_tokens_UxB, env_calls_UxB, mask_UxB)

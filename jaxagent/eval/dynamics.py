@@ -1,7 +1,7 @@
 """Training dynamics: trajectory reward R_multi vs single-step reward R_single, and a JSONL log of both.
 
-Dimension legend (this module): B episodes of the training batch, S held-out states, A actions,
-L logged records.
+Dimension legend (CONVENTIONS.md): B episodes of the training batch, I held-out states, A actions,
+Lg logged records.
 
 docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
 batch; R_single = mean single-step quality on a fixed held-out state set (FrozenLake: probability mass
@@ -27,28 +27,28 @@ def r_multi(success_B, mask_B=None) -> jax.Array:
     return jnp.sum(success_B * mask_B) / mask_B.sum()
 
 
-def optimal_action_mask(q_SxA, valid_SxA=None, *, tol: float = 0.0) -> jax.Array:
-    """Q*-optimal actions bool[S, A]: valid a with Q*(s, a) >= max_{a' valid} Q*(s, a') - tol."""
-    _checks.require_ndim(q_SxA, 2, "q_SxA")
-    q_SxA = jnp.asarray(q_SxA, jnp.float32)
-    valid_SxA = jnp.ones(q_SxA.shape, bool) if valid_SxA is None else jnp.asarray(valid_SxA, bool)
-    best_S1 = jnp.max(jnp.where(valid_SxA, q_SxA, -jnp.inf), axis=-1, keepdims=True)
-    return valid_SxA & (q_SxA >= best_S1 - tol)
+def optimal_action_mask(q_IxA, valid_IxA=None, *, tol: float = 0.0) -> jax.Array:
+    """Q*-optimal actions bool[I, A]: valid a with Q*(s, a) >= max_{a' valid} Q*(s, a') - tol."""
+    _checks.require_ndim(q_IxA, 2, "q_IxA")
+    q_IxA = jnp.asarray(q_IxA, jnp.float32)
+    valid_IxA = jnp.ones(q_IxA.shape, bool) if valid_IxA is None else jnp.asarray(valid_IxA, bool)
+    best_Ix1 = jnp.max(jnp.where(valid_IxA, q_IxA, -jnp.inf), axis=-1, keepdims=True)
+    return valid_IxA & (q_IxA >= best_Ix1 - tol)
 
 
-def r_single(probs_SxA, optimal_SxA, state_mask_S=None) -> jax.Array:
+def r_single(probs_IxA, optimal_IxA, state_mask_I=None) -> jax.Array:
     """R_single = mean_s sum_a pi(a | s) 1[a is Q*-optimal at s] over the (masked) held-out states."""
-    _checks.require_ndim(probs_SxA, 2, "probs_SxA")
-    _checks.require_same_shape(probs_SxA, optimal_SxA, "probs_SxA", "optimal_SxA")
-    mass_S = jnp.sum(jnp.asarray(probs_SxA, jnp.float32) * jnp.asarray(optimal_SxA, jnp.float32), axis=-1)
-    mask_S = jnp.ones_like(mass_S) if state_mask_S is None else jnp.asarray(state_mask_S, jnp.float32)
-    return jnp.sum(mass_S * mask_S) / mask_S.sum()
+    _checks.require_ndim(probs_IxA, 2, "probs_IxA")
+    _checks.require_same_shape(probs_IxA, optimal_IxA, "probs_IxA", "optimal_IxA")
+    mass_I = jnp.sum(jnp.asarray(probs_IxA, jnp.float32) * jnp.asarray(optimal_IxA, jnp.float32), axis=-1)
+    mask_I = jnp.ones_like(mass_I) if state_mask_I is None else jnp.asarray(state_mask_I, jnp.float32)
+    return jnp.sum(mass_I * mask_I) / mask_I.sum()
 
 
-def dynamics_deltas(r_multi_L, r_single_L) -> dict[str, jax.Array]:
+def dynamics_deltas(r_multi_Lg, r_single_Lg) -> dict[str, jax.Array]:
     """Change over training, last logged value minus first (finding 6: R_multi +0.331, R_single -0.097)."""
-    r_multi_L, r_single_L = jnp.asarray(r_multi_L, jnp.float32), jnp.asarray(r_single_L, jnp.float32)
-    return {"r_multi_delta": r_multi_L[-1] - r_multi_L[0], "r_single_delta": r_single_L[-1] - r_single_L[0]}
+    r_multi_Lg, r_single_Lg = jnp.asarray(r_multi_Lg, jnp.float32), jnp.asarray(r_single_Lg, jnp.float32)
+    return {"r_multi_delta": r_multi_Lg[-1] - r_multi_Lg[0], "r_single_delta": r_single_Lg[-1] - r_single_Lg[0]}
 
 
 class DynamicsLog:
@@ -76,7 +76,7 @@ class DynamicsLog:
             return [json.loads(line) for line in f if line.strip()]
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The records as arrays: step int64[L], r_multi float64[L], r_single float64[L]."""
+        """The records as arrays: step int64[Lg], r_multi float64[Lg], r_single float64[Lg]."""
         records = self.read()
         return {
             "step": np.asarray([r["step"] for r in records], np.int64),

@@ -50,7 +50,9 @@ VERDICT_RULE = (
     "**reproduced** if the two one-sided tests at 5% show equivalence within the stated margin m (the 90% CI "
     "inside (-m, m)); **not reproduced** if the 95% CI excludes 0; **underpowered** if neither and MDE > m; "
     "**inconclusive** otherwise. A zero-width CI (every seed and unit gave the same difference, e.g. both "
-    "policies at the structural upper bound) is **inconclusive**.")
+    "policies at the structural upper bound) is **inconclusive**. A directional finding whose comparator sits "
+    "closer than E to the structural upper bound of its budget tier (so a difference of E cannot occur there) "
+    "and whose CI contains 0 is **underpowered** (ceiling), whatever the width of its CI.")
 
 
 @dataclasses.dataclass(frozen=True)

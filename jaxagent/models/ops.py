@@ -8,7 +8,7 @@ the same shapes and dtypes, so a program lowered for TPU or GPU (on a CPU host o
 the XLA branch and no `jaxagent_*` custom call. Nothing here asks which backend the host runs.
 
 Legend: B batch, T tokens, S cache slots, D model width, F MLP width, H query heads, K KV heads,
-G = H / K, E head dim, V vocab, N = H + 2K fused q/k/v heads.
+Q = H / K, E head dim, V vocab (CONVENTIONS.md); `rope` takes any head count (`x_BxTxhxE`, h heads).
 """
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ def rope_tables(positions_BxT, head_dim, theta):
     return platform_select(positions_BxT, cpu=cpu, default=tables)
 
 
-def rope(x_BxTxNxE, tables):
+def rope(x_BxTxhxE, tables):
     """Rotary embedding, half-split layout (HF `rotate_half`): x cos + rotate_half(x) sin."""
-    cos, sin = (t.astype(x_BxTxNxE.dtype) for t in tables)
-    x1, x2 = jnp.split(x_BxTxNxE, 2, axis=-1)
+    cos, sin = (t.astype(x_BxTxhxE.dtype) for t in tables)
+    x1, x2 = jnp.split(x_BxTxhxE, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return x_BxTxNxE * cos + rotated * sin
+    return x_BxTxhxE * cos + rotated * sin
 
 
 def _dot_f32(a, b, dims):
@@ -176,7 +176,7 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     kt_all, v_all = kt_all.astype(q.dtype), v_all.astype(q.dtype)
     b, t = q.shape[:2]
     k, g, e = cfg.num_key_value_heads, cfg.group_size, cfg.head_dim
-    q = q.reshape(b, t, k, g, e).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, E]
+    q = q.reshape(b, t, k, g, e).transpose(0, 2, 3, 1, 4)  # [B, K, Q, T, E]
     few = t * g <= _FEW_QUERIES
 
     def scores_dot(q, kt):
@@ -193,7 +193,7 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
     # head instead of [T, S]. The shift only keeps exp in range (its gradient is exactly 0).
     unnorm = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-    denom = jnp.sum(unnorm, axis=-1)  # [B, K, G, T]
+    denom = jnp.sum(unnorm, axis=-1)  # [B, K, Q, T]
 
     def pv_dot(p, v):
         return _batched_dot(p.astype(v.dtype).reshape(b, k, g * t, -1), v).reshape(b, k, g, t, e)

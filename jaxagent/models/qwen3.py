@@ -7,10 +7,10 @@ pure function. The few platform-dependent operations go through the ops seam (`j
 where programs lowered for CPU may use the compiled CPU kernels; every other program is plain XLA.
 
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
-K key/value heads, G = H / K query heads per KV head, E head dim, V vocab, L layers.
+K key/value heads, Q = H / K query heads per KV head, E head dim, V vocab (CONVENTIONS.md).
 
-KV cache (`init_cache`): {'k': [L x (B, K, E, S)], 'v': [L x (B, K, S, E)], 'length': int32[B]}: head-major,
-keys stored transposed so that decoding scores every slot with vector ops along S (see `ops.attention`).
+KV cache (`init_cache`): {'k': [n_layers x (B, K, E, S)], 'v': [n_layers x (B, K, S, E)], 'length': int32[B]}:
+head-major, keys stored transposed so that decoding scores every slot with vector ops along S (see `ops.attention`).
 Row b holds its tokens contiguously in slots [0, length[b]); a call writes its T tokens at slots
 length[b] .. length[b]+T-1 and advances length by n_valid[b] (<= T). Positions (RoPE) equal slot
 indices, so right-padded batches, per-row decode and appending an environment's reply to a cached

@@ -2,7 +2,7 @@
 
 `checkpoint` (orbax) is imported lazily: `jaxagent.rl.checkpoint` loads it on first use.
 """
-from jaxagent.rl import advantages, critic, losses, optim, train_step
+from jaxagent.rl import advantages, critic, logprobs, losses, optim, train_state, train_step
 from jaxagent.rl.optim import make_optimizer, make_schedule, nonfinite_count
 from jaxagent.rl.train_step import (LossSettings, TrainState, ValueSettings, abstract_train_state,
                                     advance_data, init_train_state, make_ppo_train_step,
@@ -16,7 +16,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'jaxagent.rl' has no attribute {name!r}")
 
 
-__all__ = ["advantages", "losses", "critic", "optim", "train_step", "checkpoint", "make_optimizer",
+__all__ = ["advantages", "losses", "critic", "logprobs", "optim", "train_state", "train_step", "checkpoint", "make_optimizer",
            "make_schedule", "nonfinite_count", "LossSettings", "ValueSettings", "TrainState",
            "init_train_state", "abstract_train_state", "state_shardings", "make_train_step",
            "make_ppo_train_step", "token_logprobs", "split_rng", "advance_data"]

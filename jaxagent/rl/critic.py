@@ -22,6 +22,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from jaxagent import sharding, xla_options
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 
@@ -70,14 +71,43 @@ def head_values(value_head: dict, h_BxTxD: jax.Array) -> jax.Array:
 
 
 def values(critic_params: CriticParams, cfg: Qwen3Config, tokens_BxT: jax.Array, *,
-           remat: Optional[str] = None, mesh=None) -> jax.Array:
+           remat: Optional[str] = None, mesh=None, micro_batches: int = 1) -> jax.Array:
     """V [B, T] (f32) of a separate-backbone critic, aligned to the action token (module doc).
     `remat` / `mesh`: the backbone's per-layer checkpoint policy and activation-sharding mesh
-    (`qwen3.hidden_states`); the critic never computes vocabulary logits."""
+    (`qwen3.hidden_states`); the critic never computes vocabulary logits. `micro_batches` M: the rows
+    go through the backbone in M chunks (`sharding.map_row_chunks`), which bounds activation memory
+    (e.g. the attention scores of B / M rows); the values are the same per row."""
     if "backbone" not in critic_params:
         raise ValueError("critic params have no 'backbone' (shared-backbone critic): apply "
                          "head_values to the policy's hidden states instead")
     if tokens_BxT.ndim != 2:
         raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
-    h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, tokens_BxT, remat=remat, mesh=mesh)
-    return head_values(critic_params["value_head"], h_BxTxD)
+
+    def one(toks_BxT):
+        h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, toks_BxT, remat=remat, mesh=mesh)
+        return head_values(critic_params["value_head"], h_BxTxD)
+
+    return sharding.map_row_chunks(one, tokens_BxT, micro_batches, mesh)
+
+
+def make_values_fn(cfg: Qwen3Config, *, mesh=None, micro_batches: int = 1, remat: Optional[str] = None,
+                   compute_dtype=None):
+    """`values_fn(critic_params, tokens_BxT) -> V [B, T]`: `values` as one jitted program (PPO's old
+    values for GAE, `rl.loop.rl_iteration`). `compute_dtype` (e.g. jnp.bfloat16): floating params cast
+    for the forward (as the train step computes the new values). With a `mesh`: params on their
+    `logical_axes` shardings (`sharding.RULES`), rows in and out over the mesh's batch axes
+    (`sharding.row_sharding`), the residual stream pinned per row (`values(mesh=)`): every chip scores
+    only its rows, B / (data x fsdp) / micro_batches at a time. Callers place their arguments on
+    those shardings first (`jax.device_put`); `.lower` takes ShapeDtypeStructs carrying them."""
+
+    def fn(cp, tokens_BxT):
+        if compute_dtype is not None:
+            cp = jax.tree.map(lambda x: x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                              cp)
+        return values(cp, cfg, tokens_BxT, remat=remat, mesh=mesh, micro_batches=micro_batches)
+
+    if mesh is None:
+        return xla_options.jit(fn)
+    p_sh = sharding.shardings_for(logical_axes(cfg), param_shapes(cfg), mesh)
+    row = sharding.row_sharding(mesh)
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row)

@@ -1,6 +1,7 @@
 """The RL loop: rollout -> advantages -> K epochs of minibatch updates -> metrics.
 
-Legend: B episodes (= n_tasks x G), G group size, N turns (T_max), S token slots.
+Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, N turns (T_max), S context
+slots.
 
 `rl_iteration` is one iteration for any jittable env; research code passes its own `rollout_fn`
 (params, tasks, budgets, key) -> Rollout and `sample_tasks_fn` (key, n) -> tasks. Advantages are
@@ -16,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs import budgets as budgets_lib
+from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl.train_step import TrainState, split_rng, advance_data
+from jaxagent.rollout.episode import finished
 from jaxagent.rollout.types import Rollout
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "process", "ppo")
@@ -73,8 +75,7 @@ def _ppo_turn_targets(values_BxS, ro: Rollout, gamma, lam):
     rewards = env rewards (0 for unfinished budget/context-exhausted episodes' final turn), the
     value after the last turn is 0 (terminal or out of budget: no more turns)."""
     v_BxN = jnp.take_along_axis(values_BxS, ro.turns.span_start, axis=1) * ro.turns.active
-    finished = (ro.status == 1) | (ro.status == 2)
-    r_BxN = ro.turns.reward * finished[:, None]
+    r_BxN = ro.turns.reward * finished(ro.status)[:, None]
     adv, ret = adv_lib.batch_gae(r_BxN, v_BxN, ro.turns.active, jnp.zeros(r_BxN.shape[0]), gamma=gamma, lam=lam)
     n = jnp.maximum(ro.turns.active.sum(), 1)
     mean = jnp.sum(adv * ro.turns.active) / n
@@ -122,12 +123,27 @@ def sample_budgets(key, settings: RLSettings, t_max: int):
 
 def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sample_tasks_fn: Callable,
                  train_step: Callable, settings: RLSettings, t_max: int,
-                 values_fn: Optional[Callable] = None) -> tuple[TrainState, dict, Rollout]:
+                 values_fn: Optional[Callable] = None,
+                 logprobs_fn: Optional[Callable] = None) -> tuple[TrainState, dict, Rollout]:
     """One RL iteration: sample n_tasks tasks, G rollouts each (budgets full or BudgetMix), compute
     advantages, then `epochs` passes of `minibatches` updates over the shuffled episodes.
 
     Returns the new state, metrics (rollout statistics + the mean of the train-step metrics) and the
     rollout. `values_fn(critic_params, tokens) -> [B, S]` is needed for PPO.
+
+    `logprobs_fn(params, tokens) -> [B, S]` (the trainer's log-probs, e.g. `logprobs.make_logprobs_fn`;
+    given with a truncated-IS train step, `LossSettings.tis_cap`): when the iteration makes more than
+    one update (epochs x minibatches > 1), the trainer's log-probs under the pre-update params are
+    computed once, before the first update, and every update gets them as `old_logprobs` (the PPO
+    ratio's pi_old) with the sampler's as `sampler_logprobs` (the TIS weight's denominator):
+      L = -E_t[ min(pi_old(a_t) / pi_sampler(a_t), C) *
+                min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t) ],   r_t = pi_theta(a_t) / pi_old(a_t),
+    the decoupled PPO objective (behaviour policy pi_sampler, proximal policy pi_old: Hilton et al.
+    2022, "Batch size-invariance for policy optimization") with the truncated importance-sampling
+    weight of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (TIS; `losses.truncated_is_weights`). With one update the train step's own first
+    forward is pi_old (exact, no extra forward) and `logprobs_fn` is not called; without it the
+    sampler's log-probs are pi_old in every update, as before.
     """
     state, key = split_rng(state)
     k_task, k_budget, k_roll, k_shuffle = jax.random.split(key, 4)
@@ -139,6 +155,9 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
     adv, keep, extra = compute_advantages(ro, settings, values)
     batch = {"tokens": ro.tokens, "policy_mask": ro.policy_mask & keep[:, None], "advantages": adv,
              "old_logprobs": ro.logprobs, **extra}
+    if logprobs_fn is not None and settings.epochs * settings.minibatches > 1:  # pi_old once, pre-update
+        batch["old_logprobs"] = logprobs_fn(state.params, ro.tokens)
+        batch["sampler_logprobs"] = ro.logprobs
     b = settings.batch_size
     mb = b // settings.minibatches
     train_metrics = []

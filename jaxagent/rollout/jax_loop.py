@@ -7,10 +7,13 @@ Each turn, for every episode at once:
      episode's KV cache (inactive episodes append nothing);
   3. the policy samples a reply (stop token or `max_action_tokens`), written into the cache too;
   4. the env steps on the reply's tokens; rewards, validity, anchors and the process reward recorded.
-The per-episode work (building chunks, stepping the env, bookkeeping) is written for one episode and
-vmapped; the model runs batched over episodes. Budgets are data, so new budgets never recompile.
+The chunk, the status rules and `finished` are `episode`'s (one home for the JAX loop, the host loop, the
+evaluation and the RL loop). The per-episode work (building chunks, stepping the env, bookkeeping) is
+written for one episode and vmapped; the model runs batched over episodes. Budgets are data, so new
+budgets never recompile.
 
-Legend: B episodes, N turns (T_max), S context slots, C chunk tokens, M action tokens, V vocab.
+Dimension legend (CONVENTIONS.md): B episodes, N turns (T_max), S context slots, C chunk tokens, M action
+tokens, V vocab.
 """
 from __future__ import annotations
 
@@ -22,14 +25,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs import budgets as budgets_lib
-from jaxagent.envs.budgets import BudgetFormat
-from jaxagent.envs.text_codec import concat, render
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.envs.jax.budgets import BudgetFormat
+from jaxagent.envs.jax.text_codec import concat
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rollout import types
+from jaxagent.rollout import episode, types
+from jaxagent.rollout.episode import EpisodeConfig, max_chunk
 from jaxagent.rollout.layout import ChatLayout
-from jaxagent.sampling import Sampler, append, decode
+from jaxagent.sampling import append, decode
 from jaxagent.sampling.generate import bucket
 from jaxagent import xla_options
 
@@ -45,13 +49,10 @@ def oracle_process_reward(env, state, action, remaining, env_params):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Static settings of a rollout (hashable)."""
+class RolloutConfig(EpisodeConfig):
+    """Static settings of a jitted rollout (hashable): `EpisodeConfig` (t_max, max_action_tokens,
+    max_context, sampler) and the jittable-env hooks below."""
 
-    t_max: int
-    max_action_tokens: int = 16
-    max_context: int = 1024            # KV-cache slots per episode; full -> context_exhausted
-    sampler: Sampler = Sampler()
     process_reward_fn: Optional[ProcessRewardFn] = None
     # A scripted policy instead of the model (e.g. the noisy expert that writes the SFT data): its
     # action's canonical text + <|im_end|> is the reply; the model is never called.
@@ -67,30 +68,6 @@ class RolloutConfig:
     def windows(self) -> tuple[int, ...]:
         s, n = self.max_context, max(1, self.kv_windows)
         return tuple(sorted({min(s, -(-(s * i) // (16 * n)) * 16) for i in range(1, n + 1)}))  # multiples of 16
-
-    def __post_init__(self):
-        if self.t_max < 1:
-            raise ValueError(f"t_max must be >= 1, got {self.t_max}")
-        if self.max_action_tokens < 1:
-            raise ValueError(f"max_action_tokens must be >= 1, got {self.max_action_tokens}")
-
-
-def _chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hide):
-    """One episode's prompt chunk for turn t: (tokens int32[C], length)."""
-    open_arr, open_len, close = (jnp.asarray(x) for x in layout.pieces())
-    which = jnp.minimum(t, 1)
-    words, n_words = budgets_lib.budget_words(t, budget, budget - t, fmt, hidden=hide)
-    btoks, blen = render(env.codec, words, n_words)
-    toks, n = concat(open_arr[which], open_len[which], btoks, blen, pad_id=layout.pad_id)
-    toks, n = concat(toks, n, obs.tokens, obs.length, pad_id=layout.pad_id)
-    return concat(toks, n, close, close.shape[0], pad_id=layout.pad_id)
-
-
-def _write(buf_S, values_K, start, count):
-    """buf[start:start+count] = values[:count] for one row; writes past the end are dropped."""
-    k = jnp.arange(values_K.shape[0])
-    slots = jnp.where(k < count, start + k, buf_S.shape[0])
-    return buf_S.at[slots].set(values_K.astype(buf_S.dtype), mode="drop")
 
 
 def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat, tasks, budgets, key,
@@ -134,13 +111,6 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
                        fmt=fmt, rcfg=rcfg)
 
 
-def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env, t_max: Optional[int] = None) -> int:
-    """Most tokens a turn's prompt chunk can have (with `t_max`: in a rollout with that T_max, whose
-    budget numbers have at most len(str(t_max)) digits)."""
-    words = fmt.max_words if t_max is None else fmt.words_for(t_max)
-    return layout.open_width + words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
-
-
 def _canonical_reply(env, layout: ChatLayout, action_B, m: int):
     """Canonical reply tokens of env actions: action text + the first stop token, [B, M] and lengths."""
     table, lens = env.codec.action_tokens_AxPa, env.codec.action_lens_A
@@ -182,17 +152,14 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
                   tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
                   logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=k_loop)
-    write = jax.vmap(_write)
+    write = jax.vmap(episode.write_span)
 
     def turn(c, t):
         length = c["length"]
-        chunk, clen = jax.vmap(_chunk, in_axes=(None, None, None, 0, None, 0, None))(
+        chunk, clen = jax.vmap(episode.prompt_chunk, in_axes=(None, None, None, 0, None, 0, None))(
             layout, fmt, env, c["obs"], t, budgets_B, hide_budget)
         chunk = chunk[:, :chunk_w]  # every real chunk fits (budgets <= T_max); the rest is padding
-        running = c["status"] == types.RUNNING
-        fits = length + clen + m <= s
-        status = jnp.where(running & (t < budgets_B) & ~fits, types.CONTEXT_EXHAUSTED, c["status"])
-        active = (status == types.RUNNING) & (t < budgets_B)
+        status, active = episode.turn_start(c["status"], t, budgets_B, length + clen + m <= s)
         key, k_dec, k_exp = jax.random.split(c["key"], 3)
 
         # 1. the prompt chunk
@@ -252,8 +219,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             proc = jax.vmap(rcfg.process_reward_fn, in_axes=(None, 0, 0, 0, None))(
                 env, c["states"], step.info["action"], remaining, env_params)
         success = step.info["success"]
-        status = jnp.where(active & step.done, jnp.where(success, types.SUCCESS, types.FAILED), status)
-        status = jnp.where(active & ~step.done & (t + 1 >= budgets_B), types.BUDGET_EXHAUSTED, status)
+        status = episode.after_step(status, active, step.done, success, episode.out_of_budget(t, budgets_B))
 
         rec = types.Turns(
             active=active, reward=jnp.where(active, step.reward, 0.0),
@@ -269,8 +235,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     turns = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), turns_NxB)
     env_states = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), states_NxB)
     status = final["status"]
-    finished = (status == types.SUCCESS) | (status == types.FAILED)
-    ret = jnp.where(finished, jnp.sum(turns.reward, axis=1), 0.0)
+    ret = episode.episode_return(status, turns.reward)
     return types.Rollout(
         tokens=final["tokens"], policy_mask=final["policy"], turn_index=final["turn_idx"], logprobs=final["logp"],
         length=final["length"], turns=turns, env_states=env_states, final_state=final["states"],

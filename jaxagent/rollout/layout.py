@@ -16,8 +16,8 @@ import dataclasses
 
 import numpy as np
 
-from jaxagent.envs.budgets import BudgetFormat
-from jaxagent.envs.text_codec import TextCodec, make_codec
+from jaxagent.envs.jax.budgets import BudgetFormat
+from jaxagent.envs.jax.text_codec import TextCodec, make_codec
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
 

@@ -1,6 +1,7 @@
 """What a rollout returns, and the episode status codes.
 
-Legend: B episodes, S context slots (token buffer = KV-cache slots), N turns (T_max), M action tokens.
+Dimension legend (CONVENTIONS.md): B episodes, S context slots (token buffer = KV-cache slots), N turns
+(T_max), M action tokens.
 """
 from __future__ import annotations
 

@@ -21,11 +21,12 @@ import optax
 from jax.sharding import Mesh
 
 from jaxagent import sharding
-from jaxagent.envs import budgets as budgets_lib
-from jaxagent.envs.frozenlake import FrozenLakeParams, sample_tasks
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.envs.jax.frozenlake import FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
+from jaxagent.rl.logprobs import make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
@@ -33,7 +34,6 @@ from jaxagent.rl.train_step import (LossSettings, ValueSettings, init_train_stat
                                     state_shardings)
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.study.toy import ToyWorld, expert_rollouts
-from jaxagent import xla_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +151,10 @@ ARMS = {
 class ArmRuntime:
     """Compiled pieces of an arm, shared by every seed (and by arms with the same settings).
 
-    With a mesh, `train_step` places its inputs on `state_shardings` / the batch-row sharding first (a
-    no-op for arrays already there), and `rollout_fn` returns replicated arrays (readable on every host).
+    With a mesh, `train_step` (and `values_fn`, `logprobs_fn`) place their inputs on `state_shardings` /
+    the batch-row sharding first (a no-op for arrays already there); `rollout_fn` runs on a copy of the
+    params laid out per `sharding.ROLLOUT_RULES`, episodes split over the batch axes, under the mesh
+    context, and returns replicated arrays (readable on every host).
     """
 
     rollout_fn: Callable
@@ -164,6 +166,7 @@ class ArmRuntime:
     mesh: Optional[Mesh] = None
     state_shardings: Any = None        # a TrainState of NamedShardings when mesh is given
     with_ref_params: bool = False
+    logprobs_fn: Optional[Callable] = None  # with TIS: the trainer's pre-update log-probs (`rl_iteration`)
 
 
 def _compute_dtype(dtype):
@@ -185,8 +188,10 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     """The rollout, train step and optimizers of an arm. `mesh`: run sharded on it (module doc);
     `compute_dtype` (e.g. 'bfloat16'): the dtype of the policy's forward passes in the train step and
     in the training rollouts (the master params and Adam moments stay float32). `micro_batches`,
-    `remat`: the train step's gradient accumulation and per-layer checkpointing (memory only; same
-    update); `tis_cap`: truncated importance sampling on the sampler's log-probs (`LossSettings`)."""
+    `remat`: the train step's gradient accumulation and per-layer checkpointing, and the row chunks of
+    PPO's critic values (memory only; same update); `tis_cap`: truncated importance sampling on the
+    sampler's log-probs (`LossSettings`), with the trainer's pre-update log-probs as the ratio's
+    pi_old when an iteration makes several updates (`rl_iteration(logprobs_fn=)`)."""
     from jaxagent.sampling import Sampler
 
     env_params = ts.env_params()
@@ -216,23 +221,49 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
         # rollouts come back fully replicated: readable on every process, whatever the compiler chose
         replicate = jax.jit(lambda tree: tree, out_shardings=sharding.replicated(mesh))
 
-    # a compute-dtype copy of the params for the rollouts (one program; elementwise, so sharded like them)
-    cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cdt) if jnp.issubdtype(x.dtype, jnp.floating) else x, p))
+    # the rollouts' copy of the params: in the compute dtype and, on a mesh, laid out per
+    # `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes); one program per rollout
+    def rollout_params(p):
+        return jax.tree.map(lambda x: x.astype(cdt) if cdt is not None and jnp.issubdtype(x.dtype, jnp.floating)
+                            else x, p)
+
+    if mesh is None:
+        cast = jax.jit(rollout_params)
+    else:
+        cast = jax.jit(rollout_params, out_shardings=sharding.shardings_for(
+            qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh, sharding.ROLLOUT_RULES))
 
     def rollout_fn(params, tasks, budgets, k):
-        if cdt is not None:
+        if cdt is not None or mesh is not None:
             params = cast(params)
-        if mesh is not None:  # episodes split over the batch axes (where they divide the batch)
-            n = np.shape(budgets)[0]
-            tasks = jax.tree.map(lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, batch_size=n))
-                                 if np.ndim(x) and x.shape[0] == n else x, tasks)
-        ro = rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
-        return ro if mesh is None else replicate(ro)
+        if mesh is None:
+            return rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
+        # episodes split over the batch axes (where they divide the batch); under the mesh context the model
+        # pins its activations (and so the KV cache) to the batch axes (`qwen3` module doc)
+        n = np.shape(budgets)[0]
+        tasks = jax.tree.map(lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, batch_size=n))
+                             if np.ndim(x) and x.shape[0] == n else x, tasks)
+        with jax.set_mesh(mesh):
+            ro = rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
+        return replicate(ro)
 
     values_fn = None
-    if ppo:  # the critic's old values in the compute dtype too, as the train step computes the new ones
-        values_fn = xla_options.jit(lambda cp, toks: critic_lib.values(cp if cdt is None else cast(cp), cfg, toks))
-    return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs, mesh, st_sh, with_ref)
+    if ppo:  # the critic's old values in the compute dtype too, as the train step computes the new ones;
+        # rows over the mesh's batch axes and `micro_batches` row chunks (`critic.make_values_fn`)
+        values_jit = critic_lib.make_values_fn(cfg, mesh=mesh, micro_batches=micro_batches, remat=remat,
+                                               compute_dtype=cdt)
+        values_fn = values_jit
+        if mesh is not None:
+            def values_fn(cp, toks):
+                return values_jit(jax.device_put(cp, st_sh.critic_params), jax.device_put(toks, row_sh))
+    logprobs_fn = None
+    if tis_cap is not None:  # decoupled PPO + TIS over several updates (`rl_iteration`): pi_old from the trainer
+        logprobs_jit = make_logprobs_fn(cfg, mesh=mesh, micro_batches=micro_batches, remat=remat, compute_dtype=cdt)
+        logprobs_fn = logprobs_jit
+        if mesh is not None:
+            def logprobs_fn(params, toks):
+                return logprobs_jit(jax.device_put(params, st_sh.params), jax.device_put(toks, row_sh))
+    return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs, mesh, st_sh, with_ref, logprobs_fn)
 
 
 def init_arm_state(rt: ArmRuntime, cfg: Qwen3Config, key, base_params):
@@ -268,7 +299,7 @@ def train_rl(world: ToyWorld, cfg: Qwen3Config, base_params, key, ts: TaskSettin
     for it in range(start, arm.iterations):
         state, m, _ = rl_iteration(state, rollout_fn=rt.rollout_fn, sample_tasks_fn=ts.sample,
                                    train_step=rt.train_step, settings=arm.rl, t_max=ts.t_max,
-                                   values_fn=rt.values_fn)
+                                   values_fn=rt.values_fn, logprobs_fn=rt.logprobs_fn)
         m["iteration"] = it
         history.append(m)
         if callback is not None:

@@ -12,10 +12,10 @@ import os
 import jax
 import numpy as np
 
-from jaxagent.envs.budgets import BudgetFormat
-from jaxagent.envs.experts import NoisyExpert
-from jaxagent.envs.frozenlake import FrozenLake, FrozenLakeParams
-from jaxagent.envs.text_codec import TextCodec
+from jaxagent.envs.jax.budgets import BudgetFormat
+from jaxagent.envs.jax.experts import NoisyExpert
+from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams
+from jaxagent.envs.jax.text_codec import TextCodec
 from jaxagent.models.tokenizer import Tokenizer, build_word_tokenizer
 from jaxagent.rollout import ChatLayout, RolloutConfig, budget_format, chat_layout, env_codec, rollout
 from jaxagent.rollout.types import Rollout

@@ -1,5 +1,6 @@
-"""BFCL v4 multi-turn function calling (base, long_context, miss_func, miss_param), plus the study's
-error-prefix evaluation bookkeeping.
+"""BFCL v4 multi-turn function calling (base, long_context, miss_func, miss_param). The tools and one call's
+validation / execution are in `bfcl_calls`, tool state copying and comparison in `bfcl_state`, the study's
+error-prefix bookkeeping in `jaxagent.eval.error_prefix`.
 
 No dimension legend: host-side Python, no arrays.
 
@@ -44,72 +45,21 @@ GorillaFileSystem's current directory); the same state reached by different hist
 upper_bound_turns = sum over user turns of (1 if the turn's ground truth is non-empty: one message
 with all its calls) + 1 (the closing text message): the replayed reference solution.
 """
-
 from __future__ import annotations
 
-import ast
-import collections
 import copy
-import copyreg
 import dataclasses
-import decimal
-import functools
-import importlib
-import importlib.util
-import inspect
 import json
-import math
-import types
-from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from jaxagent.envs.host import (HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, stable_hash,
-                                strip_think)
+from jaxagent.envs.host.base import HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, strip_think
+from jaxagent.envs.host.bfcl_calls import (MAX_CALLS_PER_MESSAGE, STATELESS, bfcl_data_dir, docs_for, execute_call,
+                                           format_tool_call, is_error_result, parse_call_string, read_jsonl,
+                                           tool_class, validate_call)
+from jaxagent.envs.host.bfcl_state import deep_copy, results_contained, state_anchor, states_equal
 
 CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
-_TOOL_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
-_CLASSES = {  # class -> (module, function-doc file)
-    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system.json"),
-    "MathAPI": ("math_api", "math_api.json"),
-    "MessageAPI": ("message_api", "message_api.json"),
-    "TwitterAPI": ("posting_api", "posting_api.json"),
-    "TicketAPI": ("ticket_api", "ticket_api.json"),
-    "TradingBot": ("trading_bot", "trading_bot.json"),
-    "TravelAPI": ("travel_booking", "travel_booking.json"),
-    "VehicleControlAPI": ("vehicle_control", "vehicle_control.json"),
-}
-_STATELESS = {"MathAPI"}
-_MAX_PRECISION = 1000
-_MAX_INT = 2**63 - 1  # larger integer arguments are refused (no BFCL parameter needs them)
 _MAX_OBS_RESULT_CHARS = 8000
-MAX_CALLS_PER_MESSAGE = 64  # the largest ground-truth turn has 34 calls
-
-
-def bfcl_data_dir() -> Path:
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the BFCL environment needs the bfcl-eval package: pip install --no-deps bfcl-eval")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-@functools.lru_cache(maxsize=None)
-def function_docs(class_name: str) -> tuple[dict, ...]:
-    return tuple(_read_jsonl(bfcl_data_dir() / "multi_turn_func_doc" / _CLASSES[class_name][1]))
-
-
-@functools.lru_cache(maxsize=None)
-def tool_class(class_name: str) -> type:
-    return getattr(importlib.import_module(_TOOL_MODULE + _CLASSES[class_name][0]), class_name)
-
-
-@functools.lru_cache(maxsize=None)
-def _docs_for(class_names: tuple) -> dict[str, tuple[str, dict]]:
-    return {d["name"]: (c, d) for c in class_names for d in function_docs(c)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,274 +86,6 @@ class BFCLState:
     done: bool = False
     success: bool = False
     failure: str | None = None
-
-
-# ------------------------------------------------------------------------------------------------
-# Schema validation and execution
-# ------------------------------------------------------------------------------------------------
-def _number_error(value: Any, path: str) -> str | None:
-    """A float parameter must be a finite float (NaN, Infinity, 1e400 and integers beyond the float
-    range are refused, not passed to the tools)."""
-    try:
-        as_float = float(value)
-    except OverflowError:
-        return f"{path} is too large for a float"
-    if not math.isfinite(as_float):
-        return f"{path} must be a finite number, got {as_float!r}"
-    return None
-
-
-def _short_repr(value: Any, limit: int = 200) -> str:
-    try:
-        text = repr(value)
-    except (RecursionError, ValueError):
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _type_error(value: Any, schema: Mapping, path: str) -> str | None:
-    """None if `value` fits the BFCL parameter schema, else a message naming the problem."""
-    t = schema.get("type", "any")
-    ok = {
-        "string": lambda v: isinstance(v, str),
-        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "boolean": lambda v: isinstance(v, bool),
-        "array": lambda v: isinstance(v, list),
-        "tuple": lambda v: isinstance(v, list),
-        "dict": lambda v: isinstance(v, dict),
-        "object": lambda v: isinstance(v, dict),
-    }.get(t)
-    if ok is not None and not ok(value):
-        return f"{path} must be of type {t}, got {type(value).__name__}"
-    if t in ("float", "number") or (isinstance(value, float) and t == "any"):
-        err = _number_error(value, path)
-        if err:
-            return err
-    if t == "integer" and not -_MAX_INT <= value <= _MAX_INT:
-        return f"{path} must be a 64-bit integer (|value| <= 2**63 - 1)"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{path} must be one of {schema['enum']}, got {_short_repr(value)}"
-    if t in ("array", "tuple") and isinstance(schema.get("items"), Mapping):
-        for i, v in enumerate(value):
-            err = _type_error(v, schema["items"], f"{path}[{i}]")
-            if err:
-                return err
-    if t in ("dict", "object") and isinstance(schema.get("properties"), Mapping):
-        props = schema["properties"]
-        for k in schema.get("required", []):
-            if k not in value:
-                return f"{path} is missing required key '{k}'"
-        for k, v in value.items():
-            if k in props:
-                err = _type_error(v, props[k], f"{path}.{k}")
-                if err:
-                    return err
-    return None
-
-
-def _coerce_floats(value: Any, schema: Mapping) -> Any:
-    t = schema.get("type")
-    if t == "float" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if t in ("array", "tuple") and isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        return [_coerce_floats(v, schema["items"]) for v in value]
-    if t == "dict" and isinstance(value, dict) and isinstance(schema.get("properties"), Mapping):
-        return {k: _coerce_floats(v, schema["properties"][k]) if k in schema["properties"] else v
-                for k, v in value.items()}
-    return value
-
-
-def validate_call(doc: Mapping, arguments: Mapping) -> tuple[dict | None, str | None]:
-    """Check `arguments` against a BFCL function doc; returns (arguments to call with, error)."""
-    params = doc.get("parameters", {}) or {}
-    props = params.get("properties", {}) or {}
-    name = doc["name"]
-    for k in arguments:
-        if k not in props:
-            return None, f"{name}() got an unexpected argument '{k}' (arguments: {sorted(props)})"
-    for k in params.get("required", []) or []:
-        if k not in arguments:
-            return None, f"{name}() is missing the required argument '{k}'"
-    for k, v in arguments.items():
-        err = _type_error(v, props[k], f"argument '{k}' of {name}()")
-        if err:
-            return None, err
-        if k == "precision" and isinstance(v, int) and v > _MAX_PRECISION:
-            return None, f"argument 'precision' of {name}() must be at most {_MAX_PRECISION}"
-    return {k: _coerce_floats(v, props[k]) for k, v in arguments.items()}, None
-
-
-def _stringify(result: Any) -> str:
-    """BFCL's stringification of an execution result (multi_turn_utils.execute_multi_turn_func_call)."""
-    if type(result) is str:
-        return result
-    if type(result) is dict:
-        try:
-            return json.dumps(result)
-        except (TypeError, ValueError):
-            return str(result)
-    return str(result)
-
-
-def execute_call(instance: Any, name: str, arguments: Mapping) -> str:
-    """Call instance.name(**arguments) and return BFCL's result string; never raises (but for
-    BaseExceptions that are not Exceptions)."""
-    try:
-        import mpmath
-        dps = mpmath.mp.dps
-    except ImportError:  # MathAPI needs mpmath; without it the class does not import anyway
-        mpmath, dps = None, None
-    try:
-        with decimal.localcontext():
-            result = getattr(instance, name)(**arguments)
-        return _stringify(result)
-    except Exception as e:  # the tool raised: BFCL reports it as the result
-        return f"Error during execution: {e}"
-    finally:
-        if mpmath is not None:
-            mpmath.mp.dps = dps
-
-
-def is_error_result(result: str) -> bool:
-    if result.startswith("Error during execution"):
-        return True
-    if result.startswith("{"):
-        try:
-            obj = json.loads(result)
-        except (ValueError, RecursionError):
-            return False
-        return isinstance(obj, dict) and "error" in obj
-    return False
-
-
-def parse_call_string(call: str, class_names: Sequence[str]) -> tuple[str, dict]:
-    """Parse a ground-truth call string like "mv(source='a', destination='b')" into (name, kwargs),
-    mapping positional arguments to parameter names with the tool method's signature."""
-    node = ast.parse(call.strip(), mode="eval").body
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise ValueError(f"not a simple function call: {call!r}")
-    name = node.func.id
-    owner = next((c for c in class_names if hasattr(tool_class(c), name)), None)
-    if owner is None:
-        raise ValueError(f"no involved class has a function {name!r}")
-    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    if node.args:
-        params = [p for p in inspect.signature(getattr(tool_class(owner), name)).parameters if p != "self"]
-        for p, a in zip(params, node.args):
-            kwargs[p] = ast.literal_eval(a)
-    return name, kwargs
-
-
-# ------------------------------------------------------------------------------------------------
-# Depth-safe copying
-# ------------------------------------------------------------------------------------------------
-_ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes, range, type, types.FunctionType,
-                     types.BuiltinFunctionType, type(Ellipsis), type(NotImplemented)})
-
-
-def _plain_instance(obj: Any) -> bool:
-    """An instance copy.deepcopy would copy as cls.__new__(cls) plus a deep copy of its __dict__."""
-    cls = type(obj)
-    return (hasattr(obj, "__dict__") and not hasattr(obj, "__deepcopy__") and not hasattr(cls, "__setstate__")
-            and cls not in copyreg.dispatch_table
-            and cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
-            and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
-            and not any("__slots__" in vars(k) for k in cls.__mro__))
-
-
-def deep_copy(obj: Any, memo: dict | None = None) -> Any:
-    """copy.deepcopy without recursion through dicts, lists and plain instances (objects copied as
-    class + __dict__), so nesting depth (e.g. a deep directory tree made by the model) is not limited
-    by the interpreter's recursion limit. Shared references and cycles are preserved through `memo`;
-    other objects (datetime, random.Random, tuples, sets, ...) go to copy.deepcopy with the same memo."""
-    memo = {} if memo is None else memo
-    keep_alive: list = []
-    pending: list = []  # (original, copy) whose contents are still to be filled in
-
-    def shell(x: Any) -> Any:
-        if type(x) in _ATOMIC:
-            return x
-        found = memo.get(id(x), memo)
-        if found is not memo:
-            return found
-        t = type(x)
-        if t is dict:
-            y = {}
-        elif t is list:
-            y = []
-        elif _plain_instance(x):
-            y = t.__new__(t)
-        else:
-            return copy.deepcopy(x, memo)
-        memo[id(x)] = y
-        keep_alive.append(x)
-        pending.append((x, y))
-        return y
-
-    root = shell(obj)
-    while pending:
-        x, y = pending.pop()
-        if type(x) is dict:
-            for k, v in x.items():  # keys are hashed now, so they are copied whole
-                y[k if type(k) in _ATOMIC else copy.deepcopy(k, memo)] = shell(v)
-        elif type(x) is list:
-            y.extend(shell(v) for v in x)
-        else:
-            y.__dict__.update((k, shell(v)) for k, v in vars(x).items())
-    return root
-
-
-# ------------------------------------------------------------------------------------------------
-# State canonicalisation (anchors) and BFCL's state comparison
-# ------------------------------------------------------------------------------------------------
-def _canon(obj: Any, depth: int = 0) -> Any:
-    if depth > 60:
-        return "<deep>"
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, Mapping):
-        return {str(k): _canon(v, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_canon(v, depth + 1) for v in obj]
-    if isinstance(obj, (set, frozenset)):
-        return sorted((_canon(v, depth + 1) for v in obj), key=repr)
-    if hasattr(obj, "__dict__"):
-        out = {k: _canon(v, depth + 1) for k, v in vars(obj).items() if not k.startswith("_") and k != "parent"}
-        out["__class__"] = type(obj).__name__
-        return out
-    return repr(obj)
-
-
-def _cwd(instance: Any) -> str | None:
-    d = getattr(instance, "_current_dir", None)
-    names = []
-    while d is not None and len(names) < 100:
-        names.append(getattr(d, "name", "?"))
-        d = getattr(d, "parent", None)
-    return "/".join(reversed(names)) if names else None
-
-
-def state_anchor(turn: int, instances: Mapping[str, Any]) -> int:
-    return stable_hash([turn, {c: [_canon(i), _cwd(i)] for c, i in sorted(instances.items())}])
-
-
-def states_equal(model_instance: Any, gt_instance: Any) -> bool:
-    """BFCL's state check: every public attribute of the ground-truth instance compares equal."""
-    for k, v in vars(gt_instance).items():
-        if k.startswith("_"):
-            continue
-        if getattr(model_instance, k, object()) != v:
-            return False
-    return True
-
-
-def results_contained(gt_results: Sequence[str], model_results: Sequence[str]) -> bool:
-    """BFCL's response check: the ground-truth results are a sub-multiset of the model's results."""
-    have = collections.Counter(model_results)
-    need = collections.Counter(gt_results)
-    return all(have[k] >= n for k, n in need.items())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -448,8 +130,8 @@ class BFCLEnv(HostEnv):
     def _load(self, category: str) -> list[BFCLTask]:
         if category not in self._tasks:
             root = bfcl_data_dir()
-            entries = _read_jsonl(root / f"BFCL_v4_multi_turn_{category}.json")
-            answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(
+            entries = read_jsonl(root / f"BFCL_v4_multi_turn_{category}.json")
+            answers = {a["id"]: a["ground_truth"] for a in read_jsonl(
                 root / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")}
             tasks = []
             for e in entries:
@@ -492,7 +174,7 @@ class BFCLEnv(HostEnv):
 
     def _docs(self, task: BFCLTask) -> dict[str, tuple[str, dict]]:
         """function name -> (class name, doc) for every function of the task's classes."""
-        return _docs_for(tuple(task.involved_classes))
+        return docs_for(tuple(task.involved_classes))
 
     def _held_out(self, task: BFCLTask, turn: int) -> set[str]:
         """Functions not yet callable at user turn `turn` (miss_func)."""
@@ -568,7 +250,7 @@ class BFCLEnv(HostEnv):
         out = {}
         for c in task.involved_classes:
             inst = tool_class(c)()
-            if c not in _STATELESS:
+            if c not in STATELESS:
                 inst._load_scenario(copy.deepcopy(dict(task.initial_config).get(c, {})), long_context=long_context)
             out[c] = inst
         return out
@@ -692,110 +374,3 @@ def _clip(text: str) -> str:
     if len(text) <= _MAX_OBS_RESULT_CHARS:
         return text
     return text[:_MAX_OBS_RESULT_CHARS] + f"... [{len(text) - _MAX_OBS_RESULT_CHARS} more characters]"
-
-
-def format_tool_call(name: str, arguments: Mapping) -> str:
-    """Qwen3 tool-call text for one call."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "\n</tool_call>"
-
-
-# ------------------------------------------------------------------------------------------------
-# Error-prefix evaluation (docs/study.md finding 4, BFCL case study): bookkeeping only
-# ------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ErrorPrefix:
-    """A trajectory prefix whose last action produced a tool-call error."""
-
-    task: Any
-    seed: int
-    actions: tuple  # the prefix's actions, the erroneous one last
-    step: int  # index of the erroneous action
-    depth: float  # normalised depth d_t = (step + 1) / T_max
-    source: str  # the policy that produced the trajectory
-    trajectory: int  # index of the trajectory in the input
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def is_tool_error(info: Mapping) -> bool:
-    """A step is a tool-call error when info['tool_error'] is set (falls back to info['error'])."""
-    if "tool_error" in info:
-        return bool(info["tool_error"])
-    return info.get("error") is not None
-
-
-def collect_error_prefixes(trajectories: Sequence[Any], *, t_max: int | Callable[[Any], int] | None = None,
-                           max_per_trajectory: int | None = None) -> list[ErrorPrefix]:
-    """Prefixes ending in a tool-call error, from trajectories given as mappings or objects with
-    `task`, `actions` (texts) and `infos` (the env's step infos), and optionally `seed`, `policy`,
-    `dones` (per-step done flags). A prefix whose erroneous step ended the episode is skipped (it
-    cannot be continued). T_max for the depth: `t_max` (an int or a function of the task), else the
-    trajectory's length.
-    """
-    out = []
-    for ti, traj in enumerate(trajectories):
-        actions, infos = list(_get(traj, "actions", [])), list(_get(traj, "infos", []))
-        if len(actions) != len(infos):
-            raise ValueError(f"trajectory {ti}: {len(actions)} actions but {len(infos)} infos")
-        dones = list(_get(traj, "dones", None) or [False] * len(actions))
-        task = _get(traj, "task")
-        tm = t_max(task) if callable(t_max) else (t_max or len(actions))
-        kept = 0
-        for t, info in enumerate(infos):
-            if not is_tool_error(info) or dones[t] or info.get("failure"):
-                continue
-            out.append(ErrorPrefix(task=task, seed=int(_get(traj, "seed", 0) or 0), actions=tuple(actions[: t + 1]),
-                                   step=t, depth=(t + 1) / max(1, tm), source=str(_get(traj, "policy", "") or ""),
-                                   trajectory=ti))
-            kept += 1
-            if max_per_trajectory is not None and kept >= max_per_trajectory:
-                break
-    return out
-
-
-def replay(env: HostEnv, task: Any, actions: Sequence[str], seed: int = 0) -> tuple[Any, str, dict | None]:
-    """Reset and step through `actions`; returns (state, last obs, last info)."""
-    state, obs = env.reset(seed, task)
-    info = None
-    for a in actions:
-        state, obs, _, done, info = env.step(state, a)
-        if done:
-            raise ValueError("replay: the episode ended before the prefix did")
-    return state, obs, info
-
-
-def is_correction(info: Mapping) -> bool:
-    """jaxagent's definition of a corrected error: the continuation is well-formed, makes at least one
-    tool call, and none of its calls fails."""
-    return bool(info.get("valid")) and not is_tool_error(info) and int(info.get("n_calls", 0)) > 0
-
-
-def correction_rate(env: HostEnv, prefixes: Sequence[ErrorPrefix], continuations: Mapping[str, Sequence[str]],
-                    *, corrected: Callable[[Mapping], bool] = is_correction) -> dict[str, dict]:
-    """Correction rate of each policy: continue every prefix with that policy's one action and count
-    corrections (docs/study.md finding 4: 191 BFCL prefixes, one action from each model, 41.4% vs 27.2%).
-
-    `continuations[policy][i]` is the policy's action for `prefixes[i]`. Returns, per policy:
-    rate, n, n_corrected, corrected (per-prefix flags) and by_source (rate per prefix source policy).
-    """
-    for p, acts in continuations.items():
-        if len(acts) != len(prefixes):
-            raise ValueError(f"policy {p!r}: {len(acts)} continuations for {len(prefixes)} prefixes")
-    flags: dict[str, list[bool]] = {p: [] for p in continuations}
-    for i, pre in enumerate(prefixes):
-        state, _, _ = replay(env, pre.task, pre.actions, pre.seed)
-        for p, acts in continuations.items():
-            _, _, _, _, info = env.step(env.clone(state), acts[i])
-            flags[p].append(bool(corrected(info)))
-    out = {}
-    for p, f in flags.items():
-        by_source = collections.defaultdict(list)
-        for pre, ok in zip(prefixes, f):
-            by_source[pre.source].append(ok)
-        out[p] = {"rate": sum(f) / len(f) if f else float("nan"), "n": len(f), "n_corrected": sum(f),
-                  "corrected": f, "by_source": {s: sum(v) / len(v) for s, v in by_source.items()}}
-    return out

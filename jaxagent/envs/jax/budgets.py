@@ -20,14 +20,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs.text_codec import TextCodec, compact
+from jaxagent.envs.jax.text_codec import TextCodec, compact
 
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 BUDGETMIX_FRACTIONS = tuple(Fraction(k, 10) for k in range(1, 11))
 MAX_BUDGET = 999  # numbers are rendered with at most 3 digit words
 DIGITS = tuple(str(d) for d in range(10))
 PLACEHOLDERS = ("{turn}", "{budget}", "{remaining}")
-DEFAULT_TEMPLATE = ("Turn", "{turn}", "of", "{budget}", ".", "{remaining}", "turns", "left", ".")
+# The one budget text of the study (docs/study.md): host envs render it as a string (`budget_text`),
+# the jittable envs as word ids (`budget_words` over `DEFAULT_TEMPLATE`, its words and sentence stops).
+BUDGET_TEMPLATE = "Turn {turn} of {budget}. {remaining} turns left."
+
+
+def template_words(template: str) -> tuple[str, ...]:
+    """A budget text template as codec words: split at spaces, a word's trailing "." its own word."""
+    words = []
+    for w in template.split():
+        words += [w[:-1], "."] if w.endswith(".") and len(w) > 1 else [w]
+    return tuple(words)
+
+
+DEFAULT_TEMPLATE = template_words(BUDGET_TEMPLATE)  # ("Turn", "{turn}", "of", "{budget}", ".", ...)
+
+
+def budget_text(t: int, budget: int, template: str = BUDGET_TEMPLATE) -> str:
+    """The announced budget of turn t (0-based, shown 1-based) as text, e.g. "Turn 2 of 5. 4 turns left."."""
+    return template.format(turn=t + 1, budget=budget, remaining=budget - t)
 
 
 def _fraction(f) -> Fraction:

@@ -2,7 +2,7 @@
 
 No dimension legend: host-side Python, no arrays.
 
-Databases are built from the project's own SQL scripts (jaxagent/envs/data/sql/*.sql) into a cache
+Databases are built from the project's own SQL scripts (jaxagent/envs/host/data/sql/*.sql) into a cache
 directory (`cache_dir`, default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a
 hash of the script, the build is atomic) and opened per query read-only: URI `mode=ro`,
 `PRAGMA query_only`, an authorizer that allows only reading (SELECT, READ, RECURSIVE, and calls of
@@ -41,8 +41,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from jaxagent.envs.data.sql_tasks import SQL_TASKS
-from jaxagent.envs.host import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
+from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
+from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
                                 stable_hash, strip_think)
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"

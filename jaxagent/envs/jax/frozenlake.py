@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs import budgets
-from jaxagent.envs import frozenlake_solver as fls
-from jaxagent.envs.base import EnvStep, Obs
-from jaxagent.envs.text_codec import TextCodec, concat, parse_action, render
+from jaxagent.envs.jax import budgets
+from jaxagent.envs.jax import frozenlake_solver as fls
+from jaxagent.envs.jax.base import EnvStep, Obs
+from jaxagent.envs.jax.text_codec import TextCodec, concat, parse_action, render
 
 ACTION_NAMES = ("Left", "Down", "Right", "Up")
 ACTION_STRINGS = tuple(f"<answer>{n}</answer>" for n in ACTION_NAMES)

@@ -24,7 +24,7 @@ descriptor of the result channel, so model code cannot forge result lines (value
 never ran, a fake isolation report).
 Infrastructure failures are never reported as the model's failure: a sandbox that cannot be set up
 raises `SandboxSetupError` (a subclass of `SandboxError`, like `SandboxUnavailable`) with the cause;
-the child program is jaxagent/envs/sandbox_child.py.
+the child program is the package jaxagent/envs/host/sandbox_child/, run as `python -I -S <its directory>`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 _MARK = b"@@jaxagent-sbx "
 _PARENT_GRACE_S = 10.0  # the launcher enforces wall_s; the parent only steps in if the launcher hangs
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child")  # run as a directory
 _MODES = ("namespaces", "auto", "unsafe-rlimits-only")
 _CAP_SETGID, _CAP_SETUID, _CAP_SYS_ADMIN = 6, 7, 21
 _HOW_TO_GET_IT = (
@@ -252,7 +252,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
 
 def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float) -> SandboxResult:
     """Turn the control channel's lines into a result; raise for a sandbox that never got the code
-    running. Only the launcher, init and the harness write this channel (sandbox_child.py)."""
+    running. Only the launcher, init and the harness write this channel (sandbox_child/)."""
     outcomes: dict[int, CallOutcome] = {}
     load_error = None
     isolation = memory_bound = ""

@@ -20,7 +20,7 @@ never an exception.
 
 `info` always has: valid (the action parsed and was well-formed), success (the task is solved),
 anchor (`anchor(state)` of the state BEFORE the step, the state the action was taken in: what GiGPO
-groups steps on, as in jaxagent.envs.base), next_anchor (`anchor` of the state after the step),
+groups steps on, as in jaxagent.envs.jax.base), next_anchor (`anchor` of the state after the step),
 error (str or None), obs_role ("user" for a new user message, "tool" for tool results; how the
 rollout should wrap obs in the chat template). An anchor is a stable hash, in [0, 2**31) so that it
 fits int32 arrays, of the env state without history; each env documents what it hashes.
@@ -184,9 +184,9 @@ def split_tasks(tasks: list, split: str, test_every: int = 4) -> list:
 # selecting 'sql' does not import the BFCL package.
 # ------------------------------------------------------------------------------------------------
 _FACTORIES: dict[str, Callable[..., Any] | str] = {
-    "sql": "jaxagent.envs.sql_env:SQLEnv",
-    "code": "jaxagent.envs.code_env:CodeEnv",
-    "bfcl": "jaxagent.envs.bfcl_env:BFCLEnv",
+    "sql": "jaxagent.envs.host.sql_env:SQLEnv",
+    "code": "jaxagent.envs.host.code_env:CodeEnv",
+    "bfcl": "jaxagent.envs.host.bfcl_env:BFCLEnv",
 }
 
 

@@ -3,7 +3,7 @@
 No dimension legend: host-side Python, no arrays.
 
 Action: a Python solution in a ```python code block (the last block if there are several; a bare
-``` block is accepted). The code runs in the sandbox (jaxagent.envs.sandbox: wall, CPU, memory,
+``` block is accepted). The code runs in the sandbox (jaxagent.envs.host.sandbox: wall, CPU, memory,
 process and file-size limits, no network, a throwaway work directory, an unprivileged uid; by default
 strong isolation or an error, never a silent fallback) and the
 task's entry-point function is called on every unit test's arguments; return values are compared
@@ -32,9 +32,9 @@ import dataclasses
 import math
 import re
 
-from jaxagent.envs.data.code_tasks import CODE_TASKS
-from jaxagent.envs.host import HostEnv, coerce_action, make_info, split_tasks, stable_hash, strip_think
-from jaxagent.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
+from jaxagent.envs.host.data.code_tasks import CODE_TASKS
+from jaxagent.envs.host.base import HostEnv, coerce_action, make_info, split_tasks, stable_hash, strip_think
+from jaxagent.envs.host.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""Per-token log-probs and entropies of a Qwen3 policy, chunked over positions so that the f32
+logits of a whole sequence never exist (issue 20).
+
+Dimension legend: B sequences, T tokens, C positions per logits chunk, V vocab, D model width.
+
+Alignment: per-token arrays use one index, the action token: logp[:, t] = log pi(tokens[t] |
+tokens[:t]) and logp[:, 0] = 0 (no prefix; never a policy token).
+
+Memory: `next_token_stats` unembeds `logits_chunk` positions at a time in a `lax.scan`, each chunk
+under `jax.checkpoint` and reduced to [B, C] log-probs and entropies, in the forward and in the
+backward; `remat` names the model's per-layer `jax.checkpoint` policy (`qwen3.hidden_states`).
+`make_logprobs_fn` jits `token_logprobs` over row chunks on a mesh (the trainer's pre-update
+log-probs of a whole rollout, `rl.loop.rl_iteration`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxagent import sharding, xla_options
+from jaxagent.models import qwen3
+from jaxagent.models.config import Qwen3Config
+
+DEFAULT_LOGITS_CHUNK = 512  # positions per unembedding chunk (module doc)
+
+
+def head_matrix(params, cfg: Qwen3Config):
+    """The unembedding matrix: the tied embedding [V, D] or the LM head [D, V]."""
+    return params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def _unembed_f32(head, cfg: Qwen3Config, h_BxCxD):
+    """Logits [B, C, V] in f32 (as `qwen3.unembed`) from the head matrix alone: a scan over chunks
+    that closed over the whole params tree would carry a zero gradient for every parameter."""
+    if cfg.tie_word_embeddings:
+        return jnp.einsum("bcd,vd->bcv", h_BxCxD, head.astype(h_BxCxD.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("bcd,dv->bcv", h_BxCxD, head.astype(h_BxCxD.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
+                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None):
+    """(logp, entropy) [B, T] from final hidden states, aligned as `token_logprobs`.
+
+    logp[:, t] = z_{t-1}[tokens[t]] - logsumexp(z_{t-1}) and H[:, t] = logsumexp(z_{t-1}) -
+    sum_v softmax(z_{t-1})_v z_{t-1,v}, z_{t-1} = unembed(h[:, t-1]) in f32; both 0 at t = 0.
+    With T > logits_chunk the positions go through a `lax.scan` over chunks of logits_chunk, each
+    under `jax.checkpoint` (the backward recomputes its logits): only [B, C, V] f32 logits exist at
+    a time. logits_chunk None (or >= T): one pass over all positions. `head`: `head_matrix(params, cfg)`.
+    With a mesh, each chunk's logits are pinned to `qwen3.LOGITS_AXES` (`sharding.constrain`).
+    """
+    b, t, _ = h_BxTxD.shape
+    # targets: the next token; the last position's (out of range) target is dropped below
+    tgt_BxT = jnp.pad(tokens_BxT[:, 1:].astype(jnp.int32), ((0, 0), (0, 1)))
+
+    def stats(head, h_BxCxD, tgt_BxC):
+        z = _unembed_f32(head, cfg, h_BxCxD)
+        z = sharding.constrain(z, qwen3.LOGITS_AXES, mesh)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        logp = jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - lse
+        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+        return logp, ent
+
+    if logits_chunk is not None and logits_chunk < 1:
+        raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
+    if logits_chunk is None or logits_chunk >= t:
+        logp, ent = stats(head, h_BxTxD, tgt_BxT)
+    else:
+        c = int(logits_chunk)
+        n = -(-t // c)
+        pad = ((0, 0), (0, n * c - t))
+        h = jnp.pad(h_BxTxD, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # [n, B, C, D]
+        tg = jnp.pad(tgt_BxT, pad).reshape(b, n, c).swapaxes(0, 1)
+        chunk_fn = jax.checkpoint(stats, prevent_cse=False)
+        _, (logp, ent) = jax.lax.scan(lambda _, x: (None, chunk_fn(head, *x)), None, (h, tg))
+        logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+        ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+    return shift(logp), shift(ent)
+
+
+def hidden(params, cfg: Qwen3Config, tokens_BxT, remat=None, mesh=None):
+    """`qwen3.hidden_states` with the remat policy and the activation-sharding mesh."""
+    h, _ = qwen3.hidden_states(params, cfg, tokens_BxT, remat=remat, mesh=mesh)
+    return h
+
+
+def token_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, with_entropy: bool = False,
+                   logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, remat: Optional[str] = None,
+                   mesh: Optional[Mesh] = None):
+    """logp [B, T] with logp[:, t] = log pi(tokens[t] | tokens[:t]) and logp[:, 0] = 0; with
+    with_entropy also H[:, t] = entropy of pi(. | tokens[:t]) (0 at t = 0). Chunked over positions
+    (`next_token_stats`), so [B, T, V] logits never exist."""
+    if tokens_BxT.ndim != 2:
+        raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
+    h = hidden(params, cfg, tokens_BxT, remat, mesh)
+    logp, ent = next_token_stats(head_matrix(params, cfg), cfg, h, tokens_BxT, logits_chunk=logits_chunk,
+                                 mesh=mesh)
+    return (logp, ent) if with_entropy else logp
+
+
+def make_logprobs_fn(cfg: Qwen3Config, *, mesh: Optional[Mesh] = None, micro_batches: int = 1,
+                     remat: Optional[str] = None, compute_dtype=None,
+                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK):
+    """`logprobs_fn(params, tokens_BxT) -> logp [B, T]` (f32, aligned as `token_logprobs`) as one jitted
+    program: the trainer's log-probs of a whole rollout under given params (the pre-update policy of an
+    iteration with several updates, `rl.loop.rl_iteration`). `compute_dtype`: floating params cast for
+    the forward, as the train step does; rows in `micro_batches` chunks (`sharding.map_row_chunks`).
+    With a `mesh`: params on their `qwen3.logical_axes` shardings, rows in and out over the batch axes
+    (`sharding.row_sharding`); callers place their arguments there first (`jax.device_put`)."""
+
+    def fn(params, tokens_BxT):
+        if compute_dtype is not None:
+            params = jax.tree.map(lambda x: x.astype(compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                                  else x, params)
+        return sharding.map_row_chunks(
+            lambda t: token_logprobs(params, cfg, t, logits_chunk=logits_chunk, remat=remat, mesh=mesh),
+            tokens_BxT, micro_batches, mesh)
+
+    if mesh is None:
+        return xla_options.jit(fn)
+    p_sh = sharding.shardings_for(qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh)
+    row = sharding.row_sharding(mesh)
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row)

@@ -1,0 +1,170 @@
+"""One home for an episode's rules: its settings, its context, its budget text and its status.
+
+The JAX loop (`jax_loop`), the host loop (`host_loop`), the evaluation drivers (`jaxagent.eval`) and the RL
+loop (`jaxagent.rl.loop`) import these; none restates them (STYLE.md principle 14).
+
+Context. An episode's context is Qwen3's chat format, append-only, so the KV cache is reused across turns
+(`layout` draws it). Turn t appends a prompt chunk [turn opener, budget text, observation, assistant
+opener] and then the reply. The jittable envs build the chunk in the graph from codec word ids
+(`prompt_chunk`); the host envs build it on the host from text (`host_first_chunk`, `host_next_chunk`).
+
+Budget text. One template, `budgets.BUDGET_TEMPLATE` ("Turn {turn} of {budget}. {remaining} turns
+left.", turn 1-based, remaining including this turn): host envs render it as text (`budget_text`),
+the jittable envs as word ids (`budgets.budget_words` over `budgets.DEFAULT_TEMPLATE`, the same template
+split into words). It lives in `envs/jax/budgets.py` because the envs' word tables need its words.
+
+Status (codes in `types`). An episode is RUNNING until
+  - turn t < budget starts and the context cannot hold its chunk plus a full reply (`max_action_tokens`):
+    CONTEXT_EXHAUSTED (`turn_start`);
+  - the env ends it (done): SUCCESS or FAILED by the env's success flag (`after_step`);
+  - it is not done after the last turn of its budget: BUDGET_EXHAUSTED (`after_step`).
+finished = SUCCESS or FAILED; episode_return = the sum of rewards if finished, else 0 (`episode_return`).
+The status rules accept numpy (the host loop) or jax (the JAX loop) arrays and return the same kind.
+
+Dimension legend (CONVENTIONS.md): B episodes, S context slots, C chunk tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE, BudgetFormat, budget_text  # noqa: F401  (re-exported)
+from jaxagent.envs.jax.text_codec import concat, render
+from jaxagent.models import chat
+from jaxagent.models.tokenizer import TOOL_RESPONSE, TOOL_RESPONSE_END, Tokenizer
+from jaxagent.rollout import types
+from jaxagent.rollout.layout import ChatLayout
+from jaxagent.sampling import Sampler
+
+
+# ----------------------------------------------------------------------------- settings
+@dataclasses.dataclass(frozen=True)
+class EpisodeConfig:
+    """Settings every rollout has (hashable): turns, reply length, context slots, sampler."""
+
+    t_max: int
+    max_action_tokens: int = 16
+    max_context: int = 1024            # KV-cache slots per episode; full -> context_exhausted
+    sampler: Sampler = Sampler()
+
+    def __post_init__(self):
+        if self.t_max < 1:
+            raise ValueError(f"t_max must be >= 1, got {self.t_max}")
+        if self.max_action_tokens < 1:
+            raise ValueError(f"max_action_tokens must be >= 1, got {self.max_action_tokens}")
+
+
+# ----------------------------------------------------------------------------- status
+def _xp(x):
+    return np if isinstance(x, (np.ndarray, np.generic)) else jnp
+
+
+def finished(status):
+    """The episode ended by the env (SUCCESS or FAILED), not by its budget or its context."""
+    return (status == types.SUCCESS) | (status == types.FAILED)
+
+
+def turn_start(status_B, t, budget_B, fits_B):
+    """(status, active) at the start of turn t: an episode plays if it is RUNNING with t < budget and its
+    chunk plus a full reply fits; a running episode with budget left that does not fit ends
+    CONTEXT_EXHAUSTED."""
+    xp = _xp(status_B)
+    playing = (status_B == types.RUNNING) & (t < budget_B)
+    status_B = xp.where(playing & ~fits_B, types.CONTEXT_EXHAUSTED, status_B).astype(status_B.dtype)
+    return status_B, playing & fits_B
+
+
+def out_of_budget(t, budget):
+    """Turn t (0-based) was the last turn of the budget."""
+    return t + 1 >= budget
+
+
+def after_step(status_B, active_B, done_B, success_B, out_of_budget_B):
+    """Status after the env stepped the active episodes: done -> SUCCESS / FAILED by success; not done
+    after the budget's last turn (`out_of_budget`) -> BUDGET_EXHAUSTED; otherwise unchanged."""
+    xp = _xp(status_B)
+    status_B = xp.where(active_B & done_B, xp.where(success_B, types.SUCCESS, types.FAILED), status_B)
+    return xp.where(active_B & ~done_B & out_of_budget_B, types.BUDGET_EXHAUSTED, status_B).astype(status_B.dtype)
+
+
+def episode_return(status_B, reward_BxN):
+    """sum_n reward[b, n] if episode b finished (success or failed), else 0 (ran out of budget or context)."""
+    xp = _xp(reward_BxN)
+    return xp.where(finished(status_B), xp.sum(reward_BxN, axis=1), 0.0)
+
+
+# ----------------------------------------------------------------------------- contexts of jittable envs
+def prompt_chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hide):
+    """One episode's prompt chunk for turn t: (tokens int32[C], length); `hide` (may be traced) drops the
+    budget text."""
+    open_arr, open_len, close = (jnp.asarray(x) for x in layout.pieces())
+    which = jnp.minimum(t, 1)
+    words, n_words = budgets_lib.budget_words(t, budget, budget - t, fmt, hidden=hide)
+    btoks, blen = render(env.codec, words, n_words)
+    toks, n = concat(open_arr[which], open_len[which], btoks, blen, pad_id=layout.pad_id)
+    toks, n = concat(toks, n, obs.tokens, obs.length, pad_id=layout.pad_id)
+    return concat(toks, n, close, close.shape[0], pad_id=layout.pad_id)
+
+
+def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env, t_max: Optional[int] = None) -> int:
+    """Most tokens a turn's prompt chunk can have (with `t_max`: in a rollout with that T_max, whose
+    budget numbers have at most len(str(t_max)) digits)."""
+    words = fmt.max_words if t_max is None else fmt.words_for(t_max)
+    return layout.open_width + words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
+
+
+def write_span(buf_S, values_K, start, count):
+    """buf[start:start+count] = values[:count] for one row; writes past the end are dropped."""
+    k = jnp.arange(values_K.shape[0])
+    slots = jnp.where(k < count, start + k, buf_S.shape[0])
+    return buf_S.at[slots].set(values_K.astype(buf_S.dtype), mode="drop")
+
+
+# ----------------------------------------------------------------------------- contexts of host envs
+def observation_turn(tokenizer: Tokenizer, obs: str, role: str, budget: Optional[str]) -> list[int]:
+    """Ids of the user turn that carries `obs` (role 'user' or 'tool'), the budget text first if given.
+    Without budget text a 'tool' turn equals `chat.tool_turn` of its results."""
+    if not isinstance(obs, str):
+        raise TypeError(f"an observation must be a str, got {type(obs).__name__}")
+    if role == "tool":
+        body = obs.strip("\n")
+        if not (body.startswith(TOOL_RESPONSE) and body.endswith(TOOL_RESPONSE_END)):
+            body = f"{TOOL_RESPONSE}\n{obs}\n{TOOL_RESPONSE_END}"
+    elif role == "user":
+        body = obs
+    else:
+        raise ValueError(f"obs_role must be 'user' or 'tool', got {role!r}")
+    return chat.user_turn(tokenizer, body if budget is None else f"{budget}\n{body}")
+
+
+def host_first_chunk(tokenizer: Tokenizer, pieces, obs: str, budget: Optional[str]) -> list[int]:
+    """Turn 0's chunk after the system turn: the first user turn (budget text, observation) and the
+    generation prompt (`chat.turn_pieces`)."""
+    return observation_turn(tokenizer, obs, "user", budget) + list(pieces.generation_prompt)
+
+
+def host_next_chunk(tokenizer: Tokenizer, pieces, obs: str, role: str, budget: Optional[str],
+                    closed: bool) -> list[int]:
+    """Turn t + 1's chunk: <|im_end|> if the reply did not end with it (token limit), the newline after a
+    reply, the user / tool turn and the generation prompt."""
+    return (([] if closed else [tokenizer.im_end_id]) + list(pieces.after_reply)
+            + observation_turn(tokenizer, obs, role, budget) + list(pieces.generation_prompt))
+
+
+def text_reply(tokenizer: Tokenizer, text: str, m: int) -> tuple[list[int], bool]:
+    """A given reply as tokens: encode(text) + <|im_end|>, cut at m; (ids, ended on the stop token)."""
+    if not isinstance(text, str):
+        raise ValueError(f"a given reply must be a str, got {type(text).__name__}")
+    full = tokenizer.encode(text) + [tokenizer.im_end_id]
+    return full[:m], len(full) <= m
+
+
+def action_text(tokenizer: Tokenizer, ids, stopped: bool) -> str:
+    """A reply's text without its stop token. Ids the tokenizer lacks (a model's vocabulary may be
+    padded past the tokenizer's) have no text and are dropped."""
+    ids = list(ids)[:-1] if stopped and len(ids) else list(ids)
+    return tokenizer.decode([int(i) for i in ids if 0 <= i < tokenizer.vocab_size])
