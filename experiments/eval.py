@@ -381,7 +381,7 @@ def _figures(run, evals, bound, tiers, depth_rows, error_depth_rows, nll_pool, l
         g = np.mean([np.asarray(evals[lb]["announced"]["grid"]) for lb in labels], axis=0)
         curves[name], kcurves[name] = g[:, kmax_i], g[-1, :]
     out["pass_at_t"] = plots.pass_at_t_curves(tiers, curves, os.path.join(fig, "pass_at_t.png"),
-                                              bound_T=np.asarray(bound["grid"])[:, kmax_i], k=p.eval.ks[kmax_i])
+                                              bound_U=np.asarray(bound["grid"])[:, kmax_i], k=p.eval.ks[kmax_i])
     out["pass_at_k"] = plots.pass_at_k_curves(p.eval.ks, kcurves, os.path.join(fig, "pass_at_k.png"),
                                               budget=tiers[-1])
     for name, rows, fname in (("step_quality_depth", depth_rows, "step_quality_depth.png"),

@@ -128,3 +128,16 @@ def test_budget_words_hidden_and_custom_format(codec_tok):
     assert _text(codec, tok, ids, n) == "6 turns left"
     with pytest.raises(ValueError, match="not in this codec"):
         bd.BudgetFormat.from_codec(codec, ("Budget", "{budget}"))
+
+
+def test_validate_budgets_keeps_device_arrays_on_device():
+    """The RL loop's sampled budgets are checked by min/max and stay a device array; bad ones still raise."""
+    b = jnp.asarray([1, 3, 6], jnp.int32)
+    out = bd.validate_budgets(b, 6, keep_on_device=True)
+    assert isinstance(out, jax.Array) and out.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(out), [1, 3, 6])
+    assert isinstance(bd.validate_budgets(b, 6), np.ndarray)  # the default path is numpy
+    with pytest.raises(ValueError, match=r"outside \[1, T_max=6\] \(min 0, max 7\)"):
+        bd.validate_budgets(jnp.asarray([0, 7]), 6, keep_on_device=True)
+    with pytest.raises(ValueError, match="empty"):
+        bd.validate_budgets(jnp.zeros((0,), jnp.int32), 6, keep_on_device=True)

@@ -215,7 +215,7 @@ def test_hand_built_tables(world, rollouts):
     # q matches the solver, the invalid outcome is scored as invalid: the worst value (0), not staying put
     def solve(map_LxL):
         mdp = fls.mdp_from_map(map_LxL, 1.0)
-        return fls.q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, T_MAX, 0.95)
+        return fls.q_star(mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X, T_MAX, 0.95)
     Q = np.asarray(jax.jit(jax.vmap(solve))(states.map_LxL))  # [S, h, cell, action]
     pos, idx = np.asarray(states.pos), np.arange(len(b))
     np.testing.assert_allclose(q[:, :4], Q[idx, h, pos], atol=1e-6)

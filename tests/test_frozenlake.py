@@ -159,7 +159,7 @@ def test_process_reward_and_q_values_match_solver(wl):
     state, _ = fns["reset"](jax.random.key(0), m, params)
     state = state._replace(pos=jnp.asarray(4, jnp.int32))  # (1, 0): not all actions are equal
     mdp = fls.mdp_from_map(m, params.success_rate)
-    Q = np.asarray(fls.q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, 10, 0.95))[:, 4]
+    Q = np.asarray(fls.q_star(mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X, 10, 0.95))[:, 4]
 
     @jax.jit
     def table(state, params):

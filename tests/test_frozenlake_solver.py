@@ -59,8 +59,8 @@ def random_desc(draw):
 def test_transition_tensor_equals_gymnasium(desc, success_rate):
     P_ref, _ = gym_P(desc, success_rate)
     mdp = _mdp(to_map(desc), success_rate)
-    np.testing.assert_allclose(np.asarray(mdp.P_SxAxS), P_ref, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(mdp.P_SxAxS).sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(mdp.P_XxAxX), P_ref, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(mdp.P_XxAxX).sum(-1), 1.0, atol=1e-6)
 
 
 @settings(max_examples=20, deadline=None)
@@ -70,12 +70,12 @@ def test_q_star_equals_numpy_value_iteration(desc, success_rate):
     n = len(desc) ** 2
     Q_ref = gym_value_iteration(P_list, n, HORIZON, 0.95)
     mdp = _mdp(to_map(desc), success_rate)
-    Q = _q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, horizon=HORIZON, gamma=0.95)
+    Q = _q_star(mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X, horizon=HORIZON, gamma=0.95)
     assert Q.shape == (HORIZON + 1, n, 4)
     np.testing.assert_allclose(np.asarray(Q), Q_ref, atol=1e-5)
     np.testing.assert_allclose(np.asarray(fls.v_star(Q)), Q_ref.max(-1), atol=1e-5)
     for h in (0, 3, HORIZON):
-        Qh = _q_star_at(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, h, 0.95)
+        Qh = _q_star_at(mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X, h, 0.95)
         np.testing.assert_allclose(np.asarray(Qh), Q_ref[h], atol=1e-5)
 
 
@@ -83,7 +83,7 @@ def test_q_star_hand_values_deterministic_corridor():
     # S F G in one row of a 3x3 lake with holes below: the best Q from S is gamma^1 (two moves).
     desc = ["SFG", "HHH", "HHH"]
     mdp = _mdp(to_map(desc), 1.0)
-    Q = np.asarray(_q_star(mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S, horizon=3, gamma=0.95))
+    Q = np.asarray(_q_star(mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X, horizon=3, gamma=0.95))
     assert Q[1, 1, fls.RIGHT] == pytest.approx(1.0)
     assert Q[1, 0].max() == pytest.approx(0.0)  # one step is not enough from S
     assert Q[2, 0, fls.RIGHT] == pytest.approx(0.95)
@@ -95,22 +95,22 @@ def test_q_star_hand_values_deterministic_corridor():
 def test_success_prob_within_hand_values():
     # 2x2 "SF/FG", slippery 1/3: W1 at the goal's neighbours is 1/3, W2(S) = 2/9.
     mdp = _mdp(to_map(["SF", "FG"]), 1.0 / 3.0)
-    W = np.asarray(_within(mdp.P_SxAxS, mdp.goal_S, mdp.terminal_S, horizon=3))
+    W = np.asarray(_within(mdp.P_XxAxX, mdp.goal_X, mdp.terminal_X, horizon=3))
     assert W.shape == (4, 4)
     np.testing.assert_allclose(W[0], [0, 0, 0, 1], atol=1e-6)
     np.testing.assert_allclose(W[1], [0, 1 / 3, 1 / 3, 1], atol=1e-6)
     assert W[2, 0] == pytest.approx(2 / 9, abs=1e-6)
     # deterministic: reachable from S in exactly 2 steps
     mdp1 = _mdp(to_map(["SF", "FG"]), 1.0)
-    W1 = np.asarray(_within(mdp1.P_SxAxS, mdp1.goal_S, mdp1.terminal_S, horizon=3))
+    W1 = np.asarray(_within(mdp1.P_XxAxX, mdp1.goal_X, mdp1.terminal_X, horizon=3))
     assert W1[:, 0].tolist() == [0.0, 0.0, 1.0, 1.0]
 
 
 def test_success_prob_within_is_zero_at_holes_and_monotone():
     desc = MAPS["4x4"]
     mdp = _mdp(to_map(desc), 1.0 / 3.0)
-    W = np.asarray(_within(mdp.P_SxAxS, mdp.goal_S, mdp.terminal_S, horizon=30))
-    holes = np.asarray(mdp.terminal_S & ~mdp.goal_S)
+    W = np.asarray(_within(mdp.P_XxAxX, mdp.goal_X, mdp.terminal_X, horizon=30))
+    holes = np.asarray(mdp.terminal_X & ~mdp.goal_X)
     assert np.all(W[:, holes] == 0.0)
     assert np.all(np.diff(W, axis=0) >= -1e-6)
     assert 0.0 < W[30, 0] < 1.0
@@ -131,7 +131,7 @@ def test_shortest_path_hand_maps():
 def test_deterministic_within_matches_shortest_path(desc):
     m = to_map(desc)
     mdp = _mdp(m, 1.0)
-    W = np.asarray(_within(mdp.P_SxAxS, mdp.goal_S, mdp.terminal_S, horizon=30))
+    W = np.asarray(_within(mdp.P_XxAxX, mdp.goal_X, mdp.terminal_X, horizon=30))
     d = int(_shortest(m))
     assert W[:, 0].tolist() == [float(h >= d) for h in range(31)]
 
@@ -144,9 +144,9 @@ def test_vmap_over_maps():
     def solve(maps_NxLxL, h_N):
         mdps = jax.vmap(fls.mdp_from_map, in_axes=(0, None))(maps_NxLxL, 1.0)
         W = jax.vmap(lambda P, g, t: fls.success_prob_within(P, g, t, 2))(
-            mdps.P_SxAxS, mdps.goal_S, mdps.terminal_S)
+            mdps.P_XxAxX, mdps.goal_X, mdps.terminal_X)
         Qh = jax.vmap(fls.q_star_at, in_axes=(0, 0, 0, 0, None))(
-            mdps.P_SxAxS, mdps.reward_SxA, mdps.terminal_S, h_N, 0.95)  # per-map horizon
+            mdps.P_XxAxX, mdps.reward_XxA, mdps.terminal_X, h_N, 0.95)  # per-map horizon
         return W, Qh, jax.vmap(fls.shortest_path_length)(maps_NxLxL)
 
     W, Qh, dist = solve(maps, jnp.asarray([1, 2, 3]))

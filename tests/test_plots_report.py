@@ -28,7 +28,7 @@ def figure_paths(tmp_path_factory):
     return {
         "pass_kt_heatmap": plots.pass_kt_heatmap(grid, budgets, ks, out / "heatmap.png"),
         "pass_at_t": plots.pass_at_t_curves(budgets, {"base": grid[:, 3], "RL": grid[:, 3] * 0.9}, out / "pass_t.png",
-                                            bound_T=np.minimum(grid[:, 3] + 0.1, 1.0),
+                                            bound_U=np.minimum(grid[:, 3] + 0.1, 1.0),
                                             bands={"base": (grid[:, 3] - 0.05, grid[:, 3] + 0.05)}),
         "pass_at_k": plots.pass_at_k_curves(ks, {"base": grid[3], "RL": grid[3] * 1.05}, out / "pass_k.png", budget=8),
         "step_quality_depth": plots.step_quality_by_depth(edges, [0.3, 0.4, np.nan, 0.6], [0.2, 0.2, np.nan, 0.1],

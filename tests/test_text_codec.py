@@ -71,8 +71,8 @@ def ref_parse(tokens, length, forms, form_action):
 
 
 def codec_forms(codec: TextCodec):
-    toks, lens = np.asarray(codec.match_tokens_MxPa), np.asarray(codec.match_lens_M)
-    return [list(t[:n]) for t, n in zip(toks, lens)], list(np.asarray(codec.match_action_M))
+    toks, lens = np.asarray(codec.match_tokens_FaxPa), np.asarray(codec.match_lens_Fa)
+    return [list(t[:n]) for t, n in zip(toks, lens)], list(np.asarray(codec.match_action_Fa))
 
 
 def test_word_level_render_equals_encode_of_joined_text(wl):

@@ -1,7 +1,7 @@
 """Training dynamics: trajectory reward R_multi vs single-step reward R_single, and a JSONL log of both.
 
 Dimension legend (CONVENTIONS.md): B episodes of the training batch, I held-out states, A actions,
-Lg logged records.
+It logged records (iterations).
 
 docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
 batch; R_single = mean single-step quality on a fixed held-out state set (FrozenLake: probability mass
@@ -45,10 +45,10 @@ def r_single(probs_IxA, optimal_IxA, state_mask_I=None) -> jax.Array:
     return jnp.sum(mass_I * mask_I) / mask_I.sum()
 
 
-def dynamics_deltas(r_multi_Lg, r_single_Lg) -> dict[str, jax.Array]:
+def dynamics_deltas(r_multi_It, r_single_It) -> dict[str, jax.Array]:
     """Change over training, last logged value minus first (finding 6: R_multi +0.331, R_single -0.097)."""
-    r_multi_Lg, r_single_Lg = jnp.asarray(r_multi_Lg, jnp.float32), jnp.asarray(r_single_Lg, jnp.float32)
-    return {"r_multi_delta": r_multi_Lg[-1] - r_multi_Lg[0], "r_single_delta": r_single_Lg[-1] - r_single_Lg[0]}
+    r_multi_It, r_single_It = jnp.asarray(r_multi_It, jnp.float32), jnp.asarray(r_single_It, jnp.float32)
+    return {"r_multi_delta": r_multi_It[-1] - r_multi_It[0], "r_single_delta": r_single_It[-1] - r_single_It[0]}
 
 
 class DynamicsLog:

@@ -1,6 +1,6 @@
 """Seed health of an RL run from its per-iteration training log (metrics.jsonl: one record per iteration).
 
-Dimension legend (this module): L logged iterations.
+Dimension legend (this module): It logged iterations.
 
 A collapsed seed (the policy stops producing valid actions, every reward and advantage becomes 0 and it never
 recovers) or a diverged one says nothing about what RL improves, so the study's primary verdicts exclude them

@@ -1,7 +1,7 @@
 """Likelihood diagnostics: per-action NLL, cumulative log-likelihood ratio, length-matched pairs.
 
 Dimension legend (this module): B trajectories, T tokens, N turns (actions) per trajectory,
-R RL trajectories, M base trajectories.
+Br RL trajectories, Bb base trajectories (the two sides of a length-matched comparison).
 
 Token inputs follow the rollout's layout: logp_BxT is the per-token log-probability of the trajectory's
 own tokens under some policy, turn_ids_BxT is the index of the turn (action) a policy-generated token
@@ -73,7 +73,7 @@ def cumulative_llr(logp_rl_BxT, logp_base_BxT, turn_ids_BxT) -> jax.Array:
     return jnp.sum(jnp.where(jnp.asarray(turn_ids_BxT) >= 0, diff_BxT, 0.0), axis=-1)
 
 
-def length_matched_pairs(task_rl_R, success_rl_R, ntok_rl_R, task_base_M, success_base_M, ntok_base_M,
+def length_matched_pairs(task_rl_Br, success_rl_Br, ntok_rl_Br, task_base_Bb, success_base_Bb, ntok_base_Bb,
                          *, rel_tol: float = 0.1) -> dict[str, jax.Array]:
     """Length-matched (RL, base) trajectory pairs with static shapes.
 
@@ -84,41 +84,41 @@ def length_matched_pairs(task_rl_R, success_rl_R, ntok_rl_R, task_base_M, succes
     Returns candidates [R, M], match [R] (base index or -1), pair_mask [R, M], n_pairs, n_tasks
     (distinct tasks among matched pairs).
     """
-    for name, x in (("task_rl_R", task_rl_R), ("success_rl_R", success_rl_R), ("ntok_rl_R", ntok_rl_R),
-                    ("task_base_M", task_base_M), ("success_base_M", success_base_M), ("ntok_base_M", ntok_base_M)):
+    for name, x in (("task_rl_Br", task_rl_Br), ("success_rl_Br", success_rl_Br), ("ntok_rl_Br", ntok_rl_Br),
+                    ("task_base_Bb", task_base_Bb), ("success_base_Bb", success_base_Bb), ("ntok_base_Bb", ntok_base_Bb)):
         _checks.require_ndim(x, 1, name)
-    _checks.require_same_shape(task_rl_R, ntok_rl_R, "task_rl_R", "ntok_rl_R")
-    _checks.require_same_shape(task_base_M, ntok_base_M, "task_base_M", "ntok_base_M")
-    n_rl_R1 = jnp.asarray(ntok_rl_R, jnp.float32)[:, None]
-    n_base_1M = jnp.asarray(ntok_base_M, jnp.float32)[None, :]
-    gap_RxM = jnp.abs(n_rl_R1 - n_base_1M)
-    task_rl_R = jnp.asarray(task_rl_R)
-    cand_RxM = ((task_rl_R[:, None] == jnp.asarray(task_base_M)[None, :])
-                & jnp.asarray(success_rl_R, bool)[:, None] & jnp.asarray(success_base_M, bool)[None, :]
-                & (gap_RxM <= rel_tol * jnp.maximum(n_rl_R1, n_base_1M)))
+    _checks.require_same_shape(task_rl_Br, ntok_rl_Br, "task_rl_Br", "ntok_rl_Br")
+    _checks.require_same_shape(task_base_Bb, ntok_base_Bb, "task_base_Bb", "ntok_base_Bb")
+    n_rl_R1 = jnp.asarray(ntok_rl_Br, jnp.float32)[:, None]
+    n_base_1M = jnp.asarray(ntok_base_Bb, jnp.float32)[None, :]
+    gap_BrxBb = jnp.abs(n_rl_R1 - n_base_1M)
+    task_rl_Br = jnp.asarray(task_rl_Br)
+    cand_BrxBb = ((task_rl_Br[:, None] == jnp.asarray(task_base_Bb)[None, :])
+                & jnp.asarray(success_rl_Br, bool)[:, None] & jnp.asarray(success_base_Bb, bool)[None, :]
+                & (gap_BrxBb <= rel_tol * jnp.maximum(n_rl_R1, n_base_1M)))
 
-    def pick(used_M, row):
-        cand_M, gap_M = row
-        avail_M = cand_M & ~used_M
-        j = jnp.argmin(jnp.where(avail_M, gap_M, jnp.inf)).astype(jnp.int32)
-        j = jnp.where(avail_M.any(), j, -1)
-        return used_M | (jnp.arange(used_M.shape[0]) == j), j
+    def pick(used_Bb, row):
+        cand_Bb, gap_Bb = row
+        avail_Bb = cand_Bb & ~used_Bb
+        j = jnp.argmin(jnp.where(avail_Bb, gap_Bb, jnp.inf)).astype(jnp.int32)
+        j = jnp.where(avail_Bb.any(), j, -1)
+        return used_Bb | (jnp.arange(used_Bb.shape[0]) == j), j
 
-    _, match_R = lax.scan(pick, jnp.zeros(cand_RxM.shape[1], bool), (cand_RxM, gap_RxM))
-    matched_R = match_R >= 0
-    pair_RxM = matched_R[:, None] & (jnp.arange(cand_RxM.shape[1])[None, :] == match_R[:, None])
-    earlier_same_RxR = (task_rl_R[:, None] == task_rl_R[None, :]) & jnp.tril(jnp.ones((task_rl_R.size,) * 2, bool), -1)
-    first_of_task_R = matched_R & ~jnp.any(earlier_same_RxR & matched_R[None, :], axis=1)
-    return {"candidates": cand_RxM, "match": match_R, "pair_mask": pair_RxM,
-            "n_pairs": matched_R.sum(), "n_tasks": first_of_task_R.sum()}
+    _, match_Br = lax.scan(pick, jnp.zeros(cand_BrxBb.shape[1], bool), (cand_BrxBb, gap_BrxBb))
+    matched_Br = match_Br >= 0
+    pair_BrxBb = matched_Br[:, None] & (jnp.arange(cand_BrxBb.shape[1])[None, :] == match_Br[:, None])
+    earlier_same_BrxBr = (task_rl_Br[:, None] == task_rl_Br[None, :]) & jnp.tril(jnp.ones((task_rl_Br.size,) * 2, bool), -1)
+    first_of_task_Br = matched_Br & ~jnp.any(earlier_same_BrxBr & matched_Br[None, :], axis=1)
+    return {"candidates": cand_BrxBb, "match": match_Br, "pair_mask": pair_BrxBb,
+            "n_pairs": matched_Br.sum(), "n_tasks": first_of_task_Br.sum()}
 
 
-def matched_difference(values_rl_R, values_base_M, match_R, key, *, n_boot: int = 1000, alpha: float = 0.05) -> CI:
+def matched_difference(values_rl_Br, values_base_Bb, match_Br, key, *, n_boot: int = 1000, alpha: float = 0.05) -> CI:
     """Mean paired difference values_rl[i] - values_base[match[i]] over matched pairs (match >= 0) with a
     percentile bootstrap CI over pairs (`passk.bootstrap_ci`); e.g. the length-matched cumulative LLR
     control of docs/study.md finding 5. No pair gives NaN."""
-    _checks.require_same_shape(values_rl_R, match_R, "values_rl_R", "match_R")
-    match_R = jnp.asarray(match_R, jnp.int32)
-    base_R = jnp.asarray(values_base_M, jnp.float32)[jnp.clip(match_R, 0, None)]
-    diff_R = jnp.asarray(values_rl_R, jnp.float32) - base_R
-    return bootstrap_ci(diff_R, key, n_boot=n_boot, alpha=alpha, mask=match_R >= 0)
+    _checks.require_same_shape(values_rl_Br, match_Br, "values_rl_Br", "match_Br")
+    match_Br = jnp.asarray(match_Br, jnp.int32)
+    base_Br = jnp.asarray(values_base_Bb, jnp.float32)[jnp.clip(match_Br, 0, None)]
+    diff_Br = jnp.asarray(values_rl_Br, jnp.float32) - base_Br
+    return bootstrap_ci(diff_Br, key, n_boot=n_boot, alpha=alpha, mask=match_Br >= 0)

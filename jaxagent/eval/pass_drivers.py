@@ -105,7 +105,7 @@ def _pass_stats(success_UxPxZ, status_UxB, turns_UxB, tokens_UxB, ks_J, key, *, 
 def _slippery_p_star(maps_PxLxL, success_rate, *, horizon):
     def one(map_LxL):
         mdp = fls.mdp_from_map(map_LxL, success_rate)
-        within = fls.success_prob_within(mdp.P_SxAxS, mdp.goal_S, mdp.terminal_S, horizon)  # [horizon + 1, cells]
+        within = fls.success_prob_within(mdp.P_XxAxX, mdp.goal_X, mdp.terminal_X, horizon)  # [horizon + 1, cells]
         return within[:, jnp.argmax(map_LxL.reshape(-1) == fls.START)]
     return jax.vmap(one)(maps_PxLxL)
 

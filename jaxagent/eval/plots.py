@@ -1,6 +1,6 @@
 """Host-side PNG figures of the evaluation (matplotlib Agg canvas, no display, no pyplot state).
 
-Dimension legend (this module): T budget tiers, K values of k, D depth bins, L logged training steps.
+Dimension legend (this module): U budget tiers, J values of k, Db depth bins, It logged training iterations.
 Every function takes arrays and an output path, writes one PNG and returns the path.
 """
 from __future__ import annotations
@@ -36,15 +36,15 @@ def _curves(ax, x, curves: Mapping[str, np.ndarray], bands: Mapping[str, tuple] 
             ax.fill_between(x, np.asarray(lo), np.asarray(hi), color=line.get_color(), alpha=0.2)
 
 
-def pass_kt_heatmap(pass_TxK, budgets_T, ks_K, path, *, title: str = "Pass@(K,T)") -> str:
+def pass_kt_heatmap(pass_UxJ, budgets_U, ks_J, path, *, title: str = "Pass@(K,T)") -> str:
     """Heatmap of the task-mean Pass@(K,T) grid, annotated with each cell's value."""
-    grid = np.asarray(pass_TxK, np.float64)
-    if grid.shape != (len(budgets_T), len(ks_K)):
-        raise ValueError(f"pass_TxK shape {grid.shape} does not match {len(budgets_T)} budgets x {len(ks_K)} ks")
+    grid = np.asarray(pass_UxJ, np.float64)
+    if grid.shape != (len(budgets_U), len(ks_J)):
+        raise ValueError(f"pass_UxJ shape {grid.shape} does not match {len(budgets_U)} budgets x {len(ks_J)} ks")
     fig, (ax,) = _new(width=5.5, height=4.0)
     image = ax.imshow(grid, origin="lower", aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
-    ax.set_xticks(range(len(ks_K)), [str(k) for k in ks_K])
-    ax.set_yticks(range(len(budgets_T)), [str(t) for t in budgets_T])
+    ax.set_xticks(range(len(ks_J)), [str(k) for k in ks_J])
+    ax.set_yticks(range(len(budgets_U)), [str(t) for t in budgets_U])
     ax.set_xlabel("K (independent trajectories)")
     ax.set_ylabel("T (turn budget)")
     for (t, k), value in np.ndenumerate(grid):
@@ -54,24 +54,24 @@ def pass_kt_heatmap(pass_TxK, budgets_T, ks_K, path, *, title: str = "Pass@(K,T)
     return _save(fig, path)
 
 
-def pass_at_t_curves(budgets_T, curves: Mapping[str, np.ndarray], path, *, bound_T=None,
+def pass_at_t_curves(budgets_U, curves: Mapping[str, np.ndarray], path, *, bound_U=None,
                      bands: Mapping[str, tuple] | None = None, k: int = 8) -> str:
     """Pass@T at fixed K per policy, with the structural upper bound drawn beside them (dashed)."""
     fig, (ax,) = _new()
-    x = np.asarray(budgets_T)
+    x = np.asarray(budgets_U)
     _curves(ax, x, curves, bands)
-    if bound_T is not None:
-        ax.plot(x, np.asarray(bound_T), "k--", label="upper bound")
+    if bound_U is not None:
+        ax.plot(x, np.asarray(bound_U), "k--", label="upper bound")
     ax.set(xlabel="T (turn budget)", ylabel=f"Pass@{k}", ylim=(-0.02, 1.02), title=f"Pass@T at K={k}")
     ax.legend()
     return _save(fig, path)
 
 
-def pass_at_k_curves(ks_K, curves: Mapping[str, np.ndarray], path, *, bands: Mapping[str, tuple] | None = None,
+def pass_at_k_curves(ks_J, curves: Mapping[str, np.ndarray], path, *, bands: Mapping[str, tuple] | None = None,
                      budget: int | None = None) -> str:
     """Pass@K curves (log-2 K axis) at one budget per policy."""
     fig, (ax,) = _new()
-    _curves(ax, np.asarray(ks_K), curves, bands)
+    _curves(ax, np.asarray(ks_J), curves, bands)
     ax.set_xscale("log", base=2)
     suffix = "" if budget is None else f" at T={budget}"
     ax.set(xlabel="K", ylabel="Pass@K", ylim=(-0.02, 1.02), title="Pass@K" + suffix)
@@ -79,12 +79,12 @@ def pass_at_k_curves(ks_K, curves: Mapping[str, np.ndarray], path, *, bands: Map
     return _save(fig, path)
 
 
-def step_quality_by_depth(bin_edges_D1, share_better_D, share_equal_D, share_worse_D, mean_q_base_D,
-                          mean_q_rl_D, path) -> str:
+def step_quality_by_depth(bin_edges_D1, share_better_Db, share_equal_Db, share_worse_Db, mean_q_base_Db,
+                          mean_q_rl_Db, path) -> str:
     """Left: stacked shares of states where RL is better / tied / worse per depth bin; right: mean q."""
     edges = np.asarray(bin_edges_D1, np.float64)
     centers, width = (edges[:-1] + edges[1:]) / 2, np.diff(edges) * 0.9
-    shares = (share_better_D, share_equal_D, share_worse_D)
+    shares = (share_better_Db, share_equal_Db, share_worse_Db)
     better, equal, worse = (np.nan_to_num(np.asarray(v, np.float64)) for v in shares)  # empty bins draw nothing
     fig, (ax_share, ax_q) = _new(ncols=2)
     ax_share.bar(centers, better, width, label="RL better", color="tab:green")
@@ -92,8 +92,8 @@ def step_quality_by_depth(bin_edges_D1, share_better_D, share_equal_D, share_wor
     ax_share.bar(centers, worse, width, bottom=better + equal, label="RL worse", color="tab:red")
     ax_share.set(xlabel="normalised depth t / T_max", ylabel="share of states", ylim=(0, 1.05))
     ax_share.legend(fontsize=8)
-    ax_q.plot(centers, np.asarray(mean_q_base_D), marker="o", label="base")
-    ax_q.plot(centers, np.asarray(mean_q_rl_D), marker="o", label="RL")
+    ax_q.plot(centers, np.asarray(mean_q_base_Db), marker="o", label="base")
+    ax_q.plot(centers, np.asarray(mean_q_rl_Db), marker="o", label="RL")
     ax_q.set(xlabel="normalised depth t / T_max", ylabel="mean Q*")
     ax_q.legend()
     return _save(fig, path)
@@ -115,14 +115,14 @@ def likelihood_histograms(values: Mapping[str, np.ndarray], path, *, xlabel: str
     return _save(fig, path)
 
 
-def training_dynamics(steps_L, r_multi_L, r_single_L, path) -> str:
+def training_dynamics(steps_It, r_multi_It, r_single_It, path) -> str:
     """R_multi and R_single over training steps (two y axes share the step axis)."""
     fig, (ax,) = _new()
-    steps = np.asarray(steps_L)
-    ax.plot(steps, np.asarray(r_multi_L), color="tab:blue", marker="o", label="R_multi")
+    steps = np.asarray(steps_It)
+    ax.plot(steps, np.asarray(r_multi_It), color="tab:blue", marker="o", label="R_multi")
     ax.set(xlabel="training step", ylabel="R_multi (trajectory success)")
     twin = ax.twinx()
-    twin.plot(steps, np.asarray(r_single_L), color="tab:orange", marker="s", label="R_single")
+    twin.plot(steps, np.asarray(r_single_It), color="tab:orange", marker="s", label="R_single")
     twin.set_ylabel("R_single (mass on Q*-optimal actions)")
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], loc="best")

@@ -164,7 +164,7 @@ def _error_actions_jit(states, h_I, env_params, *, env, tol):
     def one(state, h):
         q_A = env.q_values(state, h, env_params)
         mdp = fls.mdp_from_map(state.map_LxL, env_params.success_rate)
-        p_end_A = mdp.P_SxAxS[state.pos] @ mdp.terminal_S.astype(jnp.float32)  # P(next state ends the episode)
+        p_end_A = mdp.P_XxAxX[state.pos] @ mdp.terminal_X.astype(jnp.float32)  # P(next state ends the episode)
         non_terminating_A = p_end_A <= 0.0
         return sq.choose_error_action(q_A, non_terminating_A, tol=tol), q_A, non_terminating_A
     return jax.vmap(one)(states, h_I)

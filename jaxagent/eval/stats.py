@@ -1,7 +1,7 @@
 """Seed-aware statistics of the study: cluster bootstrap, t-intervals over seeds, MDE, TOST, verdict rules.
 
-Dimension legend (this module): S seeds (clusters), U units within one seed (tasks, states, actions, pairs),
-R bootstrap replicates.
+Dimension legend (this module): Sd seeds (clusters), Un units within one seed (tasks, states, actions,
+pairs), R bootstrap replicates.
 
 The study's unit of replication is the RL seed: states, tasks and actions measured on one trained policy are
 correlated through that policy, so they are never pooled across seeds as if independent. Every estimator takes
@@ -139,12 +139,12 @@ def _resample(entry, rng):
 
 
 # ----------------------------------------------------------------------------- interval estimators
-def t_interval(values_S, *, alpha: float = 0.05, power: float = 0.8, n_units: int | None = None) -> Estimate:
+def t_interval(values_Sd, *, alpha: float = 0.05, power: float = 0.8, n_units: int | None = None) -> Estimate:
     """Student-t interval over seed-level values v_s (one number per seed; NaNs dropped):
     mean = v-bar, SE = sd(v, ddof=1) / sqrt(S), CI = mean -/+ t_{1-alpha/2, S-1} SE, MDE with t quantiles.
     Fewer than 2 finite values give "n/a" with the reason."""
     _check_level(alpha, "alpha")
-    v = np.asarray(values_S, np.float64).reshape(-1)
+    v = np.asarray(values_Sd, np.float64).reshape(-1)
     v = v[np.isfinite(v)]
     s = int(v.size)
     units = s if n_units is None else int(n_units)

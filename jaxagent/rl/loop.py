@@ -11,7 +11,7 @@ each turn; the train step (`train_step.make_train_step`) does the sharded update
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -150,7 +150,7 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
     tasks = sample_tasks_fn(k_task, settings.n_tasks)
     tasks = jax.tree.map(lambda x: jnp.repeat(x, settings.group_size, axis=0), tasks)
     budgets = sample_budgets(k_budget, settings, t_max)
-    ro = rollout_fn(state.params, tasks, np.asarray(budgets), k_roll)
+    ro = rollout_fn(state.params, tasks, budgets, k_roll)  # budgets stay on device
     values = None if settings.estimator != "ppo" else values_fn(state.critic_params, ro.tokens)
     adv, keep, extra = compute_advantages(ro, settings, values)
     batch = {"tokens": ro.tokens, "policy_mask": ro.policy_mask & keep[:, None], "advantages": adv,

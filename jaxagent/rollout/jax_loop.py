@@ -81,7 +81,7 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     Host-side checks happen here (budgets in [1, T_max], context large enough for the first turn);
     the episodes themselves run in one jitted program (`rollout_jit`).
     """
-    b = budgets_lib.validate_budgets(budgets, rcfg.t_max)
+    b = budgets_lib.validate_budgets(budgets, rcfg.t_max, keep_on_device=True)
     n_tasks = {x.shape[0] for x in jax.tree.leaves(tasks)}
     if n_tasks != {b.shape[0]}:
         raise ValueError(f"tasks have leading sizes {sorted(n_tasks)} but there are {b.shape[0]} budgets")

@@ -4,11 +4,11 @@ Static structure (sizes, vocabulary, codec) lives in the env object built on the
 live in an ``env_params`` pytree; the PRNG key lives in the state. A jittable env's methods are pure
 functions of arrays, written for ONE episode: the rollout vmaps them over episodes and scans over turns.
 
-Dimension legend: O observation tokens (O_max, static per env), A action tokens (static per rollout).
+Dimension legend: O observation tokens (O_max, static per env), M action (reply) tokens (static per rollout).
 
 Contract of a jittable env (``jittable = True``):
     reset(key, task, env_params)                         -> (state, Obs)
-    step(state, action_tokens_A, action_len, env_params) -> EnvStep(state, obs, reward, done, info)
+    step(state, action_tokens_M, action_len, env_params) -> EnvStep(state, obs, reward, done, info)
     anchor(state)                                        -> int32 id of the state WITHOUT history
 Host-side envs (SQL, code, function calling) use the same method names with Python strings in place
 of token arrays and say ``jittable = False``.
@@ -57,7 +57,7 @@ class Env(Protocol):
         """Start one episode of ``task``; returns the state and the first observation."""
         ...
 
-    def step(self, state: Any, action_tokens_A: jax.Array, action_len: jax.Array,
+    def step(self, state: Any, action_tokens_M: jax.Array, action_len: jax.Array,
              env_params: Any) -> EnvStep:
         """Parse the action from the generated tokens and advance one turn."""
         ...

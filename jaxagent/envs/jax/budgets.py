@@ -7,7 +7,7 @@ Definitions (docs/study.md, "jaxagent's definitions" and finding 8, BudgetMix RL
 The ceil is computed in exact rational arithmetic (``fractions.Fraction`` of the decimal text of f),
 so ceil(0.3 * 10) = 3 and ceil(0.1 * 10) = 1, never a float off-by-one.
 
-Dimension legend: G group size, N words of a budget text.
+Dimension legend: G group size, Wr words of a rendered budget text.
 """
 from __future__ import annotations
 
@@ -92,9 +92,21 @@ def full_budget(n: int, t_max: int) -> jax.Array:
     return jnp.full((n,), _check_t_max(t_max), jnp.int32)
 
 
-def validate_budgets(budgets, t_max: int) -> np.ndarray:
-    """Host-side check of concrete budgets: integers with 1 <= b <= T_max; returns them as int32."""
+def validate_budgets(budgets, t_max: int, *, keep_on_device: bool = False):
+    """Host-side check of concrete budgets: integers with 1 <= b <= T_max; returns them as int32.
+
+    `keep_on_device`: an integer jax.Array (e.g. budgets sampled inside a jitted RL iteration) is checked
+    through its min and max (two scalars to the host) and returned as a device array, not copied to the
+    host and back; anything else takes the numpy path."""
     t_max = _check_t_max(t_max)
+    if keep_on_device and isinstance(budgets, jax.Array) and jnp.issubdtype(budgets.dtype, jnp.integer):
+        if budgets.size == 0:
+            raise ValueError("budgets is empty")
+        lo, hi = (int(v) for v in jax.device_get((jnp.min(budgets), jnp.max(budgets))))
+        if lo <= 0 or hi > t_max:
+            raise ValueError(f"budget(s) outside [1, T_max={t_max}] (min {lo}, max {hi}): a budget must be a "
+                             "positive number of turns no larger than T_max")
+        return budgets.astype(jnp.int32)
     b = np.asarray(budgets)
     if b.size == 0:
         raise ValueError("budgets is empty")
@@ -167,6 +179,6 @@ def budget_words(turn_index, budget, remaining, fmt: BudgetFormat, hidden=False
         else:
             ids.append(jnp.asarray([lit], jnp.int32))
             keep.append(jnp.asarray([True]))
-    ids_N, keep_N = jnp.concatenate(ids), jnp.concatenate(keep)
-    keep_N = keep_N & ~jnp.asarray(hidden, bool)
-    return compact(ids_N, keep_N, 0)
+    ids_Wr, keep_Wr = jnp.concatenate(ids), jnp.concatenate(keep)
+    keep_Wr = keep_Wr & ~jnp.asarray(hidden, bool)
+    return compact(ids_Wr, keep_Wr, 0)

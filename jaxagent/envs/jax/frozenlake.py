@@ -9,7 +9,8 @@ the observation is [message words] + the grid row by row ("P" you, "F" frozen, "
 "Invalid action .", reward -format_penalty, not done.
 
 A task is a map int8[L, L] (cell codes in ``frozenlake_solver``); ``sample_tasks`` draws solvable ones.
-Dimension legend: L map side, S = L*L cells, A action tokens, O observation tokens, N tasks.
+Dimension legend: L map side, X = L*L cells, A env actions, Pa tokens per action string, O observation
+tokens, P tasks.
 """
 from __future__ import annotations
 
@@ -157,10 +158,10 @@ class FrozenLake:
 
     def _observe(self, map_LxL, pos, msg) -> Obs:
         L = self.size
-        cells_S = map_LxL.reshape(self.n_cells).astype(jnp.int32)
-        words_S = jnp.where(jnp.arange(self.n_cells) == pos, self._player_id, self._cell_ids[cells_S])
+        cells_X = map_LxL.reshape(self.n_cells).astype(jnp.int32)
+        words_X = jnp.where(jnp.arange(self.n_cells) == pos, self._player_id, self._cell_ids[cells_X])
         sep_Lx1 = jnp.full((L, 1), self._sep_id, jnp.int32)
-        grid = jnp.concatenate([words_S.reshape(L, L), sep_Lx1], axis=1).reshape(-1)[: self._grid_words]
+        grid = jnp.concatenate([words_X.reshape(L, L), sep_Lx1], axis=1).reshape(-1)[: self._grid_words]
         words, n = concat(self._msg_ids[msg], self._msg_lens[msg], grid, self._grid_words)
         words = jnp.pad(words, (0, self.max_obs_words - words.shape[0]))
         return Obs(*render(self.codec, words, n))
@@ -187,15 +188,15 @@ class FrozenLake:
         a = (h << jnp.uint32(self._pos_bits)) | state.pos.astype(jnp.uint32)
         return jax.lax.bitcast_convert_type(a & jnp.uint32(0x7FFFFFFF), jnp.int32)
 
-    def parse(self, action_tokens_A: jax.Array, action_len) -> jax.Array:
+    def parse(self, action_tokens_M: jax.Array, action_len) -> jax.Array:
         """Env action index (0..3) of the last answer in the tokens, -1 if none."""
-        k = parse_action(self.codec, action_tokens_A, action_len)
+        k = parse_action(self.codec, action_tokens_M, action_len)
         return jnp.where(k >= 0, self._codec_to_env[jnp.maximum(k, 0)], -1).astype(jnp.int32)
 
-    def step(self, state: FrozenLakeState, action_tokens_A: jax.Array, action_len,
+    def step(self, state: FrozenLakeState, action_tokens_M: jax.Array, action_len,
              env_params: FrozenLakeParams) -> EnvStep:
         """Parse the generated tokens, then ``step_action``."""
-        return self.step_action(state, self.parse(action_tokens_A, action_len), env_params)
+        return self.step_action(state, self.parse(action_tokens_M, action_len), env_params)
 
     def step_action(self, state: FrozenLakeState, action_index, env_params: FrozenLakeParams
                     ) -> EnvStep:
@@ -231,7 +232,7 @@ class FrozenLake:
         h = (env_params.horizon - state.t) if remaining_horizon is None else remaining_horizon
         h = jnp.asarray(h, jnp.int32)
         mdp = fls.mdp_from_map(state.map_LxL, env_params.success_rate)
-        args = (mdp.P_SxAxS, mdp.reward_SxA, mdp.terminal_S)
+        args = (mdp.P_XxAxX, mdp.reward_XxA, mdp.terminal_X)
         Q_prev = fls.q_star_at(*args, h - 1, env_params.gamma)
         Q_h = jnp.where(h >= 1, fls.bellman_backup(Q_prev, *args, env_params.gamma), 0.0)
         return h, Q_prev[state.pos], Q_h[state.pos]

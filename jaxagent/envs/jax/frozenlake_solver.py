@@ -8,7 +8,7 @@ probability success_rate for b = a and (1 - success_rate) / 2 for each perpendic
 = 1 is the deterministic lake, gymnasium's is_slippery default is success_rate = 1/3.
 
 Every function is written for ONE map and is jittable and vmappable over maps.
-Dimension legend: L map side, S = L*L states, A = 4 actions, H = horizon + 1 (h = 0..horizon).
+Dimension legend: L map side, X = L*L cells (the MDP's states), A = 4 actions, Hz = horizon + 1 (h = 0..horizon).
 """
 from __future__ import annotations
 
@@ -31,18 +31,18 @@ _DCOL = (-1, 0, 1, 0)
 def next_state_table(size: int) -> np.ndarray:
     """int32[S, A]: the cell reached from s by moving in direction a (clamped at the border)."""
     rows, cols = np.divmod(np.arange(size * size), size)
-    r_SxA = np.clip(rows[:, None] + np.asarray(_DROW)[None], 0, size - 1)
-    c_SxA = np.clip(cols[:, None] + np.asarray(_DCOL)[None], 0, size - 1)
-    return (r_SxA * size + c_SxA).astype(np.int32)
+    r_XxA = np.clip(rows[:, None] + np.asarray(_DROW)[None], 0, size - 1)
+    c_XxA = np.clip(cols[:, None] + np.asarray(_DCOL)[None], 0, size - 1)
+    return (r_XxA * size + c_XxA).astype(np.int32)
 
 
 class MapMDP(NamedTuple):
     """The MDP of one map: P[s, a, s'], expected reward R[s, a], terminal and goal masks."""
 
-    P_SxAxS: jax.Array
-    reward_SxA: jax.Array
-    terminal_S: jax.Array
-    goal_S: jax.Array
+    P_XxAxX: jax.Array
+    reward_XxA: jax.Array
+    terminal_X: jax.Array
+    goal_X: jax.Array
 
 
 def transition_tensor(map_LxL: jax.Array, success_rate) -> jax.Array:
@@ -51,56 +51,56 @@ def transition_tensor(map_LxL: jax.Array, success_rate) -> jax.Array:
     Equals gymnasium's ``env.unwrapped.P`` with the probabilities of equal s' summed."""
     size = map_LxL.shape[0]
     n = size * size
-    nxt_SxA = jnp.asarray(next_state_table(size))
+    nxt_XxA = jnp.asarray(next_state_table(size))
     sr = jnp.asarray(success_rate, jnp.float32)
-    P_SxAxS = jnp.zeros((n, N_ACTIONS, n), jnp.float32)
+    P_XxAxX = jnp.zeros((n, N_ACTIONS, n), jnp.float32)
     for k, p in ((-1, (1.0 - sr) / 2.0), (0, sr), (1, (1.0 - sr) / 2.0)):
         dirs_A = (jnp.arange(N_ACTIONS) + k) % N_ACTIONS
-        P_SxAxS = P_SxAxS + p * jax.nn.one_hot(nxt_SxA[:, dirs_A], n, dtype=jnp.float32)
-    cells_S = map_LxL.reshape(n)
-    terminal_S = (cells_S == HOLE) | (cells_S == GOAL)
-    stay_SxAxS = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32)[:, None, :], P_SxAxS.shape)
-    return jnp.where(terminal_S[:, None, None], stay_SxAxS, P_SxAxS)
+        P_XxAxX = P_XxAxX + p * jax.nn.one_hot(nxt_XxA[:, dirs_A], n, dtype=jnp.float32)
+    cells_X = map_LxL.reshape(n)
+    terminal_X = (cells_X == HOLE) | (cells_X == GOAL)
+    stay_XxAxX = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32)[:, None, :], P_XxAxX.shape)
+    return jnp.where(terminal_X[:, None, None], stay_XxAxX, P_XxAxX)
 
 
 def mdp_from_map(map_LxL: jax.Array, success_rate) -> MapMDP:
     """R[s, a] = sum_s' P[s, a, s'] [s' is goal] for non-terminal s (reward 1 on entering the goal)."""
-    cells_S = map_LxL.reshape(-1)
-    goal_S = cells_S == GOAL
-    terminal_S = goal_S | (cells_S == HOLE)
-    P_SxAxS = transition_tensor(map_LxL, success_rate)
-    reward_SxA = jnp.where(terminal_S[:, None], 0.0, P_SxAxS @ goal_S.astype(jnp.float32))
-    return MapMDP(P_SxAxS, reward_SxA, terminal_S, goal_S)
+    cells_X = map_LxL.reshape(-1)
+    goal_X = cells_X == GOAL
+    terminal_X = goal_X | (cells_X == HOLE)
+    P_XxAxX = transition_tensor(map_LxL, success_rate)
+    reward_XxA = jnp.where(terminal_X[:, None], 0.0, P_XxAxX @ goal_X.astype(jnp.float32))
+    return MapMDP(P_XxAxX, reward_XxA, terminal_X, goal_X)
 
 
-def bellman_backup(Q_SxA, P_SxAxS, reward_SxA, terminal_S, gamma):
+def bellman_backup(Q_XxA, P_XxAxX, reward_XxA, terminal_X, gamma):
     """Q_{h+1}(s,a) = R(s,a) + gamma sum_s' P(s,a,s') V_h(s'), V_h = max_a Q_h; 0 at terminal s."""
-    V_S = jnp.max(Q_SxA, axis=-1)
-    Q_next = reward_SxA + gamma * jnp.einsum("sat,t->sa", P_SxAxS, V_S)
-    return jnp.where(terminal_S[:, None], 0.0, Q_next)
+    V_X = jnp.max(Q_XxA, axis=-1)
+    Q_next = reward_XxA + gamma * jnp.einsum("sat,t->sa", P_XxAxX, V_X)
+    return jnp.where(terminal_X[:, None], 0.0, Q_next)
 
 
-def q_star(P_SxAxS, reward_SxA, terminal_S, horizon: int, gamma=0.95) -> jax.Array:
+def q_star(P_XxAxX, reward_XxA, terminal_X, horizon: int, gamma=0.95) -> jax.Array:
     """Finite-horizon optimal action values Q[h, s, a], h = 0..horizon (static), Q_0 = 0.
 
     Backward induction (Bellman 1957; Puterman 1994, sec. 4.5), recursion of ``bellman_backup``:
     Q*_h(s, a) is the best expected discounted return of taking a in s with h steps left.
     """
-    Q0_SxA = jnp.zeros_like(reward_SxA, jnp.float32)
+    Q0_XxA = jnp.zeros_like(reward_XxA, jnp.float32)
 
-    def body(Q_SxA, _):
-        Q_next = bellman_backup(Q_SxA, P_SxAxS, reward_SxA, terminal_S, gamma)
+    def body(Q_XxA, _):
+        Q_next = bellman_backup(Q_XxA, P_XxAxX, reward_XxA, terminal_X, gamma)
         return Q_next, Q_next
 
-    _, Qs_HxSxA = jax.lax.scan(body, Q0_SxA, None, length=int(horizon))
-    return jnp.concatenate([Q0_SxA[None], Qs_HxSxA], axis=0)
+    _, Qs_HzxXxA = jax.lax.scan(body, Q0_XxA, None, length=int(horizon))
+    return jnp.concatenate([Q0_XxA[None], Qs_HzxXxA], axis=0)
 
 
-def q_star_at(P_SxAxS, reward_SxA, terminal_S, h, gamma=0.95) -> jax.Array:
+def q_star_at(P_XxAxX, reward_XxA, terminal_X, h, gamma=0.95) -> jax.Array:
     """Q*_h[s, a] for a dynamic (traced, batchable) number of steps left h >= 0 (h <= 0 gives 0)."""
-    Q0_SxA = jnp.zeros_like(reward_SxA, jnp.float32)
-    step = lambda _, Q: bellman_backup(Q, P_SxAxS, reward_SxA, terminal_S, gamma)
-    return jax.lax.fori_loop(0, jnp.maximum(jnp.asarray(h, jnp.int32), 0), step, Q0_SxA)
+    Q0_XxA = jnp.zeros_like(reward_XxA, jnp.float32)
+    step = lambda _, Q: bellman_backup(Q, P_XxAxX, reward_XxA, terminal_X, gamma)
+    return jax.lax.fori_loop(0, jnp.maximum(jnp.asarray(h, jnp.int32), 0), step, Q0_XxA)
 
 
 def v_star(Q_xSxA: jax.Array) -> jax.Array:
@@ -108,21 +108,21 @@ def v_star(Q_xSxA: jax.Array) -> jax.Array:
     return jnp.max(Q_xSxA, axis=-1)
 
 
-def success_prob_within(P_SxAxS, goal_S, terminal_S, horizon: int) -> jax.Array:
+def success_prob_within(P_XxAxX, goal_X, terminal_X, horizon: int) -> jax.Array:
     """W[h, s]: the highest probability any policy reaches the goal within h steps from s.
 
     Undiscounted DP: W_0(s) = [s is goal];
     W_{h+1}(s) = 1 at the goal, 0 at holes, else max_a sum_s' P(s,a,s') W_h(s').
     """
-    goal_f = goal_S.astype(jnp.float32)
+    goal_f = goal_X.astype(jnp.float32)
 
-    def body(W_S, _):
-        best_S = jnp.max(jnp.einsum("sat,t->sa", P_SxAxS, W_S), axis=-1)
-        W_next = jnp.where(goal_S, 1.0, jnp.where(terminal_S, 0.0, best_S))
+    def body(W_X, _):
+        best_X = jnp.max(jnp.einsum("sat,t->sa", P_XxAxX, W_X), axis=-1)
+        W_next = jnp.where(goal_X, 1.0, jnp.where(terminal_X, 0.0, best_X))
         return W_next, W_next
 
-    _, Ws_HxS = jax.lax.scan(body, goal_f, None, length=int(horizon))
-    return jnp.concatenate([goal_f[None], Ws_HxS], axis=0)
+    _, Ws_HzxX = jax.lax.scan(body, goal_f, None, length=int(horizon))
+    return jnp.concatenate([goal_f[None], Ws_HzxX], axis=0)
 
 
 def _dilate(reach_LxL: jax.Array) -> jax.Array:

@@ -3,8 +3,9 @@
 A jitted environment cannot call a tokenizer, so the host pre-encodes every word it may emit and
 every action string it must recognise; inside JAX the env only gathers, compacts and compares ids.
 
-Dimension legend: W words, P max tokens per word, N words in a rendering, A actions (or action
-tokens of a generated answer), Pa max tokens per action string, M accepted action forms.
+Dimension legend: W words, Wt max tokens per word, Wr words in a rendering, A actions, M tokens of a
+generated reply, Pa max tokens per action string, Fa accepted action forms (action x prefix); `compact`
+works on any 1-D array (length n).
 
 ``TextCodec`` is a registered pytree dataclass: its arrays are leaves (so a codec can be passed into
 ``jax.jit`` as an argument, or closed over as constants), its ``words``/``actions`` strings are static
@@ -31,20 +32,20 @@ import numpy as np
 class TextCodec:
     """Host-built tables; see ``make_codec``."""
 
-    table_WxP: jax.Array  # int32 token ids of each word, padded with pad_id
+    table_WxWt: jax.Array  # int32 token ids of each word, padded with pad_id
     lens_W: jax.Array  # int32 number of tokens of each word
     action_tokens_AxPa: jax.Array  # int32 canonical tokens of each action string
     action_lens_A: jax.Array  # int32
-    match_tokens_MxPa: jax.Array  # int32 every accepted form (action x prefix)
-    match_lens_M: jax.Array  # int32
-    match_action_M: jax.Array  # int32 action index of each form
+    match_tokens_FaxPa: jax.Array  # int32 every accepted form (action x prefix)
+    match_lens_Fa: jax.Array  # int32
+    match_action_Fa: jax.Array  # int32 action index of each form
     pad_id: int = dataclasses.field(default=0, metadata=dict(static=True))
     words: tuple[str, ...] = dataclasses.field(default=(), metadata=dict(static=True))
     actions: tuple[str, ...] = dataclasses.field(default=(), metadata=dict(static=True))
 
     @property
     def tokens_per_word(self) -> int:
-        return int(self.table_WxP.shape[1])
+        return int(self.table_WxWt.shape[1])
 
     def word_id(self, word: str) -> int:
         """Index of ``word`` in the codec (host-side)."""
@@ -60,8 +61,8 @@ class TextCodec:
 
 jax.tree_util.register_dataclass(
     TextCodec,
-    data_fields=["table_WxP", "lens_W", "action_tokens_AxPa", "action_lens_A", "match_tokens_MxPa",
-                 "match_lens_M", "match_action_M"],
+    data_fields=["table_WxWt", "lens_W", "action_tokens_AxPa", "action_lens_A", "match_tokens_FaxPa",
+                 "match_lens_Fa", "match_action_Fa"],
     meta_fields=["pad_id", "words", "actions"],
 )
 
@@ -116,36 +117,36 @@ def make_codec(words: Sequence[str], encode: Callable[[str], list[int]], pad_id:
         _check_distinct(forms[sl], match[sl], match_lens[sl], "actions")
     canon = match[: len(actions)]
     return TextCodec(
-        table_WxP=jnp.asarray(table), lens_W=jnp.asarray(lens),
+        table_WxWt=jnp.asarray(table), lens_W=jnp.asarray(lens),
         action_tokens_AxPa=jnp.asarray(canon), action_lens_A=jnp.asarray(match_lens[: len(actions)]),
-        match_tokens_MxPa=jnp.asarray(match), match_lens_M=jnp.asarray(match_lens),
-        match_action_M=jnp.asarray(np.tile(np.arange(len(actions), dtype=np.int32), len(prefixes))),
+        match_tokens_FaxPa=jnp.asarray(match), match_lens_Fa=jnp.asarray(match_lens),
+        match_action_Fa=jnp.asarray(np.tile(np.arange(len(actions), dtype=np.int32), len(prefixes))),
         pad_id=int(pad_id), words=words, actions=actions)
 
 
-def compact(values_N: jax.Array, keep_N: jax.Array, fill) -> tuple[jax.Array, jax.Array]:
-    """Stable compaction: the kept values first, in order, then ``fill``; returns (values_N, count)."""
-    n = values_N.shape[0]
-    keep_N = keep_N.astype(bool)
-    pos_N = jnp.cumsum(keep_N) - 1
-    dest_N = jnp.where(keep_N, pos_N, n)  # index n is out of bounds -> dropped
-    out_N = jnp.full((n,), fill, values_N.dtype).at[dest_N].set(values_N, mode="drop")
-    return out_N, jnp.sum(keep_N).astype(jnp.int32)
+def compact(values_n: jax.Array, keep_n: jax.Array, fill) -> tuple[jax.Array, jax.Array]:
+    """Stable compaction: the kept values first, in order, then ``fill``; returns (values_n, count)."""
+    n = values_n.shape[0]
+    keep_n = keep_n.astype(bool)
+    pos_n = jnp.cumsum(keep_n) - 1
+    dest_n = jnp.where(keep_n, pos_n, n)  # index n is out of bounds -> dropped
+    out_n = jnp.full((n,), fill, values_n.dtype).at[dest_n].set(values_n, mode="drop")
+    return out_n, jnp.sum(keep_n).astype(jnp.int32)
 
 
-def render(codec: TextCodec, word_ids_N: jax.Array, n_words) -> tuple[jax.Array, jax.Array]:
+def render(codec: TextCodec, word_ids_Wr: jax.Array, n_words) -> tuple[jax.Array, jax.Array]:
     """Concatenate the token sequences of the first ``n_words`` words.
 
     Returns (tokens int32[N*P], length): tokens[:length] = table[w_0][:len_0] ++ ... , pad_id after.
     Word ids outside [0, W) are clipped (callers pass their own, valid ids).
     """
-    n_vocab, p = codec.table_WxP.shape
-    n = word_ids_N.shape[0]
-    ids_N = jnp.clip(word_ids_N.astype(jnp.int32), 0, n_vocab - 1)
-    toks_NxP = codec.table_WxP[ids_N]
-    keep_NxP = (jnp.arange(p)[None, :] < codec.lens_W[ids_N][:, None]) & (
+    n_vocab, p = codec.table_WxWt.shape
+    n = word_ids_Wr.shape[0]
+    ids_Wr = jnp.clip(word_ids_Wr.astype(jnp.int32), 0, n_vocab - 1)
+    toks_WrxWt = codec.table_WxWt[ids_Wr]
+    keep_WrxWt = (jnp.arange(p)[None, :] < codec.lens_W[ids_Wr][:, None]) & (
         jnp.arange(n)[:, None] < jnp.asarray(n_words, jnp.int32))
-    return compact(toks_NxP.reshape(n * p), keep_NxP.reshape(n * p), codec.pad_id)
+    return compact(toks_WrxWt.reshape(n * p), keep_WrxWt.reshape(n * p), codec.pad_id)
 
 
 def concat(tokens_a: jax.Array, len_a, tokens_b: jax.Array, len_b, *, pad_id: int = 0
@@ -164,7 +165,7 @@ def concat(tokens_a: jax.Array, len_a, tokens_b: jax.Array, len_b, *, pad_id: in
     return out.astype(jnp.result_type(tokens_a, tokens_b)), len_a + len_b
 
 
-def parse_action(codec: TextCodec, tokens_A: jax.Array, length) -> jax.Array:
+def parse_action(codec: TextCodec, tokens_M: jax.Array, length) -> jax.Array:
     """Index of the action whose token sequence occurs LAST in tokens[:length], or -1 if none.
 
     Sliding-window exact compare of every accepted form m at every start i:
@@ -172,21 +173,21 @@ def parse_action(codec: TextCodec, tokens_A: jax.Array, length) -> jax.Array:
     the winner is the match with the largest end i + len_m (ties: the longer form, then the lower m).
     Any int token values are safe: ids are only compared, never used as indices.
     """
-    a = tokens_A.shape[0]
-    m, pa = codec.match_tokens_MxPa.shape
+    a = tokens_M.shape[0]
+    m, pa = codec.match_tokens_FaxPa.shape
     if a == 0:
         return jnp.asarray(-1, jnp.int32)
     length = jnp.clip(jnp.asarray(length, jnp.int32), 0, a)
-    tok = tokens_A.astype(jnp.int32)
-    idx_AxPa = jnp.arange(a)[:, None] + jnp.arange(pa)[None, :]
-    win_AxPa = tok[jnp.clip(idx_AxPa, 0, a - 1)]  # windows past the end are masked by end <= length
-    used_MxPa = jnp.arange(pa)[None, :] < codec.match_lens_M[:, None]
-    eq_MxAxPa = win_AxPa[None] == codec.match_tokens_MxPa[:, None, :]
-    full_MxA = jnp.all(eq_MxAxPa | ~used_MxPa[:, None, :], axis=-1)
-    end_MxA = jnp.arange(a)[None, :] + codec.match_lens_M[:, None]
-    hit_MxA = full_MxA & (end_MxA <= length)
+    tok = tokens_M.astype(jnp.int32)
+    idx_MxPa = jnp.arange(a)[:, None] + jnp.arange(pa)[None, :]
+    win_MxPa = tok[jnp.clip(idx_MxPa, 0, a - 1)]  # windows past the end are masked by end <= length
+    used_FaxPa = jnp.arange(pa)[None, :] < codec.match_lens_Fa[:, None]
+    eq_FaxMxPa = win_MxPa[None] == codec.match_tokens_FaxPa[:, None, :]
+    full_FaxM = jnp.all(eq_FaxMxPa | ~used_FaxPa[:, None, :], axis=-1)
+    end_FaxM = jnp.arange(a)[None, :] + codec.match_lens_Fa[:, None]
+    hit_FaxM = full_FaxM & (end_FaxM <= length)
     # score = end * (pa + 1) + len: larger end wins, then longer form; argmax picks the lowest m.
-    score_MxA = jnp.where(hit_MxA, end_MxA * (pa + 1) + codec.match_lens_M[:, None], -1)
-    best = jnp.argmax(score_MxA.reshape(-1))
-    found = jnp.any(hit_MxA)
-    return jnp.where(found, codec.match_action_M[best // a], -1).astype(jnp.int32)
+    score_FaxM = jnp.where(hit_FaxM, end_FaxM * (pa + 1) + codec.match_lens_Fa[:, None], -1)
+    best = jnp.argmax(score_FaxM.reshape(-1))
+    found = jnp.any(hit_FaxM)
+    return jnp.where(found, codec.match_action_Fa[best // a], -1).astype(jnp.int32)
