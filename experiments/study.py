@@ -388,7 +388,7 @@ class Run:
         rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size, epochs=p.epochs,
                                  minibatches=p.minibatches)
         return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr, kl_coef=p.kl_coef,
-                                  entropy_coef=p.entropy_coef)
+                                  kl_estimator=p.kl_estimator, entropy_coef=p.entropy_coef)
 
     def load_policy(self, path):
         """The params of <path>/policy, sharded on the run's mesh when it has one; SettingsMismatch when

@@ -3,6 +3,9 @@ held-out maps at full budget. Prints one JSON line per (setting, seed) and a mar
 
   python -m experiments.sweep --preset quick --grid recipe --iterations 20 --seeds 0 1 2
 
+`--grid base` sweeps the base SFT instead (steps, learning rate): each setting trains a base from the
+run's SFT key and reports its held-out Pass@1 and valid-action rate (no RL).
+
 A seed "collapses" when its training valid-action rate drops below 0.5; the table reports the minimum
 valid-action rate over all iterations, so a setting can be read for stability and for gain at once.
 """
@@ -43,6 +46,23 @@ GRIDS = {
                                           format_penalty=0.3),
         "lr2e-4_b64_e1m2_kl_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=1, minibatches=2, kl_coef=0.05,
                                         format_penalty=0.3),
+        "lr1.5e-4_b64_e2m2_kl_fp03": dict(lr=1.5e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2,
+                                          kl_coef=0.05, format_penalty=0.3),
+        "lr1e-4_b64_e3m2_kl_fp03": dict(lr=1e-4, n_tasks=8, group_size=8, epochs=3, minibatches=2, kl_coef=0.05,
+                                        format_penalty=0.3),
+        "lr1e-4_b64_e2m2_klk2_fp03": dict(lr=1e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
+                                          kl_estimator="k2", format_penalty=0.3),
+        "lr2e-4_b64_e2m2_klk2_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
+                                          kl_estimator="k2", format_penalty=0.3),
+    },
+}
+# name -> BaseSettings overrides (the `base` grid: the SFT that every arm starts from)
+BASE_GRIDS = {
+    "base": {
+        "s200_lr3e-3": dict(steps=200, lr=3e-3),
+        "s300_lr3e-3": dict(steps=300, lr=3e-3),
+        "s400_lr3e-3": dict(steps=400, lr=3e-3),
+        "s200_lr6e-3": dict(steps=200, lr=6e-3),
     },
 }
 _RL_FIELDS = {f.name for f in dataclasses.fields(stages.RLSettings)}
@@ -65,8 +85,8 @@ def heldout_success(rt: stages.ArmRuntime, params, tasks, t_max: int, samples: i
 
 
 def main(argv=None):
-    p = cli.parser(__doc__.splitlines()[0])
-    p.add_argument("--grid", default="recipe", choices=sorted(GRIDS))
+    p = cli.parser(__doc__.splitlines()[0], run_options=True)
+    p.add_argument("--grid", default="recipe", choices=sorted(GRIDS) + sorted(BASE_GRIDS))
     p.add_argument("--only", nargs="*", default=None, help="settings of the grid to run (default: all)")
     p.add_argument("--arm", default="grpo", choices=sorted(stages.ARMS))
     p.add_argument("--heldout-tasks", type=int, default=64)
@@ -74,7 +94,10 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
     iterations, seeds = args.iterations or 20, args.seeds or [0, 1, 2]
-    run = study.Run(cli.preset_from(args), args.root, args.name)
+    run = cli.make_run(args)
+    if args.grid in BASE_GRIDS:
+        return sweep_base(run, args)
+    seeds = [s + run.seed_offset for s in seeds]
     base_params = study.run_base(run)
     ts = task0 = run.preset.task
     tasks = ts.sample(jax.random.key(5151), args.heldout_tasks)
@@ -120,6 +143,35 @@ def main(argv=None):
         ts_ = r["train_success"]
         print(f"| {r['setting']} | {r['seed']} | {r['min_valid']:.2f} | {np.mean(ts_[:3]):.2f} -> "
               f"{np.mean(ts_[-3:]):.2f} | {r['heldout_pass1']:.3f} ({r['base_pass1']:.3f}) |")
+
+
+def sweep_base(run: study.Run, args) -> None:
+    """The `base` grid: SFT settings x the run's SFT key; held-out Pass@1 and valid-action rate of each base
+    (the policy every RL arm starts from: a low valid-action rate there is where training dips start)."""
+    ts, p0 = run.preset.task, run.preset
+    tasks = ts.sample(jax.random.key(5151), args.heldout_tasks)
+    rt = study.make_runtime(run, run.arm_settings(args.arm))  # the rollout only
+    rows = []
+    for name, over in BASE_GRIDS[args.grid].items():
+        if args.only and name not in args.only:
+            continue
+        bs = dataclasses.replace(p0.base, **over)
+        t0 = time.time()
+        params, hist = stages.train_base(run.world, run.cfg, jax.random.key(run.base_seed), ts, bs)
+        seconds = round(time.time() - t0, 1)
+        succ, valid = heldout_success(rt, params, tasks, ts.t_max, args.heldout_samples, jax.random.key(6262))
+        rec = {"setting": name, **over, "base_seed": run.base_seed, "sft_seconds": seconds,
+               "final_loss": hist[-1]["loss"], "heldout_pass1": float(succ.mean()), "heldout_valid": valid}
+        rows.append(rec)
+        print(json.dumps(rec), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+    print("\n| SFT setting | base seed | final loss | held-out Pass@1 | held-out valid-action rate | SFT seconds |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['base_seed']} | {r['final_loss']:.3f} | {r['heldout_pass1']:.3f} | "
+              f"{r['heldout_valid']:.4f} | {r['sft_seconds']} |")
 
 
 if __name__ == "__main__":

@@ -212,6 +212,25 @@ def test_kl_check_grads(estimator):
         logp, ref = jnp.array([-0.3, -2.0, -1.0]), jnp.array([-0.5, -1.0, -1.7])
         check_grads(jax.jit(lambda a, b: L.kl_penalty(a, b, estimator)), (logp, ref), order=2)
 
+def test_kl_estimators_as_losses_optimise_the_documented_divergence():
+    """On samples of pi (exact expectation over a categorical policy), the gradient of the k2 loss is
+    grad KL(pi || ref) and that of the k3 loss grad KL(ref || pi) (Tang & Munos 2025): the reason the toy
+    presets use k2. k2's gradient differs from the forward KL's, k3's from the reverse KL's."""
+    with jax.enable_x64(True):
+        theta, ref_logits = jnp.array([1.5, -0.5, 0.2, -3.0]), jnp.array([0.0, 0.3, -0.4, 0.5])
+        ref = jax.nn.log_softmax(ref_logits)
+
+        def expected_loss_grad(estimator):
+            pi = jax.nn.softmax(theta)  # the sampling distribution: not differentiated
+            return jax.grad(lambda t: jnp.sum(pi * L.kl_penalty(jax.nn.log_softmax(t), ref, estimator)))(theta)
+
+        reverse = jax.grad(lambda t: jnp.sum(jax.nn.softmax(t) * (jax.nn.log_softmax(t) - ref)))(theta)
+        forward = jax.grad(lambda t: jnp.sum(jnp.exp(ref) * (ref - jax.nn.log_softmax(t))))(theta)
+        np.testing.assert_allclose(expected_loss_grad("k2"), reverse, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(expected_loss_grad("k3"), forward, rtol=1e-10, atol=1e-12)
+        assert float(jnp.max(jnp.abs(reverse - forward))) > 0.1
+
+
 
 def test_entropy_from_logits_hand():
     ln3 = np.log(3.0)

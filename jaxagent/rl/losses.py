@@ -87,6 +87,13 @@ def kl_penalty(logp, ref_logp, estimator="k3"):
     k3 = exp(x) - x - 1 = (r - 1) - log r       (unbiased, low variance, >= 0; GRPO's KL term)
     Source: Schulman 2020, "Approximating KL Divergence" (blog); k3 in Shao et al. 2024, eq. 4.
     x is clamped to +-LOG_RATIO_CLAMP so k3 stays finite.
+
+    Differentiated as a loss term on samples of pi, the estimators optimise different things
+    (Tang & Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL",
+    arXiv:2506.09477): E_pi[grad k2] = E_pi[(log pi - log pi_ref) grad log pi] = grad KL(pi || pi_ref),
+    the reverse KL the penalty means; E_pi[grad k3] = E_pi[(1 - pi_ref / pi) grad log pi]
+    = grad KL(pi_ref || pi), the forward KL, whose per-token weight pi_ref / pi grows without bound
+    (up to the clamp) on tokens the policy has pushed far below the reference.
     """
     chex.assert_equal_shape([logp, ref_logp])
     x = jnp.clip(_float(ref_logp) - _float(logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -171,7 +178,8 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
     old_logp is then the trainer's pre-update log-prob and `sampler_logp` the sampler's.
     The KL term is added iff ref_logp is given, the entropy term iff entropy_BxT is given (a
     nonzero Python coefficient without its array is a ValueError); coefficients may be traced.
-    aux: 'pg_loss' and 'kl_ref' (when given) as aggregated into L; token-means over the mask,
+    aux: 'pg_loss' and 'kl_ref' (when given) as aggregated into L; 'kl_ref_k3' the token-mean k3
+    estimate of KL(pi || pi_ref) (when ref_logp is given, whatever `kl_estimator`); token-means over the mask,
     whatever agg_mode, so runs compare: 'clip_frac', 'ratio_mean', 'approx_kl_old_abs' =
     mean |logp - old_logp| and 'approx_kl_old_k3' (trainer-vs-sampler drift), 'entropy' if given;
     with tis_cap 'tis_weight_mean' and 'tis_trunc_frac' (share of tokens whose weight hit C).
@@ -208,6 +216,7 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
         kl = aggregate(kl_penalty(logp, safe(ref_logp), kl_estimator), mask_BxT, agg_mode,
                        norm_len)
         loss, aux["kl_ref"] = loss + kl_coef * kl, kl
+        aux["kl_ref_k3"] = mean(kl_penalty(logp, safe(ref_logp), "k3"))  # the monitor, whatever the estimator
     if entropy_BxT is not None:
         chex.assert_equal_shape([logp_BxT, entropy_BxT])
         ent = aggregate(safe(entropy_BxT), mask_BxT, agg_mode, norm_len)

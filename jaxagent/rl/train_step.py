@@ -119,8 +119,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0} compiles a CPU step
     ~3x faster, for tests).
 
-    metrics (f32 scalars): loss (L_pi), pg_loss, kl (KL to the reference as aggregated, 0 without
-    one), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
+    metrics (f32 scalars): loss (L_pi), pg_loss, kl (token-mean k3 estimate of KL(pi || pi_ref) on
+    policy tokens, whatever the loss's estimator; 0 without a reference), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
     policy tokens (sampler-vs-trainer drift), grad_norm (before clipping), skipped (1 if this
     update was skipped for non-finite gradients), skipped_total, tokens (policy tokens in the
     batch); mismatch_mean, mismatch_max (|log p_train - log p_sampler| over policy tokens, module
@@ -186,7 +186,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         w_tok = jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(denoms["tokens"], 1.0)
         ent_mean = losses.aggregate(jax.lax.stop_gradient(ent), mask, "token-mean")
         m = {"loss": w_agg * pl, "pg_loss": w_agg * aux["pg_loss"],
-             "kl": w_agg * aux.get("kl_ref", jnp.zeros(())), "entropy": w_tok * ent_mean,
+             "kl": w_tok * aux.get("kl_ref_k3", jnp.zeros(())), "entropy": w_tok * ent_mean,
              "clip_frac": w_tok * aux["clip_frac"], "ratio_mean": w_tok * aux["ratio_mean"],
              "drift": w_tok * aux["approx_kl_old_abs"],
              "mismatch_mean": w_tok * losses.aggregate(gap, mask, "token-mean"),

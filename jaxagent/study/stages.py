@@ -134,6 +134,7 @@ class ArmSettings:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
+    kl_estimator: str = "k3"          # the KL term's per-token estimator (`losses.kl_penalty`)
     entropy_coef: float = 0.0
     critic_lr: float = 1e-3
 
@@ -203,8 +204,8 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
     with_ref = arm.kl_coef > 0
     step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                  kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef,
-                                                  tis_cap=tis_cap),
+                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
+                                                  entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
                            mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
                            critic_optimizer=copt, compute_dtype=cdt, remat=remat)
 
