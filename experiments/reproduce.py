@@ -6,11 +6,13 @@ the same preset on seeds shifted by N, in runs/<preset>-s<N>.
 """
 import time
 
-from experiments import cli, study
+from experiments import cli, host_study, study
 from experiments import eval as eval_stage
 
 
 def main(argv=None):
+    if host_study.wants(argv):  # a host-env domain preset (ci-sql, qwen3-0.6b-1gpu-sql): experiments/host_study.py
+        return host_study.main(argv)
     args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
     t0 = time.time()
     with cli.clear_errors():

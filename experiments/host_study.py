@@ -1,0 +1,233 @@
+"""The study on a host-env domain (SQL; BFCL and coding by preset): base checkpoint -> RL arms x seeds -> held-out
+Pass@(K,T) with the structural bound -> runs/<name>/report.md. Also `python -m experiments.reproduce --preset ci-sql`.
+
+runs/<name>/
+  config.json                          the preset (+ the checkpoint used)
+  tiny_checkpoint/                     CI presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout)
+  base/DONE                            the checkpoint the arms start from
+  arms/<arm>/seed<k>/  metrics.jsonl, policy/ (HF layout), DONE
+  eval/<policy>.json                   raw per-episode log (success, status, turns [U, P, Z]) and Pass@(K,T)
+  eval/bound.json                      reference turns per held-out task and the bound per tier
+  metrics.json, report.md, timing.json
+A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm restarts. A rerun
+with other settings refuses unless --force (which empties the run directory).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from experiments import study
+from experiments.cli import non_negative_int, positive_int
+from experiments.host_presets import HOST_PRESETS, HostPreset
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.eval import health
+from jaxagent.models import qwen3
+from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+from jaxagent.sampling import Sampler
+from jaxagent.study import host_eval, host_report, host_stages, stages
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS))
+    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--root", default="runs", help="directory holding run directories")
+    p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
+    p.add_argument("--iterations", type=positive_int, default=None, help="override the RL iterations per arm")
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=None, help="override the RL seeds")
+    p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
+    return p
+
+
+def wants(argv) -> bool:
+    """Whether a command line (e.g. reproduce's) names a host preset."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=None)
+    args, _ = pre.parse_known_args(argv)
+    return args.preset in HOST_PRESETS
+
+
+def preset_from(args) -> HostPreset:
+    p = HOST_PRESETS[args.preset]
+    changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("iterations", args.iterations),
+                                 ("seeds", tuple(args.seeds) if args.seeds else None)) if v is not None}
+    if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
+        raise SystemExit(f"--seeds must be distinct, got {args.seeds}")
+    p = dataclasses.replace(p, **changes)
+    if p.checkpoint is None and p.tiny_model is None:
+        raise SystemExit(f"preset {p.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
+    return p
+
+
+def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
+    """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it."""
+    if not os.path.isfile(os.path.join(path, "DONE")):
+        qwen3.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+        src = qwen3_tokenizer_dir()
+        for name in os.listdir(src):
+            shutil.copy(os.path.join(src, name), os.path.join(path, name))
+        study.mark_done(path)
+    return path
+
+
+class HostRun:
+    """A run directory of one host preset: its checkpoint, model config, tokenizer and world."""
+
+    def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
+        self.preset = preset
+        self.dir = os.path.abspath(os.path.join(root, name or preset.name))
+        record = json.loads(json.dumps(study._jsonable(preset)))
+        cfg_path = os.path.join(self.dir, "config.json")
+        if os.path.isfile(cfg_path):
+            with open(cfg_path) as f:
+                old = json.load(f)
+            strip = lambda d: {k: v for k, v in d.items() if k != "seeds"}  # noqa: E731
+            if strip(old) != strip(record):
+                if not force:
+                    raise SystemExit(f"error: {self.dir} was made with other settings; use --name, or --force")
+                shutil.rmtree(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
+        study.write_json(cfg_path, record)
+        ckpt = preset.checkpoint or write_tiny_checkpoint(os.path.join(self.dir, "tiny_checkpoint"), preset.tiny_model)
+        self.checkpoint = ckpt
+        self.cfg = qwen3.Qwen3Config.from_dir(ckpt)
+        self.tokenizer = Tokenizer.from_dir(ckpt)
+        self.world = host_stages.make_host_world(preset.task, self.tokenizer)
+        self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
+
+    def path(self, *parts) -> str:
+        p = os.path.join(self.dir, *parts)
+        os.makedirs(p, exist_ok=True)
+        return p
+
+    def arm_settings(self, arm: str) -> stages.ArmSettings:
+        p = self.preset
+        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size, epochs=p.epochs,
+                                 minibatches=p.minibatches)
+        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr, kl_coef=p.kl_coef,
+                                  entropy_coef=p.entropy_coef, temperature=p.temperature)
+
+
+def run_base(run: HostRun):
+    _, params = qwen3.load(run.checkpoint)
+    out = run.path("base")
+    if not study.done(out):
+        study.mark_done(out, {"source": run.checkpoint})
+    return params
+
+
+def run_arms(run: HostRun, base_params, log=print) -> dict:
+    """Every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile)."""
+    p, policies, runtimes = run.preset, {}, {}
+    for arm in p.arms:
+        settings = run.arm_settings(arm)
+        key = dataclasses.replace(settings, name="", rl=None)
+        for seed in p.seeds:
+            out = run.path("arms", arm, f"seed{seed}")
+            if study.done(out):
+                policies[(arm, seed)] = qwen3.load(os.path.join(out, "policy"))[1]
+                continue
+            if key not in runtimes:
+                runtimes[key] = host_stages.make_host_arm_runtime(
+                    run.world, run.cfg, p.task, settings, compute_dtype=p.compute_dtype,
+                    micro_batches=p.micro_batches, remat=p.remat)
+            metrics_path = os.path.join(out, "metrics.jsonl")
+            if os.path.isfile(metrics_path):
+                os.remove(metrics_path)  # an interrupted arm restarts from iteration 0
+
+            def cb(it, m, st, label=f"{arm}/seed{seed}"):
+                study.check_update(label, it, m, st)
+                study.append_jsonl(metrics_path, m)
+                log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
+
+            state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
+                                                 settings, runtimes[key], callback=cb)
+            study.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
+            study.mark_done(out)
+            policies[(arm, seed)] = state.params
+    return policies
+
+
+def eval_policy(run: HostRun, params, label: str) -> dict:
+    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json)."""
+    path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    p, w = run.preset, run.world
+    ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
+                                             compute_dtype=p.compute_dtype)
+    raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(w.heldout_tasks), run.tiers,
+                                      p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
+    per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
+    res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
+           "per_task": per_task, "mean": per_task.mean(-1)}
+    study.write_json(path, res)
+    with open(path) as f:
+        return json.load(f)
+
+
+def evaluate(run: HostRun, base, policies: dict) -> dict:
+    p, w, d = run.preset, run.world, run.world.domain.name
+    evals = {"base": eval_policy(run, base, "base")}
+    for (a, s), params in sorted(policies.items()):
+        evals[f"{a}/seed{s}"] = eval_policy(run, params, f"{a}/seed{s}")
+    bound = host_eval.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
+    study.write_json(os.path.join(run.path("eval"), "bound.json"),
+                     {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
+                      "task_ids": evals["base"]["task_ids"]})
+    hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
+          for a, s in policies}
+    per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
+    return host_eval.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
+                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot)
+
+
+def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
+    p, dom = run.preset, run.world.domain
+    findings = host_eval.domain_findings(dom.name, dom.title)
+    section, verdicts = host_report.domain_section(
+        dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
+        t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split))
+    meta = {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
+            "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
+            "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
+            "T_max": str(p.task.t_max), "tool-output cap (tokens per turn)": str(p.task.max_obs_tokens),
+            "Pass@(K,T) mode": "announced", "samples per task and tier": str(p.eval.n_samples)}
+    text = host_report.build_host_report(meta, metrics, [section])
+    path = os.path.join(run.dir, "report.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    study.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    return path, verdicts
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    t0 = time.time()
+    run = HostRun(preset_from(args), args.root, args.name, force=args.force)
+    base = run_base(run)
+    t_base = time.time()
+    policies = run_arms(run, base)
+    t_rl = time.time()
+    metrics = evaluate(run, base, policies)
+    path, verdicts = write_report(run, metrics)
+    t_end = time.time()
+    timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
+    study.write_json(os.path.join(run.dir, "timing.json"), timing)
+    print(f"report: {path}")
+    print("verdicts: " + ", ".join(f"{k}={v}" for k, v in verdicts.items()))
+    print("wall time (s): " + ", ".join(f"{k}={v:.0f}" for k, v in timing.items()))
+
+
+if __name__ == "__main__":
+    main()

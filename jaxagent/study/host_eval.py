@@ -1,0 +1,183 @@
+"""Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
+estimates of findings 1 and 2 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+
+Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
+B episodes of one rollout batch.
+
+Pass@(K,T), announced mode (docs/study.md, "jaxagent's definitions"): at each tier T the budget is written into
+the prompt and every (task, sample) is its own rollout with budget T; success = the episode ended with
+status success (within its budget by construction). Per task, pass@k = 1 - C(n-c, k) / C(n, k) with n = Z
+samples and c successes (Chen et al. 2021, eq. 1; `passk.pass_at_k_grid`), averaged over tasks.
+Structural upper bound at T (docs/study.md): p*[task, T] = 1[reference turns <= T] (`bounds`); its task mean is
+the share of tasks whose reference solution needs <= T turns, and the Pass@K bound 1 - (1 - p*)^K equals it
+(p* is 0 or 1).
+
+Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k; a policy is `base`,
+an arm (mean over its included seeds) or `<arm>.seed<s>`), `<d>.bound.t<T>` (the bound), `<d>.split.train`,
+`<d>.split.heldout`, the findings' keys (`domain_findings`) with `stats.Estimate` fields, and
+`health.<arm>.seed<s>.*` as the FrozenLake study writes them.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxagent.eval import bounds, health as health_lib, passk, stats
+from jaxagent.eval.findings import SEI, Finding, Row
+from jaxagent.rollout.types import SUCCESS
+
+MAIN_ARM = "grpo"
+_SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
+
+
+# ----------------------------------------------------------------------------- measuring one policy
+def episode_grid(n_tiers: int, n_tasks: int, n_samples: int) -> np.ndarray:
+    """int32 [U*P*Z, 3]: (tier, task, sample) of every evaluation episode, tier-major."""
+    u, p, z = np.meshgrid(np.arange(n_tiers), np.arange(n_tasks), np.arange(n_samples), indexing="ij")
+    return np.stack([u.ravel(), p.ravel(), z.ravel()], axis=1).astype(np.int32)
+
+
+def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], n_samples: int, key,
+                      batch_size: int) -> dict:
+    """Every (tier, task, sample) episode of the announced-mode Pass@(K,T) grid, in rollout batches of
+    `batch_size` episodes (the last padded with copies of its first episode, dropped after).
+
+    rollout_fn(task_idx_B, budgets_B, key) -> Rollout. Returns numpy arrays [U, P, Z]: success (bool),
+    status (int32), turns (int32 turns used) and the tiers (int32 [U]): the raw log the grid is computed from.
+    """
+    if batch_size < 1 or n_samples < 1 or n_tasks < 1 or not tiers:
+        raise ValueError(f"need batch_size, n_samples, n_tasks >= 1 and some tiers, got {batch_size}, {n_samples}, "
+                         f"{n_tasks}, {list(tiers)}")
+    tiers_U = np.asarray(tiers, np.int32)
+    grid = episode_grid(len(tiers_U), n_tasks, n_samples)
+    shape = (len(tiers_U), n_tasks, n_samples)
+    status = np.zeros(len(grid), np.int32)
+    turns = np.zeros(len(grid), np.int32)
+    for i, start in enumerate(range(0, len(grid), batch_size)):
+        rows = grid[start:start + batch_size]
+        n = len(rows)
+        rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - n, axis=0)])
+        ro = rollout_fn(rows[:, 1], tiers_U[rows[:, 0]], jax.random.fold_in(key, i))
+        status[start:start + n] = np.asarray(ro.status)[:n]
+        turns[start:start + n] = np.asarray(ro.turns_used)[:n]
+    status, turns = status.reshape(shape), turns.reshape(shape)
+    return {"success": status == SUCCESS, "status": status, "turns": turns, "tiers": tiers_U}
+
+
+def pass_grid(success_UxPxZ, ks: Sequence[int]) -> np.ndarray:
+    """Per-task Pass@(K,T) [U, J, P] (`passk.pass_at_k_grid`, Chen et al. 2021 eq. 1)."""
+    return np.asarray(passk.pass_at_k_grid(np.asarray(success_UxPxZ, bool), np.asarray(ks, np.int32)), np.float64)
+
+
+def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> dict:
+    """p* [P, U] = 1[reference turns <= T] (`bounds.success_prob_from_min_turns`), its task mean per tier
+    (`share` [U], the share of tasks whose reference needs <= T turns) and the Pass@K bound grid [U, J]
+    (`bounds.pass_at_k_bound`)."""
+    p_star = np.asarray(bounds.success_prob_from_min_turns(np.asarray(min_turns_P, np.int32),
+                                                          np.asarray(tiers, np.int32)), np.float64)
+    grid = np.asarray(bounds.pass_at_k_bound(p_star, np.asarray(ks, np.int32)), np.float64)
+    return {"min_turns": np.asarray(min_turns_P, np.int32), "p_star": p_star, "share": p_star.mean(0), "grid": grid}
+
+
+# ----------------------------------------------------------------------------- findings of a domain
+def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
+    """Findings 1 and 2 on domain `d` with the FrozenLake study's directions and reference effects."""
+    f1 = f"{d}.f1_breadth"
+    ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
+                    for k in (1, 2, 4, 8, 16, 32))
+    f2 = f"{d}.f2_shrink"
+    return (
+        Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base",
+                ks_rows + (Row("base at the largest K (%)", f"{f1}.base", None, 100.0),
+                           Row("RL at the largest K (%)", f"{f1}.rl", None, 100.0),
+                           Row("structural upper bound (%)", f"{f1}.bound", None, 100.0)),
+                f"{f1}.diff", "RL - base at the largest K (points)", +1, None, 100.0, ".1f", **_SEI),
+        Finding(f2, f"{title}: 2. the RL advantage shrinks from full to tight budget (largest K)",
+                (Row("RL - base, full budget (points)", f"{f2}.gap_full", None, 100.0),
+                 Row("RL - base, tightest tier (points)", f"{f2}.gap_tight", None, 100.0),
+                 Row("tightest-tier tasks solvable (upper bound, %)", f"{f2}.solvable_tight", None, 100.0),
+                 Row("tightest tier (turns)", f"{f2}.tight_turns", None, 1.0, ".0f")),
+                f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f",
+                at_bound=(f"{f2}.base_tight", f"{f2}.rl_tight", f"{f2}.solvable_tight"), **_SEI),
+    )
+
+
+def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int) -> stats.Estimate:
+    """`stats.seed_estimate` over the included seeds into `<key>.*` (+ `<key>.all.*` when some are excluded)."""
+    seeds = sorted(units_by_seed)
+    kept = [s for s in seeds if s in included]
+    rng = zlib.crc32(key.encode())
+    est = stats.seed_estimate([units_by_seed[s] for s in kept], n_boot=n_boot, rng_seed=rng)
+    dropped = [s for s in seeds if s not in included]
+    for name, v in est.as_dict().items():
+        m[f"{key}.{name}"] = v
+    m[f"{key}.seeds"] = (f"{MAIN_ARM} seeds {', '.join(map(str, kept)) or 'none'}; "
+                         f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
+    if dropped:
+        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], n_boot=n_boot, rng_seed=rng)
+        for name, v in est_all.as_dict().items():
+            m[f"{key}.all.{name}"] = v
+        m[f"{key}.all.seeds"] = f"{MAIN_ARM} seeds {', '.join(map(str, seeds))}"
+    return est
+
+
+def _mean(values) -> float:
+    v = [float(x) for x in values if np.isfinite(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
+                   ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
+                   n_heldout: int, n_boot: int = 1000) -> dict:
+    """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
+    '<arm>/seed<s>'), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by
+    task; every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO seeds; collapsed
+    and diverged seeds excluded, with an all-seeds sensitivity estimate)."""
+    m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
+               f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
+    for (a, s), h in sorted(health.items()):
+        prefix = f"health.{a}.seed{s}"
+        m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
+        m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
+        m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
+    arms: dict[str, list[int]] = {}
+    for label in per_task:
+        if label != "base":
+            a, s = label.split("/seed")
+            arms.setdefault(a, []).append(int(s))
+    included = {a: [s for s in sorted(ss) if (a, s) not in health or health[(a, s)].included] for a, ss in arms.items()}
+    for u, t in enumerate(tiers):
+        m[f"{d}.bound.t{t}"] = float(bound["share"][u])
+        for j, k in enumerate(ks):
+            m[f"{d}.pass.base.t{t}.k{k}"] = float(per_task["base"][u, j].mean())
+            for a, ss in arms.items():
+                for s in ss:
+                    m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] = float(per_task[f"{a}/seed{s}"][u, j].mean())
+                m[f"{d}.pass.{a}.t{t}.k{k}"] = _mean(m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] for s in included[a] or ss)
+    if MAIN_ARM not in arms:
+        return m
+    full, tight, kmax = len(tiers) - 1, 0, int(np.argmax(ks))
+    base = per_task["base"]
+    seeds = sorted(arms[MAIN_ARM])
+    rl = {s: per_task[f"{MAIN_ARM}/seed{s}"] for s in seeds}
+    gap = {s: rl[s] - base for s in seeds}
+    ok = included[MAIN_ARM]
+    f1 = f"{d}.f1_breadth"
+    for j, k in enumerate(ks):
+        m[f"{f1}.gap_k{k}"] = _put(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok, n_boot).mean
+    _put(m, f"{f1}.diff", {s: gap[s][full, kmax] for s in seeds}, ok, n_boot)
+    m[f"{f1}.base"] = float(base[full, kmax].mean())
+    m[f"{f1}.rl"] = _mean(rl[s][full, kmax].mean() for s in ok)
+    m[f"{f1}.bound"] = float(bound["grid"][full, kmax])
+    f2 = f"{d}.f2_shrink"
+    _put(m, f"{f2}.diff", {s: gap[s][tight, kmax] - gap[s][full, kmax] for s in seeds}, ok, n_boot)
+    for name, u in (("full", full), ("tight", tight)):
+        m[f"{f2}.base_{name}"] = float(base[u, kmax].mean())
+        m[f"{f2}.rl_{name}"] = _mean(rl[s][u, kmax].mean() for s in ok)
+        m[f"{f2}.gap_{name}"] = _mean(gap[s][u, kmax].mean() for s in ok)
+    m[f"{f2}.solvable_tight"] = float(bound["share"][tight])
+    m[f"{f2}.tight_turns"] = float(tiers[tight])
+    return m

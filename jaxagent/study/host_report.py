@@ -1,0 +1,116 @@
+"""Markdown report of the host-domain study: per domain a section with the split sizes, the RL-vs-base
+Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1 and 2 decided by the
+FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`). Metric keys as `host_eval` writes
+them. No dimension legend: host-side text.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from jaxagent.eval import health as health_lib
+from jaxagent.eval.findings import VERDICT_RULE, Finding, estimate_from_metrics, finding_verdict, reference_effect
+
+
+def _num(metrics: Mapping, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
+    v = metrics.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return "—"
+    return format(v * scale, fmt)
+
+
+def _text(metrics: Mapping, key: str, default: str = "—") -> str:
+    v = metrics.get(key)
+    return v.replace("|", "/") if isinstance(v, str) and v else default
+
+
+def _ci(f: Finding, m: Mapping, prefix: str) -> str:
+    est = estimate_from_metrics(m, prefix)
+    if est is None:
+        return "—"
+    if not est.available:
+        return f"n/a ({est.reason})"
+    return f"[{_num(m, prefix + '.lo', f.diff_scale, f.diff_fmt)}, {_num(m, prefix + '.hi', f.diff_scale, f.diff_fmt)}]"
+
+
+def pass_table(d: str, metrics: Mapping, policies: Sequence[str], tiers: Sequence[int], ks: Sequence[int],
+               t_max: int) -> list[str]:
+    """Rows per (tier, K): task-mean Pass@K in % of each policy (arms: mean over their included seeds) and the
+    structural upper bound."""
+    lines = ["| T (turns) | budget | K | " + " | ".join(policies) + " | upper bound |",
+             "|---|---|---|" + "---|" * len(policies) + "---|"]
+    for t in tiers:
+        for k in ks:
+            cells = [_num(metrics, f"{d}.pass.{p}.t{t}.k{k}", 100.0) for p in policies]
+            lines.append(f"| {t} | {100 * t / t_max:.0f}% | {k} | " + " | ".join(cells) +
+                         f" | {_num(metrics, f'{d}.bound.t{t}', 100.0)} |")
+    return lines
+
+
+def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[str], dict, dict]:
+    """A summary table of the measured findings and one detail table each; returns (lines, verdicts, reasons)."""
+    verdicts, reasons = {}, {}
+    lines = ["| finding | measured | 95% CI | MDE (reference E) | verdict | seeds |", "|---|---|---|---|---|---|"]
+    detail = []
+    for f in findings:
+        if f"{f.diff}.mean" not in metrics:
+            continue
+        verdicts[f.key], reasons[f.key] = finding_verdict(f, metrics)
+        e = reference_effect(f, metrics)
+        e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
+        lines.append(f"| {f.title} | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} | "
+                     f"{_ci(f, metrics, f.diff)} | {_num(metrics, f.diff + '.mde', f.diff_scale, f.diff_fmt)} "
+                     f"({e_text}) | {verdicts[f.key]} | {_text(metrics, f.diff + '.seeds')} |")
+        detail += ["", f"**{f.title}**", "", "| quantity | measured |", "|---|---|"]
+        for row in f.rows:
+            if row.optional and row.measured not in metrics:
+                continue
+            detail.append(f"| {row.label} | {_num(metrics, row.measured, row.scale, row.fmt)} |")
+        detail.append(f"| {f.diff_label}, 95% CI | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} "
+                      f"{_ci(f, metrics, f.diff)} |")
+        detail += ["", f"Verdict: **{verdicts[f.key]}**: {reasons[f.key]}. Interval: "
+                       f"{_text(metrics, f.diff + '.method')}. Reference effect E = {e_text} ({f.effect_source})."]
+        if f"{f.diff}.all.mean" in metrics:
+            all_v, _ = finding_verdict(f, metrics, f"{f.diff}.all")
+            detail.append(f"Sensitivity, every seed ({_text(metrics, f.diff + '.all.seeds')}): "
+                          f"{_num(metrics, f.diff + '.all.mean', f.diff_scale, f.diff_fmt)} "
+                          f"{_ci(f, metrics, f.diff + '.all')}: {all_v}.")
+    return lines + detail, verdicts, reasons
+
+
+def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Finding], *, policies: Sequence[str],
+                   tiers: Sequence[int], ks: Sequence[int], t_max: int, splits: tuple[str, str]) -> tuple[list[str], dict]:
+    """The `## <title>` section of one domain; returns (lines, verdicts)."""
+    lines = [f"## {title}", "",
+             f"Tasks: {_num(metrics, f'{d}.split.train', 1.0, '.0f')} train (split '{splits[0]}'), "
+             f"{_num(metrics, f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}'); RL trains on the "
+             "train split only, every number below is on the held-out tasks. Pass@(K,T) mode: announced (the "
+             "budget is in the prompt; separate rollouts per tier). Upper bound: share of tasks whose reference "
+             "solution needs <= T turns.", "", "### Pass@(K,T) on held-out tasks (%)", ""]
+    lines += pass_table(d, metrics, policies, tiers, ks, t_max)
+    lines += ["", "### Findings", ""]
+    body, verdicts, _ = findings_lines(findings, metrics)
+    return lines + body + [""], verdicts
+
+
+def health_lines(metrics: Mapping) -> list[str]:
+    seeds = sorted({k.rsplit(".", 1)[0] for k in metrics if k.startswith("health.") and k.endswith(".status")})
+    if not seeds:
+        return []
+    lines = ["## Seed health", "", f"Rule: {health_lib.HEALTH_RULE}", "",
+             "| arm / seed | status | reason | min valid-action rate | last success |", "|---|---|---|---|---|"]
+    for p in seeds:
+        lines.append(f"| {p.removeprefix('health.')} | {_text(metrics, p + '.status')} | {_text(metrics, p + '.reason')}"
+                     f" | {_num(metrics, p + '.min_valid', 1.0, '.2f')} | {_num(metrics, p + '.last_success', 1.0, '.2f')} |")
+    return lines + [""]
+
+
+def build_host_report(meta: Mapping[str, str], metrics: Mapping, sections: Sequence[list[str]],
+                      title: str = "jaxagent host-domain study report") -> str:
+    """The whole report: meta lines, the verdict rule, seed health, then the domain sections."""
+    lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", f"Verdict rule (the FrozenLake study's): {VERDICT_RULE}", ""]
+    lines += health_lines(metrics)
+    for s in sections:
+        lines += s
+    return "\n".join(lines)

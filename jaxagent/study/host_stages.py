@@ -1,0 +1,261 @@
+"""The study's RL stage on host (Python) environments: SQL now, BFCL and coding by one registry entry each.
+
+No SFT: the base policy is a checkpoint. The RL arms (grpo, budgetmix, gigpo; `stages.ARMS`) run through the
+same `rl.loop.rl_iteration` and `stages.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
+
+Tasks as indices. `rl_iteration` samples tasks with `sample_tasks_fn(key, n)` and repeats them G times with
+`jnp.repeat`, so a host task is its int32 index into the domain's task list (`HostTasks.sample`); the rollout
+adapter (`make_host_rollout_fn`) maps the indices back to task objects and runs `host_loop.host_rollout`.
+
+Tool output cap. Neither the host loop nor the envs bound an observation's length in tokens (the SQL env caps
+rows and cell widths, not tokens), so `CappedObservations` wraps the env: every step's observation is cut to
+`max_obs_tokens` tokens of the policy's tokenizer (each `<tool_response>` block on its own, so the chat layout of
+tool turns survives), and the step's info records `obs_truncated_tokens`. The reset observation (the task's
+question) is never cut.
+
+Domains (`DOMAINS`, `register_domain`): env registry name, constructor keywords, train / held-out splits and the
+structural bound's turn count per task (default `env.upper_bound_turns`).
+
+Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.envs.host import base as host_envs
+from jaxagent.models.config import Qwen3Config
+from jaxagent.models.tokenizer import Tokenizer
+from jaxagent.rl.optim import make_optimizer
+from jaxagent.rl.train_step import LossSettings, make_train_step
+from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
+from jaxagent.rollout.types import Rollout
+from jaxagent.sampling import Sampler
+from jaxagent.study import stages
+
+HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle
+
+
+# ----------------------------------------------------------------------------- domains
+@dataclasses.dataclass(frozen=True)
+class HostDomain:
+    """A study domain on a host env: `env` (an `envs.host.base` registry name) built with `env_kwargs`
+    ((name, value) pairs), its train / held-out splits, and `bound_fn(env, task) -> int`, the turns of the
+    reference solution (None: `env.upper_bound_turns`)."""
+
+    name: str
+    title: str
+    env: str
+    env_kwargs: tuple = ()
+    train_split: str = "train"
+    heldout_split: str = "test"
+    bound_fn: Optional[Callable[[Any, Any], int]] = None
+
+    def make_env(self):
+        return host_envs.make(self.env, **dict(self.env_kwargs))
+
+    def min_turns(self, env, task) -> int:
+        return int(self.bound_fn(env, task) if self.bound_fn is not None else env.upper_bound_turns(task))
+
+
+DOMAINS: dict[str, HostDomain] = {
+    "sql": HostDomain("sql", "SQL", "sql"),
+}
+
+
+def register_domain(domain: HostDomain, *, overwrite: bool = False) -> None:
+    """Adds a domain (e.g. BFCL: `HostDomain('bfcl', 'BFCL', 'bfcl')`); ValueError if the name is taken."""
+    if domain.name in DOMAINS and not overwrite:
+        raise ValueError(f"domain {domain.name!r} is already registered (pass overwrite=True to replace)")
+    DOMAINS[domain.name] = domain
+
+
+def get_domain(name: str) -> HostDomain:
+    if name not in DOMAINS:
+        raise ValueError(f"unknown host domain {name!r}; registered: {sorted(DOMAINS)}")
+    return DOMAINS[name]
+
+
+# ----------------------------------------------------------------------------- settings and world
+@dataclasses.dataclass(frozen=True)
+class HostTaskSettings:
+    """The domain and the interaction limits every host stage shares."""
+
+    domain: str = "sql"
+    t_max: int = 10
+    max_action_tokens: int = 256
+    max_context: int = 4096          # KV-cache slots per episode = the train step's sequence width
+    max_obs_tokens: int = 512        # tool-output cap per turn (module docstring)
+    enable_thinking: bool = False    # False: Qwen3's empty think block before every reply
+    max_train_tasks: Optional[int] = None    # the first n of the train split (None: all)
+    max_heldout_tasks: Optional[int] = None  # the first n of the held-out split (None: all)
+    workers: int = 4                 # threads stepping the envs
+
+    def __post_init__(self):
+        if self.max_obs_tokens < 1:
+            raise ValueError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
+        for name in ("max_train_tasks", "max_heldout_tasks"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {v}")
+
+    def rollout_config(self, sampler: Sampler = Sampler()) -> HostRolloutConfig:
+        return HostRolloutConfig(t_max=self.t_max, max_action_tokens=self.max_action_tokens,
+                                 max_context=self.max_context, sampler=sampler)
+
+
+_BLOCK_RE = re.compile(r"(<tool_response>\n)(.*?)(\n</tool_response>)", re.DOTALL)
+
+
+def cap_text(text: str, tokenizer: Tokenizer, max_tokens: int) -> tuple[str, int]:
+    """(text cut to its first max_tokens tokens plus a marker naming the rest, tokens cut); uncut: (text, 0)."""
+    ids = tokenizer.encode(text)
+    cut = len(ids) - max_tokens
+    if cut <= 0:
+        return text, 0
+    return tokenizer.decode(ids[:max_tokens]) + f"\n[... output truncated: {cut} more tokens]", cut
+
+
+def cap_observation(obs: str, tokenizer: Tokenizer, max_tokens: int) -> tuple[str, int]:
+    """An observation capped to max_tokens tokens, each `<tool_response>` block separately when it has them."""
+    if not isinstance(obs, str):
+        return obs, 0
+    if not _BLOCK_RE.search(obs):
+        return cap_text(obs, tokenizer, max_tokens)
+    cuts = []
+
+    def one(m):
+        body, n = cap_text(m.group(2), tokenizer, max_tokens)
+        cuts.append(n)
+        return m.group(1) + body + m.group(3)
+
+    return _BLOCK_RE.sub(one, obs), sum(cuts)
+
+
+class CappedObservations:
+    """A host env whose step observations are capped to `max_tokens` tokens (module docstring); every other
+    attribute is the wrapped env's."""
+
+    def __init__(self, env, tokenizer: Tokenizer, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.env, self.tokenizer, self.max_tokens = env, tokenizer, int(max_tokens)
+
+    def step(self, state, action_text):
+        state, obs, reward, done, info = self.env.step(state, action_text)
+        obs, cut = cap_observation(obs, self.tokenizer, self.max_tokens)
+        if cut and isinstance(info, dict):
+            info = {**info, "obs_truncated_tokens": cut}
+        return state, obs, reward, done, info
+
+    def __getattr__(self, name):
+        if name == "env" or name.startswith("__"):  # unset during copy / unpickling: no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostWorld:
+    """A domain's env (observations capped), the policy's tokenizer and the train / held-out task lists."""
+
+    domain: HostDomain
+    env: Any
+    tokenizer: Tokenizer
+    train_tasks: tuple
+    heldout_tasks: tuple
+
+    def min_turns(self, tasks: Sequence) -> np.ndarray:
+        """int32 [P]: the reference solution's turns per task (the structural bound's input)."""
+        return np.asarray([self.domain.min_turns(self.env, t) for t in tasks], np.int32)
+
+
+def make_host_world(ts: HostTaskSettings, tokenizer: Tokenizer, env=None) -> HostWorld:
+    """The world of `ts.domain`; `env` replaces the registry's env (tests)."""
+    domain = get_domain(ts.domain)
+    env = domain.make_env() if env is None else env
+    train = list(env.tasks(domain.train_split))[:ts.max_train_tasks]
+    heldout = list(env.tasks(domain.heldout_split))[:ts.max_heldout_tasks]
+    if not train or not heldout:
+        raise ValueError(f"domain {domain.name!r}: {len(train)} train and {len(heldout)} held-out tasks; "
+                         "both splits need at least one")
+    return HostWorld(domain, CappedObservations(env, tokenizer, ts.max_obs_tokens), tokenizer, tuple(train),
+                     tuple(heldout))
+
+
+# ----------------------------------------------------------------------------- the task-index adapter
+@dataclasses.dataclass(frozen=True)
+class HostTasks:
+    """Task indices for `rl_iteration`: `sample(key, n)` draws n indices uniformly from [0, n_tasks);
+    `t_max` is what `stages.train_rl` reads from its task settings."""
+
+    n_tasks: int
+    t_max: int
+
+    def sample(self, key, n: int) -> jax.Array:
+        return jax.random.randint(key, (n,), 0, self.n_tasks, dtype=jnp.int32)
+
+
+def tasks_from_indices(task_list: Sequence, idx_B) -> list:
+    """[task_list[i] for i in idx_B]; ValueError for a non-integer array or an index out of range."""
+    idx = np.asarray(idx_B)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"task indices must be a 1-D integer array, got dtype {idx.dtype} shape {idx.shape}")
+    bad = idx[(idx < 0) | (idx >= len(task_list))]
+    if bad.size:
+        raise ValueError(f"task indices {bad[:5].tolist()} out of range [0, {len(task_list)})")
+    return [task_list[int(i)] for i in idx]
+
+
+def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, task_list: Sequence, *,
+                         sampler: Sampler = Sampler(), compute_dtype=None) -> Callable[..., Rollout]:
+    """rollout_fn(params, idx_B, budgets_B, key) -> Rollout: `host_rollout` on task_list[idx_B] with the
+    budgets announced in the prompt; params cast to `compute_dtype` (None: as they are) for sampling."""
+    rcfg = ts.rollout_config(sampler)
+    cdt = stages._compute_dtype(compute_dtype)
+    cast = jax.jit(lambda p: jax.tree.map(
+        lambda x: x.astype(cdt) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)) if cdt is not None else None
+
+    def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
+        tasks = tasks_from_indices(task_list, idx_B)
+        if cast is not None:
+            params = cast(params)
+        return host_rollout(params, cfg, world.env, world.tokenizer, tasks, np.asarray(budgets_B), key, rcfg,
+                            enable_thinking=ts.enable_thinking, workers=ts.workers).rollout
+
+    return rollout_fn
+
+
+# ----------------------------------------------------------------------------- the RL stage
+def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: stages.ArmSettings, *,
+                          compute_dtype=None, micro_batches: int = 1, remat: Optional[str] = None,
+                          compiler_options: Optional[dict] = None) -> stages.ArmRuntime:
+    """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
+    (PPO-clip with the arm's clip / KL / entropy settings, `make_optimizer(arm.lr)`). One device, no critic."""
+    if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
+        raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
+                         f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
+    cdt = stages._compute_dtype(compute_dtype)
+    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
+    with_ref = arm.kl_coef > 0
+    step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
+                                                  kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef),
+                           micro_batches=micro_batches, with_ref_params=with_ref, compute_dtype=cdt, remat=remat,
+                           compiler_options=compiler_options)
+    rollout_fn = make_host_rollout_fn(world, cfg, ts, world.train_tasks, sampler=Sampler(temperature=arm.temperature),
+                                      compute_dtype=compute_dtype)
+    return stages.ArmRuntime(rollout_fn, step, opt, None, None, None, with_ref_params=with_ref)
+
+
+def train_host_rl(world: HostWorld, cfg: Qwen3Config, base_params, key, ts: HostTaskSettings,
+                  arm: stages.ArmSettings, runtime: stages.ArmRuntime,
+                  callback: Optional[Callable[[int, dict, object], None]] = None):
+    """Returns (state, history): `stages.train_rl` from the base params with the host runtime, tasks drawn
+    uniformly from the train split by index (`HostTasks`)."""
+    state = stages.init_arm_state(runtime, cfg, key, base_params)
+    return stages.train_rl(None, cfg, base_params, key, HostTasks(len(world.train_tasks), ts.t_max), arm,
+                           callback=callback, state=state, runtime=runtime)

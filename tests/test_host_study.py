@@ -1,0 +1,254 @@
+"""The host-domain study (SQL): the task-index adapter, the tool-output cap, Pass@(K,T) episodes and the structural
+bound on synthetic and scripted data, the seed-aware metrics, and the ci-sql miniature end to end through
+`experiments.reproduce` (files, the report's SQL section, Pass@ recomputed from the raw eval logs, the bound
+against `upper_bound_turns`)."""
+import json
+import math
+import os
+import re
+import types as pytypes
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import reproduce
+from experiments.host_presets import HOST_PRESETS
+from jaxagent.envs.host import base as host
+from jaxagent.eval import health, stats
+from jaxagent.eval.findings import finding_verdict
+from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
+from jaxagent.study import host_eval, host_stages
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_dir(qwen3_tokenizer_dir())
+
+
+@pytest.fixture(scope="module")
+def world(tok):
+    return host_stages.make_host_world(host_stages.HostTaskSettings(domain="sql", t_max=3, max_obs_tokens=20), tok)
+
+
+# ----------------------------------------------------------------------------- the task-index adapter
+def test_task_indices_sample_and_map():
+    ht = host_stages.HostTasks(n_tasks=5, t_max=3)
+    idx = ht.sample(jax.random.key(0), 64)
+    assert idx.dtype == jnp.int32 and idx.shape == (64,)
+    assert int(idx.min()) >= 0 and int(idx.max()) <= 4 and len(set(np.asarray(idx).tolist())) > 1
+    tasks = ["a", "b", "c", "d", "e"]
+    # rl_iteration repeats each sampled index G times: the mapped tasks follow
+    rep = jnp.repeat(jnp.asarray([3, 0], jnp.int32), 2)
+    assert host_stages.tasks_from_indices(tasks, rep) == ["d", "d", "a", "a"]
+    with pytest.raises(ValueError, match="out of range"):
+        host_stages.tasks_from_indices(tasks, np.asarray([0, 5]))
+    with pytest.raises(ValueError, match="integer"):
+        host_stages.tasks_from_indices(tasks, np.asarray([0.5]))
+
+
+def test_rollout_fn_maps_indices_and_budgets(world, monkeypatch):
+    seen = {}
+
+    def fake(params, cfg, env, tokenizer, tasks, budgets, key, rcfg, **kw):
+        seen.update(tasks=tasks, budgets=np.asarray(budgets).tolist(), rcfg=rcfg, env=env, kw=kw)
+        return pytypes.SimpleNamespace(rollout="ro")
+
+    monkeypatch.setattr(host_stages, "host_rollout", fake)
+    ts = host_stages.HostTaskSettings(domain="sql", t_max=3, max_action_tokens=7, max_context=999)
+    fn = host_stages.make_host_rollout_fn(world, None, ts, world.train_tasks)
+    assert fn({"w": jnp.zeros(())}, jnp.asarray([2, 2, 0], jnp.int32), jnp.asarray([3, 1, 2]), jax.random.key(0)) == "ro"
+    assert seen["tasks"] == [world.train_tasks[2], world.train_tasks[2], world.train_tasks[0]]
+    assert seen["budgets"] == [3, 1, 2] and seen["env"] is world.env
+    assert (seen["rcfg"].t_max, seen["rcfg"].max_action_tokens, seen["rcfg"].max_context) == (3, 7, 999)
+    assert seen["kw"]["enable_thinking"] is False
+
+
+def test_host_arm_runtime_refuses_critic_arms(world):
+    from jaxagent.study import stages
+    arm = stages.ArmSettings(name="ppo", rl=stages.ARMS["ppo"])
+    with pytest.raises(ValueError, match="critic"):
+        host_stages.make_host_arm_runtime(world, None, host_stages.HostTaskSettings(), arm)
+
+
+# ----------------------------------------------------------------------------- the tool-output cap
+def test_cap_observation_text_and_tool_blocks(tok):
+    text = " ".join(f"row{i}" for i in range(200))
+    n = len(tok.encode(text))
+    capped, cut = host_stages.cap_observation(text, tok, 10)
+    assert cut == n - 10 and capped.endswith(f"[... output truncated: {n - 10} more tokens]")
+    assert capped.startswith(tok.decode(tok.encode(text)[:10]))
+    assert host_stages.cap_observation("short", tok, 10) == ("short", 0)
+    blocks = f"<tool_response>\n{text}\n</tool_response>\n<tool_response>\nok\n</tool_response>"
+    capped, cut = host_stages.cap_observation(blocks, tok, 10)
+    assert cut == n - 10 and capped.count("<tool_response>\n") == 2 and capped.endswith("\nok\n</tool_response>")
+
+
+def test_capped_env_cuts_step_observations_only(world):
+    env = world.env
+    assert env.upper_bound_turns(world.train_tasks[0]) == 1 and env.name == "sql"  # delegated
+    task = world.train_tasks[0]
+    state, obs0 = env.reset(0, task)
+    assert obs0 == task.question
+    state, obs, reward, done, info = env.step(state, "```sql\nSELECT * FROM customers\n```")
+    assert info["valid"] and info["obs_truncated_tokens"] > 0 and "output truncated" in obs
+    assert len(world.tokenizer.encode(obs.split("\n[... output truncated")[0])) <= 21
+    _, obs, reward, done, info = env.step(state, f"<answer>{task.gold}</answer>")
+    assert done and reward == 1.0 and "obs_truncated_tokens" not in info
+
+
+# ----------------------------------------------------------------------------- Pass@(K,T) and the bound
+def test_structural_bound_synthetic():
+    b = host_eval.structural_bound([1, 3, 5, -1], [1, 2, 4, 6], [1, 2, 4])
+    np.testing.assert_allclose(b["share"], [0.25, 0.25, 0.5, 0.75])
+    np.testing.assert_allclose(b["grid"], np.repeat(b["share"][:, None], 3, axis=1))  # p* in {0, 1}: K-free
+    assert b["p_star"].shape == (4, 4) and b["p_star"][3].tolist() == [0, 0, 0, 0]
+
+
+def _comb_pass(succ_PxZ, k):
+    """Chen et al. 2021 eq. 1 with math.comb, task mean."""
+    out = []
+    for row in np.asarray(succ_PxZ, bool):
+        n, c = len(row), int(row.sum())
+        out.append(1.0 - math.comb(n - c, k) / math.comb(n, k))
+    return float(np.mean(out))
+
+
+def test_run_pass_episodes_synthetic_pads_and_counts():
+    """A fake policy succeeds on task p iff budget >= p + 1 and on every other call: the grid, padding of the
+    last batch (7 does not divide 2 x 3 x 4 = 24) and the estimator against math.comb."""
+    calls = []
+
+    def fake(idx, budgets, key):
+        calls.append(len(idx))
+        idx, budgets = np.asarray(idx), np.asarray(budgets)
+        coin = np.arange(len(idx)) % 2 == 0
+        status = np.where((budgets >= idx + 1) & coin, SUCCESS, FAILED)
+        return pytypes.SimpleNamespace(status=status, turns_used=np.minimum(budgets, idx + 1))
+
+    raw = host_eval.run_pass_episodes(fake, 3, [1, 3], 4, jax.random.key(0), batch_size=7)
+    assert calls == [7] * 4 and raw["success"].shape == (2, 3, 4)
+    assert not raw["success"][0, 1:].any() and raw["success"][1].any()
+    grid = host_eval.pass_grid(raw["success"], [1, 2, 4])
+    for u in range(2):
+        for j, k in enumerate([1, 2, 4]):
+            assert grid[u, j].mean() == pytest.approx(_comb_pass(raw["success"][u], k), abs=1e-6)
+
+
+def test_run_pass_episodes_scripted_sql(tok, world):
+    """The real SQL env with a scripted policy (gold answer on even held-out tasks, a wrong one on odd): pass@k is
+    1 on even tasks and 0 on odd ones at every tier."""
+    tasks = world.heldout_tasks
+    rcfg = HostRolloutConfig(t_max=2, max_action_tokens=256, max_context=2048)
+
+    def rollout_fn(idx, budgets, key):
+        ts = host_stages.tasks_from_indices(tasks, idx)
+        acts = [f"<answer>{t.gold}</answer>" if i % 2 == 0 else "<answer>SELECT 42</answer>"
+                for i, t in zip(np.asarray(idx), ts)]
+        gen = lambda t, active, ctx: [acts[b] if active[b] else None for b in range(len(acts))]  # noqa: E731
+        return host_rollout(None, None, world.env, tok, ts, budgets, key, rcfg, generate_fn=gen, workers=1).rollout
+
+    raw = host_eval.run_pass_episodes(rollout_fn, len(tasks), [1, 2], 2, jax.random.key(1), batch_size=8)
+    want = np.asarray([i % 2 == 0 for i in range(len(tasks))])
+    assert (raw["success"] == want[None, :, None]).all() and (raw["turns"] == 1).all()
+    grid = host_eval.pass_grid(raw["success"], [1, 2])
+    np.testing.assert_allclose(grid, np.broadcast_to(want.astype(float), grid.shape))
+
+
+def test_domain_metrics_synthetic_gaps_and_verdict():
+    """Two GRPO seeds whose per-task gaps over base are known: the f1 estimate is their mean (t over seeds),
+    the f2 difference is gap(tight) - gap(full), and a collapsed seed is excluded with a sensitivity line."""
+    base = np.zeros((2, 1, 4))
+    s0, s1 = base + 0.5, base + 0.3
+    s0[0], s1[0] = 0.1, 0.1                      # tight tier: smaller gap
+    per_task = {"base": base, "grpo/seed0": s0, "grpo/seed1": s1, "grpo/seed2": base}
+    ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
+    bad = health.SeedHealth(health.COLLAPSED, "", 2, 0.0, 0.0, 0.0)
+    hl = {("grpo", 0): ok, ("grpo", 1): ok, ("grpo", 2): bad}
+    bound = host_eval.structural_bound([1, 1, 1, 2], [1, 2], [1])
+    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=18, n_heldout=4, n_boot=50)
+    assert m["sql.f1_breadth.diff.mean"] == pytest.approx(0.4)
+    assert m["sql.f1_breadth.diff.method"] == stats.T_SEEDS and m["sql.f1_breadth.diff.n_seeds"] == 2
+    assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.1 - 0.4)
+    assert m["sql.f1_breadth.diff.all.mean"] == pytest.approx(0.8 / 3)
+    assert "excluded: 2" in m["sql.f1_breadth.diff.seeds"]
+    assert m["sql.pass.grpo.t2.k1"] == pytest.approx(0.4) and m["sql.pass.grpo.seed2.t2.k1"] == 0.0
+    assert m["sql.bound.t1"] == 0.75 and m["sql.bound.t2"] == 1.0 and m["sql.split.train"] == 18
+    f1, f2 = host_eval.domain_findings("sql", "SQL")
+    assert finding_verdict(f1, m)[0] in stats.VERDICTS and finding_verdict(f2, m)[0] in stats.VERDICTS
+
+
+# ----------------------------------------------------------------------------- the ci-sql miniature
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("runs"))
+    reproduce.main(["--preset", "ci-sql", "--root", root])
+    return os.path.join(root, "ci-sql")
+
+
+@pytest.mark.slow
+def test_ci_sql_files_and_report(ci_run):
+    p = HOST_PRESETS["ci-sql"]
+    for part in ["config.json", "tiny_checkpoint/config.json", "tiny_checkpoint/tokenizer.json", "base/DONE",
+                 "eval/base.json", "eval/bound.json", "metrics.json", "report.md", "timing.json"] + [
+                 f"arms/{a}/seed{s}/{f}" for a in p.arms for s in p.seeds
+                 for f in ("DONE", "metrics.jsonl", "policy/model.safetensors")] + [
+                 f"eval/{a}_seed{s}.json" for a in p.arms for s in p.seeds]:
+        assert os.path.exists(os.path.join(ci_run, part)), part
+    for a in p.arms:
+        for s in p.seeds:
+            recs = health.read_log(os.path.join(ci_run, "arms", a, f"seed{s}", "metrics.jsonl"))
+            assert [r["iteration"] for r in recs] == list(range(p.iterations))
+            assert all(math.isfinite(r["loss"]) and r["tokens"] > 0 for r in recs)
+    cfg = json.load(open(os.path.join(ci_run, "tiny_checkpoint", "config.json")))
+    assert cfg["vocab_size"] >= Tokenizer.from_dir(qwen3_tokenizer_dir()).vocab_size
+    text = open(os.path.join(ci_run, "report.md")).read()
+    assert "## SQL" in text and "not measured" not in text.lower()
+    assert "4 train (split 'train'), 5 held-out (split 'test')" in text
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \| \d+% \| \d+ \|", line)]
+    assert len(rows) == 2 * len(p.eval.ks)
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[3:]), line  # every policy and the bound measured
+    for key in ("sql.f1_breadth", "sql.f2_shrink"):
+        assert re.search(rf"\| SQL: {'1' if 'f1' in key else '2'}\. .*\| ({'|'.join(stats.VERDICTS)}) \|", text)
+
+
+@pytest.mark.slow
+def test_ci_sql_pass_recomputes_from_raw_logs(ci_run):
+    p = HOST_PRESETS["ci-sql"]
+    metrics = json.load(open(os.path.join(ci_run, "metrics.json")))
+    text = open(os.path.join(ci_run, "report.md")).read()
+    labels = ["base"] + [f"{a}/seed{s}" for a in p.arms for s in p.seeds]
+    for label in labels:
+        ev = json.load(open(os.path.join(ci_run, "eval", label.replace("/", "_") + ".json")))
+        succ = np.asarray(ev["success"], bool)
+        assert succ.shape == (len(ev["tiers"]), 5, p.eval.n_samples)
+        assert (succ == (np.asarray(ev["status"]) == SUCCESS)).all()
+        assert (np.asarray(ev["turns"]) <= np.asarray(ev["tiers"])[:, None, None]).all()
+        key = "base" if label == "base" else label.replace("/", ".")
+        for u, t in enumerate(ev["tiers"]):
+            for k in p.eval.ks:
+                assert metrics[f"sql.pass.{key}.t{t}.k{k}"] == pytest.approx(_comb_pass(succ[u], k), abs=1e-6)
+    # the report's table cells are the arm means over the seeds
+    for u, t in enumerate(json.load(open(os.path.join(ci_run, "eval", "bound.json")))["tiers"]):
+        for k in p.eval.ks:
+            line = next(x for x in text.splitlines() if x.startswith(f"| {t} | ") and f"| {k} | " in x)
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            want = [metrics[f"sql.pass.{a}.t{t}.k{k}"] for a in ["base", *p.arms]]
+            assert cells[3:-1] == [format(100 * v, ".1f") for v in want]
+
+
+@pytest.mark.slow
+def test_ci_sql_bound_matches_upper_bound_turns(ci_run):
+    env = host.make("sql")
+    held = env.tasks("test")
+    b = json.load(open(os.path.join(ci_run, "eval", "bound.json")))
+    assert b["task_ids"] == [t.id for t in held]
+    want = [env.upper_bound_turns(t) for t in held]
+    assert b["min_turns"] == want
+    metrics = json.load(open(os.path.join(ci_run, "metrics.json")))
+    for t in b["tiers"]:
+        assert metrics[f"sql.bound.t{t}"] == pytest.approx(np.mean([w <= t for w in want]))
