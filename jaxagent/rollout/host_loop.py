@@ -16,22 +16,33 @@ as BFCL does; otherwise the observation is wrapped in one block). Chunks are tok
 with `chat.system_turn`, `chat.user_turn` and `chat.turn_pieces`, whose pieces start at, or end right
 before, a control token, so the ids equal Qwen3's template (no BPE merge across a piece boundary).
 
-Each turn (`host_rollout`'s named steps), for all episodes at once:
+Each turn (`host_rollout`'s named steps), for the active episodes of one group at once:
   1. an episode is active if it is running and t < budget_b; an active episode whose chunk plus a full
-     reply (`max_action_tokens`) does not fit into `max_context` slots ends with status
-     context_exhausted instead (as in jax_loop);
-  2. the active episodes' chunks are right-padded to one bucketed width (`sampling.bucket`, capped at
-     `max_append_width`: a longer chunk, e.g. BFCL's system prompt, takes several calls of that width)
-     and appended with one jitted `append` call that donates the KV cache;
-  3. one jitted `decode` call (donating the cache) samples the replies of all active episodes;
-  4. the replies are decoded to text and the envs stepped in a thread pool (`workers` threads: code and
-     SQL steps spend ~0.2 s in subprocesses / SQLite, outside the GIL).
-Statuses and episode_return as in jax_loop, by the rules in `episode` (done -> success or failed by
-info['success']; not done after the last turn of its budget -> budget_exhausted; episode_return =
-sum of rewards if the episode finished, else 0). An exception raised by the env (reset, system_prompt, step, or the process-reward
-hook) or a malformed step result (an observation that is not a str, an info that is not a dict)
-never stops the rollout: that episode ends with status failed, the error text in
+     reply (`max_action_tokens`) does not fit into `max_context` slots ends context_exhausted instead;
+  2. the chunks, right-padded to one bucketed width (`sampling.bucket`, capped at `max_append_width`:
+     a longer chunk, e.g. BFCL's system prompt, takes several calls), go in with one jitted `append`
+     call, and one jitted `decode` call samples the replies (both donate the KV cache);
+  3. the replies' texts go to the env steps on `workers` threads (SQLite and the code sandbox run
+     outside the GIL); the group's next turn starts when all returned or timed out.
+Statuses and episode_return by the rules in `episode`, as in jax_loop. An exception raised by the env
+(reset, system_prompt, step, the process-reward hook), a malformed step result (an observation not a
+str, an info not a dict) or a time-out ends only its episode, failed, the error text in
 `HostTrace.errors[b]` (a caller error, e.g. a bad `generate_fn` reply, still raises).
+
+Overlap (`overlap_groups` G > 1): episode b is in group b % G (`host_schedule.episode_groups`), each
+group with its own policy rows and KV cache. A group decodes as soon as all its steps are back, so
+while one group's envs step, the model decodes another's replies (a jitted call releases the GIL while
+it computes); a slow group never holds up a faster one. An episode's context, env calls and records
+depend only on its own replies, never on the order the groups run in: a scripted or forced rollout is
+the same for every G. A sampled one draws other noise of the same distribution per G: with
+(k_reset, k_loop) = split(key) (k_reset draws the reset seeds), group g samples with
+`fold_in(k_loop, g)` (`k_loop` itself when G = 1), split once per decode call of that group.
+Time limit (`step_timeout_s`): an env reset or step (with its process-reward hook) still running that
+long after it started is abandoned (`host_schedule.EnvCalls`): its episode fails with
+`trace.errors[b]` naming `EnvTimeout` and the step's `trace.infos[b][t]` {"timeout": True, ...}; its
+env state is dropped (`trace.final_states[b]` None: the abandoned thread may still hold it). Nothing
+else waits on it. `trace.timing` (`host_schedule.HostTiming`) splits each turn's seconds into model
+vs env, with the env time the model did not hide and the wall clock.
 
 Replies not sampled from the model (`Turns.forced`, logprob 0), as in jax_loop's scripted and
 forced paths: with `generate_fn` (a scripted policy replacing the model: it is the acting policy, so
@@ -40,7 +51,7 @@ model then continues from, e.g. error prefixes: not in `policy_mask`). A given t
 encode(text) + <|im_end|>, cut at `max_action_tokens`.
 
 Compiles: `append` once per distinct width (powers of two from 16 to `max_append_width`) and `decode`
-once, per (batch size, max_context, model, sampler); never per turn.
+once, per (group rows, max_context, model, sampler); never per turn or per group.
 
 Settings: `HostRolloutConfig` (t_max, max_action_tokens, max_context, sampler). The JAX loop's
 `RolloutConfig` is accepted when its jittable-env fields keep their defaults; a set one raises
@@ -57,8 +68,9 @@ C append width (chunk tokens), M action tokens, V vocab.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import dataclasses
+import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -73,6 +85,8 @@ from jaxagent.rollout import episode, types
 from jaxagent.rollout.episode import (BUDGET_TEMPLATE, EpisodeConfig, action_text, budget_text,  # noqa: F401
                                       observation_turn, text_reply)
 from jaxagent.rollout.host_policy import HostPolicy, append_jit, decode_jit, given_replies
+from jaxagent.rollout.host_schedule import (EnvCalls, EnvSide, EnvTimeout, Group, HostTiming, InFlight, TurnClock,
+                                            episode_groups, error_text, span)
 
 _append_jit, _decode_jit = append_jit, decode_jit  # the names tests/test_composable.py uses
 
@@ -82,6 +96,7 @@ DEFAULT_BUDGET_TEMPLATE = BUDGET_TEMPLATE  # the one budget text (`episode`)
 SystemFn = Callable[[Any, Any], tuple[Optional[str], Optional[list]]]
 # generate_fn(turn, active_B, contexts) -> a reply text per episode (entries where not active are
 # ignored); contexts[b] is episode b's token ids so far, ending with the assistant generation prompt.
+# Called once per turn of each episode group, with that group's active episodes.
 GenerateFn = Callable[[int, np.ndarray, list], Sequence[Optional[str]]]
 # process_reward_fn(env, state_before, action_text, remaining_turns) -> float, called before the step
 # (e.g. `lambda env, s, a, r: env.step_quality(s, a)`).
@@ -130,7 +145,8 @@ class HostTrace:
     observations: list          # [b][k]: k = 0 the reset observation, k = t + 1 the one after turn t
     infos: list                 # [b][t] the env's info dict of each step
     dones: list                 # [b][t] the env's done flag of each step
-    final_states: list          # env state after the last step (None if the reset failed)
+    final_states: list          # env state after the last step (None if the reset failed or a call timed out)
+    timing: Optional[HostTiming] = None  # per-turn model vs env seconds (`host_schedule`)
 
     def trajectories(self, policy: str = "") -> list[dict]:
         """Per episode {task, seed, actions, infos, dones, policy}: the input of
@@ -142,66 +158,6 @@ class HostTrace:
 class HostRollout(NamedTuple):
     rollout: types.Rollout      # the arrays RL and the diagnostics consume (as from the jitted loop)
     trace: HostTrace            # texts, infos, errors and final states, on the host
-
-
-# ----------------------------------------------------------------------------- the envs' side
-def _error_text(where: str, err: BaseException) -> str:
-    return f"{where}: {type(err).__name__}: {err}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Envs:
-    """The host envs of a rollout: reset and step one episode, building its next chunk (thread-safe: no
-    shared state is written)."""
-
-    env: Any
-    tokenizer: Tokenizer
-    pieces: Any                 # chat.turn_pieces
-    tasks: list
-    seeds: list
-    budget_B: np.ndarray
-    hide_budget: bool
-    budget_template: str
-    system_fn: SystemFn
-    process_reward_fn: Optional[HostProcessRewardFn]
-
-    def budget(self, b: int, t: int) -> Optional[str]:
-        return None if self.hide_budget else budget_text(t, int(self.budget_B[b]), self.budget_template)
-
-    def reset(self, b):
-        """Reset episode b and build its first chunk: (state, obs, system ids, rest) or the exception."""
-        try:
-            state, obs = self.env.reset(self.seeds[b], self.tasks[b])
-            content, tools = self.system_fn(self.env, self.tasks[b])
-            sys_ids = chat.system_turn(self.tokenizer, content, tools)
-            return state, obs, sys_ids, episode.host_first_chunk(self.tokenizer, self.pieces, obs, self.budget(b, 0))
-        except Exception as err:  # noqa: BLE001 -- an env failure ends only its own episode
-            if getattr(err, "infrastructure_error", False):
-                raise  # the sandbox failed, not the model: never score it as the model's 0
-            return err
-
-    def step(self, b, t, state, text, closed):
-        """Step episode b at turn t and build its next chunk (None when the episode ends here):
-        (state, obs, info, (reward, done, valid, success, anchor, process reward), chunk) or the
-        exception raised (by the env, or on its malformed output)."""
-        try:
-            remaining = int(self.budget_B[b]) - t
-            proc = 0.0 if self.process_reward_fn is None else float(
-                self.process_reward_fn(self.env, state, text, remaining))
-            state, obs, reward, done, info = self.env.step(state, text)
-            if not isinstance(info, dict):
-                raise TypeError(f"env.step returned info of type {type(info).__name__}, expected dict")
-            nums = (float(reward), bool(done), bool(info.get("valid", True)), bool(info.get("success", False)),
-                    int(info.get("anchor", -1)), proc)
-            chunk = None
-            if not nums[1] and not episode.out_of_budget(t, self.budget_B[b]):
-                chunk = episode.host_next_chunk(self.tokenizer, self.pieces, obs, info.get("obs_role", "user"),
-                                                self.budget(b, t + 1), closed)
-            return state, obs, info, nums, chunk
-        except Exception as err:  # noqa: BLE001
-            if getattr(err, "infrastructure_error", False):
-                raise
-            return err
 
 
 # ----------------------------------------------------------------------------- the episodes' buffers
@@ -252,7 +208,8 @@ class _Buffers:
 
 
 # ----------------------------------------------------------------------------- the named steps
-def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions):
+def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions, overlap_groups,
+                  step_timeout_s):
     """Host-side checks; returns (HostRolloutConfig, tasks list, budgets int32[B])."""
     if getattr(env, "jittable", False):
         raise ValueError("host_rollout runs host (Python) envs; use jaxagent.rollout.rollout for jittable envs")
@@ -265,16 +222,21 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if max_append_width < 16 or max_append_width & (max_append_width - 1):
         raise ValueError(f"max_append_width must be a power of two >= 16, got {max_append_width}")
+    if isinstance(overlap_groups, bool) or int(overlap_groups) != overlap_groups or overlap_groups < 1:
+        raise ValueError(f"overlap_groups must be an integer >= 1, got {overlap_groups!r}")
+    if step_timeout_s is not None and (isinstance(step_timeout_s, bool) or not 0 < step_timeout_s < float("inf")):
+        raise ValueError(f"step_timeout_s must be a finite number of seconds > 0 (None: no limit), "
+                         f"got {step_timeout_s!r}")
     if forced_actions is not None and len(forced_actions) != len(tasks):
         raise ValueError(f"forced_actions has {len(forced_actions)} rows for {len(tasks)} tasks")
     return hcfg, tasks, budget_B
 
 
-def _reset_all(buf: _Buffers, envs: _Envs, run_all, hcfg: HostRolloutConfig):
+def _reset_all(buf: _Buffers, envs: EnvSide, calls: EnvCalls, hcfg: HostRolloutConfig):
     """Reset every episode: its first chunk (system turn + first user turn) becomes pending."""
-    for b, res in enumerate(run_all(envs.reset, range(len(envs.tasks)))):
+    for b, res in enumerate(calls.collect([calls.submit(envs.reset, b) for b in range(len(envs.tasks))])):
         if isinstance(res, Exception):
-            buf.status[b], buf.trace.errors[b] = types.FAILED, _error_text("reset", res)
+            buf.status[b], buf.trace.errors[b] = types.FAILED, error_text("reset", res)
             continue
         buf.states[b], obs, sys_ids, first = res
         buf.trace.observations[b].append(obs)
@@ -285,12 +247,13 @@ def _reset_all(buf: _Buffers, envs: _Envs, run_all, hcfg: HostRolloutConfig):
                          f"needs {min(need)} tokens: system prompt, first observation and a full reply)")
 
 
-def _write_chunks(buf: _Buffers, t: int, budget_B, hcfg: HostRolloutConfig):
-    """Step 1: who plays turn t (`episode.turn_start`); the players' pending chunks written into their rows.
-    Returns (active [B], first reply slot [B])."""
+def _write_chunks(buf: _Buffers, t: int, budget_B, hcfg: HostRolloutConfig, member_B):
+    """Step 1: who of the group (member_B) plays turn t (`episode.turn_start`); the players' pending chunks
+    written into their rows. Returns (active [B], first reply slot [B])."""
     chunk_len = np.asarray([len(p) for p in buf.pending], np.int32)
     fits = buf.length + chunk_len + hcfg.max_action_tokens <= hcfg.max_context
-    buf.status, active = episode.turn_start(buf.status, t, budget_B, fits)
+    status, active = episode.turn_start(buf.status, t, budget_B, fits)
+    buf.status, active = np.where(member_B, status, buf.status).astype(np.int32), active & member_B
     for b in np.flatnonzero(active):
         sl = slice(buf.length[b], buf.length[b] + chunk_len[b])
         buf.tokens[b, sl] = buf.pending[b]
@@ -298,10 +261,10 @@ def _write_chunks(buf: _Buffers, t: int, budget_B, hcfg: HostRolloutConfig):
     return active, buf.length + np.where(active, chunk_len, 0)
 
 
-def _replies(buf: _Buffers, policy: Optional[HostPolicy], t: int, active, start_slot, given: dict,
+def _replies(buf: _Buffers, group: Group, t: int, active, start_slot, given: dict,
              generate_fn: Optional[GenerateFn], tokenizer: Tokenizer, hcfg: HostRolloutConfig):
-    """Step 2: the replies of turn t, given (`forced_actions`), scripted (`generate_fn`) or sampled:
-    numpy (tokens [B, M], logprobs [B, M], lengths [B], stopped [B])."""
+    """Step 2: the group's replies of turn t, given (`forced_actions`), scripted (`generate_fn`) or sampled
+    by the group's policy: numpy (tokens [B, M], logprobs [B, M], lengths [B], stopped [B])."""
     n_ep, m, pad = buf.tokens.shape[0], hcfg.max_action_tokens, tokenizer.pad_id
     idx = np.flatnonzero(active)
     if generate_fn is not None:
@@ -309,15 +272,15 @@ def _replies(buf: _Buffers, policy: Optional[HostPolicy], t: int, active, start_
         if len(script) != n_ep:
             raise ValueError(f"generate_fn returned {len(script)} replies for {n_ep} episodes")
         return given_replies({b: given.get(b, script[b]) for b in idx}, n_ep, tokenizer, m, pad)
-    policy.append([buf.pending[b] if active[b] else [] for b in range(n_ep)])
-    is_given = np.isin(np.arange(n_ep), list(given))
-    r_tok, r_lp, r_len, r_stop = policy.sample(active & ~is_given)
-    if given:  # the given replies go into the cache as well
-        g_tok, g_lp, g_len, g_stop = given_replies(given, n_ep, tokenizer, m, pad)
-        policy.append([list(g_tok[b, :g_len[b]]) for b in range(n_ep)])
-        for b in given:
-            r_tok[b], r_lp[b], r_len[b], r_stop[b] = g_tok[b], g_lp[b], g_len[b], g_stop[b]
-    return r_tok, r_lp, r_len, r_stop
+    rows, live = group.rows, group.rows >= 0  # the policy's rows: episode ids, -1 for padding
+    act_rows = np.zeros(rows.shape, bool)
+    act_rows[live] = active[rows[live]]
+    out_rows = group.policy.turn([buf.pending[b] if b >= 0 and active[b] else [] for b in rows], act_rows,
+                                 {i: given[b] for i, b in enumerate(rows) if b in given}, tokenizer)
+    out = given_replies({}, n_ep, tokenizer, m, pad)
+    for x, x_rows in zip(out, out_rows):
+        x[rows[live]] = x_rows[live]
+    return out
 
 
 def _write_replies(buf: _Buffers, t: int, active, start_slot, replies, trains, tokenizer: Tokenizer) -> dict:
@@ -335,26 +298,40 @@ def _write_replies(buf: _Buffers, t: int, active, start_slot, replies, trains, t
     return texts
 
 
-def _step_envs(buf: _Buffers, envs: _Envs, run_all, t: int, active, start_slot, replies, texts: dict, is_forced,
-               tokenizer: Tokenizer):
-    """Step 3: the envs stepped on the replies' texts; the turn recorded and the statuses moved on
-    (`episode.after_step`); an env exception fails its own episode."""
-    r_tok, _, r_len, r_stop = replies
+def _submit_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, t: int, active, start_slot, replies, texts: dict,
+                  is_forced, tokenizer: Tokenizer) -> InFlight:
+    """Step 3: the envs' steps on the replies' texts, submitted to the worker threads."""
+    r_tok, _, r_len, _ = replies
     idx = np.flatnonzero(active)
     closed = [bool(r_len[b] and r_tok[b, r_len[b] - 1] == tokenizer.im_end_id) for b in idx]
-    results = run_all(envs.step, idx, [t] * len(idx), [buf.states[b] for b in idx], [texts[b] for b in idx], closed)
-    rec, trace = buf.rec, buf.trace
+    steps = [calls.submit(envs.step, b, t, buf.states[b], texts[b], c) for b, c in zip(idx, closed)]
+    return InFlight(t, idx, steps, start_slot, replies, texts, is_forced)
+
+
+def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight, clock: TurnClock):
+    """Step 3b: the steps' results (all returned or timed out); the turn recorded and the statuses moved
+    on (`episode.after_step`); an env exception or time-out fails its own episode."""
+    t, (_, _, r_len, r_stop) = turn.t, turn.replies
+    results = calls.collect(turn.calls)
+    clock.add_env(t, span(turn.calls))
+    rec, trace, active = buf.rec, buf.trace, np.isin(np.arange(buf.status.shape[0]), turn.idx)
     stepped, done_B, success_B, errors = np.zeros_like(active), np.zeros_like(active), np.zeros_like(active), {}
-    for b, res in zip(idx, results):
-        rec["active"][b, t], rec["forced"][b, t] = True, is_forced[b]
-        rec["span_start"][b, t], rec["span_len"][b, t] = start_slot[b], r_len[b]
+    for b, res in zip(turn.idx, results):
+        rec["active"][b, t], rec["forced"][b, t] = True, turn.is_forced[b]
+        rec["span_start"][b, t], rec["span_len"][b, t] = turn.start_slot[b], r_len[b]
         rec["stopped"][b, t] = bool(r_stop[b])
         rec["remaining"][b, t] = envs.budget_B[b] - t
-        trace.actions[b].append(texts[b])
+        trace.actions[b].append(turn.texts[b])
         buf.pending[b] = []
         if isinstance(res, Exception):
-            errors[b] = _error_text(f"step {t}", res)
-            trace.infos[b].append({"valid": False, "success": False, "error": errors[b], "env_exception": True})
+            errors[b] = error_text(f"step {t}", res)
+            info = {"valid": False, "success": False, "error": errors[b]}
+            if isinstance(res, EnvTimeout):  # the abandoned call may still change the state: drop it
+                info.update(timeout=True, timeout_s=calls.timeout_s)
+                buf.states[b] = None
+            else:
+                info["env_exception"] = True
+            trace.infos[b].append(info)
             trace.dones[b].append(True)
             continue
         buf.states[b], obs, info, (reward, done, valid, success, anchor, proc), chunk = res
@@ -362,7 +339,7 @@ def _step_envs(buf: _Buffers, envs: _Envs, run_all, t: int, active, start_slot, 
         trace.infos[b].append(info)
         trace.dones[b].append(done)
         rec["reward"][b, t], rec["process_reward"][b, t], rec["valid"][b, t] = reward, proc, valid
-        rec["action"][b, t] = stable_hash(texts[b]) if valid else -1
+        rec["action"][b, t] = stable_hash(turn.texts[b]) if valid else -1
         rec["anchor"][b, t] = anchor
         stepped[b], done_B[b], success_B[b] = True, done, success
         if chunk is not None:
@@ -370,6 +347,7 @@ def _step_envs(buf: _Buffers, envs: _Envs, run_all, t: int, active, start_slot, 
     buf.status = episode.after_step(buf.status, stepped, done_B, success_B, episode.out_of_budget(t, envs.budget_B))
     for b, err in errors.items():
         buf.status[b], trace.errors[b] = types.FAILED, err
+    clock.lap("host_s", t)
 
 
 def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budgets, key, rcfg: EpisodeConfig, *,
@@ -377,7 +355,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
                  budget_template: str = BUDGET_TEMPLATE, system_fn: Optional[SystemFn] = None,
                  max_append_width: int = 1024, process_reward_fn: Optional[HostProcessRewardFn] = None,
                  generate_fn: Optional[GenerateFn] = None,
-                 forced_actions: Optional[Sequence[Sequence[Optional[str]]]] = None) -> HostRollout:
+                 forced_actions: Optional[Sequence[Sequence[Optional[str]]]] = None,
+                 overlap_groups: int = 1, step_timeout_s: Optional[float] = 60.0) -> HostRollout:
     """Runs len(tasks) episodes of the host env `env`: episode b on tasks[b] with budget budgets[b].
 
     params, cfg: the Qwen3 policy (unused, may be None, with `generate_fn`).
@@ -385,59 +364,90 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
       JAX-loop RolloutConfig whose jittable-env fields are set raises (`host_config`).
     hide_budget: no budget text in the prompts (the episodes still stop at their budgets).
     enable_thinking: False appends Qwen3's empty think block to every generation prompt.
-    workers: threads that step the envs (1: in this thread).
+    workers: threads that run the env calls (resets and steps).
     budget_template: str.format template with {turn} (1-based), {budget} and {remaining} (including
       this turn); default the one budget text, `episode.BUDGET_TEMPLATE`.
     system_fn: (env, task) -> (system content, tools) of the system turn; default `default_system`.
     max_append_width: the widest append call (a power of two >= 16); longer chunks take several.
     process_reward_fn: host hook (env, state_before, action_text, remaining) -> float, recorded in
       Turns.process_reward (it must not change the state).
-    generate_fn: a scripted policy replacing the model (module docstring).
+    generate_fn: a scripted policy replacing the model (module docstring); called once per group and turn.
     forced_actions: [B][t] reply texts (None or a missing entry: the model replies) that episode b
       replies at turn t instead of sampling (module docstring).
+    overlap_groups: G, the episode groups whose env steps overlap the other groups' decoding (at most B
+      are used; module docstring). 1 (default): the whole batch decodes, then all its envs step. G
+      groups decode G times per turn, each on B / G rows: it pays where a turn's env steps take about
+      as long as its decoding or longer (`trace.timing`: env_s vs model_s), e.g. the code sandbox.
+    step_timeout_s: seconds an env reset or step may run before its episode fails with a time-out
+      (None: no limit; module docstring).
 
     Returns HostRollout(rollout: types.Rollout, trace: HostTrace) (module docstring).
     Raises ValueError for a jittable env, a task/budget count mismatch, budgets outside [1, t_max],
     bad settings, or when no episode's first turn fits into max_context (an episode whose first turn
     alone does not fit ends with status context_exhausted after 0 turns).
     """
-    hcfg, tasks, budget_B = _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions)
+    start = time.perf_counter()
+    hcfg, tasks, budget_B = _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions,
+                                          overlap_groups, step_timeout_s)
+    clock = TurnClock(hcfg.t_max, start)
     n_ep = len(tasks)
     pieces = chat.turn_pieces(tokenizer, enable_thinking=enable_thinking)
     k_reset, k_loop = jax.random.split(key)
     seeds = [int(x) for x in np.asarray(jax.random.randint(k_reset, (n_ep,), 0, 2**31 - 1))]
-    envs = _Envs(env, tokenizer, pieces, tasks, seeds, budget_B, hide_budget, budget_template,
-                 default_system if system_fn is None else system_fn, process_reward_fn)
+    envs = EnvSide(env, tokenizer, pieces, tasks, seeds, budget_B, hide_budget, budget_template,
+                   default_system if system_fn is None else system_fn, process_reward_fn)
     buf = _Buffers.empty(hcfg, tokenizer.pad_id, tasks, seeds)
-    policy = None if generate_fn is not None else HostPolicy(
-        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, max_append_width, k_loop)
+    all_rows = episode_groups(n_ep, overlap_groups)
+    groups = [Group(rows, np.isin(np.arange(n_ep), rows), None if generate_fn is not None else HostPolicy(
+        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, max_append_width,
+        k_loop if len(all_rows) == 1 else jax.random.fold_in(k_loop, g))) for g, rows in enumerate(all_rows)]
 
     def forced_text(b, t):
         row = forced_actions[b] if forced_actions is not None else ()
         return row[t] if t < len(row) else None
 
-    pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
-    run_all = (lambda f, *xs: list(pool.map(f, *xs))) if pool else (lambda f, *xs: list(map(f, *xs)))
+    calls = EnvCalls(workers, step_timeout_s)
     try:
-        _reset_all(buf, envs, run_all, hcfg)
-        if policy is not None:
-            policy.start(n_ep)
-        for t in range(hcfg.t_max):
-            active, start_slot = _write_chunks(buf, t, budget_B, hcfg)
+        _reset_all(buf, envs, calls, hcfg)
+        for group in groups:
+            if group.policy is not None:
+                group.policy.start(len(group.rows))
+        clock.reset_done()
+        # A group decodes as soon as its envs' results are in; while no group can, wait for the first.
+        ready, running = collections.deque(groups), []
+        while ready or running:
+            while running:
+                i = calls.first_done([g.inflight.calls for g in running], block=not ready)
+                if i is None:
+                    break
+                group = running.pop(i)
+                clock.lap("env_wait_s", group.inflight.t)
+                _finish_steps(buf, envs, calls, group.inflight, clock)
+                group.inflight, group.t = None, group.t + 1
+                ready.append(group)
+            group = ready.popleft()
+            t = group.t
+            if t >= hcfg.t_max:
+                continue
+            active, start_slot = _write_chunks(buf, t, budget_B, hcfg, group.member)
             if not active.any():
-                break
+                continue
             given = {b: forced_text(b, t) for b in np.flatnonzero(active)}
             given = {b: x for b, x in given.items() if x is not None}
             is_given = np.isin(np.arange(n_ep), list(given))
-            r_tok, r_lp, r_len, r_stop = _replies(buf, policy, t, active, start_slot, given, generate_fn, tokenizer,
+            clock.lap("host_s", t)
+            r_tok, r_lp, r_len, r_stop = _replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
                                                   hcfg)
+            clock.lap("model_s", t)
             replies = (r_tok, r_lp, np.where(active, r_len, 0).astype(np.int32), r_stop)
             is_forced = active & (is_given | (generate_fn is not None))
             trains = active & ~is_given  # a scripted policy's replies are its SFT targets
             texts = _write_replies(buf, t, active, start_slot, replies, trains, tokenizer)
-            _step_envs(buf, envs, run_all, t, active, start_slot, replies, texts, is_forced, tokenizer)
+            group.inflight = _submit_steps(buf, envs, calls, t, active, start_slot, replies, texts, is_forced,
+                                           tokenizer)
+            clock.lap("host_s", t)
+            running.append(group)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
-    buf.trace.final_states = buf.states
+        calls.close()
+    buf.trace.final_states, buf.trace.timing = buf.states, clock.finish(len(groups))
     return HostRollout(buf.to_rollout(budget_B), buf.trace)

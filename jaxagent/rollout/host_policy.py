@@ -2,7 +2,8 @@
 cache, chunks appended in bucketed widths, given replies as tokens.
 
 Compiles: `append_jit` once per distinct width (powers of two from 16 to `max_append_width`) and
-`decode_jit` once, per (batch size, max_context, model, sampler); never per turn.
+`decode_jit` once, per (batch size, max_context, model, sampler); never per turn. The host loop gives
+every episode group the same number of rows, so groups share the compiles.
 
 Dimension legend (CONVENTIONS.md): B episodes, C append width (chunk tokens), M action tokens, V vocab.
 """
@@ -65,7 +66,8 @@ def given_replies(texts: dict, n_ep: int, tokenizer: Tokenizer, m: int, pad_id: 
 
 @dataclasses.dataclass
 class HostPolicy:
-    """The sampled policy: params, its KV cache and next-token logits (one row per episode), the loop key."""
+    """The sampled policy of one episode group: params, its KV cache and next-token logits (one row per
+    episode of the group), its key (split once per decode call)."""
 
     params: Any
     cfg: Any
@@ -84,6 +86,21 @@ class HostPolicy:
     def append(self, rows: list):
         self.logits, self.cache = append_rows(self.params, self.cfg, self.cache, self.logits, rows, self.pad_id,
                                                self.max_width)
+
+    def turn(self, chunks: list, sample_B, given: dict, tokenizer: Tokenizer):
+        """One turn of its rows: chunks[b] appended, a reply sampled where sample_B and b is not in
+        `given`, the given replies {b: text} written into the cache after it: numpy (tokens [B, M],
+        logprobs [B, M], lengths [B], stopped [B])."""
+        n_rows = len(chunks)
+        self.append(chunks)
+        r_tok, r_lp, r_len, r_stop = self.sample(sample_B & ~np.isin(np.arange(n_rows), list(given)))
+        if given:
+            g_tok, g_lp, g_len, g_stop = given_replies(given, n_rows, tokenizer, self.hcfg.max_action_tokens,
+                                                       self.pad_id)
+            self.append([list(g_tok[b, :g_len[b]]) for b in range(n_rows)])
+            for b in given:
+                r_tok[b], r_lp[b], r_len[b], r_stop[b] = g_tok[b], g_lp[b], g_len[b], g_stop[b]
+        return r_tok, r_lp, r_len, r_stop
 
     def sample(self, active_B):
         """One reply per row where active_B (one jitted decode): numpy (tokens, logprobs, lengths, stopped)."""

@@ -18,6 +18,13 @@ episode is a caller bug and raises ValueError. Any model output (empty, huge, ra
 unknown function, wrong argument types) is answered with an error observation and `valid=False`,
 never an exception.
 
+Threads and time limits. `rollout.host_rollout` runs reset and step (with its process-reward hook) on
+worker threads, several episodes at once and from any thread: an env keeps no mutable state shared
+between episodes unless it guards it, and one episode's state is used by one call at a time. A call
+still running after the rollout's `step_timeout_s` is abandoned: its episode fails (a time-out) and
+its state is never used again, but the thread is left to finish, so a step bounds its own work (the
+SQL env's query time limit, the sandbox's timeout) and the rollout's limit is the last resort.
+
 `info` always has: valid (the action parsed and was well-formed), success (the task is solved),
 anchor (`anchor(state)` of the state BEFORE the step, the state the action was taken in: what GiGPO
 groups steps on, as in jaxagent.envs.jax.base), next_anchor (`anchor` of the state after the step),
