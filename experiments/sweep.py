@@ -84,6 +84,15 @@ def heldout_success(rt: stages.ArmRuntime, params, tasks, t_max: int, samples: i
     return np.asarray(ro.success, np.float64).reshape(n, samples).mean(axis=1), valid
 
 
+def _emit(rows: list, rec: dict, out) -> None:
+    """One sweep record: kept for the table, printed as a JSON line, appended to `out` when given."""
+    rows.append(rec)
+    print(json.dumps(rec), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
 def main(argv=None):
     p = cli.parser(__doc__.splitlines()[0], run_options=True)
     p.add_argument("--grid", default="recipe", choices=sorted(GRIDS) + sorted(BASE_GRIDS))
@@ -132,11 +141,7 @@ def main(argv=None):
                    "kl": [round(h.get("kl", 0.0), 4) for h in hist],
                    "entropy": [round(h.get("entropy", 0.0), 3) for h in hist],
                    "clip_frac": [round(h.get("clip_frac", 0.0), 3) for h in hist]}
-            rows.append(rec)
-            print(json.dumps(rec), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            _emit(rows, rec, args.out)
     print("\n| setting | seed | min valid | train success first 3 -> last 3 | held-out Pass@1 (base) |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -162,11 +167,7 @@ def sweep_base(run: study.Run, args) -> None:
         succ, valid = heldout_success(rt, params, tasks, ts.t_max, args.heldout_samples, jax.random.key(6262))
         rec = {"setting": name, **over, "base_seed": run.base_seed, "sft_seconds": seconds,
                "final_loss": hist[-1]["loss"], "heldout_pass1": float(succ.mean()), "heldout_valid": valid}
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        _emit(rows, rec, args.out)
     print("\n| SFT setting | base seed | final loss | held-out Pass@1 | held-out valid-action rate | SFT seconds |")
     print("|---|---|---|---|---|---|")
     for r in rows:
