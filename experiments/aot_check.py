@@ -370,7 +370,8 @@ def _world(preset):
 
 def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0,
                     rules=None, mesh_context: bool = True) -> Program:
-    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn calls it (with rules=`sharding.ROLLOUT_RULES`):
+    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn and experiments/eval.py's rollouts
+    (`driver_common.run_rollouts(mesh=, compute_dtype=)`) call it (with rules=`sharding.ROLLOUT_RULES`):
     params (in `dtype`) on their shardings per `rules` (default `sharding.RULES`), tasks split over the
     batch axes, the rest replicated; with `mesh_context`, lowered under `jax.set_mesh(mesh)` (the model
     pins its activations to the batch axes)."""
@@ -440,11 +441,11 @@ def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
                              analytic_flops(cfg, b, seq, backward=False, unembed_positions=0),
                              f"{b} rows x {seq} tokens, {preset.micro_batches} row chunks "
                              "(stages.make_arm_runtime values_fn)"))
-    # evaluation (experiments/eval.py): f32 policies, rollouts in chunks of n_tasks x group_size
+    # evaluation (experiments/eval.py): rollouts in chunks of n_tasks x group_size placed as the training
+    # rollout (compute dtype, `ROLLOUT_RULES`, under the mesh: `eval.placement`); scoring on the f32 params
     if want("rollout_eval"):
-        # as experiments/eval.py runs them today: params on `sharding.RULES`, no mesh context
-        progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=jnp.float32, name="rollout_eval",
-                                     mesh_context=False))
+        progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_eval",
+                                     rules=sharding.ROLLOUT_RULES))
     if want("eval_token_logprobs") or want("eval_reply_logprobs"):
         progs += _eval_programs(cfg, mesh, world, b, seq, want)
     if want("generate"):
@@ -453,29 +454,36 @@ def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
 
 
 def _eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
-    """The evaluation drivers' jits (`jaxagent.eval.drivers`): likelihood and reply scoring."""
+    """The evaluation drivers' jits (`jaxagent.eval.drivers`) as experiments/eval.py runs them: likelihood
+    (`scoring.teacher_forced_logprobs`, chunks of b rows) and reply scoring (`scoring.reply_logprobs`, chunks
+    of `eval.score_batch` states), f32 params on `sharding.RULES`, rows over the batch axes, under the mesh."""
     from jaxagent import sharding
     from jaxagent.eval import drivers
-    rep, row = sharding.replicated(mesh), sharding.row_sharding(mesh)
+    rep = sharding.replicated(mesh)
     progs = []
     params32 = _params_abstract(cfg, mesh, jnp.float32)
-    toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=row)
-    progs.append(Program("eval_token_logprobs",
-                         lambda: drivers._token_logprobs_jit.lower(params32, cfg, toks),
-                         analytic_flops(cfg, b, seq, backward=False),
+    toks = jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=sharding.batch_sharding(mesh, 2, batch_size=b))
+
+    def token_lower():
+        with jax.set_mesh(mesh):
+            return drivers._token_logprobs_jit.lower(params32, cfg, toks)
+    progs.append(Program("eval_token_logprobs", token_lower, analytic_flops(cfg, b, seq, backward=False),
                          f"likelihood: teacher-forced, {b} rows x {seq} tokens"))
     replies, rlens = drivers.canonical_replies(world)
-    sb = 16
-    ctx = jax.ShapeDtypeStruct((sb, seq), jnp.int32, sharding=rep)
-    ctx_len = jax.ShapeDtypeStruct((sb,), jnp.int32, sharding=rep)
+    split = sharding.batch_divisor(mesh)
+    sb = -(-16 // split) * split  # experiments/eval.py's score_batch
+    ctx = jax.ShapeDtypeStruct((sb, seq), jnp.int32, sharding=sharding.batch_sharding(mesh, 2, batch_size=sb))
+    ctx_len = jax.ShapeDtypeStruct((sb,), jnp.int32, sharding=sharding.batch_sharding(mesh, 1, batch_size=sb))
     rep_abs = (jax.ShapeDtypeStruct(replies.shape, jnp.int32, sharding=rep),
                jax.ShapeDtypeStruct(rlens.shape, jnp.int32, sharding=rep))
-    progs.append(Program("eval_reply_logprobs",
-                         lambda: drivers._reply_logprobs_jit.lower(params32, ctx, ctx_len, *rep_abs, cfg=cfg,
-                                                                  temperature=1.0),
+
+    def reply_lower():
+        with jax.set_mesh(mesh):
+            return drivers._reply_logprobs_jit.lower(params32, ctx, ctx_len, *rep_abs, cfg=cfg, temperature=1.0)
+    progs.append(Program("eval_reply_logprobs", reply_lower,
                          analytic_flops(cfg, sb, seq, backward=False, unembed_positions=sb)
                          + analytic_flops(cfg, sb * replies.shape[0], replies.shape[1], backward=False),
-                         f"R_single / step quality scoring: {sb} states x {seq} slots, {replies.shape[0]} replies"))
+                         f"step quality / error states scoring: {sb} states x {seq} slots, {replies.shape[0]} replies"))
     return [pr for pr in progs if want(pr.name)]
 
 

@@ -9,6 +9,13 @@ are left out of the primary estimates and kept in an all-seeds sensitivity estim
 (`stats.seed_estimate`: units nested in seeds; arms compared with GRPO are paired by seed index). An invalid
 reply is scored as invalid (`step_quality.score_outcomes`). Everything lands in runs/<name>/eval/*.json;
 figures (learning curves per arm, one line per seed), metrics.json and report.md follow.
+
+Placement: every evaluation rollout runs as the training rollout does (`stages.make_arm_runtime`): the
+policy's weights cast to the preset's compute dtype, on the run's mesh laid out per
+`sharding.ROLLOUT_RULES`, the episodes split over the mesh's batch axes under `jax.set_mesh`
+(`driver_common.run_rollouts`); the exact scoring and the likelihoods run on the f32 params, rows split
+over the batch axes too. A toy preset (float32, mesh 1x1x1) runs exactly as without these options.
+`experiments/aot_check.py` compiles these programs for the accelerator presets (docs/aot.md).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments import cli, study
+from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import drivers, health, plots, report, stats, step_quality
 from jaxagent.sampling import Sampler
@@ -36,6 +44,18 @@ def _eval_setup(run):
     return tasks, tiers, rcfg
 
 
+def placement(run) -> dict:
+    """The rollout drivers' `mesh` and `compute_dtype`: the training rollout's (module doc)."""
+    return {"mesh": run.mesh, "compute_dtype": run.compute_dtype}
+
+
+def score_batch(run, base: int = 16) -> int:
+    """States per exact-scoring call: the smallest multiple of the mesh's batch split >= base (16 without a
+    mesh), so every chip scores its own states."""
+    split = sharding.batch_divisor(run.mesh)
+    return -(-base // split) * split
+
+
 def eval_policy(run, params, label, log=print) -> dict:
     """Pass@(K,T) of one policy in every mode (cached in eval/<label>.json)."""
     out_path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
@@ -49,7 +69,7 @@ def eval_policy(run, params, label, log=print) -> dict:
     for mode in modes:
         r = drivers.pass_kt(run.world, run.cfg, params, tasks, jax.random.key(99), t_max=p.task.t_max, tiers=tiers,
                             n_samples=p.eval.n_samples, ks=p.eval.ks, env_params=p.task.env_params(), rcfg=rcfg,
-                            mode=mode, batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot)
+                            mode=mode, batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, **placement(run))
         r.pop("success", None)
         res[mode] = r
     study.write_json(out_path, res)
@@ -227,8 +247,8 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         # 3. step quality on matched states: G sampled actions per policy and state
         sq_runs = _pooled(run, lambda b, r, s: drivers.step_quality_matched(
             run.world, run.cfg, b, r, tasks, jax.random.key(100 + s), t_max=p.task.t_max, n_states=p.eval.n_states,
-            env_params=env_params, rcfg=rcfg, n_sampled=n_sampled, batch_size=p.n_tasks * p.group_size),
-            "step_quality", base, grpo_seeds)
+            env_params=env_params, rcfg=rcfg, n_sampled=n_sampled, batch_size=p.n_tasks * p.group_size,
+            score_batch=score_batch(run), **placement(run)), "step_quality", base, grpo_seeds)
         f3 = {}
         for s, x in sq_runs:
             mask = np.asarray(x["mask"], bool)
@@ -262,7 +282,8 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         er_runs = _pooled(run, lambda b, r, s: drivers.error_states(
             run.world, run.cfg, b, r, tasks, jax.random.key(200 + s), t_max=p.task.t_max,
             n_states=p.eval.n_error_states, env_params=env_params, rcfg=rcfg, n_sampled=n_sampled,
-            batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot), "error_states", base, grpo_seeds)
+            batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, score_batch=score_batch(run), **placement(run)),
+            "error_states", base, grpo_seeds)
         f4, unreachable = {}, 0
         for s, x in er_runs:
             mask = np.asarray(x["mask"], bool) & np.asarray(x.get("replay_ok", x["mask"]), bool)
@@ -307,12 +328,13 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
             t_rep = jax.tree.map(lambda x: np.repeat(np.asarray(x), p.eval.n_samples, axis=0), tasks)
             bud = np.full(n, p.task.t_max)
             rb = drivers.run_rollouts(run.world, run.cfg, b, t_rep, bud, jax.random.key(300 + s), env_params, rcfg,
-                                      batch_size=p.n_tasks * p.group_size)
+                                      batch_size=p.n_tasks * p.group_size, **placement(run))
             rr = drivers.run_rollouts(run.world, run.cfg, r, t_rep, bud, jax.random.key(400 + s), env_params, rcfg,
-                                      batch_size=p.n_tasks * p.group_size)
+                                      batch_size=p.n_tasks * p.group_size, **placement(run))
             ids = np.repeat(np.arange(p.eval.n_tasks), p.eval.n_samples)
             return drivers.likelihood(run.world, run.cfg, b, r, rb, rr, jax.random.key(500 + s), task_ids_base=ids,
-                                      task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.n_tasks * p.group_size)
+                                      task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.n_tasks * p.group_size,
+                                      mesh=run.mesh)
 
         li = _pooled(run, lik, "likelihood", base, grpo_seeds)
         nll, llr, pairs, pair_tasks = {}, {}, {}, set()

@@ -7,17 +7,27 @@ which cuts episodes into fixed `batch_size` chunks, so one `rollout_jit` compile
 RolloutConfig) serves every driver; pass ONE RolloutConfig with `allow_forced=True` everywhere (error states
 need it; rows without forced actions sample as usual).
 
+Placement (`mesh`, `compute_dtype`, optional on every rollout driver): the evaluation rollouts run as
+`stages.make_arm_runtime`'s training rollout does, on a copy of the params in the compute dtype
+(`rollout_params`), laid out per `sharding.ROLLOUT_RULES` on a mesh, the episodes split over the mesh's
+batch axes under `jax.set_mesh` (the model pins activations and the KV cache to them); the results come
+back replicated. Neither given: the params as they are, on the default device (the toy presets).
+
 Dimension legend (CONVENTIONS.md): B episodes (rollout rows), N turns (T_max).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent import sharding
 from jaxagent.eval import passk
+from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig, rollout
@@ -67,12 +77,53 @@ def n_rows(tree) -> int:
     return sizes.pop()
 
 
+def row_placement(mesh, rows: int):
+    """(place, context, gather) for a program over chunks of `rows` rows: without a mesh the identity,
+    no context and the identity; on a mesh, `place` puts every leaf with `rows` leading rows on the batch
+    axes (`sharding.batch_sharding`: replicated where they do not divide), `context()` is
+    `jax.set_mesh(mesh)` (the model pins its activations to the batch axes) and `gather` replicates a
+    result (readable on every host)."""
+    if mesh is None:
+        return (lambda t: t), contextlib.nullcontext, (lambda t: t)
+
+    def place(tree):
+        return jax.tree.map(lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, batch_size=rows))
+                            if np.ndim(x) and np.shape(x)[0] == rows else x, tree)
+
+    gather = jax.jit(lambda t: t, out_shardings=sharding.replicated(mesh))
+    return place, functools.partial(jax.set_mesh, mesh), gather
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast_floating(params, *, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def rollout_params(params, cfg: Qwen3Config, *, mesh=None, compute_dtype=None):
+    """The rollouts' copy of `params`, as `stages.make_arm_runtime`'s rollout_fn makes it: floating leaves
+    cast to `compute_dtype` (None, or the dtype they already have: not cast) and, on a `mesh`, placed per
+    `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes). Neither: `params`."""
+    if compute_dtype is not None:
+        dt = jnp.dtype(compute_dtype)
+        if not jnp.issubdtype(dt, jnp.floating):
+            raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
+        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt for x in jax.tree.leaves(params)):
+            params = _cast_floating(params, dtype=dt)
+    if mesh is not None:
+        params = jax.device_put(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh,
+                                                               sharding.ROLLOUT_RULES))
+    return params
+
+
 def run_rollouts(world, cfg: Qwen3Config, params, tasks, budgets, key, env_params, rcfg: RolloutConfig, *,
-                 hide_budget=False, forced_actions=None, batch_size: Optional[int] = None) -> types.Rollout:
+                 hide_budget=False, forced_actions=None, batch_size: Optional[int] = None, mesh=None,
+                 compute_dtype=None) -> types.Rollout:
     """`rollout` over len(budgets) episodes in chunks of exactly `batch_size` rows (the last chunk padded
     with copies of the last row, dropped afterwards); chunk i uses key fold_in(key, i), so calls that differ
     only in budgets share their random numbers row by row (episodes with identical prompts stay identical
-    until the shorter budget ends). batch_size None: one chunk of all rows."""
+    until the shorter budget ends). batch_size None: one chunk of all rows. `mesh`, `compute_dtype`: the
+    placement of the training rollout (module doc; episodes split over the batch axes where they divide
+    the chunk, as there)."""
     budgets = np.asarray(budgets)
     n = int(budgets.shape[0]) if budgets.ndim == 1 else -1
     if n < 1 or n_rows(tasks) != n:
@@ -89,11 +140,17 @@ def run_rollouts(world, cfg: Qwen3Config, params, tasks, budgets, key, env_param
             raise ValueError(f"forced_actions must have shape {(n, rcfg.t_max)}, got {forced.shape}")
         forced = forced[idx]
         forced[n:] = -1
+    params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
+    place, context, gather = row_placement(mesh, size)
     parts = []
     for i in range(len(idx) // size):
         rows = idx[i * size:(i + 1) * size]
-        parts.append(rollout(params, cfg, world.env, world.layout, world.fmt,
-                             jax.tree.map(lambda x: jnp.asarray(x)[rows], tasks), budgets[rows],
-                             jax.random.fold_in(key, i), env_params, rcfg, hide_budget=hide_budget,
-                             forced_actions=None if forced is None else forced[i * size:(i + 1) * size]))
+        # inputs made outside the mesh context, as the training rollout's (an array made inside it would
+        # carry the mesh's sharding: another rollout compile)
+        chunk, k_i = place(jax.tree.map(lambda x: jnp.asarray(x)[rows], tasks)), jax.random.fold_in(key, i)
+        with context():
+            ro = rollout(params, cfg, world.env, world.layout, world.fmt, chunk, budgets[rows], k_i, env_params,
+                         rcfg, hide_budget=hide_budget,
+                         forced_actions=None if forced is None else forced[i * size:(i + 1) * size])
+        parts.append(gather(ro))
     return concat_rows(parts, n)

@@ -39,7 +39,7 @@ def _truncated_costs(r: types.Rollout, tier: int):
 
 def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: Optional[Sequence[int]] = None,
             n_samples: int, ks: Sequence[int], env_params, rcfg: RolloutConfig, mode: str = "announced",
-            batch_size: Optional[int] = None, n_boot: int = 1000) -> dict:
+            batch_size: Optional[int] = None, n_boot: int = 1000, mesh=None, compute_dtype=None) -> dict:
     """Pass@(K,T) of one policy on `tasks` (P maps), n_samples episodes per task and budget tier.
 
     Estimator (docs/study.md, "jaxagent's definitions", Pass@(K,T); Chen et al. 2021 eq. 1):
@@ -56,7 +56,8 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
 
     Returns tiers [U], ks [J], grid [U, J], per_task [U, J, P], success [U, P, Z], pass_at_t [U] (K =
     max(ks)) with its task-bootstrap CI pass_at_t_ci, and costs: `costs.cost_summary` per tier (each
-    value [U]; env calls = turns, as every turn steps the env).
+    value [U]; env calls = turns, as every turn steps the env). `mesh`, `compute_dtype`: where and in
+    which dtype the rollouts run (`driver_common.run_rollouts`).
     """
     check_rcfg(rcfg, t_max)
     if mode not in MODES:
@@ -71,7 +72,7 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
     n_eps = n_tasks * n_samples
     k_roll, k_ci = jax.random.split(key)
     run = functools.partial(run_rollouts, world, cfg, params, rows, key=k_roll, env_params=env_params, rcfg=rcfg,
-                            batch_size=batch_size)
+                            batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
     if mode == "truncated":
         r = run(budgets=np.full(n_eps, t_max), hide_budget=True)
         to_success_PxZ = costs.turns_to_success(r.status, r.turns_used).reshape(n_tasks, n_samples)

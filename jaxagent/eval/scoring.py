@@ -29,7 +29,7 @@ from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.frozenlake import ACTION_STRINGS
 from jaxagent.eval import likelihood as lk
 from jaxagent.eval import step_quality as sq
-from jaxagent.eval.driver_common import pad_index, to_host
+from jaxagent.eval.driver_common import pad_index, row_placement, to_host
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl.train_step import token_logprobs
@@ -76,10 +76,12 @@ def reply_logprobs_jit(params, ctx_IxS, ctx_len_I, replies_AxM, reply_len_A, *, 
 
 
 def reply_logprobs(world, cfg: Qwen3Config, params, ctx_IxS, ctx_len_I, *, temperature: float = 1.0,
-                   score_batch: int = 16) -> jax.Array:
+                   score_batch: int = 16, mesh=None) -> jax.Array:
     """log pi(canonical reply of a | context) [I, A]: sum over the reply's tokens of
     log_softmax(logits / temperature), teacher-forced (module docstring); contexts are ctx[s, :ctx_len[s]]
-    (right padding ignored), processed in chunks of `score_batch` states (one compile per (score_batch, S))."""
+    (right padding ignored), processed in chunks of `score_batch` states (one compile per (score_batch, S)).
+    `mesh`: each chunk's states split over the mesh's batch axes, under `jax.set_mesh`
+    (`driver_common.row_placement`)."""
     replies, rlens = canonical_replies(world)
     ctx_IxS = jnp.asarray(ctx_IxS, jnp.int32)
     ctx_len = np.asarray(ctx_len_I, np.int32)
@@ -90,18 +92,22 @@ def reply_logprobs(world, cfg: Qwen3Config, params, ctx_IxS, ctx_len_I, *, tempe
         raise ValueError(f"every context needs 1 <= length and length + {replies.shape[1]} reply tokens <= "
                          f"width {w}; got lengths in [{ctx_len.min()}, {ctx_len.max()}]")
     idx = pad_index(s, int(score_batch))
-    parts = [reply_logprobs_jit(params, ctx_IxS[idx[i:i + score_batch]], jnp.asarray(ctx_len[idx[i:i + score_batch]]),
-                                 jnp.asarray(replies), jnp.asarray(rlens), cfg=cfg, temperature=float(temperature))
-             for i in range(0, len(idx), score_batch)]
+    place, context, gather = row_placement(mesh, int(score_batch))
+    parts = []
+    for i in range(0, len(idx), score_batch):
+        with context():
+            parts.append(gather(reply_logprobs_jit(
+                params, *place((ctx_IxS[idx[i:i + score_batch]], jnp.asarray(ctx_len[idx[i:i + score_batch]]))),
+                jnp.asarray(replies), jnp.asarray(rlens), cfg=cfg, temperature=float(temperature))))
     return jnp.concatenate(parts, axis=0)[:s]
 
 
 def next_action_probs(world, cfg: Qwen3Config, params, ctx_IxS, ctx_len_I, *, temperature: float = 1.0,
-                      score_batch: int = 16) -> jax.Array:
+                      score_batch: int = 16, mesh=None) -> jax.Array:
     """pi over the O = A + 1 outcomes [I, O]: exp(`reply_logprobs`) for the A actions, then the remaining
     mass max(0, 1 - sum_a pi(a)) as "invalid" (module docstring)."""
     p_IxA = jnp.exp(reply_logprobs(world, cfg, params, ctx_IxS, ctx_len_I, temperature=temperature,
-                                   score_batch=score_batch))
+                                   score_batch=score_batch, mesh=mesh))
     return jnp.concatenate([p_IxA, jnp.clip(1.0 - p_IxA.sum(-1, keepdims=True), 0.0, 1.0)], axis=-1)
 
 
@@ -137,20 +143,26 @@ def sample_outcomes(u_IxG, probs_IxO) -> jax.Array:
 token_logprobs_jit = xla_options.jit(token_logprobs, static_argnums=1)
 
 
-def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, batch_size: Optional[int] = None) -> jax.Array:
+def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, batch_size: Optional[int] = None,
+                            mesh=None) -> jax.Array:
     """logp [B, T], logp[:, t] = log pi(tokens[t] | tokens[:t]) (temperature 1; `train_step.token_logprobs`),
-    one jitted forward per chunk of `batch_size` rows (None: all rows at once)."""
+    one jitted forward per chunk of `batch_size` rows (None: all rows at once). `mesh`: each chunk's rows
+    split over the mesh's batch axes, under `jax.set_mesh` (`driver_common.row_placement`)."""
     tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
     n = tokens_BxT.shape[0]
     size = n if batch_size is None else int(batch_size)
     idx = pad_index(n, size)
-    parts = [token_logprobs_jit(params, cfg, tokens_BxT[idx[i:i + size]]) for i in range(0, len(idx), size)]
+    place, context, gather = row_placement(mesh, size)
+    parts = []
+    for i in range(0, len(idx), size):
+        with context():
+            parts.append(gather(token_logprobs_jit(params, cfg, place(tokens_BxT[idx[i:i + size]]))))
     return jnp.concatenate(parts, axis=0)[:n]
 
 
 def likelihood(world, cfg: Qwen3Config, params_base, params_rl, rollouts_base: types.Rollout,
                rollouts_rl: types.Rollout, key, *, task_ids_base=None, task_ids_rl=None, rel_tol: float = 0.1,
-               n_boot: int = 1000, batch_size: Optional[int] = None) -> dict:
+               n_boot: int = 1000, batch_size: Optional[int] = None, mesh=None) -> dict:
     """Likelihood diagnostics (docs/study.md finding 5 and "jaxagent's definitions"), teacher-forced at
     temperature 1 in batched jitted passes over each rollout's whole token buffer.
 
@@ -161,7 +173,7 @@ def likelihood(world, cfg: Qwen3Config, params_base, params_rl, rollouts_base: t
     Length-matched pairs (same task, both successful, policy-token counts within rel_tol of the longer;
     `likelihood.length_matched_pairs`) and the mean paired LLR difference RL - base with a bootstrap CI
     (`likelihood.matched_difference`). Task ids default to the row index (row i ran task i); pass
-    task_ids_* when rows repeat tasks (e.g. np.repeat(np.arange(P), Z)).
+    task_ids_* when rows repeat tasks (e.g. np.repeat(np.arange(P), Z)). `mesh`: as `teacher_forced_logprobs`.
     """
     tid = {}
     for name, r, ids in (("base", rollouts_base, task_ids_base), ("rl", rollouts_rl, task_ids_rl)):
@@ -170,7 +182,7 @@ def likelihood(world, cfg: Qwen3Config, params_base, params_rl, rollouts_base: t
         if tid[name].shape != (n,):
             raise ValueError(f"task_ids_{name} must have shape ({n},), got {tid[name].shape}")
     n_turns = rollouts_base.turns.active.shape[1]
-    tf = functools.partial(teacher_forced_logprobs, cfg=cfg, batch_size=batch_size)
+    tf = functools.partial(teacher_forced_logprobs, cfg=cfg, batch_size=batch_size, mesh=mesh)
     out = {}
     for name, r in (("base", rollouts_base), ("rl", rollouts_rl)):
         turn_ids = lk.policy_turn_ids(r.turn_index, r.policy_mask)

@@ -34,13 +34,13 @@ from jaxagent.sampling import Sampler, bucket
 
 
 def _score_pair(world, cfg, params_base, params_rl, ctx_IxS, ctx_len_I, q_IxO, key, *, temperature, n_sampled,
-                score_batch):
+                score_batch, mesh=None):
     """Both policies at the same contexts: outcome probs, exact quality and G common-random-number draws."""
     out = {"q": q_IxO}
     u_IxG = jax.random.uniform(key, (q_IxO.shape[0], int(n_sampled)))
     for name, params in (("base", params_base), ("rl", params_rl)):
         probs = next_action_probs(world, cfg, params, ctx_IxS, ctx_len_I, temperature=temperature,
-                                  score_batch=score_batch)
+                                  score_batch=score_batch, mesh=mesh)
         draws = sample_outcomes(u_IxG, probs)
         out[f"probs_{name}"] = probs
         out[f"q_exact_{name}"] = expected_quality(probs, q_IxO)
@@ -104,14 +104,14 @@ def state_contexts(r: types.Rollout, b, t):
 
 
 def _both_rollouts(world, cfg, params_base, params_rl, tasks, key, t_max, env_params, rcfg, budgets, hide_budget,
-                   rollouts, batch_size):
+                   rollouts, batch_size, mesh=None, compute_dtype=None):
     if rollouts is not None:
         return rollouts
     n = n_rows(tasks)
     budgets = np.full(n, t_max) if budgets is None else np.asarray(budgets)
     k_base, k_rl = jax.random.split(key)
     run = functools.partial(run_rollouts, world, cfg, tasks=tasks, budgets=budgets, env_params=env_params, rcfg=rcfg,
-                            hide_budget=hide_budget, batch_size=batch_size)
+                            hide_budget=hide_budget, batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
     return run(params=params_base, key=k_base), run(params=params_rl, key=k_rl)
 
 
@@ -122,7 +122,7 @@ def _cat(a, b):
 def step_quality_matched(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *, t_max: int, n_states: int,
                          env_params, rcfg: RolloutConfig, n_sampled: int = 16, n_bins: int = 4, budgets=None,
                          hide_budget=False, rollouts=None, batch_size: Optional[int] = None, score_batch: int = 16,
-                         tol: float = 0.0) -> dict:
+                         tol: float = 0.0, mesh=None, compute_dtype=None) -> dict:
     """Step quality on matched states (docs/study.md finding 3 and "jaxagent's definitions").
 
     Both policies roll out on `tasks` (budgets default T_max; or pass `rollouts=(base, rl)`). Equal numbers
@@ -135,11 +135,13 @@ def step_quality_matched(world, cfg: Qwen3Config, params_base, params_rl, tasks,
     mean_q_rl, n_states), the same by depth bin (depth = t / T_max) and split by the trajectory's policy
     (*_from_base, *_from_rl), and per-state arrays: probs_base/rl [I, O], q [I, O], q_exact_base/rl [I],
     q_sampled_base/rl [I, G], depth [I], source [I] (0 base, 1 RL), episode [I], turn [I], mask [I].
+    `mesh`, `compute_dtype`: where and in which dtype the rollouts run (`driver_common.run_rollouts`); the
+    scoring runs on the mesh too, with `params` as given (`scoring.reply_logprobs`).
     """
     check_rcfg(rcfg, t_max)
     k_roll, k_draw, k_g = jax.random.split(key, 3)
     r_base, r_rl = _both_rollouts(world, cfg, params_base, params_rl, tasks, k_roll, t_max, env_params, rcfg, budgets,
-                                  hide_budget, rollouts, batch_size)
+                                  hide_budget, rollouts, batch_size, mesh, compute_dtype)
     (b0, t0), (b1, t1), keep = _draw_matched(k_draw, r_base.turns.active, r_rl.turns.active, int(n_states))
     ctx0, len0, st0, h0 = state_contexts(r_base, b0, t0)
     ctx1, len1, st1, h1 = state_contexts(r_rl, b1, t1)
@@ -148,7 +150,8 @@ def step_quality_matched(world, cfg: Qwen3Config, params_base, params_rl, tasks,
     h = jnp.where(mask, _cat(h0, h1), 1)
     q = q_outcomes(world, states, h, env_params)
     scored = _score_pair(world, cfg, params_base, params_rl, ctx, ctx_len, q, k_g,
-                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch)
+                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch,
+                         mesh=mesh)
     turn = jnp.asarray(np.concatenate([t0, t1]))
     source = jnp.asarray(np.repeat(np.arange(2), int(n_states)))
     depth = turn / t_max
@@ -217,7 +220,8 @@ def _error_pool(world, r: types.Rollout, env_params, hide_budget, width, tol):
 def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *, t_max: int, n_states: int,
                  env_params, rcfg: RolloutConfig, n_continuations: int = 4, n_sampled: int = 16, n_bins: int = 4,
                  budgets=None, hide_budget=False, rollouts=None, batch_size: Optional[int] = None,
-                 score_batch: int = 16, tol: float = 0.0, n_boot: int = 1000, return_rollouts: bool = False) -> dict:
+                 score_batch: int = 16, tol: float = 0.0, n_boot: int = 1000, return_rollouts: bool = False,
+                 mesh=None, compute_dtype=None) -> dict:
     """Error-state diagnostics (docs/study.md finding 4 and "jaxagent's definitions", Error state).
 
     Pool: from each policy's trajectories (rollouts as in `step_quality_matched`), (episode, turn) cells
@@ -237,7 +241,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     success_base/rl [I, Y], replay_ok [I] (the replay met the trajectory's positions up to turn t and the
     error state at t + 1), context [I, S] / context_len [I] of (a), episode, turn, source, depth, mask,
     remaining (turns left at the error state). return_rollouts adds the trajectories and the continuation
-    rollouts (rows = state * C + continuation).
+    rollouts (rows = state * C + continuation). `mesh`, `compute_dtype`: as in `step_quality_matched`.
     """
     check_rcfg(rcfg, t_max)
     if float(np.asarray(env_params.success_rate)) != 1.0:
@@ -250,7 +254,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
         raise ValueError(f"n_continuations must be >= 1, got {n_continuations}")
     k_roll, k_draw, k_g, k_cont, k_ci = jax.random.split(key, 5)
     r_base, r_rl = _both_rollouts(world, cfg, params_base, params_rl, tasks, k_roll, t_max, env_params, rcfg, budgets,
-                                  hide_budget, rollouts, batch_size)
+                                  hide_budget, rollouts, batch_size, mesh, compute_dtype)
     pools = [_error_pool(world, r, env_params, hide_budget, rcfg.max_context, tol) for r in (r_base, r_rl)]
     (b0, t0), (b1, t1), keep = _draw_matched(k_draw, pools[0]["cand"], pools[1]["cand"], int(n_states))
     flat = [jnp.asarray(b0 * t_max + t0), jnp.asarray(b1 * t_max + t1)]  # pools are flat over (episode, turn)
@@ -261,7 +265,8 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     h = jnp.where(mask, sel["h"], 1)
     q = q_outcomes(world, sel["states"], h, env_params)
     scored = _score_pair(world, cfg, params_base, params_rl, sel["ctx"], ctx_len, q, k_g,
-                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch)
+                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch,
+                         mesh=mesh)
     pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :N_ACTIONS]
 
     # (b) continuations from identical error states: replay the trajectory, force the error, let the policy act.
@@ -286,7 +291,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     rep = lambda x: np.repeat(x, c, axis=0)  # noqa: E731  row = state * C + continuation
     run = functools.partial(run_rollouts, world, cfg, tasks=jnp.repeat(task_maps, c, axis=0), budgets=rep(budgets_s),
                             key=k_cont, env_params=env_params, rcfg=rcfg, hide_budget=hide_budget,
-                            forced_actions=rep(forced), batch_size=batch_size)
+                            forced_actions=rep(forced), batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
     cont_base, cont_rl = run(params=params_base), run(params=params_rl)
     success_base = cont_base.success.reshape(n_s, c)
     success_rl = cont_rl.success.reshape(n_s, c)
