@@ -36,7 +36,7 @@ class Preset:
     epochs: int = 1                   # passes over each iteration's episodes (PPO-style reuse)
     minibatches: int = 1              # updates per pass; with epochs > 1 the clip becomes active
     kl_coef: float = 0.0              # KL(policy || base) penalty
-    kl_estimator: str = "k3"          # its per-token estimator in the loss (losses.kl_penalty: k1, k2, k3)
+    kl_estimator: str = "k3"          # the KL in the loss: sampled k1, k2, k3 (losses.kl_penalty) or "exact" (losses.exact_kl)
     entropy_coef: float = 0.0
     dynamics_every: int = 2           # R_multi / R_single logging period (iterations)
     eval: EvalSettings = EvalSettings()
@@ -77,14 +77,16 @@ def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_ta
 PRESETS: dict[str, Preset] = {
     # The toy recipe (docs/study.md, from `python -m experiments.sweep`): a base SFT at 6e-3 (valid-action
     # rate 0.999), RL at lr 1.5e-4, 64 episodes per iteration (8 groups of 8), 2 epochs x 2 minibatches (so
-    # the clip is active), KL 0.05 to the base with the k2 estimator (k3's gradient is the forward KL's and
-    # drove the valid-action dips), reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update
+    # the clip is active), KL 0.05 to the base computed exactly over the 128-token vocabulary at every state of
+    # the batch (a sampled estimate sees only the sampled token, and the valid-action dips came from invalid
+    # replies absent from the batch), reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update
     # collapsed one seed in three.
     "quick": Preset(
         name="quick", model=_toy_model(),
         task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
         base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3),
-        iterations=15, n_tasks=8, group_size=8, lr=1.5e-4, epochs=2, minibatches=2, kl_coef=0.05, kl_estimator="k2",
+        iterations=15, n_tasks=8, group_size=8, lr=1.5e-4, epochs=2, minibatches=2, kl_coef=0.05,
+        kl_estimator="exact",
         eval=EvalSettings(n_tasks=32, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_sampled=8,
                           n_boot=300)),
     # Sized for power: 5 seeds, K up to 8, 64 held-out maps (about 31% of them solvable at the tightest
@@ -94,7 +96,7 @@ PRESETS: dict[str, Preset] = {
         task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
         base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3),
         seeds=(0, 1, 2, 3, 4), iterations=20, n_tasks=8, group_size=8, lr=1.5e-4, epochs=2, minibatches=2,
-        kl_coef=0.05, kl_estimator="k2",
+        kl_coef=0.05, kl_estimator="exact",
         eval=EvalSettings(n_tasks=64, n_samples=8, ks=(1, 2, 4, 8), n_states=64, n_error_states=64,
                           n_sampled=16, n_boot=1000)),
     "full": Preset(
@@ -123,6 +125,7 @@ PRESETS: dict[str, Preset] = {
         task=TaskSettings(size=3, t_max=3, max_context=160),
         base=BaseSettings(n_episodes=64, steps=4, batch_size=8),
         arms=("grpo", "budgetmix"), seeds=(0, 1), iterations=2, n_tasks=2, group_size=4, dynamics_every=1,
+        kl_coef=0.05, kl_estimator="exact",   # the toy recipe's KL path end to end
         eval=EvalSettings(n_tasks=4, n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_states=4, n_error_states=4,
                           n_boot=50)),
 }

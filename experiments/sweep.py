@@ -55,6 +55,13 @@ GRIDS = {
         "lr2e-4_b64_e2m2_klk2_fp03": dict(lr=2e-4, n_tasks=8, group_size=8, epochs=2, minibatches=2, kl_coef=0.05,
                                           kl_estimator="k2", format_penalty=0.3),
     },
+    # the quick preset's recipe with the sampled k2 KL vs the exact full-vocabulary KL at the batch's states
+    "kl": {
+        "k2_kl0.05": dict(kl_coef=0.05, kl_estimator="k2"),
+        "exact_kl0.05": dict(kl_coef=0.05, kl_estimator="exact"),
+        "exact_kl0.1": dict(kl_coef=0.1, kl_estimator="exact"),
+        "exact_kl0.2": dict(kl_coef=0.2, kl_estimator="exact"),
+    },
 }
 # name -> BaseSettings overrides (the `base` grid: the SFT that every arm starts from)
 BASE_GRIDS = {
@@ -139,6 +146,8 @@ def main(argv=None):
                    "train_success": [round(h["success_rate"], 3) for h in hist],
                    "valid": [round(h["valid_action_rate"], 3) for h in hist],
                    "kl": [round(h.get("kl", 0.0), 4) for h in hist],
+                   "kl_exact": [round(h.get("kl_exact", 0.0), 4) for h in hist],
+                   "drift": [round(h.get("drift", 0.0), 4) for h in hist],
                    "entropy": [round(h.get("entropy", 0.0), 3) for h in hist],
                    "clip_frac": [round(h.get("clip_frac", 0.0), 3) for h in hist]}
             _emit(rows, rec, args.out)

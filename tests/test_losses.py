@@ -206,7 +206,7 @@ def test_kl_estimators_hand():
     assert np.all(np.isfinite(L.kl_penalty(jnp.array([-1e4]), jnp.array([0.0]), "k3")))
 
 
-@pytest.mark.parametrize("estimator", L.KL_ESTIMATORS)
+@pytest.mark.parametrize("estimator", L.SAMPLED_KL_ESTIMATORS)
 def test_kl_check_grads(estimator):
     with jax.enable_x64(True):
         logp, ref = jnp.array([-0.3, -2.0, -1.0]), jnp.array([-0.5, -1.0, -1.7])
@@ -230,6 +230,34 @@ def test_kl_estimators_as_losses_optimise_the_documented_divergence():
         np.testing.assert_allclose(expected_loss_grad("k3"), forward, rtol=1e-10, atol=1e-12)
         assert float(jnp.max(jnp.abs(reverse - forward))) > 0.1
 
+
+
+def test_exact_kl_hand_and_gradient_is_the_reverse_kl():
+    """exact_kl = sum_v p_v log(p_v / q_v) over the last axis; 0 for equal distributions; its gradient in the
+    policy's logits is grad KL(pi || ref), the same as the expected k2 loss's (previous test); finite where
+    a logit is -inf (p = 0)."""
+    p, q = np.array([0.5, 0.25, 0.25]), np.array([0.25, 0.25, 0.5])
+    want = 0.5 * np.log(2.0) + 0.25 * np.log(0.5)  # 0.1732868
+    np.testing.assert_allclose(L.exact_kl(jnp.log(jnp.asarray(p)), jnp.log(jnp.asarray(q))), want, rtol=1e-6)
+    z = jnp.array([[0.3, -1.0, 2.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(L.exact_kl(z, z + 5.0), [0.0, 0.0], atol=1e-6)
+    with jax.enable_x64(True):
+        theta, ref_logits = jnp.array([1.5, -0.5, 0.2, -3.0]), jnp.array([0.0, 0.3, -0.4, 0.5])
+        ref = jax.nn.log_softmax(ref_logits)
+        reverse = jax.grad(lambda t: jnp.sum(jax.nn.softmax(t) * (jax.nn.log_softmax(t) - ref)))(theta)
+        np.testing.assert_allclose(jax.grad(lambda t: L.exact_kl(t, ref_logits))(theta), reverse, rtol=1e-10)
+    masked = jnp.array([0.0, -jnp.inf, 1.0])
+    g = jax.grad(lambda t: L.exact_kl(t, jnp.zeros(3)))(masked)
+    assert np.all(np.isfinite(g)) and float(g[1]) == 0.0
+
+
+def test_exact_estimator_needs_its_array():
+    x = jnp.zeros((1, 2))
+    with pytest.raises(ValueError, match="kl_exact_BxT"):
+        L.policy_loss(x, x, x, jnp.ones((1, 2)), clip_low=0.2, clip_high=0.2, agg_mode="token-mean", kl_coef=0.1,
+                      ref_logp=x, kl_estimator="exact")
+    with pytest.raises(ValueError, match="both models' logits"):
+        L.kl_penalty(x, x, "exact")
 
 
 def test_entropy_from_logits_hand():

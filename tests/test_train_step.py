@@ -327,6 +327,54 @@ def test_kl_entropy_and_seq_mean_weighting_match_full_batch_loss(estimator):
     assert float(m["kl"]) > 1e-3
 
 
+@pytest.mark.parametrize("logits_chunk", [5, None])
+def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
+    """kl_estimator='exact': the step's loss and gradient equal those of the policy loss with the full-vocabulary
+    KL(pi || pi_ref) at every policy token's state, computed from whole [B, S, V] logits of both models; the
+    reference (a different model here) gets no gradient. Two micro-batches; logits in chunks of 5 positions
+    (S = 12) or in one pass."""
+    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.5, kl_estimator="exact")
+    batch = make_batch(2)
+    params, ref_params = np_params(CFG), np_params(CFG, 7)
+    state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
+    step = ts.make_train_step(CFG, TX, ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
+                              compiler_options=FAST)
+    new, m = step(state, batch)
+
+    def full_logits(p):
+        return qwen3.forward(p, CFG, batch["tokens"])[0]
+
+    def want_loss(p):
+        z, zr = full_logits(p), jax.lax.stop_gradient(full_logits(ref_params))
+        shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+        kl = shift(losses.exact_kl(z, zr))
+        logp = ts.token_logprobs(p, CFG, batch["tokens"])
+        ref_logp = ts.token_logprobs(ref_params, CFG, batch["tokens"])
+        loss, aux = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["policy_mask"],
+                                       clip_low=0.2, clip_high=0.28, agg_mode="token-mean", kl_coef=0.5,
+                                       ref_logp=ref_logp, kl_estimator="exact", kl_exact_BxT=kl)
+        return loss, (aux, losses.aggregate(kl, batch["policy_mask"], "token-mean"))
+
+    (want, (aux, kl_mean)), g = jit(jax.value_and_grad(want_loss, has_aux=True))(params)
+    np.testing.assert_allclose(float(m["loss"]), float(want), **TOL)
+    np.testing.assert_allclose(float(m["kl_exact"]), float(kl_mean), **TOL)
+    np.testing.assert_allclose(float(m["kl"]), float(aux["kl_ref_k3"]), **TOL)
+    assert float(m["kl_exact"]) > 1e-2
+    assert_tree_close(grads_of(new), g, atol=2e-5, rtol=2e-4)
+    assert_tree_close(new.ref_params, ref_params, atol=0, rtol=0)
+
+
+def test_exact_kl_needs_the_reference_model_in_the_step():
+    ls = ts.LossSettings(kl_coef=0.1, kl_estimator="exact")
+    with pytest.raises(ValueError, match="with_ref_params=True"):
+        ts.make_train_step(CFG, TX, ls)
+    step = ts.make_train_step(CFG, TX, ls, with_ref_params=True, compiler_options=FAST)
+    batch = make_batch()
+    batch["ref_logprobs"] = batch["old_logprobs"]
+    with pytest.raises(ValueError, match="drop batch\\['ref_logprobs'\\]"):
+        step(fresh_state(with_ref_params=True), batch)
+
+
 # ----------------------------------------------------------------------------- PPO critic
 def ppo_batch(seed=0):
     batch = make_batch(seed)

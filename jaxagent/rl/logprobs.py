@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from jaxagent import sharding, xla_options
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
+from jaxagent.rl import losses
 
 DEFAULT_LOGITS_CHUNK = 512  # positions per unembedding chunk (module doc)
 
@@ -43,7 +44,8 @@ def _unembed_f32(head, cfg: Qwen3Config, h_BxCxD):
 
 
 def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
-                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None):
+                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None,
+                     ref: Optional[tuple] = None):
     """(logp, entropy) [B, T] from final hidden states, aligned as `token_logprobs`.
 
     logp[:, t] = z_{t-1}[tokens[t]] - logsumexp(z_{t-1}) and H[:, t] = logsumexp(z_{t-1}) -
@@ -52,35 +54,49 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     under `jax.checkpoint` (the backward recomputes its logits): only [B, C, V] f32 logits exist at
     a time. logits_chunk None (or >= T): one pass over all positions. `head`: `head_matrix(params, cfg)`.
     With a mesh, each chunk's logits are pinned to `qwen3.LOGITS_AXES` (`sharding.constrain`).
+
+    `ref` = (ref_head, ref_h_BxTxD), a reference model's head and hidden states over the same tokens:
+    returns (logp, entropy, ref_logp, kl) with ref_logp aligned as logp and kl[:, t] =
+    KL(pi(. | tokens[:t]) || pi_ref(. | tokens[:t])) over the whole vocabulary (`losses.exact_kl`),
+    computed chunk by chunk beside the policy's logits (0 at t = 0). Gradients flow through the
+    policy's arguments; stop the reference's yourself.
     """
     b, t, _ = h_BxTxD.shape
     # targets: the next token; the last position's (out of range) target is dropped below
     tgt_BxT = jnp.pad(tokens_BxT[:, 1:].astype(jnp.int32), ((0, 0), (0, 1)))
 
-    def stats(head, h_BxCxD, tgt_BxC):
-        z = _unembed_f32(head, cfg, h_BxCxD)
-        z = sharding.constrain(z, qwen3.LOGITS_AXES, mesh)
-        lse = jax.nn.logsumexp(z, axis=-1)
-        logp = jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - lse
-        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-        return logp, ent
+    def logits(head_, h_BxCxD):
+        return sharding.constrain(_unembed_f32(head_, cfg, h_BxCxD), qwen3.LOGITS_AXES, mesh)
 
+    def target_logp(z, tgt_BxC):
+        return jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(z, axis=-1)
+
+    def stats(heads, hs, tgt_BxC):
+        z = logits(heads[0], hs[0])
+        lse = jax.nn.logsumexp(z, axis=-1)
+        out = (target_logp(z, tgt_BxC), lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1))
+        if len(heads) == 2:
+            zr = logits(heads[1], hs[1])
+            out = out + (target_logp(zr, tgt_BxC), losses.exact_kl(z, zr))
+        return out
+
+    heads, hs = ((head,), (h_BxTxD,)) if ref is None else ((head, ref[0]), (h_BxTxD, ref[1]))
     if logits_chunk is not None and logits_chunk < 1:
         raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
     if logits_chunk is None or logits_chunk >= t:
-        logp, ent = stats(head, h_BxTxD, tgt_BxT)
+        outs = stats(heads, hs, tgt_BxT)
     else:
         c = int(logits_chunk)
         n = -(-t // c)
         pad = ((0, 0), (0, n * c - t))
-        h = jnp.pad(h_BxTxD, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # [n, B, C, D]
+        chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
         tg = jnp.pad(tgt_BxT, pad).reshape(b, n, c).swapaxes(0, 1)
         chunk_fn = jax.checkpoint(stats, prevent_cse=False)
-        _, (logp, ent) = jax.lax.scan(lambda _, x: (None, chunk_fn(head, *x)), None, (h, tg))
-        logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-        ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+        _, outs = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None,
+                               (tuple(chunks(h) for h in hs), tg))
+        outs = tuple(o.swapaxes(0, 1).reshape(b, n * c)[:, :t] for o in outs)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
-    return shift(logp), shift(ent)
+    return tuple(shift(o) for o in outs)
 
 
 def hidden(params, cfg: Qwen3Config, tokens_BxT, remat=None, mesh=None):

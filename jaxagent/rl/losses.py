@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+SAMPLED_KL_ESTIMATORS = ("k1", "k2", "k3")  # per-token estimates from the sampled token (`kl_penalty`)
+KL_ESTIMATORS = SAMPLED_KL_ESTIMATORS + ("exact",)  # "exact": the full-vocabulary KL at each state (`exact_kl`)
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in f32; a ratio that large is clipped anyway
 
 
@@ -103,7 +104,25 @@ def kl_penalty(logp, ref_logp, estimator="k3"):
         return 0.5 * x**2
     if estimator == "k3":
         return jnp.expm1(x) - x
-    raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    if estimator == "exact":
+        raise ValueError("the 'exact' KL needs both models' logits: `exact_kl`, passed to policy_loss as kl_exact")
+    raise ValueError(f"KL estimator must be one of {SAMPLED_KL_ESTIMATORS}, got {estimator!r}")
+
+
+def exact_kl(logits_xV, ref_logits_xV):
+    """KL(pi || pi_ref) of the two next-token distributions, summed over the vocabulary (last axis).
+
+    KL = sum_v p_v (log p_v - log q_v), p = softmax(z), q = softmax(z_ref), in float32. Exact at each
+    state, so unlike the sampled estimators (`kl_penalty`) it sees probability moved onto tokens that
+    were not sampled, e.g. the first token of a malformed reply at a state where the batch holds only
+    well-formed ones. Its gradient in z is the reverse KL's, p * ((log p - log q) - KL) per logit.
+    Source: the definition (Kullback & Leibler 1951); why sampled estimators' gradients differ from
+    it: Tang & Munos 2025 (arXiv:2506.09477). Entries with p = 0 add 0 (and no NaN to the gradient).
+    """
+    logp = jax.nn.log_softmax(_float(logits_xV), axis=-1)
+    logq = jax.nn.log_softmax(_float(ref_logits_xV), axis=-1)
+    p = jnp.exp(logp)
+    return jnp.sum(p * jnp.where(p > 0, logp - logq, 0.0), axis=-1)
 
 
 def entropy_from_logits(logits_xV):
@@ -165,7 +184,7 @@ def truncated_is_weights(old_logp, sampler_logp, cap):
 
 
 def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_high, agg_mode,
-                norm_len=None, kl_coef=0.0, ref_logp=None, kl_estimator="k3",
+                norm_len=None, kl_coef=0.0, ref_logp=None, kl_estimator="k3", kl_exact_BxT=None,
                 entropy_coef=0.0, entropy_BxT=None, sampler_logp=None, tis_cap=None):
     """PPO-clip policy loss with optional KL-to-reference and entropy terms -> (scalar, aux).
 
@@ -178,6 +197,9 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
     old_logp is then the trainer's pre-update log-prob and `sampler_logp` the sampler's.
     The KL term is added iff ref_logp is given, the entropy term iff entropy_BxT is given (a
     nonzero Python coefficient without its array is a ValueError); coefficients may be traced.
+    kl_estimator "exact" takes the per-state full-vocabulary KL(pi || pi_ref) from `kl_exact_BxT`
+    (`exact_kl` at each policy token's state; `logprobs.next_token_stats(ref=...)`) in place of a
+    sampled estimate; ref_logp is then still given, for the k3 monitor.
     aux: 'pg_loss' and 'kl_ref' (when given) as aggregated into L; 'kl_ref_k3' the token-mean k3
     estimate of KL(pi || pi_ref) (when ref_logp is given, whatever `kl_estimator`); token-means over the mask,
     whatever agg_mode, so runs compare: 'clip_frac', 'ratio_mean', 'approx_kl_old_abs' =
@@ -192,6 +214,8 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
         raise ValueError("entropy_coef is nonzero but entropy_BxT was not given")
     if tis_cap is not None and sampler_logp is None:
         raise ValueError("tis_cap is set but sampler_logp (the sampler's log-probs) was not given")
+    if ref_logp is not None and kl_estimator == "exact" and kl_exact_BxT is None:
+        raise ValueError("kl_estimator='exact' needs kl_exact_BxT (the full-vocabulary KL at each state)")
     valid_BxT = mask_BxT.astype(bool)
     safe = lambda x: jnp.where(valid_BxT, _float(x), 0.0)  # noqa: E731
     logp, old_logp = safe(logp_BxT), safe(old_logp_BxT)
@@ -213,8 +237,12 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
     loss = pg
     if ref_logp is not None:
         chex.assert_equal_shape([logp_BxT, ref_logp])
-        kl = aggregate(kl_penalty(logp, safe(ref_logp), kl_estimator), mask_BxT, agg_mode,
-                       norm_len)
+        if kl_estimator == "exact":
+            chex.assert_equal_shape([logp_BxT, kl_exact_BxT])
+            kl_BxT = safe(kl_exact_BxT)
+        else:
+            kl_BxT = kl_penalty(logp, safe(ref_logp), kl_estimator)
+        kl = aggregate(kl_BxT, mask_BxT, agg_mode, norm_len)
         loss, aux["kl_ref"] = loss + kl_coef * kl, kl
         aux["kl_ref_k3"] = mean(kl_penalty(logp, safe(ref_logp), "k3"))  # the monitor, whatever the estimator
     if entropy_BxT is not None:

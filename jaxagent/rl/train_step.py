@@ -120,7 +120,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     ~3x faster, for tests).
 
     metrics (f32 scalars): loss (L_pi), pg_loss, kl (token-mean k3 estimate of KL(pi || pi_ref) on
-    policy tokens, whatever the loss's estimator; 0 without a reference), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
+    policy tokens, whatever the loss's estimator; 0 without a reference), with kl_estimator 'exact' also
+    kl_exact (token-mean full-vocabulary KL at the policy tokens' states; the reference's forward then
+    runs in the step, `with_ref_params`), entropy (token-mean), clip_frac, ratio_mean, drift = token-mean |old_logp - logp| on
     policy tokens (sampler-vs-trainer drift), grad_norm (before clipping), skipped (1 if this
     update was skipped for non-finite gradients), skipped_total, tokens (policy tokens in the
     batch); mismatch_mean, mismatch_max (|log p_train - log p_sampler| over policy tokens, module
@@ -137,6 +139,11 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     need = BATCH_KEYS + (PPO_KEYS if vs is not None else ())
     divisor = sharding.batch_divisor(mesh)
     shared = vs is not None and vs.shared_backbone
+    # the full-vocabulary KL needs the reference's logits, so the reference's forward runs in the step
+    exact_kl = ls.kl_estimator == "exact" and with_ref_params
+    if ls.kl_estimator == "exact" and ls.kl_coef != 0 and not with_ref_params:
+        raise ValueError("kl_estimator='exact' needs the reference model in the step: build it "
+                         "with_ref_params=True (precomputed ref_logprobs carry one token per state)")
     # A separate critic is trained on L_V alone; a shared one adds vf_coef * L_V to the policy's.
     vcoef = 0.0 if vs is None else (vs.vf_coef if shared else 1.0)
 
@@ -157,9 +164,15 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         tokens, mask = mb["tokens"], mb["policy_mask"]
         p = cast(params)
         h = hidden(p, cfg, tokens, remat, mesh)
-        logp, ent = next_token_stats(head_matrix(p, cfg), cfg, h, tokens, logits_chunk=logits_chunk,
-                                     mesh=mesh)
-        ref_logp = mb.get("ref_logprobs")
+        ref_logp, kl_exact = mb.get("ref_logprobs"), None
+        if exact_kl:  # the reference's logits beside the policy's, chunk by chunk (`next_token_stats`)
+            rp = jax.lax.stop_gradient(cast(ref_params))
+            ref = (head_matrix(rp, cfg), jax.lax.stop_gradient(hidden(rp, cfg, tokens, remat, mesh)))
+            logp, ent, ref_logp, kl_exact = next_token_stats(head_matrix(p, cfg), cfg, h, tokens,
+                                                             logits_chunk=logits_chunk, mesh=mesh, ref=ref)
+        else:
+            logp, ent = next_token_stats(head_matrix(p, cfg), cfg, h, tokens, logits_chunk=logits_chunk,
+                                         mesh=mesh)
         if ref_logp is None and ref_params is not None:
             ref_logp = jax.lax.stop_gradient(token_logprobs(
                 cast(ref_params), cfg, tokens, logits_chunk=logits_chunk, remat=remat, mesh=mesh))
@@ -179,7 +192,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         pl, aux = losses.policy_loss(
             logp, old_logp, mb["advantages"], mask, clip_low=ls.clip_low,
             clip_high=ls.clip_high, agg_mode=ls.agg_mode, norm_len=ls.norm_len,
-            kl_coef=ls.kl_coef, ref_logp=ref_logp, kl_estimator=ls.kl_estimator,
+            kl_coef=ls.kl_coef, ref_logp=ref_logp, kl_estimator=ls.kl_estimator, kl_exact_BxT=kl_exact,
             entropy_coef=ls.entropy_coef, entropy_BxT=ent if ls.entropy_coef else None,
             sampler_logp=sampler_logp if ls.tis_cap is not None else None, tis_cap=ls.tis_cap)
         w_agg = _agg_denominator(mask, ls.agg_mode) / jnp.maximum(denoms["agg"], 1.0)
@@ -191,6 +204,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
              "drift": w_tok * aux["approx_kl_old_abs"],
              "mismatch_mean": w_tok * losses.aggregate(gap, mask, "token-mean"),
              "mismatch_max": jnp.max(gap)}
+        if exact_kl:
+            m["kl_exact"] = w_tok * losses.aggregate(jax.lax.stop_gradient(kl_exact), mask, "token-mean")
         if ls.tis_cap is not None:
             m.update(tis_weight_mean=w_tok * aux["tis_weight_mean"],
                      tis_trunc_frac=w_tok * aux["tis_trunc_frac"])
@@ -231,6 +246,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                   "tokens": jnp.sum(mask.astype(jnp.float32))}
         if vs is not None:
             denoms["vagg"] = _agg_denominator(mask, vs.agg_mode)
+        if ls.kl_estimator == "exact" and "ref_logprobs" in batch:
+            raise ValueError("kl_estimator='exact' computes the reference's full distribution itself: "
+                             "drop batch['ref_logprobs']")
         # The reference forward is skipped entirely when ref_logprobs are given.
         ref_params = state.ref_params if "ref_logprobs" not in batch else None
         params, cparams = state.params, state.critic_params

@@ -134,7 +134,7 @@ class ArmSettings:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"          # the KL term's per-token estimator (`losses.kl_penalty`)
+    kl_estimator: str = "k3"          # the KL term: sampled k1/k2/k3 (`losses.kl_penalty`) or "exact" (`losses.exact_kl`)
     entropy_coef: float = 0.0
     critic_lr: float = 1e-3
 
