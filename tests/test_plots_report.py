@@ -44,6 +44,7 @@ def figure_paths(tmp_path_factory):
         "learning_grpo": plots.learning_curves(
             {"seed 0 (healthy)": {"iteration": np.arange(4), "success_rate": [0.2, 0.3, 0.4, 0.5],
                                   "valid_action_rate": [0.97, 0.98, 0.99, 1.0], "kl": [0, 0.01, 0.02, 0.02],
+                                  "kl_exact": [0, 0.02, 0.03, 0.03],
                                   "entropy": [1.2, 1.1, 1.0, 0.9]},
              "seed 2 (collapsed)": {"iteration": np.arange(4), "success_rate": [0.2, 0.0, 0.0, 0.0],
                                     "valid_action_rate": [0.98, 0.16, 0.0, 0.0]}},

@@ -130,7 +130,8 @@ def training_dynamics(steps_It, r_multi_It, r_single_It, path) -> str:
 
 
 LEARNING_CURVE_KEYS = (("success_rate", "training success rate"), ("valid_action_rate", "valid-action rate"),
-                       ("kl", "KL to the base"), ("entropy", "entropy (nats/token)"))
+                       ("kl", "KL to the base (k3 estimate)"), ("kl_exact", "KL to the base (exact)"),
+                       ("entropy", "entropy (nats/token)"))
 
 
 def learning_curves(per_seed: Mapping[str, Mapping[str, np.ndarray]], path, *, title: str = "",
