@@ -1,7 +1,14 @@
 """Presets of the host-domain study (`experiments.host_study`): one per domain and scale.
 
-A new domain is a `jaxagent.study.host_stages.DOMAINS` entry plus presets here (e.g. `ci-bfcl`,
-`qwen3-0.6b-1gpu-bfcl` with `HostTaskSettings(domain='bfcl', ...)`).
+Domains (`jaxagent.study.host_stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
+  ci-<domain>                 seconds-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer;
+  qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
+  qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
+                              FrozenLake preset), Qwen3-8B from --checkpoint.
+Memory arithmetic in the comments (bf16 KV cache per token and layer: 2 x K heads x E x 2 bytes): Qwen3-0.6B has 28
+layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV heads of 128, 144 KiB per token (split
+over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
+presets (experiments/presets.py).
 """
 from __future__ import annotations
 
@@ -31,39 +38,142 @@ class HostPreset:
     arms: tuple[str, ...] = HOST_ARMS
     seeds: tuple[int, ...] = (0, 1, 2)
     iterations: int = 100
-    n_tasks: int = 8                  # tasks per RL iteration
+    n_tasks: int = 8                  # tasks per RL iteration (drawn with replacement from the train split)
     group_size: int = 8               # rollouts per task (GRPO group)
     lr: float = 1e-6
     epochs: int = 1
     minibatches: int = 1
     kl_coef: float = 0.0
+    kl_estimator: str = "k2"          # the KL term's per-token estimator (`losses.kl_penalty`), as FrozenLake's
     entropy_coef: float = 0.0
     temperature: float = 1.0
     compute_dtype: str = "float32"
+    mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor); (1, 1, 1): the default device
     micro_batches: int = 1
     remat: Optional[str] = None
+    compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
+    # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the TPU
+    # topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
+    aot_model: Optional[str] = None
+    aot_topology: Optional[str] = None
+    aot_hbm_gib: Optional[float] = None
 
+
+def _tiny_model() -> Qwen3Config:
+    """1 layer, width 32, with the real tokenizer's 151,936-row vocabulary: most of a miniature's time is the train
+    step's unembedding over that vocabulary at every position of the context."""
+    return Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+# The miniatures' train step at XLA:CPU's optimisation level 2, whatever XLA_FLAGS say: the tests set -O0, which
+# compiles a little faster but runs this step's unembedding and log-softmax over the 151,936-token vocabulary
+# several times slower, and each miniature runs the step at least once.
+_CI_COMPILE = (("xla_backend_optimization_level", 2),)
+
+
+def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
+    """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
+    FrozenLake 0.6B preset), AOT-checked on one v5p chip as a proxy for 80 GB."""
+    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), lr=1e-6, compute_dtype="bfloat16",
+                      micro_batches=16, remat="full", aot_model="qwen3_0_6b", aot_topology="v5p:1x1x1",
+                      aot_hbm_gib=80.0, **kw)
+
+
+def _pod_8b(name: str, task: HostTaskSettings, eval: HostEvalSettings, *, n_tasks: int, micro_batches: int,
+            **kw) -> HostPreset:
+    """Qwen3-8B on a v5p 4x4x4 slice with the 8B FrozenLake preset's mesh (4, 8, 2): episodes over data x fsdp = 32
+    batch shards, so n_tasks x 8 / micro_batches is a multiple of 32 (one or more rows per shard per micro-batch);
+    bf16 forward passes, full remat, 200 iterations."""
+    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), iterations=200, n_tasks=n_tasks, group_size=8,
+                      lr=1e-6, compute_dtype="bfloat16", mesh=(4, 8, 2), micro_batches=micro_batches, remat="full",
+                      aot_model="qwen3_8b", aot_topology="v5p:4x4x4", **kw)
+
+
+# Interaction limits per domain at the real scales (both model sizes), and why.
+# SQL: 10 turns (InterCode-SQL's limit), 256-token replies (a query or an answer), tool output capped at 512 tokens;
+#   10 x (256 + 512) worst case overruns 4096 slots, but a query's table is mostly short (the env shows 30 rows).
+_SQL = dict(domain="sql", t_max=10, max_action_tokens=256, max_context=4096, max_obs_tokens=512)
+# BFCL: 16 turns, one above the longest reference solution (15; tiers 4/8/12/16 leave 9%, 60%, 97%, 100% of the
+#   held-out tasks structurally solvable); 256-token replies (a message of tool calls; each call ~30-80 tokens);
+#   tool output capped at 512 tokens (long_context's listings run to the env's 8,000-character clip). The system
+#   prompt (the tools' JSON) is 2,031-4,878 tokens, so the context is 12,288 slots at 0.6B (typical turns of
+#   ~300 tokens fit 16 of them; 16 maximal turns, ~800 each, do not and end context_exhausted) and 16,384 on the pod.
+_BFCL = dict(domain="bfcl", t_max=16, max_action_tokens=256, max_obs_tokens=512)
+# Coding: 4 submissions (tiers 1-4 turns; the bound is 1 turn for every task), 512-token replies (a solution
+#   without thinking), test feedback capped at 256 tokens (one failing test's call, expected and actual value):
+#   ~250 prompt tokens + 4 x ~800 fit 4,096 slots. Env steps overlap the decoding of the other episode group
+#   (overlap_groups 2; `host_schedule`: the sandboxed test runs take about as long as a turn's decoding).
+_CODE = dict(domain="code", t_max=4, max_action_tokens=512, max_context=4096, max_obs_tokens=256, overlap_groups=2)
 
 HOST_PRESETS: dict[str, HostPreset] = {
-    # Seconds-scale plumbing check: a 1-layer width-32 random Qwen3 with the real tokenizer's 151,936-row
-    # vocabulary, 2 turns of 4-token replies, 4 train tasks, all 5 held-out tasks. Tool output capped at 24 tokens
-    # so that the cap is exercised (the SQL env's format-error message is longer).
+    # ---------------------------------------------------------------- CI miniatures (no checkpoint)
+    # Seconds-scale plumbing check: 2 turns of 4-token replies, 4 train tasks, all 5 held-out tasks. Tool output
+    # capped at 24 tokens so that the cap is exercised (the SQL env's format-error message is longer).
     "ci-sql": HostPreset(
         name="ci-sql",
         task=HostTaskSettings(domain="sql", t_max=2, max_action_tokens=4, max_context=448, max_obs_tokens=24,
                               max_train_tasks=4, workers=2),
         eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=20),
-        tiny_model=Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=16),
-        seeds=(0, 1), iterations=2, n_tasks=1, group_size=2, lr=1e-4),
-    # One 80 GB GPU, Qwen3-0.6B from --checkpoint: 10 turns (InterCode-SQL's limit), 256-token replies, tool
-    # output capped at 512 tokens, 64 episodes per iteration (KV cache 64 x 4096 slots, as the FrozenLake 0.6B
-    # preset's 128 x 2048), bf16 forward passes, 16 micro-batches with full remat in the train step.
-    "qwen3-0.6b-1gpu-sql": HostPreset(
-        name="qwen3-0.6b-1gpu-sql",
-        task=HostTaskSettings(domain="sql", t_max=10, max_action_tokens=256, max_context=4096, max_obs_tokens=512,
-                              workers=8),
-        eval=HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64),
-        seeds=(0, 1, 2), iterations=100, n_tasks=8, group_size=8, lr=1e-6, compute_dtype="bfloat16",
-        micro_batches=16, remat="full"),
+        tiny_model=_tiny_model(), seeds=(0, 1), iterations=2, n_tasks=1, group_size=2, lr=1e-4,
+        compiler_options=_CI_COMPILE),
+    # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
+    # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
+    # fewest steps that reach every stage: 1 arm (grpo, the findings' main arm), 1 seed, 1 iteration of 2 episodes.
+    # 1 train and 2 held-out tasks x 2 tiers x 2 samples in rollout batches of 2 (the training rollout's shape:
+    # one set of compiles). Tool output capped at 24 tokens (BFCL's error responses are longer).
+    "ci-bfcl": HostPreset(
+        name="ci-bfcl",
+        task=HostTaskSettings(domain="bfcl", t_max=2, max_action_tokens=4, max_context=2560, max_obs_tokens=24,
+                              max_train_tasks=1, max_heldout_tasks=2, max_system_tokens=2200, workers=2),
+        eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=2),
+        tiny_model=_tiny_model(), arms=("grpo",), seeds=(0,), iterations=1, n_tasks=1, group_size=2, lr=1e-4,
+        compiler_options=_CI_COMPILE),
+    # Coding in 448 slots (as ci-sql) with 2 overlapping episode groups (the real code presets' setting) of 1 row
+    # each; eval batches of 2, the training rollout's shape (one set of compiles). 1 arm, 1 seed, 1 iteration of 2
+    # episodes; 2 train and 2 held-out tasks. Test feedback capped at 24 tokens.
+    "ci-code": HostPreset(
+        name="ci-code",
+        task=HostTaskSettings(domain="code", t_max=2, max_action_tokens=4, max_context=448, max_obs_tokens=24,
+                              max_train_tasks=2, max_heldout_tasks=2, workers=2, overlap_groups=2),
+        eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=2),
+        tiny_model=_tiny_model(), arms=("grpo",), seeds=(0,), iterations=1, n_tasks=1, group_size=2, lr=1e-4,
+        compiler_options=_CI_COMPILE),
+
+    # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
+    # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
+    # 128 x 2,048. All 5 held-out tasks x 4 tiers x 16 samples.
+    "qwen3-0.6b-1gpu-sql": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, workers=8),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64), iterations=100, n_tasks=8),
+    # 32 episodes per iteration (4 tasks x 8): KV cache 32 x 12,288 slots = 42 GiB (the training state, f32 params
+    # and Adam moments, is 7 GiB more). Evaluation: 48 held-out tasks spread over the 4 categories (12 each) x 4
+    # tiers x 8 samples (K up to 8), 1,536 episodes per policy in batches of 32 (the training rollout's programs).
+    "qwen3-0.6b-1gpu-bfcl": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-bfcl",
+        HostTaskSettings(**_BFCL, max_context=12288, max_heldout_tasks=48, task_subset="spread", workers=8),
+        HostEvalSettings(n_samples=8, ks=(1, 2, 4, 8), batch_size=32), iterations=100, n_tasks=4),
+    # 64 episodes per iteration (8 of the 12 train tasks x 8): KV cache 64 x 4,096 slots = 28 GiB. All 4 held-out
+    # tasks x 4 tiers x 16 samples. 16 threads for the sandboxed test runs.
+    "qwen3-0.6b-1gpu-code": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-code", HostTaskSettings(**_CODE, workers=16),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64), iterations=100, n_tasks=8),
+
+    # ---------------------------------------------------------------- v5p pod slice, Qwen3-8B
+    # 256 episodes per iteration (32 tasks x 8), 8 per batch shard: KV cache per chip 8 x 16,384 slots x 72 KiB
+    # = 9 GiB; the train step's 8 micro-batches hold one 16,384-token row per shard. Every held-out task (200) x 4
+    # tiers x 16 samples in batches of 256.
+    "qwen3-8b-v5p-bfcl": _pod_8b(
+        "qwen3-8b-v5p-bfcl", HostTaskSettings(**_BFCL, max_context=16384, workers=32),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=256), n_tasks=32, micro_batches=8),
+    # 128 episodes per iteration (16 tasks x 8, drawn from 18 train tasks), 4 per batch shard: KV cache per chip
+    # 4 x 4,096 x 72 KiB = 1.1 GiB; 4 micro-batches of one row per shard. All 5 held-out tasks x 4 tiers x 16.
+    "qwen3-8b-v5p-sql": _pod_8b(
+        "qwen3-8b-v5p-sql", HostTaskSettings(**_SQL, workers=16),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=128), n_tasks=16, micro_batches=4),
+    # 128 episodes per iteration (16 tasks x 8, drawn from 12 train tasks), in 2 overlapping groups; 4 micro-batches
+    # of one row per shard. All 4 held-out tasks x 4 tiers x 16 samples. 32 threads for the sandboxed test runs.
+    "qwen3-8b-v5p-code": _pod_8b(
+        "qwen3-8b-v5p-code", HostTaskSettings(**_CODE, workers=32),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=128), n_tasks=16, micro_batches=4),
 }

@@ -1,5 +1,6 @@
-"""The study on a host-env domain (SQL; BFCL and coding by preset): base checkpoint -> RL arms x seeds -> held-out
-Pass@(K,T) with the structural bound -> runs/<name>/report.md. Also `python -m experiments.reproduce --preset ci-sql`.
+"""The study on a host-env domain (SQL, BFCL multi-turn, multi-turn coding; the preset names it): base checkpoint ->
+RL arms x seeds -> held-out Pass@(K,T) with the structural bound -> runs/<name>/report.md. Also
+`python -m experiments.reproduce --preset <host preset> [--checkpoint DIR]` (docs/host_study.md).
 
 runs/<name>/
   config.json                          the preset (+ the checkpoint used)
@@ -10,7 +11,13 @@ runs/<name>/
   eval/bound.json                      reference turns per held-out task and the bound per tier
   metrics.json, report.md, timing.json
 A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm restarts. A rerun
-with other settings refuses unless --force (which empties the run directory).
+with other settings refuses unless --force (which empties the run directory); the mesh, the seeds and the arms
+may change (`study.RESULT_NEUTRAL`).
+Device mesh: a preset's `mesh` other than (1, 1, 1) runs the train step and the rollouts sharded on a mesh over
+every device of this process (`study.make_run_mesh`); the host rollout runs in one process, so a multi-process
+(multi-host) run is refused.
+Each arm iteration's metrics record adds the rollout's host numbers (`host_stages.trace_metrics`: model vs env
+wall seconds, episodes ended by an env error or time-out).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import numpy as np
 from experiments import study
 from experiments.cli import non_negative_int, positive_int
 from experiments.host_presets import HOST_PRESETS, HostPreset
+from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
 from jaxagent.models import qwen3
@@ -79,18 +87,34 @@ def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
     return path
 
 
+def check_batches(preset: HostPreset, split: int) -> None:
+    """ValueError unless the RL batch (n_tasks x group_size) splits into `micro_batches` micro-batches whose rows
+    divide over `split` batch shards (the mesh's data x fsdp, `sharding.batch_divisor`), as the sharded train step
+    needs."""
+    b, mb = preset.n_tasks * preset.group_size, preset.micro_batches
+    if b % mb or (b // mb) % split:
+        raise ValueError(f"preset {preset.name!r}: the RL batch n_tasks x group_size = {preset.n_tasks} x "
+                         f"{preset.group_size} = {b} must split into micro_batches = {mb} micro-batches of a "
+                         f"multiple of data x fsdp = {split} rows (mesh {tuple(preset.mesh)})")
+
+
 class HostRun:
-    """A run directory of one host preset: its checkpoint, model config, tokenizer and world."""
+    """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
 
     def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
+        if jax.process_count() > 1:
+            raise SystemExit("error: the host-domain study runs in one process (the host rollout reads every "
+                             "episode's reply on this host); use a preset whose mesh fits this host's devices")
         self.preset = preset
+        self.mesh = study.make_run_mesh(preset)
+        check_batches(preset, sharding.batch_divisor(self.mesh))
         self.dir = os.path.abspath(os.path.join(root, name or preset.name))
         record = json.loads(json.dumps(study._jsonable(preset)))
         cfg_path = os.path.join(self.dir, "config.json")
         if os.path.isfile(cfg_path):
             with open(cfg_path) as f:
                 old = json.load(f)
-            strip = lambda d: {k: v for k, v in d.items() if k != "seeds"}  # noqa: E731
+            strip = lambda d: {k: v for k, v in d.items() if k not in study.RESULT_NEUTRAL}  # noqa: E731
             if strip(old) != strip(record):
                 if not force:
                     raise SystemExit(f"error: {self.dir} was made with other settings; use --name, or --force")
@@ -110,15 +134,13 @@ class HostRun:
         return p
 
     def arm_settings(self, arm: str) -> stages.ArmSettings:
-        p = self.preset
-        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size, epochs=p.epochs,
-                                 minibatches=p.minibatches)
-        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr, kl_coef=p.kl_coef,
-                                  entropy_coef=p.entropy_coef, temperature=p.temperature)
+        """The FrozenLake study's arm settings from the same preset fields (`study.Run.arm_settings`: estimator,
+        batch, epochs, lr, KL coefficient and estimator, entropy), with the preset's sampling temperature."""
+        return dataclasses.replace(study.Run.arm_settings(self, arm), temperature=self.preset.temperature)
 
 
 def run_base(run: HostRun):
-    _, params = qwen3.load(run.checkpoint)
+    _, params = qwen3.load(run.checkpoint, mesh=run.mesh)
     out = run.path("base")
     if not study.done(out):
         study.mark_done(out, {"source": run.checkpoint})
@@ -128,25 +150,27 @@ def run_base(run: HostRun):
 def run_arms(run: HostRun, base_params, log=print) -> dict:
     """Every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile)."""
     p, policies, runtimes = run.preset, {}, {}
+    host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its iteration's record
     for arm in p.arms:
         settings = run.arm_settings(arm)
         key = dataclasses.replace(settings, name="", rl=None)
         for seed in p.seeds:
             out = run.path("arms", arm, f"seed{seed}")
             if study.done(out):
-                policies[(arm, seed)] = qwen3.load(os.path.join(out, "policy"))[1]
+                policies[(arm, seed)] = qwen3.load(os.path.join(out, "policy"), mesh=run.mesh)[1]
                 continue
             if key not in runtimes:
                 runtimes[key] = host_stages.make_host_arm_runtime(
-                    run.world, run.cfg, p.task, settings, compute_dtype=p.compute_dtype,
-                    micro_batches=p.micro_batches, remat=p.remat)
+                    run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
+                    micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
+                    on_trace=lambda trace: host.update(host_stages.trace_metrics(trace)))
             metrics_path = os.path.join(out, "metrics.jsonl")
             if os.path.isfile(metrics_path):
                 os.remove(metrics_path)  # an interrupted arm restarts from iteration 0
 
             def cb(it, m, st, label=f"{arm}/seed{seed}"):
                 study.check_update(label, it, m, st)
-                study.append_jsonl(metrics_path, m)
+                study.append_jsonl(metrics_path, {**m, **host})
                 log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
 
             state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
@@ -165,7 +189,7 @@ def eval_policy(run: HostRun, params, label: str) -> dict:
             return json.load(f)
     p, w = run.preset, run.world
     ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
-                                             compute_dtype=p.compute_dtype)
+                                             compute_dtype=p.compute_dtype, mesh=run.mesh)
     raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(w.heldout_tasks), run.tiers,
                                       p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
     per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
@@ -197,10 +221,12 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     findings = host_eval.domain_findings(dom.name, dom.title)
     section, verdicts = host_report.domain_section(
         dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
-        t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split))
+        t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
+        notes=(dom.split_note, dom.bound_note))
     meta = {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
             "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
             "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
+            "domain": f"{dom.name} ({dom.title}; env '{dom.env}')",
             "T_max": str(p.task.t_max), "tool-output cap (tokens per turn)": str(p.task.max_obs_tokens),
             "Pass@(K,T) mode": "announced", "samples per task and tier": str(p.eval.n_samples)}
     text = host_report.build_host_report(meta, metrics, [section])

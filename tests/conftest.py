@@ -61,6 +61,16 @@ def seam_mode(mode: str):
         jax.clear_caches()
 
 
+@pytest.fixture(scope="session")
+def tok():
+    """The real Qwen3 tokenizer (the host-env tests' chat layout); skips where its files are unavailable."""
+    from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+    try:
+        return Tokenizer.from_dir(qwen3_tokenizer_dir())
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        pytest.skip(f"real Qwen3 tokenizer unavailable: {err}")
+
+
 @pytest.fixture
 def seam(request):
     """Parametrized indirectly (`@pytest.mark.parametrize("seam", [...], indirect=True)`): the seam mode

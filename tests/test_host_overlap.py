@@ -14,21 +14,12 @@ from jaxagent.envs.host.base import HostEnv, make_info
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED, SUCCESS
 from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
 from jaxagent.rollout.host_schedule import EnvCalls, EnvTimeout, episode_groups
 from jaxagent.sampling import Sampler
 
 RCFG = HostRolloutConfig(t_max=3, max_action_tokens=128, max_context=4096)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    try:
-        return Tokenizer.from_dir(qwen3_tokenizer_dir())
-    except (ModuleNotFoundError, FileNotFoundError) as err:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {err}")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from jaxagent.envs.host import base as host
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import chat, qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rollout import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, SUCCESS, RolloutConfig
 from jaxagent.rollout.host_loop import _append_jit, _decode_jit, host_rollout
 from jaxagent.sampling import Sampler, bucket
@@ -32,14 +31,6 @@ def _has_bfcl():
 
 
 ENVS = ["sql", "code", pytest.param("bfcl", marks=pytest.mark.skipif(not _has_bfcl(), reason="needs bfcl-eval"))]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    try:
-        return Tokenizer.from_dir(qwen3_tokenizer_dir())
-    except (ModuleNotFoundError, FileNotFoundError) as err:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {err}")
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,8 @@ from experiments.host_presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
-from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study import host_eval, host_stages
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return Tokenizer.from_dir(qwen3_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +183,7 @@ def ci_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ci_sql_files_and_report(ci_run):
+def test_ci_sql_files_and_report(ci_run, tok):
     p = HOST_PRESETS["ci-sql"]
     for part in ["config.json", "tiny_checkpoint/config.json", "tiny_checkpoint/tokenizer.json", "base/DONE",
                  "eval/base.json", "eval/bound.json", "metrics.json", "report.md", "timing.json"] + [
@@ -203,7 +197,7 @@ def test_ci_sql_files_and_report(ci_run):
             assert [r["iteration"] for r in recs] == list(range(p.iterations))
             assert all(math.isfinite(r["loss"]) and r["tokens"] > 0 for r in recs)
     cfg = json.load(open(os.path.join(ci_run, "tiny_checkpoint", "config.json")))
-    assert cfg["vocab_size"] >= Tokenizer.from_dir(qwen3_tokenizer_dir()).vocab_size
+    assert cfg["vocab_size"] >= tok.vocab_size
     text = open(os.path.join(ci_run, "report.md")).read()
     assert "## SQL" in text and "not measured" not in text.lower()
     assert "4 train (split 'train'), 5 held-out (split 'test')" in text

@@ -79,14 +79,19 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
 
 
 def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Finding], *, policies: Sequence[str],
-                   tiers: Sequence[int], ks: Sequence[int], t_max: int, splits: tuple[str, str]) -> tuple[list[str], dict]:
-    """The `## <title>` section of one domain; returns (lines, verdicts)."""
+                   tiers: Sequence[int], ks: Sequence[int], t_max: int, splits: tuple[str, str],
+                   notes: tuple[str, str] = ("", "")) -> tuple[list[str], dict]:
+    """The `## <title>` section of one domain; `notes` = (how the env makes the splits, what the reference
+    solution's turns are), each printed when given. Returns (lines, verdicts)."""
+    split_note, bound_note = notes
     lines = [f"## {title}", "",
              f"Tasks: {_num(metrics, f'{d}.split.train', 1.0, '.0f')} train (split '{splits[0]}'), "
-             f"{_num(metrics, f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}'); RL trains on the "
+             f"{_num(metrics, f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}')"
+             + (f" ({split_note})" if split_note else "") + "; RL trains on the "
              "train split only, every number below is on the held-out tasks. Pass@(K,T) mode: announced (the "
              "budget is in the prompt; separate rollouts per tier). Upper bound: share of tasks whose reference "
-             "solution needs <= T turns.", "", "### Pass@(K,T) on held-out tasks (%)", ""]
+             "solution needs <= T turns" + (f" (reference turns: {bound_note})" if bound_note else "") + ".", "",
+             "### Pass@(K,T) on held-out tasks (%)", ""]
     lines += pass_table(d, metrics, policies, tiers, ks, t_max)
     lines += ["", "### Findings", ""]
     body, verdicts, _ = findings_lines(findings, metrics)

@@ -1,4 +1,4 @@
-"""The study's RL stage on host (Python) environments: SQL now, BFCL and coding by one registry entry each.
+"""The study's RL stage on host (Python) environments: SQL, BFCL multi-turn and multi-turn coding.
 
 No SFT: the base policy is a checkpoint. The RL arms (grpo, budgetmix, gigpo; `stages.ARMS`) run through the
 same `rl.loop.rl_iteration` and `stages.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
@@ -14,12 +14,30 @@ tool turns survives), and the step's info records `obs_truncated_tokens`. The re
 question) is never cut.
 
 Domains (`DOMAINS`, `register_domain`): env registry name, constructor keywords, train / held-out splits and the
-structural bound's turn count per task (default `env.upper_bound_turns`).
+structural bound's turn count per task (default `env.upper_bound_turns`). Rewards are the envs' own, the paper's
+outcome rewards (PAPER.md): 1 when the episode ends solved, else 0 (SQL: the answer's result set equals the gold
+query's; BFCL: every user turn passes BFCL's state and response checks; coding: every unit test passes); a
+trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
+  sql   SQLEnv: 23 tasks on read-only SQLite, every 4th held out (18 train, 5 held-out); bound 1 turn (the
+        schema is in the prompt: one answer).
+  bfcl  BFCLEnv, BFCL v4 multi-turn (base, long_context, miss_func, miss_param): scenario index % 4 == 3 held out,
+        the same scenarios in every category (595 train, 200 held-out, 50 per category); the 5 tasks whose
+        ground truth cannot replay are left out (`BFCLEnv.ground_truth_problems`). Bound: per user turn one
+        message with all its ground-truth calls (when it has any) plus one closing message (2 to 15 turns).
+  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 16 tasks, every 4th held out (12 train,
+        4 held-out); bound 1 turn (the reference passes in one submission).
 
-Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots.
+Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
+`rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
+under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
+sharded `make_train_step(mesh=...)` with the state and the batch rows placed first. One process: the host loop
+reads every episode's reply on this host, so a multi-host mesh is not supported (`host_study` refuses it).
+
+Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots, P tasks.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any, Callable, Optional, Sequence
@@ -27,13 +45,16 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
+from jaxagent.eval.driver_common import rollout_params
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rl.optim import make_optimizer
-from jaxagent.rl.train_step import LossSettings, make_train_step
-from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
+from jaxagent.rl.train_step import LossSettings, make_train_step, state_shardings
+from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.types import Rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
@@ -46,7 +67,8 @@ HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic an
 class HostDomain:
     """A study domain on a host env: `env` (an `envs.host.base` registry name) built with `env_kwargs`
     ((name, value) pairs), its train / held-out splits, and `bound_fn(env, task) -> int`, the turns of the
-    reference solution (None: `env.upper_bound_turns`)."""
+    reference solution (None: `env.upper_bound_turns`). `split_note` and `bound_note` say, in the report, how
+    the env makes the splits and what the reference solution's turns are."""
 
     name: str
     title: str
@@ -55,6 +77,8 @@ class HostDomain:
     train_split: str = "train"
     heldout_split: str = "test"
     bound_fn: Optional[Callable[[Any, Any], int]] = None
+    split_note: str = ""
+    bound_note: str = ""
 
     def make_env(self):
         return host_envs.make(self.env, **dict(self.env_kwargs))
@@ -64,12 +88,23 @@ class HostDomain:
 
 
 DOMAINS: dict[str, HostDomain] = {
-    "sql": HostDomain("sql", "SQL", "sql"),
+    "sql": HostDomain("sql", "SQL", "sql", split_note="every 4th task of the env's list held out",
+                      bound_note="1 turn for every task (the schema is in the prompt: one answer)"),
+    "bfcl": HostDomain(
+        "bfcl", "BFCL multi-turn", "bfcl",
+        split_note="BFCL v4 multi-turn base, long_context, miss_func and miss_param; scenario index % 4 == 3 held "
+                   "out (the same scenarios in every category); the tasks whose ground truth cannot replay left out",
+        bound_note="per user turn one message with all its ground-truth calls (if it has any) plus one closing "
+                   "message: the replayed ground truth"),
+    "code": HostDomain("code", "Multi-turn coding", "code",
+                       split_note="every 4th task of the env's list held out",
+                       bound_note="1 turn for every task (the reference solution passes in one submission)"),
 }
 
 
 def register_domain(domain: HostDomain, *, overwrite: bool = False) -> None:
-    """Adds a domain (e.g. BFCL: `HostDomain('bfcl', 'BFCL', 'bfcl')`); ValueError if the name is taken."""
+    """Adds a domain (e.g. `HostDomain('bfcl-base', 'BFCL base', 'bfcl', env_kwargs=(('categories', ('base',)),))`);
+    ValueError if the name is taken."""
     if domain.name in DOMAINS and not overwrite:
         raise ValueError(f"domain {domain.name!r} is already registered (pass overwrite=True to replace)")
     DOMAINS[domain.name] = domain
@@ -92,17 +127,25 @@ class HostTaskSettings:
     max_context: int = 4096          # KV-cache slots per episode = the train step's sequence width
     max_obs_tokens: int = 512        # tool-output cap per turn (module docstring)
     enable_thinking: bool = False    # False: Qwen3's empty think block before every reply
-    max_train_tasks: Optional[int] = None    # the first n of the train split (None: all)
-    max_heldout_tasks: Optional[int] = None  # the first n of the held-out split (None: all)
+    max_train_tasks: Optional[int] = None    # n of the train split (None: all), picked per `task_subset`
+    max_heldout_tasks: Optional[int] = None  # n of the held-out split (None: all), picked per `task_subset`
+    task_subset: str = "first"       # "first": the split's first n; "spread": n evenly spaced over the split
+    max_system_tokens: Optional[int] = None  # keep only tasks whose system prompt has at most this many tokens
     workers: int = 4                 # threads stepping the envs
+    overlap_groups: int = 1          # episode groups whose env steps overlap the others' decoding (`host_rollout`)
+    step_timeout_s: Optional[float] = 60.0   # an env call running longer fails its episode (`host_rollout`)
 
     def __post_init__(self):
         if self.max_obs_tokens < 1:
             raise ValueError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
-        for name in ("max_train_tasks", "max_heldout_tasks"):
+        for name in ("max_train_tasks", "max_heldout_tasks", "max_system_tokens"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {v}")
+        if self.task_subset not in ("first", "spread"):
+            raise ValueError(f"task_subset must be 'first' or 'spread', got {self.task_subset!r}")
+        if self.overlap_groups < 1:
+            raise ValueError(f"overlap_groups must be >= 1, got {self.overlap_groups}")
 
     def rollout_config(self, sampler: Sampler = Sampler()) -> HostRolloutConfig:
         return HostRolloutConfig(t_max=self.t_max, max_action_tokens=self.max_action_tokens,
@@ -174,12 +217,40 @@ class HostWorld:
         return np.asarray([self.domain.min_turns(self.env, t) for t in tasks], np.int32)
 
 
+def pick_tasks(tasks: Sequence, n: Optional[int], how: str = "first") -> list:
+    """n of `tasks` (all when n is None or >= their number): the first n, or n evenly spaced ("spread": indices
+    round(i (P - 1) / (n - 1)), first and last included; BFCL's list is ordered by category)."""
+    tasks = list(tasks)
+    if n is None or n >= len(tasks):
+        return tasks
+    if how == "first":
+        return tasks[:n]
+    if how != "spread":
+        raise ValueError(f"unknown task subset {how!r}; expected 'first' or 'spread'")
+    idx = np.round(np.linspace(0, len(tasks) - 1, n)).astype(int) if n > 1 else np.zeros((1,), int)
+    return [tasks[i] for i in idx]
+
+
 def make_host_world(ts: HostTaskSettings, tokenizer: Tokenizer, env=None) -> HostWorld:
     """The world of `ts.domain`; `env` replaces the registry's env (tests)."""
     domain = get_domain(ts.domain)
     env = domain.make_env() if env is None else env
-    train = list(env.tasks(domain.train_split))[:ts.max_train_tasks]
-    heldout = list(env.tasks(domain.heldout_split))[:ts.max_heldout_tasks]
+
+    n_tokens: dict[str, int] = {}  # per distinct system prompt (BFCL's depend on the task's tool classes only)
+
+    def fits(task) -> bool:
+        text = env.system_prompt(task)
+        if text not in n_tokens:
+            n_tokens[text] = len(tokenizer.encode(text))
+        return n_tokens[text] <= ts.max_system_tokens
+
+    def split(name, n):
+        tasks = list(env.tasks(name))
+        if ts.max_system_tokens is not None:
+            tasks = [t for t in tasks if fits(t)]
+        return pick_tasks(tasks, n, ts.task_subset)
+
+    train, heldout = split(domain.train_split, ts.max_train_tasks), split(domain.heldout_split, ts.max_heldout_tasks)
     if not train or not heldout:
         raise ValueError(f"domain {domain.name!r}: {len(train)} train and {len(heldout)} held-out tasks; "
                          "both splits need at least one")
@@ -212,30 +283,48 @@ def tasks_from_indices(task_list: Sequence, idx_B) -> list:
 
 
 def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, task_list: Sequence, *,
-                         sampler: Sampler = Sampler(), compute_dtype=None) -> Callable[..., Rollout]:
+                         sampler: Sampler = Sampler(), compute_dtype=None, mesh: Optional[Mesh] = None,
+                         on_trace: Optional[Callable[[HostTrace], None]] = None) -> Callable[..., Rollout]:
     """rollout_fn(params, idx_B, budgets_B, key) -> Rollout: `host_rollout` on task_list[idx_B] with the
-    budgets announced in the prompt; params cast to `compute_dtype` (None: as they are) for sampling."""
+    budgets announced in the prompt, on the rollouts' copy of the params (`rollout_params`: cast
+    to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
+    (texts, errors, `trace.timing`)."""
     rcfg = ts.rollout_config(sampler)
-    cdt = stages._compute_dtype(compute_dtype)
-    cast = jax.jit(lambda p: jax.tree.map(
-        lambda x: x.astype(cdt) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)) if cdt is not None else None
+    cdt = stages._compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
+    context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
         tasks = tasks_from_indices(task_list, idx_B)
-        if cast is not None:
-            params = cast(params)
-        return host_rollout(params, cfg, world.env, world.tokenizer, tasks, np.asarray(budgets_B), key, rcfg,
-                            enable_thinking=ts.enable_thinking, workers=ts.workers).rollout
+        params = rollout_params(params, cfg, mesh=mesh, compute_dtype=cdt)
+        with context():
+            out = host_rollout(params, cfg, world.env, world.tokenizer, tasks, np.asarray(budgets_B), key, rcfg,
+                               enable_thinking=ts.enable_thinking, workers=ts.workers,
+                               overlap_groups=ts.overlap_groups, step_timeout_s=ts.step_timeout_s)
+        if on_trace is not None:
+            on_trace(out.trace)
+        return out.rollout
 
     return rollout_fn
 
 
+def trace_metrics(trace: HostTrace) -> dict:
+    """Per-rollout host numbers for a metrics log: the wall seconds of model vs env (`HostTiming.summary`, as
+    `host_<name>`), and the episodes an env error or time-out ended (`host_env_errors`, `host_env_timeouts`)."""
+    out = {f"host_{k}": v for k, v in trace.timing.summary().items()} if trace.timing is not None else {}
+    errors = [e for e in trace.errors if e is not None]
+    out["host_env_errors"] = len(errors)
+    out["host_env_timeouts"] = sum("EnvTimeout" in e for e in errors)
+    return out
+
+
 # ----------------------------------------------------------------------------- the RL stage
 def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: stages.ArmSettings, *,
-                          compute_dtype=None, micro_batches: int = 1, remat: Optional[str] = None,
-                          compiler_options: Optional[dict] = None) -> stages.ArmRuntime:
+                          mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
+                          remat: Optional[str] = None, compiler_options: Optional[dict] = None,
+                          on_trace: Optional[Callable[[HostTrace], None]] = None) -> stages.ArmRuntime:
     """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
-    (PPO-clip with the arm's clip / KL / entropy settings, `make_optimizer(arm.lr)`). One device, no critic."""
+    (PPO-clip with the arm's clip / KL (estimator `arm.kl_estimator`) / entropy settings, `make_optimizer(arm.lr)`),
+    sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
@@ -243,12 +332,21 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
     opt = make_optimizer(arm.lr, max_grad_norm=1.0)
     with_ref = arm.kl_coef > 0
     step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                  kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef),
-                           micro_batches=micro_batches, with_ref_params=with_ref, compute_dtype=cdt, remat=remat,
-                           compiler_options=compiler_options)
+                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
+                                                  entropy_coef=arm.entropy_coef),
+                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, compute_dtype=cdt,
+                           remat=remat, compiler_options=compiler_options)
+    st_sh = None
+    if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
+        st_sh = state_shardings(cfg, opt, mesh, with_ref_params=with_ref)
+        row_sh, sharded_step = sharding.row_sharding(mesh), step
+
+        def step(state, batch):
+            return sharded_step(jax.device_put(state, st_sh), jax.device_put(batch, row_sh))
+
     rollout_fn = make_host_rollout_fn(world, cfg, ts, world.train_tasks, sampler=Sampler(temperature=arm.temperature),
-                                      compute_dtype=compute_dtype)
-    return stages.ArmRuntime(rollout_fn, step, opt, None, None, None, with_ref_params=with_ref)
+                                      compute_dtype=compute_dtype, mesh=mesh, on_trace=on_trace)
+    return stages.ArmRuntime(rollout_fn, step, opt, None, None, None, mesh, st_sh, with_ref_params=with_ref)
 
 
 def train_host_rl(world: HostWorld, cfg: Qwen3Config, base_params, key, ts: HostTaskSettings,
