@@ -11,7 +11,7 @@ from experiments import eval as eval_stage
 
 
 def main(argv=None):
-    if host_study.wants(argv):  # a host-env domain preset (ci-sql, qwen3-0.6b-1gpu-sql): experiments/host_study.py
+    if host_study.wants(argv):  # a host-env domain preset (experiments/host_presets.py): experiments/host_study.py
         return host_study.main(argv)
     args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
     t0 = time.time()
