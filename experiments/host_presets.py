@@ -119,7 +119,8 @@ HOST_PRESETS: dict[str, HostPreset] = {
         compiler_options=_CI_COMPILE),
     # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
     # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
-    # fewest steps that reach every stage: 1 arm (grpo, the findings' main arm), 1 seed, 1 iteration of 2 episodes.
+    # fewest steps that reach every stage: grpo (the findings' main arm) and gigpo (finding 7 compares them on BFCL),
+    # 1 seed, 1 iteration of 2 episodes.
     # 1 train and 2 held-out tasks x 2 tiers x 2 samples in rollout batches of 2 (the training rollout's shape:
     # one set of compiles). Tool output capped at 24 tokens (BFCL's error responses are longer).
     "ci-bfcl": HostPreset(
@@ -127,7 +128,8 @@ HOST_PRESETS: dict[str, HostPreset] = {
         task=HostTaskSettings(domain="bfcl", t_max=2, max_action_tokens=4, max_context=2560, max_obs_tokens=24,
                               max_train_tasks=1, max_heldout_tasks=2, max_system_tokens=2200, workers=2),
         eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=2),
-        tiny_model=_tiny_model(), arms=("grpo",), seeds=(0,), iterations=1, n_tasks=1, group_size=2, lr=1e-4,
+        tiny_model=_tiny_model(), arms=("grpo", "gigpo"), seeds=(0,), iterations=1, n_tasks=1, group_size=2,
+        lr=1e-4,
         compiler_options=_CI_COMPILE),
     # Coding in 448 slots (as ci-sql) with 2 overlapping episode groups (the real code presets' setting) of 1 row
     # each; eval batches of 2, the training rollout's shape (one set of compiles). 1 arm, 1 seed, 1 iteration of 2

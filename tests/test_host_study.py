@@ -170,8 +170,29 @@ def test_domain_metrics_synthetic_gaps_and_verdict():
     assert "excluded: 2" in m["sql.f1_breadth.diff.seeds"]
     assert m["sql.pass.grpo.t2.k1"] == pytest.approx(0.4) and m["sql.pass.grpo.seed2.t2.k1"] == 0.0
     assert m["sql.bound.t1"] == 0.75 and m["sql.bound.t2"] == 1.0 and m["sql.split.train"] == 18
-    f1, f2 = host_eval.domain_findings("sql", "SQL")
+    f1, f2, f7 = host_eval.domain_findings("sql", "SQL")
     assert finding_verdict(f1, m)[0] in stats.VERDICTS and finding_verdict(f2, m)[0] in stats.VERDICTS
+    assert "sql.f7_gigpo.diff.mean" not in m  # no gigpo arm: finding 7 not measured
+
+
+def test_domain_metrics_gigpo_vs_grpo_parity():
+    """Finding 7: GiGPO - GRPO per task at the tightest tier, paired by seed index, over seeds included in both
+    arms; equal arms within the 5-point margin are 'reproduced' (parity), a 30-point gap is 'not reproduced'."""
+    base = np.zeros((2, 1, 8))
+    rng = np.random.default_rng(0)
+    grpo = {s: base + 0.4 + 0.01 * rng.normal(size=base.shape) for s in range(5)}
+    ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
+    bound = host_eval.structural_bound([1] * 8, [1, 2], [1])
+    f7 = host_eval.domain_findings("bfcl", "BFCL")[2]
+    for shift, want in ((0.0, stats.REPRODUCED), (-0.3, stats.NOT_REPRODUCED)):
+        per_task = {"base": base, **{f"grpo/seed{s}": g for s, g in grpo.items()},
+                    **{f"gigpo/seed{s}": g + shift + 0.01 * rng.normal(size=g.shape) for s, g in grpo.items()}}
+        hl = {(a, s): ok for a in ("grpo", "gigpo") for s in grpo}
+        m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=8, n_boot=200)
+        assert m["bfcl.f7_gigpo.diff.mean"] == pytest.approx(shift, abs=0.02)
+        assert m["bfcl.f7_gigpo.diff.seeds"].startswith("grpo & gigpo seeds 0, 1, 2, 3, 4")
+        assert m["bfcl.f7_gigpo.grpo"] == pytest.approx(0.4, abs=0.01) and m["bfcl.f7_gigpo.bound"] == 1.0
+        assert finding_verdict(f7, m)[0] == want
 
 
 # ----------------------------------------------------------------------------- the ci-sql miniature
@@ -206,8 +227,8 @@ def test_ci_sql_files_and_report(ci_run, tok):
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[3:]), line  # every policy and the bound measured
-    for key in ("sql.f1_breadth", "sql.f2_shrink"):
-        assert re.search(rf"\| SQL: {'1' if 'f1' in key else '2'}\. .*\| ({'|'.join(stats.VERDICTS)}) \|", text)
+    for n in ("1", "2", "7"):
+        assert re.search(rf"\| SQL: {n}\. .*\| ({'|'.join(stats.VERDICTS)}) \|", text)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
-estimates of findings 1 and 2 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+estimates of findings 1, 2 and 7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
@@ -84,8 +84,9 @@ def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> di
 
 # ----------------------------------------------------------------------------- findings of a domain
 def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
-    """Findings 1 and 2 on domain `d` with the FrozenLake study's directions and reference effects."""
-    f1 = f"{d}.f1_breadth"
+    """Findings 1, 2 and 7 on domain `d` with the FrozenLake study's directions, reference effects and margins
+    (7: GiGPO - GRPO at the tightest tier, a parity finding with a 5-point equivalence margin)."""
+    f1, f7 = f"{d}.f1_breadth", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
     f2 = f"{d}.f2_shrink"
@@ -102,11 +103,21 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                  Row("tightest tier (turns)", f"{f2}.tight_turns", None, 1.0, ".0f")),
                 f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f",
                 at_bound=(f"{f2}.base_tight", f"{f2}.rl_tight", f"{f2}.solvable_tight"), **_SEI),
+        Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier (largest K; the paper, on BFCL: no gain)",
+                (Row("GRPO, tightest tier (%)", f"{f7}.grpo", None, 100.0),
+                 Row("GiGPO, tightest tier (%)", f"{f7}.gigpo", None, 100.0),
+                 Row("structural upper bound (%)", f"{f7}.bound", None, 100.0),
+                 Row("tightest tier (turns)", f"{f7}.tight_turns", None, 1.0, ".0f")),
+                f"{f7}.diff", "GiGPO - GRPO (points)", 0, None, 100.0, ".1f", margin=0.05,
+                effect_source="equivalence margin 5 points (jaxagent's choice, as FrozenLake's f7_gigpo_bfcl)",
+                at_bound=(f"{f7}.grpo", f"{f7}.gigpo", f"{f7}.bound")),
     )
 
 
-def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int) -> stats.Estimate:
-    """`stats.seed_estimate` over the included seeds into `<key>.*` (+ `<key>.all.*` when some are excluded)."""
+def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
+         arms: str = MAIN_ARM) -> stats.Estimate:
+    """`stats.seed_estimate` over the included seeds into `<key>.*` (+ `<key>.all.*` when some are excluded);
+    `arms` names whose seeds they are in the `<key>.seeds` line."""
     seeds = sorted(units_by_seed)
     kept = [s for s in seeds if s in included]
     rng = zlib.crc32(key.encode())
@@ -114,13 +125,13 @@ def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: 
     dropped = [s for s in seeds if s not in included]
     for name, v in est.as_dict().items():
         m[f"{key}.{name}"] = v
-    m[f"{key}.seeds"] = (f"{MAIN_ARM} seeds {', '.join(map(str, kept)) or 'none'}; "
+    m[f"{key}.seeds"] = (f"{arms} seeds {', '.join(map(str, kept)) or 'none'}; "
                          f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
     if dropped:
         est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], n_boot=n_boot, rng_seed=rng)
         for name, v in est_all.as_dict().items():
             m[f"{key}.all.{name}"] = v
-        m[f"{key}.all.seeds"] = f"{MAIN_ARM} seeds {', '.join(map(str, seeds))}"
+        m[f"{key}.all.seeds"] = f"{arms} seeds {', '.join(map(str, seeds))}"
     return est
 
 
@@ -180,4 +191,15 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{f2}.gap_{name}"] = _mean(gap[s][u, kmax].mean() for s in ok)
     m[f"{f2}.solvable_tight"] = float(bound["share"][tight])
     m[f"{f2}.tight_turns"] = float(tiers[tight])
+    if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, paired by seed index
+        f7 = f"{d}.f7_gigpo"
+        both = sorted(set(seeds) & set(arms["gigpo"]))
+        ok7 = [s for s in both if s in ok and s in included["gigpo"]]
+        oth = {s: per_task[f"gigpo/seed{s}"] for s in both}
+        _put(m, f"{f7}.diff", {s: oth[s][tight, kmax] - rl[s][tight, kmax] for s in both}, ok7, n_boot,
+             arms=f"{MAIN_ARM} & gigpo")
+        m[f"{f7}.grpo"] = _mean(rl[s][tight, kmax].mean() for s in ok7)
+        m[f"{f7}.gigpo"] = _mean(oth[s][tight, kmax].mean() for s in ok7)
+        m[f"{f7}.bound"] = float(bound["grid"][tight, kmax])
+        m[f"{f7}.tight_turns"] = float(tiers[tight])
     return m
