@@ -7,7 +7,11 @@ runs/<name>/
   tiny_checkpoint/                     CI presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout)
   base/DONE                            the checkpoint the arms start from
   arms/<arm>/seed<k>/  metrics.jsonl, policy/ (HF layout), DONE
-  eval/<policy>.json                   raw per-episode log (success, status, turns [U, P, Z]) and Pass@(K,T)
+  eval/<policy>.json                   raw per-episode log (success, status, turns [U, P, Z]; `episodes`: per
+                                       episode, tier-major, the replies and per-step tool_error / failure / done
+                                       flags, on finding-4 domains) and Pass@(K,T)
+  eval/f4_grpo_seed<s>.json            finding 4 (BFCL): the error prefixes of base's and seed s's full-budget
+                                       episodes, each continued once by each policy, judged (`host_error_recovery`)
   eval/bound.json                      reference turns per held-out task and the bound per tier
   metrics.json, report.md, timing.json
 A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm restarts. A rerun
@@ -40,7 +44,7 @@ from jaxagent.eval import health
 from jaxagent.models import qwen3
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.sampling import Sampler
-from jaxagent.study import host_eval, host_report, host_stages, stages
+from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages, stages
 
 
 def parser() -> argparse.ArgumentParser:
@@ -182,19 +186,30 @@ def run_arms(run: HostRun, base_params, log=print) -> dict:
 
 
 def eval_policy(run: HostRun, params, label: str) -> dict:
-    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json)."""
+    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json; on a finding-4
+    domain the log keeps each episode's replies and step flags, and a cached log without them is re-evaluated,
+    with the same key)."""
     path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
+    keep = run.world.domain.name in host_error_recovery.DOMAINS
     if os.path.isfile(path):
         with open(path) as f:
-            return json.load(f)
+            cached = json.load(f)
+        if not keep or "episodes" in cached:
+            return cached
     p, w = run.preset, run.world
+    traces = []
     ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
-                                             compute_dtype=p.compute_dtype, mesh=run.mesh)
+                                             compute_dtype=p.compute_dtype, mesh=run.mesh,
+                                             on_trace=traces.append if keep else None)
     raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(w.heldout_tasks), run.tiers,
                                       p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
     per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
     res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
            "per_task": per_task, "mean": per_task.mean(-1)}
+    if keep:
+        total = raw["status"].size
+        sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
+        res["episodes"] = host_error_recovery.episode_records(traces, sizes)
     study.write_json(path, res)
     with open(path) as f:
         return json.load(f)
@@ -212,8 +227,34 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
           for a, s in policies}
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
+    judged = None
+    if d in host_error_recovery.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
+        judged = {s: error_prefixes(run, base, params, evals, s) for (a, s), params in sorted(policies.items())
+                  if a == host_eval.MAIN_ARM}
     return host_eval.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
-                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot)
+                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged)
+
+
+def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
+    """Finding 4 for GRPO seed `seed` (cached in eval/f4_grpo_seed<s>.json): the error prefixes of base's and the
+    seed's full-budget held-out episodes, one continuation each by base and by the seed, judged per prefix
+    (`host_error_recovery`)."""
+    label = f"{host_eval.MAIN_ARM}/seed{seed}"
+    path = os.path.join(run.path("eval"), f"f4_{label.replace('/', '_')}.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    p, w = run.preset, run.world
+    prefixes = host_error_recovery.prefixes_from_log(evals, ["base", label], w.heldout_tasks, p.task.t_max)
+    key = jax.random.fold_in(jax.random.key(404), seed)
+    acts = {}
+    for i, (name, prm) in enumerate((("base", base), ("rl", params))):
+        acts[name] = host_error_recovery.continue_prefixes(
+            prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
+            sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+    res = {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
+    study.write_json(path, res)
+    return res
 
 
 def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
@@ -229,6 +270,9 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
             "domain": f"{dom.name} ({dom.title}; env '{dom.env}')",
             "T_max": str(p.task.t_max), "tool-output cap (tokens per turn)": str(p.task.max_obs_tokens),
             "Pass@(K,T) mode": "announced", "samples per task and tier": str(p.eval.n_samples)}
+    if dom.name in host_error_recovery.DOMAINS:
+        meta["finding 4 error prefixes"] = ("base's and each GRPO seed's full-budget held-out episodes, steps with "
+                                            "a tool-call error that did not end the episode; one reply per policy")
     text = host_report.build_host_report(meta, metrics, [section])
     path = os.path.join(run.dir, "report.md")
     with open(path, "w", encoding="utf-8") as f:

@@ -26,7 +26,7 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
-from jaxagent.study import host_stages, stages
+from jaxagent.study import host_error_recovery, host_stages, stages
 
 
 def _has_bfcl():
@@ -297,3 +297,26 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     assert all(len(tok.encode(env.system_prompt(env.task(i)))) <= 2200 for i in ids)
     base = json.load(open(os.path.join(run_dir, "eval", "base.json")))
     assert (np.asarray(base["turns"]) >= 1).all()  # no episode ended for lack of context before its first reply
+    # finding 4: the logs keep every episode's replies; the report shows the finding or says no prefix was found
+    assert len(base["episodes"]) == np.asarray(base["turns"]).size
+    assert [len(e["actions"]) for e in base["episodes"]] == np.asarray(base["turns"]).ravel().tolist()
+    f4 = json.load(open(os.path.join(run_dir, "eval", "f4_grpo_seed0.json")))
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["bfcl.f4_correction.n_prefixes"] == len(f4["base"]) == len(f4["rl"])
+    if metrics["bfcl.f4_correction.n_prefixes"]:
+        assert re.search(rf"\| BFCL multi-turn: 4\. tool-call error correction .*\| ({verdicts}) \| grpo seeds ", text)
+    else:
+        assert host_error_recovery.NO_PREFIX_NOTE in text
+    # the continuation path on a forced tool-call error (the tiny model seldom makes one): one reply per prefix
+    run = host_study.HostRun(HOST_PRESETS["ci-bfcl"], runs_root)
+    bad = '<tool_call>\n{"name": "no_such_function", "arguments": {}}\n</tool_call>'
+    ep = {"actions": [bad], "tool_error": [True], "failure": [False], "done": [False], "seed": 0}
+    log = {"status": np.zeros((1, 2, 1)), "episodes": [ep, ep]}
+    pre = host_error_recovery.prefixes_from_log({"base": log}, ["base"], run.world.heldout_tasks, run.preset.task.t_max)
+    assert len(pre) == 2 and pre[0].actions == (bad,)
+    params = qwen3.load(run.checkpoint)[1]
+    acts = host_error_recovery.continue_prefixes(params, run.cfg, run.world, run.preset.task, pre[:1],
+                                                 jax.random.key(0), 2, sampler=host_study.Sampler(temperature=1.0))
+    assert len(acts) == 1 and isinstance(acts[0], str) and acts[0] != bad
+    j = host_error_recovery.judge(run.world.env, pre, [acts[0], bad], [bad, bad])
+    assert j["rl"] == [False, False] and len(j["base"]) == 2

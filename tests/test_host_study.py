@@ -19,7 +19,7 @@ from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
-from jaxagent.study import host_eval, host_stages
+from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_domain_metrics_gigpo_vs_grpo_parity():
     grpo = {s: base + 0.4 + 0.01 * rng.normal(size=base.shape) for s in range(5)}
     ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
     bound = host_eval.structural_bound([1] * 8, [1, 2], [1])
-    f7 = host_eval.domain_findings("bfcl", "BFCL")[2]
+    f7 = next(f for f in host_eval.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f7_gigpo")
     for shift, want in ((0.0, stats.REPRODUCED), (-0.3, stats.NOT_REPRODUCED)):
         per_task = {"base": base, **{f"grpo/seed{s}": g for s, g in grpo.items()},
                     **{f"gigpo/seed{s}": g + shift + 0.01 * rng.normal(size=g.shape) for s, g in grpo.items()}}
@@ -193,6 +193,78 @@ def test_domain_metrics_gigpo_vs_grpo_parity():
         assert m["bfcl.f7_gigpo.diff.seeds"].startswith("grpo & gigpo seeds 0, 1, 2, 3, 4")
         assert m["bfcl.f7_gigpo.grpo"] == pytest.approx(0.4, abs=0.01) and m["bfcl.f7_gigpo.bound"] == 1.0
         assert finding_verdict(f7, m)[0] == want
+
+
+# ----------------------------------------------------------------------------- finding 4: error correction
+class _ToyToolEnv:
+    """A host env stand-in: "bad" is a tool-call error, "fix" a well-formed call, "end" ends the episode."""
+
+    def reset(self, seed, task):
+        return [], "q"
+
+    def clone(self, state):
+        return list(state)
+
+    def step(self, state, action):
+        state = state + [action]
+        info = {"valid": action != "bad", "tool_error": action == "bad", "n_calls": int(action in ("bad", "fix"))}
+        return state, "o", 0.0, action == "end", info
+
+
+def _ep(actions, failure=None):
+    return {"actions": actions, "tool_error": [a == "bad" for a in actions],
+            "failure": failure or [False] * len(actions), "done": [a == "end" for a in actions], "seed": 0}
+
+
+def test_error_prefixes_from_logs_of_both_policies_and_judged():
+    """Prefixes come from the full-budget tier of both policies' logs (tier-major [U, P, Z]), stop before an
+    episode-ending or failing error and leave room for one reply; each is judged per policy's continuation."""
+    tasks = ["t0", "t1"]
+    filler = _ep(["bad"])  # tier 0 (not the full budget): ignored
+    base = {"status": np.zeros((2, 2, 1)), "episodes": [filler, filler, _ep(["bad", "fix"]), _ep(["fix", "end"])]}
+    rl = {"status": np.zeros((2, 2, 1)),
+          "episodes": [filler, filler, _ep(["bad", "bad", "bad"]), _ep(["bad", "x"], failure=[True, False])]}
+    pre = host_error_recovery.prefixes_from_log({"base": base, "grpo/seed0": rl}, ["base", "grpo/seed0"], tasks, 3)
+    assert [(p.source, p.task, p.actions) for p in pre] == [
+        ("base", "t0", ("bad",)), ("grpo/seed0", "t0", ("bad",)), ("grpo/seed0", "t0", ("bad", "bad"))]
+    j = host_error_recovery.judge(_ToyToolEnv(), pre, ["fix", "bad", "fix"], ["fix", "fix", "end"])
+    assert j["base"] == [True, False, True] and j["rl"] == [True, True, False]
+    assert j["source"] == ["base", "grpo/seed0", "grpo/seed0"] and j["step"] == [0, 0, 1]
+    with pytest.raises(ValueError, match="episodes"):
+        host_error_recovery.prefixes_from_log({"base": {"status": np.zeros((1, 1, 1))}}, ["base"], tasks, 3)
+
+
+def test_error_recovery_metrics_known_rates_and_report():
+    """Five GRPO seeds, 10 prefixes each: base corrects 3, RL 5 (seed 4: 6, collapsed and excluded): the
+    estimate is 0.2 with pooled rates 30% / 50%, the all-seeds sensitivity 0.22; no prefixes: a stated line."""
+    ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
+    bad = health.SeedHealth(health.COLLAPSED, "", 2, 0.0, 0.0, 0.0)
+    judged = {s: {"base": [True] * 3 + [False] * 7, "rl": [True] * (6 if s == 4 else 5) + [False] * (4 if s == 4 else 5),
+                  "source": ["base"] * 4 + [f"grpo/seed{s}"] * 6} for s in range(5)}
+    per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(5)}}
+    hl = {("grpo", s): (bad if s == 4 else ok) for s in range(5)}
+    bound = host_eval.structural_bound([1] * 4, [1, 2], [1])
+    m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=200,
+                                 error_prefixes=judged)
+    assert m["bfcl.f4_correction.diff.mean"] == pytest.approx(0.2)
+    assert m["bfcl.f4_correction.diff.all.mean"] == pytest.approx(0.22)
+    assert m["bfcl.f4_correction.base"] == pytest.approx(0.3) and m["bfcl.f4_correction.rl"] == pytest.approx(0.5)
+    assert m["bfcl.f4_correction.n_prefixes"] == 50 and m["bfcl.f4_correction.seed1.n_from_base"] == 4
+    assert "excluded: 4" in m["bfcl.f4_correction.diff.seeds"]
+    f4 = next(f for f in host_eval.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f4_correction")
+    assert f4.direction == 1 and f4.effect == pytest.approx(0.142)
+    assert finding_verdict(f4, m)[0] in stats.VERDICTS
+    assert all(f.key != "sql.f4_correction" for f in host_eval.domain_findings("sql", "SQL"))
+    findings = host_eval.domain_findings("bfcl", "BFCL")
+    text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
+                                               ks=[1], t_max=2, splits=("train", "test"))[0])
+    assert re.search(r"\| BFCL: 4\. tool-call error correction .*\| 20\.0 \|", text)
+    none = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50,
+                                    error_prefixes={s: {"base": [], "rl": [], "source": []} for s in range(5)})
+    assert none["bfcl.f4_correction.n_prefixes"] == 0 and "bfcl.f4_correction.diff.mean" not in none
+    text = "\n".join(host_report.domain_section("bfcl", "BFCL", none, findings, policies=["base", "grpo"],
+                                               tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])
+    assert host_error_recovery.NO_PREFIX_NOTE in text
 
 
 # ----------------------------------------------------------------------------- the ci-sql miniature

@@ -1,5 +1,6 @@
 """Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
-estimates of findings 1, 2 and 7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+estimates of findings 1, 2, 4 (BFCL: tool-call error correction, `host_error_recovery`) and 7 with the FrozenLake
+study's verdict rule (`findings.finding_verdict`).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
@@ -28,6 +29,7 @@ import numpy as np
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.rollout.types import SUCCESS
+from jaxagent.study import host_error_recovery
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
@@ -84,12 +86,14 @@ def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> di
 
 # ----------------------------------------------------------------------------- findings of a domain
 def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
-    """Findings 1, 2 and 7 on domain `d` with the FrozenLake study's directions, reference effects and margins
-    (7: GiGPO - GRPO at the tightest tier, a parity finding with a 5-point equivalence margin)."""
+    """Findings 1, 2, 4 (domains in `host_error_recovery.DOMAINS` only) and 7 on domain `d` with the FrozenLake
+    study's directions, reference effects and margins (7: GiGPO - GRPO at the tightest tier, a parity finding
+    with a 5-point equivalence margin)."""
     f1, f7 = f"{d}.f1_breadth", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
     f2 = f"{d}.f2_shrink"
+    f4 = (host_error_recovery.finding(d, title),) if d in host_error_recovery.DOMAINS else ()
     return (
         Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base",
                 ks_rows + (Row("base at the largest K (%)", f"{f1}.base", None, 100.0),
@@ -103,6 +107,7 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                  Row("tightest tier (turns)", f"{f2}.tight_turns", None, 1.0, ".0f")),
                 f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f",
                 at_bound=(f"{f2}.base_tight", f"{f2}.rl_tight", f"{f2}.solvable_tight"), **_SEI),
+    ) + f4 + (
         Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier (largest K; the paper, on BFCL: no gain)",
                 (Row("GRPO, tightest tier (%)", f"{f7}.grpo", None, 100.0),
                  Row("GiGPO, tightest tier (%)", f"{f7}.gigpo", None, 100.0),
@@ -142,11 +147,12 @@ def _mean(values) -> float:
 
 def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
-                   n_heldout: int, n_boot: int = 1000) -> dict:
+                   n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None) -> dict:
     """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
     '<arm>/seed<s>'), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by
     task; every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO seeds; collapsed
-    and diverged seeds excluded, with an all-seeds sensitivity estimate)."""
+    and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`: finding 4's judged
+    prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     for (a, s), h in sorted(health.items()):
@@ -191,6 +197,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{f2}.gap_{name}"] = _mean(gap[s][u, kmax].mean() for s in ok)
     m[f"{f2}.solvable_tight"] = float(bound["share"][tight])
     m[f"{f2}.tight_turns"] = float(tiers[tight])
+    if error_prefixes is not None:
+        m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, _put))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, paired by seed index
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))

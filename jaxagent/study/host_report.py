@@ -1,7 +1,8 @@
 """Markdown report of the host-domain study: per domain a section with the split sizes, the RL-vs-base
-Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1 and 2 decided by the
-FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`). Metric keys as `host_eval` writes
-them. No dimension legend: host-side text.
+Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1, 2, 4 and 7 decided by the
+FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`); a finding the run could not
+measure says why in a note (`<d>.note.<finding>`, e.g. no error prefixes for finding 4). Metric keys as
+`host_eval` writes them. No dimension legend: host-side text.
 """
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Find
     lines += pass_table(d, metrics, policies, tiers, ks, t_max)
     lines += ["", "### Findings", ""]
     body, verdicts, _ = findings_lines(findings, metrics)
-    return lines + body + [""], verdicts
+    notes_ = [f"- {_text(metrics, k)}" for k in sorted(metrics) if k.startswith(f"{d}.note.")]
+    return lines + body + ([""] + notes_ if notes_ else []) + [""], verdicts
 
 
 def health_lines(metrics: Mapping) -> list[str]:

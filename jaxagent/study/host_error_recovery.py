@@ -1,0 +1,167 @@
+"""Finding 4 on a host-env domain: the tool-call error correction rate of RL vs base on error prefixes from the
+held-out evaluation trajectories of both policies (the paper, BFCL: 191 prefixes, 41.4% RL vs 27.2% base;
+docs/study.md finding 4).
+
+Prefixes: per GRPO seed s, the prefixes ending in a tool-call error (`error_prefix.collect_error_prefixes`: the
+step's info has tool_error set and neither ended the episode nor failed it) of base's and of seed s's held-out
+evaluation episodes at the full budget tier (`prefixes_from_log` reads them from the eval logs' `episodes`); a
+prefix must leave room for one more reply (length + 1 <= T_max). Each prefix is continued with ONE reply of base
+and ONE of seed s (`continue_prefixes`: the prefix replayed as forced replies, budget = its length + 1), and each
+reply is judged on the replayed tool state by `error_prefix.correction_rate` (`error_prefix.is_correction`: well
+formed, at least one tool call, no failing call).
+
+Estimate: c_pol(i) = 1[policy pol corrects prefix i]; per prefix the paired difference
+    delta_i = c_RL(i) - c_base(i),
+units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `host_eval._put`; collapsed and diverged
+seeds excluded, with an all-seeds sensitivity estimate), so the estimate is the mean over seeds of
+rate_RL,s - rate_base,s. Verdict: the FrozenLake study's rule with direction +1 and E = 0.142 (the paper's gap,
+41.4 - 27.2 points; `findings.f4_correction_bfcl`).
+
+Domains: `DOMAINS` (BFCL: the env whose step infos carry `n_calls`, which `is_correction` needs). A domain
+where no prefix is found gets `<d>.note.f4_correction` instead of an estimate; the report prints that line.
+
+Metric keys: `<d>.f4_correction.diff.*` (the estimate), `.base`, `.rl` (correction rates, pooled over the
+included seeds' prefixes), `.n_prefixes` (prefixes over all seeds), `.seed<s>.n_prefixes`,
+`.seed<s>.n_from_base`, `.seed<s>.base`, `.seed<s>.rl`.
+
+Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, B episodes of one
+rollout batch.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+
+from jaxagent.eval import error_prefix
+from jaxagent.eval.driver_common import rollout_params
+from jaxagent.eval.findings import Finding, Row
+from jaxagent.rollout.host_loop import HostTrace, host_rollout
+
+DOMAINS = ("bfcl",)
+EFFECT = 0.142  # the paper's gap, 41.4% - 27.2% (`findings.f4_correction_bfcl`)
+NO_PREFIX_NOTE = ("Finding 4 (tool-call error correction): no error prefixes were found in the held-out evaluation "
+                  "trajectories of base or any GRPO seed (no step with a tool-call error that left the episode "
+                  "running), so this run has no estimate for it.")
+
+
+def finding(d: str, title: str) -> Finding:
+    """Finding 4 on domain `d`: RL - base correction rate on error prefixes of both policies."""
+    f4 = f"{d}.f4_correction"
+    return Finding(f4, f"{title}: 4. tool-call error correction rate on error prefixes of both policies",
+                   (Row("base correction rate (%)", f"{f4}.base", None, 100.0),
+                    Row("RL correction rate (%)", f"{f4}.rl", None, 100.0),
+                    Row("error prefixes (all GRPO seeds)", f"{f4}.n_prefixes", None, 1.0, ".0f")),
+                   f"{f4}.diff", "RL - base correction rate (points)", +1, None, 100.0, ".1f",
+                   effect=EFFECT, effect_source="the paper's gap on BFCL (41.4 - 27.2 points)")
+
+
+# ----------------------------------------------------------------------------- the episodes' log
+def episode_records(traces: Sequence[HostTrace], batch_sizes: Sequence[int]) -> list[dict]:
+    """Per evaluation episode (the first batch_sizes[i] episodes of rollout i; the rest are padding) what prefix
+    collection needs: reply texts, per-step tool_error / failure / done flags and the reset seed (JSON-able); a
+    reply without a step info (an env exception or time-out ended the episode) is left out."""
+    if len(traces) != len(batch_sizes):
+        raise ValueError(f"{len(traces)} traces for {len(batch_sizes)} rollout batches")
+    out = []
+    for tr, n in zip(traces, batch_sizes):
+        for b in range(n):
+            infos = tr.infos[b]
+            out.append({"actions": [str(a) for a in tr.actions[b][:len(infos)]],
+                        "tool_error": [bool(error_prefix.is_tool_error(i)) for i in infos],
+                        "failure": [bool(i.get("failure")) for i in infos],
+                        "done": [bool(x) for x in tr.dones[b][:len(infos)]], "seed": int(tr.seeds[b])})
+    return out
+
+
+def prefixes_from_log(evals: Mapping[str, Mapping], labels: Sequence[str], tasks: Sequence, t_max: int,
+                      tier: int = -1) -> list[error_prefix.ErrorPrefix]:
+    """Error prefixes (`collect_error_prefixes`, source = the policy label) of the episodes of tier index `tier`
+    in each label's eval log (`episodes`, tier-major over the [U, P, Z] grid), that leave room for one more
+    reply (length + 1 <= t_max)."""
+    out = []
+    for label in labels:
+        e = evals[label]
+        if "episodes" not in e:
+            raise ValueError(f"the eval log of {label!r} has no per-episode actions ('episodes'); re-evaluate it")
+        n_u, n_p, n_z = np.asarray(e["status"]).shape
+        u = range(n_u)[tier]
+        trajs = []
+        for p in range(n_p):
+            for z in range(n_z):
+                ep = e["episodes"][(u * n_p + p) * n_z + z]
+                infos = [{"tool_error": te, "failure": f} for te, f in zip(ep["tool_error"], ep["failure"])]
+                trajs.append(dict(task=tasks[p], seed=ep["seed"], actions=ep["actions"], infos=infos,
+                                  dones=ep["done"], policy=label))
+        pre = error_prefix.collect_error_prefixes(trajs, t_max=t_max)
+        out += [x for x in pre if len(x.actions) + 1 <= t_max]
+    return out
+
+
+# ----------------------------------------------------------------------------- continuing and judging
+def continue_prefixes(params, cfg, world, ts, prefixes: Sequence[error_prefix.ErrorPrefix], key, batch_size: int,
+                      *, sampler, compute_dtype=None, mesh=None) -> list[str]:
+    """One reply of the policy per prefix: prefixes grouped by length, in rollout batches of `batch_size` (the
+    last padded with copies of its first prefix, dropped after) so the rollouts keep the evaluation's shape;
+    the prefix is replayed as forced replies and the budget is its length + 1 ("" if the episode ended first)."""
+    rcfg = ts.rollout_config(sampler)
+    params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
+    context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
+    out: list[Optional[str]] = [None] * len(prefixes)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        by_len.setdefault(len(p.actions), []).append(i)
+    for n, idx in sorted(by_len.items()):
+        for c, start in enumerate(range(0, len(idx), batch_size)):
+            rows = idx[start:start + batch_size]
+            rows = rows + [rows[0]] * (batch_size - len(rows))
+            with context():
+                ro = host_rollout(params, cfg, world.env, world.tokenizer, [prefixes[i].task for i in rows],
+                                  np.full((batch_size,), n + 1, np.int32), jax.random.fold_in(key, n * 100003 + c),
+                                  rcfg, forced_actions=[list(prefixes[i].actions) for i in rows],
+                                  enable_thinking=ts.enable_thinking, workers=ts.workers,
+                                  step_timeout_s=ts.step_timeout_s)
+            for j, i in enumerate(rows[:min(batch_size, len(idx) - start)]):
+                acts = ro.trace.actions[j]
+                out[i] = acts[n] if len(acts) > n else ""
+    return [a if a is not None else "" for a in out]
+
+
+def judge(env, prefixes: Sequence[error_prefix.ErrorPrefix], base_actions: Sequence[str],
+          rl_actions: Sequence[str]) -> dict:
+    """Per-prefix correction flags of both continuations (`error_prefix.correction_rate`), JSON-able with the
+    prefixes' source policy, task id and erroneous step."""
+    rates = error_prefix.correction_rate(env, prefixes, {"base": base_actions, "rl": rl_actions})
+    return {"base": [bool(x) for x in rates["base"]["corrected"]], "rl": [bool(x) for x in rates["rl"]["corrected"]],
+            "source": [p.source for p in prefixes], "step": [int(p.step) for p in prefixes],
+            "task_id": [str(getattr(p.task, "id", "")) for p in prefixes]}
+
+
+# ----------------------------------------------------------------------------- the metrics
+def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequence[int], n_boot: int,
+                           put) -> dict:
+    """The finding-4 metrics (module docstring) from `judge`'s record per GRPO seed; `put` is `host_eval._put`.
+    No prefix in any seed: only `<d>.f4_correction.n_prefixes` = 0 and the note `<d>.note.f4_correction`."""
+    f4 = f"{d}.f4_correction"
+    m: dict = {}
+    n_all = sum(len(j["base"]) for j in judged.values())
+    m[f"{f4}.n_prefixes"] = n_all
+    if n_all == 0:
+        m[f"{d}.note.f4_correction"] = NO_PREFIX_NOTE
+        return m
+    units = {}
+    for s, j in sorted(judged.items()):
+        b, r = np.asarray(j["base"], np.float64), np.asarray(j["rl"], np.float64)
+        units[s] = r - b
+        m[f"{f4}.seed{s}.n_prefixes"] = len(b)
+        m[f"{f4}.seed{s}.n_from_base"] = sum(src == "base" for src in j["source"])
+        m[f"{f4}.seed{s}.base"] = float(b.mean()) if len(b) else float("nan")
+        m[f"{f4}.seed{s}.rl"] = float(r.mean()) if len(r) else float("nan")
+    put(m, f"{f4}.diff", units, included, n_boot)
+    ok = [s for s in judged if s in included]
+    pooled = lambda key: (float(np.mean(np.concatenate([np.asarray(judged[s][key], np.float64) for s in ok])))  # noqa: E731
+                          if ok and any(len(judged[s][key]) for s in ok) else float("nan"))
+    m[f"{f4}.base"], m[f"{f4}.rl"] = pooled("base"), pooled("rl")
+    return m
