@@ -489,21 +489,37 @@ def _eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
 
 def _generate_program(preset, cfg, mesh, world, b, cdt) -> Program:
     """generate (sampling API) at the rollout's batch: prompts of 512 tokens, max_action_tokens new ones."""
+    return generate_program(cfg, mesh, rows=b, prompt_len=512, new_tokens=preset.task.max_action_tokens, dtype=cdt,
+                            stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id)
+
+
+def generate_program(cfg, mesh, *, rows: int, prompt_len: int, new_tokens: int, dtype, stop_ids, pad_id: int,
+                     sampler=None) -> Program:
+    """`sampling.generate(params, cfg, prompts, key, max_new_tokens=new_tokens, mesh=mesh,
+    compute_dtype=dtype, ...)` as it runs: its jit `_generate` on the params as generate lays them out
+    (`sampling.rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`) and the prompts, mask and token
+    limits as it places them (`sharding.batch_sharding`), key replicated. prompt_len and new_tokens are
+    powers of two (generate's buckets: prompt width, `max_steps`); the cache holds both."""
     from jaxagent import sharding
     from jaxagent.sampling import Sampler
-    from jaxagent.sampling.generate import _generate
-    rep, row = sharding.replicated(mesh), sharding.row_sharding(mesh)
-    gen_len, new = 512, preset.task.max_action_tokens
-    pb = _params_abstract(cfg, mesh, cdt)
-    prompt = jax.ShapeDtypeStruct((b, gen_len), jnp.int32, sharding=row)
-    pmask = jax.ShapeDtypeStruct((b, gen_len), jnp.bool_, sharding=row)
+    from jaxagent.sampling.generate import _generate, bucket
+    if bucket(prompt_len) != prompt_len or bucket(new_tokens, 8) != new_tokens:
+        raise ValueError(f"prompt_len {prompt_len} and new_tokens {new_tokens} must be generate's buckets "
+                         "(powers of two, >= 16 and >= 8)")
+    rep = sharding.replicated(mesh)
+    row = lambda ndim: sharding.batch_sharding(mesh, ndim, batch_size=rows)  # noqa: E731
+    pb = _params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES)
+    prompt = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=row(2))
+    pmask = jax.ShapeDtypeStruct((rows, prompt_len), jnp.bool_, sharding=row(2))
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
-    maxn = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=row)
+    maxn = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row(1))
     return Program("generate", lambda: _generate.lower(
-        pb, prompt, pmask, key, maxn, cfg=cfg, max_steps=new, cache_len=gen_len + new, sampler=Sampler(),
-        stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id, mesh=mesh),
-        analytic_flops(cfg, b, gen_len + new, backward=False),
-        f"{b} prompts x {gen_len} tokens + {new} new, {jnp.dtype(cdt).name}")
+        pb, prompt, pmask, key, maxn, cfg=cfg, max_steps=new_tokens, cache_len=prompt_len + new_tokens,
+        sampler=Sampler() if sampler is None else sampler, stop_ids=tuple(int(s) for s in stop_ids),
+        pad_id=int(pad_id), mesh=mesh, rules=None),
+        analytic_flops(cfg, rows, prompt_len + new_tokens, backward=False),
+        f"{rows} prompts x {prompt_len} tokens + {new_tokens} new, {jnp.dtype(dtype).name} params on "
+        "ROLLOUT_RULES (as generate lays them out)")
 
 
 def sft_program(cfg, mesh, *, rows: int, seq: int) -> Program:

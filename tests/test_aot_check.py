@@ -1,11 +1,13 @@
 """AOT compile for a TPU topology on this CPU host (experiments/aot_check.py): a tiny Qwen3 train step on
 v5p:2x2x1 with mesh (1, 2, 2) has no foreign custom calls, fits HBM and shows the FSDP pattern (weight
-all-gathers, gradient reduce-scatters, no all-to-all of activations); the HLO helpers on hand-written
-text. Skipped only when libtpu (the tpu-aot extra) is not installed.
+all-gathers, gradient reduce-scatters, no all-to-all of activations); a tiny `generate` decodes without
+gathering weights per step (the rollout layout); the HLO helpers on hand-written text. Skipped only when
+libtpu (the tpu-aot extra) is not installed.
 """
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -99,6 +101,44 @@ def test_tiny_train_step_compiles_for_v5p_as_fsdp(tiny_train_step):
     loops = sorted(lp["trips"] for lp in rec["loops"])
     assert 2 in loops and 4 in loops          # the micro-batch scan and the logits-chunk scan (256 / 64)
     assert rec["flops_per_chip"] > rec["flops_per_chip_xla"]  # XLA counted the loop bodies once
+
+
+def _loop_all_gather_bytes(text: str, trips: int) -> float:
+    """Bytes all-gathered per program execution by the instructions of loop bodies run `trips` times."""
+    hlo = A.parse_hlo(text)
+    mult = A.multipliers(hlo)
+    return sum(mult[comp] * max(A._nbytes(a) for a in A._arrays(ins["type"]))
+               for comp, insts in hlo["comps"].items() if mult.get(comp) == trips
+               for ins in insts if ins["op"] in ("all-gather", "all-gather-start"))
+
+
+@pytest.fixture(scope="module")
+def tiny_generate():
+    import jax
+    import jax.numpy as jnp
+    from jaxagent import sharding
+    from jaxagent.models import qwen3
+    devices = A.topology_devices("v5p:2x2x1")
+    mesh = sharding.make_mesh(1, 2, 2, devices=devices)
+    prog = A.generate_program(CFG, mesh, rows=8, prompt_len=16, new_tokens=8, dtype=jnp.bfloat16, stop_ids=(1,),
+                              pad_id=0)
+    compiled = prog.lower().compile()
+    rec = A.analyse(compiled, chips=4, spec=A.chip_specs("v5p:2x2x1"), hbm_limit=A.CHIPS["v5p"]["hbm"],
+                    analytic=prog.analytic_flops)
+    weights = sum(2 * np.prod(x.shape) for x in jax.tree.leaves(qwen3.param_shapes(CFG))) / 2  # bf16, tensor = 2
+    return rec, compiled.as_text(), weights
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tiny_generate_gathers_no_weights_per_decode_step(tiny_generate):
+    """generate decodes with the weights per ROLLOUT_RULES (whole over fsdp): its 8-step decode loop gathers
+    only the sampler's few values, not the weights (with the FSDP layout: every weight, at every step)."""
+    rec, text, weights_per_chip = tiny_generate
+    assert rec["foreign_custom_calls"] == [] and rec["hbm_fraction"] < 0.85
+    assert any(lp["trips"] == 8 for lp in rec["loops"])  # the decode loop
+    assert "all-to-all" not in rec["collectives"]
+    assert _loop_all_gather_bytes(text, 8) < 0.01 * 8 * weights_per_chip
 
 
 def test_topology_errors_are_clear():

@@ -9,8 +9,8 @@ need it; rows without forced actions sample as usual).
 
 Placement (`mesh`, `compute_dtype`, optional on every rollout driver): the evaluation rollouts run as
 `stages.make_arm_runtime`'s training rollout does, on a copy of the params in the compute dtype
-(`rollout_params`), laid out per `sharding.ROLLOUT_RULES` on a mesh, the episodes split over the mesh's
-batch axes under `jax.set_mesh` (the model pins activations and the KV cache to them); the results come
+(`sampling.rollout_params`), laid out per `sharding.ROLLOUT_RULES` on a mesh, the episodes split over the
+mesh's batch axes under `jax.set_mesh` (the model pins activations and the KV cache to them); the results come
 back replicated. Neither given: the params as they are, on the default device (the toy presets).
 
 Dimension legend (CONVENTIONS.md): B episodes (rollout rows), N turns (T_max).
@@ -27,11 +27,11 @@ import numpy as np
 
 from jaxagent import sharding
 from jaxagent.eval import passk
-from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import RolloutConfig, rollout
 from jaxagent.sampling import Sampler
+from jaxagent.sampling.generate import rollout_params  # the rollouts' (and generate's) copy of the params
 
 
 def to_host(tree):
@@ -92,27 +92,6 @@ def row_placement(mesh, rows: int):
 
     gather = jax.jit(lambda t: t, out_shardings=sharding.replicated(mesh))
     return place, functools.partial(jax.set_mesh, mesh), gather
-
-
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def _cast_floating(params, *, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-
-
-def rollout_params(params, cfg: Qwen3Config, *, mesh=None, compute_dtype=None):
-    """The rollouts' copy of `params`, as `stages.make_arm_runtime`'s rollout_fn makes it: floating leaves
-    cast to `compute_dtype` (None, or the dtype they already have: not cast) and, on a `mesh`, placed per
-    `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes). Neither: `params`."""
-    if compute_dtype is not None:
-        dt = jnp.dtype(compute_dtype)
-        if not jnp.issubdtype(dt, jnp.floating):
-            raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
-        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt for x in jax.tree.leaves(params)):
-            params = _cast_floating(params, dtype=dt)
-    if mesh is not None:
-        params = jax.device_put(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh,
-                                                               sharding.ROLLOUT_RULES))
-    return params
 
 
 def run_rollouts(world, cfg: Qwen3Config, params, tasks, budgets, key, env_params, rcfg: RolloutConfig, *,

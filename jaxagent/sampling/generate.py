@@ -7,6 +7,11 @@ existing cache (a prompt, or an environment's reply after the model's turn) and 
 next-token logits; `decode` samples until every row has hit a stop token or its own token limit. Rows
 never re-prefill their history. `generate` is the one-call convenience for a batch of prompts with
 left or right padding.
+
+On a mesh, decoding reads every weight at every token, so the weights it reads are laid out for decoding
+(`rollout_params`: per `sharding.ROLLOUT_RULES`, split over tensor and whole over the batch axes, gathered
+once per call) rather than FSDP-sharded as for training (gathered at every decode step). The training and
+evaluation rollouts (`study.stages`, `eval.driver_common`) and `generate` use that one layout.
 """
 from __future__ import annotations
 
@@ -39,6 +44,27 @@ _PREDRAW_MAX_ELEMENTS = 1 << 22  # decode pre-draws all steps' sampling noise up
 def bucket(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= n (and >= minimum): static shapes without a compile per length."""
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast_floating(params, *, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def rollout_params(params, cfg: Qwen3Config, *, mesh: Mesh | None = None, compute_dtype=None):
+    """The decoding copy of `params` (the rollouts' and `generate`'s): floating leaves cast to
+    `compute_dtype` (None, or the dtype they already have: not cast) and, on a `mesh`, placed per
+    `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes; already there: no copy).
+    Neither: `params` itself. Works on traced params too (inside a user's jit: a sharding constraint)."""
+    if compute_dtype is not None:
+        dt = jnp.dtype(compute_dtype)
+        if not jnp.issubdtype(dt, jnp.floating):
+            raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
+        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt for x in jax.tree.leaves(params)):
+            params = _cast_floating(params, dtype=dt)
+    if mesh is not None:
+        params = jax.device_put(params, shd.shardings_for(qwen3.logical_axes(cfg), params, mesh, shd.ROLLOUT_RULES))
+    return params
 
 
 def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, packed=None, mesh=None):
@@ -153,21 +179,26 @@ def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, c
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
              max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
              pad_id: int = 0, cache_len: int | None = None, mesh: Mesh | None = None,
-             rules: Mapping[str, shd.MeshAxes] | None = None) -> Generation:
+             rules: Mapping[str, shd.MeshAxes] | None = None, compute_dtype=None) -> Generation:
     """Samples continuations of a batch of prompts (padding on either side, given by the mask).
 
     The prompt width is bucketed to a power of two and `max_new_tokens` (int or [B]) is a traced
     value bounded by the static buffer `max_steps` (default: bucket(max(max_new_tokens))), so new
     prompt lengths and token limits reuse the compiled program.
 
-    `mesh` (optional, with `rules`, default `sharding.RULES`): for params sharded on that mesh
-    (e.g. `qwen3.load(path, mesh=mesh)`); the batch is split over the rules' batch axes and the
-    KV cache is pinned to its rule-table sharding instead of whatever the compiler propagates (with
-    the default rules, the model's activations too: `qwen3.forward(mesh=)`).
+    `mesh` (optional, with `rules`, default `sharding.RULES`): decodes on that mesh as the rollouts do.
+    The params (in any layout on the mesh, e.g. FSDP-sharded by `qwen3.load(path, mesh=mesh)`) are
+    laid out for decoding first (`rollout_params`: per `sharding.ROLLOUT_RULES`, one gather per call,
+    none per token); the batch is split over the rules' batch axes and the KV cache is pinned to its
+    rule-table sharding instead of whatever the compiler propagates (with the default rules, the
+    model's activations too: `qwen3.forward(mesh=)`). `compute_dtype` (optional): decode with the
+    floating params cast to it (`rollout_params`), as the rollouts do with the preset's compute dtype.
 
     Inside a user's `jax.jit` / `eval_shape` / `vmap` (traced prompt, mask or token limits) only the
     shape checks run (the value checks need concrete inputs) and `max_steps` must be given.
     """
+    if mesh is not None or compute_dtype is not None:
+        params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((prompt_BxL, prompt_mask_BxL, max_new_tokens))):
         return _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler,
                                 stop_ids, pad_id, cache_len, mesh, rules)

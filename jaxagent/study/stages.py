@@ -194,6 +194,7 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     sampler's log-probs (`LossSettings`), with the trainer's pre-update log-probs as the ratio's
     pi_old when an iteration makes several updates (`rl_iteration(logprobs_fn=)`)."""
     from jaxagent.sampling import Sampler
+    from jaxagent.sampling.generate import rollout_params
 
     env_params = ts.env_params()
     ppo = arm.rl.estimator == "ppo"
@@ -222,21 +223,10 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
         # rollouts come back fully replicated: readable on every process, whatever the compiler chose
         replicate = jax.jit(lambda tree: tree, out_shardings=sharding.replicated(mesh))
 
-    # the rollouts' copy of the params: in the compute dtype and, on a mesh, laid out per
-    # `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes); one program per rollout
-    def rollout_params(p):
-        return jax.tree.map(lambda x: x.astype(cdt) if cdt is not None and jnp.issubdtype(x.dtype, jnp.floating)
-                            else x, p)
-
-    if mesh is None:
-        cast = jax.jit(rollout_params)
-    else:
-        cast = jax.jit(rollout_params, out_shardings=sharding.shardings_for(
-            qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh, sharding.ROLLOUT_RULES))
-
     def rollout_fn(params, tasks, budgets, k):
-        if cdt is not None or mesh is not None:
-            params = cast(params)
+        # the decoding copy of the params: in the compute dtype and, on a mesh, laid out per
+        # `sharding.ROLLOUT_RULES` (split over tensor, replicated over the batch axes; `rollout_params`)
+        params = rollout_params(params, cfg, mesh=mesh, compute_dtype=cdt)
         if mesh is None:
             return rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, k, env_params, rcfg)
         # episodes split over the batch axes (where they divide the batch); under the mesh context the model
