@@ -27,6 +27,7 @@ from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
 from jaxagent.study import host_error_recovery, host_stages, stages
+from tests.passk_reference import comb_pass
 
 
 def _has_bfcl():
@@ -206,15 +207,6 @@ def test_trace_metrics_counts_errors_and_timeouts():
 
 
 # ----------------------------------------------------------------------------- the miniatures
-def _comb_pass(succ_PxZ, k):
-    """Chen et al. 2021 eq. 1 with math.comb, task mean."""
-    out = []
-    for row in np.asarray(succ_PxZ, bool):
-        n, c = len(row), int(row.sum())
-        out.append(1.0 - math.comb(n - c, k) / math.comb(n, k))
-    return float(np.mean(out))
-
-
 def _check_miniature(run_dir: str, name: str, title: str, n_train: int, n_heldout: int):
     """Run-directory files, per-iteration metrics (with the host numbers), the report's domain section and table,
     Pass@ from the raw eval logs, and the bound from the env's `upper_bound_turns`."""
@@ -259,7 +251,7 @@ def _check_miniature(run_dir: str, name: str, title: str, n_train: int, n_heldou
         key = "base" if label == "base" else label.replace("/", ".")
         for u, t in enumerate(tiers):
             for k in p.eval.ks:
-                assert metrics[f"{d}.pass.{key}.t{t}.k{k}"] == pytest.approx(_comb_pass(succ[u], k), abs=1e-6)
+                assert metrics[f"{d}.pass.{key}.t{t}.k{k}"] == pytest.approx(comb_pass(succ[u], k), abs=1e-6)
     b = json.load(open(os.path.join(run_dir, "eval", "bound.json")))
     env = host.make(dom.env)
     held = {t.id: t for t in env.tasks("test")}

@@ -20,6 +20,7 @@ from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
+from tests.passk_reference import comb_pass
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +102,6 @@ def test_structural_bound_synthetic():
     assert b["p_star"].shape == (4, 4) and b["p_star"][3].tolist() == [0, 0, 0, 0]
 
 
-def _comb_pass(succ_PxZ, k):
-    """Chen et al. 2021 eq. 1 with math.comb, task mean."""
-    out = []
-    for row in np.asarray(succ_PxZ, bool):
-        n, c = len(row), int(row.sum())
-        out.append(1.0 - math.comb(n - c, k) / math.comb(n, k))
-    return float(np.mean(out))
-
-
 def test_run_pass_episodes_synthetic_pads_and_counts():
     """A fake policy succeeds on task p iff budget >= p + 1 and on every other call: the grid, padding of the
     last batch (7 does not divide 2 x 3 x 4 = 24) and the estimator against math.comb."""
@@ -128,7 +120,7 @@ def test_run_pass_episodes_synthetic_pads_and_counts():
     grid = host_eval.pass_grid(raw["success"], [1, 2, 4])
     for u in range(2):
         for j, k in enumerate([1, 2, 4]):
-            assert grid[u, j].mean() == pytest.approx(_comb_pass(raw["success"][u], k), abs=1e-6)
+            assert grid[u, j].mean() == pytest.approx(comb_pass(raw["success"][u], k), abs=1e-6)
 
 
 def test_run_pass_episodes_scripted_sql(tok, world):
@@ -318,7 +310,7 @@ def test_ci_sql_pass_recomputes_from_raw_logs(ci_run):
         key = "base" if label == "base" else label.replace("/", ".")
         for u, t in enumerate(ev["tiers"]):
             for k in p.eval.ks:
-                assert metrics[f"sql.pass.{key}.t{t}.k{k}"] == pytest.approx(_comb_pass(succ[u], k), abs=1e-6)
+                assert metrics[f"sql.pass.{key}.t{t}.k{k}"] == pytest.approx(comb_pass(succ[u], k), abs=1e-6)
     # the report's table cells are the arm means over the seeds
     for u, t in enumerate(json.load(open(os.path.join(ci_run, "eval", "bound.json")))["tiers"]):
         for k in p.eval.ks:
