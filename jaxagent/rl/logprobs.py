@@ -68,16 +68,16 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     def logits(head_, h_BxCxD):
         return sharding.constrain(_unembed_f32(head_, cfg, h_BxCxD), qwen3.LOGITS_AXES, mesh)
 
-    def target_logp(z, tgt_BxC):
-        return jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(z, axis=-1)
+    def target_logp(z, lse, tgt_BxC):
+        return jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - lse
 
     def stats(heads, hs, tgt_BxC):
         z = logits(heads[0], hs[0])
         lse = jax.nn.logsumexp(z, axis=-1)
-        out = (target_logp(z, tgt_BxC), lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1))
+        out = (target_logp(z, lse, tgt_BxC), lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1))
         if len(heads) == 2:
             zr = logits(heads[1], hs[1])
-            out = out + (target_logp(zr, tgt_BxC), losses.exact_kl(z, zr))
+            out = out + (target_logp(zr, jax.nn.logsumexp(zr, axis=-1), tgt_BxC), losses.exact_kl(z, zr))
         return out
 
     heads, hs = ((head,), (h_BxTxD,)) if ref is None else ((head, ref[0]), (h_BxTxD, ref[1]))
