@@ -72,6 +72,18 @@ def _tiny_model() -> Qwen3Config:
 _CI_COMPILE = (("xla_backend_optimization_level", 2),)
 
 
+def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, task_kw: dict,
+               **kw) -> HostPreset:
+    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples,
+    1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`."""
+    return HostPreset(name=name,
+                      task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
+                                            max_obs_tokens=24, workers=2, **task_kw),
+                      eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
+                                            batch_size=eval_batch),
+                      tiny_model=_tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE, **kw)
+
+
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
     """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
     FrozenLake 0.6B preset), AOT-checked on one v5p chip as a proxy for 80 GB."""
@@ -110,37 +122,23 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # ---------------------------------------------------------------- CI miniatures (no checkpoint)
     # Seconds-scale plumbing check: 2 turns of 4-token replies, 4 train tasks, all 5 held-out tasks. Tool output
     # capped at 24 tokens so that the cap is exercised (the SQL env's format-error message is longer).
-    "ci-sql": HostPreset(
-        name="ci-sql",
-        task=HostTaskSettings(domain="sql", t_max=2, max_action_tokens=4, max_context=448, max_obs_tokens=24,
-                              max_train_tasks=4, workers=2),
-        eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=20),
-        tiny_model=_tiny_model(), seeds=(0, 1), iterations=2, n_tasks=1, group_size=2, lr=1e-4,
-        compiler_options=_CI_COMPILE),
+    "ci-sql": _miniature("ci-sql", "sql", max_context=448, eval_batch=20, task_kw=dict(max_train_tasks=4),
+                         seeds=(0, 1), iterations=2),
     # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
     # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
     # fewest steps that reach every stage: grpo (the findings' main arm) and gigpo (finding 7 compares them on BFCL),
     # 1 seed, 1 iteration of 2 episodes.
     # 1 train and 2 held-out tasks x 2 tiers x 2 samples in rollout batches of 2 (the training rollout's shape:
     # one set of compiles). Tool output capped at 24 tokens (BFCL's error responses are longer).
-    "ci-bfcl": HostPreset(
-        name="ci-bfcl",
-        task=HostTaskSettings(domain="bfcl", t_max=2, max_action_tokens=4, max_context=2560, max_obs_tokens=24,
-                              max_train_tasks=1, max_heldout_tasks=2, max_system_tokens=2200, workers=2),
-        eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=2),
-        tiny_model=_tiny_model(), arms=("grpo", "gigpo"), seeds=(0,), iterations=1, n_tasks=1, group_size=2,
-        lr=1e-4,
-        compiler_options=_CI_COMPILE),
+    "ci-bfcl": _miniature("ci-bfcl", "bfcl", max_context=2560, eval_batch=2,
+                          task_kw=dict(max_train_tasks=1, max_heldout_tasks=2, max_system_tokens=2200),
+                          arms=("grpo", "gigpo"), seeds=(0,), iterations=1),
     # Coding in 448 slots (as ci-sql) with 2 overlapping episode groups (the real code presets' setting) of 1 row
     # each; eval batches of 2, the training rollout's shape (one set of compiles). 1 arm, 1 seed, 1 iteration of 2
     # episodes; 2 train and 2 held-out tasks. Test feedback capped at 24 tokens.
-    "ci-code": HostPreset(
-        name="ci-code",
-        task=HostTaskSettings(domain="code", t_max=2, max_action_tokens=4, max_context=448, max_obs_tokens=24,
-                              max_train_tasks=2, max_heldout_tasks=2, workers=2, overlap_groups=2),
-        eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50, batch_size=2),
-        tiny_model=_tiny_model(), arms=("grpo",), seeds=(0,), iterations=1, n_tasks=1, group_size=2, lr=1e-4,
-        compiler_options=_CI_COMPILE),
+    "ci-code": _miniature("ci-code", "code", max_context=448, eval_batch=2,
+                          task_kw=dict(max_train_tasks=2, max_heldout_tasks=2, overlap_groups=2),
+                          arms=("grpo",), seeds=(0,), iterations=1),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
