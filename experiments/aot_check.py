@@ -8,7 +8,8 @@ ever materialised. Per program one JSON line (with --json; else a table): per-ch
 `compiled.memory_analysis()` against the chip's HBM, FLOPs from the HLO with loop trip counts (and XLA's
 own `cost_analysis()`, which counts a while-loop body once), the analytic FLOPs, a roofline time,
 collectives by kind with bytes (trip counts applied), custom calls and the largest buffers. The exit
-status is 1 when a program fails to compile or needs more than `--hbm-fraction` of HBM.
+status is 1 when a program fails to compile, needs more than `--hbm-fraction` of HBM, holds a custom call
+the TPU cannot run or an all-to-all, or counts more than 1.1x its analytic FLOPs (`verdict`).
 
 GPU presets are compiled for the TPU topology with their chip count (`Preset.aot_topology`, a proxy said
 in the output) and checked against the GPU's HBM (`Preset.aot_hbm_gib`). Install the pinned libtpu with
@@ -25,6 +26,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -46,6 +48,8 @@ CHIPS = {
 # XLA:TPU's own custom calls (buffer allocation, gather/scatter index handling); anything else (an FFI
 # kernel such as jaxagent_*, a host callback) cannot run on the chip and is reported as foreign.
 BENIGN_CUSTOM_CALLS = {"AllocateBuffer", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "ZeroCrop"}
+# Per-chip FLOPs may exceed the analytic count by at most this factor (issue 20: no duplicated compute).
+FLOPS_TOLERANCE = 1.1
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -107,16 +111,82 @@ def parse_hlo(text: str) -> dict:
     return {"comps": comps, "entry": entry}
 
 
-def _trip_count(cond: list) -> int:
-    """A while loop's trip count from its condition: the largest s32 constant compared against (loops
-    written by lax.scan / fori_loop count from 0); 1 when none is found."""
-    consts = []
-    for ins in cond:
-        if ins["op"] == "constant" and ins["type"].startswith("s32[]"):
+def _operands(ins) -> list:
+    """The %names an instruction reads, in order."""
+    return re.findall(r"%([\w.\-]+)", ins["rest"].split("), ")[0].split(")")[0]) if ins["op"] != "tuple" else \
+        re.findall(r"%([\w.\-]+)", ins["rest"].rsplit(")", 1)[0])
+
+
+def _int_constants(insts: list) -> dict:
+    out = {}
+    for ins in insts:
+        if ins["op"] == "constant" and re.match(r"[su](8|16|32|64)\[\]", ins["type"]):
             m = re.match(r"\s*(-?\d+)\)", ins["rest"])
             if m:
-                consts.append(int(m.group(1)))
-    return max([c for c in consts if c > 0] or [1])
+                out[ins["name"]] = int(m.group(1))
+    return out
+
+
+def _trip_count(cond: list, body: Optional[list] = None, init: Optional[list] = None) -> int:
+    """A while loop's trip count ceil((limit - start) / step) for a loop whose condition's ROOT compares a
+    tuple counter against an integer constant (`LT limit`, `LE limit` = `LT limit + 1`): the step is the
+    constant the body's ROOT tuple adds to that counter (XLA:TPU's bidirectional windowed-matmul loops
+    count in u32 steps of 2), the start the constant it enters with in `init` (the while's operand tuple
+    chain), else 0 and 1. Without such a compare: the largest positive integer constant of the condition
+    (lax.scan / fori_loop count from 0 by 1); 1 when none is found."""
+    consts = _int_constants(cond)
+    fallback = max([c for c in consts.values() if c > 0] or [1])
+    root = next((ins for ins in cond if ins["line"].lstrip().startswith("ROOT")), None)
+    if root is None or root["op"] != "compare":
+        return fallback
+    ops = _operands(root)
+    d = re.search(r"direction=(\w+)", root["rest"])
+    if len(ops) != 2 or not d:
+        return fallback
+    d = d.group(1)
+    if ops[1] in consts and d in ("LT", "LE"):
+        counter, limit = ops[0], consts[ops[1]] + (d == "LE")
+    elif ops[0] in consts and d in ("GT", "GE"):
+        counter, limit = ops[1], consts[ops[0]] + (d == "GE")
+    else:
+        return fallback
+    by_name = {ins["name"]: ins for ins in cond}
+    gte = by_name.get(counter)
+    idx = re.search(r"index=(\d+)", gte["rest"]) if gte is not None and gte["op"] == "get-tuple-element" else None
+    step, start = 1, 0
+    if idx is not None and body:
+        i = int(idx.group(1))
+        b_by_name, b_consts = {ins["name"]: ins for ins in body}, _int_constants(body)
+        b_root = next((ins for ins in body if ins["line"].lstrip().startswith("ROOT")), None)
+        if b_root is not None and b_root["op"] == "tuple":
+            elems = _operands(b_root)
+            upd = b_by_name.get(elems[i]) if i < len(elems) else None
+            if upd is not None and upd["op"] == "add":
+                step = next((b_consts[o] for o in _operands(upd) if o in b_consts), 1) or 1
+    if idx is not None and init:
+        i = int(idx.group(1))
+        elems = _operands(init[-1]) if init[-1]["op"] == "tuple" else []
+        i_consts = _int_constants(init)
+        if i < len(elems) and elems[i] in i_consts:
+            start = i_consts[elems[i]]
+    return max(1, -(-(limit - start) // step)) if step > 0 else fallback
+
+
+def _while_trips(comps: dict, comp: str, ins: dict) -> int:
+    """`_trip_count` of the while instruction `ins` of computation `comp`: its condition, its body and the
+    instructions of `comp` up to its operand tuple (where the counter's start is)."""
+    cond = re.search(r"condition=%?([\w.\-]+)", ins["rest"])
+    body = re.search(r"body=%?([\w.\-]+)", ins["rest"])
+    insts = comps.get(comp, [])
+    ops = _operands(ins)
+    init = []
+    if ops:
+        by_name = {x["name"]: x for x in insts}
+        tup = by_name.get(ops[0])
+        if tup is not None:
+            init = [x for x in insts if x["op"] == "constant"] + [tup]
+    return _trip_count(comps.get(cond.group(1), []) if cond else [], comps.get(body.group(1)) if body else None,
+                       init)
 
 
 def multipliers(hlo: dict) -> dict:
@@ -133,7 +203,7 @@ def multipliers(hlo: dict) -> dict:
             if ins["op"] == "while":
                 body = re.search(r"body=%?([\w.\-]+)", rest)
                 cond = re.search(r"condition=%?([\w.\-]+)", rest)
-                n = _trip_count(comps.get(cond.group(1), [])) if cond else 1
+                n = _while_trips(comps, name, ins) if cond else 1
                 if body:
                     visit(body.group(1), k * n)
                 if cond:
@@ -252,7 +322,7 @@ def hlo_summary(text: str, top: int = 5) -> dict:
                 custom[tgt] = custom.get(tgt, 0) + 1
             if op == "while":
                 cond = re.search(r"condition=%?([\w.\-]+)", ins["rest"])
-                n = _trip_count(hlo["comps"].get(cond.group(1), [])) if cond else 1
+                n = _while_trips(hlo["comps"], comp, ins) if cond else 1
                 meta = re.search(r'op_name="([^"]+)"', ins["rest"])
                 loops.append({"trips": n, "runs": k, "op": meta.group(1)[-80:] if meta else ins["name"]})
             if op not in ("parameter", "get-tuple-element", "tuple", "bitcast") and comp == hlo["entry"] or \
@@ -306,6 +376,7 @@ class Program:
     lower: Callable[[], Any]             # () -> jax.stages.Lowered
     analytic_flops: float = 0.0          # all chips together
     note: str = ""
+    flops_checked: bool = True           # False where the analytic figure is a scale, not a target (rollouts)
 
 
 def _sds(x, sharding=None):
@@ -396,7 +467,8 @@ def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, 
     # upper bound: every episode fills its context once (prefill + decode), no backward
     fl = analytic_flops(cfg, n, rcfg.max_context, backward=False)
     return Program(name, lower, fl, f"{n} episodes, {rcfg.max_context} context slots, {rcfg.t_max} turns, "
-                   f"{jnp.dtype(dtype).name} params (analytic: one full-context forward per episode)")
+                   f"{jnp.dtype(dtype).name} params (analytic: one full-context forward per episode)",
+                   flops_checked=False)
 
 
 PROGRAM_NAMES = ("sft_step", "rollout_train", "train_step_grpo", "train_step_ppo", "critic_values", "rollout_eval",
@@ -577,25 +649,37 @@ def analyse(compiled, *, chips: int, spec: dict, hbm_limit: float, analytic: flo
 
 def run_programs(programs: list[Program], *, preset: str, topology: str, chips: int, spec: dict,
                  hbm_limit: float, fraction: float, proxy: Optional[str], emit: Callable[[dict], None],
-                 hlo_dir: Optional[str] = None) -> bool:
-    """Compiles each program, emits its record (and writes its HLO text to hlo_dir); True when all
-    compiled, fit and hold no foreign custom call."""
+                 hlo_dir: Optional[str] = None, flops_tolerance: float = FLOPS_TOLERANCE) -> bool:
+    """Compiles each program, emits its record (and writes its HLO text to hlo_dir); True when every
+    program compiled, fits, holds no foreign custom call and no all-to-all, and (where `flops_checked`)
+    counts at most `flops_tolerance` x the analytic FLOPs. A program whose lowered text equals an earlier
+    one's (the evaluation rollout is the training rollout's program) is compiled once: its record copies
+    the first's figures and says `same_program_as`."""
     ok = True
+    seen: dict[str, dict] = {}
     for prog in programs:
         rec = {"program": prog.name, "preset": preset, "topology": topology, "chips": chips}
         if proxy:
             rec["proxy"] = proxy
         t0 = time.time()
         try:
-            compiled = prog.lower().compile()
-            if hlo_dir:
-                os.makedirs(hlo_dir, exist_ok=True)
-                with open(os.path.join(hlo_dir, f"{preset}.{prog.name}.hlo.txt"), "w") as f:
-                    f.write(compiled.as_text())
-            rec.update(analyse(compiled, chips=chips, spec=spec, hbm_limit=hbm_limit, analytic=prog.analytic_flops))
-            fits = rec["hbm_fraction"] <= fraction
-            rec["status"] = "ok" if fits and not rec["foreign_custom_calls"] else (
-                "over_hbm" if not fits else "custom_calls")
+            lowered = prog.lower()
+            digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+            if digest in seen:
+                first = seen[digest]
+                rec.update({k: v for k, v in first.items() if k not in rec and k not in ("compile_s", "shapes")})
+                rec["same_program_as"] = first["program"]
+            else:
+                compiled = lowered.compile()
+                if hlo_dir:
+                    os.makedirs(hlo_dir, exist_ok=True)
+                    with open(os.path.join(hlo_dir, f"{preset}.{prog.name}.hlo.txt"), "w") as f:
+                        f.write(compiled.as_text())
+                rec.update(analyse(compiled, chips=chips, spec=spec, hbm_limit=hbm_limit,
+                                   analytic=prog.analytic_flops))
+                rec["status"] = verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
+                                        flops_tolerance=flops_tolerance)
+                seen[digest] = rec
         except Exception as e:  # a failed compile is a result, reported per program
             rec["status"] = "compile_error"
             rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
@@ -604,6 +688,21 @@ def run_programs(programs: list[Program], *, preset: str, topology: str, chips: 
         ok &= rec["status"] == "ok"
         emit(rec)
     return ok
+
+
+def verdict(rec: dict, *, fraction: float, flops_checked: bool, flops_tolerance: float = FLOPS_TOLERANCE) -> str:
+    """'ok', or the first check a compiled program fails: over_hbm (more than `fraction` of HBM),
+    custom_calls (a call the TPU cannot run), all_to_all (activations resharded: not the FSDP pattern),
+    flops_over (more than `flops_tolerance` x the analytic FLOPs: duplicated compute)."""
+    if rec["hbm_fraction"] > fraction:
+        return "over_hbm"
+    if rec["foreign_custom_calls"]:
+        return "custom_calls"
+    if "all-to-all" in rec["collectives"]:
+        return "all_to_all"
+    if flops_checked and rec["flops_ratio"] is not None and rec["flops_ratio"] > flops_tolerance:
+        return "flops_over"
+    return "ok"
 
 
 def _table_line(rec: dict) -> str:

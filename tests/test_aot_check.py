@@ -59,6 +59,43 @@ def test_hlo_summary_applies_trip_counts():
     assert h["loops"][0]["trips"] == 6
 
 
+# XLA:TPU's bidirectional windowed matmul: a u32 counter from 0 in steps of 2 below 8 (4 trips, two dots each)
+WINDOWED_HLO = """HloModule w
+
+%wbody (p: (u32[], f32[8,16])) -> (u32[], f32[8,16]) {
+  %p = (u32[], f32[8,16]{1,0}) parameter(0)
+  %i = u32[] get-tuple-element(%p), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %d1 = f32[8,16]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %d2 = f32[8,16]{1,0} dot(%d1, %x), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %two = u32[] constant(2)
+  %next = u32[] add(%i, %two)
+  ROOT %t = (u32[], f32[8,16]{1,0}) tuple(%next, %d2)
+}
+
+%wcond (q: (u32[], f32[8,16])) -> pred[] {
+  %q = (u32[], f32[8,16]{1,0}) parameter(0)
+  %lim = u32[] constant(8)
+  %j = u32[] get-tuple-element(%q), index=0
+  ROOT %lt = pred[] compare(%j, %lim), direction=LT
+}
+
+ENTRY %main (a: f32[8,16]) -> f32[8,16] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %zero = u32[] constant(0)
+  %t0 = (u32[], f32[8,16]{1,0}) tuple(%zero, %a)
+  %w = (u32[], f32[8,16]{1,0}) while(%t0), condition=%wcond, body=%wbody
+  ROOT %r = f32[8,16]{1,0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_trip_count_reads_step_and_unsigned_counters():
+    h = A.hlo_summary(WINDOWED_HLO)
+    assert h["loops"][0]["trips"] == 4                  # ceil((8 - 0) / 2), not 8 (the bound) nor 1 (no s32)
+    assert h["flops"] == 4 * 2 * (2 * 8 * 16 * 16)
+
+
 def test_analytic_flops_six_n_per_token():
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -144,3 +181,32 @@ def test_tiny_generate_gathers_no_weights_per_decode_step(tiny_generate):
 def test_topology_errors_are_clear():
     with pytest.raises(ValueError, match="unknown TPU generation"):
         A.chip_specs("v9x:2x2")
+
+
+def test_verdict_checks_fit_calls_all_to_all_and_flops():
+    rec = {"hbm_fraction": 0.5, "foreign_custom_calls": [], "collectives": {"all-gather": {}}, "flops_ratio": 1.05}
+    assert A.verdict(rec, fraction=0.85, flops_checked=True) == "ok"
+    assert A.verdict({**rec, "hbm_fraction": 0.9}, fraction=0.85, flops_checked=True) == "over_hbm"
+    assert A.verdict({**rec, "foreign_custom_calls": ["jaxagent_attention"]}, fraction=0.85,
+                     flops_checked=True) == "custom_calls"
+    assert A.verdict({**rec, "collectives": {"all-to-all": {}}}, fraction=0.85, flops_checked=True) == "all_to_all"
+    assert A.verdict({**rec, "flops_ratio": 1.2}, fraction=0.85, flops_checked=True) == "flops_over"
+    assert A.verdict({**rec, "flops_ratio": 2.6}, fraction=0.85, flops_checked=False) == "ok"  # a rollout's scale
+
+
+@needs_libtpu
+def test_identical_programs_compile_once():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jaxagent import sharding
+    mesh = sharding.make_mesh(1, 2, 2, devices=A.topology_devices("v5p:2x2x1"))
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+    f = jax.jit(lambda a: a @ a.T)
+    progs = [A.Program(name, lambda: f.lower(x)) for name in ("first", "second")]
+    recs = []
+    ok = A.run_programs(progs, preset="tiny", topology="v5p:2x2x1", chips=4, spec=A.chip_specs("v5p:2x2x1"),
+                        hbm_limit=A.CHIPS["v5p"]["hbm"], fraction=0.85, proxy=None, emit=recs.append)
+    assert ok and [r["status"] for r in recs] == ["ok", "ok"]
+    assert "same_program_as" not in recs[0] and recs[1]["same_program_as"] == "first"
+    assert recs[1]["memory_gib"] == recs[0]["memory_gib"]
