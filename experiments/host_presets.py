@@ -26,6 +26,12 @@ class HostEvalSettings:
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     n_boot: int = 1000
     batch_size: int = 64              # episodes per evaluation rollout batch
+    step_samples: int = 16            # G: replies sampled per policy and matched state (finding 3, coding; the
+                                      # paper's 16), in the evaluation's rollout batches (`host_step_quality`)
+    step_states: int = 64             # matched states drawn from each policy's full-budget episodes per GRPO seed:
+                                      # 2 x 64 states x 16 replies x 2 policies = 4,096 rows of one sampled reply
+                                      # each per seed (64 batches of 64 at 0.6B; a prefix's env steps run once per
+                                      # state and policy, `host_step_quality.StopAfter`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,11 @@ class HostPreset:
     micro_batches: int = 1
     remat: Optional[str] = None
     compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
+    # Finding 6 (coding only, `host_dynamics`): R_single on the held-out first turns (eval.n_samples per task, in the
+    # evaluation's rollout batches) at the base, every `dynamics_every` iterations and at the last. One measurement is
+    # P x n_samples one-turn episodes, e.g. 4 x 16 = 64 at 0.6B: about one training rollout's first turn, so every
+    # 10th of 100 iterations (11 points) costs a few percent of the arm.
+    dynamics_every: int = 10
     # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the TPU
     # topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
     aot_model: Optional[str] = None
@@ -74,14 +85,17 @@ _CI_COMPILE = (("xla_backend_optimization_level", 2),)
 
 def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, task_kw: dict,
                **kw) -> HostPreset:
-    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples,
-    1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`."""
+    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples
+    (finding 3, coding: 2 matched states from each policy, 2 replies per policy and state),
+    1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`; finding 6's
+    R_single (coding) at the base and at every iteration (the last among them)."""
     return HostPreset(name=name,
                       task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
                                             max_obs_tokens=24, workers=2, **task_kw),
                       eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
-                                            batch_size=eval_batch),
-                      tiny_model=_tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE, **kw)
+                                            batch_size=eval_batch, step_samples=2, step_states=2),
+                      tiny_model=_tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
+                      dynamics_every=1, **kw)
 
 
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
@@ -96,8 +110,9 @@ def _pod_8b(name: str, task: HostTaskSettings, eval: HostEvalSettings, *, n_task
             **kw) -> HostPreset:
     """Qwen3-8B on a v5p 4x4x4 slice with the 8B FrozenLake preset's mesh (4, 8, 2): episodes over data x fsdp = 32
     batch shards, so n_tasks x 8 / micro_batches is a multiple of 32 (one or more rows per shard per micro-batch);
-    bf16 forward passes, full remat, 200 iterations."""
-    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), iterations=200, n_tasks=n_tasks, group_size=8,
+    bf16 forward passes, full remat, 200 iterations, R_single (coding) every 20th (11 points, as at 0.6B)."""
+    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), iterations=200, dynamics_every=20,
+                      n_tasks=n_tasks, group_size=8,
                       lr=1e-6, compute_dtype="bfloat16", mesh=(4, 8, 2), micro_batches=micro_batches, remat="full",
                       aot_model="qwen3_8b", aot_topology="v5p:4x4x4", **kw)
 

@@ -6,20 +6,32 @@ runs/<name>/
   config.json                          the preset (+ the checkpoint used)
   tiny_checkpoint/                     CI presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout)
   base/DONE                            the checkpoint the arms start from
-  arms/<arm>/seed<k>/  metrics.jsonl, policy/ (HF layout), DONE
+  arms/<arm>/seed<k>/  metrics.jsonl, ckpt/ (orbax, the 2 newest iterations: resumable), policy/ (HF layout), DONE;
+                       dynamics.jsonl on the coding domain (finding 6: R_multi and R_single, `host_dynamics`)
   eval/<policy>.json                   raw per-episode log (success, status, turns [U, P, Z]; `episodes`: per
                                        episode, tier-major, the replies and per-step tool_error / failure / done
-                                       flags, on finding-4 domains) and Pass@(K,T)
+                                       flags, on finding-3 and finding-4 domains; `f5_tokens`: the full-budget
+                                       episodes' tokens and policy-token spans, on finding-5 domains) and Pass@(K,T)
+  eval/f3_grpo_seed<s>.json            finding 3 (coding): matched states of base's and seed s's full-budget episodes,
+                                       G replies of each policy per state, their unit-test pass rates
+                                       (`host_step_quality`)
   eval/f4_grpo_seed<s>.json            finding 4 (BFCL): the error prefixes of base's and seed s's full-budget
                                        episodes, each continued once by each policy, judged (`host_error_recovery`)
+  eval/f5_grpo_seed<s>.json            finding 5 (BFCL): base's and seed s's full-budget episodes (their tokens kept
+                                       in the eval logs' `f5_tokens`), every policy token scored under both policies:
+                                       per episode action NLLs under base, LLR, policy tokens (`host_likelihood`)
   eval/bound.json                      reference turns per held-out task and the bound per tier
   metrics.json, report.md, timing.json
-A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm restarts. A rerun
-with other settings refuses unless --force (which empties the run directory); the mesh, the seeds and the arms
+A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm resumes from its latest
+checkpoint (its logs cut back to it), unless that checkpoint was saved with other settings (refused, naming them). A
+rerun with other settings refuses unless --force (which empties the run directory); the mesh, the seeds and the arms
 may change (`study.RESULT_NEUTRAL`).
 Device mesh: a preset's `mesh` other than (1, 1, 1) runs the train step and the rollouts sharded on a mesh over
-every device of this process (`study.make_run_mesh`); the host rollout runs in one process, so a multi-process
-(multi-host) run is refused.
+every device of the job (`study.make_run_mesh`). Several processes (a multi-host job, e.g. the v5p pod presets:
+every process runs this same script): every process runs every rollout and steps every episode's env (`host_loop`
+module docstring, multi-process); process 0 writes the run directory, the metrics, checkpoints and the report,
+the others waiting where they read them (DONE markers and eval logs, the same on every process, are written
+atomically by each).
 Each arm iteration's metrics record adds the rollout's host numbers (`host_stages.trace_metrics`: model vs env
 wall seconds, episodes ended by an env error or time-out).
 """
@@ -36,15 +48,18 @@ import jax
 import numpy as np
 
 from experiments import study
-from experiments.cli import non_negative_int, positive_int
+from experiments.cli import init_distributed, non_negative_int, positive_int
 from experiments.host_presets import HOST_PRESETS, HostPreset
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
 from jaxagent.models import qwen3
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.sampling import Sampler
-from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages, stages
+from jaxagent.study import host_dynamics
+from jaxagent.study import host_error_recovery, host_eval, host_likelihood, host_report, host_stages, stages
+from jaxagent.study import host_step_quality
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,6 +72,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=non_negative_int, nargs="+", default=None, help="override the RL seeds")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
+    g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
+    g.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first, so the preset's mesh spans every host's devices")
+    g.add_argument("--coordinator-address", default=None, help="host:port of process 0 (with --distributed)")
+    g.add_argument("--num-processes", type=positive_int, default=None, help="number of processes (with --distributed)")
+    g.add_argument("--process-id", type=non_negative_int, default=None, help="this process's index (with --distributed)")
     return p
 
 
@@ -106,26 +127,33 @@ class HostRun:
     """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
 
     def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
-        if jax.process_count() > 1:
-            raise SystemExit("error: the host-domain study runs in one process (the host rollout reads every "
-                             "episode's reply on this host); use a preset whose mesh fits this host's devices")
         self.preset = preset
-        self.mesh = study.make_run_mesh(preset)
+        self.mesh = study.make_run_mesh(preset)  # ValueError unless the mesh covers every device of the job
+        if self.mesh is None and jax.process_count() > 1:
+            raise SystemExit(f"error: preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has "
+                             f"{jax.process_count()} processes; a multi-process run needs a preset whose mesh covers "
+                             f"all {jax.device_count()} devices")
         check_batches(preset, sharding.batch_divisor(self.mesh))
         self.dir = os.path.abspath(os.path.join(root, name or preset.name))
         record = json.loads(json.dumps(study._jsonable(preset)))
-        cfg_path = os.path.join(self.dir, "config.json")
+        cfg_path, old = os.path.join(self.dir, "config.json"), None
         if os.path.isfile(cfg_path):
             with open(cfg_path) as f:
                 old = json.load(f)
-            strip = lambda d: {k: v for k, v in d.items() if k not in study.RESULT_NEUTRAL}  # noqa: E731
-            if strip(old) != strip(record):
-                if not force:
-                    raise SystemExit(f"error: {self.dir} was made with other settings; use --name, or --force")
+        study.sync_processes(f"host-config-check:{self.dir}")  # every process read config.json before it changes
+        strip = lambda d: {k: v for k, v in d.items() if k not in study.RESULT_NEUTRAL}  # noqa: E731
+        if old is not None and strip(old) != strip(record) and not force:
+            raise SystemExit(f"error: {self.dir} was made with other settings; use --name, or --force")
+        tiny = os.path.join(self.dir, "tiny_checkpoint")
+        if study.is_main_process():  # process 0 writes the run directory; the others wait for it
+            if old is not None and strip(old) != strip(record):
                 shutil.rmtree(self.dir)
-        os.makedirs(self.dir, exist_ok=True)
-        study.write_json(cfg_path, record)
-        ckpt = preset.checkpoint or write_tiny_checkpoint(os.path.join(self.dir, "tiny_checkpoint"), preset.tiny_model)
+            os.makedirs(self.dir, exist_ok=True)
+            study.write_json(cfg_path, record)
+            if not preset.checkpoint:
+                write_tiny_checkpoint(tiny, preset.tiny_model)
+        study.sync_processes(f"host-run-dir:{self.dir}")
+        ckpt = preset.checkpoint or tiny
         self.checkpoint = ckpt
         self.cfg = qwen3.Qwen3Config.from_dir(ckpt)
         self.tokenizer = Tokenizer.from_dir(ckpt)
@@ -151,10 +179,49 @@ def run_base(run: HostRun):
     return params
 
 
-def run_arms(run: HostRun, base_params, log=print) -> dict:
-    """Every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile)."""
-    p, policies, runtimes = run.preset, {}, {}
-    host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its iteration's record
+def arm_stage_settings(run: HostRun, arm: str, seed: int) -> dict:
+    """What determines an arm/seed's policy and logs (recorded in its checkpoints' extra and its DONE; a resume
+    from a checkpoint saved with other settings is refused)."""
+    p = run.preset
+    return study._plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
+                         "seed": int(seed), "task": p.task, "compute_dtype": p.compute_dtype,
+                         "dynamics_every": p.dynamics_every,
+                         "r_single": {"n_samples": p.eval.n_samples, "batch_size": p.eval.batch_size}})
+
+
+def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed: int, base_params):
+    """(checkpoint manager of <out>/ckpt (keeps 2), the latest checkpoint's TrainState or None); SettingsMismatch
+    when that checkpoint was saved with other settings than `recorded` (or without any)."""
+    manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)
+    if manager.latest_step() is not None:
+        saved = (ckpt_lib.read_metadata(manager).get("extra") or {}).get("settings")
+        diff = ["settings: not recorded"] if saved is None else ckpt_lib.settings_diff(saved, recorded)
+        if diff:
+            where = ckpt_lib.step_directory(manager, manager.latest_step())
+            raise study.SettingsMismatch(
+                f"stage {label}: the checkpoint {where} was saved with other settings ({len(diff)} differ, as saved "
+                f"vs now): {study._short(diff)}. Rerun with the same settings, choose another --name/--root, or "
+                f"delete {out} to redo this arm from iteration 0")
+    # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
+    abstract = stages.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)
+    return manager, ckpt_lib.restore_latest(manager, abstract, cfg=run.cfg, expect_extra={"settings": recorded})
+
+
+def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None) -> dict:
+    """Every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile; `runtimes`:
+    a cache of them a caller keeps across calls, e.g. to resume arms in the same process without recompiling). Each
+    iteration checkpoints the train state (arms/<arm>/seed<s>/ckpt, the 2 newest) after writing its logs; an
+    interrupted arm resumes from its latest checkpoint, its logs cut back to the iterations before it. On the
+    coding domain each arm also logs finding 6's R_multi and R_single (`host_dynamics`) into dynamics.jsonl: the
+    base at step -1, then every `dynamics_every` iterations and the last."""
+    p, policies = run.preset, {}
+    runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
+    r_single, base_rs = None, []
+    if run.world.domain.name in host_dynamics.DOMAINS:
+        host_dynamics.should_measure(0, p.dynamics_every, p.iterations)  # a bad dynamics_every fails before training
+        r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,
+                                               batch_size=p.eval.batch_size, compute_dtype=p.compute_dtype,
+                                               mesh=run.mesh)
     for arm in p.arms:
         settings = run.arm_settings(arm)
         key = dataclasses.replace(settings, name="", rl=None)
@@ -164,44 +231,70 @@ def run_arms(run: HostRun, base_params, log=print) -> dict:
                 policies[(arm, seed)] = qwen3.load(os.path.join(out, "policy"), mesh=run.mesh)[1]
                 continue
             if key not in runtimes:
-                runtimes[key] = host_stages.make_host_arm_runtime(
+                host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its record
+                runtimes[key] = (host_stages.make_host_arm_runtime(
                     run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
                     micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
-                    on_trace=lambda trace: host.update(host_stages.trace_metrics(trace)))
-            metrics_path = os.path.join(out, "metrics.jsonl")
-            if os.path.isfile(metrics_path):
-                os.remove(metrics_path)  # an interrupted arm restarts from iteration 0
+                    on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace))), host)
+            runtime, host = runtimes[key]
+            label, recorded = f"{arm}/seed{seed}", arm_stage_settings(run, arm, seed)
+            manager, state = resume_arm(run, label, out, recorded, runtime, seed, base_params)
+            metrics_path, dyn_path = os.path.join(out, "metrics.jsonl"), os.path.join(out, "dynamics.jsonl")
+            if state is not None:
+                start = int(state.data_pos) // settings.rl.n_tasks
+                log(f"[{label}] resuming at iteration {start}")
+                # lines of iterations after the restored checkpoint (a kill between append and save) go
+                study.cut_jsonl(metrics_path, lambda r, start=start: r.get("iteration", start) < start)
+                study.cut_jsonl(dyn_path, lambda r, start=start: r.get("step", start) < start)
+            else:
+                for f in (metrics_path, dyn_path):
+                    if study.is_main_process() and os.path.isfile(f):  # the logs are process 0's
+                        os.remove(f)  # of a run killed before its first checkpoint: it restarts from iteration 0
+                if r_single is not None:
+                    if not base_rs:  # the base's R_single is the same for every arm and seed (one fixed key)
+                        base_rs.append(r_single(base_params))
+                    study.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
 
-            def cb(it, m, st, label=f"{arm}/seed{seed}"):
-                study.check_update(label, it, m, st)
+            def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
+                   recorded=recorded, settings=settings, host=host):
+                study.check_update(label, it, m, st)  # before anything of this iteration is written
                 study.append_jsonl(metrics_path, {**m, **host})
+                if r_single is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
+                    study.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
+                                                                      r_single(st.params)))
+                ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
                 log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
 
             state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
-                                                 settings, runtimes[key], callback=cb)
+                                                 settings, runtime, callback=cb, state=state)
+            ckpt_lib.wait_until_finished(manager)
             study.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
-            study.mark_done(out)
+            study.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             policies[(arm, seed)] = state.params
     return policies
 
 
 def eval_policy(run: HostRun, params, label: str) -> dict:
-    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json; on a finding-4
-    domain the log keeps each episode's replies and step flags, and a cached log without them is re-evaluated,
-    with the same key)."""
+    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json; on a finding-3
+    or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
+    episode's tokens and policy-token spans (`host_likelihood.TokenLog`), and a cached log without them is
+    re-evaluated, with the same key)."""
     path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
-    keep = run.world.domain.name in host_error_recovery.DOMAINS
+    keep = run.world.domain.name in host_error_recovery.DOMAINS + host_step_quality.DOMAINS  # findings 3, 4
+    f5 = run.world.domain.name in host_likelihood.DOMAINS  # finding 5: the full-budget episodes' tokens are kept
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
-        if not keep or "episodes" in cached:
+        if (not keep or "episodes" in cached) and (not f5 or host_likelihood.LOG_KEY in cached):
             return cached
     p, w = run.preset, run.world
     traces = []
     ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
                                              compute_dtype=p.compute_dtype, mesh=run.mesh,
                                              on_trace=traces.append if keep else None)
-    raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(w.heldout_tasks), run.tiers,
+    tok_log = host_likelihood.TokenLog(run.tiers[-1])
+    rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
+    raw = host_eval.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
                                       p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
     per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
     res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
@@ -210,9 +303,23 @@ def eval_policy(run: HostRun, params, label: str) -> dict:
         total = raw["status"].size
         sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
         res["episodes"] = host_error_recovery.episode_records(traces, sizes)
+    if f5:
+        total = raw["status"].size
+        sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
+        res[host_likelihood.LOG_KEY] = tok_log.log_entry(sizes, raw["status"].shape)
     study.write_json(path, res)
     with open(path) as f:
         return json.load(f)
+
+
+def read_dynamics(run: HostRun, policies) -> dict | None:
+    """Finding 6's records per GRPO seed (arms/grpo/seed<s>/dynamics.jsonl, `host_dynamics.record`); None outside
+    `host_dynamics.DOMAINS`."""
+    if run.world.domain.name not in host_dynamics.DOMAINS:
+        return None
+    paths = {s: os.path.join(run.dir, "arms", a, f"seed{s}", "dynamics.jsonl") for a, s in policies
+             if a == host_eval.MAIN_ARM}
+    return {s: health.read_log(path) for s, path in sorted(paths.items()) if os.path.isfile(path)}
 
 
 def evaluate(run: HostRun, base, policies: dict) -> dict:
@@ -231,8 +338,18 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     if d in host_error_recovery.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
         judged = {s: error_prefixes(run, base, params, evals, s) for (a, s), params in sorted(policies.items())
                   if a == host_eval.MAIN_ARM}
+    stepq = None
+    if d in host_step_quality.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
+        stepq = {s: step_quality_seed(run, base, params, evals, s) for (a, s), params in sorted(policies.items())
+                 if a == host_eval.MAIN_ARM}
+    lik = None
+    if d in host_likelihood.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
+        memo = {}  # base's episodes scored under base, shared by the seeds
+        lik = {s: likelihood_seed(run, base, params, evals, s, memo) for (a, s), params in sorted(policies.items())
+               if a == host_eval.MAIN_ARM}
     return host_eval.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
-                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged)
+                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
+                                    likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq)
 
 
 def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
@@ -257,6 +374,48 @@ def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
     return res
 
 
+def step_quality_seed(run: HostRun, base, params, evals: dict, seed: int) -> dict:
+    """Finding 3 for GRPO seed `seed` (cached in eval/f3_grpo_seed<s>.json): matched states drawn in equal numbers
+    (at most eval.step_states each) from base's and the seed's full-budget held-out episodes, G = eval.step_samples
+    replies of each policy per state (the same key for both: common random numbers), each scored by its unit-test
+    pass rate (`host_step_quality`)."""
+    label = f"{host_eval.MAIN_ARM}/seed{seed}"
+    path = os.path.join(run.path("eval"), f"f3_{label.replace('/', '_')}.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    p, w = run.preset, run.world
+    states = host_step_quality.states_from_log(evals, "base", label, w.heldout_tasks, seed=303 + seed,
+                                               n_states=p.eval.step_states)
+    key = jax.random.fold_in(jax.random.key(303), seed)
+    scores = {name: host_step_quality.sample_scores(
+        prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
+        sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+        for name, prm in (("base", base), ("rl", params))}
+    res = host_step_quality.record(states, scores["base"], scores["rl"])
+    study.write_json(path, res)
+    return res
+
+
+def likelihood_seed(run: HostRun, base, params, evals: dict, seed: int, memo: dict | None = None) -> dict:
+    """Finding 5 for GRPO seed `seed` (cached in eval/f5_grpo_seed<s>.json): every policy token of base's and the
+    seed's full-budget held-out episodes scored under both policies, per episode its action NLLs under base, its
+    cumulative LLR and its policy-token count (`host_likelihood.score_seed`; rows per scoring batch: the train
+    step's micro-batch, n_tasks x group_size / micro_batches, on the run's mesh and compute dtype)."""
+    label = f"{host_eval.MAIN_ARM}/seed{seed}"
+    path = os.path.join(run.path("eval"), f"f5_{label.replace('/', '_')}.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    p = run.preset
+    res = host_likelihood.score_seed(base, params, run.cfg, evals["base"], evals[label],
+                                     batch_size=p.n_tasks * p.group_size // p.micro_batches, mesh=run.mesh,
+                                     compute_dtype=stages._compute_dtype(p.compute_dtype),
+                                     max_width=p.task.max_context, memo=memo)
+    study.write_json(path, res)
+    return res
+
+
 def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     p, dom = run.preset, run.world.domain
     findings = host_eval.domain_findings(dom.name, dom.title)
@@ -273,16 +432,27 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     if dom.name in host_error_recovery.DOMAINS:
         meta["finding 4 error prefixes"] = ("base's and each GRPO seed's full-budget held-out episodes, steps with "
                                             "a tool-call error that did not end the episode; one reply per policy")
+    if dom.name in host_step_quality.DOMAINS:
+        meta["finding 3 matched states"] = (f"up to {p.eval.step_states} from each of base's and each GRPO seed's "
+                                            "full-budget held-out episodes (equal numbers); "
+                                            f"{p.eval.step_samples} replies per policy and state, each scored by its "
+                                            "unit-test pass rate")
+    if dom.name in host_likelihood.DOMAINS:
+        meta["finding 5 likelihood"] = ("base's and each GRPO seed's full-budget held-out episodes, every policy "
+                                        f"token scored teacher-forced under both policies ({p.compute_dtype})")
     text = host_report.build_host_report(meta, metrics, [section])
     path = os.path.join(run.dir, "report.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    study.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    if study.is_main_process():  # several processes: process 0 writes the report
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        study.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    study.sync_processes(f"report:{run.dir}")
     return path, verdicts
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    init_distributed(args)  # before anything touches the devices
     t0 = time.time()
     run = HostRun(preset_from(args), args.root, args.name, force=args.force)
     base = run_base(run)
@@ -293,6 +463,8 @@ def main(argv=None):
     path, verdicts = write_report(run, metrics)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
+    if not study.is_main_process():
+        return
     study.write_json(os.path.join(run.dir, "timing.json"), timing)
     print(f"report: {path}")
     print("verdicts: " + ", ".join(f"{k}={v}" for k, v in verdicts.items()))

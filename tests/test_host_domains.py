@@ -28,6 +28,8 @@ from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
 from jaxagent.study import host_error_recovery, host_stages, stages
 from tests.passk_reference import comb_pass
+from tests.test_host_likelihood import check_ci_bfcl_finding5
+from tests.test_host_step_quality import check_ci_code_finding3
 
 
 def _has_bfcl():
@@ -271,8 +273,21 @@ def runs_root(tmp_path_factory):
 @pytest.mark.slow
 def test_ci_code_end_to_end(runs_root):
     reproduce.main(["--preset", "ci-code", "--root", runs_root])
-    metrics, _ = _check_miniature(os.path.join(runs_root, "ci-code"), "ci-code", "Multi-turn coding", 2, 2)
+    metrics, text = _check_miniature(os.path.join(runs_root, "ci-code"), "ci-code", "Multi-turn coding", 2, 2)
     assert all(metrics[f"code.bound.t{t}"] == 1.0 for t in (1, 2))  # one submission solves every task
+    # finding 6: R_single at the base and the (last) iteration, R_multi from its training batch, both in the report
+    dyn = health.read_log(os.path.join(runs_root, "ci-code", "arms", "grpo", "seed0", "dynamics.jsonl"))
+    assert [r["step"] for r in dyn] == [-1, 0] and all(len(r["r_single_tasks"]) == 2 for r in dyn)
+    assert metrics["code.f6.last_step"] == 0 and metrics["code.f6.first_step_r_single"] == -1
+    for r in ("r_multi", "r_single"):  # the estimate over the included seeds, else its all-seeds sensitivity line
+        key = f"code.f6_{r}.diff"
+        assert math.isfinite(metrics.get(f"{key}.all.mean", metrics[f"{key}.mean"])), r
+        assert all(0.0 <= metrics[f"code.f6_{r}.{end}"] <= 1.0 for end in ("first", "last")), r
+    verdicts = "|".join(stats.VERDICTS)
+    for what in ("trajectory reward R_multi", "single-turn reward R_single"):
+        assert re.search(rf"\| Multi-turn coding: 6\. {what} .*\| ({verdicts}) \| grpo seeds ", text), what
+    assert len(re.findall(r"\| last iteration \(mean over seeds\) \| \d\.\d{3} \|", text)) == 2
+    check_ci_code_finding3(runs_root)
 
 
 @pytest.mark.slow
@@ -312,3 +327,4 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     assert len(acts) == 1 and isinstance(acts[0], str) and acts[0] != bad
     j = host_error_recovery.judge(run.world.env, pre, [acts[0], bad], [bad, bad])
     assert j["rl"] == [False, False] and len(j["base"]) == 2
+    check_ci_bfcl_finding5(runs_root)

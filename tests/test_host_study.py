@@ -1,7 +1,9 @@
 """The host-domain study (SQL): the task-index adapter, the tool-output cap, Pass@(K,T) episodes and the structural
 bound on synthetic and scripted data, the seed-aware metrics, and the ci-sql miniature end to end through
 `experiments.reproduce` (files, the report's SQL section, Pass@ recomputed from the raw eval logs, the bound
-against `upper_bound_turns`)."""
+against `upper_bound_turns`), and an arm's per-iteration checkpoints: interrupted, refused with other settings,
+resumed to the miniature's own result."""
+import dataclasses
 import json
 import math
 import os
@@ -13,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import reproduce
+from experiments import host_study, reproduce, study
 from experiments.host_presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
+from jaxagent.models import qwen3
+from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
 from tests.passk_reference import comb_pass
@@ -331,3 +335,75 @@ def test_ci_sql_bound_matches_upper_bound_turns(ci_run):
     metrics = json.load(open(os.path.join(ci_run, "metrics.json")))
     for t in b["tiers"]:
         assert metrics[f"sql.bound.t{t}"] == pytest.approx(np.mean([w <= t for w in want]))
+
+
+# ----------------------------------------------------------------------------- checkpoints and resume (ci-sql)
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def resumed(ci_run, tmp_path_factory):
+    """ci-sql's grpo/seed0 (2 iterations) again in a new run directory: stopped after iteration 1's metrics line
+    was written but before its checkpoint (iteration 0's on disk), refused with other settings, then rerun to the
+    end with the same runtime (one train-step compile)."""
+    run = host_study.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], arms=("grpo",), seeds=(0,)),
+                             str(tmp_path_factory.mktemp("resume")))
+    base = host_study.run_base(run)
+    out = os.path.join(run.dir, "arms", "grpo", "seed0")
+    real_save, seen, logs, runtimes = ckpt_lib.save, {}, [], {}
+
+    def save(manager, state, *args, step=None, **kw):
+        if step == 1:
+            seen["metrics"] = [r["iteration"] for r in health.read_log(os.path.join(out, "metrics.jsonl"))]
+            seen["ckpt"] = ckpt_lib.all_steps(os.path.join(out, "ckpt"))
+            raise Interrupted
+        return real_save(manager, state, *args, step=step, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ckpt_lib, "save", save)
+        with pytest.raises(Interrupted):
+            host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)
+    recorded = host_study.arm_stage_settings(run, "grpo", 0)
+    with pytest.raises(study.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
+                                                     r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
+        host_study.resume_arm(run, "grpo/seed0", out, {**recorded, "task": {**recorded["task"], "t_max": 3}},
+                              None, 0, base)
+    params = host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)[("grpo", 0)]
+    return dict(run=run, out=out, seen=seen, logs=logs, params=params, recorded=recorded,
+                ref=os.path.join(ci_run, "arms", "grpo", "seed0"))
+
+
+def _records(path):
+    """A metrics log's records without the host timing numbers (wall seconds differ between runs)."""
+    return [{k: v for k, v in r.items() if not k.startswith("host_")} for r in health.read_log(path)]
+
+
+@pytest.mark.slow
+def test_interrupted_arm_resumes_to_the_uninterrupted_result(resumed):
+    """The resumed arm ends with the uninterrupted miniature's params and metrics lines (iteration 1's line, written
+    before the interruption, cut and written again), and the checkpoints of both iterations."""
+    out = resumed["out"]
+    assert resumed["seen"] == {"metrics": [0, 1], "ckpt": [0]}
+    assert any("resuming at iteration 1" in str(m) for m in resumed["logs"])
+    ref_params = qwen3.load(os.path.join(resumed["ref"], "policy"))[1]
+    for a, b in zip(jax.tree.leaves(resumed["params"]), jax.tree.leaves(ref_params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    got, want = _records(os.path.join(out, "metrics.jsonl")), _records(os.path.join(resumed["ref"], "metrics.jsonl"))
+    assert [r["iteration"] for r in got] == [0, 1] and got == want
+    assert ckpt_lib.all_steps(os.path.join(out, "ckpt")) == [0, 1]
+    assert not os.path.exists(os.path.join(out, "dynamics.jsonl"))  # finding 6 is the coding domain's
+
+
+@pytest.mark.slow
+def test_arm_checkpoints_and_done_record_the_settings(resumed):
+    out, want = resumed["out"], resumed["recorded"]
+    assert want["arm"]["iterations"] == 2 and want["seed"] == 0 and want["task"]["domain"] == "sql"
+    assert study.done_settings(out) == want
+    meta = ckpt_lib.read_metadata(ckpt_lib.make_manager(os.path.join(out, "ckpt"), read_only=True))
+    assert meta["extra"]["settings"] == want and meta["step"] == 1
+    logs = []  # a rerun of the finished arm loads its policy and trains nothing
+    again = host_study.run_arms(resumed["run"], None, log=logs.append)[("grpo", 0)]
+    assert not logs
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(resumed["params"]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -44,6 +44,28 @@ env state is dropped (`trace.final_states[b]` None: the abandoned thread may sti
 else waits on it. `trace.timing` (`host_schedule.HostTiming`) splits each turn's seconds into model
 vs env, with the env time the model did not hide and the wall clock.
 
+Several processes (SPMD: every process of a multi-process job runs this same call with the same
+arguments, the params on one device mesh over all of them). Every process steps every episode's env on
+its own host and keeps the whole batch's buffers, so every loop decision (who plays turn t, how many
+append calls of which width, which group decodes next, when all episodes are done) is taken from data
+every process holds alike, and the processes issue the same jitted calls in the same order:
+  - the model's inputs (token rows, counts, active masks, key, a fresh KV cache) are placed on the
+    params' mesh from the host copies every process holds, and each decode's replies come back fully
+    replicated to every process (`host_policy.Placement`);
+  - the env results are made the same on every process (`host_schedule.agree_across_processes`): the
+    envs are deterministic given the same replies, except for wall-clock limits, so a reset or step that
+    timed out on any process fails its episode on every process (`EnvTimeout`), and one whose result
+    differs between processes (e.g. a sandboxed test near its time limit) fails it likewise
+    (`EnvDiverged`, `trace.infos[b][t]` {"diverged": True, ...});
+  - with overlap (G > 1) the groups take turns in a fixed order (a group whose steps are in flight is
+    waited for only when no group is ready, the oldest first) instead of whichever group's envs finish
+    first: wall-clock order would differ between hosts. The episodes are the same either way (the
+    Overlap paragraph), only less env time may be hidden;
+  - the returned Rollout's arrays are replicated on the params' mesh (one process: host arrays), so the
+    RL step and the metrics read them on every process; `trace` is complete on every process (results
+    files are written by process 0: `experiments/host_study.py`).
+The results equal a one-process run on a mesh of the same shape (tests/test_host_multihost.py).
+
 Replies not sampled from the model (`Turns.forced`, logprob 0), as in jax_loop's scripted and
 forced paths: with `generate_fn` (a scripted policy replacing the model: it is the acting policy, so
 its tokens are in `policy_mask`, the SFT targets) and with `forced_actions` (given texts that the
@@ -84,9 +106,9 @@ from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout import episode, types
 from jaxagent.rollout.episode import (BUDGET_TEMPLATE, EpisodeConfig, action_text, budget_text,  # noqa: F401
                                       observation_turn, text_reply)
-from jaxagent.rollout.host_policy import HostPolicy, append_jit, decode_jit, given_replies
-from jaxagent.rollout.host_schedule import (EnvCalls, EnvSide, EnvTimeout, Group, HostTiming, InFlight, TurnClock,
-                                            episode_groups, error_text, span)
+from jaxagent.rollout.host_policy import HostPolicy, Placement, append_jit, decode_jit, given_replies
+from jaxagent.rollout.host_schedule import (EnvCalls, EnvDiverged, EnvSide, EnvTimeout, Group, HostTiming, InFlight,
+                                            TurnClock, episode_groups, error_text, span)
 
 _append_jit, _decode_jit = append_jit, decode_jit  # the names tests/test_composable.py uses
 
@@ -195,16 +217,18 @@ class _Buffers:
                    trace=trace, states=[None] * n_ep, pending=[[] for _ in range(n_ep)],
                    n_system=np.zeros((n_ep,), np.int32))
 
-    def to_rollout(self, budget_B) -> types.Rollout:
+    def to_rollout(self, budget_B, put: Callable = jnp.asarray) -> types.Rollout:
+        """The Rollout, each host array turned into a jax array by `put` (several processes: replicated on
+        the mesh)."""
         rec, status = self.rec, self.status
         ret = episode.episode_return(status, rec["reward"]).astype(np.float32)
         return types.Rollout(
-            tokens=jnp.asarray(self.tokens), policy_mask=jnp.asarray(self.policy),
-            turn_index=jnp.asarray(self.turn_index), logprobs=jnp.asarray(self.logp), length=jnp.asarray(self.length),
-            turns=types.Turns(**{k: jnp.asarray(v) for k, v in rec.items()}), env_states=None, final_state=None,
-            episode_return=jnp.asarray(ret), success=jnp.asarray(status == types.SUCCESS),
-            turns_used=jnp.asarray(rec["active"].sum(1).astype(np.int32)), budget=jnp.asarray(budget_B),
-            status=jnp.asarray(status), generated_tokens=jnp.asarray(self.policy.sum(1).astype(np.int32)))
+            tokens=put(self.tokens), policy_mask=put(self.policy),
+            turn_index=put(self.turn_index), logprobs=put(self.logp), length=put(self.length),
+            turns=types.Turns(**{k: put(v) for k, v in rec.items()}), env_states=None, final_state=None,
+            episode_return=put(ret), success=put(status == types.SUCCESS),
+            turns_used=put(rec["active"].sum(1).astype(np.int32)), budget=put(np.asarray(budget_B)),
+            status=put(status), generated_tokens=put(self.policy.sum(1).astype(np.int32)))
 
 
 # ----------------------------------------------------------------------------- the named steps
@@ -329,6 +353,9 @@ def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight,
             if isinstance(res, EnvTimeout):  # the abandoned call may still change the state: drop it
                 info.update(timeout=True, timeout_s=calls.timeout_s)
                 buf.states[b] = None
+            elif isinstance(res, EnvDiverged):  # processes disagree on this state: no process keeps it
+                info["diverged"] = True
+                buf.states[b] = None
             else:
                 info["env_exception"] = True
             trace.infos[b].append(info)
@@ -406,7 +433,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
         row = forced_actions[b] if forced_actions is not None else ()
         return row[t] if t < len(row) else None
 
-    calls = EnvCalls(workers, step_timeout_s)
+    spmd = jax.process_count() > 1  # several processes: module docstring
+    calls = EnvCalls(workers, step_timeout_s, agree=spmd)
     try:
         _reset_all(buf, envs, calls, hcfg)
         for group in groups:
@@ -417,7 +445,10 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
         ready, running = collections.deque(groups), []
         while ready or running:
             while running:
-                i = calls.first_done([g.inflight.calls for g in running], block=not ready)
+                if spmd:  # a fixed order (the same on every process): the oldest, once no group is ready
+                    i = None if ready else 0
+                else:
+                    i = calls.first_done([g.inflight.calls for g in running], block=not ready)
                 if i is None:
                     break
                 group = running.pop(i)
@@ -450,4 +481,5 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
     finally:
         calls.close()
     buf.trace.final_states, buf.trace.timing = buf.states, clock.finish(len(groups))
-    return HostRollout(buf.to_rollout(budget_B), buf.trace)
+    put = Placement.of(params).replicated if spmd and params is not None else jnp.asarray
+    return HostRollout(buf.to_rollout(budget_B, put), buf.trace)

@@ -5,18 +5,36 @@ Compiles: `append_jit` once per distinct width (powers of two from 16 to `max_ap
 `decode_jit` once, per (batch size, max_context, model, sampler); never per turn. The host loop gives
 every episode group the same number of rows, so groups share the compiles.
 
+Placement (`Placement`). With the params on a single device (or unplaced) the host arrays go in as
+they are and the replies come back with `jax.device_get`. With the params on a device mesh
+(`Placement.of(params)`: the mesh of their `NamedSharding`) every host-side input of a jitted call is
+placed on that mesh explicitly: the appended token rows, their counts and the active mask split over
+the batch axes (`sharding.batch_sharding`), the key replicated, the fresh KV cache and logits created
+in their rule-table shardings (`sharding.RULES`: rows over data x fsdp, KV heads and vocab over
+tensor). Each global array is built with `jax.make_array_from_callback` from the host copy that every
+process holds (the host loop runs the same program with the same data on every process), each device
+taking its own slice; nothing is sent between processes. The replies (tokens, logprobs, lengths,
+stopped) come back fully replicated (`Placement.fetch`: `multihost_utils.process_allgather` where a
+process cannot address every shard), so every process reads every episode's reply, steps every
+episode's env, and makes the same loop decisions (`host_loop` module docstring, multi-process).
+One process with a mesh takes the same path, so its results equal a multi-process run's on the same
+mesh.
+
 Dimension legend (CONVENTIONS.md): B episodes, C append width (chunk tokens), M action tokens, V vocab.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
+from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout.episode import EpisodeConfig, text_reply
@@ -38,9 +56,68 @@ def decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, samp
                   stop_ids=stop_ids, pad_id=pad_id, active_B=active_B)
 
 
-def append_rows(params, cfg, cache, logits_BxV, rows: list, pad_id: int, max_width: int):
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the host loop's arrays go: `mesh` None (the params' single device: host arrays as they are) or
+    the params' device mesh (module docstring)."""
+
+    mesh: Optional[Mesh] = None
+
+    @classmethod
+    def of(cls, params) -> "Placement":
+        """The mesh of the params' first leaf when it has a NamedSharding over more than one device."""
+        leaves = jax.tree.leaves(params)
+        sh = getattr(leaves[0], "sharding", None) if leaves else None
+        return cls(sh.mesh if isinstance(sh, NamedSharding) and sh.mesh.size > 1 else None)
+
+    def _global(self, x: np.ndarray, sh: NamedSharding) -> jax.Array:
+        return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
+
+    def rows(self, x) -> jax.Array:
+        """A host array [B, ...] (the same on every process) with its rows over the mesh's batch axes."""
+        x = np.asarray(x)
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return self._global(x, shd.batch_sharding(self.mesh, x.ndim, batch_size=x.shape[0]))
+
+    def replicated(self, x) -> jax.Array:
+        """A host array (the same on every process) whole on every device of the mesh."""
+        x = np.asarray(x)
+        return jnp.asarray(x) if self.mesh is None else self._global(x, shd.replicated(self.mesh))
+
+    def key(self, key) -> jax.Array:
+        """A typed PRNG key (host-local or already replicated) replicated on the mesh."""
+        if self.mesh is None:
+            return key
+        sh = shd.replicated(self.mesh)
+        if getattr(key, "sharding", None) == sh:
+            return key
+        if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 key
+            return self.replicated(key)
+        data = np.asarray(jax.random.key_data(key))  # a local key, or a global one every process can read
+        return jax.random.wrap_key_data(self._global(data, sh), impl=jax.random.key_impl(key))
+
+    def zeros(self, shape: tuple, dtype, logical: tuple) -> jax.Array:
+        """Zeros of `shape` in the rule-table sharding of their logical axes (`sharding.RULES`)."""
+        if self.mesh is None:
+            return jnp.zeros(shape, dtype)
+        return jnp.zeros(shape, dtype, device=NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh)))
+
+    def fetch(self, tree):
+        """numpy copies of a pytree of arrays, every element on every process (gathered where this process
+        cannot address every shard; a host-local leaf is this process's own copy)."""
+        def one(x):
+            if getattr(x, "is_fully_addressable", True):
+                return jax.device_get(x)
+            return multihost_utils.process_allgather(x, tiled=True)
+        return jax.tree.map(one, tree)
+
+
+def append_rows(params, cfg, cache, logits_BxV, rows: list, pad_id: int, max_width: int,
+                place: Placement = Placement()):
     """Appends rows[b] (a list of ids, maybe empty) to every row's cache with one jitted call of a
-    bucketed width, or several calls of `max_width` for longer rows; returns (logits, cache)."""
+    bucketed width, or several calls of `max_width` for longer rows; returns (logits, cache). `place`:
+    where the token rows go (module docstring)."""
     n_B = np.asarray([len(r) for r in rows], np.int32)
     n_max = int(n_B.max())
     width = min(bucket(n_max), max_width)
@@ -49,7 +126,7 @@ def append_rows(params, cfg, cache, logits_BxV, rows: list, pad_id: int, max_wid
         piece_BxC = np.full((len(rows), width), pad_id, np.int32)
         for b in np.flatnonzero(n_piece_B):
             piece_BxC[b, :n_piece_B[b]] = rows[b][off:off + n_piece_B[b]]
-        logits_BxV, cache = append_jit(params, cache, jnp.asarray(piece_BxC), jnp.asarray(n_piece_B), logits_BxV,
+        logits_BxV, cache = append_jit(params, cache, place.rows(piece_BxC), place.rows(n_piece_B), logits_BxV,
                                         cfg=cfg)
     return logits_BxV, cache
 
@@ -67,7 +144,7 @@ def given_replies(texts: dict, n_ep: int, tokenizer: Tokenizer, m: int, pad_id: 
 @dataclasses.dataclass
 class HostPolicy:
     """The sampled policy of one episode group: params, its KV cache and next-token logits (one row per
-    episode of the group), its key (split once per decode call)."""
+    episode of the group), its key (split once per decode call), all placed per `Placement.of(params)`."""
 
     params: Any
     cfg: Any
@@ -78,14 +155,23 @@ class HostPolicy:
     key: jax.Array
     cache: Any = None
     logits: Any = None
+    place: Placement = Placement()
 
     def start(self, n_ep: int):
-        self.cache = qwen3.init_cache(self.cfg, n_ep, self.hcfg.max_context, jax.tree.leaves(self.params)[0].dtype)
-        self.logits = jnp.zeros((n_ep, self.cfg.vocab_size), jnp.float32)
+        self.place = Placement.of(self.params)
+        self.key = self.place.key(self.key)
+        dtype = jax.tree.leaves(self.params)[0].dtype
+        if self.place.mesh is None:
+            self.cache = qwen3.init_cache(self.cfg, n_ep, self.hcfg.max_context, dtype)
+        else:  # each array born in its rule-table sharding: a real cache never sits whole on one device
+            shapes = jax.eval_shape(lambda: qwen3.init_cache(self.cfg, n_ep, self.hcfg.max_context, dtype))
+            shardings = shd.shardings_for(qwen3.cache_logical_axes(self.cfg), shapes, self.place.mesh)
+            self.cache = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), shapes, shardings)
+        self.logits = self.place.zeros((n_ep, self.cfg.vocab_size), jnp.float32, ("batch", "vocab"))
 
     def append(self, rows: list):
         self.logits, self.cache = append_rows(self.params, self.cfg, self.cache, self.logits, rows, self.pad_id,
-                                               self.max_width)
+                                               self.max_width, self.place)
 
     def turn(self, chunks: list, sample_B, given: dict, tokenizer: Tokenizer):
         """One turn of its rows: chunks[b] appended, a reply sampled where sample_B and b is not in
@@ -105,8 +191,8 @@ class HostPolicy:
     def sample(self, active_B):
         """One reply per row where active_B (one jitted decode): numpy (tokens, logprobs, lengths, stopped)."""
         self.key, k_dec = jax.random.split(self.key)
-        gen = decode_jit(self.params, self.cache, self.logits, k_dec, jnp.asarray(active_B), cfg=self.cfg,
+        gen = decode_jit(self.params, self.cache, self.logits, k_dec, self.place.rows(active_B), cfg=self.cfg,
                           max_steps=self.hcfg.max_action_tokens, sampler=self.hcfg.sampler, stop_ids=self.stop_ids,
                           pad_id=self.pad_id)
         self.cache = gen.cache
-        return tuple(np.array(x) for x in jax.device_get((gen.tokens, gen.logprobs, gen.lengths, gen.stopped)))
+        return tuple(np.array(x) for x in self.place.fetch((gen.tokens, gen.logprobs, gen.lengths, gen.stopped)))

@@ -10,6 +10,21 @@ its own, its result dropped. The threads are daemons, so a hung call blocks neit
 return nor the interpreter's exit. An exception that escapes a call (the host loop lets only
 infrastructure errors escape) is raised by `collect` in the caller's thread.
 
+Several processes (`EnvCalls(..., agree=True)`, multi-process SPMD runs: `host_loop` module docstring).
+Every process steps every episode's env and must see the same results, or the processes' model calls
+would take different inputs (or different numbers of calls, and the collectives hang). The host envs
+are deterministic given the same actions; wall-clock limits are not: an env call may time out on one
+host and return on another (`step_timeout_s`), and the code sandbox's per-test limit may turn one host's
+pass into another's "timed out". So after each batch of calls is collected, the processes compare
+(`agree_across_processes`, one `process_allgather` of int32 [2, calls]) which calls timed out and a
+digest of each result (everything but the env state and the info dict: the observation, the numbers,
+the next chunk's ids). A call that timed out on any process becomes an `EnvTimeout` on every process;
+a call whose digests differ becomes an `EnvDiverged` on every process; either fails its episode
+everywhere (its env state dropped), as a time-out does in one process. This needs no env state or
+text to cross between hosts, and every process makes the same decision from the same gathered data.
+An infrastructure error (re-raised by `collect`) stops its own process; the others then wait in the
+next collective until the distributed runtime ends the job.
+
 Groups (`episode_groups`). With G groups, episode b belongs to group b % G (interleaved, so a task's
 G rollouts, which sit next to each other, spread over the groups and their step times balance); each
 group has the same number of policy rows, ceil(B / G), the last rows of a short group padded with
@@ -36,6 +51,7 @@ import dataclasses
 import queue
 import threading
 import time
+import zlib
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -109,6 +125,42 @@ class EnvTimeout(TimeoutError):
     """An env call gave no result within its time limit (the call was abandoned)."""
 
 
+class EnvDiverged(RuntimeError):
+    """An env call's result differed between the processes of a multi-process run (module docstring)."""
+
+
+def result_digest(res) -> int:
+    """A process-independent 31-bit digest of an env call's result: an exception's type, else the result
+    tuple's elements after the env state, dicts (info) left out."""
+    if isinstance(res, BaseException):
+        text = f"error:{type(res).__name__}"
+    else:
+        text = repr([x for x in res[1:] if not isinstance(x, dict)])
+    return zlib.crc32(text.encode("utf-8", "backslashreplace")) & 0x7FFFFFFF
+
+
+def agree_across_processes(results: list, timeout_s: Optional[float]) -> list:
+    """The results every process can act on alike (module docstring): a call that timed out on any process
+    an `EnvTimeout`, a call whose result's digest differs between processes an `EnvDiverged`, on every
+    process. A collective: every process calls it with its results of the same calls."""
+    if not results:
+        return results
+    from jax.experimental import multihost_utils
+    mine_2xN = np.asarray([[isinstance(r, EnvTimeout) for r in results], [result_digest(r) for r in results]],
+                          np.int32)
+    all_Px2xN = np.asarray(multihost_utils.process_allgather(mine_2xN))
+    out = list(results)
+    for i in range(len(results)):
+        late = np.flatnonzero(all_Px2xN[:, 0, i])
+        if late.size:  # the same text on every process
+            out[i] = EnvTimeout(f"no result within {timeout_s:g} s on process {', '.join(map(str, late))} (the "
+                                "call was abandoned there and its result dropped on every process)")
+        elif np.any(all_Px2xN[:, 1, i] != all_Px2xN[0, 1, i]):
+            out[i] = EnvDiverged(f"the result differs between processes (digests "
+                                 f"{all_Px2xN[:, 1, i].tolist()}; dropped on every process)")
+    return out
+
+
 class _Call:
     """One submitted call and what became of it (fields written under `EnvCalls._cond`)."""
 
@@ -121,10 +173,11 @@ class _Call:
 
 
 class EnvCalls:
-    """Env calls on `workers` daemon threads, each with `timeout_s` seconds from its start (None: no limit)."""
+    """Env calls on `workers` daemon threads, each with `timeout_s` seconds from its start (None: no limit);
+    `agree`: `collect` makes the processes agree on the results (`agree_across_processes`)."""
 
-    def __init__(self, workers: int, timeout_s: Optional[float]):
-        self.workers, self.timeout_s = workers, timeout_s
+    def __init__(self, workers: int, timeout_s: Optional[float], agree: bool = False):
+        self.workers, self.timeout_s, self.agree = workers, timeout_s, agree
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         for _ in range(workers):
@@ -187,7 +240,7 @@ class EnvCalls:
 
     def collect(self, calls: list) -> list:
         """The calls' results in order (waited for), an `EnvTimeout` for each call past its limit; re-raises
-        the first exception a call raised."""
+        the first exception a call raised. With `agree`, the results every process agrees on."""
         self.first_done([calls])
         out = []
         for c in calls:
@@ -197,7 +250,7 @@ class EnvCalls:
                 raise c.error
             else:
                 out.append(c.result)
-        return out
+        return agree_across_processes(out, self.timeout_s) if self.agree else out
 
     def close(self):
         """Drops calls not yet started and lets the idle workers exit (abandoned threads exit on their own)."""

@@ -1,6 +1,8 @@
 """Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
-estimates of findings 1, 2, 4 (BFCL: tool-call error correction, `host_error_recovery`) and 7 with the FrozenLake
-study's verdict rule (`findings.finding_verdict`).
+estimates of findings 1, 2, 3 (coding: step quality on matched states, `host_step_quality`), 4 (BFCL: tool-call
+error correction, `host_error_recovery`), 5 (BFCL: per-action NLL,
+cumulative LLR and the length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs
+R_single over training, `host_dynamics`) and 7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
@@ -29,7 +31,7 @@ import numpy as np
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.rollout.types import SUCCESS
-from jaxagent.study import host_error_recovery
+from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
@@ -86,13 +88,16 @@ def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> di
 
 # ----------------------------------------------------------------------------- findings of a domain
 def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
-    """Findings 1, 2, 4 (domains in `host_error_recovery.DOMAINS` only) and 7 on domain `d` with the FrozenLake
+    """Findings 1, 2, 3 (`host_step_quality.DOMAINS` only), 4 (domains in `host_error_recovery.DOMAINS` only),
+    5 (`host_likelihood.DOMAINS` only), 6 (`host_dynamics.DOMAINS` only: R_multi and
+    R_single over training, `host_dynamics.finding`) and 7 on domain `d` with the FrozenLake
     study's directions, reference effects and margins (7: GiGPO - GRPO at the tightest tier, a parity finding
     with a 5-point equivalence margin)."""
     f1, f7 = f"{d}.f1_breadth", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
     f2 = f"{d}.f2_shrink"
+    f3 = (host_step_quality.finding(d, title),) if d in host_step_quality.DOMAINS else ()
     f4 = (host_error_recovery.finding(d, title),) if d in host_error_recovery.DOMAINS else ()
     return (
         Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base",
@@ -107,7 +112,8 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                  Row("tightest tier (turns)", f"{f2}.tight_turns", None, 1.0, ".0f")),
                 f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f",
                 at_bound=(f"{f2}.base_tight", f"{f2}.rl_tight", f"{f2}.solvable_tight"), **_SEI),
-    ) + f4 + (
+    ) + f3 + f4 + (host_likelihood.findings(d, title) if d in host_likelihood.DOMAINS else ()) + (
+        host_dynamics.finding(d, title) if d in host_dynamics.DOMAINS else ()) + (
         Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier (largest K; the paper, on BFCL: no gain)",
                 (Row("GRPO, tightest tier (%)", f"{f7}.grpo", None, 100.0),
                  Row("GiGPO, tightest tier (%)", f"{f7}.gigpo", None, 100.0),
@@ -120,20 +126,20 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
 
 
 def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
-         arms: str = MAIN_ARM) -> stats.Estimate:
-    """`stats.seed_estimate` over the included seeds into `<key>.*` (+ `<key>.all.*` when some are excluded);
-    `arms` names whose seeds they are in the `<key>.seeds` line."""
+         arms: str = MAIN_ARM, stat: Callable = stats.mean_of_seed_means) -> stats.Estimate:
+    """`stats.seed_estimate` (statistic `stat`) over the included seeds into `<key>.*` (+ `<key>.all.*` when some
+    are excluded); `arms` names whose seeds they are in the `<key>.seeds` line."""
     seeds = sorted(units_by_seed)
     kept = [s for s in seeds if s in included]
     rng = zlib.crc32(key.encode())
-    est = stats.seed_estimate([units_by_seed[s] for s in kept], n_boot=n_boot, rng_seed=rng)
+    est = stats.seed_estimate([units_by_seed[s] for s in kept], stat, n_boot=n_boot, rng_seed=rng)
     dropped = [s for s in seeds if s not in included]
     for name, v in est.as_dict().items():
         m[f"{key}.{name}"] = v
     m[f"{key}.seeds"] = (f"{arms} seeds {', '.join(map(str, kept)) or 'none'}; "
                          f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
     if dropped:
-        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], n_boot=n_boot, rng_seed=rng)
+        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat, n_boot=n_boot, rng_seed=rng)
         for name, v in est_all.as_dict().items():
             m[f"{key}.all.{name}"] = v
         m[f"{key}.all.seeds"] = f"{arms} seeds {', '.join(map(str, seeds))}"
@@ -147,14 +153,23 @@ def _mean(values) -> float:
 
 def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
-                   n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None) -> dict:
+                   n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
+                   dynamics: Mapping[int, Sequence[Mapping]] | None = None,
+                   likelihood: Mapping[int, Mapping] | None = None,
+                   step_quality: Mapping[int, Mapping] | None = None) -> dict:
     """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
     '<arm>/seed<s>'), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by
     task; every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO seeds; collapsed
     and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`: finding 4's judged
-    prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured)."""
+    prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
+    dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside
+    `host_dynamics.DOMAINS` gets its note instead). `likelihood`: finding 5's scored episodes per GRPO seed
+    (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
+    matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
+    if d not in host_dynamics.DOMAINS:
+        m[f"{d}.note.f6_dynamics"] = host_dynamics.OTHER_DOMAIN_NOTE
     for (a, s), h in sorted(health.items()):
         prefix = f"health.{a}.seed{s}"
         m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
@@ -197,8 +212,14 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{f2}.gap_{name}"] = _mean(gap[s][u, kmax].mean() for s in ok)
     m[f"{f2}.solvable_tight"] = float(bound["share"][tight])
     m[f"{f2}.tight_turns"] = float(tiers[tight])
+    if step_quality is not None:
+        m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, n_boot, _put))
     if error_prefixes is not None:
         m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, _put))
+    if likelihood is not None:
+        m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, _put))
+    if dynamics is not None and d in host_dynamics.DOMAINS:
+        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, _put))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, paired by seed index
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))

@@ -1,8 +1,9 @@
 """Markdown report of the host-domain study: per domain a section with the split sizes, the RL-vs-base
-Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1, 2, 4 and 7 decided by the
-FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`); a finding the run could not
-measure says why in a note (`<d>.note.<finding>`, e.g. no error prefixes for finding 4). Metric keys as
-`host_eval` writes them. No dimension legend: host-side text.
+Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1, 2, 3, 4, 5, 6 and 7 decided by
+the FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`); a finding the run could not
+measure says why in a note (`<d>.note.<finding>`, e.g. no matched state for finding 3, no error prefixes for
+finding 4, finding 6 outside the coding domain). Metric keys as `host_eval` writes them.
+No dimension legend: host-side text.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
                       f"{_ci(f, metrics, f.diff)} |")
         detail += ["", f"Verdict: **{verdicts[f.key]}**: {reasons[f.key]}. Interval: "
                        f"{_text(metrics, f.diff + '.method')}. Reference effect E = {e_text} ({f.effect_source})."]
+        if f.note:
+            detail.append(f.note)
         if f"{f.diff}.all.mean" in metrics:
             all_v, _ = finding_verdict(f, metrics, f"{f.diff}.all")
             detail.append(f"Sensitivity, every seed ({_text(metrics, f.diff + '.all.seeds')}): "

@@ -30,8 +30,9 @@ trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
 Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
 `rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
 under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
-sharded `make_train_step(mesh=...)` with the state and the batch rows placed first. One process: the host loop
-reads every episode's reply on this host, so a multi-host mesh is not supported (`host_study` refuses it).
+sharded `make_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
+more than one host): every process runs the same rollout, steps every episode's env and reads every reply; the
+Rollout comes back replicated on the mesh (`host_loop` module docstring, multi-process), as the FrozenLake arms'.
 
 Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots, P tasks.
 """
@@ -55,6 +56,7 @@ from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.train_step import LossSettings, make_train_step, state_shardings
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
+from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import Rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
@@ -294,6 +296,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
+        idx_B, budgets_B = Placement().fetch((idx_B, budgets_B))  # host copies, also of multi-process arrays
         tasks = tasks_from_indices(task_list, idx_B)
         params = rollout_params(params, cfg, mesh=mesh, compute_dtype=cdt)
         with context():
@@ -351,9 +354,11 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
 
 def train_host_rl(world: HostWorld, cfg: Qwen3Config, base_params, key, ts: HostTaskSettings,
                   arm: stages.ArmSettings, runtime: stages.ArmRuntime,
-                  callback: Optional[Callable[[int, dict, object], None]] = None):
+                  callback: Optional[Callable[[int, dict, object], None]] = None, state=None):
     """Returns (state, history): `stages.train_rl` from the base params with the host runtime, tasks drawn
-    uniformly from the train split by index (`HostTasks`)."""
-    state = stages.init_arm_state(runtime, cfg, key, base_params)
+    uniformly from the train split by index (`HostTasks`). `state`: a restored TrainState (a checkpoint) to
+    resume from, at iteration data_pos / n_tasks (None: a fresh state from the base params and `key`)."""
+    if state is None:
+        state = stages.init_arm_state(runtime, cfg, key, base_params)
     return stages.train_rl(None, cfg, base_params, key, HostTasks(len(world.train_tasks), ts.t_max), arm,
                            callback=callback, state=state, runtime=runtime)

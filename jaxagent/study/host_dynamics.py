@@ -1,0 +1,180 @@
+"""Finding 6 on a host-env domain (multi-turn coding): the trajectory reward R_multi against the single-turn reward
+R_single over RL training (the paper, DeepCoder-MT: R_multi rises by 0.331 while R_single falls by 0.097;
+docs/study.md finding 6 and "jaxagent's definitions").
+
+R_multi at iteration i: the mean trajectory success of that iteration's training batch (`rl.loop.rollout_metrics`
+success_rate, B = n_tasks x G episodes, rolled out with the params before the iteration's update; iteration 0's
+batch is the base policy's).
+
+R_single (`make_r_single`): the held-out tasks' initial states, Z samples each; per sample ONE reply to the episode's
+first prompt, with the full budget T_max announced in it, and success = that first submission passes every unit
+test (the code env's `success`); the episode ends after it whatever its outcome (`FirstSubmission`). Per task
+    r_p = (1/Z) sum_z success_{p,z},    R_single = (1/P) sum_p r_p,
+the coding domain's single-turn pass rate on a fixed held-out state set. Every measurement uses the same key
+(`R_SINGLE_KEY`: the same reset seeds and sampling noise for base and every checkpoint, common random numbers) and
+the evaluation's rollout batches (`host_eval.run_pass_episodes`, one tier), so it reuses their compiled programs.
+Measured for the base (step -1), every `dynamics_every` iterations and at the last iteration
+(`should_measure`).
+
+Log record (`record`; one JSON line of arms/<arm>/seed<s>/dynamics.jsonl): step (-1: base), r_multi (NaN at step
+-1: the base has no training batch), n_multi (B), r_single, r_single_tasks ([P] r_p), n_samples (Z).
+
+Estimates (`dynamics_metrics`, GRPO seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity
+estimate, through `host_eval._put` and `stats.seed_estimate`):
+  `<d>.f6_r_single.diff`: per seed s and held-out task p, delta_{s,p} = r_p(last logged iteration) - r_p(base);
+      units = held-out tasks nested in seeds, so the estimate is the mean over seeds of R_single,last - R_single,base.
+  `<d>.f6_r_multi.diff`: per seed, R_multi(last iteration) - R_multi(iteration 0, the base policy's batch);
+      units = the two batches' episodes (success 0/1), each batch resampled within its seed (stat
+      `stats.mean_difference`), since the two batches draw their tasks independently and do not pair.
+Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
+DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta).
+
+Domains: `DOMAINS` (coding). Another domain gets the note `<d>.note.f6_dynamics` (`OTHER_DOMAIN_NOTE`) instead; a
+coding run without a usable log gets `NO_LOG_NOTE`.
+
+Metric keys: `<d>.f6_<r>.diff.*` (the estimate; r in r_multi, r_single), `.first`, `.last` (means over the
+included seeds; over every seed when none is included), `.seed<s>.first`, `.seed<s>.last`, `<d>.f6.first_step_<r>`, `<d>.f6.last_step` (the iterations
+compared, when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`.
+
+Dimension legend (CONVENTIONS.md): P tasks, Z samples per task, B episodes of one batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+
+from jaxagent.eval import stats
+from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
+from jaxagent.sampling import Sampler
+
+DOMAINS = ("code",)
+R_SINGLE_KEY = 777
+OTHER_DOMAIN_NOTE = ("Finding 6 (R_multi vs R_single over training) is defined on the multi-turn coding domain only "
+                     "(R_single is the paper's DeepCoder-MT single-turn pass rate); this domain has no R_single.")
+NO_LOG_NOTE = ("Finding 6 (R_multi vs R_single over training): no GRPO seed has a dynamics.jsonl with the base "
+               "(step -1) and a training iteration, so this run has no estimate for it.")
+
+
+def should_measure(it: int, every: int, iterations: int) -> bool:
+    """Whether iteration `it` logs R_single: every `every` iterations (0, every, 2 every, ...) and the last one."""
+    if every < 1:
+        raise ValueError(f"dynamics_every must be >= 1, got {every}")
+    return it % every == 0 or it == iterations - 1
+
+
+class FirstSubmission:
+    """A host env whose every step ends the episode: the episode's success is its first reply's (`make_r_single`).
+    Every other attribute is the wrapped env's."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def step(self, state, action_text):
+        state, obs, reward, done, info = self.env.step(state, action_text)
+        return state, obs, reward, True, info
+
+    def __getattr__(self, name):
+        if name == "env" or name.startswith("__"):  # unset during copy / unpickling: no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def make_r_single(world, cfg, ts, *, n_samples: int, batch_size: int, compute_dtype=None, mesh=None,
+                  temperature: float = 1.0) -> Callable[[object], dict]:
+    """measure(params) -> {"r_single": R_single, "r_single_tasks": [P] r_p, "n_samples": Z} on `world`'s held-out
+    tasks (module docstring), in rollout batches of `batch_size` episodes (the evaluation's: the same compiled
+    programs) with the budget T_max = ts.t_max announced; `world`, `ts` as `host_stages.make_host_rollout_fn`'s."""
+    from jaxagent.study import host_eval, host_stages  # host_eval imports this module
+
+    if n_samples < 1:
+        raise ValueError(f"R_single needs n_samples >= 1, got {n_samples}")
+    one_turn = dataclasses.replace(world, env=FirstSubmission(world.env))
+    ro_fn = host_stages.make_host_rollout_fn(one_turn, cfg, ts, world.heldout_tasks,
+                                             sampler=Sampler(temperature=temperature), compute_dtype=compute_dtype,
+                                             mesh=mesh)
+
+    def measure(params) -> dict:
+        raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(world.heldout_tasks),
+                                          [ts.t_max], n_samples, jax.random.key(R_SINGLE_KEY), batch_size)
+        per_task = raw["success"][0].mean(-1)  # [P]
+        return {"r_single": float(per_task.mean()), "r_single_tasks": per_task.tolist(), "n_samples": int(n_samples)}
+
+    return measure
+
+
+def record(step: int, r_multi: float, n_multi: int, rs: Mapping) -> dict:
+    """One dynamics.jsonl line (module docstring) from R_multi of the iteration's batch of n_multi episodes (NaN, 0
+    at the base) and `make_r_single`'s result."""
+    return {"step": int(step), "r_multi": float(r_multi), "n_multi": int(n_multi), "r_single": float(rs["r_single"]),
+            "r_single_tasks": [float(x) for x in rs["r_single_tasks"]], "n_samples": int(rs["n_samples"])}
+
+
+def finding(d: str, title: str) -> tuple[Finding, ...]:
+    """Finding 6 on domain `d`: the change of R_multi (direction +1) and of R_single (direction -1) over training,
+    with the paper's DeepCoder-MT changes as the reference effects."""
+    out = []
+    for r, what, first, direction in (("r_multi", "trajectory reward R_multi (training batch)", "iteration 0", +1),
+                                      ("r_single", "single-turn reward R_single (held-out first turns)", "base", -1)):
+        key, paper = f"{d}.f6_{r}", f"f6_{r}_delta"
+        rows = (Row(f"{first} (mean over seeds)", f"{key}.first", None, 1.0, ".3f"),
+                Row("last iteration (mean over seeds)", f"{key}.last", None, 1.0, ".3f"),
+                Row("first logged iteration (-1: base)", f"{d}.f6.first_step_{r}", None, 1.0, ".0f"),
+                Row("last logged iteration", f"{d}.f6.last_step", None, 1.0, ".0f"))
+        if r == "r_single":
+            rows += (Row("held-out tasks", f"{d}.f6.n_heldout", None, 1.0, ".0f"),
+                     Row("samples per task", f"{d}.f6.n_samples", None, 1.0, ".0f"))
+        out.append(Finding(key, f"{title}: 6. {what} over training", rows, f"{key}.diff", f"last - {first}",
+                           direction, paper, 1.0, ".3f", effect=abs(PAPER_FIGURES[paper]["value"]),
+                           effect_source=f"the paper's DeepCoder-MT change ({paper})"))
+    return tuple(out)
+
+
+def _ends(rows: Sequence[Mapping]) -> Optional[tuple[Mapping, Mapping, Mapping]]:
+    """(base record, first training record, last training record) of one seed's log, or None without both a base
+    record and a training record."""
+    base = [r for r in rows if int(r["step"]) == -1]
+    train = sorted((r for r in rows if int(r["step"]) >= 0), key=lambda r: int(r["step"]))
+    if not base or not train:
+        return None
+    return base[-1], train[0], train[-1]
+
+
+def _batch(r: Mapping) -> np.ndarray:
+    """The 0/1 successes of a record's training batch: round(R_multi x B) ones among B episodes (R_multi is the
+    batch's mean success, so this is the batch up to order)."""
+    n = int(r["n_multi"])
+    k = int(round(float(r["r_multi"]) * n))
+    return np.concatenate([np.ones(k), np.zeros(n - k)])
+
+
+def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
+                     put) -> dict:
+    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is `host_eval._put`.
+    No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
+    ends = {s: e for s, e in ((s, _ends(rows)) for s, rows in sorted(logs.items())) if e is not None}
+    if not ends:
+        return {f"{d}.note.f6_dynamics": NO_LOG_NOTE}
+    m: dict = {}
+    ok = [s for s in ends if s in included] or list(ends)
+    single = {s: np.asarray(last["r_single_tasks"], np.float64) - np.asarray(base["r_single_tasks"], np.float64)
+              for s, (base, _, last) in ends.items()}
+    multi = {s: (_batch(last), _batch(first)) for s, (_, first, last) in ends.items()}
+    put(m, f"{d}.f6_r_single.diff", single, included, n_boot)
+    put(m, f"{d}.f6_r_multi.diff", multi, included, n_boot, stat=stats.mean_difference)
+    for r, first_of in (("r_single", lambda e: e[0]), ("r_multi", lambda e: e[1])):
+        for s, e in ends.items():
+            m[f"{d}.f6_{r}.seed{s}.first"] = float(first_of(e)[r])
+            m[f"{d}.f6_{r}.seed{s}.last"] = float(e[2][r])
+        m[f"{d}.f6_{r}.first"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.first"] for s in ok]))
+        m[f"{d}.f6_{r}.last"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.last"] for s in ok]))
+        steps = {int(first_of(ends[s])["step"]) for s in ok}
+        m[f"{d}.f6.first_step_{r}"] = float(steps.pop()) if len(steps) == 1 else math.nan
+    last_steps = {int(ends[s][2]["step"]) for s in ok}
+    m[f"{d}.f6.last_step"] = float(last_steps.pop()) if len(last_steps) == 1 else math.nan
+    m[f"{d}.f6.n_heldout"] = float(len(ends[ok[0]][0]["r_single_tasks"]))
+    m[f"{d}.f6.n_samples"] = float(ends[ok[0]][0]["n_samples"])
+    return m

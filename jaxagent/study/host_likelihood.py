@@ -1,0 +1,360 @@
+"""Finding 5 on a host-env domain: likelihood of RL's and base's held-out trajectories under both policies (the
+paper, BFCL: length-matched LLR difference RL - base 805.8 nats over 283 pairs of 146 tasks, 95% CI above 0;
+PAPER.md finding 5 and "jaxagent's definitions"; `findings.f5_matched_bfcl`).
+
+Episodes: per GRPO seed s, base's and seed s's held-out evaluation episodes at the full budget tier (the eval logs'
+`f5_tokens`: each episode's exact token sequence and its policy-token spans, kept by `TokenLog` while the episodes
+run). Every policy token y_t (the tokens the policy sampled; prompts, tool outputs and the chat template are not
+policy tokens) is scored teacher-forced under pi_base and pi_RL (`score_records`: log pi(y_t | y_<t) at
+temperature 1, the evaluation's sampling temperature, as `scoring.teacher_forced_logprobs` but with the logits
+only at the policy tokens; the params as the eval rollouts sample from them, `rollout_params`: the run's compute
+dtype, on its mesh).
+
+Quantities per episode tau (PAPER.md, "jaxagent's definitions"):
+    action NLL under base   nll(a) = - sum_{t in a} log pi_base(y_t | y_<t)   per action a (one reply of the policy)
+    cumulative LLR          llr(tau) = sum_{t policy token of tau} [log pi_RL(y_t | y_<t) - log pi_base(y_t | y_<t)]
+    policy-token count      n(tau) = number of policy tokens of tau.
+Per seed s (units nested in GRPO seeds, `stats.seed_estimate` through `host_eval._put`; collapsed and diverged
+seeds excluded, with an all-seeds sensitivity estimate):
+    f5_nll          mean nll over RL's actions - mean nll over base's actions (`stats.mean_difference`; the paper:
+                    12.20 vs 10.25, E = 19% of base's NLL as `findings.f5_nll`);
+    f5_llr_success  mean llr over RL's successful episodes - mean llr over base's successful episodes (the paper:
+                    about 228 vs 26; E = 1 nat, jaxagent's smallest effect of interest, as `findings.f5_llr_success`);
+    f5_matched      length-matched control: pairs (an RL success, a base success) of the same task with
+                    |n_RL - n_base| <= 0.1 max(n_RL, n_base), matched greedily one-to-one
+                    (`matched_pairs`, the rule of `likelihood.length_matched_pairs`); unit = llr_RL - llr_base of a
+                    pair; E = 805.8 nats (the paper's BFCL difference).
+A seed without a successful episode on either side contributes no unit to f5_llr_success, a seed without a pair
+none to f5_matched; when no included seed has a pair the metric `<d>.note.f5_matched` says why (no success, no
+task with a success of both, or no pair within 10%), and the report still shows the NLL and LLR numbers measured.
+
+Metric keys (`likelihood_metrics`): `<d>.f5_nll.diff.*`, `.rl`, `.base` (mean of the included seeds' means),
+`.n_rl_actions`, `.n_base_actions`; `<d>.f5_llr_success.diff.*`, `.rl`, `.base`, `.n_rl`, `.n_base` (successful
+episodes), `.all_rl`, `.all_base` (mean llr over every episode); `<d>.f5_matched.diff.*`, `.n_pairs`, `.n_tasks`
+(included seeds), `.seed<s>.n_pairs`, `.seed<s>.n_tasks`; means and counts over the included seeds (every
+seed when the health rule excludes them all, with the note `<d>.note.f5_seeds`).
+
+Dimension legend (CONVENTIONS.md): B rows of a scoring batch (episodes), T tokens of an episode's sequence, M policy
+tokens of an episode (all its replies' tokens), D model width, U budget tiers, P tasks, Z samples per task and tier,
+Br / Bb RL / base episodes of a matched comparison.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import zlib
+from typing import Callable, Mapping, Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent import xla_options
+from jaxagent.eval import stats
+from jaxagent.eval.driver_common import pad_index, rollout_params, row_placement
+from jaxagent.eval.findings import SEI, Finding, Row
+from jaxagent.rl import logprobs
+
+DOMAINS = ("bfcl",)
+REL_TOL = 0.1          # the length-matched control's tolerance: within 10% of the longer (PAPER.md)
+EFFECT_MATCHED = 805.8  # the paper's BFCL length-matched difference (nats; `findings.f5_matched_bfcl_diff`)
+EFFECT_NLL_REL = (12.20 - 10.25) / 10.25  # the paper's relative NLL gap, as `findings.f5_nll`
+EFFECT_LLR = 1.0        # nats, jaxagent's smallest effect of interest, as `findings.f5_llr_success`
+WIDTH_MULTIPLE = 256    # a scoring batch's width: the longest episode rounded up to this (one compile per width)
+POSITION_MULTIPLE = 64  # its policy positions: the most policy tokens of an episode rounded up to this
+LOG_KEY = "f5_tokens"   # the eval log's entry (`TokenLog.log_entry`)
+
+
+def findings(d: str, title: str) -> tuple[Finding, ...]:
+    """Finding 5 on domain `d`: per-action NLL under base, cumulative LLR of successful trajectories, and the
+    length-matched LLR control (module docstring)."""
+    nll, llr, mat = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched"
+    return (
+        Finding(nll, f"{title}: 5. per-action NLL under base, RL actions vs base actions (paper: 12.20 vs 10.25)",
+                (Row("base actions: mean NLL under base (nats)", f"{nll}.base", "f5_nll_base_actions", 1.0, ".2f"),
+                 Row("RL actions: mean NLL under base (nats)", f"{nll}.rl", "f5_nll_rl_actions", 1.0, ".2f"),
+                 Row("base actions scored", f"{nll}.n_base_actions", None, 1.0, ".0f"),
+                 Row("RL actions scored (over the GRPO seeds)", f"{nll}.n_rl_actions", None, 1.0, ".0f")),
+                f"{nll}.diff", "RL - base actions (nats)", +1, None, 1.0, ".2f", effect=EFFECT_NLL_REL,
+                effect_rel=f"{nll}.base",
+                effect_source="the paper's relative gap (12.20 - 10.25) / 10.25 = 19% of base's NLL"),
+        Finding(llr, f"{title}: 5. cumulative LLR log pi_RL - log pi_base of successful trajectories "
+                     "(paper: about 228 RL vs 26 base)",
+                (Row("successful base trajectories: mean LLR (nats)", f"{llr}.base", "f5_llr_success_base"),
+                 Row("successful RL trajectories: mean LLR (nats)", f"{llr}.rl", "f5_llr_success_rl"),
+                 Row("successful base trajectories", f"{llr}.n_base", None, 1.0, ".0f"),
+                 Row("successful RL trajectories (over the GRPO seeds)", f"{llr}.n_rl", None, 1.0, ".0f"),
+                 Row("every base trajectory: mean LLR (nats)", f"{llr}.all_base"),
+                 Row("every RL trajectory: mean LLR (nats)", f"{llr}.all_rl")),
+                f"{llr}.diff", "RL - base (nats)", +1, None, 1.0, ".1f", effect=EFFECT_LLR,
+                effect_source=f"{SEI}: 1 nat", note=(
+                    "By construction the expected LLR of RL's own trajectories is +KL(pi_RL || pi_base) >= 0 and "
+                    "that of base's is -KL(pi_base || pi_RL) <= 0, so this contrast is positive for any RL policy "
+                    "that moved; the length-matched control is the informative test.")),
+        Finding(mat, f"{title}: 5. length-matched LLR control (same task, both successful, policy-token counts "
+                     "within 10% of the longer)",
+                (Row("pairs (paper, BFCL: 283)", f"{mat}.n_pairs", "f5_matched_bfcl_pairs", 1.0, ".0f"),
+                 Row("tasks among the pairs (paper, BFCL: 146)", f"{mat}.n_tasks", "f5_matched_bfcl_tasks", 1.0,
+                     ".0f")),
+                f"{mat}.diff", "LLR RL - base over pairs (nats)", +1, "f5_matched_bfcl_diff", 1.0, ".1f",
+                effect=EFFECT_MATCHED, effect_source="the paper's BFCL difference (805.8 nats)"),
+    )
+
+
+# ----------------------------------------------------------------------------- the episodes' tokens in the log
+def encode_tokens(tokens_T) -> str:
+    """int32 token ids -> base64 of their zlib-compressed little-endian bytes (JSON-able, compact)."""
+    return base64.b64encode(zlib.compress(np.asarray(tokens_T, "<i4").tobytes(), 6)).decode("ascii")
+
+
+def decode_tokens(text: str) -> np.ndarray:
+    """`encode_tokens`' inverse: int32 [T]."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i4").astype(np.int32)
+
+
+def token_record(tokens_S, policy_mask_S, turn_index_S, length: int) -> dict:
+    """One episode's compact record: {"tokens": `encode_tokens` of its first `length` slots, "spans": [[turn,
+    start, count], ...]}, one span per turn with policy tokens (a turn's policy tokens are contiguous: its reply)."""
+    n = int(length)
+    tok, pol, turn = (np.asarray(x)[:n] for x in (tokens_S, policy_mask_S, turn_index_S))
+    spans = []
+    for t in sorted(set(turn[pol.astype(bool)].tolist())):
+        pos = np.flatnonzero(pol.astype(bool) & (turn == t))
+        if pos[-1] - pos[0] + 1 != pos.size:
+            raise ValueError(f"the policy tokens of turn {t} are not contiguous (slots {pos.tolist()[:8]}...)")
+        spans.append([int(t), int(pos[0]), int(pos.size)])
+    return {"tokens": encode_tokens(tok), "spans": spans}
+
+
+def policy_positions(record: Mapping) -> np.ndarray:
+    """int32 slots of a record's policy tokens, in span (turn) order."""
+    parts = [np.arange(s, s + c, dtype=np.int32) for _, s, c in record["spans"]]
+    return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+class TokenLog:
+    """Collects `token_record`s of the episodes with budget `keep_budget` from each evaluation rollout batch
+    (`wrap` a `run_pass_episodes` rollout function); `log_entry` orders them as the [U, P, Z] grid."""
+
+    def __init__(self, keep_budget: int):
+        self.keep_budget = int(keep_budget)
+        self.batches: list[list] = []
+
+    def wrap(self, rollout_fn: Callable) -> Callable:
+        def fn(idx_B, budgets_B, key):
+            ro = rollout_fn(idx_B, budgets_B, key)
+            self.add(ro, budgets_B)
+            return ro
+        return fn
+
+    def add(self, ro, budgets_B) -> None:
+        tokens, pol, turn, length = (np.asarray(x) for x in (ro.tokens, ro.policy_mask, ro.turn_index, ro.length))
+        self.batches.append([token_record(tokens[b], pol[b], turn[b], length[b])
+                             if int(budgets_B[b]) == self.keep_budget else None for b in range(tokens.shape[0])])
+
+    def log_entry(self, batch_sizes: Sequence[int], grid_shape: Sequence[int], tier: int = -1) -> dict:
+        """{"tier": u, "episodes": the records of tier u's P x Z episodes, task-major}: the first batch_sizes[i]
+        rows of batch i (the rest are padding) laid out tier-major over grid_shape = (U, P, Z)."""
+        if len(batch_sizes) != len(self.batches):
+            raise ValueError(f"{len(self.batches)} rollout batches for {len(batch_sizes)} batch sizes")
+        flat = [r for rows, n in zip(self.batches, batch_sizes) for r in rows[:n]]
+        n_u, n_p, n_z = (int(x) for x in grid_shape)
+        if len(flat) != n_u * n_p * n_z:
+            raise ValueError(f"{len(flat)} episodes for a grid of {n_u} x {n_p} x {n_z}")
+        u = range(n_u)[tier]
+        eps = flat[u * n_p * n_z:(u + 1) * n_p * n_z]
+        if any(e is None for e in eps):
+            raise ValueError(f"tier {u}'s episodes do not all have budget {self.keep_budget}")
+        return {"tier": u, "episodes": eps}
+
+
+# ----------------------------------------------------------------------------- scoring
+@functools.partial(xla_options.jit, static_argnames=("cfg",))
+def policy_logprobs_jit(params, tokens_BxT, pos_BxM, *, cfg):
+    """logp [B, M], logp[b, j] = log pi(tokens[b, pos[b, j]] | tokens[b, :pos[b, j]]) (temperature 1): the hidden
+    states of every position (`logprobs.hidden`), unembedded only at the positions pos - 1 that predict the policy
+    tokens, through `logprobs.next_token_stats` (chunked over positions: [B, C, V] f32 logits at a time) on the
+    sequence (h[pos_0 - 1], ..., h[pos_{M-1} - 1], -) with targets (-, y_{pos_0}, ..., y_{pos_{M-1}}). pos >= 1."""
+    h_BxTxD = logprobs.hidden(params, cfg, tokens_BxT)
+    h_BxMxD = jnp.take_along_axis(h_BxTxD, (pos_BxM - 1)[..., None], axis=1)
+    tgt_BxM = jnp.take_along_axis(tokens_BxT, pos_BxM, axis=1)
+    b, _, d = h_BxMxD.shape
+    h_in = jnp.concatenate([h_BxMxD, jnp.zeros((b, 1, d), h_BxMxD.dtype)], axis=1)
+    tgt_in = jnp.concatenate([jnp.zeros((b, 1), tgt_BxM.dtype), tgt_BxM], axis=1)
+    logp, _ = logprobs.next_token_stats(logprobs.head_matrix(params, cfg), cfg, h_in, tgt_in)
+    return logp[:, 1:]
+
+
+def score_records(params, cfg, records: Sequence[Mapping], *, batch_size: int, mesh=None, compute_dtype=None,
+                  max_width: Optional[int] = None) -> list[np.ndarray]:
+    """Per record, log pi(y_t | y_<t) of each policy token (float32 [n(tau)], span order), teacher-forced at
+    temperature 1 (`policy_logprobs_jit`: the logits only at the policy tokens, so the vocabulary's unembedding
+    never runs over prompts and tool outputs) on the params as the eval rollouts use them (`rollout_params`: cast
+    to `compute_dtype`, placed on `mesh`). The sequences are right-padded to one width, the longest rounded up to
+    `WIDTH_MULTIPLE` (at most `max_width`; causal attention: padding never changes an earlier position), the policy
+    positions to the most policy tokens rounded up to `POSITION_MULTIPLE`, in chunks of `batch_size` rows (the last
+    padded with copies of its last row; one compile per shape). `mesh`: each chunk's rows over the mesh's batch
+    axes, under `jax.set_mesh` (`driver_common.row_placement`)."""
+    if not records:
+        return []
+    toks = [decode_tokens(r["tokens"]) for r in records]
+    pos = [policy_positions(r) for r in records]
+    if any(p.size and (p.min() < 1 or p.max() >= t.size) for p, t in zip(pos, toks)):
+        raise ValueError("a record's policy spans fall outside its tokens (or on its first token)")
+    longest = max(max(t.size for t in toks), 2)
+    width = -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
+    if max_width is not None:
+        if longest > max_width:
+            raise ValueError(f"an episode has {longest} tokens, more than max_width={max_width}")
+        width = min(width, int(max_width))
+    n_pos = -(-max(max(p.size for p in pos), 1) // POSITION_MULTIPLE) * POSITION_MULTIPLE
+    tokens_BxT = np.zeros((len(toks), width), np.int32)
+    pos_BxM = np.ones((len(toks), n_pos), np.int32)
+    for i, (t, p) in enumerate(zip(toks, pos)):
+        tokens_BxT[i, :t.size] = t
+        pos_BxM[i, :p.size] = p
+    prm = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
+    size = int(batch_size)
+    idx = pad_index(len(toks), size)
+    place, context, gather = row_placement(mesh, size)
+    parts = []
+    for i in range(0, len(idx), size):
+        rows = idx[i:i + size]
+        with context():
+            parts.append(np.asarray(gather(policy_logprobs_jit(
+                prm, *place((jnp.asarray(tokens_BxT[rows]), jnp.asarray(pos_BxM[rows]))), cfg=cfg)), np.float32))
+    logp_BxM = np.concatenate(parts, axis=0)
+    return [logp_BxM[i, :p.size] for i, p in enumerate(pos)]
+
+
+def episode_numbers(record: Mapping, logp_base, logp_rl) -> dict:
+    """One episode's finding-5 numbers from its policy tokens' log-probs under base and RL (span order):
+    n (policy tokens), llr = sum(logp_rl - logp_base), logp_base / logp_rl (their sums) and nll_actions
+    (per span, -sum of logp_base over it)."""
+    lb, lr = np.asarray(logp_base, np.float64), np.asarray(logp_rl, np.float64)
+    cuts = np.cumsum([c for _, _, c in record["spans"]])[:-1]
+    return {"n_tokens": int(lb.size), "llr": float(np.sum(lr - lb)), "logp_base": float(lb.sum()),
+            "logp_rl": float(lr.sum()), "nll_actions": [float(-x.sum()) for x in np.split(lb, cuts)]
+            if record["spans"] else []}
+
+
+def _side(log: Mapping, label: str) -> tuple[list, np.ndarray, np.ndarray]:
+    """(records, task index [P*Z], success [P*Z]) of one eval log's kept tier."""
+    entry = log.get(LOG_KEY)
+    if entry is None:
+        raise ValueError(f"the eval log of {label!r} has no episode tokens ({LOG_KEY!r}); re-evaluate it")
+    succ = np.asarray(log["success"], bool)[entry["tier"]]
+    n_p, n_z = succ.shape
+    if len(entry["episodes"]) != n_p * n_z:
+        raise ValueError(f"the eval log of {label!r} has {len(entry['episodes'])} token records for {n_p} x {n_z}")
+    return entry["episodes"], np.repeat(np.arange(n_p), n_z), succ.reshape(-1)
+
+
+def score_seed(base_params, rl_params, cfg, base_log: Mapping, rl_log: Mapping, *, batch_size: int, mesh=None,
+               compute_dtype=None, max_width: Optional[int] = None, memo: Optional[dict] = None) -> dict:
+    """Finding 5's per-episode numbers of one GRPO seed (JSON-able): for "base" (base's kept episodes) and "rl"
+    (the seed's), per episode the task index, success, tier and `episode_numbers`, every policy token scored under
+    both policies (`score_records`). `memo` (a dict shared over seeds) keeps base's episodes scored under base."""
+    kw = dict(batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype, max_width=max_width)
+    memo = {} if memo is None else memo
+    out = {}
+    for side, log in (("base", base_log), ("rl", rl_log)):
+        recs, task, succ = _side(log, side)
+        if side == "base":
+            if "base" not in memo:
+                memo["base"] = score_records(base_params, cfg, recs, **kw)
+            lp_base = memo["base"]
+        else:
+            lp_base = score_records(base_params, cfg, recs, **kw)
+        lp_rl = score_records(rl_params, cfg, recs, **kw)
+        nums = [episode_numbers(r, b, x) for r, b, x in zip(recs, lp_base, lp_rl)]
+        out[side] = {"task": task.tolist(), "success": succ.tolist(), "tier": int(log[LOG_KEY]["tier"]),
+                     **{k: [x[k] for x in nums] for k in ("n_tokens", "llr", "logp_base", "logp_rl", "nll_actions")}}
+    return out
+
+
+# ----------------------------------------------------------------------------- the metrics
+def matched_pairs(rl: Mapping, base: Mapping, rel_tol: float = REL_TOL) -> list[tuple[int, int]]:
+    """(RL episode, base episode) index pairs of the length-matched control (PAPER.md, "jaxagent's definitions"):
+    candidates are same task, both successful, |n_RL - n_base| <= rel_tol * max(n_RL, n_base) on policy-token
+    counts; matched greedily one-to-one as `likelihood.length_matched_pairs` does (RL episodes in index order each
+    take the still-unused candidate base episode with the smallest count gap, the lowest index on ties), here in
+    numpy on the host (float64 tolerance)."""
+    r_task, b_task = np.asarray(rl["task"]), np.asarray(base["task"])
+    r_n, b_n = np.asarray(rl["n_tokens"], np.float64), np.asarray(base["n_tokens"], np.float64)
+    b_ok = np.asarray(base["success"], bool).copy()  # still available
+    pairs = []
+    for i in np.flatnonzero(np.asarray(rl["success"], bool)):
+        gap = np.abs(r_n[i] - b_n)
+        cand = b_ok & (b_task == r_task[i]) & (gap <= rel_tol * np.maximum(r_n[i], b_n))
+        if cand.any():
+            j = int(np.argmin(np.where(cand, gap, np.inf)))
+            b_ok[j] = False
+            pairs.append((int(i), j))
+    return pairs
+
+
+def _seed_mean(values: Mapping[int, np.ndarray], seeds: Sequence[int]) -> float:
+    means = [float(np.mean(values[s])) for s in seeds if len(values[s])]
+    return float(np.mean(means)) if means else float("nan")
+
+
+def no_pair_note(n_succ_rl: int, n_succ_base: int, n_common_tasks: int) -> str:
+    """Why the length-matched control has no pair (counts over the included GRPO seeds)."""
+    head = "Finding 5 (length-matched LLR control): no length-matched pair, "
+    if n_succ_rl == 0 or n_succ_base == 0:
+        why = (f"because {'no' if n_succ_rl == 0 else n_succ_rl} RL and {'no' if n_succ_base == 0 else n_succ_base} "
+               "base full-budget held-out episodes succeeded (a pair needs a success of each policy on one task)")
+    elif n_common_tasks == 0:
+        why = (f"because no task has a successful episode of both policies ({n_succ_rl} RL and {n_succ_base} base "
+               "successes)")
+    else:
+        why = (f"because on the {n_common_tasks} task(s) with successes of both policies no RL and base pair has "
+               "policy-token counts within 10% of the longer")
+    return head + why + "; the NLL and LLR rows above are measured on every scored episode."
+
+
+def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
+    """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is `host_eval._put`
+    (with its `stat` argument). The rows (means, counts) are over the included seeds; when the health rule excludes
+    every seed (e.g. a CI miniature's collapsed policy) over every seed, with the note `<d>.note.f5_seeds`. No
+    pair in those seeds: also the note `<d>.note.f5_matched`."""
+    nll, llr, mat = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched"
+    m: dict = {}
+    u_nll, u_llr, u_pair = {}, {}, {}
+    nll_rl, nll_base, llr_rl, llr_base, all_rl, all_base = {}, {}, {}, {}, {}, {}
+    pair_tasks, succ_tasks = {}, {}
+    for s, rec in sorted(scored.items()):
+        r, b = rec["rl"], rec["base"]
+        nll_rl[s] = np.asarray([x for a in r["nll_actions"] for x in a], np.float64)
+        nll_base[s] = np.asarray([x for a in b["nll_actions"] for x in a], np.float64)
+        lr, lb = np.asarray(r["llr"], np.float64), np.asarray(b["llr"], np.float64)
+        sr, sb = np.asarray(r["success"], bool), np.asarray(b["success"], bool)
+        llr_rl[s], llr_base[s], all_rl[s], all_base[s] = lr[sr], lb[sb], lr, lb
+        u_nll[s], u_llr[s] = (nll_rl[s], nll_base[s]), (llr_rl[s], llr_base[s])
+        pairs = matched_pairs(r, b)
+        u_pair[s] = np.asarray([lr[i] - lb[j] for i, j in pairs], np.float64)
+        pair_tasks[s] = {int(r["task"][i]) for i, _ in pairs}
+        succ_tasks[s] = (set(np.asarray(r["task"])[sr].tolist()), set(np.asarray(b["task"])[sb].tolist()))
+        m[f"{mat}.seed{s}.n_pairs"], m[f"{mat}.seed{s}.n_tasks"] = len(pairs), len(pair_tasks[s])
+    put(m, f"{nll}.diff", u_nll, included, n_boot, stat=stats.mean_difference)
+    put(m, f"{llr}.diff", u_llr, included, n_boot, stat=stats.mean_difference)
+    put(m, f"{mat}.diff", u_pair, included, n_boot)
+    rows = [s for s in sorted(scored) if s in included]
+    if not rows and scored:
+        rows = sorted(scored)
+        m[f"{d}.note.f5_seeds"] = ("Finding 5: the health rule excluded every GRPO seed, so the finding-5 rows (means "
+                                   "and counts) are over every seed (" + ", ".join(map(str, rows)) + ").")
+    for key, vals in ((f"{nll}.rl", nll_rl), (f"{nll}.base", nll_base), (f"{llr}.rl", llr_rl),
+                      (f"{llr}.base", llr_base), (f"{llr}.all_rl", all_rl), (f"{llr}.all_base", all_base)):
+        m[key] = _seed_mean(vals, rows)
+    count = lambda vals: int(sum(len(vals[s]) for s in rows))  # noqa: E731
+    m[f"{nll}.n_rl_actions"], m[f"{llr}.n_rl"] = count(nll_rl), count(llr_rl)
+    # base's episodes are the same for every seed: counted once
+    m[f"{nll}.n_base_actions"] = len(nll_base[rows[0]]) if rows else 0
+    m[f"{llr}.n_base"] = len(llr_base[rows[0]]) if rows else 0
+    m[f"{mat}.n_pairs"] = count(u_pair)
+    m[f"{mat}.n_tasks"] = len(set().union(*(pair_tasks[s] for s in rows)))
+    if m[f"{mat}.n_pairs"] == 0:
+        common = set().union(*(succ_tasks[s][0] & succ_tasks[s][1] for s in rows))
+        m[f"{d}.note.f5_matched"] = no_pair_note(m[f"{llr}.n_rl"], m[f"{llr}.n_base"], len(common))
+    return m

@@ -1,0 +1,149 @@
+"""Finding 6 on the coding domain (`host_dynamics`): R_single on held-out first submissions, R_multi from the
+training batch, the seed-aware deltas and verdicts, the report's rows and the other domains' note. The ci-code
+miniature's dynamics.jsonl and report section are checked in tests/test_host_domains.py, the arms' checkpoints and
+resume on the ci-sql miniature in tests/test_host_study.py."""
+import math
+import re
+import types as pytypes
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent.eval import health, stats
+from jaxagent.eval.findings import finding_verdict
+from jaxagent.rollout import FAILED, SUCCESS, HostRolloutConfig, host_rollout
+from jaxagent.study import host_dynamics, host_eval, host_report, host_stages
+
+
+# ----------------------------------------------------------------------------- measuring R_single
+def test_should_measure_every_and_last():
+    assert [i for i in range(7) if host_dynamics.should_measure(i, 3, 7)] == [0, 3, 6]
+    assert [i for i in range(7) if host_dynamics.should_measure(i, 5, 7)] == [0, 5, 6]
+    assert [i for i in range(2) if host_dynamics.should_measure(i, 1, 2)] == [0, 1]
+    with pytest.raises(ValueError, match="dynamics_every"):
+        host_dynamics.should_measure(0, 0, 7)
+
+
+@pytest.fixture(scope="module")
+def code_world(tok):
+    return host_stages.make_host_world(host_stages.HostTaskSettings(domain="code", t_max=4, max_obs_tokens=64), tok)
+
+
+def test_first_submission_ends_the_episode(tok, code_world):
+    """The real code env with a scripted policy (the reference on the first task, a wrong function on the second) at
+    the full budget of 4 turns: the wrapped env ends both episodes after their first submission, success by its unit
+    tests; unwrapped, the wrong one runs on to its budget."""
+    tasks = list(code_world.heldout_tasks[:2])
+    replies = [f"```python\n{tasks[0].reference}```", f"```python\ndef {tasks[1].entry_point}(*a):\n    return None\n```"]
+    gen = lambda t, active, ctx: [replies[b] if active[b] else None for b in range(2)]  # noqa: E731
+    rcfg = HostRolloutConfig(t_max=4, max_action_tokens=512, max_context=4096)
+    one = host_rollout(None, None, host_dynamics.FirstSubmission(code_world.env), tok, tasks, [4, 4],
+                       jax.random.key(0), rcfg, generate_fn=gen, workers=2).rollout
+    assert np.asarray(one.status).tolist() == [SUCCESS, FAILED] and np.asarray(one.turns_used).tolist() == [1, 1]
+    full = host_rollout(None, None, code_world.env, tok, tasks, [4, 4], jax.random.key(0), rcfg, generate_fn=gen,
+                        workers=2).rollout
+    assert np.asarray(full.status)[0] == SUCCESS and np.asarray(full.turns_used).tolist() == [1, 4]
+
+
+def test_make_r_single_per_task_rates_and_fixed_key(code_world, monkeypatch):
+    """R_single from the first-submission episodes: every held-out task x 3 samples at the full budget, in batches
+    of 5 (the last padded); a fake policy solves task 0 always and task 2 at its first sample only: r_p =
+    [1, 0, 1/3, 0], R_single = 1/3; a second measurement draws with the same keys."""
+    held, keys, count = code_world.heldout_tasks, [], {"task2": 0}
+
+    def fake(params, cfg, env, tokenizer, tasks, budgets, key, rcfg, **kw):
+        assert isinstance(env, host_dynamics.FirstSubmission) and (np.asarray(budgets) == 4).all()
+        keys.append(np.asarray(jax.random.key_data(key)).tolist())
+        ok = []
+        for t in tasks:
+            count["task2"] += t is held[2]
+            ok.append(t is held[0] or (t is held[2] and count["task2"] == 1))
+        status = np.where(ok, SUCCESS, FAILED)
+        return pytypes.SimpleNamespace(rollout=pytypes.SimpleNamespace(status=status, turns_used=np.ones(len(tasks))),
+                                       trace=None)
+
+    monkeypatch.setattr(host_stages, "host_rollout", fake)
+    ts = host_stages.HostTaskSettings(domain="code", t_max=4)
+    measure = host_dynamics.make_r_single(code_world, None, ts, n_samples=3, batch_size=5)
+    rs = measure({"w": np.zeros(())})
+    assert len(keys) == math.ceil(4 * 3 / 5) and rs["n_samples"] == 3
+    np.testing.assert_allclose(rs["r_single_tasks"], [1.0, 0.0, 1 / 3, 0.0])
+    assert rs["r_single"] == pytest.approx(1 / 3)
+    first_keys, keys[:], count["task2"] = list(keys), [], 0
+    assert measure({"w": np.zeros(())}) == rs
+    assert keys == first_keys  # common random numbers: every measurement draws the same episodes' noise
+    rec = host_dynamics.record(3, 0.5, 8, rs)
+    assert rec["step"] == 3 and rec["n_multi"] == 8 and rec["r_single_tasks"] == rs["r_single_tasks"]
+
+
+# ----------------------------------------------------------------------------- the estimates
+def _log(base_tasks, last_tasks, first_multi, last_multi, n=8, last_step=9):
+    rs = lambda v: {"r_single": float(np.mean(v)), "r_single_tasks": list(v), "n_samples": 4}  # noqa: E731
+    mid = host_dynamics.record(5, 0.0, n, rs(base_tasks))
+    return [host_dynamics.record(-1, float("nan"), 0, rs(base_tasks)),
+            host_dynamics.record(0, first_multi, n, rs(base_tasks)), mid,
+            host_dynamics.record(last_step, last_multi, n, rs(last_tasks))]
+
+
+def _logs():
+    """3 GRPO seeds: R_single falls by 0.1 (s + 1) on every held-out task; R_multi rises from 2/8 to (4 + s)/8."""
+    base = np.asarray([0.5, 0.25, 0.75, 0.5])
+    return {s: _log(base, base - 0.1 * (s + 1), 0.25, (4 + s) / 8) for s in range(3)}
+
+
+def test_dynamics_metrics_known_deltas_and_verdicts():
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_eval._put)
+    assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.2)
+    assert m["code.f6_r_single.diff.method"] == stats.T_SEEDS and m["code.f6_r_single.diff.n_units"] == 12
+    assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 48
+    assert m["code.f6_r_single.first"] == pytest.approx(0.5) and m["code.f6_r_single.last"] == pytest.approx(0.3)
+    assert m["code.f6_r_multi.first"] == pytest.approx(0.25) and m["code.f6_r_multi.last"] == pytest.approx(0.625)
+    assert (m["code.f6.first_step_r_single"], m["code.f6.first_step_r_multi"], m["code.f6.last_step"]) == (-1, 0, 9)
+    assert (m["code.f6.n_heldout"], m["code.f6.n_samples"]) == (4, 4)
+    f_multi, f_single = host_dynamics.finding("code", "Multi-turn coding")
+    assert (f_multi.direction, f_single.direction) == (1, -1)
+    assert (f_multi.effect, f_single.effect) == (pytest.approx(0.331), pytest.approx(0.097))
+    # R_multi: t over 3 seeds of 0.25, 0.375, 0.5: CI [0.064, 0.686] above 0; R_single: -0.1, -0.2, -0.3:
+    # CI -0.2 +/- 0.248 holds 0 and its MDE (0.31) exceeds E = 0.097
+    assert m["code.f6_r_multi.diff.lo"] == pytest.approx(0.375 - 4.303 * 0.125 / math.sqrt(3), abs=1e-3)
+    assert finding_verdict(f_multi, m)[0] == stats.REPRODUCED
+    assert finding_verdict(f_single, m)[0] == stats.UNDERPOWERED
+    # seed 2 excluded (collapsed): the estimate over seeds 0, 1 and an all-seeds sensitivity line
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_eval._put)
+    assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.15)
+    assert m["code.f6_r_single.diff.all.mean"] == pytest.approx(-0.2) and "excluded: 2" in m["code.f6_r_single.diff.seeds"]
+    assert m["code.f6_r_multi.last"] == pytest.approx(4.5 / 8)
+
+
+def test_dynamics_metrics_without_usable_logs():
+    only_base = {0: _log([0.5], [0.5], 0.0, 0.0)[:1]}
+    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_eval._put) == {
+        "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
+    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_eval._put) == {
+        "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
+
+
+def test_report_rows_on_coding_and_note_elsewhere():
+    ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
+    per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(3)}}
+    hl = {("grpo", s): ok for s in range(3)}
+    bound = host_eval.structural_bound([1] * 4, [1, 2], [1])
+    kw = dict(n_train=12, n_heldout=4, n_boot=50)
+    code = host_eval.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
+    findings = host_eval.domain_findings("code", "Multi-turn coding")
+    assert [f.key for f in findings if ".f6_" in f.key] == ["code.f6_r_multi", "code.f6_r_single"]
+    text = "\n".join(host_report.domain_section("code", "Multi-turn coding", code, findings, policies=["base", "grpo"],
+                                               tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])
+    verdicts = "|".join(stats.VERDICTS)
+    assert re.search(rf"\| Multi-turn coding: 6\. trajectory reward R_multi .*\| 0\.375 \| .*\| ({verdicts}) \| grpo seeds 0, 1, 2",
+                     text)
+    assert re.search(rf"\| Multi-turn coding: 6\. single-turn reward R_single .*\| -0\.200 \| .*\| ({verdicts}) \|", text)
+    assert "| last - base, 95% CI | -0.200" in text and host_dynamics.OTHER_DOMAIN_NOTE not in text
+    sql = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
+    assert not any(k.startswith("sql.f6") for k in sql) and sql["sql.note.f6_dynamics"] == host_dynamics.OTHER_DOMAIN_NOTE
+    sql_findings = host_eval.domain_findings("sql", "SQL")
+    assert not any(".f6_" in f.key for f in sql_findings)
+    text = "\n".join(host_report.domain_section("sql", "SQL", sql, sql_findings, policies=["base", "grpo"],
+                                               tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])
+    assert f"- {host_dynamics.OTHER_DOMAIN_NOTE}" in text and "not measured" not in text.lower()
