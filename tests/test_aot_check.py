@@ -245,10 +245,12 @@ def test_host_policy_calls_match_the_aot_arguments(monkeypatch):
     params = rollout_params(qwen3.init(cfg, jax.random.key(0)), cfg, mesh=mesh, compute_dtype=jnp.bfloat16)
     hcfg = HostRolloutConfig(t_max=2, max_action_tokens=4, max_context=64, sampler=Sampler())
     calls = []
+    compiled = {name: getattr(host_policy, name)._cache_size for name in ("append_jit", "decode_jit")}
     for name in ("append_jit", "decode_jit"):
         real = getattr(host_policy, name)
         monkeypatch.setattr(host_policy, name, lambda *a, _real=real, _name=name, **kw: (
             calls.append((_name, a)), _real(*a, **kw))[1])
+    before = {name: size() for name, size in compiled.items()}
     with jax.set_mesh(mesh):
         pol = host_policy.HostPolicy(params, cfg, hcfg, (1,), 0, 16, jax.random.key(1))
         pol.start(8)
@@ -257,6 +259,8 @@ def test_host_policy_calls_match_the_aot_arguments(monkeypatch):
         pol.append([[3, 4]] * 8)
         pol.sample(np.ones(8, bool))
     assert [n for n, _ in calls] == ["append_jit"] * 2 + ["decode_jit", "append_jit", "decode_jit"]
+    # one program each: the fresh cache and logits are born in the shardings the calls return (`canonical`)
+    assert {name: size() - before[name] for name, size in compiled.items()} == {"append_jit": 1, "decode_jit": 1}
     for name, args in calls:
         want = (AH.append_args(cfg, mesh, rows=8, slots=64, width=16, dtype=jnp.bfloat16) if name == "append_jit"
                 else AH.decode_args(cfg, mesh, rows=8, slots=64, dtype=jnp.bfloat16))

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
 from jaxagent.models import qwen3
@@ -54,6 +54,16 @@ def append_jit(params, cache, tokens_BxC, n_valid_B, logits_BxV, *, cfg):
 def decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, sampler, stop_ids, pad_id):
     return decode(params, cfg, cache, logits_BxV, key, max_steps, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id, active_B=active_B)
+
+
+def canonical(sh: NamedSharding) -> NamedSharding:
+    """`sh` with the trailing unsharded dimensions dropped from its spec, the form jit gives its outputs: a
+    fresh cache in P(b, t, None, None) and the one an append returns in P(b, t) are the same layout, but unequal
+    shardings, so the first append of each width would compile twice."""
+    parts = list(sh.spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return NamedSharding(sh.mesh, P(*parts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +111,8 @@ class Placement:
         """Zeros of `shape` in the rule-table sharding of their logical axes (`sharding.RULES`)."""
         if self.mesh is None:
             return jnp.zeros(shape, dtype)
-        return jnp.zeros(shape, dtype, device=NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh)))
+        sh = NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh))
+        return jnp.zeros(shape, dtype, device=canonical(sh))
 
     def fetch(self, tree):
         """numpy copies of a pytree of arrays, every element on every process (gathered where this process
@@ -166,7 +177,7 @@ class HostPolicy:
         else:  # each array born in its rule-table sharding: a real cache never sits whole on one device
             shapes = jax.eval_shape(lambda: qwen3.init_cache(self.cfg, n_ep, self.hcfg.max_context, dtype))
             shardings = shd.shardings_for(qwen3.cache_logical_axes(self.cfg), shapes, self.place.mesh)
-            self.cache = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=sh), shapes, shardings)
+            self.cache = jax.tree.map(lambda s, sh: jnp.zeros(s.shape, s.dtype, device=canonical(sh)), shapes, shardings)
         self.logits = self.place.zeros((n_ep, self.cfg.vocab_size), jnp.float32, ("batch", "vocab"))
 
     def append(self, rows: list):
