@@ -4,8 +4,9 @@ one-process reference calls too.
 The ci-sql miniature's setup (its tiny random Qwen3, the real Qwen3 tokenizer, the SQL world and task settings) on
 a (data, fsdp, tensor) = (2, 2, 2) mesh over the 8 global devices: the params made from a fixed key on every
 process and placed with `jax.make_array_from_callback`; a host rollout of 8 episodes (4 train tasks x 2, mixed
-budgets) through `host_stages.make_host_rollout_fn`, once with one episode group and once with two overlapping
-groups; one train step of the host arm runtime on the first rollout's tokens with fixed advantages; one RL
+budgets) through `host_stages.make_host_rollout_fn` with one episode group (`GROUPS`; two overlapping groups take
+turns in a fixed order in a multi-process run, `host_loop`: (1, 2) checks that too, at one more set of compiles per
+process, kept out of the CI suite's time); one train step of the host arm runtime on the first rollout's tokens with fixed advantages; one RL
 iteration of the host arm (`host_stages.train_host_rl`). With several processes also a scripted rollout whose env
 results differ between the processes on two episodes (`ProcessDependentEnv`).
 
@@ -24,6 +25,7 @@ import numpy as np
 MESH = (2, 2, 2)
 IDX_B = np.asarray([0, 0, 1, 1, 2, 2, 3, 3], np.int32)     # train task per episode
 BUDGETS_B = np.asarray([2, 1, 2, 2, 1, 2, 2, 2], np.int32)
+GROUPS = (1,)      # episode groups of the compared rollouts (see the module docstring)
 ROLLOUT_FIELDS = ("tokens", "policy_mask", "logprobs", "length", "status", "episode_return", "turns_used")
 
 
@@ -104,7 +106,7 @@ def run() -> dict:
 
     traces = []
     ro, t0 = None, time.perf_counter()
-    for groups in (1, 2):
+    for groups in GROUPS:
         fn = host_stages.make_host_rollout_fn(world, cfg, dataclasses.replace(ts, overlap_groups=groups),
                                               world.train_tasks, sampler=Sampler(temperature=1.0), mesh=mesh,
                                               on_trace=traces.append)

@@ -1,6 +1,6 @@
 """The host rollout and the host arm's training in several processes: two local processes (4 fake CPU devices each,
 gloo collectives on 127.0.0.1) form one (2, 2, 2) mesh and run the ci-sql miniature's setup
-(`tests/host_multihost_worker.py`): host rollouts with one and with two episode groups, a train step of the host
+(`tests/host_multihost_worker.py`): host rollouts (`worker.GROUPS` episode groups), a train step of the host
 arm runtime on a rollout's tokens, one RL iteration of the host arm. The episodes (tokens, logprobs, statuses,
 rewards, replies) equal a one-process run on 8 fake devices (the test process itself) exactly, the training
 numbers to float tolerance; the two processes agree exactly. A scripted rollout whose env results differ between
@@ -30,7 +30,7 @@ def _free_port() -> int:
 
 def _exact(key: str) -> bool:
     """The episodes' arrays and texts: equal to the bit (the rollout's collectives add at most two numbers)."""
-    return key.startswith(("g1.", "g2."))
+    return key.startswith(tuple(f"g{g}." for g in worker.GROUPS))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def results(tmp_path_factory, tok):
 def test_two_processes_roll_out_the_same_episodes(results):
     ref, procs = results
     assert int(ref["process_count"]) == 1 and all(int(r["process_count"]) == 2 for r in procs)
-    for tag in ("g1", "g2"):
+    for tag in (f"g{g}" for g in worker.GROUPS):
         # real episodes: every one played at least one turn, the budgets held, the rows replicated
         turns = ref[f"{tag}.turns_used"]
         assert np.all(turns >= 1) and np.all(turns <= worker.BUDGETS_B), turns
