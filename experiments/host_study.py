@@ -356,22 +356,30 @@ def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
     """Finding 4 for GRPO seed `seed` (cached in eval/f4_grpo_seed<s>.json): the error prefixes of base's and the
     seed's full-budget held-out episodes, one continuation each by base and by the seed, judged per prefix
     (`host_error_recovery`)."""
+    def compute(label):
+        p, w = run.preset, run.world
+        prefixes = host_error_recovery.prefixes_from_log(evals, ["base", label], w.heldout_tasks, p.task.t_max)
+        key = jax.random.fold_in(jax.random.key(404), seed)
+        acts = {}
+        for i, (name, prm) in enumerate((("base", base), ("rl", params))):
+            acts[name] = host_error_recovery.continue_prefixes(
+                prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
+                sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+        return {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
+    return seed_record(run, "f4", seed, compute)
+
+
+def seed_record(run: HostRun, tag: str, seed: int, compute) -> dict:
+    """A finding's record for GRPO seed `seed`, eval/<tag>_grpo_seed<s>.json: read when it exists, else
+    `compute(label)` (label = 'grpo/seed<s>') and written (by process 0, `study.write_json`)."""
     label = f"{host_eval.MAIN_ARM}/seed{seed}"
-    path = os.path.join(run.path("eval"), f"f4_{label.replace('/', '_')}.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f)
-    p, w = run.preset, run.world
-    prefixes = host_error_recovery.prefixes_from_log(evals, ["base", label], w.heldout_tasks, p.task.t_max)
-    key = jax.random.fold_in(jax.random.key(404), seed)
-    acts = {}
-    for i, (name, prm) in enumerate((("base", base), ("rl", params))):
-        acts[name] = host_error_recovery.continue_prefixes(
-            prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
-            sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
-    res = {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
-    study.write_json(path, res)
-    return res
+    path = os.path.join(run.path("eval"), f"{tag}_{label.replace('/', '_')}.json")
+    if not os.path.isfile(path):
+        res = compute(label)
+        study.write_json(path, res)
+        return res
+    with open(path) as f:
+        return json.load(f)
 
 
 def step_quality_seed(run: HostRun, base, params, evals: dict, seed: int) -> dict:
@@ -379,22 +387,17 @@ def step_quality_seed(run: HostRun, base, params, evals: dict, seed: int) -> dic
     (at most eval.step_states each) from base's and the seed's full-budget held-out episodes, G = eval.step_samples
     replies of each policy per state (the same key for both: common random numbers), each scored by its unit-test
     pass rate (`host_step_quality`)."""
-    label = f"{host_eval.MAIN_ARM}/seed{seed}"
-    path = os.path.join(run.path("eval"), f"f3_{label.replace('/', '_')}.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f)
-    p, w = run.preset, run.world
-    states = host_step_quality.states_from_log(evals, "base", label, w.heldout_tasks, seed=303 + seed,
-                                               n_states=p.eval.step_states)
-    key = jax.random.fold_in(jax.random.key(303), seed)
-    scores = {name: host_step_quality.sample_scores(
-        prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
-        sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
-        for name, prm in (("base", base), ("rl", params))}
-    res = host_step_quality.record(states, scores["base"], scores["rl"])
-    study.write_json(path, res)
-    return res
+    def compute(label):
+        p, w = run.preset, run.world
+        states = host_step_quality.states_from_log(evals, "base", label, w.heldout_tasks, seed=303 + seed,
+                                                   n_states=p.eval.step_states)
+        key = jax.random.fold_in(jax.random.key(303), seed)
+        scores = {name: host_step_quality.sample_scores(
+            prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
+            sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+            for name, prm in (("base", base), ("rl", params))}
+        return host_step_quality.record(states, scores["base"], scores["rl"])
+    return seed_record(run, "f3", seed, compute)
 
 
 def likelihood_seed(run: HostRun, base, params, evals: dict, seed: int, memo: dict | None = None) -> dict:
@@ -402,18 +405,10 @@ def likelihood_seed(run: HostRun, base, params, evals: dict, seed: int, memo: di
     seed's full-budget held-out episodes scored under both policies, per episode its action NLLs under base, its
     cumulative LLR and its policy-token count (`host_likelihood.score_seed`; rows per scoring batch: the train
     step's micro-batch, n_tasks x group_size / micro_batches, on the run's mesh and compute dtype)."""
-    label = f"{host_eval.MAIN_ARM}/seed{seed}"
-    path = os.path.join(run.path("eval"), f"f5_{label.replace('/', '_')}.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f)
     p = run.preset
-    res = host_likelihood.score_seed(base, params, run.cfg, evals["base"], evals[label],
-                                     batch_size=p.n_tasks * p.group_size // p.micro_batches, mesh=run.mesh,
-                                     compute_dtype=stages._compute_dtype(p.compute_dtype),
-                                     max_width=p.task.max_context, memo=memo)
-    study.write_json(path, res)
-    return res
+    return seed_record(run, "f5", seed, lambda label: host_likelihood.score_seed(
+        base, params, run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
+        mesh=run.mesh, compute_dtype=stages._compute_dtype(p.compute_dtype), max_width=p.task.max_context, memo=memo))
 
 
 def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:

@@ -13,7 +13,6 @@ results differ between the processes on two episodes (`ProcessDependentEnv`).
 As a script (JAX_PLATFORMS=cpu, XLA_FLAGS with 4 host devices, set by the parent): gloo CPU collectives,
 `jax.distributed.initialize` on 127.0.0.1, then `run`; writes its results to --out (npz).
 """
-import argparse
 import dataclasses
 import json
 import os
@@ -143,20 +142,10 @@ def run() -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, default=2)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    from tests.multiprocess import init_worker
+    out = init_worker(argv)
     import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                               num_processes=args.num_processes, process_id=args.process_id,
-                               initialization_timeout=120)
-    assert jax.process_count() == args.num_processes and len(jax.devices()) == 8, jax.devices()
-    assert len(jax.local_devices()) == 8 // args.num_processes
-    np.savez(args.out, **run())
+    np.savez(out, **run())
     jax.distributed.shutdown()
     return 0
 

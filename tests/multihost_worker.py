@@ -6,7 +6,6 @@ parent): gloo CPU collectives, `jax.distributed.initialize` on 127.0.0.1, one (2
 the 8 global devices, the same global batch on every process (`jax.make_array_from_callback` from a
 fixed seed), two sharded train steps; writes losses, a params checksum and the gathered params.
 """
-import argparse
 import os
 import sys
 
@@ -70,21 +69,11 @@ def run():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, default=2)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    from tests.multiprocess import init_worker
+    out = init_worker(argv)
     import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                               num_processes=args.num_processes, process_id=args.process_id,
-                               initialization_timeout=120)
-    assert jax.process_count() == args.num_processes and len(jax.devices()) == 8, jax.devices()
-    assert len(jax.local_devices()) == 8 // args.num_processes
     losses, checksum, flat = run()
-    np.savez(args.out, losses=losses, checksum=checksum, process_count=jax.process_count(), **flat)
+    np.savez(out, losses=losses, checksum=checksum, process_count=jax.process_count(), **flat)
     jax.distributed.shutdown()
     return 0
 

@@ -7,25 +7,15 @@ numbers to float tolerance; the two processes agree exactly. A scripted rollout 
 the processes (one episode's observation, another's time-out on process 1 only) fails those two episodes on both
 processes alike."""
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from jaxagent.rollout import FAILED
 from tests import host_multihost_worker as worker
+from tests.multiprocess import start_workers, wait_workers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exact(key: str) -> bool:
@@ -35,29 +25,9 @@ def _exact(key: str) -> bool:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, tok):
-    tmp = tmp_path_factory.mktemp("host_multihost")
-    port = _free_port()
-    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags + " --xla_force_host_platform_device_count=4",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "tests", "host_multihost_worker.py"), "--process-id", str(i),
-         "--num-processes", "2", "--port", str(port), "--out", str(tmp / f"p{i}.npz")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)]
-    try:
-        ref = worker.run()  # the one-process reference, meanwhile (conftest gives this process 8 devices)
-        outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail("multi-process host workers timed out")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
-    return ref, [dict(np.load(tmp / f"p{i}.npz")) for i in range(2)]
+    workers = start_workers("host_multihost_worker.py", tmp_path_factory.mktemp("host_multihost"))
+    ref = worker.run()  # the one-process reference, meanwhile (conftest gives this process 8 devices)
+    return ref, [dict(np.load(path)) for path in wait_workers(workers, TIMEOUT_S)]
 
 
 @pytest.mark.slow

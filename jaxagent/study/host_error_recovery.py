@@ -76,6 +76,19 @@ def episode_records(traces: Sequence[HostTrace], batch_sizes: Sequence[int]) -> 
     return out
 
 
+def tier_episodes(log: Mapping, label: str, tier: int = -1):
+    """(task index p, episode index e, episode record) of every episode of tier index `tier` in an eval log
+    (`episodes`, tier-major over its [U, P, Z] grid), in task then sample order."""
+    if "episodes" not in log:
+        raise ValueError(f"the eval log of {label!r} has no per-episode replies ('episodes'); re-evaluate it")
+    n_u, n_p, n_z = np.asarray(log["status"]).shape
+    u = range(n_u)[tier]
+    for p in range(n_p):
+        for z in range(n_z):
+            e = (u * n_p + p) * n_z + z
+            yield p, e, log["episodes"][e]
+
+
 def prefixes_from_log(evals: Mapping[str, Mapping], labels: Sequence[str], tasks: Sequence, t_max: int,
                       tier: int = -1) -> list[error_prefix.ErrorPrefix]:
     """Error prefixes (`collect_error_prefixes`, source = the policy label) of the episodes of tier index `tier`
@@ -83,18 +96,11 @@ def prefixes_from_log(evals: Mapping[str, Mapping], labels: Sequence[str], tasks
     reply (length + 1 <= t_max)."""
     out = []
     for label in labels:
-        e = evals[label]
-        if "episodes" not in e:
-            raise ValueError(f"the eval log of {label!r} has no per-episode actions ('episodes'); re-evaluate it")
-        n_u, n_p, n_z = np.asarray(e["status"]).shape
-        u = range(n_u)[tier]
         trajs = []
-        for p in range(n_p):
-            for z in range(n_z):
-                ep = e["episodes"][(u * n_p + p) * n_z + z]
-                infos = [{"tool_error": te, "failure": f} for te, f in zip(ep["tool_error"], ep["failure"])]
-                trajs.append(dict(task=tasks[p], seed=ep["seed"], actions=ep["actions"], infos=infos,
-                                  dones=ep["done"], policy=label))
+        for p, _, ep in tier_episodes(evals[label], label, tier):
+            infos = [{"tool_error": te, "failure": f} for te, f in zip(ep["tool_error"], ep["failure"])]
+            trajs.append(dict(task=tasks[p], seed=ep["seed"], actions=ep["actions"], infos=infos,
+                              dones=ep["done"], policy=label))
         pre = error_prefix.collect_error_prefixes(trajs, t_max=t_max)
         out += [x for x in pre if len(x.actions) + 1 <= t_max]
     return out

@@ -52,6 +52,7 @@ import numpy as np
 from jaxagent.eval.driver_common import rollout_params
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.study.host_error_recovery import tier_episodes
 
 DOMAINS = ("code",)
 EFFECT = 0.05  # jaxagent's smallest effect of interest in pass rate (`findings.f3_step_deepcoder`)
@@ -92,16 +93,10 @@ class MatchedState:
 def candidate_states(log: Mapping, label: str, tasks: Sequence, tier: int = -1) -> list[MatchedState]:
     """Every state where the policy replied in the episodes of tier index `tier` of an eval log (`episodes`,
     tier-major over the [U, P, Z] grid): per episode, the prefixes of its first t replies, t = 0 .. steps - 1."""
-    if "episodes" not in log:
-        raise ValueError(f"the eval log of {label!r} has no per-episode replies ('episodes'); re-evaluate it")
-    n_u, n_p, n_z = np.asarray(log["status"]).shape
-    u = range(n_u)[tier]
     out = []
-    for p in range(n_p):
-        for z in range(n_z):
-            e = (u * n_p + p) * n_z + z
-            acts = [str(a) for a in log["episodes"][e]["actions"]]
-            out += [MatchedState(tasks[p], tuple(acts[:t]), label, e) for t in range(len(acts))]
+    for p, e, ep in tier_episodes(log, label, tier):
+        acts = [str(a) for a in ep["actions"]]
+        out += [MatchedState(tasks[p], tuple(acts[:t]), label, e) for t in range(len(acts))]
     return out
 
 
