@@ -12,8 +12,6 @@ import pytest
 
 from jaxagent.envs.host.base import HostEnv, make_info
 from jaxagent.envs.host.sql_env import SQLEnv
-from jaxagent.models import qwen3
-from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED, SUCCESS
 from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
 from jaxagent.rollout.host_schedule import EnvCalls, EnvTimeout, episode_groups
@@ -232,19 +230,12 @@ def test_sql_scripted_and_forced_same_with_any_groups(tok):
 
 
 # ------------------------------------------------------------------------- the sampled policy
-@pytest.fixture(scope="module")
-def model():
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    return cfg, qwen3.init(cfg, jax.random.key(0))
-
-
 @pytest.mark.slow  # compiles the tiny model's append / decode (~30-60 s on 2 busy cores)
-def test_greedy_model_same_with_and_without_overlap(tok, model):
+def test_greedy_model_same_with_and_without_overlap(tok, host_model):
     """Greedy decoding uses no noise: each episode's replies, log-probs and records are the same whether
     it decodes with all episodes or in its group (the rows of a batch never mix), forced replies
     included; the sampled policy reproduces itself per key and G."""
-    cfg, params = model
+    cfg, params = host_model
     env = SQLEnv()
     tasks = env.tasks("all")[:3]
     rcfg = dataclasses.replace(RCFG, max_action_tokens=16, sampler=Sampler(greedy=True))

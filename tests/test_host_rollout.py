@@ -13,7 +13,6 @@ import pytest
 from jaxagent.envs.host import base as host
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import chat, qwen3
-from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, SUCCESS, RolloutConfig
 from jaxagent.rollout.host_loop import _append_jit, _decode_jit, host_rollout
 from jaxagent.sampling import Sampler, bucket
@@ -34,13 +33,6 @@ ENVS = ["sql", "code", pytest.param("bfcl", marks=pytest.mark.skipif(not _has_bf
 
 
 @pytest.fixture(scope="module")
-def model():
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    return cfg, qwen3.init(cfg, jax.random.key(0))
-
-
-@pytest.fixture(scope="module")
 def envs():
     out = {"sql": host.make("sql"), "code": host.make("code")}
     if _has_bfcl():
@@ -58,9 +50,9 @@ BUDGETS = [3, 2, 1]
 
 
 @pytest.fixture(scope="module")
-def runs(tok, model, envs):
+def runs(tok, host_model, envs):
     """One random-model rollout per env (3 episodes, budgets 3/2/1), and the compiles they caused."""
-    cfg, params = model
+    cfg, params = host_model
     n_append, n_decode = _append_jit._cache_size(), _decode_jit._cache_size()
     out = {name: host_rollout(params, cfg, envs[name], tok, _tasks(envs, name), BUDGETS, jax.random.key(i), RCFG)
            for i, name in enumerate(envs)}
@@ -73,7 +65,7 @@ def _np(r):
 
 
 # ------------------------------------------------------------------------- random model, end to end
-@pytest.mark.slow  # shares the module's model fixture (~1 min on 2 busy cores)
+@pytest.mark.slow  # shares the session's host_model fixture (~1 min on 2 busy cores)
 @pytest.mark.parametrize("name", ENVS)
 def test_random_model_runs_within_budgets(runs, name):
     r, trace = runs[name]
@@ -103,7 +95,7 @@ def test_random_model_runs_within_budgets(runs, name):
     assert (r.turns.remaining[:, 0] == budgets).all()
 
 
-@pytest.mark.slow  # shares the module's model fixture (~1 min on 2 busy cores)
+@pytest.mark.slow  # shares the session's host_model fixture (~1 min on 2 busy cores)
 @pytest.mark.parametrize("name", ENVS)
 def test_policy_mask_and_turn_spans(tok, envs, runs, name):
     r, trace = runs[name]
@@ -149,12 +141,12 @@ def _teacher_forced(params, cfg, tokens_S, policy_S):
     return np.asarray(jnp.take_along_axis(logp, jnp.asarray(tokens_S[pos])[:, None], axis=-1)[:, 0]), pos
 
 
-@pytest.mark.slow  # shares the module's model fixture (~1 min on 2 busy cores)
+@pytest.mark.slow  # shares the session's host_model fixture (~1 min on 2 busy cores)
 @pytest.mark.parametrize("name", ENVS)
-def test_sampler_logprobs_equal_teacher_forced(model, runs, name):
+def test_sampler_logprobs_equal_teacher_forced(host_model, runs, name):
     """The whole multi-turn context re-run without a cache reproduces the sampler's log-probs: every
     chunk went into the right cache slots, turn after turn."""
-    cfg, params = model
+    cfg, params = host_model
     r = _np(runs[name].rollout)
     n = 0
     for i in range(3):
@@ -165,9 +157,9 @@ def test_sampler_logprobs_equal_teacher_forced(model, runs, name):
     assert n >= 16
 
 
-@pytest.mark.slow  # shares the module's model fixture (~1 min on 2 busy cores)
-def test_no_recompile_across_turns_and_calls(tok, model, envs, runs):
-    cfg, params = model
+@pytest.mark.slow  # shares the session's host_model fixture (~1 min on 2 busy cores)
+def test_no_recompile_across_turns_and_calls(tok, host_model, envs, runs):
+    cfg, params = host_model
     n_append, n_decode = runs["compiles"]
     # all runs (3 turns, 3 envs, one batch shape): decode compiled once; append once per width
     assert n_decode == 1
@@ -183,11 +175,11 @@ def test_no_recompile_across_turns_and_calls(tok, model, envs, runs):
     assert (np.asarray(other.rollout.turns_used) == [2, 3, 3]).all()
 
 
-@pytest.mark.slow  # shares the module's model fixture (~1 min on 2 busy cores)
-def test_forced_actions_then_model_continues(tok, model, envs):
+@pytest.mark.slow  # shares the session's host_model fixture (~1 min on 2 busy cores)
+def test_forced_actions_then_model_continues(tok, host_model, envs):
     """A forced reply (e.g. an error prefix) is context, not a policy token, and the model continues
     from a cache that holds it."""
-    cfg, params = model
+    cfg, params = host_model
     env, tasks = envs["sql"], _tasks(envs, "sql")
     forced = [["```sql\nSELECT name FROM customers\n```"], [None, "<answer>SELECT 1</answer>"], []]
     res = host_rollout(params, cfg, env, tok, tasks, [3, 3, 2], jax.random.key(3), RCFG, forced_actions=forced)
