@@ -50,6 +50,7 @@ import numpy as np
 from jaxagent.eval import stats
 from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
 from jaxagent.sampling import Sampler
+from jaxagent.study.host_step_quality import StopAfter
 
 DOMAINS = ("code",)
 R_SINGLE_KEY = 777
@@ -66,21 +67,12 @@ def should_measure(it: int, every: int, iterations: int) -> bool:
     return it % every == 0 or it == iterations - 1
 
 
-class FirstSubmission:
-    """A host env whose every step ends the episode: the episode's success is its first reply's (`make_r_single`).
-    Every other attribute is the wrapped env's."""
+class FirstSubmission(StopAfter):
+    """A host env whose every step ends the episode: the episode's success is its first reply's (`make_r_single`);
+    `StopAfter` at turn 0. Every other attribute is the wrapped env's."""
 
     def __init__(self, env):
-        self.env = env
-
-    def step(self, state, action_text):
-        state, obs, reward, done, info = self.env.step(state, action_text)
-        return state, obs, reward, True, info
-
-    def __getattr__(self, name):
-        if name == "env" or name.startswith("__"):  # unset during copy / unpickling: no recursion
-            raise AttributeError(name)
-        return getattr(self.env, name)
+        super().__init__(env, 0)
 
 
 def make_r_single(world, cfg, ts, *, n_samples: int, batch_size: int, compute_dtype=None, mesh=None,
