@@ -80,7 +80,8 @@ PRESETS: dict[str, Preset] = {
     # the clip is active), KL 0.05 to the base computed exactly over the 128-token vocabulary at every state of
     # the batch (a sampled estimate sees only the sampled token, and the valid-action dips came from invalid
     # replies absent from the batch), reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update
-    # collapsed one seed in three. quick runs 12 iterations: 15 took 11:16 on a quiet 2-core machine, 12 take 8:44.
+    # collapsed one seed in three. quick runs 12 iterations (not standard's 20) so the default study fits a
+    # laptop session; docs/study.md reports the run times.
     "quick": Preset(
         name="quick", model=_toy_model(),
         task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),

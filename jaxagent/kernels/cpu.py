@@ -25,7 +25,7 @@ ones, and attention over a KV cache becomes many tiny batched dots plus separate
 The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
 jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
 `~/.cache/jaxagent/kernels`; a per-user temporary directory if that is not writable) keyed by the
-source, jaxlib's version, the compiler and the CPU's flags; the build takes ~7-10 s once per machine.
+source, jaxlib's version, the compiler and the CPU's flags, so it builds once per machine.
 Nothing is downloaded. Where the build fails (no compiler) or `JAXAGENT_CPU_KERNELS=0`, `available()`
 is False and the model keeps its XLA paths; `unavailable_reason()` says why, and calling a kernel
 directly raises. The model reaches them only through `jaxagent.models.ops`, which selects them with

@@ -116,8 +116,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     master params and Adam moments stay in their own dtype). `remat`: the model's per-layer
     checkpoint policy (policy, reference and critic forwards; None keeps every activation);
     `logits_chunk`: positions per unembedding chunk (module doc; None: no chunking). `compiler_options` go to jax.jit on top
-    of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0} compiles a CPU step
-    ~3x faster, for tests).
+    of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0}: tests trade the CPU
+    step's run time for a shorter compile).
 
     metrics (f32 scalars): loss (L_pi), pg_loss, kl (token-mean k3 estimate of KL(pi || pi_ref) on
     policy tokens, whatever the loss's estimator; 0 without a reference), with kl_estimator 'exact' also
