@@ -56,12 +56,21 @@ def score_batch(run, base: int = 16) -> int:
     return -(-base // split) * split
 
 
+def cached_eval(run, label):
+    """eval/<label>.json (`eval_policy`'s cache) when it exists, else None."""
+    path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def eval_policy(run, params, label, log=print) -> dict:
     """Pass@(K,T) of one policy in every mode (cached in eval/<label>.json)."""
     out_path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
-    if os.path.isfile(out_path):
-        with open(out_path) as f:
-            return json.load(f)
+    cached = cached_eval(run, label)
+    if cached is not None:
+        return cached
     p = run.preset
     tasks, tiers, rcfg = _eval_setup(run)
     res = {}
@@ -76,13 +85,14 @@ def eval_policy(run, params, label, log=print) -> dict:
     return json.loads(json.dumps(study._jsonable(res)))
 
 
-def _pooled(run, pairs_fn, name, base, policies, log=print):
-    """Runs a paired diagnostic (base vs each MAIN_ARM seed), cached per seed; returns [(seed, result)]."""
+def _pooled(run, pairs_fn, name, base, policies, seeds):
+    """Runs a paired diagnostic (base vs each MAIN_ARM seed in `seeds`), cached per seed (a seed's policy is loaded
+    only when its cache is missing); returns [(seed, result)]."""
     out = []
-    for seed, params in policies:
+    for seed in seeds:
         path = os.path.join(run.path("eval"), f"{name}_{MAIN_ARM}_seed{seed}.json")
         if not os.path.isfile(path):
-            study.write_json(path, pairs_fn(base, params, seed))
+            study.write_json(path, pairs_fn(base, policies[(MAIN_ARM, seed)], seed))
         with open(path) as f:
             out.append((seed, json.load(f)))
     return out
@@ -164,10 +174,12 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
     tasks, tiers, rcfg = _eval_setup(run)
     env_params = p.task.env_params()
     n_sampled = int(p.eval.n_sampled)
-    labels = [("base", base)] + [(f"{a}/seed{s}", prm) for (a, s), prm in sorted(policies.items())]
     evals = {}
-    for label, params in tqdm(labels, desc="eval Pass@(K,T)", unit="policy"):
-        evals[label] = eval_policy(run, params, label, log)
+    for key in tqdm([None] + sorted(policies), desc="eval Pass@(K,T)", unit="policy"):  # one policy loaded at a time
+        label = "base" if key is None else f"{key[0]}/seed{key[1]}"
+        cached = cached_eval(run, label)  # a cached policy is not even loaded
+        evals[label] = cached if cached is not None else eval_policy(
+            run, base if key is None else policies[key], label, log)
     bound = drivers.upper_bound(run.world, np.asarray(tasks), tiers=tiers, ks=p.eval.ks, env_params=env_params)
     m: dict = {"meta.tiers": list(tiers), "meta.ks": list(p.eval.ks)}
     ks = list(p.eval.ks)
@@ -238,7 +250,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
             m[f"x_hidden.{arm}.announced_tight"] = float(a[tight, kmax_i].mean())
             m[f"x_hidden.{arm}.hidden_tight"] = float(h[tight, kmax_i].mean())
 
-    grpo_seeds = [(s, prm) for (a, s), prm in sorted(policies.items()) if a == MAIN_ARM]
+    grpo_seeds = [s for (a, s) in sorted(policies) if a == MAIN_ARM]
     depth_rows = error_depth_rows = None
     nll_pool, llr_pool = {}, {}
     if grpo_seeds:
@@ -248,7 +260,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         sq_runs = _pooled(run, lambda b, r, s: drivers.step_quality_matched(
             run.world, run.cfg, b, r, tasks, jax.random.key(100 + s), t_max=p.task.t_max, n_states=p.eval.n_states,
             env_params=env_params, rcfg=rcfg, n_sampled=n_sampled, batch_size=p.n_tasks * p.group_size,
-            score_batch=score_batch(run), **placement(run)), "step_quality", base, grpo_seeds)
+            score_batch=score_batch(run), **placement(run)), "step_quality", base, policies, grpo_seeds)
         f3 = {}
         for s, x in sq_runs:
             mask = np.asarray(x["mask"], bool)
@@ -283,7 +295,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
             run.world, run.cfg, b, r, tasks, jax.random.key(200 + s), t_max=p.task.t_max,
             n_states=p.eval.n_error_states, env_params=env_params, rcfg=rcfg, n_sampled=n_sampled,
             batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, score_batch=score_batch(run), **placement(run)),
-            "error_states", base, grpo_seeds)
+            "error_states", base, policies, grpo_seeds)
         f4, unreachable = {}, 0
         for s, x in er_runs:
             mask = np.asarray(x["mask"], bool) & np.asarray(x.get("replay_ok", x["mask"]), bool)
@@ -336,7 +348,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
                                       task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.n_tasks * p.group_size,
                                       mesh=run.mesh)
 
-        li = _pooled(run, lik, "likelihood", base, grpo_seeds)
+        li = _pooled(run, lik, "likelihood", base, policies, grpo_seeds)
         nll, llr, pairs, pair_tasks = {}, {}, {}, set()
         for s, x in li:
             nll[s] = (np.asarray(x["nll_rl_actions"], np.float64), np.asarray(x["nll_base_actions"], np.float64))
@@ -470,14 +482,10 @@ def write_report(run, metrics, figures, evals, bound):
     return os.path.join(run.dir, "report.md"), rep
 
 
-def collect_policies(run):
-    pols = {}
-    for arm in run.preset.arms:
-        for seed in run.preset.seeds:
-            d = os.path.join(run.dir, "arms", arm, f"seed{seed}")
-            if study.done(d):
-                pols[(arm, seed)] = run.load_policy(d)
-    return pols
+def collect_policies(run) -> "study.SavedPolicies":
+    """The run's finished arm seeds, each loaded when asked for (`study.SavedPolicies`)."""
+    return study.saved_policies(run, [(arm, seed) for arm in run.preset.arms for seed in run.preset.seeds
+                                      if study.done(os.path.join(run.dir, "arms", arm, f"seed{seed}"))])
 
 
 def main(argv=None):

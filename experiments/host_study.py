@@ -214,7 +214,7 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
     interrupted arm resumes from its latest checkpoint, its logs cut back to the iterations before it. On the
     coding domain each arm also logs finding 6's R_multi and R_single (`host_dynamics`) into dynamics.jsonl: the
     base at step -1, then every `dynamics_every` iterations and the last."""
-    p, policies = run.preset, {}
+    p, done = run.preset, []
     runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
     r_single, base_rs = None, []
     if run.world.domain.name in host_dynamics.DOMAINS:
@@ -227,8 +227,8 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
         key = dataclasses.replace(settings, name="", rl=None)
         for seed in p.seeds:
             out = run.path("arms", arm, f"seed{seed}")
+            done.append((arm, seed))
             if study.done(out):
-                policies[(arm, seed)] = qwen3.load(os.path.join(out, "policy"), mesh=run.mesh)[1]
                 continue
             if key not in runtimes:
                 host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its record
@@ -270,12 +270,14 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
             ckpt_lib.wait_until_finished(manager)
             study.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
             study.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
-            policies[(arm, seed)] = state.params
-    return policies
+            del state  # the trained params are read back from <out>/policy when evaluated (`study.SavedPolicies`)
+    return study.SavedPolicies(done, lambda arm, seed: qwen3.load(
+        os.path.join(run.path("arms", arm, f"seed{seed}"), "policy"), mesh=run.mesh)[1])
 
 
-def eval_policy(run: HostRun, params, label: str) -> dict:
-    """Announced-mode Pass@(K,T) of one policy on the held-out tasks (cached in eval/<label>.json; on a finding-3
+def eval_policy(run: HostRun, load_params, label: str) -> dict:
+    """Announced-mode Pass@(K,T) of the policy `load_params()` returns (called only when the evaluation is not
+    cached) on the held-out tasks (cached in eval/<label>.json; on a finding-3
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
     episode's tokens and policy-token spans (`host_likelihood.TokenLog`), and a cached log without them is
     re-evaluated, with the same key)."""
@@ -287,7 +289,7 @@ def eval_policy(run: HostRun, params, label: str) -> dict:
             cached = json.load(f)
         if (not keep or "episodes" in cached) and (not f5 or host_likelihood.LOG_KEY in cached):
             return cached
-    p, w = run.preset, run.world
+    p, w, params = run.preset, run.world, load_params()
     traces = []
     ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
                                              compute_dtype=p.compute_dtype, mesh=run.mesh,
@@ -324,9 +326,9 @@ def read_dynamics(run: HostRun, policies) -> dict | None:
 
 def evaluate(run: HostRun, base, policies: dict) -> dict:
     p, w, d = run.preset, run.world, run.world.domain.name
-    evals = {"base": eval_policy(run, base, "base")}
-    for (a, s), params in sorted(policies.items()):
-        evals[f"{a}/seed{s}"] = eval_policy(run, params, f"{a}/seed{s}")
+    evals = {"base": eval_policy(run, lambda: base, "base")}
+    for a, s in policies:  # one policy loaded at a time (`study.SavedPolicies`)
+        evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}")
     bound = host_eval.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
     study.write_json(os.path.join(run.path("eval"), "bound.json"),
                      {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
@@ -334,25 +336,23 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
           for a, s in policies}
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
-    judged = None
-    if d in host_error_recovery.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
-        judged = {s: error_prefixes(run, base, params, evals, s) for (a, s), params in sorted(policies.items())
-                  if a == host_eval.MAIN_ARM}
-    stepq = None
-    if d in host_step_quality.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
-        stepq = {s: step_quality_seed(run, base, params, evals, s) for (a, s), params in sorted(policies.items())
-                 if a == host_eval.MAIN_ARM}
-    lik = None
-    if d in host_likelihood.DOMAINS and any(a == host_eval.MAIN_ARM for a, _ in policies):
+    # the findings' GRPO seeds, each seed's policy loaded only when its record is not cached
+    seeds = [s for a, s in policies if a == host_eval.MAIN_ARM]
+    rl = lambda s: lambda: policies[(host_eval.MAIN_ARM, s)]  # noqa: E731
+    judged = stepq = lik = None
+    if d in host_error_recovery.DOMAINS and seeds:
+        judged = {s: error_prefixes(run, base, rl(s), evals, s) for s in seeds}
+    if d in host_step_quality.DOMAINS and seeds:
+        stepq = {s: step_quality_seed(run, base, rl(s), evals, s) for s in seeds}
+    if d in host_likelihood.DOMAINS and seeds:
         memo = {}  # base's episodes scored under base, shared by the seeds
-        lik = {s: likelihood_seed(run, base, params, evals, s, memo) for (a, s), params in sorted(policies.items())
-               if a == host_eval.MAIN_ARM}
+        lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
     return host_eval.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq)
 
 
-def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
+def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
     """Finding 4 for GRPO seed `seed` (cached in eval/f4_grpo_seed<s>.json): the error prefixes of base's and the
     seed's full-budget held-out episodes, one continuation each by base and by the seed, judged per prefix
     (`host_error_recovery`)."""
@@ -361,7 +361,7 @@ def error_prefixes(run: HostRun, base, params, evals: dict, seed: int) -> dict:
         prefixes = host_error_recovery.prefixes_from_log(evals, ["base", label], w.heldout_tasks, p.task.t_max)
         key = jax.random.fold_in(jax.random.key(404), seed)
         acts = {}
-        for i, (name, prm) in enumerate((("base", base), ("rl", params))):
+        for i, (name, prm) in enumerate((("base", base), ("rl", load_rl()))):
             acts[name] = host_error_recovery.continue_prefixes(
                 prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
                 sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
@@ -382,7 +382,7 @@ def seed_record(run: HostRun, tag: str, seed: int, compute) -> dict:
         return json.load(f)
 
 
-def step_quality_seed(run: HostRun, base, params, evals: dict, seed: int) -> dict:
+def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
     """Finding 3 for GRPO seed `seed` (cached in eval/f3_grpo_seed<s>.json): matched states drawn in equal numbers
     (at most eval.step_states each) from base's and the seed's full-budget held-out episodes, G = eval.step_samples
     replies of each policy per state (the same key for both: common random numbers), each scored by its unit-test
@@ -395,19 +395,19 @@ def step_quality_seed(run: HostRun, base, params, evals: dict, seed: int) -> dic
         scores = {name: host_step_quality.sample_scores(
             prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
             sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
-            for name, prm in (("base", base), ("rl", params))}
+            for name, prm in (("base", base), ("rl", load_rl()))}
         return host_step_quality.record(states, scores["base"], scores["rl"])
     return seed_record(run, "f3", seed, compute)
 
 
-def likelihood_seed(run: HostRun, base, params, evals: dict, seed: int, memo: dict | None = None) -> dict:
+def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: dict | None = None) -> dict:
     """Finding 5 for GRPO seed `seed` (cached in eval/f5_grpo_seed<s>.json): every policy token of base's and the
     seed's full-budget held-out episodes scored under both policies, per episode its action NLLs under base, its
     cumulative LLR and its policy-token count (`host_likelihood.score_seed`; rows per scoring batch: the train
     step's micro-batch, n_tasks x group_size / micro_batches, on the run's mesh and compute dtype)."""
     p = run.preset
     return seed_record(run, "f5", seed, lambda label: host_likelihood.score_seed(
-        base, params, run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
+        base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
         mesh=run.mesh, compute_dtype=stages._compute_dtype(p.compute_dtype), max_width=p.task.max_context, memo=memo))
 
 

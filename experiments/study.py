@@ -30,6 +30,7 @@ each process, orbax checkpoints by orbax's own multi-host protocol.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import glob
 import json
@@ -433,6 +434,31 @@ def run_base(run: Run, log=print):
     return params
 
 
+class SavedPolicies(collections.abc.Mapping):
+    """(arm, seed) -> that arm seed's trained params, read by `load(arm, seed)` from its run directory each time
+    one is asked for and never kept here, so a run holds one trained policy at a time on its devices however
+    many arms x seeds it has (on a 1-GPU preset 15 Qwen3-0.6B policies in f32 are 33 GiB, beside the train state
+    and the rollout's KV cache). Iterating gives the keys in sorted order; index to load. A comprehension over
+    `items()` loads every policy at once: take keys, then fetch one at a time."""
+
+    def __init__(self, keys, load):
+        self._keys, self._load = sorted(keys), load
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._load(*key)
+
+    def __contains__(self, key):  # Mapping's would load the policy
+        return key in self._keys
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
+
+
 def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print):
     """Stage 'rl': one arm, one seed; checkpoints every iteration, resumes after a kill."""
     label = f"{arm}/seed{seed}"
@@ -508,13 +534,18 @@ def make_runtime(run: Run, settings: stages.ArmSettings) -> stages.ArmRuntime:
 
 def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):
     """Every arm x seed; arms with equal compiled settings share one runtime (one compile)."""
-    policies = {}
-    runtimes = {}
+    runtimes, done = {}, []
     for arm in arms or run.preset.arms:
         settings = run.arm_settings(arm)
         key = settings.rl.estimator == "ppo"  # the critic changes the train step; nothing else does
         if key not in runtimes:
             runtimes[key] = make_runtime(run, settings)
         for seed in seeds or run.preset.seeds:
-            policies[(arm, seed)] = run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log)
-    return policies
+            run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log)  # its params are not kept
+            done.append((arm, seed))
+    return saved_policies(run, done)
+
+
+def saved_policies(run: Run, keys) -> SavedPolicies:
+    """The trained policies of `keys` (arm, seed) of `run`, each loaded from arms/<arm>/seed<s>/policy on demand."""
+    return SavedPolicies(keys, lambda arm, seed: run.load_policy(run.path("arms", arm, f"seed{seed}")))
