@@ -36,7 +36,6 @@ from typing import Any, Callable, Optional  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 GIB = 2.0 ** 30
 # Per chip: HBM bytes, peak bf16 FLOP/s, HBM bytes/s (public Cloud TPU figures).
@@ -45,8 +44,10 @@ CHIPS = {
     "v5e": dict(hbm=16 * GIB, flops=197e12, bw=0.819e12),
     "v6e": dict(hbm=32 * GIB, flops=918e12, bw=1.64e12),
 }
-# XLA:TPU's own custom calls (buffer allocation, gather/scatter index handling); anything else (an FFI
-# kernel such as jaxagent_*, a host callback) cannot run on the chip and is reported as foreign.
+# XLA:TPU's own custom calls (buffer allocation, gather/scatter index handling); a call the program itself
+# brings (an FFI kernel such as jaxagent_*, a host callback) cannot run on the chip and is reported as foreign.
+# The compiler inserts calls of its own too (e.g. PrepareAsyncCallStart/Done around an async call): a target
+# only the compiled program has, absent from the lowered module, is XLA:TPU's by construction (`foreign_calls`).
 BENIGN_CUSTOM_CALLS = {"AllocateBuffer", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked", "ZeroCrop"}
 # Per-chip FLOPs may exceed the analytic count by at most this factor (issue 20: no duplicated compute).
 FLOPS_TOLERANCE = 1.1
@@ -377,6 +378,46 @@ class Program:
     analytic_flops: float = 0.0          # all chips together
     note: str = ""
     flops_checked: bool = True           # False where the analytic figure is a scale, not a target (rollouts)
+    resident_bytes: float = 0.0          # per chip: what the run holds beside the program's buffers (`Resident`)
+    resident_note: str = ""
+
+
+def per_chip_bytes(tree) -> float:
+    """Bytes one chip holds of an abstract tree (ShapeDtypeStructs, sharded where they carry a sharding)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sh = getattr(x, "sharding", None)
+        shape = sh.shard_shape(x.shape) if sh is not None else x.shape
+        total += int(np.prod(shape)) * x.dtype.itemsize  # key arrays too (their dtype is no numpy dtype)
+    return float(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resident:
+    """What a study run keeps on each chip beside a program's own arguments and temporaries: the base params (f32:
+    every arm starts from them and the evaluation compares with them) and, while an arm trains, its TrainState
+    (params, Adam moments, PPO's critic, the reference with kl_coef > 0; the largest arm's). The evaluation holds
+    the base and one policy at a time (`study.SavedPolicies`), no more than that. The train step's state is its
+    own argument, so the base alone is resident beside it."""
+    base: float                          # bytes per chip
+    state: float
+
+    @classmethod
+    def of(cls, cfg, mesh, run_mesh, arms, **step_kw) -> "Resident":
+        """From the arms' `stages.make_arm_step` states on `mesh` (`step_kw`: its options)."""
+        from jaxagent.study import stages
+        states = [stages.make_arm_step(cfg, a, mesh=run_mesh, **step_kw).abstract_state(cfg, mesh) for a in arms]
+        return cls(per_chip_bytes(states[0].params), max(per_chip_bytes(st) for st in states))
+
+    def apply(self, progs: list[Program], train_steps: tuple[str, ...]) -> list[Program]:
+        for pr in progs:
+            if pr.name in train_steps:
+                pr.resident_bytes += self.base
+                pr.resident_note = "; ".join(filter(None, [pr.resident_note, "the base params"]))
+            elif pr.name != "sft_step":
+                pr.resident_bytes += self.base + self.state
+                pr.resident_note = "; ".join(filter(None, [pr.resident_note, "the base params and an arm's TrainState"]))
+        return progs
 
 
 def _sds(x, sharding=None):
@@ -396,33 +437,48 @@ def _params_abstract(cfg, mesh, dtype=jnp.float32, rules=None):
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shs)
 
 
-def train_step_program(cfg, mesh, *, rows: int, seq: int, micro_batches: int, remat: Optional[str],
-                       compute_dtype=jnp.bfloat16, ppo: bool = False, name: str = "train_step",
-                       logits_chunk: Optional[int] = None, lr: float = 1e-6) -> Program:
-    """The RL train step as `stages.make_arm_runtime` builds it (AdamW + clipping, the arm's loss
-    settings), lowered on abstract state and batch."""
+def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, compute_dtype=None,
+                        micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
+                        compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = None) -> list[Program]:
+    """The RL train steps of a run's `arms` (`stages.ArmSettings`) as the study builds them
+    (`stages.make_arm_step` on the run's mesh `run_mesh`, None for one device): one program per distinct
+    step (arms whose loss and optimiser settings and rows are equal share one, as the study's runtimes do),
+    named `name(arm)`, lowered on `ArmStep.abstract_state` (placed on `mesh`) and a batch of
+    rl.batch_size / rl.minibatches rows (one update) of `seq` tokens on the rows' sharding. Analytic
+    FLOPs: the policy's forward and backward (+ the recomputed forward under remat), a PPO critic's the
+    same without the unembedding, and the reference's forward when the state carries it (kl_coef > 0)."""
+    from jaxagent import sharding
     from jaxagent.rl import train_step as ts
-    from jaxagent.rl.optim import make_optimizer
-    from jaxagent.study.stages import ArmSettings, ARMS
-    arm = ArmSettings(name="aot", rl=ARMS["ppo" if ppo else "grpo"], lr=lr)
-    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
-    vs = ts.ValueSettings() if ppo else None
-    copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
+    from jaxagent.study import stages
+    groups: dict = {}
+    for arm in arms:
+        rows = arm.rl.batch_size // arm.rl.minibatches
+        key = (dataclasses.replace(arm, name="", rl=None, iterations=0), arm.rl.estimator == "ppo", rows, name(arm))
+        groups.setdefault(key, []).append(arm)
     chunk = ts.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
-    step = ts.make_train_step(cfg, opt, ts.LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                        kl_coef=arm.kl_coef, entropy_coef=arm.entropy_coef),
-                              mesh=mesh, micro_batches=micro_batches, value_settings=vs, critic_optimizer=copt,
-                              compute_dtype=compute_dtype, remat=remat, logits_chunk=chunk)
-    state = ts.abstract_train_state(cfg, opt, mesh=mesh, value_settings=vs, critic_optimizer=copt)
-    keys = ts.BATCH_KEYS + (ts.PPO_KEYS if ppo else ())
-    dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
-    batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32)) for k in keys}
-    fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=seq > chunk)
-    if ppo:  # a separate critic of the same shape: its layers trained too, no unembedding
-        fl += analytic_flops(cfg, rows, seq, backward=True, remat=remat, unembed_positions=0)
-    return Program(name, lambda: step.lower(state, batch), fl,
-                   f"{rows} rows x {seq} tokens, {micro_batches} micro-batches, remat={remat}, "
-                   f"logits chunk {chunk}")
+    progs = []
+    for (_, ppo, rows, prog_name), group in groups.items():
+        arm = group[0]
+        step = stages.make_arm_step(cfg, arm, mesh=run_mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
+                                    remat=remat, tis_cap=tis_cap, compiler_options=compiler_options,
+                                    logits_chunk=chunk)
+        state = step.abstract_state(cfg, mesh)
+        dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
+        row = sharding.row_sharding(mesh)
+        batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32), sharding=row)
+                 for k in ts.BATCH_KEYS + (ts.PPO_KEYS if ppo else ())}
+        fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=seq > chunk)
+        if ppo:  # a separate critic of the same shape: its layers trained too, no unembedding
+            fl += analytic_flops(cfg, rows, seq, backward=True, remat=remat, unembed_positions=0)
+        if step.with_ref_params:  # the reference's forward (no gradient): its log-probs, or its logits (exact KL)
+            fl += analytic_flops(cfg, rows, seq, backward=False)
+        cdt = stages._compute_dtype(compute_dtype) or jnp.float32
+        progs.append(Program(prog_name, lambda jit=step.jit, state=state, batch=batch: jit.lower(state, batch), fl,
+                             f"arms {', '.join(a.name for a in group)}: {rows} rows x {seq} tokens, {micro_batches} "
+                             f"micro-batches, remat={remat}, logits chunk {chunk}, {jnp.dtype(cdt).name} forward, "
+                             f"kl_coef {arm.kl_coef} ({arm.kl_estimator}"
+                             f"{', reference in the state' if step.with_ref_params else ''})"))
+    return progs
 
 
 def _world(preset):
@@ -478,11 +534,15 @@ PROGRAM_NAMES = ("sft_step", "rollout_train", "train_step_grpo", "train_step_ppo
 def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
     """Every program a run of `preset` executes on the accelerator (`only`: just these names; the others
     are not even built)."""
+    from types import SimpleNamespace
+
+    from experiments.study import Run
     from jaxagent import sharding
     from jaxagent.rl import critic as critic_lib
     from jaxagent.study.stages import _compute_dtype
     cdt = _compute_dtype(preset.compute_dtype) or jnp.float32
     b = preset.n_tasks * preset.group_size
+    run_mesh = None if mesh.devices.size == 1 else mesh  # `study.make_run_mesh`: no mesh on one device
     seq = preset.task.max_context
     row = sharding.row_sharding(mesh)
     progs = []
@@ -494,14 +554,15 @@ def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
     if want("rollout_train"):
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train",
                                      rules=sharding.ROLLOUT_RULES))
-    if arms - {"ppo"} and want("train_step_grpo"):
-        progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
-                                        remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
-                                        name="train_step_grpo", lr=preset.lr))
-    if "ppo" in arms and want("train_step_ppo"):
-        progs.append(train_step_program(cfg, mesh, rows=b, seq=seq, micro_batches=preset.micro_batches,
-                                        remat=preset.remat, compute_dtype=None if cdt == jnp.float32 else cdt,
-                                        ppo=True, name="train_step_ppo", lr=preset.lr))
+    # the arms' settings as `experiments.study.Run.arm_settings` makes them
+    settings = [Run.arm_settings(SimpleNamespace(preset=preset), a) for a in preset.arms]
+    step_kw = dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
+                   tis_cap=preset.tis_cap)
+    names = {"train_step_ppo" if a == "ppo" else "train_step_grpo" for a in arms}
+    if any(want(n) for n in names):
+        step_name = lambda arm: "train_step_ppo" if arm.rl.estimator == "ppo" else "train_step_grpo"  # noqa: E731
+        progs += train_step_programs(cfg, mesh, run_mesh, [a for a in settings if want(step_name(a))], seq=seq,
+                                     name=step_name, **step_kw)
     if "ppo" in arms and want("critic_values"):
         values = critic_lib.make_values_fn(cfg, mesh=mesh, micro_batches=preset.micro_batches, remat=preset.remat,
                                            compute_dtype=None if cdt == jnp.float32 else cdt)
@@ -522,7 +583,7 @@ def preset_programs(preset, cfg, mesh, only=None) -> list[Program]:
         progs += _eval_programs(cfg, mesh, world, b, seq, want)
     if want("generate"):
         progs.append(_generate_program(preset, cfg, mesh, world, b, cdt))
-    return progs
+    return Resident.of(cfg, mesh, run_mesh, settings, **step_kw).apply(progs, ("train_step_grpo", "train_step_ppo"))
 
 
 def _eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
@@ -642,9 +703,18 @@ def analyse(compiled, *, chips: int, spec: dict, hbm_limit: float, analytic: flo
         "roofline_s": round(max(compute_s, memory_s), 6), "roofline_compute_s": round(compute_s, 6),
         "roofline_memory_s": round(memory_s, 6),
         "collectives": h["collectives"], "custom_calls": h["custom_calls"],
-        "foreign_custom_calls": sorted(t for t in h["custom_calls"] if t not in BENIGN_CUSTOM_CALLS),
+        "foreign_custom_calls": foreign_calls(h["custom_calls"]),
         "loops": h["loops"][:8], "largest_buffers": h["largest"],
     }
+
+
+def foreign_calls(targets, lowered_text: Optional[str] = None) -> list[str]:
+    """The custom-call targets of a compiled program (`targets`) that the TPU cannot run: not XLA:TPU's own
+    (`BENIGN_CUSTOM_CALLS`) and either brought by the program (in its lowered module `lowered_text`, e.g. a
+    `jaxagent_*` kernel selected for the wrong platform) or, without the lowered text, any other."""
+    brought = None if lowered_text is None else set(re.findall(r"custom_call @([\w$.]+)", lowered_text))
+    return sorted(t for t in targets if t not in BENIGN_CUSTOM_CALLS
+                  and (brought is None or t in brought or t.startswith("jaxagent")))
 
 
 def run_programs(programs: list[Program], *, preset: str, topology: str, chips: int, spec: dict,
@@ -666,7 +736,7 @@ def run_programs(programs: list[Program], *, preset: str, topology: str, chips: 
             lowered = prog.lower()
             digest = hashlib.sha256(lowered.as_text().encode()).hexdigest()
             if digest in seen:
-                first = seen[digest]
+                first = json.loads(json.dumps(seen[digest]))
                 rec.update({k: v for k, v in first.items() if k not in rec and k not in ("compile_s", "shapes")})
                 rec["same_program_as"] = first["program"]
             else:
@@ -677,9 +747,11 @@ def run_programs(programs: list[Program], *, preset: str, topology: str, chips: 
                         f.write(compiled.as_text())
                 rec.update(analyse(compiled, chips=chips, spec=spec, hbm_limit=hbm_limit,
                                    analytic=prog.analytic_flops))
-                rec["status"] = verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
-                                        flops_tolerance=flops_tolerance)
-                seen[digest] = rec
+                rec["foreign_custom_calls"] = foreign_calls(rec["custom_calls"], lowered.as_text())
+                seen[digest] = json.loads(json.dumps(rec))  # its own figures, before what the run holds beside it
+            add_resident(rec, prog.resident_bytes, prog.resident_note, hbm_limit)
+            rec["status"] = verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
+                                    flops_tolerance=flops_tolerance)
         except Exception as e:  # a failed compile is a result, reported per program
             rec["status"] = "compile_error"
             rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
@@ -688,6 +760,19 @@ def run_programs(programs: list[Program], *, preset: str, topology: str, chips: 
         ok &= rec["status"] == "ok"
         emit(rec)
     return ok
+
+
+def add_resident(rec: dict, resident: float, note: str, hbm_limit: float) -> dict:
+    """Adds what the run holds on each chip beside the program (`resident` bytes, `Resident`) to the record's memory:
+    memory_gib program (the compiled program's own total), resident, and total = their sum, which `hbm_fraction`
+    and the verdict use."""
+    mem = rec["memory_gib"]
+    own = mem.get("program", mem["total"])
+    mem.update(program=own, resident=round(resident / GIB, 3), total=round(own + resident / GIB, 3))
+    rec["hbm_fraction"] = round(mem["total"] * GIB / hbm_limit, 4)
+    if note:
+        rec["resident"] = note
+    return rec
 
 
 def verdict(rec: dict, *, fraction: float, flops_checked: bool, flops_tolerance: float = FLOPS_TOLERANCE) -> str:
@@ -734,7 +819,19 @@ def main(argv=None) -> int:
     p.add_argument("--hbm-fraction", type=float, default=0.85, help="most of a chip's HBM a program may use")
     p.add_argument("--json", action="store_true", help="one JSON line per program")
     p.add_argument("--hlo-dir", default=None, help="also write each program's per-chip HLO text here")
+    p.add_argument("--recheck", default=None, metavar="JSONL",
+                   help="no compiles: re-apply what the run holds beside each program (`Resident`) and the verdict to "
+                        "the JSON records of an earlier run of this preset (their compiled figures as they are)")
     args = p.parse_args(argv)
+    records = []
+    if args.recheck:
+        with open(args.recheck) as f:
+            records = [json.loads(line) for line in f if line.startswith("{")]
+        bad = [r["program"] for r in records if r.get("preset") != args.preset or r.get("layers") != args.layers]
+        if bad:
+            raise SystemExit(f"{args.recheck}: records {bad} are not of --preset {args.preset} at --layers "
+                             f"{args.layers}")
+        args.programs = sorted({r["program"] for r in records})
     host = args.preset in HOST_PRESETS  # a host-domain preset: its programs from experiments/aot_host.py
     preset = HOST_PRESETS[args.preset] if host else PRESETS[args.preset]
     changes = {}
@@ -776,6 +873,16 @@ def main(argv=None) -> int:
             rec["layers"] = args.layers
         print(json.dumps(rec) if args.json else _table_line(rec), flush=True)
 
+    if args.recheck:
+        by_name, ok = {pr.name: pr for pr in programs}, True
+        for rec in records:
+            pr = by_name[rec["program"]]
+            if rec.get("status") != "compile_error":
+                add_resident(rec, pr.resident_bytes, pr.resident_note, hbm)
+                rec["status"] = verdict(rec, fraction=args.hbm_fraction, flops_checked=pr.flops_checked)
+            ok &= rec["status"] == "ok"
+            print(json.dumps(rec) if args.json else _table_line(rec), flush=True)
+        return 0 if ok else 1
     ok = run_programs(programs, preset=preset.name, topology=topology, chips=n, spec=spec, hbm_limit=hbm,
                       fraction=args.hbm_fraction, proxy=proxy, emit=emit, hlo_dir=args.hlo_dir)
     return 0 if ok else 1

@@ -45,7 +45,6 @@ E head dim.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import inspect
 
@@ -53,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from experiments.aot_check import Program, _params_abstract, analytic_flops
+from experiments.aot_check import Program, Resident, _params_abstract, analytic_flops, per_chip_bytes, train_step_programs
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
@@ -151,49 +150,30 @@ def cached_forward_flops(cfg, rows: int, tokens: int, slots: int) -> float:
 
 # ----------------------------------------------------------------------------- programs
 def host_train_programs(preset, cfg, mesh, run_mesh) -> list[Program]:
-    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them, one per distinct
-    optimisation settings (`host_study.run_arms`' runtime key), lowered on the abstract state (with the
-    reference params when kl_coef > 0) and a row-sharded batch of n_tasks x group_size / minibatches rows."""
+    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`aot_check.train_step_programs`
+    with the arms' settings as `host_study.HostRun.arm_settings` makes them and the preset's XLA options), one per
+    distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
+    progs = train_step_programs(cfg, mesh, run_mesh, arm_settings(preset), seq=preset.task.max_context,
+                                name=lambda arm: "host_train_step", **step_options(preset))
+    return resident(preset, cfg, mesh, run_mesh).apply(progs, ("host_train_step",))
+
+
+def arm_settings(preset) -> list:
+    """The preset's arms as `host_study.HostRun.arm_settings` makes them."""
     from types import SimpleNamespace
 
     from experiments import host_study
-    from jaxagent import sharding
-    from jaxagent.rl import train_step as ts
-    from jaxagent.rl.optim import make_optimizer
-    from jaxagent.study import stages
-    cdt = stages._compute_dtype(preset.compute_dtype)
-    keys: dict = {}
-    for arm in preset.arms:  # HostRun.arm_settings reads only `preset`
-        settings = host_study.HostRun.arm_settings(SimpleNamespace(preset=preset), arm)
-        keys.setdefault(dataclasses.replace(settings, name="", rl=None), []).append(settings)
-    progs = []
-    for key, group in keys.items():
-        arm = group[0]
-        opt = make_optimizer(arm.lr, max_grad_norm=1.0)
-        with_ref = arm.kl_coef > 0
-        ls = ts.LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high, kl_coef=arm.kl_coef,
-                             kl_estimator=arm.kl_estimator, entropy_coef=arm.entropy_coef)
-        step = ts.make_train_step(cfg, opt, ls, mesh=run_mesh, micro_batches=preset.micro_batches,
-                                  with_ref_params=with_ref, compute_dtype=cdt, remat=preset.remat,
-                                  compiler_options=dict(preset.compiler_options) or None)
-        state = ts.abstract_train_state(cfg, opt, mesh=mesh, with_ref_params=with_ref)
-        rows = arm.rl.batch_size // arm.rl.minibatches
-        seq = preset.task.max_context
-        row = sharding.row_sharding(mesh)
-        dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
-        batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32), sharding=row)
-                 for k in ts.BATCH_KEYS}
-        chunk = ts.DEFAULT_LOGITS_CHUNK
-        fl = analytic_flops(cfg, rows, seq, backward=True, remat=preset.remat, recompute_unembed=seq > chunk)
-        if with_ref:  # the reference's forward (no gradient): its log-probs, or its logits for the exact KL
-            fl += analytic_flops(cfg, rows, seq, backward=False)
-        arms = ", ".join(a.name for a in group)
-        progs.append(Program("host_train_step", lambda step=step, state=state, batch=batch: step.lower(state, batch),
-                             fl, f"arms {arms}: {rows} rows x {seq} tokens, {preset.micro_batches} micro-batches, "
-                             f"remat={preset.remat}, logits chunk {chunk}, {jnp.dtype(cdt or jnp.float32).name} "
-                             f"forward, kl_coef {arm.kl_coef} ({arm.kl_estimator}"
-                             f"{', reference in the state' if with_ref else ''})"))
-    return progs
+    return [host_study.HostRun.arm_settings(SimpleNamespace(preset=preset), a) for a in preset.arms]
+
+
+def step_options(preset) -> dict:
+    """`stages.make_arm_step`'s options as `host_study.run_arms` passes them."""
+    return dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
+                compiler_options=dict(preset.compiler_options) or None)
+
+
+def resident(preset, cfg, mesh, run_mesh) -> Resident:
+    return Resident.of(cfg, mesh, run_mesh, arm_settings(preset), **step_options(preset))
 
 
 def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_tokens: int, widest: int, dtype,
@@ -268,26 +248,29 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
     # the run: a mesh over every device unless the preset's is (1, 1, 1) (`study.make_run_mesh`)
     run_mesh = None if mesh.devices.size == 1 else mesh
     progs = host_train_programs(preset, cfg, mesh, run_mesh) if want("host_train_step") else []
+    n_before = len(progs)
     task = preset.task
     tok = _tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
     stop_ids = tuple(int(i) for i in chat.turn_pieces(tok, enable_thinking=task.enable_thinking).stop_ids)
     dtype = stages._compute_dtype(preset.compute_dtype) or jnp.float32
     widest = widest_width(task)
     widths = WIDTHS if only is not None else ()
-    batches = [("", "training rollout", group_rows(preset.n_tasks * preset.group_size, task.overlap_groups),
+    n_train, n_eval = preset.n_tasks * preset.group_size, preset.eval.batch_size
+    groups = lambda n: max(1, min(task.overlap_groups, n))  # noqa: E731  (`group_rows`)
+    # (suffix, label, rows per group, groups, sampler)
+    batches = [("", "training rollout", group_rows(n_train, task.overlap_groups), groups(n_train),
                 Sampler(temperature=preset.temperature))]
-    batches.append(("_eval", "evaluation rollout", group_rows(preset.eval.batch_size, task.overlap_groups),
-                    Sampler(temperature=1.0)))
-    eval_rows = group_rows(preset.eval.batch_size, task.overlap_groups)
+    eval_batch = (group_rows(n_eval, task.overlap_groups), groups(n_eval), Sampler(temperature=1.0))
+    batches.append(("_eval", "evaluation rollout", *eval_batch))
     # finding 3's step samples and finding 6's R_single (coding) run the evaluation's batches and groups
     if task.domain in host_step_quality.DOMAINS:
-        batches.append(("_eval", "finding 3 step-sample rollout", eval_rows, Sampler(temperature=1.0)))
+        batches.append(("_eval", "finding 3 step-sample rollout", *eval_batch))
     if task.domain in host_dynamics.DOMAINS:
-        batches.append(("_eval", "finding 6 R_single rollout", eval_rows, Sampler(temperature=1.0)))
+        batches.append(("_eval", "finding 6 R_single rollout", *eval_batch))
     if task.domain in host_error_recovery.DOMAINS:  # one group of eval.batch_size rows
-        batches.append(("_f4", "finding 4 continuation", preset.eval.batch_size, Sampler(temperature=1.0)))
+        batches.append(("_f4", "finding 4 continuation", n_eval, 1, Sampler(temperature=1.0)))
     seen, built = {}, set()
-    for suffix, label, rows, sampler in batches:
+    for suffix, label, rows, n_groups, sampler in batches:
         same = seen.get((rows, sampler))
         asked = only is not None and suffix not in built and any(
             n.startswith("host_") and n.split("_w")[0].endswith(suffix or "@") for n in only)
@@ -298,12 +281,19 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
             continue
         seen.setdefault((rows, sampler), label)
         built.add(suffix)
-        progs += rollout_programs(cfg, mesh, run_mesh, rows=rows, slots=task.max_context,
-                                  max_action_tokens=task.max_action_tokens, widest=widest, dtype=dtype,
-                                  sampler=sampler, stop_ids=stop_ids, pad_id=tok.pad_id, suffix=suffix, label=label,
-                                  want=want, widths=widths)
+        batch = rollout_programs(cfg, mesh, run_mesh, rows=rows, slots=task.max_context,
+                                 max_action_tokens=task.max_action_tokens, widest=widest, dtype=dtype,
+                                 sampler=sampler, stop_ids=stop_ids, pad_id=tok.pad_id, suffix=suffix, label=label,
+                                 want=want, widths=widths)
+        if n_groups > 1:  # every episode group's policy holds its cache at once (`host_schedule`)
+            others = (n_groups - 1) * per_chip_bytes(policy_state(cfg, mesh, rows, task.max_context, dtype))
+            for pr in batch:
+                pr.resident_bytes += others
+                pr.resident_note = f"the other {n_groups - 1} episode group(s)' KV cache and logits"
+        progs += batch
     if task.domain in host_likelihood.DOMAINS and want("host_f5_logprobs"):
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
                                         rows=preset.n_tasks * preset.group_size // preset.micro_batches))
+    resident(preset, cfg, mesh, run_mesh).apply(progs[n_before:], ())  # the train steps got theirs already
     return progs

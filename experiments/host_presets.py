@@ -157,17 +157,20 @@ HOST_PRESETS: dict[str, HostPreset] = {
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
-    # 128 x 2,048. All 5 held-out tasks x 4 tiers x 16 samples.
+    # 128 x 2,048, in 2 episode groups of 32 (the AOT check: one append over all 64 rows needs 67.5 GiB, 76 with the
+    # train state and the base beside it; over 32 rows 25 GiB). All 5 held-out tasks x 4 tiers x 16 samples.
     "qwen3-0.6b-1gpu-sql": _gpu_0_6b(
-        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, workers=8),
+        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, workers=8, overlap_groups=2),
         HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64), iterations=100, n_tasks=8),
-    # 32 episodes per iteration (4 tasks x 8): KV cache 32 x 12,288 slots = 42 GiB (the training state, f32 params
-    # and Adam moments, is 7 GiB more). Evaluation: 48 held-out tasks spread over the 4 categories (12 each) x 4
-    # tiers x 8 samples (K up to 8), 1,536 episodes per policy in batches of 32 (the training rollout's programs).
+    # 16 episodes per iteration (2 tasks x 8) for 200 iterations (3,200 training episodes, as SQL's and coding's 64
+    # x 100 would be 6,400): KV cache 16 x 12,288 slots = 21 GiB. At 32 episodes the rollout's programs do not fit
+    # 80 GB (docs/aot.md: the widest append holds the 42 GiB cache and 24 GiB of attention scores, 90 GiB in all).
+    # Evaluation: 48 held-out tasks spread over the 4 categories (12 each) x 4 tiers x 8 samples (K up to 8), 1,536
+    # episodes per policy in batches of 16 (the training rollout's programs).
     "qwen3-0.6b-1gpu-bfcl": _gpu_0_6b(
         "qwen3-0.6b-1gpu-bfcl",
         HostTaskSettings(**_BFCL, max_context=12288, max_heldout_tasks=48, task_subset="spread", workers=8),
-        HostEvalSettings(n_samples=8, ks=(1, 2, 4, 8), batch_size=32), iterations=100, n_tasks=4),
+        HostEvalSettings(n_samples=8, ks=(1, 2, 4, 8), batch_size=16), iterations=200, n_tasks=2),
     # 64 episodes per iteration (8 of the 12 train tasks x 8): KV cache 64 x 4,096 slots = 28 GiB. All 4 held-out
     # tasks x 4 tiers x 16 samples. 16 threads for the sandboxed test runs.
     "qwen3-0.6b-1gpu-code": _gpu_0_6b(

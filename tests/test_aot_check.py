@@ -109,12 +109,53 @@ def test_analytic_flops_six_n_per_token():
         3 * fwd + 2 * n_layers * 24 + attn)
 
 
+def test_foreign_calls_are_the_programs_own():
+    """A call the compiler inserted (absent from the lowered module) is XLA:TPU's; one the program brings is
+    foreign unless XLA:TPU's own; a jaxagent kernel always is."""
+    compiled = {"AllocateBuffer": 3, "PrepareAsyncCallStart": 1, "jaxagent_attention": 1, "lapack_sgetrf": 1}
+    lowered = 'stablehlo.custom_call @lapack_sgetrf(%a)\n stablehlo.custom_call @AllocateBuffer()'
+    assert A.foreign_calls(compiled, lowered) == ["jaxagent_attention", "lapack_sgetrf"]
+    assert A.foreign_calls(compiled) == ["PrepareAsyncCallStart", "jaxagent_attention", "lapack_sgetrf"]
+
+
+def test_train_step_programs_follow_the_arms_settings():
+    """One program per distinct step, built by the study's own `stages.make_arm_step`: arms with equal settings
+    share one; a KL arm's state carries the reference params (and its analytic count the reference's forward);
+    PPO's batch has the critic's keys; each update's rows are n_tasks x group_size / minibatches."""
+    import dataclasses
+
+    import jax
+    from jaxagent import sharding
+    from jaxagent.rl.loop import RLSettings
+    from jaxagent.study.stages import ARMS, ArmSettings
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    rl = RLSettings(estimator="grpo", n_tasks=2, group_size=4)
+    arms = [ArmSettings(name="grpo", rl=rl),
+            ArmSettings(name="budgetmix", rl=dataclasses.replace(ARMS["budgetmix"], n_tasks=2, group_size=4)),
+            ArmSettings(name="kl", rl=dataclasses.replace(rl, minibatches=2), kl_coef=0.1, kl_estimator="k2"),
+            ArmSettings(name="ppo", rl=dataclasses.replace(rl, estimator="ppo"))]
+    progs = A.train_step_programs(CFG, mesh, None, arms, seq=64, name=lambda a: "ppo" if a.name == "ppo" else "step")
+    assert [p.name for p in progs] == ["step", "step", "ppo"]
+    assert progs[0].note.startswith("arms grpo, budgetmix: 8 rows") and progs[1].note.startswith("arms kl: 4 rows")
+    assert "reference in the state" in progs[1].note
+    plain = A.analytic_flops(CFG, 4, 64, backward=True)
+    assert progs[1].analytic_flops == pytest.approx(plain + A.analytic_flops(CFG, 4, 64, backward=False))
+    assert progs[0].analytic_flops == pytest.approx(2 * plain)   # 8 rows, no reference
+    text = progs[1].lower().as_text()
+    assert text.count("tensor<4x64xi32>") >= 1                   # the minibatch's rows
+    assert "tensor<8x64xf32>" in progs[2].lower().as_text()     # PPO: the critic's returns and old values too
+
+
 @pytest.fixture(scope="module")
 def tiny_train_step():
     from jaxagent import sharding
     devices = A.topology_devices("v5p:2x2x1")
     mesh = sharding.make_mesh(1, 2, 2, devices=devices)
-    prog = A.train_step_program(CFG, mesh, rows=8, seq=256, micro_batches=2, remat="full", logits_chunk=64)
+    from jaxagent.rl.loop import RLSettings
+    from jaxagent.study.stages import ArmSettings
+    arm = ArmSettings(name="grpo", rl=RLSettings(estimator="grpo", n_tasks=2, group_size=4), lr=1e-6)
+    (prog,) = A.train_step_programs(CFG, mesh, mesh, [arm], seq=256, name=lambda a: "train_step", micro_batches=2,
+                                    remat="full", logits_chunk=64)
     recs = []
     ok = A.run_programs([prog], preset="tiny", topology="v5p:2x2x1", chips=4, spec=A.chip_specs("v5p:2x2x1"),
                         hbm_limit=A.CHIPS["v5p"]["hbm"], fraction=0.85, proxy=None, emit=recs.append)

@@ -164,7 +164,7 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
 
 def test_arm_runtime_passes_the_kl_estimator(tok, monkeypatch):
     seen = {}
-    monkeypatch.setattr(host_stages, "make_train_step", lambda cfg, opt, ls, **kw: seen.update(ls=ls, kw=kw))
+    monkeypatch.setattr(stages, "make_train_step", lambda cfg, opt, ls, **kw: seen.update(ls=ls, kw=kw))
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="code"), tok)
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], kl_coef=0.05, kl_estimator="k2")
     rt = host_stages.make_host_arm_runtime(w, None, host_stages.HostTaskSettings(domain="code"), arm)

@@ -53,8 +53,6 @@ from jaxagent.envs.host import base as host_envs
 from jaxagent.eval.driver_common import rollout_params
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
-from jaxagent.rl.optim import make_optimizer
-from jaxagent.rl.train_step import LossSettings, make_train_step, state_shardings
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import Rollout
@@ -326,22 +324,17 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,
                           on_trace: Optional[Callable[[HostTrace], None]] = None) -> stages.ArmRuntime:
     """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
-    (PPO-clip with the arm's clip / KL (estimator `arm.kl_estimator`) / entropy settings, `make_optimizer(arm.lr)`),
+    (`stages.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`),
     sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
-    cdt = stages._compute_dtype(compute_dtype)
-    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
-    with_ref = arm.kl_coef > 0
-    step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
-                                                  entropy_coef=arm.entropy_coef),
-                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, compute_dtype=cdt,
-                           remat=remat, compiler_options=compiler_options)
+    arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
+                                    remat=remat, compiler_options=compiler_options)
+    step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
     st_sh = None
     if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
-        st_sh = state_shardings(cfg, opt, mesh, with_ref_params=with_ref)
+        st_sh = arm_step.state_shardings(cfg, mesh)
         row_sh, sharded_step = sharding.row_sharding(mesh), step
 
         def step(state, batch):

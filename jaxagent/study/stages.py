@@ -26,12 +26,12 @@ from jaxagent.envs.jax.frozenlake import FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
-from jaxagent.rl.logprobs import make_logprobs_fn
+from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
-from jaxagent.rl.train_step import (LossSettings, ValueSettings, init_train_state, make_train_step,
-                                    state_shardings)
+from jaxagent.rl.train_step import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
+                                    make_train_step, state_shardings)
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.study.toy import ToyWorld, expert_rollouts
 
@@ -183,6 +183,50 @@ def _compute_dtype(dtype):
     return None if dt == jnp.float32 else dt
 
 
+@dataclasses.dataclass(frozen=True)
+class ArmStep:
+    """An arm's jitted train step and what its TrainState holds (`make_arm_step`): the FrozenLake and host
+    runtimes call `jit`, and the AOT check (experiments/aot_check.py) lowers it on `abstract_state`, so the
+    program checked is the program run."""
+
+    jit: Callable                       # (TrainState, batch) -> (TrainState, metrics), `make_train_step`
+    optimizer: object
+    critic_optimizer: object = None     # PPO's critic; None without one
+    value_settings: Optional[ValueSettings] = None
+    with_ref_params: bool = False       # the state carries the reference params (kl_coef > 0)
+
+    def state_shardings(self, cfg: Qwen3Config, mesh: Mesh):
+        return state_shardings(cfg, self.optimizer, mesh, with_ref_params=self.with_ref_params,
+                               value_settings=self.value_settings, critic_optimizer=self.critic_optimizer)
+
+    def abstract_state(self, cfg: Qwen3Config, mesh: Optional[Mesh] = None):
+        """ShapeDtypeStructs of the arm's TrainState (sharded on `mesh` when given); allocates nothing."""
+        return abstract_train_state(cfg, self.optimizer, mesh=mesh, with_ref_params=self.with_ref_params,
+                                    value_settings=self.value_settings, critic_optimizer=self.critic_optimizer)
+
+
+def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = None, compute_dtype=None,
+                  micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
+                  compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK
+                  ) -> ArmStep:
+    """The train step of `arm`: PPO-clip with the arm's clip / KL (`arm.kl_estimator`, the reference params in
+    the state when kl_coef > 0) / entropy settings, AdamW at `arm.lr` with gradient clipping at 1.0, and with
+    estimator 'ppo' a critic (`ValueSettings()`, AdamW at `arm.critic_lr`). `compute_dtype`, `micro_batches`,
+    `remat`, `tis_cap`: see `make_arm_runtime`; `compiler_options`, `logits_chunk`: `make_train_step`'s."""
+    ppo = arm.rl.estimator == "ppo"
+    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
+    vs = ValueSettings() if ppo else None
+    copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
+    with_ref = arm.kl_coef > 0
+    jit = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
+                                                 kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
+                                                 entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
+                          mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
+                          critic_optimizer=copt, compute_dtype=_compute_dtype(compute_dtype), remat=remat,
+                          compiler_options=compiler_options, logits_chunk=logits_chunk)
+    return ArmStep(jit, opt, copt, vs, with_ref)
+
+
 def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings, *,
                      mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                      remat: Optional[str] = None, tis_cap: Optional[float] = None) -> ArmRuntime:
@@ -200,20 +244,14 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     ppo = arm.rl.estimator == "ppo"
     cdt = _compute_dtype(compute_dtype)
     rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
-    opt = make_optimizer(arm.lr, max_grad_norm=1.0)
-    vs = ValueSettings() if ppo else None
-    copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
-    with_ref = arm.kl_coef > 0
-    step = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
-                                                  entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
-                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
-                           critic_optimizer=copt, compute_dtype=cdt, remat=remat)
+    arm_step = make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
+                             remat=remat, tis_cap=tis_cap)
+    step, opt, copt, vs, with_ref = (arm_step.jit, arm_step.optimizer, arm_step.critic_optimizer,
+                                     arm_step.value_settings, arm_step.with_ref_params)
 
     st_sh = None
     if mesh is not None:
-        st_sh = state_shardings(cfg, opt, mesh, with_ref_params=with_ref, value_settings=vs,
-                                critic_optimizer=copt)
+        st_sh = arm_step.state_shardings(cfg, mesh)
         row_sh = sharding.row_sharding(mesh)
         sharded_step = step
 
