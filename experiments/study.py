@@ -537,7 +537,8 @@ def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):
     runtimes, done = {}, []
     for arm in arms or run.preset.arms:
         settings = run.arm_settings(arm)
-        key = settings.rl.estimator == "ppo"  # the critic changes the train step; nothing else does
+        # what the compiled pieces depend on: the optimisation settings and whether a critic is trained
+        key = (dataclasses.replace(settings, name="", rl=None, iterations=0), settings.rl.estimator == "ppo")
         if key not in runtimes:
             runtimes[key] = make_runtime(run, settings)
         for seed in seeds or run.preset.seeds:
