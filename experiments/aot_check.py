@@ -813,6 +813,8 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batches", type=int, default=None, help="override the preset's micro-batches")
     p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
                    help="override the preset's remat policy")
+    p.add_argument("--mesh", type=int, nargs=3, default=None, metavar=("DATA", "FSDP", "TENSOR"),
+                   help="override the preset's (data, fsdp, tensor) mesh (its product: the chips used)")
     p.add_argument("--layers", type=int, default=None,
                    help="override the model's layer count (a shallow copy of the architecture: quick sharding checks)")
     p.add_argument("--programs", nargs="+", default=None, help="only these programs (names as printed)")
@@ -839,6 +841,10 @@ def main(argv=None) -> int:
         changes["micro_batches"] = args.micro_batches
     if args.remat:
         changes["remat"] = None if args.remat == "none" else args.remat
+    if args.mesh:
+        if min(args.mesh) < 1:
+            raise SystemExit(f"--mesh needs three positive sizes, got {args.mesh}")
+        changes["mesh"] = tuple(args.mesh)
     preset = dataclasses.replace(preset, **changes)
     topology = args.topology or preset.aot_topology
     if topology is None:

@@ -8,6 +8,7 @@ Skipped only when libtpu (the tpu-aot extra) is not installed.
 import importlib.util
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -339,6 +340,16 @@ def test_host_program_names_and_batches():
     assert "also the finding 4 continuation's (8 rows per group)" in progs[1].note
     assert "4 rows x 128 tokens" in progs[2].note                # 8 episodes / 2 micro-batches, max_context
     assert progs[2].lower().out_info.shape == (4, 128)
+    # what the run holds beside each program: the base params beside the train step; the base and the arm's
+    # TrainState beside a rollout call; with two episode groups the other group's cache and logits too
+    res = AH.resident(pre, CFG, mesh, mesh)
+    params = A.per_chip_bytes(A._params_abstract(CFG, mesh))
+    assert res.base == params and res.state == pytest.approx(3 * params, rel=1e-3)  # + Adam moments, counters
+    one, two = (AH.host_programs(dataclasses.replace(pre, task=dataclasses.replace(pre.task, overlap_groups=g)),
+                                 CFG, mesh, only=["host_train_step", "host_decode"]) for g in (1, 2))
+    assert one[0].resident_bytes == params and one[1].resident_bytes == res.base + res.state
+    group = A.per_chip_bytes(AH.policy_state(CFG, mesh, 4, 128, jnp.bfloat16))
+    assert two[1].resident_bytes == pytest.approx(res.base + res.state + group) and "4 rows" in two[1].note
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +395,27 @@ def test_tiny_host_programs_compile_for_v5p(tiny_host):
 def test_aot_check_cli_takes_host_presets():
     with pytest.raises(SystemExit, match="unknown programs"):
         A.main(["--preset", "qwen3-0.6b-1gpu-sql", "--programs", "host_nope"])
+
+
+@needs_libtpu
+def test_aot_check_cli_mesh_and_recheck(tmp_path):
+    """--mesh overrides the preset's mesh (and must fit the topology); --recheck refuses records of another preset."""
+    with pytest.raises(SystemExit, match="three positive"):
+        A.main(["--preset", "qwen3-4b-8gpu", "--mesh", "0", "4", "2"])
+    with pytest.raises(SystemExit, match="does not match topology"):
+        A.main(["--preset", "qwen3-4b-8gpu", "--mesh", "1", "16", "1"])
+    rec = tmp_path / "r.jsonl"
+    rec.write_text('{"program": "train_step_grpo", "preset": "qwen3-8b-v5p"}\n')
+    with pytest.raises(SystemExit, match="not of --preset qwen3-4b-8gpu"):
+        A.main(["--preset", "qwen3-4b-8gpu", "--recheck", str(rec)])
+
+
+def test_add_resident_counts_what_the_run_holds_beside_the_program():
+    gib = A.GIB
+    rec = {"memory_gib": {"total": 40.0}, "hbm_fraction": 0.5}
+    A.add_resident(rec, 8 * gib, "the base params", 80 * gib)
+    assert rec["memory_gib"] == {"total": 48.0, "program": 40.0, "resident": 8.0} and rec["hbm_fraction"] == 0.6
+    A.add_resident(rec, 30 * gib, "", 80 * gib)      # a recheck starts again from the program's own figure
+    assert rec["memory_gib"]["total"] == 70.0 and rec["resident"] == "the base params"
+    assert A.verdict({**rec, "foreign_custom_calls": [], "collectives": {}, "flops_ratio": 1.0}, fraction=0.85,
+                     flops_checked=True) == "over_hbm"
