@@ -173,6 +173,7 @@ def step_options(preset) -> dict:
 
 
 def resident(preset, cfg, mesh, run_mesh) -> Resident:
+    """What a run of the host preset holds on each chip beside a program (`aot_check.Resident`, from its arms)."""
     return Resident.of(cfg, mesh, run_mesh, arm_settings(preset), **step_options(preset))
 
 
