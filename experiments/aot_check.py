@@ -406,7 +406,8 @@ class Resident:
     def of(cls, cfg, mesh, run_mesh, arms, **step_kw) -> "Resident":
         """From the arms' `stages.make_arm_step` states on `mesh` (`step_kw`: its options)."""
         from jaxagent.study import stages
-        states = [stages.make_arm_step(cfg, a, mesh=run_mesh, **step_kw).abstract_state(cfg, mesh) for a in arms]
+        distinct = {stages.shared_key(a): a for a in arms}.values()  # arms with equal settings hold equal states
+        states = [stages.make_arm_step(cfg, a, mesh=run_mesh, **step_kw).abstract_state(cfg, mesh) for a in distinct]
         return cls(per_chip_bytes(states[0].params), max(per_chip_bytes(st) for st in states))
 
     def apply(self, progs: list[Program], train_steps: tuple[str, ...]) -> list[Program]:
@@ -453,11 +454,11 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
     groups: dict = {}
     for arm in arms:
         rows = arm.rl.batch_size // arm.rl.minibatches
-        key = (dataclasses.replace(arm, name="", rl=None, iterations=0), arm.rl.estimator == "ppo", rows, name(arm))
+        key = (stages.shared_key(arm), rows, name(arm))
         groups.setdefault(key, []).append(arm)
     chunk = ts.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
     progs = []
-    for (_, ppo, rows, prog_name), group in groups.items():
+    for ((_, ppo), rows, prog_name), group in groups.items():
         arm = group[0]
         step = stages.make_arm_step(cfg, arm, mesh=run_mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
                                     remat=remat, tis_cap=tis_cap, compiler_options=compiler_options,

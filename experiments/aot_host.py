@@ -75,10 +75,11 @@ def widest_width(task) -> int:
     return min(max_append_width(), bucket(max(1, task.max_context - task.max_action_tokens)))
 
 
-def group_rows(n_episodes: int, overlap_groups: int) -> int:
-    """Rows of each episode group's policy (`host_schedule.episode_groups`): ceil(B / G), G at most B."""
-    g = max(1, min(overlap_groups, n_episodes))
-    return -(-n_episodes // g)
+def group_shape(n_episodes: int, overlap_groups: int) -> tuple[int, int]:
+    """(episode groups, policy rows per group) of a host rollout over `n_episodes` (`host_schedule.episode_groups`)."""
+    from jaxagent.rollout.host_schedule import episode_groups
+    groups = episode_groups(n_episodes, overlap_groups)
+    return len(groups), len(groups[0])
 
 
 def _sds(shape, dtype, sh):
@@ -153,9 +154,8 @@ def host_train_programs(preset, cfg, mesh, run_mesh) -> list[Program]:
     """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`aot_check.train_step_programs`
     with the arms' settings as `host_study.HostRun.arm_settings` makes them and the preset's XLA options), one per
     distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
-    progs = train_step_programs(cfg, mesh, run_mesh, arm_settings(preset), seq=preset.task.max_context,
-                                name=lambda arm: "host_train_step", **step_options(preset))
-    return resident(preset, cfg, mesh, run_mesh).apply(progs, ("host_train_step",))
+    return train_step_programs(cfg, mesh, run_mesh, arm_settings(preset), seq=preset.task.max_context,
+                               name=lambda arm: "host_train_step", **step_options(preset))
 
 
 def arm_settings(preset) -> list:
@@ -249,19 +249,17 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
     # the run: a mesh over every device unless the preset's is (1, 1, 1) (`study.make_run_mesh`)
     run_mesh = None if mesh.devices.size == 1 else mesh
     progs = host_train_programs(preset, cfg, mesh, run_mesh) if want("host_train_step") else []
-    n_before = len(progs)
     task = preset.task
     tok = _tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
     stop_ids = tuple(int(i) for i in chat.turn_pieces(tok, enable_thinking=task.enable_thinking).stop_ids)
     dtype = stages._compute_dtype(preset.compute_dtype) or jnp.float32
     widest = widest_width(task)
     widths = WIDTHS if only is not None else ()
-    n_train, n_eval = preset.n_tasks * preset.group_size, preset.eval.batch_size
-    groups = lambda n: max(1, min(task.overlap_groups, n))  # noqa: E731  (`group_rows`)
-    # (suffix, label, rows per group, groups, sampler)
-    batches = [("", "training rollout", group_rows(n_train, task.overlap_groups), groups(n_train),
+    n_eval = preset.eval.batch_size
+    # (suffix, label, episode groups, rows per group, sampler)
+    batches = [("", "training rollout", *group_shape(preset.n_tasks * preset.group_size, task.overlap_groups),
                 Sampler(temperature=preset.temperature))]
-    eval_batch = (group_rows(n_eval, task.overlap_groups), groups(n_eval), Sampler(temperature=1.0))
+    eval_batch = (*group_shape(n_eval, task.overlap_groups), Sampler(temperature=1.0))
     batches.append(("_eval", "evaluation rollout", *eval_batch))
     # finding 3's step samples and finding 6's R_single (coding) run the evaluation's batches and groups
     if task.domain in host_step_quality.DOMAINS:
@@ -269,9 +267,9 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
     if task.domain in host_dynamics.DOMAINS:
         batches.append(("_eval", "finding 6 R_single rollout", *eval_batch))
     if task.domain in host_error_recovery.DOMAINS:  # one group of eval.batch_size rows
-        batches.append(("_f4", "finding 4 continuation", n_eval, 1, Sampler(temperature=1.0)))
+        batches.append(("_f4", "finding 4 continuation", 1, n_eval, Sampler(temperature=1.0)))
     seen, built = {}, set()
-    for suffix, label, rows, n_groups, sampler in batches:
+    for suffix, label, n_groups, rows, sampler in batches:
         same = seen.get((rows, sampler))
         asked = only is not None and suffix not in built and any(
             n.startswith("host_") and n.split("_w")[0].endswith(suffix or "@") for n in only)
@@ -296,5 +294,4 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
                                         rows=preset.n_tasks * preset.group_size // preset.micro_batches))
-    resident(preset, cfg, mesh, run_mesh).apply(progs[n_before:], ())  # the train steps got theirs already
-    return progs
+    return resident(preset, cfg, mesh, run_mesh).apply(progs, ("host_train_step",))

@@ -56,22 +56,14 @@ def score_batch(run, base: int = 16) -> int:
     return -(-base // split) * split
 
 
-def cached_eval(run, label):
-    """eval/<label>.json (`eval_policy`'s cache) when it exists, else None."""
-    path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def eval_policy(run, params, label, log=print) -> dict:
-    """Pass@(K,T) of one policy in every mode (cached in eval/<label>.json)."""
+def eval_policy(run, load_params, label, log=print) -> dict:
+    """Pass@(K,T) in every mode of the policy `load_params()` returns (called only when eval/<label>.json, the
+    cache, does not exist)."""
     out_path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
-    cached = cached_eval(run, label)
-    if cached is not None:
-        return cached
-    p = run.preset
+    if os.path.isfile(out_path):
+        with open(out_path) as f:
+            return json.load(f)
+    p, params = run.preset, load_params()
     tasks, tiers, rcfg = _eval_setup(run)
     res = {}
     modes = ["announced", "truncated"] + (["hidden"] if p.eval.hidden_budget else [])
@@ -177,9 +169,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
     evals = {}
     for key in tqdm([None] + sorted(policies), desc="eval Pass@(K,T)", unit="policy"):  # one policy loaded at a time
         label = "base" if key is None else f"{key[0]}/seed{key[1]}"
-        cached = cached_eval(run, label)  # a cached policy is not even loaded
-        evals[label] = cached if cached is not None else eval_policy(
-            run, base if key is None else policies[key], label, log)
+        evals[label] = eval_policy(run, (lambda: base) if key is None else (lambda key=key: policies[key]), label, log)
     bound = drivers.upper_bound(run.world, np.asarray(tasks), tiers=tiers, ks=p.eval.ks, env_params=env_params)
     m: dict = {"meta.tiers": list(tiers), "meta.ks": list(p.eval.ks)}
     ks = list(p.eval.ks)

@@ -224,7 +224,7 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
                                                mesh=run.mesh)
     for arm in p.arms:
         settings = run.arm_settings(arm)
-        key = dataclasses.replace(settings, name="", rl=None)
+        key = stages.shared_key(settings)
         for seed in p.seeds:
             out = run.path("arms", arm, f"seed{seed}")
             done.append((arm, seed))

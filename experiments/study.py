@@ -537,8 +537,7 @@ def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=print):
     runtimes, done = {}, []
     for arm in arms or run.preset.arms:
         settings = run.arm_settings(arm)
-        # what the compiled pieces depend on: the optimisation settings and whether a critic is trained
-        key = (dataclasses.replace(settings, name="", rl=None, iterations=0), settings.rl.estimator == "ppo")
+        key = stages.shared_key(settings)
         if key not in runtimes:
             runtimes[key] = make_runtime(run, settings)
         for seed in seeds or run.preset.seeds:

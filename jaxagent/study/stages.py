@@ -183,6 +183,13 @@ def _compute_dtype(dtype):
     return None if dt == jnp.float32 else dt
 
 
+def shared_key(arm: ArmSettings):
+    """What an arm's compiled pieces (`make_arm_step`, `make_arm_runtime`) depend on: arms with equal keys share
+    them (one compile). Everything but the name, the estimator's settings and the iteration count, and whether
+    the estimator trains a critic."""
+    return dataclasses.replace(arm, name="", rl=None, iterations=0), arm.rl.estimator == "ppo"
+
+
 @dataclasses.dataclass(frozen=True)
 class ArmStep:
     """An arm's jitted train step and what its TrainState holds (`make_arm_step`): the FrozenLake and host
