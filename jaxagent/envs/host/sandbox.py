@@ -76,7 +76,7 @@ class SandboxLimits:
 
     wall_s: float = 6.0  # whole run: load + every call
     per_call_s: float = 2.0  # each call (and loading the module before it) gets this much wall time
-    cpu_s: int = 5  # RLIMIT_CPU of each process
+    cpu_s: int = 5  # CPU seconds of the whole run (all its processes together)
     memory_mb: int = 512  # memory of the whole run (all its processes together)
     nproc: int = 16  # processes of the run (the harness and each call's worker included)
     fsize_mb: int = 8  # RLIMIT_FSIZE; also the size of the private /tmp tmpfs
@@ -123,6 +123,8 @@ class SandboxResult:
     exit_info: str  # how the child ended, for diagnostics
     wall_s: float
     memory_bound: str = ""  # how the run's memory was bounded: "cgroup-v2" | "cgroup-v1" | "rlimits"
+    cpu_s: float = 0.0  # CPU seconds the run's processes used (as last measured by the launcher)
+    cpu_exceeded: bool = False  # the run was stopped at its CPU quota (limits.cpu_s)
 
 
 def _id_ranges(path: str) -> list[tuple[int, int]]:
@@ -172,6 +174,17 @@ def strong_isolation_problem() -> str | None:
     return None
 
 
+def _hidden_paths() -> list[str]:
+    """Directories the run's root must not show even where a bound directory holds them: this
+    process's import paths (site-packages, the package's checkout, editable installs) and the
+    package's own directory. The child masks those that lie inside what it binds."""
+    import site
+
+    package = os.path.dirname(os.path.dirname(os.path.dirname(_CHILD)))  # the jaxagent directory
+    paths = [package, os.path.dirname(package), *site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    return [os.path.abspath(p) for p in dict.fromkeys(paths) if isinstance(p, str) and p]
+
+
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process whose real uid is `uid` (cleanup after a run killed from outside)."""
     for _ in range(5):
@@ -219,7 +232,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
         uid = 65_534  # weak mode only: a root caller's workers drop to nobody
     cfg = {"code": code, "entry_point": entry_point, "args_list": args_json, "uid": uid,
            "mode": "namespaces" if limits.strong else "unsafe-rlimits-only", "parent_pid": os.getpid(),
-           "tmp_root": tempfile.gettempdir(), "cgroup": bool(limits.cgroup),
+           "tmp_root": tempfile.gettempdir(), "cgroup": bool(limits.cgroup), "hide": _hidden_paths(),
            "limits": dataclasses.asdict(limits)}
     killed = False
     proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -257,6 +270,7 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     load_error = None
     isolation = memory_bound = ""
     timed_out = killed
+    cpu_used, cpu_exceeded = 0.0, False
     loaded = ready = False
     setup_error = None
     unavailable = False
@@ -284,6 +298,8 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
             loaded = True
         elif "exit" in msg:
             timed_out = timed_out or bool(msg.get("timed_out"))
+            cpu_exceeded = bool(msg.get("cpu_exceeded"))
+            cpu_used = float(msg.get("cpu_s") or 0.0)
             exit_info += f"; launcher saw exit {msg['exit']}"
         elif "i" in msg and isinstance(msg["i"], int) and 0 <= msg["i"] < n and msg["i"] not in outcomes:
             status = msg.get("status")
@@ -300,15 +316,20 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     if not ready:
         why = "it ran out of time" if timed_out else "it died"
         raise SandboxSetupError(f"the code sandbox failed before the code started ({why}): {exit_info}")
+    quota = f"CPUQuota: the run used up its CPU time ({cpu_used:.2f} s of all its processes together)"
     if load_error is None and not loaded:
-        load_error = ("Timeout: the program ran out of time before the tests ran" if timed_out
+        load_error = (quota if cpu_exceeded else
+                      "Timeout: the program ran out of time before the tests ran" if timed_out
                       else "Crash: the program died before the tests ran (memory, process or file limit)")
     if load_error is not None:
         missing = CallOutcome("not_run", error=load_error)
+    elif cpu_exceeded:
+        missing = CallOutcome("not_run", error=quota)
     elif timed_out:
         missing = CallOutcome("not_run", error="Timeout: the whole run ran out of time")
     else:
         missing = CallOutcome("not_run", error="Crash: the program died (memory, process or file limit)")
     full = tuple(outcomes.get(i, missing) for i in range(n))
     return SandboxResult(outcomes=full, load_error=load_error, timed_out=timed_out, isolation=isolation,
-                         exit_info=exit_info, wall_s=wall, memory_bound=memory_bound)
+                         exit_info=exit_info, wall_s=wall, memory_bound=memory_bound, cpu_s=cpu_used,
+                         cpu_exceeded=cpu_exceeded)
