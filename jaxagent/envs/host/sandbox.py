@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -39,6 +40,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Sequence
+
+from jaxagent.envs.host.sandbox_child.seccomp import TABLES as SECCOMP_TABLES
 
 _MARK = b"@@jaxagent-sbx "
 _PARENT_GRACE_S = 10.0  # the launcher enforces wall_s; the parent only steps in if the launcher hangs
@@ -161,9 +164,15 @@ def strong_isolation_problem() -> str | None:
         return f"the process is not root (euid {os.geteuid()})"
     try:
         with open("/proc/self/status") as f:
-            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+            status = f.read().splitlines()
+        caps = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
     except (OSError, StopIteration, ValueError):
         return "the effective capabilities cannot be read from /proc/self/status"
+    if not any(line.startswith("Seccomp:") for line in status):
+        return "the kernel has no seccomp (CONFIG_SECCOMP), which the sandbox's syscall filter needs"
+    if platform.machine() not in SECCOMP_TABLES:
+        return (f"the sandbox's syscall filter knows {', '.join(sorted(SECCOMP_TABLES))}, not "
+                f"{platform.machine()}")
     missing = [name for bit, name in ((_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (_CAP_SETUID, "CAP_SETUID"),
                                       (_CAP_SETGID, "CAP_SETGID")) if not caps >> bit & 1]
     if missing:
