@@ -395,3 +395,24 @@ def test_in_process_queries_keep_their_soft_limit(env):
         run_query(path, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
                   time_limit_s=0.3, max_rows=10)
     assert time.monotonic() - t0 < 1.3
+
+
+def test_every_host_env_returns_valid_text():
+    """HostEnv makes each subclass's observations and info["error"] valid text (lone surrogates escaped),
+    however the subclass built them, and leaves valid text as it is."""
+    class Echo(host.HostEnv):
+        def reset(self, seed, task):
+            return 0, "start \ud800"
+
+        def step(self, state, action_text):
+            return state + 1, f"you said {action_text}", 0.0, False, {"error": action_text}
+
+    class Louder(Echo):
+        def step(self, state, action_text):
+            s, obs, r, d, info = super().step(state, action_text + "\udfff")
+            return s, obs + "!", r, d, info
+
+    assert Echo().reset(0, None) == (0, "start \\ud800")
+    _, obs, _, _, info = Louder().step(0, "a\ud83d")
+    assert obs == "you said a\\ud83d\\udfff!" and info["error"] == "a\\ud83d\\udfff"
+    assert host.valid_text("ok \U0001F600 \u00e9") == "ok \U0001F600 \u00e9"
