@@ -2,6 +2,7 @@
 the test process; it refuses to run without strong isolation unless told to, reports its own
 failures as infrastructure errors, bounds the memory of a whole run, and cannot be lied to."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -106,6 +107,17 @@ def test_infinite_loops_time_out(code):
     r, dt = _run(code)
     assert r.outcomes[0].status in ("timeout", "not_run")
     assert dt < MAX_S
+
+
+@pytest.mark.parametrize("limits", MODES)
+def test_a_busy_loop_is_stopped_at_the_runs_cpu_quota(limits):
+    limits = dataclasses.replace(limits, wall_s=8.0, per_call_s=7.0, cpu_s=1)
+    t0 = time.monotonic()
+    r = run_calls("def f():\n    while True:\n        pass\n", "f", [[], []], limits)
+    assert [o.status for o in r.outcomes] == ["not_run", "not_run"], r
+    assert r.outcomes[0].error.startswith("CPUQuota"), r
+    assert r.cpu_exceeded and not r.timed_out and 1.0 <= r.cpu_s <= limits.cpu_s + 0.5, r
+    assert time.monotonic() - t0 < limits.per_call_s
 
 
 @needs_strong
