@@ -11,7 +11,7 @@ ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_colum
 `max_result_bytes` bytes converted in all, a larger result being an error, not a truncation; rows:
 `max_fetch_rows` fetched, `max_obs_rows` shown). The time limit is hard: a query answers within
 `time_limit_s` or its process is killed `sql_query.DEFAULT_GRACE_S` later, so a step takes at most
-about time_limit_s + 0.25 s and leaves nothing running; temporary data stays in the query process's
+about time_limit_s + 0.15 s and leaves nothing running; temporary data stays in the query process's
 memory, capped at `heap_limit_bytes` (64 MiB; no temp files). The trusted gold and schema queries run
 in this process (`run_query`).
 

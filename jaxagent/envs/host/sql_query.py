@@ -63,7 +63,7 @@ DEFAULT_MAX_VALUE_LEN = 32_768  # bytes per string/blob value (SQLITE_LIMIT_LENG
 DEFAULT_MAX_COLUMNS = 64  # result columns (SQLITE_LIMIT_COLUMN)
 DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes converted per query (text/blob lengths, 8 per other value)
 DEFAULT_HEAP_LIMIT_BYTES = 64 * 2 ** 20  # all of SQLite's memory in a query process, temp data included
-DEFAULT_GRACE_S = 0.25  # a query process still busy this long after its time limit is killed
+DEFAULT_GRACE_S = 0.15  # a query process still busy this long after its time limit is killed
 
 
 _OUT_OF_MEMORY = "out of memory: the query needs more memory than it may use (temporary tables, sorting)"
