@@ -168,6 +168,9 @@ def strong_isolation_problem() -> str | None:
         caps = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
     except (OSError, StopIteration, ValueError):
         return "the effective capabilities cannot be read from /proc/self/status"
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return ("the kernel does not list a process's children in /proc (CONFIG_PROC_CHILDREN), which the "
+                "sandbox's CPU quota needs")
     if not any(line.startswith("Seccomp:") for line in status):
         return "the kernel has no seccomp (CONFIG_SECCOMP), which the sandbox's syscall filter needs"
     if platform.machine() not in SECCOMP_TABLES:

@@ -13,8 +13,9 @@ What is bound (read-only, nosuid, nodev, not recursive: mounts below a bound dir
   - the standard library: the directories of the child's `sys.path`, which `python -I -S` and the child's
     `__main__` leave at the standard library and lib-dynload;
   - every shared library mapped into this process (libpython, libc, libffi, ...): the whole directory when
-    it is one of the dynamic linker's default directories (so the libraries of extension modules not
-    loaded yet are found: /usr/lib/<multiarch>, /usr/lib64, ...), else the file alone.
+    it is one of the dynamic linker's default directories or the interpreter's LIBDIR (so the libraries
+    of extension modules not loaded yet are found: /usr/lib/<multiarch>, /usr/lib64, <prefix>/lib),
+    else the file alone.
 
 No dimension legend: host-side Python, no arrays.
 """
@@ -88,13 +89,17 @@ def mapped_files():
 
 
 def library_dirs():
-    """Real paths of the dynamic linker's default directories."""
+    """Real paths of the dynamic linker's default directories and of the interpreter's own library
+    directory (libpython's; in a conda or pyenv prefix also the libraries its extension modules load)."""
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
     dirs = set()
     for base in ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib32", "/usr/lib32"):
         for d in (base, os.path.join(base, multiarch) if multiarch else base):
             if os.path.isdir(d):
                 dirs.add(os.path.realpath(d))
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir and os.path.isdir(libdir):
+        dirs.add(os.path.realpath(libdir))
     return dirs
 
 
