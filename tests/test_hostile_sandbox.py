@@ -6,12 +6,10 @@ policy could learn to do; each test fails if the attack works.
 These need strong isolation (root with CAP_SYS_ADMIN, as in CI); without it they are skipped with the
 reason, and the refusal itself is tested in test_sandbox.py."""
 
-import ctypes
 import os
 import shutil
 import site
 import socket
-import sys
 import tempfile
 import textwrap
 import time
