@@ -401,3 +401,25 @@ def test_deep_copy_is_depth_safe_and_matches_deepcopy(env):
     out = deep_copy(obj)
     assert out == {"a": {"k": [1, 2]}, "b": {"k": [1, 2]}, "t": (1, [2]), "s": {3}, "self": out}
     assert out["a"] is out["b"] is not shared and out["self"] is out and out["t"][1] is not obj["t"][1]
+
+
+@pytest.mark.parametrize("action", [
+    _raw_call("add", '{"a\\ud800": 1, "b": 2}'),  # a key with a lone surrogate, echoed in the error
+    _raw_call("cd", '{"folder": "x\\udfff"}'),  # a value, echoed in the file system's answer
+    _raw_call("\\ud83d", "{}"),  # a function name
+])
+def test_lone_surrogates_are_escaped_and_the_episode_goes_on(env, tok, action):
+    from jaxagent.models import chat
+    from jaxagent.rollout import episode
+
+    task = env.task("multi_turn_base_15")
+    state, _ = env.reset(0, task)
+    state, obs, reward, done, info = env.step(state, action)
+    assert info["tool_error"] and not done, obs
+    assert "\\ud8" in obs or "\\udf" in obs, obs  # the escape is shown, as text
+    obs.encode("utf-8")
+    info["error"].encode("utf-8")
+    chunk = episode.host_next_chunk(tok, chat.turn_pieces(tok), obs, info["obs_role"], None, True)  # the rollout's path
+    assert tok.decode(chunk).count("<tool_response>") == 1
+    state, obs, _, done, info = env.step(state, _call("pwd"))  # the episode continues normally
+    assert info["valid"] and not info["tool_error"] and not done

@@ -170,3 +170,13 @@ def test_hostile_output_is_an_error_observation(env):
     assert reward == 0.0 and not done and info["valid"] and info["pass_rate"] == 0.0
     assert obs.startswith("Passed 0/") and "failed" in obs
     assert info["isolation"] == MODE
+
+
+def test_observations_with_lone_surrogates_are_valid_text(env):
+    # The model's own exception message, echoed as feedback, holds a lone surrogate.
+    task = _task(env, "pair-sum")
+    state, obs = env.reset(0, task)
+    state, obs, reward, done, info = env.step(state, _block("def pair_sum(nums, target):\n    raise ValueError('\\ud800!')\n"))
+    assert reward == 0.0 and "ValueError: \\ud800!" in obs, obs
+    obs.encode("utf-8")
+    info["error"].encode("utf-8")

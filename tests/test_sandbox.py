@@ -2,6 +2,8 @@
 the test process; it refuses to run without strong isolation unless told to, reports its own
 failures as infrastructure errors, bounds the memory of a whole run, and cannot be lied to."""
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -108,6 +110,17 @@ def test_infinite_loops_time_out(code):
     assert dt < MAX_S
 
 
+@pytest.mark.parametrize("limits", MODES)
+def test_a_busy_loop_is_stopped_at_the_runs_cpu_quota(limits):
+    limits = dataclasses.replace(limits, wall_s=8.0, per_call_s=7.0, cpu_s=1)
+    t0 = time.monotonic()
+    r = run_calls("def f():\n    while True:\n        pass\n", "f", [[], []], limits)
+    assert [o.status for o in r.outcomes] == ["not_run", "not_run"], r
+    assert r.outcomes[0].error.startswith("CPUQuota"), r
+    assert r.cpu_exceeded and not r.timed_out and 1.0 <= r.cpu_s <= limits.cpu_s + 0.5, r
+    assert time.monotonic() - t0 < limits.per_call_s
+
+
 @needs_strong
 def test_fork_bomb_is_contained(run_uids):
     code = ("import os\ndef f():\n    while True:\n        try:\n            os.fork()\n"
@@ -179,8 +192,13 @@ def test_other_processes_and_their_environment_are_invisible():
             return [found, os.getppid() > 0, max(int(e) for e in os.listdir('/proc') if e.isdigit())]
         """)
     try:
-        with open(f"/proc/{holder.pid}/environ", "rb") as fh:
-            assert b"s3cr3t-value" in fh.read()  # the secret is there to be found
+        deadline = time.monotonic() + 5.0
+        while True:  # the secret is there to be found (once the holder has exec'd)
+            with open(f"/proc/{holder.pid}/environ", "rb") as fh:
+                if b"s3cr3t-value" in fh.read():
+                    break
+            assert time.monotonic() < deadline, "the holder's environment never showed the secret"
+            time.sleep(0.01)
         r, _ = _run(code)
         found, _, max_pid = r.outcomes[0].value
         assert found == [] and max_pid < 100  # a fresh pid namespace: only the run's own processes
@@ -266,6 +284,37 @@ def test_weak_mode_blocks_sockets_outside_writes_and_special_files(tmp_path):
     assert [o.status for o in r.outcomes] == ["error", "error", "ok", "error", "error", "ok", "error"], r
     assert "mkfifo" in r.outcomes[3].error and "mknod" in r.outcomes[4].error
     assert os.listdir(tmp_path) == []
+
+
+_PLAN = textwrap.dedent("""\
+    import json, sys
+    sys.path.append(sys.argv[1])
+    from sandbox_child import rootfs
+    sys.path.pop()
+    import ctypes, json  # what the child has loaded when it builds the root
+    plan, masks = rootfs.make_plan({"hide": json.loads(sys.argv[2])})
+    print(json.dumps([plan.binds, plan.links, masks]))
+    """)
+
+
+def test_the_runs_root_shows_no_package_tests_or_site_packages():
+    # What the strong sandbox would bind, computed as its child does (`python -I -S`), on any machine.
+    import site
+
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", _PLAN, os.path.dirname(sandbox._CHILD),
+                          json.dumps(sandbox._hidden_paths())], capture_output=True, text=True, timeout=60)
+    binds, links, masks = json.loads(out.stdout)
+    shows = lambda path: [b for b in binds if path == b or path.startswith(b.rstrip("/") + "/")]  # noqa: E731
+    assert shows(os.path.realpath(sys.executable)) and shows(os.path.realpath(os.__file__))  # the interpreter, stdlib
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    secret = [repo, os.path.join(repo, "jaxagent", "envs", "host", "data"), os.path.join(repo, "tests"),
+              *site.getsitepackages(), site.getusersitepackages()]
+    for path in map(os.path.realpath, secret):
+        shown_by = shows(path)
+        masked = any(path == m or path.startswith(m + "/") for m in masks)
+        assert not shown_by or masked, (path, shown_by)
+    for b in binds:  # nothing bound lies inside the checkout or a site-packages directory either
+        assert not any(b.startswith(os.path.realpath(p) + "/") for p in secret), b
 
 
 def test_child_program_is_the_package_module():

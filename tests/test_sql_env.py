@@ -4,6 +4,7 @@ limits hold, malformed actions are error observations; plus the host-env registr
 import hashlib
 import os
 import time
+import threading
 import tracemalloc
 
 import pytest
@@ -298,3 +299,120 @@ def test_ordinary_functions_are_allowed(env):
     assert [r[1] for r in ranked] == [1, 2, 3] and ranked[0][2] == 1
     assert {f.lower() for f in sql_env.ALLOWED_FUNCTIONS} == set(sql_env.ALLOWED_FUNCTIONS)
     assert not {"fts3_tokenizer", "load_extension", "readfile", "writefile"} & sql_env.ALLOWED_FUNCTIONS
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile queries: the time limit is hard and temporary data is bounded
+# ------------------------------------------------------------------------------------------------
+HARD_LIMIT = {
+    # one VM step of ~20 s in-process: the progress handler never runs
+    "printf-width": "SELECT printf('%.*c', 2000000000, 'x')",
+    "three-specifiers": "SELECT printf('%.*c%.*c%.*c', 2000000000, 'x', 2000000000, 'y', 2000000000, 'z')",
+    # a UNION's distinct set of 30 kB rows: in-process it wrote ~250 MB of temp files within 2 s
+    "wide-recursive-cte": "WITH RECURSIVE r(i, s) AS (SELECT 1, randomblob(30000) UNION SELECT i + 1, "
+                          "randomblob(30000) FROM r WHERE i < 1000000) SELECT count(*) FROM r",
+}
+HEAP_BOUND = sql_env.DEFAULT_HEAP_LIMIT_BYTES + 32 * 2 ** 20  # the heap cap plus the interpreter's own memory
+
+
+@pytest.fixture(scope="module")
+def hard_env(tmp_path_factory):
+    env = SQLEnv(cache_dir=tmp_path_factory.mktemp("sqlcache"), time_limit_s=1.0)
+    state, _ = env.reset(0, env.tasks("all")[0])
+    assert env.step(state, "```sql\nSELECT 1\n```")[1].startswith("1")  # a query process is up
+    yield env
+    env.close()
+
+
+def _cpu_s_of_this_process_and_children():
+    """CPU seconds used so far by this process (all threads) and by its live child processes."""
+    total = time.process_time()
+    me = os.getpid()
+    for tid in os.listdir(f"/proc/{me}/task"):
+        try:
+            kids = open(f"/proc/{me}/task/{tid}/children").read().split()
+        except OSError:
+            continue
+        for pid in kids:
+            try:
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _step_within(env, state, query, budget_s):
+    """env.step on a thread, given `budget_s` seconds: (result or None, seconds, the thread)."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(r=env.step(state, f"```sql\n{query}\n```")), daemon=True)
+    t0 = time.monotonic()
+    worker.start()
+    worker.join(budget_s)
+    return result.get("r"), time.monotonic() - t0, worker
+
+
+@pytest.mark.parametrize("name", sorted(HARD_LIMIT))
+def test_the_time_limit_is_hard_and_nothing_keeps_running(hard_env, name):
+    env = hard_env
+    state, _ = env.reset(0, _task(env, "shop-01"))
+    threads = threading.active_count()
+    res, elapsed, worker = _step_within(env, state, HARD_LIMIT[name], env.time_limit_s + 0.5)
+    assert not worker.is_alive() and elapsed <= env.time_limit_s + 0.5, elapsed
+    _, obs, reward, done, info = res
+    assert obs.startswith("Error:") and info["valid"] and info["tool_error"] and not done, obs
+    assert "time limit of 1s exceeded" in obs or "out of memory" in obs, obs
+    time.sleep(0.3)  # a replacement query process finishes starting
+    cpu0 = _cpu_s_of_this_process_and_children()
+    time.sleep(0.5)
+    assert _cpu_s_of_this_process_and_children() - cpu0 < 0.15, "a thread or process is still burning a core"
+    assert threading.active_count() == threads
+    state, _ = env.reset(0, _task(env, "shop-01"))  # and the env still answers
+    assert env.step(state, "```sql\nSELECT 2\n```")[1].startswith("2")
+
+
+def test_temporary_data_is_bounded(hard_env):
+    """The wide CTE's temp data stays in the query process's capped heap: its peak resident memory is
+    under the cap plus the interpreter's own, and it writes nothing (no temp files)."""
+    env = hard_env
+    env.close()  # a fresh query process, so that its peak memory is this query's
+    state, _ = env.reset(0, _task(env, "shop-01"))
+    _, obs, _, _, _ = env.step(state, f"```sql\n{HARD_LIMIT['wide-recursive-cte']}\n```")
+    assert "out of memory" in obs, obs
+    (pid,) = env.queries.pids()
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    peak = int(status["VmHWM"].split()[0]) * 1024
+    written = int(dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines())["wchar"])
+    assert peak < HEAP_BOUND, peak
+    assert written < 10_000, written  # answer lines only
+
+
+def test_in_process_queries_keep_their_soft_limit(env):
+    """run_query (trusted queries) still stops an ordinary long query at its time limit."""
+    path = env.db_path(_task(env, "shop-01"))
+    t0 = time.monotonic()
+    with pytest.raises(QueryError, match="time limit"):
+        run_query(path, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+                  time_limit_s=0.3, max_rows=10)
+    assert time.monotonic() - t0 < 1.3
+
+
+def test_every_host_env_returns_valid_text():
+    """HostEnv makes each subclass's observations and info["error"] valid text (lone surrogates escaped),
+    however the subclass built them, and leaves valid text as it is."""
+    class Echo(host.HostEnv):
+        def reset(self, seed, task):
+            return 0, "start \ud800"
+
+        def step(self, state, action_text):
+            return state + 1, f"you said {action_text}", 0.0, False, {"error": action_text}
+
+    class Louder(Echo):
+        def step(self, state, action_text):
+            s, obs, r, d, info = super().step(state, action_text + "\udfff")
+            return s, obs + "!", r, d, info
+
+    assert Echo().reset(0, None) == (0, "start \\ud800")
+    _, obs, _, _, info = Louder().step(0, "a\ud83d")
+    assert obs == "you said a\\ud83d\\udfff!" and info["error"] == "a\\ud83d\\udfff"
+    assert host.valid_text("ok \U0001F600 \u00e9") == "ok \U0001F600 \u00e9"

@@ -13,6 +13,8 @@ Interface. A host env is a Python object with `jittable = False` and
   step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
   anchor(state) -> int                    GiGPO anchor of a state (below)
   clone(state) -> state                   an independent copy, to branch (error states, matched states)
+Observations (and info["error"]) are valid text: `HostEnv` passes what every subclass's reset and step
+return through `valid_text` (lone surrogates escaped), so no observation can break a tokenizer.
 `step` may mutate and return its input state: clone first to keep a state. Stepping a finished
 episode is a caller bug and raises ValueError. Any model output (empty, huge, random bytes, bad JSON,
 unknown function, wrong argument types) is answered with an error observation and `valid=False`,
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -50,11 +53,47 @@ MAX_ACTION_CHARS = 32_768  # longer actions are refused with an error observatio
 MAX_TOOL_CALLS = 32  # tool calls per action
 
 
+def valid_text(text: str) -> str:
+    """`text` with every lone surrogate (a code point no UTF-8 encoder or tokenizer accepts, e.g. from a
+    JSON escape "\\ud800" in the model's tool call, echoed back) replaced by its escape text `\\ud800`;
+    valid text is returned as it is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _valid_observations(method):
+    """Wrap reset/step so that the observation (result[1]) and info["error"] are valid text."""
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        out = method(*args, **kwargs)
+        if isinstance(out, tuple) and len(out) >= 2 and isinstance(out[1], str):
+            out = (out[0], valid_text(out[1]), *out[2:])
+            info = out[4] if len(out) == 5 else None
+            if isinstance(info, dict) and isinstance(info.get("error"), str):
+                info["error"] = valid_text(info["error"])
+        return out
+    wrapped.valid_observations = True
+    return wrapped
+
+
 class HostEnv:
-    """Base class of host-side environments (see the module docstring for the contract)."""
+    """Base class of host-side environments (see the module docstring for the contract).
+
+    Every subclass's `reset` and `step` return valid text (`valid_text`): the one place where the
+    observations of all host envs are made safe to tokenise, whatever the model's action echoed."""
 
     jittable = False
     name = "host"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("reset", "step"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "valid_observations", False):
+                setattr(cls, name, _valid_observations(method))
 
     def tasks(self, split: str = "train") -> list:
         raise NotImplementedError

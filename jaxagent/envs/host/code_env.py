@@ -4,8 +4,10 @@ No dimension legend: host-side Python, no arrays.
 
 Action: a Python solution in a ```python code block (the last block if there are several; a bare
 ``` block is accepted). The code runs in the sandbox (jaxagent.envs.host.sandbox: wall, CPU, memory,
-process and file-size limits, no network, a throwaway work directory, an unprivileged uid; by default
-strong isolation or an error, never a silent fallback) and the
+process and file-size limits, no network, a root file system holding only the interpreter and its
+standard library, so neither this package nor its task data (the expected values) can be read, a
+throwaway work directory, an unprivileged uid; by default strong isolation or an error, never a
+silent fallback; docs/sandbox.md) and the
 task's entry-point function is called on every unit test's arguments; return values are compared
 with the expected values here, outside the sandbox (floats to 1e-6 relative, bool distinct from
 int, tuples as lists, sets as sorted lists).

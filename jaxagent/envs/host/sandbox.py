@@ -9,15 +9,20 @@ No dimension legend: host-side Python, no arrays.
 Modes (`SandboxLimits.mode`; docs/sandbox.md has the full contract):
   "namespaces" (the default; "auto" is the same): strong isolation or nothing. It needs root with
       CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID in a user namespace that maps unprivileged uids (real
-      root does). Without that, `run_calls` raises `SandboxUnavailable` naming what is missing and how
-      to get it; it never falls back to a weaker mode. Per run: new mount, network, pid and IPC
-      namespaces (no network at all, private size-limited tmpfs over /tmp, /var/tmp, /dev/shm,
-      /run/lock, a fresh /proc), a random unprivileged uid, rlimits, no new privileges, the whole
+      root does), seccomp, and /proc's children lists, on x86_64 or aarch64. Without that, `run_calls`
+      raises `SandboxUnavailable` naming what is missing and how to get it; it never falls back to a
+      weaker mode. Per run: new mount, network, pid, IPC and UTS namespaces; a root filesystem of its
+      own holding only the interpreter, its shared libraries and its standard library (read-only,
+      site-packages masked), a private size-limited /tmp with the work directory, /dev/shm, a few
+      device nodes and a fresh /proc (sandbox_child/rootfs.py); no network at all; a seccomp filter
+      (no namespaces, mounts, io_uring, or socket families beyond unix/inet/inet6;
+      sandbox_child/seccomp.py); a random unprivileged uid, rlimits, no new privileges; the whole
       run's memory and process count bounded by a fresh cgroup (v2, or v1 memory + pids) where the
       machine has one, otherwise by a process count times a per-process address-space limit that
-      multiply to the budget; everything is killed at the wall-clock limit and when the caller dies.
-  "unsafe-rlimits-only": an explicit opt-in to NO SECURITY BOUNDARY: rlimits and a Python audit hook
-      in a throwaway directory, as the caller's own user. Model code can escape it (ctypes, reading
+      multiply to the budget; its CPU time bounded by a quota of the whole run; everything is killed
+      at the wall-clock limit or the CPU quota, and when the caller dies.
+  "unsafe-rlimits-only": an explicit opt-in to NO SECURITY BOUNDARY: rlimits, the CPU quota and a
+      Python audit hook in a throwaway directory, as the caller's own user. Model code can escape it (ctypes, reading
       the user's files, ...); use it only for trusted code or when nothing else is possible.
 Each call runs in its own worker process (the module is loaded afresh for each call) that holds no
 descriptor of the result channel, so model code cannot forge result lines (values for calls that
@@ -32,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -39,6 +45,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Sequence
+
+from jaxagent.envs.host.sandbox_child.seccomp import TABLES as SECCOMP_TABLES
 
 _MARK = b"@@jaxagent-sbx "
 _PARENT_GRACE_S = 10.0  # the launcher enforces wall_s; the parent only steps in if the launcher hangs
@@ -76,7 +84,7 @@ class SandboxLimits:
 
     wall_s: float = 6.0  # whole run: load + every call
     per_call_s: float = 2.0  # each call (and loading the module before it) gets this much wall time
-    cpu_s: int = 5  # RLIMIT_CPU of each process
+    cpu_s: int = 5  # CPU seconds of the whole run (all its processes together)
     memory_mb: int = 512  # memory of the whole run (all its processes together)
     nproc: int = 16  # processes of the run (the harness and each call's worker included)
     fsize_mb: int = 8  # RLIMIT_FSIZE; also the size of the private /tmp tmpfs
@@ -123,6 +131,8 @@ class SandboxResult:
     exit_info: str  # how the child ended, for diagnostics
     wall_s: float
     memory_bound: str = ""  # how the run's memory was bounded: "cgroup-v2" | "cgroup-v1" | "rlimits"
+    cpu_s: float = 0.0  # CPU seconds the run's processes used (as last measured by the launcher)
+    cpu_exceeded: bool = False  # the run was stopped at its CPU quota (limits.cpu_s)
 
 
 def _id_ranges(path: str) -> list[tuple[int, int]]:
@@ -159,9 +169,18 @@ def strong_isolation_problem() -> str | None:
         return f"the process is not root (euid {os.geteuid()})"
     try:
         with open("/proc/self/status") as f:
-            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+            status = f.read().splitlines()
+        caps = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
     except (OSError, StopIteration, ValueError):
         return "the effective capabilities cannot be read from /proc/self/status"
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return ("the kernel does not list a process's children in /proc (CONFIG_PROC_CHILDREN), which the "
+                "sandbox's CPU quota needs")
+    if not any(line.startswith("Seccomp:") for line in status):
+        return "the kernel has no seccomp (CONFIG_SECCOMP), which the sandbox's syscall filter needs"
+    if platform.machine() not in SECCOMP_TABLES:
+        return (f"the sandbox's syscall filter knows {', '.join(sorted(SECCOMP_TABLES))}, not "
+                f"{platform.machine()}")
     missing = [name for bit, name in ((_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (_CAP_SETUID, "CAP_SETUID"),
                                       (_CAP_SETGID, "CAP_SETGID")) if not caps >> bit & 1]
     if missing:
@@ -170,6 +189,17 @@ def strong_isolation_problem() -> str | None:
         return ("this user namespace maps no unprivileged uid/gid to run model code as (uid_map "
                 "lists only root, as under `unshare -Ur`)")
     return None
+
+
+def _hidden_paths() -> list[str]:
+    """Directories the run's root must not show even where a bound directory holds them: this
+    process's import paths (site-packages, the package's checkout, editable installs) and the
+    package's own directory. The child masks those that lie inside what it binds."""
+    import site
+
+    package = os.path.dirname(os.path.dirname(os.path.dirname(_CHILD)))  # the jaxagent directory
+    paths = [package, os.path.dirname(package), *site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    return [os.path.abspath(p) for p in dict.fromkeys(paths) if isinstance(p, str) and p]
 
 
 def _kill_uid(uid: int) -> None:
@@ -219,7 +249,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
         uid = 65_534  # weak mode only: a root caller's workers drop to nobody
     cfg = {"code": code, "entry_point": entry_point, "args_list": args_json, "uid": uid,
            "mode": "namespaces" if limits.strong else "unsafe-rlimits-only", "parent_pid": os.getpid(),
-           "tmp_root": tempfile.gettempdir(), "cgroup": bool(limits.cgroup),
+           "tmp_root": tempfile.gettempdir(), "cgroup": bool(limits.cgroup), "hide": _hidden_paths(),
            "limits": dataclasses.asdict(limits)}
     killed = False
     proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -257,6 +287,7 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     load_error = None
     isolation = memory_bound = ""
     timed_out = killed
+    cpu_used, cpu_exceeded = 0.0, False
     loaded = ready = False
     setup_error = None
     unavailable = False
@@ -284,6 +315,8 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
             loaded = True
         elif "exit" in msg:
             timed_out = timed_out or bool(msg.get("timed_out"))
+            cpu_exceeded = bool(msg.get("cpu_exceeded"))
+            cpu_used = float(msg.get("cpu_s") or 0.0)
             exit_info += f"; launcher saw exit {msg['exit']}"
         elif "i" in msg and isinstance(msg["i"], int) and 0 <= msg["i"] < n and msg["i"] not in outcomes:
             status = msg.get("status")
@@ -300,15 +333,20 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     if not ready:
         why = "it ran out of time" if timed_out else "it died"
         raise SandboxSetupError(f"the code sandbox failed before the code started ({why}): {exit_info}")
+    quota = f"CPUQuota: the run used up its CPU time ({cpu_used:.2f} s of all its processes together)"
     if load_error is None and not loaded:
-        load_error = ("Timeout: the program ran out of time before the tests ran" if timed_out
+        load_error = (quota if cpu_exceeded else
+                      "Timeout: the program ran out of time before the tests ran" if timed_out
                       else "Crash: the program died before the tests ran (memory, process or file limit)")
     if load_error is not None:
         missing = CallOutcome("not_run", error=load_error)
+    elif cpu_exceeded:
+        missing = CallOutcome("not_run", error=quota)
     elif timed_out:
         missing = CallOutcome("not_run", error="Timeout: the whole run ran out of time")
     else:
         missing = CallOutcome("not_run", error="Crash: the program died (memory, process or file limit)")
     full = tuple(outcomes.get(i, missing) for i in range(n))
     return SandboxResult(outcomes=full, load_error=load_error, timed_out=timed_out, isolation=isolation,
-                         exit_info=exit_info, wall_s=wall, memory_bound=memory_bound)
+                         exit_info=exit_info, wall_s=wall, memory_bound=memory_bound, cpu_s=cpu_used,
+                         cpu_exceeded=cpu_exceeded)

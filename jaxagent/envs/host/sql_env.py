@@ -4,14 +4,16 @@ No dimension legend: host-side Python, no arrays.
 
 Databases are built from the project's own SQL scripts (jaxagent/envs/host/data/sql/*.sql) into a cache
 directory (`cache_dir`, default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a
-hash of the script, the build is atomic) and opened per query read-only: URI `mode=ro`,
-`PRAGMA query_only`, an authorizer that allows only reading (SELECT, READ, RECURSIVE, and calls of
-the functions in ALLOWED_FUNCTIONS: no ATTACH, PRAGMA, writes, schema changes, extension loading or
-functions such as fts3_tokenizer that expose host internals), a per-query time limit that covers
-running, fetching and converting the result (progress handler plus a clock check per fetched row and
-text value), and size limits: `max_value_len` bytes per value and `max_columns` columns (both enforced
-by SQLite, so one row is at most their product), `max_result_bytes` bytes converted in all (a larger
-result is an error, not a truncation) and rows (`max_fetch_rows` fetched, `max_obs_rows` shown).
+hash of the script, the build is atomic). The model's queries run in query processes
+(`sql_query.QueryRunner`), each opening the database read-only per query (`sql_query.run_query`: URI
+`mode=ro`, `PRAGMA query_only`, an authorizer that allows only reading and the functions in
+ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_columns` columns,
+`max_result_bytes` bytes converted in all, a larger result being an error, not a truncation; rows:
+`max_fetch_rows` fetched, `max_obs_rows` shown). The time limit is hard: a query answers within
+`time_limit_s` or its process is killed `sql_query.DEFAULT_GRACE_S` later, so a step takes at most
+about time_limit_s + 0.15 s and leaves nothing running; temporary data stays in the query process's
+memory, capped at `heap_limit_bytes` (64 MiB; no temp files). The trusted gold and schema queries run
+in this process (`run_query`).
 
 Actions (documented in `system_prompt`):
   ```sql <query> ```              run the query; the observation is its result table or the error
@@ -38,34 +40,16 @@ import os
 import re
 import sqlite3
 import time
-import urllib.parse
 from pathlib import Path
 
-from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
-                                stable_hash, strip_think)
+                                     stable_hash, strip_think)
+from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
+from jaxagent.envs.host.sql_query import (ALLOWED_FUNCTIONS, DEFAULT_HEAP_LIMIT_BYTES,  # noqa: F401
+                                          DEFAULT_MAX_COLUMNS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN,
+                                          QueryError, QueryRunner, run_query)
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"
-_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-# SQL functions a query may call (lower case): SQLite's core scalar, aggregate, window, date/time, math
-# and JSON functions. Everything else (load_extension, fts3_tokenizer, sqlite_* introspection, FTS/R-tree
-# helpers, functions of extensions) is refused by the authorizer.
-ALLOWED_FUNCTIONS = frozenset('''
-    abs char coalesce concat concat_ws format glob hex if ifnull iif instr length like likelihood likely
-    lower ltrim max min nullif octet_length printf quote random randomblob replace round rtrim sign soundex
-    substr substring trim typeof unhex unicode unlikely upper zeroblob sqlite_version
-    avg count group_concat string_agg sum total median
-    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
-    date time datetime julianday unixepoch strftime timediff current_date current_time current_timestamp
-    acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log log10 log2 mod pi
-    pow power radians sin sinh sqrt tan tanh trunc
-    json json_array json_array_length json_error_position json_extract json_group_array json_group_object
-    json_insert json_object json_patch json_pretty json_quote json_remove json_replace json_set json_type
-    json_valid -> ->>
-'''.split())
-DEFAULT_MAX_VALUE_LEN = 32_768  # bytes per string/blob value (SQLITE_LIMIT_LENGTH)
-DEFAULT_MAX_COLUMNS = 64  # result columns (SQLITE_LIMIT_COLUMN)
-DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes converted per query (text/blob lengths, 8 per other value)
 _ORDER_BY_RE = re.compile(r"\border\s+by\b", re.IGNORECASE)
 
 
@@ -113,111 +97,6 @@ def build_database(name: str, cache_dir: str | os.PathLike | None = None) -> Pat
     os.chmod(tmp, 0o444)
     os.replace(tmp, path)
     return path
-
-
-class QueryError(Exception):
-    pass
-
-
-class _Refused(Exception):
-    """Raised inside the fetch loop when the result outgrows its byte budget or the time limit."""
-
-
-def _make_authorizer(refused: list):
-    """An authorizer allowing reads and allow-listed function calls; it records what it refused."""
-    def authorize(action, arg1, arg2, db_name, trigger):
-        if action == sqlite3.SQLITE_FUNCTION:
-            name = (arg2 or "").lower()
-            if name in ALLOWED_FUNCTIONS:
-                return sqlite3.SQLITE_OK
-            refused.append(f"function {arg2}() is not allowed")
-            return sqlite3.SQLITE_DENY
-        if action in _ALLOWED_ACTIONS:
-            return sqlite3.SQLITE_OK
-        refused.append("not authorized: the database is read-only and only SELECT queries are allowed")
-        return sqlite3.SQLITE_DENY
-    return authorize
-
-
-class _Fetcher:
-    """Byte and time accounting of one query's result conversion."""
-
-    def __init__(self, max_bytes: int, deadline: float, time_limit_s: float):
-        self.max_bytes, self.deadline, self.time_limit_s = max_bytes, deadline, time_limit_s
-        self.used = 0
-
-    def charge(self, n: int) -> None:
-        self.used += n
-        if self.used > self.max_bytes:
-            raise _Refused(f"result too large: more than {self.max_bytes} bytes; select fewer rows or "
-                           "columns, or shorten long values (LIMIT, substr, length)")
-        if time.monotonic() > self.deadline:
-            raise _Refused(f"query interrupted: time limit of {self.time_limit_s:g}s exceeded")
-
-    def text(self, raw: bytes) -> str:  # the connection's text_factory: counts before decoding
-        self.charge(len(raw))
-        return raw.decode("utf-8")
-
-    def row(self, row: tuple) -> tuple:
-        self.charge(sum(len(v) if isinstance(v, bytes) else 0 if isinstance(v, str) else 8 for v in row))
-        return row
-
-
-def run_query(db_path: Path, query: str, *, time_limit_s: float, max_rows: int,
-              max_value_len: int = DEFAULT_MAX_VALUE_LEN, max_columns: int = DEFAULT_MAX_COLUMNS,
-              max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> tuple[list[str], list[tuple], bool]:
-    """Run one read-only query; returns (column names, rows (at most max_rows), truncated).
-
-    Rows are fetched one by one; text and blob bytes (8 per other value) count against
-    max_result_bytes, so at most max_result_bytes + max_columns * max_value_len bytes are converted.
-    Raises QueryError with a readable message for any SQL problem (syntax, refused write or function,
-    timeout, result too large).
-    """
-    uri = "file:" + urllib.parse.quote(str(db_path)) + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=1.0, check_same_thread=False)
-    refused: list[str] = []
-    try:
-        conn.execute("PRAGMA query_only = ON")
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_len)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, max_columns)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.set_authorizer(_make_authorizer(refused))
-        deadline = time.monotonic() + time_limit_s
-        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
-        fetcher = _Fetcher(max_result_bytes, deadline, time_limit_s)
-        conn.text_factory = fetcher.text
-        try:
-            cur = conn.execute(query)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            rows = []
-            while len(rows) <= max_rows:
-                row = cur.fetchone()
-                if row is None:
-                    break
-                rows.append(fetcher.row(row))
-        except _Refused as e:
-            raise QueryError(str(e)) from None
-        except sqlite3.Warning as e:  # e.g. several statements in one query
-            raise QueryError(f"{e}") from None
-        except sqlite3.Error as e:
-            msg = str(e)
-            if "interrupted" in msg:
-                msg = f"query interrupted: time limit of {time_limit_s:g}s exceeded"
-            elif "not authorized" in msg:
-                msg = refused[0] if refused else "not authorized"
-            elif "too many columns" in msg:
-                msg = f"{msg} (at most {max_columns} columns)"
-            elif "too big" in msg:
-                msg = f"{msg} (values are limited to {max_value_len} bytes)"
-            raise QueryError(msg) from None
-        except UnicodeDecodeError:
-            raise QueryError("a text value is not valid UTF-8") from None
-        except (OverflowError, MemoryError, ValueError) as e:
-            raise QueryError(f"{type(e).__name__}: {e}") from None
-    finally:
-        conn.close()
-    truncated = len(rows) > max_rows
-    return cols, rows[:max_rows], truncated
 
 
 def _norm_value(v):
@@ -305,7 +184,7 @@ class SQLEnv(HostEnv):
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, time_limit_s: float = 2.0,
                  max_obs_rows: int = 30, max_fetch_rows: int = 10_000, max_query_chars: int = 4000,
-                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES):
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, heap_limit_bytes: int = DEFAULT_HEAP_LIMIT_BYTES):
         if time_limit_s <= 0 or max_obs_rows <= 0 or max_fetch_rows < max_obs_rows:
             raise ValueError("SQLEnv needs time_limit_s > 0 and 0 < max_obs_rows <= max_fetch_rows")
         if max_result_bytes <= 0:
@@ -320,12 +199,18 @@ class SQLEnv(HostEnv):
                                     ordered=bool(t.get("ordered", _ORDER_BY_RE.search(t["gold"]))))
                             for t in SQL_TASKS)
         self._paths = {db: build_database(db, self.cache_dir) for db in sorted({t.db for t in self._tasks})}
+        self.queries = QueryRunner(heap_limit_bytes=heap_limit_bytes)  # the model's queries run here
         self._gold_cache: dict[str, list[tuple]] = {}
         self._schema_cache: dict[str, str] = {}
 
     # -- data ------------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[SQLTask]:
         return split_tasks(list(self._tasks), split)
+
+    def close(self) -> None:
+        """Stop the query processes (they also stop when the env is garbage-collected; a later step
+        starts new ones)."""
+        self.queries.close()
 
     def db_path(self, task: SQLTask) -> Path:
         return self._paths[task.db]
@@ -389,8 +274,9 @@ class SQLEnv(HostEnv):
                 valid=False, success=False, anchor=state.anchor, next_anchor=nxt.anchor, error=err,
                 tool_error=True, kind=None)
         try:
-            cols, rows, truncated = run_query(self.db_path(task), query, time_limit_s=self.time_limit_s,
-                                              max_rows=self.max_fetch_rows, max_result_bytes=self.max_result_bytes)
+            cols, rows, truncated = self.queries.run(self.db_path(task), query, time_limit_s=self.time_limit_s,
+                                                     max_rows=self.max_fetch_rows,
+                                                     max_result_bytes=self.max_result_bytes)
             qerr = None
         except QueryError as e:
             cols, rows, truncated, qerr = [], [], False, str(e)

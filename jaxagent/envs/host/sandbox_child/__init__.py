@@ -3,12 +3,15 @@
 The parent runs `python -I -S <this directory>` (`__main__`), writes one JSON config to its stdin and reads result lines
 (`MARK` + JSON) from its stdout, the control channel. Processes (strong mode, "namespaces"):
   launcher  root, the process the parent started: joins a fresh cgroup (when available), unshares the
-            mount, network, pid and IPC namespaces, mounts private tmpfs over the world-writable
-            directories, enforces the wall-clock limit by killing init.
-  init      root, pid 1 of the new pid namespace: mounts a fresh /proc, reaps; its death kills the
-            namespace.
-  harness   the run's unprivileged uid (rlimits, no new privileges, not dumpable): forks one worker per
-            call, checks what the worker sends back and writes the result lines.
+            network, pid, IPC and UTS namespaces, keeps the host's view of the file system, and
+            enforces the wall-clock limit and the run's CPU quota (the CPU time of init's process
+            tree, read from /proc every 20 ms) by killing init.
+  init      root, pid 1 of the new pid namespace: unshares the mount namespace, builds the run's root
+            file system and pivots into it (`rootfs`), mounts a fresh /proc, reaps; its death kills
+            the namespace.
+  harness   the run's unprivileged uid (rlimits, no new privileges, not dumpable, the seccomp filter
+            of `seccomp`): forks one worker per call, checks what the worker sends back and writes
+            the result lines.
   worker    the same uid, one per call: closes every descriptor except its own result pipe, loads the
             code, makes the call, sends back one value.
 Only launcher, init and harness hold the control channel, so model code cannot write result lines: a
@@ -21,8 +24,9 @@ result of the model's code; nothing the model's code writes can produce one. The
 the parent (PR_SET_PDEATHSIG), and init with the launcher.
 
 Modules (standard library only; all imported before any setup): `common` (the control channel, libc,
-limits), `cgroups` (a fresh cgroup per run), `worker` (one call of the model's code), `harness` (one
-worker per call, answers checked), `modes` (strong and weak mode, `main`).
+limits), `cgroups` (a fresh cgroup per run), `rootfs` (the run's root file system), `seccomp` (the
+syscall filter), `worker` (one call of the model's code), `harness` (one worker per call, answers
+checked), `modes` (strong and weak mode, the CPU quota, `main`).
 
 No dimension legend: host-side Python, no arrays.
 """

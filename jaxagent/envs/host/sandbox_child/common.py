@@ -16,7 +16,7 @@ PRELOAD = ("collections", "heapq", "bisect", "itertools", "functools", "math", "
 # Modules a weak-mode worker may not import (process creation, raw sockets, foreign calls).
 WEAK_BLOCKED_MODULES = ("_posixsubprocess", "subprocess", "_socket", "socket", "_ctypes", "ctypes", "pty",
                         "multiprocessing", "_multiprocessing", "asyncio")
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 
 
 class SetupError(Exception):
@@ -45,6 +45,7 @@ def libc():
     lib.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     lib.unshare.argtypes = [ctypes.c_int]
+    lib.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     return lib
 
 
@@ -85,7 +86,8 @@ def set_limits(cfg):
     L = cfg["limits"]
     mb = 1024 * 1024
     nproc, per_process = process_limits(cfg)
-    for res, val in ((resource.RLIMIT_AS, per_process), (resource.RLIMIT_CPU, int(L["cpu_s"])),
+    # RLIMIT_CPU is each process's backstop; the launcher stops the run at cpu_s of all processes together.
+    for res, val in ((resource.RLIMIT_AS, per_process), (resource.RLIMIT_CPU, int(L["cpu_s"]) + 1),
                      (resource.RLIMIT_FSIZE, int(L["fsize_mb"]) * mb), (resource.RLIMIT_NOFILE, int(L["nofile"])),
                      (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
         resource.setrlimit(res, (val, val))

@@ -1,69 +1,91 @@
-"""Strong mode (namespaces, a fresh cgroup, an unprivileged uid) and weak mode (rlimits and an audit hook,
-no security boundary), and `main`, which reads the config and runs one of them.
+"""Strong mode (namespaces, its own root, a seccomp filter, a fresh cgroup, an unprivileged uid, a CPU
+quota) and weak mode (rlimits, a CPU quota and an audit hook, no security boundary), and `main`, which
+reads the config and runs one of them.
 
 No dimension legend: host-side Python, no arrays.
 """
 
 import json
 import os
+import select
 import signal
 import sys
+import time
 
+from . import seccomp
 from .cgroups import cgroup_create, cgroup_remove
-from .common import (PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PRELOAD, SetupError, die_with_parent,
+from .common import (PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PRELOAD, SetupError, die_with_parent,
                      emit, err_text, libc, prctl, set_limits)
 from .harness import harness
+from .rootfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, build_root, mount
 
 
 # ---------------------------------------------------------------------------------------------
-# Strong mode: namespaces, a fresh cgroup and an unprivileged uid
+# Strong mode: namespaces, its own root, a seccomp filter, a fresh cgroup and an unprivileged uid
 # ---------------------------------------------------------------------------------------------
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x08000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000, 0x04000000, 0x08000000, 0x20000000, 0x40000000)
+WATCH_S = 0.02  # how often the launcher reads the run's CPU time
 
 
-def mount(lib, src, dst, fstype, flags, data=None):
-    import ctypes
+def tree_cpu_s(root, count_root=True):
+    """CPU seconds of process `root` and all its descendants, the exited ones included: each process's
+    user + system time plus that of the children it has reaped (an orphan is reaped by init, or by a
+    subreaper); read from /proc, following every thread's children."""
+    ticks, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            tids = os.listdir("/proc/%d/task" % pid)
+        except (OSError, IndexError):
+            continue
+        times = [int(x) for x in fields[11:15]]  # utime, stime, cutime, cstime (stat fields 14-17)
+        ticks += sum(times) if (count_root or pid != root) else times[2] + times[3]
+        for tid in tids:
+            try:
+                with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return ticks / os.sysconf("SC_CLK_TCK")
 
-    enc = lambda s: None if s is None else s.encode()
-    if lib.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
-        raise SetupError("mount %s on %s failed: %s" % (src, dst, os.strerror(ctypes.get_errno())))
 
-
-def private_mounts(lib, cfg, notes):
-    """Private mount tree, size-limited tmpfs over the world-writable directories, the interpreter's
-    prefix reachable by the unprivileged uid; returns the work directory (on the private /tmp)."""
-    mount(lib, None, "/", None, MS_REC | MS_PRIVATE)
-    size = "size=%dm,mode=1777" % max(1, int(cfg["limits"]["fsize_mb"]))
-    prefix = os.path.realpath(sys.base_prefix)
-    blocked = None
-    parts = prefix.strip("/").split("/")
-    for k in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:k])
-        if not (os.stat(d).st_mode & 0o001):
-            blocked = d
+def watch(pid, limits, kill, tree=None):
+    """Wait for child `pid` while the run has wall time and CPU time left; `kill()` ends the run when
+    either is spent. The run's CPU time is that of `pid`'s process tree, or of this process's children
+    when `tree` is "children" (a subreaper's orphans included). Returns (wait status, timed out, CPU
+    quota exceeded, CPU seconds used)."""
+    root, count_root = (os.getpid(), False) if tree == "children" else (pid, True)
+    deadline = time.monotonic() + float(limits["wall_s"])
+    quota = float(limits["cpu_s"])
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    timed_out = exceeded = False
+    used = 0.0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
             break
-    mount(lib, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
-    if blocked is not None and not "/tmp".startswith(blocked):
-        stage = "/tmp/.prefix"
-        os.mkdir(stage)
-        mount(lib, prefix, stage, None, MS_BIND | MS_REC)
-        mount(lib, "tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        os.makedirs(prefix, exist_ok=True)
-        mount(lib, stage, prefix, None, MS_BIND | MS_REC)
-        mount(lib, None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        lib.umount2(stage.encode(), 2)  # MNT_DETACH
-        os.rmdir(stage)
-        notes.append("prefix rebound")
-    for d in ("/var/tmp", "/dev/shm", "/run/lock"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            mount(lib, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
-    workdir = "/tmp/work"
-    uid = int(cfg["uid"])
-    os.mkdir(workdir, 0o700)
-    os.chown(workdir, uid, uid)
-    return workdir
+        used = max(used, tree_cpu_s(root, count_root))
+        if used >= quota or time.monotonic() >= deadline:
+            exceeded, timed_out = used >= quota, used < quota
+            kill()
+            _, status = os.waitpid(pid, 0)
+            break
+        if pidfd is not None:
+            select.select([pidfd], [], [], WATCH_S)
+        else:
+            time.sleep(WATCH_S)
+    if pidfd is not None:
+        os.close(pidfd)
+    return status, timed_out, exceeded, used
 
 
 def strong_mode(cfg, out):
@@ -90,11 +112,12 @@ def strong_mode(cfg, out):
                 notes.append(kind)
         import ctypes
 
-        if lib.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC) != 0:
+        # The mount namespace is init's own (rootfs.build_root): this launcher keeps the host's view,
+        # for the cgroup and /proc.
+        if lib.unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
             err = ctypes.get_errno()
-            raise SetupError("unshare(mount, net, pid, ipc namespaces) failed: %s" % os.strerror(err),
+            raise SetupError("unshare(net, pid, ipc, uts namespaces) failed: %s" % os.strerror(err),
                              unavailable=True)
-        workdir = private_mounts(lib, cfg, notes)
     except SetupError as e:
         cgroup_remove(made)
         emit(out, {"setup_error": str(e), "unavailable": e.unavailable})
@@ -109,41 +132,44 @@ def strong_mode(cfg, out):
     init_pid = os.fork()
     if init_pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        init(cfg, out, lib, workdir)
-    flag = []
-
-    def on_alarm(signum, frame):
-        flag.append(1)
-        os.kill(init_pid, signal.SIGKILL)  # pid 1 dies: the kernel kills the whole pid namespace
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(cfg["limits"]["wall_s"]))
-    _, status = os.waitpid(init_pid, 0)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    cgroup_remove(made)
-    emit(out, {"exit": os.waitstatus_to_exitcode(status), "timed_out": bool(flag)})
+        init(cfg, out, lib)
+    status, timed_out, exceeded, used = watch(init_pid, cfg["limits"], lambda: os.kill(init_pid, signal.SIGKILL))
+    cgroup_remove(made)  # killing pid 1 above killed the whole pid namespace
+    emit(out, {"exit": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "cpu_exceeded": exceeded,
+               "cpu_s": round(used, 3)})
     os._exit(0)
 
 
-def init(cfg, out, lib, workdir):
-    """pid 1 of the run's pid namespace: fresh /proc, start the harness, reap until it ends."""
+def init(cfg, out, lib):
+    """pid 1 of the run's pid namespace: its own mount namespace and root, a fresh /proc; starts the
+    harness and reaps until it ends."""
     code = 1
     try:
         try:
+            import ctypes
+
             die_with_parent(lib, signal.SIGKILL, None)
             # Backstop if the launcher died before the line above: pid 1 exits, the namespace dies.
             signal.signal(signal.SIGALRM, lambda signum, frame: os._exit(137))
             signal.setitimer(signal.ITIMER_REAL, float(cfg["limits"]["wall_s"]) + 2.0)
+            if lib.unshare(CLONE_NEWNS) != 0:
+                raise SetupError("unshare(mount namespace) failed: %s" % os.strerror(ctypes.get_errno()),
+                                 unavailable=True)
+            lib.sethostname(b"sandbox", 7)
+            workdir = build_root(lib, cfg, int(cfg["uid"]))
             mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         except SetupError as e:
-            emit(out, {"setup_error": "init: " + str(e)})
+            emit(out, {"setup_error": "init: " + str(e), "unavailable": e.unavailable})
+            os._exit(3)
+        except Exception as e:
+            emit(out, {"setup_error": "init: " + err_text(e)})
             os._exit(3)
         runner = os.fork()
         if runner == 0:
             try:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
-                for name in PRELOAD:  # harmless imports, before the uid may lose access to the prefix
+                for name in PRELOAD:  # harmless imports, while the new root is fresh
                     try:
                         __import__(name)
                     except ImportError:
@@ -158,6 +184,11 @@ def init(cfg, out, lib, workdir):
                 prctl(lib, PR_SET_PDEATHSIG, signal.SIGKILL)
             except BaseException as e:
                 emit(out, {"setup_error": "dropping privileges: " + err_text(e)})
+                os._exit(3)
+            try:
+                seccomp.install(lib)
+            except SetupError as e:
+                emit(out, {"setup_error": "seccomp: " + str(e), "unavailable": e.unavailable})
                 os._exit(3)
             emit(out, {"ready": True})
             try:
@@ -207,6 +238,7 @@ def weak_mode(cfg, out):
     try:
         if lib is not None:
             die_with_parent(lib, signal.SIGTERM, int(cfg["parent_pid"]))
+            prctl(lib, PR_SET_CHILD_SUBREAPER, 1)  # orphans of the run stay in its CPU account
         if os.geteuid() == 0:
             os.chmod(workdir, 0o700)
             os.chown(workdir, int(cfg["uid"]), int(cfg["uid"]))
@@ -228,24 +260,17 @@ def weak_mode(cfg, out):
             harness(cfg, out, workdir, weak=True)
         finally:
             os._exit(0)
-    flag = []
 
-    def on_alarm(signum, frame):
-        flag.append(1)
+    def kill():
         try:
             os.killpg(harness_pid, signal.SIGKILL)
         except OSError:
             pass
 
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, float(cfg["limits"]["wall_s"]))
-    _, status = os.waitpid(harness_pid, 0)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        os.killpg(harness_pid, signal.SIGKILL)
-    except OSError:
-        pass
-    emit(out, {"exit": os.waitstatus_to_exitcode(status), "timed_out": bool(flag)})
+    status, timed_out, exceeded, used = watch(harness_pid, cfg["limits"], kill, tree="children")
+    kill()
+    emit(out, {"exit": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "cpu_exceeded": exceeded,
+               "cpu_s": round(used, 3)})
     cleanup_and_exit()
 
 
