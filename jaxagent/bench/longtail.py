@@ -41,3 +41,22 @@ def long_tail(ro: Rollout, n_groups: int = 1) -> dict:
     out["active_fraction_per_turn"] = np.asarray(ro.turns.active).mean(axis=0).round(4).tolist()
     out["decode_slots_per_turn"] = per_turn["slots"].tolist()
     return out
+
+
+def finished_share_of_turns(turns_used_B) -> float:
+    """The finished-episode share of a rollout whose every turn decodes the same number of steps (some reply reaches
+    the token cap each turn, as with long replies), from the turns each episode played:
+        share = sum_t (B - active_t) / (B x T_run) = 1 - mean_b(turns_used_b) / T_run,   T_run = max_b turns_used_b
+    (active_t = episodes still playing at turn t; one group, no padding)."""
+    n = np.asarray(turns_used_B, np.float64)
+    return 0.0 if n.size == 0 or n.max() == 0 else float(1.0 - n.mean() / n.max())
+
+
+def finished_share_mixture(min_turns_P, t_max: int, p_end: float) -> float:
+    """`finished_share_of_turns` in expectation when each episode ends at its task's reference turn count m_p (the
+    shortest solution, clipped to T_max) with probability `p_end` and otherwise plays all T_max turns, tasks drawn
+    uniformly: share = p_end x (T_max - E[m]) / T_max (T_run = T_max: with many episodes one plays them all)."""
+    if not 0.0 <= p_end <= 1.0:
+        raise ValueError(f"p_end must be in [0, 1], got {p_end}")
+    m = np.minimum(np.asarray(min_turns_P, np.float64), t_max)
+    return float(p_end * (t_max - m.mean()) / t_max)
