@@ -48,6 +48,7 @@ PARTS = ("check", "decode", "prefill", "train", "rl")
 TINY = dict(models="tiny", decode_batches="1,2", decode_context="16", decode_steps="4", prefill_contexts="16,32",
             prefill_tokens="32", train_model="tiny", train_rows="2", train_seq="32", train_prompt="8",
             micro_batches="2", rl_preset="ci", check_model="tiny", repeats="2")
+PEER_GRACE_S = 150.0
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -122,10 +123,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=",".join(PARTS), help=f"parts to run (default {','.join(PARTS)})")
     p.add_argument("--mesh", default=None, help="(data, fsdp, tensor) device mesh for decode, prefill and the "
                    "train step; the RL iteration uses its preset's mesh unless this is given (default 1,1,1)")
-    p.add_argument("--repeats", default="5", help="timed calls per measurement; the median is reported (default 5)")
+    p.add_argument("--repeats", default="3", help="timed calls per measurement; the median is reported (default 3)")
     p.add_argument("--warmup", default="1", help="untimed calls first, the first compiles (default 1)")
     p.add_argument("--budget-s", default="540", help="start no measurement after this many seconds (default 540)")
-    p.add_argument("--peer-budget-s", default="200", help="seconds for the PyTorch peer's part (default 200)")
+    p.add_argument("--peer-budget-s", default="150",
+                   help="the PyTorch peer starts no item after this many seconds (default 150)")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     p.add_argument("--peak-tflops", default=None, help="peak bf16 TFLOP/s, for a device not in the table")
     p.add_argument("--hbm-gbps", default=None, help="HBM GB/s, for a device not in the table")
@@ -226,6 +228,9 @@ def plan_from(argv=None) -> Plan:
     mesh = None if a.mesh is None else _ints(a.mesh, "--mesh")
     if mesh is not None and len(mesh) != 3:
         raise UsageError(f"--mesh {a.mesh!r}: expected three integers (data, fsdp, tensor), e.g. 1,8,1")
+    if mesh is not None and (rows // mb) % (mesh[0] * mesh[1]):
+        raise UsageError(f"--mesh {a.mesh}: the train step's micro-batches of {rows // mb} rows (--train-rows / "
+                         f"--micro-batches) must divide over data x fsdp = {mesh[0] * mesh[1]} shards")
     if (a.peak_tflops is None) != (a.hbm_gbps is None):
         raise UsageError("--peak-tflops and --hbm-gbps go together (a device's peak FLOP/s and its HBM bandwidth)")
     if a.checkpoint is not None and not os.path.isfile(os.path.join(a.checkpoint, "config.json")):
@@ -265,8 +270,12 @@ def peer_items(plan: Plan, check_dir: str) -> list:
     for name in plan.models:
         hf = _model_cfg(plan, name).to_hf_dict()
         if "decode" in plan.parts:
+            # transformers' compiled static-cache decode recompiles per batch size (about a minute each for 8B):
+            # tried at the smallest and the largest batch, the eager dynamic cache at every one
+            ends = (min(plan.decode_batches), max(plan.decode_batches))
             items += [{"id": f"decode/{name}/{b}", "kind": "decode", "model": hf, "batch": b,
-                       "context": plan.decode_context, "steps": plan.decode_steps, **common}
+                       "context": plan.decode_context, "steps": plan.decode_steps,
+                       "settings": ["dynamic", "static"] if b in ends else ["dynamic"], **common}
                       for b in plan.decode_batches]
         if "prefill" in plan.parts:
             items += [{"id": f"prefill/{name}/{c}", "kind": "prefill", "model": hf,
@@ -297,21 +306,24 @@ def run_peer(items: list, budget_s: float, log: Callable) -> dict:
         env = dict(os.environ, JAX_PLATFORMS="cpu",  # the peer's numpy-only imports must not claim the chip
                    PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
         try:
-            # the budget bounds when the peer starts its last item; a stuck compile is cut at twice the budget
+            # the budget bounds when the peer starts its last item; that item gets PEER_GRACE_S more at most
             proc = subprocess.run([sys.executable, "-m", "experiments.peers.torch_accel", spec, out], env=env,
                                   cwd=_REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  timeout=2 * budget_s + 60)
+                                  timeout=budget_s + PEER_GRACE_S)
+            for line in (proc.stderr or "").splitlines()[-len(items) - 2:]:
+                log(line)
+            failed = None if proc.returncode == 0 else f"the peer failed (exit {proc.returncode}): " + (
+                ((proc.stderr or "").strip().splitlines() or ["no output"])[-1][:300])
         except subprocess.TimeoutExpired:
-            log(f"peer: no result within {2 * budget_s + 60:.0f} s")
-            return {"_note": "the peer ran out of time"}
-        for line in (proc.stderr or "").splitlines()[-len(items) - 2:]:
-            log(line)
-        if proc.returncode != 0 or not os.path.isfile(out):
-            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-            return {"_note": f"the peer failed (exit {proc.returncode}): {tail[0][:300]}"}
-        with open(out) as f:
+            failed = f"the peer was stopped after {budget_s + PEER_GRACE_S:.0f} s"
+            log(f"peer: {failed}")
+        if not os.path.isfile(out):
+            return {"_note": failed or "the peer wrote no result"}
+        with open(out) as f:  # the items done before a failure or a stop are kept
             res = json.load(f)
     got = {r["id"]: r for r in res["items"]}
+    if failed:
+        got["_note"] = failed
     got["_info"] = {k: res[k] for k in ("device", "torch", "transformers")}
     return got
 

@@ -33,6 +33,7 @@ def _run(capsys, argv):
     (["--rl-preset", "qwen3-9b-v5p"], "--rl-preset"),
     (["--rl-base", "sft", "--rl-preset", "qwen3-0.6b-1gpu"], "--rl-base"),
     (["--mesh", "1,2"], "--mesh"),
+    (["--tiny", "--mesh", "2,2,2"], "--mesh"),  # micro-batches of 1 row over 4 batch shards
     (["--peak-tflops", "5"], "--peak-tflops"),
     (["--remat", "most"], "--remat"),
     (["--only", "decode,fly"], "--only"),
@@ -155,3 +156,14 @@ def test_rl_iteration_split_and_long_tail(capsys):
     assert r["decode_slots"] == sum(r[f"decode_{k}"] for k in ("generated", "tail", "finished", "padding"))
     assert r["decode_slots"] == sum(r["decode_slots_per_turn"]) and r["episodes"] == 8
     assert 0 <= r["decode_finished_share"] <= 1 and r["separate_old_logprobs_s"] > 0
+
+
+@pytest.mark.slow
+def test_on_a_mesh(capsys):
+    """Decode and the train step sharded over the 8 test devices as (data, fsdp, tensor) = (2, 2, 2)."""
+    rc, recs, _ = _run(capsys, ["--tiny", "--no-peer", "--mesh", "2,2,2", "--only", "decode,train", "--decode-batches",
+                                "4", "--train-rows", "8", "--micro-batches", "2", "--repeats", "1"])
+    dev, dec, train = recs
+    assert rc == 0 and dev["devices"] == 8 and dev["mesh"] == [2, 2, 2]
+    assert "error" not in dec and "error" not in train, (dec, train)
+    assert dec["tokens_per_s"] > 0 and math.isfinite(train["first_loss"]) and train["rows"] == 8

@@ -5,7 +5,7 @@ both frameworks compute the same thing (greedy tokens, first loss) on one random
     python -m experiments.peers.torch_accel SPEC.json OUT.json
 
 SPEC: {"budget_s", "seed", "items": [{"id", "kind", ...}]}; OUT: {"device", "torch", "transformers", "items":
-[{"id", ...result or "error" or "skipped"}]}. It runs in its own process before the JAX side starts, so the two
+[{"id", ...result or "error" or "skipped"}]}, rewritten after every item. It runs in its own process before the JAX side starts, so the two
 never share the chip's memory. Kinds:
   prefill  one forward of batch x context tokens (`use_cache`, logits of the last position only), bf16 weights;
            settings "eager" and "compiled" (`torch.compile` of the forward; on CUDA only: on a CPU host, a smoke
@@ -28,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 from experiments.peers.torch_grpo import ppo_clip_terms
 from jaxagent.bench.data import prompts, train_batch
@@ -267,7 +269,7 @@ def check(item: dict) -> dict:
 KINDS = {"prefill": prefill, "decode": decode, "train": train, "check": check}
 
 
-def run(spec: dict) -> dict:
+def run(spec: dict, out_path: Optional[str] = None) -> dict:
     import torch
     import transformers
     dev = _device()
@@ -285,6 +287,10 @@ def run(spec: dict) -> dict:
             rec.update(_try(lambda: KINDS[item["kind"]](item)))
             rec["wall_s"] = time.perf_counter() - t1
         out["items"].append(rec)
+        if out_path is not None:  # after every item: a caller that stops this process keeps what is done
+            with open(out_path + ".tmp", "w") as f:
+                json.dump(out, f)
+            os.replace(out_path + ".tmp", out_path)
         print(f"[peer {time.perf_counter() - t0:.0f}s] {item['id']}: "
               + ("skipped" if "skipped" in rec else "error: " + rec["error"] if "error" in rec else "done"),
               file=sys.stderr, flush=True)
@@ -301,9 +307,7 @@ def main(argv=None) -> int:
     with contextlib.suppress(Exception):
         import torch
         torch.backends.cuda.matmul.allow_tf32 = True
-    result = run(spec)
-    with open(argv[1], "w") as f:
-        json.dump(result, f)
+    run(spec, argv[1])
     return 0
 
 
