@@ -73,6 +73,22 @@ def _stats(times: list) -> dict:
             "time_spread": (max(times) - min(times)) / med, "repeats": len(times)}
 
 
+def _timed(call, item: dict, tokens: int) -> dict:
+    """`call()` timed alone between two device synchronisations: item['warmup'] untimed calls, then item['repeats']
+    timed ones (`_stats`), and tokens / the median as tokens_per_s."""
+    def once():
+        _sync()
+        t0 = time.perf_counter()
+        call()
+        _sync()
+        return time.perf_counter() - t0
+    for _ in range(item.get("warmup", 1)):
+        once()
+    out = _stats([once() for _ in range(item["repeats"])])
+    out["tokens_per_s"] = tokens / out["time_s"]
+    return out
+
+
 def _best(settings: dict) -> dict:
     ok = {k: v for k, v in settings.items() if "time_s" in v}
     if not ok:
@@ -108,18 +124,10 @@ def prefill(item: dict) -> dict:
                           dtype=torch.long, device=_device())
 
     def run(forward):
-        def once():
+        def call():
             with torch.inference_mode():
-                _sync()
-                t0 = time.perf_counter()
                 forward(input_ids=ids, use_cache=True, logits_to_keep=1)
-                _sync()
-                return time.perf_counter() - t0
-        for _ in range(item.get("warmup", 1)):
-            once()
-        out = _stats([once() for _ in range(item["repeats"])])
-        out["tokens_per_s"] = item["batch"] * item["context"] / out["time_s"]
-        return out
+        return _timed(call, item, item["batch"] * item["context"])
 
     settings = {}
     for name in item.get("settings") or (("eager", "compiled") if _device().type == "cuda" else ("eager",)):
@@ -226,18 +234,7 @@ def train(item: dict) -> dict:
         model = _model(item["model"], torch.float32, item.get("seed", 0)).train()
         if checkpointed:
             model.gradient_checkpointing_enable()  # transformers 5's name (the GPU images ship 5.x)
-        step = _train_step_fn(model, batch, item["micro_batches"])
-
-        def once():
-            _sync()
-            t0 = time.perf_counter()
-            step()
-            _sync()
-            return time.perf_counter() - t0
-        for _ in range(item.get("warmup", 1)):
-            once()
-        out = _stats([once() for _ in range(item["repeats"])])
-        out["tokens_per_s"] = item["rows"] * item["seq"] / out["time_s"]
+        out = _timed(_train_step_fn(model, batch, item["micro_batches"]), item, item["rows"] * item["seq"])
         if torch.cuda.is_available():
             out["peak_bytes"] = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
