@@ -4,7 +4,8 @@ train step and one RL iteration of a preset, each against its roofline and PyTor
     python -m experiments.bench_accel                 # the default selection (sized for one H200 in < 10 min)
     python -m experiments.bench_accel --tiny --no-peer --peak-tflops 1 --hbm-gbps 10   # seconds, on CPU
 
-On one H200, the prepared run (about 9 minutes, JSON lines in the file, progress in the log):
+On one H200, the prepared run (sized to end inside 10 minutes by its time budgets; JSON lines in the file, progress
+in the log):
 
     PYTHONUNBUFFERED=1 timeout 600 python -m experiments.bench_accel > bench_h200.jsonl 2> bench_h200.log
 
@@ -92,7 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="qwen3-8b", help=f"decode/prefill models, comma-separated ({models}; "
                    "default qwen3-8b)")
     p.add_argument("--checkpoint", default=None,
-                   help="a local HF Qwen3 directory: its weights instead of random ones, for decode/prefill/train")
+                   help="a local HF Qwen3 directory: its weights (and shape) instead of random ones for decode, prefill "
+                   "and the train step; --models then names one model, its label (the peer times random weights of "
+                   "the same shape)")
     p.add_argument("--decode-batches", default="1,16,64,256", help="decode batch sizes (default 1,16,64,256)")
     p.add_argument("--decode-context", default="1024", help="tokens already in the cache per row (default 1024)")
     p.add_argument("--decode-steps", default="32", help="greedy tokens per timed decode call (default 32, >= 2)")
@@ -235,6 +238,8 @@ def plan_from(argv=None) -> Plan:
         raise UsageError("--peak-tflops and --hbm-gbps go together (a device's peak FLOP/s and its HBM bandwidth)")
     if a.checkpoint is not None and not os.path.isfile(os.path.join(a.checkpoint, "config.json")):
         raise UsageError(f"--checkpoint {a.checkpoint!r}: no config.json there (a local HF Qwen3 directory)")
+    if a.checkpoint is not None and len(a.models.split(",")) != 1:
+        raise UsageError("--checkpoint gives one model's weights: --models names one model (its label)")
     return Plan(
         models=_names(a.models, "--models", list(MODELS)), decode_batches=_ints(a.decode_batches, "--decode-batches"),
         decode_context=one(a.decode_context, "--decode-context"), decode_steps=one(a.decode_steps, "--decode-steps", 2),

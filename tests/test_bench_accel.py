@@ -49,6 +49,12 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, flag):
     assert len(err.strip().splitlines()) == 1 and err.startswith("bench_accel: error:") and flag in err, err
 
 
+def test_checkpoint_names_one_model(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    rc, _, err = _run(capsys, ["--checkpoint", str(tmp_path), "--models", "qwen3-0.6b,qwen3-4b"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--models names one model" in err
+
+
 def test_unknown_model_lists_the_valid_names(capsys):
     _, _, err = _run(capsys, ["--models", "qwen3-9b"])
     assert "valid: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b" in err
