@@ -29,7 +29,9 @@ measurements after `--budget-s` seconds (each skipped one prints a record saying
 measurement is printed as its record's `error` and the run goes on. Argument errors exit 2 with one line.
 
 The PyTorch peer (`experiments/peers/torch_accel.py`, transformers + torch) runs first, in its own process, so the
-two never share the chip's memory; without torch (or with `--no-peer`) the records carry no peer fields.
+two never share the chip's memory; without torch (or with `--no-peer`) the records carry no peer fields. On a CPU
+host every record says `smoke_test: true`: the run checks the code paths and the arithmetic, and its ratios are no
+result (the CPU comparisons are `bench_model` and `bench_train`, with the peer tuned and the machine's load recorded).
 """
 from __future__ import annotations
 
@@ -482,7 +484,10 @@ def run(plan: Plan, emit: Callable, log: Callable) -> None:
         dev = jax.devices()[0]
         spec = (custom_spec(plan.peak_tflops, plan.hbm_gbps) if plan.peak_tflops is not None
                 else device_spec(dev.device_kind))
-        common = {"device_kind": dev.device_kind, "platform": dev.platform, "devices": jax.device_count()}
+        # on a CPU host the run checks the code paths; its peer ratios are no result (the CPU comparisons, with
+        # the peer at its best thread setting and the machine's load recorded, are bench_model and bench_train)
+        common = {"device_kind": dev.device_kind, "platform": dev.platform, "devices": jax.device_count(),
+                  "smoke_test": dev.platform == "cpu"}
         info = (peer or {}).get("_info")
         emit({"bench": "device", **common, "jax": jax.__version__, "mesh": list(plan.mesh or (1, 1, 1)),
               **(spec.fields() if spec else {"spec_name": None}),

@@ -84,7 +84,7 @@ def _timing_ok(rec, prefix):
 def test_device_record(tiny_run):
     d = tiny_run["device"]
     assert d["platform"] == "cpu" and d["peak_tflops"] == PEAK_TFLOPS and d["hbm_gbps"] == HBM_GBPS
-    assert d["peer_note"] == "--no-peer" and d["roofline_note"] is None
+    assert d["peer_note"] == "--no-peer" and d["roofline_note"] is None and d["smoke_test"] is True
 
 
 def test_decode_record_fields_and_arithmetic(tiny_run):
