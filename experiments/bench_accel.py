@@ -12,20 +12,21 @@ in the log):
 Output: one JSON line per measurement on stdout, a progress line per step on stderr. The first line describes the
 device (`bench: device`: its kind, JAX version, the vendor figures of `jaxagent.bench.devices` or none); then, in
 this order, each with `bench` naming it:
-  check        the PyTorch peer and jaxagent on one random checkpoint (`--check-model`): greedy tokens
-               compared, first train-step losses compared;
   decode       per model and batch (`--decode-batches`): ms per step and tokens/s of greedy decoding over a cache
                filled to `--decode-context` tokens, the fraction of the HBM roofline, the peer's best setting and
                the ratio (ours / peer's tokens/s);
   prefill      per model and context (`--prefill-contexts`): tokens/s, MFU, the peer's and the ratio;
   train_step   the study's GRPO step at `--train-model` (micro-batches, remat, chunked log-probs, bf16 compute):
                tokens/s, MFU, memory, the peer's and the ratio;
+  check        the PyTorch peer and jaxagent on one random checkpoint (`--check-model`): greedy tokens
+               compared, first train-step losses compared;
   rl_iteration one iteration of `--rl-preset`'s shape (rollout + old log-probs + update): the time split, the
                share of decode slots spent on finished episodes (`jaxagent.bench.longtail`).
 Measurement rules (`jaxagent.bench.measure`, `jaxagent.bench.timing`): each phase is timed on its own, blocked on
 its output; `--warmup` calls first, then the median of `--repeats` with min, max and spread. Weights are random
 (bf16 for decoding, f32 masters for training) unless `--checkpoint DIR` gives them. The run stops starting new
-measurements after `--budget-s` seconds (each skipped one prints a record saying so), and an error in one
+measurements after `--budget-s` seconds (each skipped one prints a record saying so; the RL iteration, whose
+compiles are the longest, starts only with RL_MIN_S of it left), and an error in one
 measurement is printed as its record's `error` and the run goes on. Argument errors exit 2 with one line.
 
 The PyTorch peer (`experiments/peers/torch_accel.py`, transformers + torch) runs first, in its own process, so the
@@ -52,6 +53,7 @@ TINY = dict(models="tiny", decode_batches="1,2", decode_context="16", decode_ste
             prefill_tokens="32", train_model="tiny", train_rows="2", train_seq="32", train_prompt="8",
             micro_batches="2", rl_preset="ci", check_model="tiny", repeats="2")
 PEER_GRACE_S = 150.0
+RL_MIN_S = 180.0  # budget the RL iteration must find left to start
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -511,8 +513,6 @@ def run(plan: Plan, emit: Callable, log: Callable) -> None:
             emit(rec)
             return rec
 
-        if "check" in plan.parts and plan.check_model:
-            step("check", lambda: _check(plan, peer, check_dir, measure, stages), {"model": plan.check_model})
         for name in plan.models:
             cfg = _model_cfg(plan, name)
             holder = {}
@@ -539,8 +539,16 @@ def run(plan: Plan, emit: Callable, log: Callable) -> None:
             step("train_step", lambda: _train(plan, peer, spec, mesh, measure, stages),
                  {"model": plan.train_model, "micro_batches": plan.micro_batches, "remat": plan.remat,
                   "compute_dtype": "bfloat16"})
+        if "check" in plan.parts and plan.check_model:
+            step("check", lambda: _check(plan, peer, check_dir, measure, stages), {"model": plan.check_model})
         if "rl" in plan.parts and plan.rl_preset:
-            step("rl_iteration", lambda: rl_record(plan, tmp, log), {"rl_preset": plan.rl_preset})
+            # its compiles (rollout and train step) are the run's longest: it starts only with RL_MIN_S left
+            left = plan.budget_s - (time.perf_counter() - t_start)
+            if left < min(RL_MIN_S, plan.budget_s):
+                emit({"bench": "rl_iteration", "rl_preset": plan.rl_preset, **common,
+                      "skipped": f"{left:.0f} s of the run's budget left, under {RL_MIN_S:g} s"})
+            else:
+                step("rl_iteration", lambda: rl_record(plan, tmp, log), {"rl_preset": plan.rl_preset})
 
 
 def _with_peer(rec: dict, peer, pid: str) -> dict:
