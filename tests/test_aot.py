@@ -5,26 +5,14 @@ the FSDP pattern (weight all-gathers, gradient reduce-scatters, no all-to-all of
 decodes without gathering weights per step (the rollout layout). The compiles are skipped only when libtpu
 (the tpu-aot extra) is not installed.
 """
-import importlib.util
-import os
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-
-from jaxagent import aot  # noqa: E402
-from jaxagent.aot import hlo, programs  # noqa: E402
-from jaxagent.models.config import Qwen3Config  # noqa: E402
-
-HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu-aot]')")
-
-# wide enough that every projection is sharded (D, F, H, K all divisible by 2)
-CFG = Qwen3Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+from jaxagent import aot
+from jaxagent.aot import hlo, programs
+from jaxagent.models.config import Qwen3Config
+from tests.aot_common import CFG, needs_libtpu
 
 HLO = """HloModule m
 

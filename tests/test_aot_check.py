@@ -2,19 +2,14 @@
 of a stored record file reproducing it byte for byte (the library: tests/test_aot.py, tests/test_aot_host.py).
 Skipped only when libtpu (the tpu-aot extra) is not installed.
 """
-import importlib.util
 import json
 import os
 
 import pytest
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+from experiments import aot_check
+from tests.aot_common import needs_libtpu
 
-from experiments import aot_check  # noqa: E402
-
-HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu-aot]')")
 RECORDS = os.path.join(os.path.dirname(__file__), "..", "docs", "aot_records")
 
 

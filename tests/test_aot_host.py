@@ -3,29 +3,18 @@ a CPU mesh, their list (batches folded when equal, named widths, finding 5's sco
 beside each), and a tiny host preset's compile for v5p:2x2x1 (skipped only when libtpu is not installed).
 """
 import dataclasses
-import importlib.util
-import os
 from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-
-from experiments.host_study import HostRun  # noqa: E402
-from jaxagent import aot  # noqa: E402
-from jaxagent.aot import host as AH  # noqa: E402
-from jaxagent.aot import programs  # noqa: E402
-from jaxagent.models.config import Qwen3Config  # noqa: E402
-
-HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu-aot]')")
-
-# wide enough that every projection is sharded (D, F, H, K all divisible by 2)
-CFG = Qwen3Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+from experiments.host_study import HostRun
+from jaxagent import aot
+from jaxagent.aot import host as AH
+from jaxagent.aot import programs
+from jaxagent.models.config import Qwen3Config
+from tests.aot_common import CFG, needs_libtpu
 
 
 def _arms(preset) -> list:

@@ -10,7 +10,6 @@ distributions' own requirements (markers evaluated here). A fresh virtual enviro
 the direct check and costs minutes of downloads; this test is its cheap stand-in.
 """
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import re
@@ -22,8 +21,9 @@ import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
+from tests.aot_common import needs_libtpu
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 # Runs in a fresh interpreter: records the top-level modules that code of jaxagent/ and experiments/ imports or
 # looks up, then prints them as JSON ({module: "importer (how)"}).
@@ -142,7 +142,7 @@ def test_documented_install_lines_name_existing_extras():
         declared((extras or "").split(",") if extras else [])
 
 
-@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu-aot]')")
+@needs_libtpu
 @pytest.mark.slow
 def test_tpu_aot_extra_carries_what_the_aot_check_imports():
     """docs/aot.md's install line, `pip install -e '.[tpu-aot]'`, carries every package that `aot_check` imports
