@@ -22,6 +22,8 @@ runs/<name>/
                                        per episode action NLLs under base, LLR, policy tokens (`host_likelihood`)
   eval/bound.json                      reference turns per held-out task and the bound per tier
   metrics.json, report.md, timing.json
+One run writes a run directory at a time (`jaxagent.study.run_dir`: a second gets RunDirInUse, naming the first's
+pid); the checkpoint, its tokenizer and the settings are checked before the directory is created.
 A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm resumes from its latest
 checkpoint (its logs cut back to it), unless that checkpoint was saved with other settings (refused, naming them). A
 rerun with other settings refuses unless --force (which empties the run directory); the mesh, the seeds and the arms
@@ -128,12 +130,12 @@ class HostRun:
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
         self.dir = os.path.abspath(os.path.join(root, name or preset.name))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
-        record = study._plain(preset)
+        record = run_dir.plain(preset)
         _, diff = self.run_dir.config_diff(record, study.RESULT_NEUTRAL)
         if diff and not force:
             raise study.SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
-                f"{study._short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
                 "to empty it and start again")
         if diff:
             self.run_dir.empty()
@@ -170,7 +172,7 @@ def arm_stage_settings(run: HostRun, arm: str, seed: int) -> dict:
     """What determines an arm/seed's policy and logs (recorded in its checkpoints' extra and its DONE; a resume
     from a checkpoint saved with other settings is refused)."""
     p = run.preset
-    return study._plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
+    return run_dir.plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
                          "seed": int(seed), "task": p.task, "compute_dtype": p.compute_dtype,
                          "dynamics_every": p.dynamics_every,
                          "r_single": {"n_samples": p.eval.n_samples, "batch_size": p.eval.batch_size}})
@@ -187,7 +189,7 @@ def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed
             where = ckpt_lib.step_directory(manager, manager.latest_step())
             raise study.SettingsMismatch(
                 f"stage {label}: the checkpoint {where} was saved with other settings ({len(diff)} differ, as saved "
-                f"vs now): {study._short(diff)}. Rerun with the same settings, choose another --name/--root, or "
+                f"vs now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or "
                 f"delete {out} to redo this arm from iteration 0")
     # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
     abstract = stages.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)

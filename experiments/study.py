@@ -9,7 +9,10 @@ runs/<name>/   (default name: the preset's, or <preset>-s<N> with a seed offset 
   figures/*.png, report.md, metrics.json
 A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint,
 and its metrics/dynamics files are cut back to the restored iteration (lines appended after the last
-checkpoint are not repeated).
+checkpoint are not repeated). The run directory's mechanics (its lock: one writer at a time, DONE markers,
+the settings record, atomic JSON) are `jaxagent.study.run_dir`'s; a DONE marker that is not a JSON object is
+an error (`InvalidMarker`), redone with --force. Everything a run can check (preset fields, mesh, batch split,
+the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created.
 
 Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
 result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings
@@ -59,7 +62,7 @@ BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's
 MAX_SEED = 2**31 - 1                  # seeds (offset included) are int32 PRNG seeds
 MAX_ITERATIONS = 10**6                # the data position (iterations x tasks) is an int32
 RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
-_jsonable, _plain, _short = run_dir.jsonable, run_dir.plain, run_dir.short  # the names other scripts use
+_jsonable = run_dir.jsonable  # the name experiments/eval.py uses
 
 
 class NonFiniteError(RuntimeError):
@@ -214,7 +217,7 @@ class Run:
         default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
         self.dir = os.path.abspath(os.path.join(root, name or default))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
-        record = {**_plain(preset), "seed_offset": self.seed_offset}
+        record = {**run_dir.plain(preset), "seed_offset": self.seed_offset}
         self._check_run_settings(record)
         self.run_dir.write_config(record)
         if not preset.checkpoint:
@@ -238,7 +241,7 @@ class Run:
         if not self.force:
             raise SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs "
-                f"now): {_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass "
+                f"now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass "
                 "--force to redo the stages whose settings differ")
         self._drop_eval_cache(None)
 
@@ -258,13 +261,13 @@ class Run:
         """What determines the base policy (recorded in base/DONE)."""
         p = self.preset
         if p.checkpoint:
-            return _plain({"model": self.cfg, "checkpoint": os.path.abspath(p.checkpoint)})
-        return _plain({"model": self.cfg, "task": p.task, "base": p.base, "seed": self.base_seed})
+            return run_dir.plain({"model": self.cfg, "checkpoint": os.path.abspath(p.checkpoint)})
+        return run_dir.plain({"model": self.cfg, "task": p.task, "base": p.base, "seed": self.base_seed})
 
     def arm_stage_settings(self, arm: str, seed: int) -> dict:
         """What determines an arm/seed's policy and logs (recorded in its DONE and its checkpoints)."""
         p = self.preset
-        return _plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
+        return run_dir.plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
                        "task": p.task, "compute_dtype": p.compute_dtype, "dynamics_every": p.dynamics_every})
 
     def check_recorded(self, recorded, settings: dict, where: str, out: str, label: str) -> bool:
@@ -282,7 +285,7 @@ class Run:
         if not self.force:
             raise SettingsMismatch(
                 f"stage {label}: {where} was made with other settings ({len(diff)} differ, as recorded vs now): "
-                f"{_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
                 "to redo this stage")
         sync_processes(f"reset:{out}")  # every process has read the record before it goes
         if is_main_process():
@@ -318,7 +321,7 @@ class Run:
         diff = ckpt_lib.settings_diff(dataclasses.asdict(cfg), dataclasses.asdict(self.cfg))
         if diff:
             raise SettingsMismatch(f"the policy in {os.path.join(path, 'policy')} was saved for another model "
-                                   f"config than this run's (saved vs now): {_short(diff)}; this run directory "
+                                   f"config than this run's (saved vs now): {run_dir.short(diff)}; this run directory "
                                    "was made with other settings: use another --name, or --force")
         return params
 

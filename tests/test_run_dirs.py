@@ -332,7 +332,8 @@ def test_a_run_directory_held_by_another_process_is_refused_naming_it(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        held = rf"run directory {re.escape(ci)} is in use by pid {holder.pid} \(started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d: "
+        held = (rf"run directory {re.escape(ci)} is in use by pid {holder.pid} "
+                r"\(started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: ")
         with pytest.raises(run_dir.RunDirInUse, match=held + r"-c .*\); wait for it to end, or choose another"):
             study.Run(CI, root)
         with pytest.raises(run_dir.RunDirInUse, match=rf"run directory {re.escape(sql)} is in use by pid {holder.pid}"):
@@ -382,6 +383,22 @@ def test_two_studies_started_at_once_on_one_directory(tmp_path):
     out = os.path.join(root, "ci", "base")
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(CI.base.steps))
     assert study.done_settings(out)["base"]["steps"] == CI.base.steps
+
+
+@pytest.mark.slow
+def test_in_a_multi_process_job_process_0_locks_for_the_job(tmp_path):
+    from tests.multiprocess import start_workers, wait_workers
+
+    held = run_dir.RunDir(str(tmp_path / "busy"))  # another run, here in the test process
+    try:
+        outs = wait_workers(start_workers("run_dir_worker.py", tmp_path), 300)
+    finally:
+        held.release()
+    seen = sorted((json.load(open(o)) for o in outs), key=lambda r: r["process"])
+    assert [(r["holds"], r["locked"]) for r in seen] == [(True, True), (False, True)]
+    busy = re.escape(str(tmp_path / "busy"))
+    assert re.match(rf"run directory {busy} is in use by pid {os.getpid()} ", seen[0]["busy"]), seen[0]
+    assert re.match(rf"run directory {busy}: process 0 of this job could not make or lock it", seen[1]["busy"]), seen[1]
 
 
 # ---------------------------------------------------------------- markers and checks before writing

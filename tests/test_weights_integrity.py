@@ -193,7 +193,8 @@ def _edit_config(d, **changes):
                               r"\[1, 2147483647\]"),
     ({"num_hidden_layers": 2.5}, r"field num_hidden_layers is 2\.5; it must be an integer"),
     ({"rms_norm_eps": -1.0}, r"field rms_norm_eps is -1\.0; it must be a positive finite number"),
-    ({"vocab_size": 2**31 - 1, "hidden_size": 2**31 - 1}, r"Qwen3Config describes 4\.61e\+18 parameters, more than any model"),
+    ({"vocab_size": 2**31 - 1, "hidden_size": 2**31 - 1},
+     r"Qwen3Config describes 4\.61e\+18 parameters, more than any model"),
 ])
 def test_config_that_is_not_this_model_is_refused_naming_file_and_field(params, tmp_path, changes, message):
     d = _hf_dir(params, tmp_path / "m")

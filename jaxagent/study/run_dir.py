@@ -307,6 +307,11 @@ class RunDir:
             raise RunDirInUse(f"run directory {self.path}: process 0 of this job could not make or lock it "
                               "(its error says why)")
 
+    @property
+    def holds_lock(self) -> bool:
+        """Whether this process holds the directory's lock (process 0 of a job, or a single process)."""
+        return self._key is not None
+
     def release(self) -> None:
         if self._key is not None:
             _release(self._key)
