@@ -50,6 +50,7 @@ from experiments.presets import Preset
 from jaxagent import sharding
 from jaxagent.envs.jax.frozenlake import FrozenLake
 from jaxagent.models import qwen3
+from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import run_dir, stages
@@ -211,7 +212,11 @@ class Run:
         check_batches(preset, sharding.batch_divisor(self.mesh))
         if preset.checkpoint:
             self.cfg, tok = run_dir.open_checkpoint(preset.checkpoint)
-            codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
+            try:
+                codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
+            except ValueError as e:
+                raise CheckpointError(f"the tokenizer in {preset.checkpoint} cannot write FrozenLake's text: "
+                                      f"{e}") from None
             self.world = ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
                                   chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
         default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
