@@ -806,7 +806,7 @@ def main(argv=None) -> int:
     from experiments.presets import PRESETS
     from jaxagent import sharding
     from jaxagent.models.config import PRESETS as MODEL_PRESETS
-    p = argparse.ArgumentParser(prog="python -m experiments.aot_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", required=True, choices=sorted(PRESETS) + sorted(HOST_PRESETS))
     p.add_argument("--topology", default=None, help="TPU topology, e.g. v5p:4x4x4 (default: the preset's)")
     p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),

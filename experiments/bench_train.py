@@ -271,7 +271,7 @@ def run_gpu(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_train", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",

@@ -1,7 +1,6 @@
 """One process of the two-process job in tests/test_run_dirs.py: both construct a RunDir of the same directory
 (process 0 takes the lock for the job, process 1 sees it held), then of a directory the test process holds (both
 get RunDirInUse). Writes what it saw as JSON to its --out path."""
-import fcntl
 import json
 import os
 import sys
@@ -9,16 +8,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.multiprocess import init_worker  # noqa: E402
-
-
-def _locked(directory) -> bool:
-    with open(os.path.join(directory, ".lock")) as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        return False
 
 
 def main(argv=None):
@@ -30,7 +19,7 @@ def main(argv=None):
     free, busy = os.path.join(base, "free"), os.path.join(base, "busy")
     rd = run_dir.RunDir(free)
     run_dir.sync_processes("after-lock")
-    seen = {"process": jax.process_index(), "holds": rd.holds_lock, "locked": _locked(free)}
+    seen = {"process": jax.process_index(), "holds": rd.holds_lock, "locked": run_dir.is_locked(free)}
     run_dir.sync_processes("after-probe")
     try:
         run_dir.RunDir(busy)

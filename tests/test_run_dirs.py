@@ -4,7 +4,6 @@ stage), metrics not repeated after a kill between their append and the checkpoin
 stopped with a clear error, --seed-offset, one writer per run directory (a lock naming the holder), DONE markers
 that are not JSON objects refused, and checkpoints and settings checked before anything is written."""
 import dataclasses
-import fcntl
 import json
 import os
 import re
@@ -346,21 +345,9 @@ def test_a_run_directory_held_by_another_process_is_refused_naming_it(tmp_path):
     # in this process the directory's lock is shared by its Run objects and dropped with the last one
     again = study.Run(CI, root)
     run.close()
-    assert _locked(ci)
+    assert run_dir.is_locked(ci)
     again.close()
-    assert not _locked(ci)
-
-
-def _locked(directory) -> bool:
-    """Whether a writer holds `directory`'s flock (a probe through a file of its own: flock locks conflict between
-    open files even within one process)."""
-    with open(os.path.join(directory, run_dir.LOCK_NAME)) as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        return False
+    assert not run_dir.is_locked(ci)
 
 
 @pytest.mark.slow

@@ -267,6 +267,22 @@ def _release(key: str) -> None:
         held[0].close()  # closing the last descriptor of the open file drops the flock
 
 
+def is_locked(directory: str) -> bool:
+    """Whether a writer holds `directory`'s lock (this process included: the probe opens a file of its own, and
+    flock locks conflict between open files)."""
+    try:
+        f = open(os.path.join(directory, LOCK_NAME), encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def make_dir(path: str) -> str:
     """Creates directory `path` (and its parents); InvalidRunDir naming the part that is a file or not writable."""
     path = os.path.abspath(path)
