@@ -9,7 +9,7 @@ from experiments import cli, study
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
+    args = cli.parser(__doc__.splitlines()[0], prog="experiments.base", run_options=True).parse_args(argv)
     with cli.clear_errors():
         run = cli.make_run(args)
         study.run_base(run)

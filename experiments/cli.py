@@ -1,22 +1,78 @@
-"""Shared argparse options of the study scripts.
+"""Shared argparse options and error handling of the study scripts.
 
-Numbers are validated by argparse (`--iterations -3` is a usage error, not an arm marked DONE after
-zero iterations). `run_options=True` adds `--seed-offset` and `--force`, which `make_run` applies.
+Every user error ends the script with one line on stderr and exit code 2, no traceback: argparse's usage
+errors (numbers are bounded: `--iterations -3` or `--seeds 2**70` are refused before any work), and, through
+`clear_errors`, a run directory in use, not writable or made with other settings, a bad preset field or mesh, a
+garbage DONE marker, and a checkpoint that is missing or not what it claims (all checked before the run
+directory is written). A diverged RL stage ends with one line and exit code 1. `run_options=True` adds
+`--seed-offset` and `--force`, which `make_run` applies.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import os
+import sys
 
 import jax
 
 from experiments import study
+from experiments.host_presets import HOST_PRESETS
 from experiments.presets import PRESETS
+from jaxagent.models.config import CheckpointError
+from jaxagent.study.run_dir import RunError
+
+MAX_SEED = study.MAX_SEED - study.BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
+MAX_COUNT = study.MAX_ITERATIONS              # iterations, micro-batches, processes
+USER_ERRORS = (RunError, CheckpointError)
+
+# What each FrozenLake preset is and how long it takes (the README's presets table says the same).
+PRESET_HELP = {
+    "quick": "the toy study, the README's; about 9 min on a quiet 2-core CPU (docs/study.md)",
+    "standard": "the toy study sized for power (5 seeds), a 2-core CPU, under an hour",
+    "full": "5x5 maps, 200 iterations, hours on a CPU",
+    "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
+}
 
 
-def int_at_least(lo: int, what: str):
-    """An argparse `type`: an integer >= lo, else a usage error saying so."""
+class UserExit(SystemExit):
+    """The end of a script on a user error: exit status `code`; str() is the message (already printed)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+def fail(message: str, code: int = 2):
+    """Ends the script: `error: message` as one line on stderr, exit code `code` (2: a user error)."""
+    line = " ".join(str(message).split())
+    print("error: " + line, file=sys.stderr)
+    raise UserExit(line, code)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (`prog: error: ...; --help lists the options`), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (--help lists the options)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default only when it has one worth showing (not None/False, not said in its help)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in h or action.required:
+            return h
+        return super()._get_help_string(action)
+
+
+def int_in(lo: int, hi: int, what: str):
+    """An argparse `type`: an integer in [lo, hi], else a usage error saying so."""
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -24,13 +80,16 @@ def int_at_least(lo: int, what: str):
             raise argparse.ArgumentTypeError(f"expected an integer ({what}), got {text!r}") from None
         if v < lo:
             raise argparse.ArgumentTypeError(f"must be {what} (>= {lo}), got {v}")
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"must be {what} (at most {hi}), got {text}")
         return v
     parse.__name__ = what
     return parse
 
 
-positive_int = int_at_least(1, "a positive integer")
-non_negative_int = int_at_least(0, "a non-negative integer")
+positive_int = int_in(1, MAX_COUNT, "a positive integer")
+non_negative_int = int_in(0, MAX_COUNT, "a non-negative integer")
+seed_int = int_in(0, MAX_SEED, "a non-negative integer")
 
 
 class _Distinct(argparse.Action):
@@ -42,23 +101,44 @@ class _Distinct(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def parser(description: str, *, run_options: bool = False) -> argparse.ArgumentParser:
-    """The shared options; `run_options` adds --seed-offset and --force (scripts that build the run with
-    `make_run`)."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", default="quick", choices=sorted(PRESETS),
-                   help="study scale: quick (the README default, a 2-core CPU), full (hours on a CPU), "
-                        "ci (seconds, for tests), or an accelerator preset that needs --checkpoint")
+def preset_help(host: bool) -> str:
+    lines = [f"{n} ({PRESET_HELP[n]})" for n in PRESET_HELP if n in PRESETS]
+    accel = sorted(n for n in PRESETS if n not in PRESET_HELP)
+    lines.append(", ".join(accel) + " (a real Qwen3 from --checkpoint; GPUs, TPU pods)")
+    if host:
+        lines.append(", ".join(sorted(HOST_PRESETS)) + " (the host-domain study, experiments.host_study: ci-* a "
+                     "minutes-long plumbing check, the others from --checkpoint)")
+    return "study scale: " + "; ".join(lines)
+
+
+def script_prog(module: str | None = None) -> str:
+    """`python -m experiments.<script>` for the usage line: of `module`, or of the script being run."""
+    if module is None:
+        path = os.path.abspath(sys.argv[0])
+        if os.path.dirname(path) != os.path.dirname(os.path.abspath(__file__)) or not path.endswith(".py"):
+            return os.path.basename(sys.argv[0])
+        module = "experiments." + os.path.basename(path)[:-3]
+    return f"python -m {module}"
+
+
+def parser(description: str, *, prog: str | None = None, run_options: bool = False,
+           host_presets: bool = False) -> Parser:
+    """The shared options of the script `python -m <prog>` (default: the script being run); `run_options` adds
+    --seed-offset and --force (scripts that build the run with `make_run`); `host_presets` lets --preset name a
+    host-domain preset too (experiments.reproduce hands those to experiments.host_study)."""
+    names = sorted(PRESETS) + (sorted(HOST_PRESETS) if host_presets else [])
+    p = Parser(prog=script_prog(prog), description=description, formatter_class=HelpFormatter)
+    p.add_argument("--preset", default="quick", choices=names, metavar="PRESET", help=preset_help(host_presets))
     p.add_argument("--name", default=None, help="run name: files go to <root>/<name> (default: the preset name)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None,
                    help="local Hugging Face Qwen3 directory used as the base policy (skips the toy SFT)")
     p.add_argument("--iterations", type=positive_int, default=None,
                    help="override the preset's RL iterations per arm")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", action=_Distinct, default=None,
+    p.add_argument("--seeds", type=seed_int, nargs="+", action=_Distinct, default=None,
                    help="override the preset's RL seeds")
     if run_options:
-        p.add_argument("--seed-offset", type=non_negative_int, default=0, metavar="N",
+        p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
                        help="run the preset on seeds shifted by N (RL seed k -> k+N, and the base SFT seed); "
                             "files go to <root>/<preset>-s<N> unless --name is given")
         p.add_argument("--force", action="store_true",
@@ -73,7 +153,12 @@ def parser(description: str, *, run_options: bool = False) -> argparse.ArgumentP
                    help="override the preset's gradient-accumulation micro-batches per RL update (memory)")
     p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
                    help="override the preset's per-layer activation checkpointing policy (none: keep all)")
-    g = p.add_argument_group("multi-host (one process per host, the same command on every host)")
+    add_distributed(p)
+    return p
+
+
+def add_distributed(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
     g.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() before anything touches the devices, so the "
                         "preset's mesh spans the devices of every host; without the three options below JAX "
@@ -83,7 +168,6 @@ def parser(description: str, *, run_options: bool = False) -> argparse.ArgumentP
                    help="number of processes (with --distributed)")
     g.add_argument("--process-id", type=non_negative_int, default=None,
                    help="this process's index (with --distributed)")
-    return p
 
 
 def init_distributed(args):
@@ -92,8 +176,11 @@ def init_distributed(args):
     if not getattr(args, "distributed", False):
         extra = [k for k, v in given.items() if v is not None]
         if extra:
-            raise SystemExit(f"--{extra[0].replace('_', '-')} needs --distributed")
+            fail(f"--{extra[0].replace('_', '-')} needs --distributed")
         return
+    n, i = given["num_processes"], given["process_id"]
+    if n is not None and i is not None and i >= n:
+        fail(f"--process-id {i} must be below --num-processes {n}")
     jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
 
 
@@ -117,7 +204,7 @@ def preset_from(args):
     if getattr(args, "remat", None):
         changes["remat"] = None if args.remat == "none" else args.remat
     if preset.name.startswith("qwen3") and not (args.checkpoint or preset.checkpoint):
-        raise SystemExit(f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
+        fail(f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
     init_distributed(args)
     return dataclasses.replace(preset, **changes)
 
@@ -130,9 +217,12 @@ def make_run(args):
 
 @contextlib.contextmanager
 def clear_errors():
-    """A run-directory settings mismatch or a diverged RL stage ends the script with its message (exit 1)
-    instead of a traceback."""
+    """A user error (`USER_ERRORS`: a run directory in use or made with other settings, a bad setting or
+    checkpoint) ends the script with its one-line message and exit code 2; a diverged RL stage with its message
+    and exit code 1; neither with a traceback."""
     try:
         yield
-    except (study.SettingsMismatch, study.NonFiniteError) as e:
-        raise SystemExit(f"error: {e}") from None
+    except USER_ERRORS as e:
+        fail(str(e), 2)
+    except study.NonFiniteError as e:
+        fail(str(e), 1)

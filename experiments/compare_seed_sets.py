@@ -51,7 +51,7 @@ def table(run_dirs: list[str]) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.compare_seed_sets", description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", help="run directories of the same preset (e.g. runs/standard runs/standard-s5)")
     p.add_argument("--out", default=None, help="also write the table here")
     args = p.parse_args(argv)

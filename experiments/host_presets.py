@@ -1,7 +1,9 @@
 """Presets of the host-domain study (`experiments.host_study`): one per domain and scale.
 
 Domains (`jaxagent.study.host_stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
-  ci-<domain>                 seconds-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer;
+  ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
+                              (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
+                              5:55 wall on a 2-core machine shared with other jobs);
   qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
   qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
                               FrozenLake preset), Qwen3-8B from --checkpoint.

@@ -22,6 +22,8 @@ runs/<name>/
                                        per episode action NLLs under base, LLR, policy tokens (`host_likelihood`)
   eval/bound.json                      reference turns per held-out task and the bound per tier
   metrics.json, report.md, timing.json
+One run writes a run directory at a time (`jaxagent.study.run_dir`: a second gets RunDirInUse, naming the first's
+pid); the checkpoint, its tokenizer and the settings are checked before the directory is created.
 A finished arm/seed (DONE) and a cached evaluation are reused on a rerun; an interrupted arm resumes from its latest
 checkpoint (its logs cut back to it), unless that checkpoint was saved with other settings (refused, naming them). A
 rerun with other settings refuses unless --force (which empties the run directory); the mesh, the seeds and the arms
@@ -47,43 +49,38 @@ import time
 import jax
 import numpy as np
 
-from experiments import study
-from experiments.cli import init_distributed, non_negative_int, positive_int
+from experiments import cli, study
 from experiments.host_presets import HOST_PRESETS, HostPreset
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
 from jaxagent.models import qwen3
-from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+from jaxagent.models.tokenizer import qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.sampling import Sampler
 from jaxagent.study import host_dynamics
 from jaxagent.study import host_error_recovery, host_eval, host_likelihood, host_report, host_stages, stages
-from jaxagent.study import host_step_quality
+from jaxagent.study import host_step_quality, run_dir
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS))
+def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
+    p = cli.Parser(prog=cli.script_prog(prog), description=__doc__.splitlines()[0], formatter_class=cli.HelpFormatter)
+    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
+                   help="domain and scale: " + ", ".join(sorted(HOST_PRESETS)) + " (ci-*: a tiny random Qwen3 with "
+                        "the real tokenizer, minutes on a 2-core CPU; the others need --checkpoint)")
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
-    p.add_argument("--iterations", type=positive_int, default=None, help="override the RL iterations per arm")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=None, help="override the RL seeds")
+    p.add_argument("--iterations", type=cli.positive_int, default=None, help="override the RL iterations per arm")
+    p.add_argument("--seeds", type=cli.seed_int, nargs="+", default=None, help="override the RL seeds")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
-    g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
-    g.add_argument("--distributed", action="store_true",
-                   help="call jax.distributed.initialize() first, so the preset's mesh spans every host's devices")
-    g.add_argument("--coordinator-address", default=None, help="host:port of process 0 (with --distributed)")
-    g.add_argument("--num-processes", type=positive_int, default=None, help="number of processes (with --distributed)")
-    g.add_argument("--process-id", type=non_negative_int, default=None, help="this process's index (with --distributed)")
+    cli.add_distributed(p)
     return p
 
 
-def wants(argv) -> bool:
-    """Whether a command line (e.g. reproduce's) names a host preset."""
-    pre = argparse.ArgumentParser(add_help=False)
+def wants(argv, prog: str | None = None) -> bool:
+    """Whether a command line (e.g. reproduce's, `prog`) names a host preset."""
+    pre = cli.Parser(prog=cli.script_prog(prog), add_help=False)
     pre.add_argument("--preset", default=None)
     args, _ = pre.parse_known_args(argv)
     return args.preset in HOST_PRESETS
@@ -94,10 +91,10 @@ def preset_from(args) -> HostPreset:
     changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None)) if v is not None}
     if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
-        raise SystemExit(f"--seeds must be distinct, got {args.seeds}")
+        cli.fail(f"--seeds must be distinct, got {' '.join(map(str, args.seeds))}")
     p = dataclasses.replace(p, **changes)
     if p.checkpoint is None and p.tiny_model is None:
-        raise SystemExit(f"preset {p.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
+        cli.fail(f"preset {p.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
     return p
 
 
@@ -112,51 +109,43 @@ def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
     return path
 
 
-def check_batches(preset: HostPreset, split: int) -> None:
-    """ValueError unless the RL batch (n_tasks x group_size) splits into `micro_batches` micro-batches whose rows
-    divide over `split` batch shards (the mesh's data x fsdp, `sharding.batch_divisor`), as the sharded train step
-    needs."""
-    b, mb = preset.n_tasks * preset.group_size, preset.micro_batches
-    if b % mb or (b // mb) % split:
-        raise ValueError(f"preset {preset.name!r}: the RL batch n_tasks x group_size = {preset.n_tasks} x "
-                         f"{preset.group_size} = {b} must split into micro_batches = {mb} micro-batches of a "
-                         f"multiple of data x fsdp = {split} rows (mesh {tuple(preset.mesh)})")
+check_batches = study.check_batches  # the RL batch's split into micro-batches over the mesh (InvalidSettings)
 
 
 class HostRun:
     """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
 
     def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
+        # Everything that can be checked is checked before the run directory is touched (`study.Run`).
         self.preset = preset
-        self.mesh = study.make_run_mesh(preset)  # ValueError unless the mesh covers every device of the job
+        study.check_preset(preset)
+        self.mesh = study.make_run_mesh(preset)  # InvalidSettings unless the mesh covers every device of the job
         if self.mesh is None and jax.process_count() > 1:
-            raise SystemExit(f"error: preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has "
-                             f"{jax.process_count()} processes; a multi-process run needs a preset whose mesh covers "
-                             f"all {jax.device_count()} devices")
+            raise study.InvalidSettings(
+                f"preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has {jax.process_count()} "
+                f"processes; a multi-process run needs a preset whose mesh covers all {jax.device_count()} devices")
         check_batches(preset, sharding.batch_divisor(self.mesh))
+        if preset.checkpoint:
+            self.checkpoint = preset.checkpoint
+            self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
         self.dir = os.path.abspath(os.path.join(root, name or preset.name))
-        record = json.loads(json.dumps(study._jsonable(preset)))
-        cfg_path, old = os.path.join(self.dir, "config.json"), None
-        if os.path.isfile(cfg_path):
-            with open(cfg_path) as f:
-                old = json.load(f)
-        study.sync_processes(f"host-config-check:{self.dir}")  # every process read config.json before it changes
-        strip = lambda d: {k: v for k, v in d.items() if k not in study.RESULT_NEUTRAL}  # noqa: E731
-        if old is not None and strip(old) != strip(record) and not force:
-            raise SystemExit(f"error: {self.dir} was made with other settings; use --name, or --force")
-        tiny = os.path.join(self.dir, "tiny_checkpoint")
-        if study.is_main_process():  # process 0 writes the run directory; the others wait for it
-            if old is not None and strip(old) != strip(record):
-                shutil.rmtree(self.dir)
-            os.makedirs(self.dir, exist_ok=True)
-            study.write_json(cfg_path, record)
-            if not preset.checkpoint:
-                write_tiny_checkpoint(tiny, preset.tiny_model)
-        study.sync_processes(f"host-run-dir:{self.dir}")
-        ckpt = preset.checkpoint or tiny
-        self.checkpoint = ckpt
-        self.cfg = qwen3.Qwen3Config.from_dir(ckpt)
-        self.tokenizer = Tokenizer.from_dir(ckpt)
+        self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
+        record = run_dir.plain(preset)
+        _, diff = self.run_dir.config_diff(record, study.RESULT_NEUTRAL)
+        if diff and not force:
+            raise study.SettingsMismatch(
+                f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
+                f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                "to empty it and start again")
+        if diff:
+            self.run_dir.empty()
+        self.run_dir.write_config(record)
+        if not preset.checkpoint:
+            self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
+            if study.is_main_process():  # process 0 writes the run directory; the others wait for it
+                write_tiny_checkpoint(self.checkpoint, preset.tiny_model)
+            study.sync_processes(f"host-run-dir:{self.dir}")
+            self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
         self.world = host_stages.make_host_world(preset.task, self.tokenizer)
         self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
 
@@ -183,7 +172,7 @@ def arm_stage_settings(run: HostRun, arm: str, seed: int) -> dict:
     """What determines an arm/seed's policy and logs (recorded in its checkpoints' extra and its DONE; a resume
     from a checkpoint saved with other settings is refused)."""
     p = run.preset
-    return study._plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
+    return run_dir.plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
                          "seed": int(seed), "task": p.task, "compute_dtype": p.compute_dtype,
                          "dynamics_every": p.dynamics_every,
                          "r_single": {"n_samples": p.eval.n_samples, "batch_size": p.eval.batch_size}})
@@ -200,7 +189,7 @@ def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed
             where = ckpt_lib.step_directory(manager, manager.latest_step())
             raise study.SettingsMismatch(
                 f"stage {label}: the checkpoint {where} was saved with other settings ({len(diff)} differ, as saved "
-                f"vs now): {study._short(diff)}. Rerun with the same settings, choose another --name/--root, or "
+                f"vs now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or "
                 f"delete {out} to redo this arm from iteration 0")
     # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
     abstract = stages.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)
@@ -445,17 +434,18 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     return path, verdicts
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
-    init_distributed(args)  # before anything touches the devices
+def main(argv=None, prog: str = "experiments.host_study"):
+    args = parser(prog).parse_args(argv)
+    cli.init_distributed(args)  # before anything touches the devices
     t0 = time.time()
-    run = HostRun(preset_from(args), args.root, args.name, force=args.force)
-    base = run_base(run)
-    t_base = time.time()
-    policies = run_arms(run, base)
-    t_rl = time.time()
-    metrics = evaluate(run, base, policies)
-    path, verdicts = write_report(run, metrics)
+    with cli.clear_errors():
+        run = HostRun(preset_from(args), args.root, args.name, force=args.force)
+        base = run_base(run)
+        t_base = time.time()
+        policies = run_arms(run, base)
+        t_rl = time.time()
+        metrics = evaluate(run, base, policies)
+        path, verdicts = write_report(run, metrics)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
     if not study.is_main_process():

@@ -2,27 +2,30 @@
 
 Resumable: a rerun skips finished stages and resumes an interrupted RL arm from its checkpoint; a rerun
 with other settings in the same run directory refuses (naming them) unless --force. --seed-offset N runs
-the same preset on seeds shifted by N, in runs/<preset>-s<N>.
+the same preset on seeds shifted by N, in runs/<preset>-s<N>. A host-domain preset (ci-sql, ...) runs
+experiments.host_study with the same command line.
 """
 import time
 
 from experiments import cli, host_study, study
 from experiments import eval as eval_stage
 
+PROG = "experiments.reproduce"
+
 
 def main(argv=None):
-    if host_study.wants(argv):  # a host-env domain preset (experiments/host_presets.py): experiments/host_study.py
-        return host_study.main(argv)
-    args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
+    if host_study.wants(argv, PROG):  # a host-env domain preset (experiments/host_presets.py)
+        return host_study.main(argv, prog=PROG)
+    args = cli.parser(__doc__.splitlines()[0], prog=PROG, run_options=True, host_presets=True).parse_args(argv)
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)
         base = study.run_base(run)
         t_base = time.time()
         policies = study.run_all_arms(run, base)
-    t_rl = time.time()
-    metrics, figures, evals, bound = eval_stage.evaluate(run, base, policies)
-    path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)
+        t_rl = time.time()
+        metrics, figures, evals, bound = eval_stage.evaluate(run, base, policies)
+        path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
     study.write_json(f"{run.dir}/timing.json", timing)

@@ -9,7 +9,10 @@ runs/<name>/   (default name: the preset's, or <preset>-s<N> with a seed offset 
   figures/*.png, report.md, metrics.json
 A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint,
 and its metrics/dynamics files are cut back to the restored iteration (lines appended after the last
-checkpoint are not repeated).
+checkpoint are not repeated). The run directory's mechanics (its lock: one writer at a time, DONE markers,
+the settings record, atomic JSON) are `jaxagent.study.run_dir`'s; a DONE marker that is not a JSON object is
+an error (`InvalidMarker`), redone with --force. Everything a run can check (preset fields, mesh, batch split,
+the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created.
 
 Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
 result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings
@@ -33,11 +36,9 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import glob
-import json
 import math
 import os
 import shutil
-import tempfile
 import time
 
 import jax
@@ -49,108 +50,60 @@ from experiments.presets import Preset
 from jaxagent import sharding
 from jaxagent.envs.jax.frozenlake import FrozenLake
 from jaxagent.models import qwen3
-from jaxagent.models.tokenizer import Tokenizer
+from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
-from jaxagent.study import stages
+from jaxagent.study import run_dir, stages
+from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, done,  # noqa: F401
+                                    done_settings, is_main_process, mark_done, sync_processes, write_json)
 from jaxagent.study.toy import ToyWorld, make_toy_world
 
 
 BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's seed offset)
+MAX_SEED = 2**31 - 1                  # seeds (offset included) are int32 PRNG seeds
+MAX_ITERATIONS = 10**6                # the data position (iterations x tasks) is an int32
 RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
-
-
-class SettingsMismatch(ValueError):
-    """A run directory, stage or checkpoint was made with other settings than the current run's."""
+_jsonable = run_dir.jsonable  # the name experiments/eval.py uses
 
 
 class NonFiniteError(RuntimeError):
     """An RL update was non-finite (skipped by the optimizer's guard) or left non-finite params."""
 
 
-def _jsonable(x):
-    if dataclasses.is_dataclass(x):
-        return {k: _jsonable(v) for k, v in dataclasses.asdict(x).items()}
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return x
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def is_main_process() -> bool:
-    return jax.process_index() == 0
-
-
-def sync_processes(tag: str):
-    """A barrier across processes (multi-process runs only): files process 0 wrote are there after it."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(tag)
-
-
-def write_json(path, obj):
-    """Atomic write (a unique temporary file renamed over `path`), safe when several processes write."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path),
-                               suffix=".tmp")
-    os.fchmod(fd, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(_jsonable(obj), f, indent=1)
-    os.replace(tmp, path)
-
-
-def append_jsonl(path, rec):
-    if not is_main_process():
-        return
-    with open(path, "a") as f:
-        f.write(json.dumps(_jsonable(rec)) + "\n")
-
-
-def cut_jsonl(path, keep) -> int:
-    """Rewrites a JSON-lines file atomically with only the records for which keep(record) is true (a
-    line cut short by a kill is dropped too); returns how many lines were dropped. Process 0 only."""
-    if not is_main_process() or not os.path.isfile(path):
-        return 0
-    kept, dropped = [], 0
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                rec = None
-            if isinstance(rec, dict) and keep(rec):
-                kept.append(line if line.endswith("\n") else line + "\n")
-            elif line.strip():
-                dropped += 1
-    if dropped:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path),
-                                   suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(kept)
-        os.replace(tmp, path)
-    return dropped
-
-
-def _plain(x):
-    """JSON types only (tuples -> lists, dataclasses -> dicts): what a recorded setting reads back as."""
-    return json.loads(json.dumps(_jsonable(x)))
-
-
-def check_preset(preset: Preset):
-    """ValueError naming the field when a preset's counts make no sense (e.g. iterations < 1)."""
+def check_preset(preset, seed_offset: int = 0):
+    """InvalidSettings naming the field when a preset's counts make no sense (e.g. iterations < 1, a seed
+    beyond an int32 PRNG seed once shifted by `seed_offset`)."""
     for field in ("iterations", "n_tasks", "group_size", "dynamics_every"):
         v = getattr(preset, field)
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"preset {preset.name!r}: {field} must be a positive integer, got {v!r}")
+        if not _is_int(v) or v < 1:
+            raise InvalidSettings(f"preset {preset.name!r}: {field} must be a positive integer, got {v!r}")
+    if preset.iterations > MAX_ITERATIONS:
+        raise InvalidSettings(f"preset {preset.name!r}: iterations must be at most {MAX_ITERATIONS}, got "
+                              f"{preset.iterations}")
     seeds = tuple(preset.seeds)
-    if not seeds or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise ValueError(f"preset {preset.name!r}: seeds must be one or more non-negative integers, got {seeds!r}")
+    if not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+        raise InvalidSettings(f"preset {preset.name!r}: seeds must be one or more non-negative integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"preset {preset.name!r}: seeds must be distinct, got {seeds!r}")
+        raise InvalidSettings(f"preset {preset.name!r}: seeds must be distinct, got {seeds!r}")
+    if max(seeds) + seed_offset > MAX_SEED - BASE_SEED:
+        raise InvalidSettings(f"preset {preset.name!r}: seeds (plus the seed offset {seed_offset}) must be at most "
+                              f"{MAX_SEED - BASE_SEED}, got {max(seeds) + seed_offset}")
+
+
+def check_batches(preset, split: int) -> None:
+    """InvalidSettings unless the episodes of one update (n_tasks x group_size / minibatches) split into
+    `micro_batches` micro-batches whose rows divide over the mesh's `split` batch shards (data x fsdp,
+    `sharding.batch_divisor`), as the sharded train step needs."""
+    b, mb, micro = preset.n_tasks * preset.group_size, getattr(preset, "minibatches", 1), preset.micro_batches
+    if not _is_int(micro) or micro < 1 or b % mb or (b // mb) % micro or (b // mb // micro) % split:
+        raise InvalidSettings(
+            f"preset {preset.name!r}: the RL batch n_tasks x group_size = {preset.n_tasks} x {preset.group_size} = "
+            f"{b} must split into minibatches = {mb} updates of micro_batches = {micro!r} micro-batches of a multiple "
+            f"of data x fsdp = {split} rows (mesh {tuple(preset.mesh)})")
 
 
 def _all_finite_leaves(tree):
@@ -202,58 +155,34 @@ def save_policy(path, cfg, params):
     sync_processes(f"save_policy:{path}")
 
 
-def make_run_mesh(preset: Preset):
+def make_run_mesh(preset):
     """The preset's (data, fsdp, tensor) mesh over all devices, or None for (1, 1, 1) (default device).
 
-    Raises ValueError when the mesh is malformed or its product differs from jax.device_count().
+    Raises InvalidSettings when the mesh is malformed or its product differs from jax.device_count().
     """
     shape = tuple(preset.mesh)
-    if len(shape) != 3 or not all(isinstance(n, (int, np.integer)) and n >= 1 for n in shape):
-        raise ValueError(f"preset {preset.name!r}: mesh must be three positive ints (data, fsdp, tensor), "
-                         f"got {preset.mesh!r}")
-    n = int(np.prod(shape))
+    if len(shape) != 3 or not all(_is_int(n) and n >= 1 for n in shape):
+        raise InvalidSettings(f"preset {preset.name!r}: mesh must be three positive ints (data, fsdp, tensor), "
+                              f"got {preset.mesh!r}")
+    n = math.prod(int(d) for d in shape)
     if n == 1:
         return None
     if n != jax.device_count():
-        raise ValueError(f"preset {preset.name!r} has mesh (data, fsdp, tensor) = {shape}, which needs "
-                         f"{n} devices, but jax.device_count() = {jax.device_count()} "
-                         f"({jax.devices()[0].platform}); pick a preset/--mesh whose product is the device count")
+        raise InvalidSettings(f"preset {preset.name!r} has mesh (data, fsdp, tensor) = {shape}, which needs {n} "
+                              f"devices, but jax.device_count() = {jax.device_count()} ({jax.devices()[0].platform}); "
+                              "pick a preset/--mesh whose product is the device count")
     return sharding.make_mesh(*shape)
 
 
 def _check_compute_dtype(preset: Preset):
     try:
         dt = jnp.dtype(preset.compute_dtype)
-    except TypeError as e:
-        raise ValueError(f"preset {preset.name!r}: compute_dtype {preset.compute_dtype!r} is not a dtype "
-                         "name (e.g. 'float32', 'bfloat16')") from e
+    except TypeError:
+        raise InvalidSettings(f"preset {preset.name!r}: compute_dtype {preset.compute_dtype!r} is not a dtype "
+                              "name (e.g. 'float32', 'bfloat16')") from None
     if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"preset {preset.name!r}: compute_dtype must be a floating dtype, got {dt}")
+        raise InvalidSettings(f"preset {preset.name!r}: compute_dtype must be a floating dtype, got {dt}")
     return dt
-
-
-def done(path) -> bool:
-    return os.path.isfile(os.path.join(path, "DONE"))
-
-
-def done_settings(path):
-    """The settings recorded in <path>/DONE, or None (an older marker without them, or unreadable)."""
-    try:
-        with open(os.path.join(path, "DONE")) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return info.get("settings") if isinstance(info, dict) else None
-
-
-def _short(diff: list[str], n: int = 30) -> str:
-    """The differences, top-level settings (e.g. name, iterations) before nested ones."""
-    diff = sorted(diff, key=lambda d: "." in d.split(":")[0])
-    return "; ".join(diff[:n]) + (f" (and {len(diff) - n} more)" if len(diff) > n else "")
-
-
-def mark_done(path, info=None):
-    write_json(os.path.join(path, "DONE"), info or {"finished": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 class Run:
@@ -264,35 +193,39 @@ class Run:
 
     def __init__(self, preset: Preset, root: str = "runs", name: str | None = None, *, seed_offset: int = 0,
                  force: bool = False):
-        if not isinstance(seed_offset, (int, np.integer)) or isinstance(seed_offset, bool) or seed_offset < 0:
-            raise ValueError(f"seed_offset must be a non-negative integer, got {seed_offset!r}")
-        check_preset(preset)
+        # Everything that can be checked is checked before the run directory is touched: a wrong setting or
+        # checkpoint must not leave a config.json that refuses the corrected rerun.
+        if not _is_int(seed_offset) or seed_offset < 0:
+            raise InvalidSettings(f"seed_offset must be a non-negative integer, got {seed_offset!r}")
+        check_preset(preset, int(seed_offset))
         self.seed_offset, self.force = int(seed_offset), bool(force)
         if self.seed_offset:
             preset = dataclasses.replace(preset, seeds=tuple(int(s) + self.seed_offset for s in preset.seeds))
         self.base_seed = BASE_SEED + self.seed_offset
         self.preset = preset
+        unknown = [a for a in preset.arms if a not in stages.ARMS]
+        if unknown or not preset.arms:
+            raise InvalidSettings(f"preset {preset.name!r}: arms must be one or more of {sorted(stages.ARMS)}, got "
+                                  f"{list(preset.arms)!r}")
         self.compute_dtype = _check_compute_dtype(preset)
         self.mesh = make_run_mesh(preset)
-        split = sharding.batch_divisor(self.mesh)
-        if (preset.n_tasks * preset.group_size) % split:
-            raise ValueError(f"preset {preset.name!r}: the RL batch n_tasks x group_size = "
-                             f"{preset.n_tasks} x {preset.group_size} is not divisible by the mesh's batch axes "
-                             f"(data x fsdp = {split} for mesh {tuple(preset.mesh)})")
-        default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
-        self.dir = os.path.abspath(os.path.join(root, name or default))
-        os.makedirs(self.dir, exist_ok=True)
-        record = {**_plain(preset), "seed_offset": self.seed_offset}
-        self._check_run_settings(record)
-        write_json(os.path.join(self.dir, "config.json"), record)
+        check_batches(preset, sharding.batch_divisor(self.mesh))
         if preset.checkpoint:
-            tok = Tokenizer.from_dir(preset.checkpoint)
-            words = FrozenLake.vocabulary()
-            codec = env_codec(tok, words, FrozenLake.ACTION_STRINGS, word_level=False)
+            self.cfg, tok = run_dir.open_checkpoint(preset.checkpoint)
+            try:
+                codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
+            except ValueError as e:
+                raise CheckpointError(f"the tokenizer in {preset.checkpoint} cannot write FrozenLake's text: "
+                                      f"{e}") from None
             self.world = ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
                                   chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
-            self.cfg = qwen3.Qwen3Config.from_dir(preset.checkpoint)
-        else:
+        default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
+        self.dir = os.path.abspath(os.path.join(root, name or default))
+        self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
+        record = {**run_dir.plain(preset), "seed_offset": self.seed_offset}
+        self._check_run_settings(record)
+        self.run_dir.write_config(record)
+        if not preset.checkpoint:
             self.world = make_toy_world(os.path.join(self.dir, "tokenizer"), size=preset.task.size)
             self.cfg = dataclasses.replace(preset.model, vocab_size=self.world.tokenizer.vocab_size)
 
@@ -301,31 +234,19 @@ class Run:
         os.makedirs(p, exist_ok=True)
         return p
 
+    def close(self) -> None:
+        """Releases the run directory's lock (also released when the process ends)."""
+        self.run_dir.release()
+
     def _check_run_settings(self, record: dict):
         """Compares config.json (if any) with `record`; SettingsMismatch unless force (which drops eval/)."""
-        path, old = os.path.join(self.dir, "config.json"), None
-        if os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    old = json.load(f)
-            except ValueError:
-                old = {"config.json": "<unreadable>"}
-        sync_processes(f"config-check:{self.dir}")  # every process read config.json before it is rewritten
-        if old is None:
-            return
-        if isinstance(old, dict):
-            old.setdefault("seed_offset", 0)  # written before seed offsets existed
-
-        def strip(d):
-            return {k: v for k, v in d.items() if k not in RESULT_NEUTRAL} if isinstance(d, dict) else d
-
-        diff = ckpt_lib.settings_diff(strip(old), strip(record))
+        _, diff = self.run_dir.config_diff(record, RESULT_NEUTRAL, defaults={"seed_offset": 0})
         if not diff:
             return
         if not self.force:
             raise SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs "
-                f"now): {_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass "
+                f"now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass "
                 "--force to redo the stages whose settings differ")
         self._drop_eval_cache(None)
 
@@ -345,13 +266,13 @@ class Run:
         """What determines the base policy (recorded in base/DONE)."""
         p = self.preset
         if p.checkpoint:
-            return _plain({"model": self.cfg, "checkpoint": os.path.abspath(p.checkpoint)})
-        return _plain({"model": self.cfg, "task": p.task, "base": p.base, "seed": self.base_seed})
+            return run_dir.plain({"model": self.cfg, "checkpoint": os.path.abspath(p.checkpoint)})
+        return run_dir.plain({"model": self.cfg, "task": p.task, "base": p.base, "seed": self.base_seed})
 
     def arm_stage_settings(self, arm: str, seed: int) -> dict:
         """What determines an arm/seed's policy and logs (recorded in its DONE and its checkpoints)."""
         p = self.preset
-        return _plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
+        return run_dir.plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
                        "task": p.task, "compute_dtype": p.compute_dtype, "dynamics_every": p.dynamics_every})
 
     def check_recorded(self, recorded, settings: dict, where: str, out: str, label: str) -> bool:
@@ -369,7 +290,7 @@ class Run:
         if not self.force:
             raise SettingsMismatch(
                 f"stage {label}: {where} was made with other settings ({len(diff)} differ, as recorded vs now): "
-                f"{_short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
                 "to redo this stage")
         sync_processes(f"reset:{out}")  # every process has read the record before it goes
         if is_main_process():
@@ -379,10 +300,17 @@ class Run:
         return False
 
     def stage_done(self, out: str, settings: dict, label: str) -> bool:
-        """Whether stage `out` is finished with `settings` (see `check_recorded`)."""
-        if not done(out):
+        """Whether stage `out` is finished with `settings` (see `check_recorded`). A DONE marker that is not a
+        JSON object is InvalidMarker; with force the stage is redone."""
+        try:
+            info = run_dir.read_done(out)
+        except run_dir.InvalidMarker:
+            if not self.force:
+                raise
+            return self.check_recorded(None, settings, os.path.join(out, "DONE"), out, label)  # redone
+        if info is None:
             return False
-        return self.check_recorded(done_settings(out), settings, os.path.join(out, "DONE"), out, label)
+        return self.check_recorded(info.get("settings"), settings, os.path.join(out, "DONE"), out, label)
 
     def arm_settings(self, arm: str) -> stages.ArmSettings:
         p = self.preset
@@ -398,9 +326,36 @@ class Run:
         diff = ckpt_lib.settings_diff(dataclasses.asdict(cfg), dataclasses.asdict(self.cfg))
         if diff:
             raise SettingsMismatch(f"the policy in {os.path.join(path, 'policy')} was saved for another model "
-                                   f"config than this run's (saved vs now): {_short(diff)}; this run directory "
+                                   f"config than this run's (saved vs now): {run_dir.short(diff)}; this run directory "
                                    "was made with other settings: use another --name, or --force")
         return params
+
+
+class ProgressBar:
+    """A tqdm bar over a stage's steps that starts after the first step. The first one also compiles the
+    stage's programs, which on a CPU takes many times a later step (the `ci` preset's first SFT step: 25 s, the
+    next three: a fraction of a second), so it gets its own line with its seconds and the bar's rate and ETA count
+    only the steps after it. Process 0 only."""
+
+    def __init__(self, total: int, desc: str, unit: str, *, initial: int = 0, log=print):
+        self.total, self.desc, self.unit, self.initial, self.log = total, desc, unit, initial, log
+        self.t0, self.bar = time.time(), None
+
+    def step(self, **postfix) -> None:
+        if self.bar is None:
+            if is_main_process():
+                self.log(f"[{self.desc}] {self.unit} {self.initial + 1} of {self.total}: {time.time() - self.t0:.1f} s "
+                         f"(it compiles the programs the first time they run; the rate below counts the "
+                         f"{self.unit}s after it)")
+            self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit[:4], initial=self.initial + 1,
+                            disable=not is_main_process())
+        else:
+            self.bar.update(1)
+        self.bar.set_postfix(**postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_base(run: Run, log=print):
@@ -419,11 +374,10 @@ def run_base(run: Run, log=print):
     t0 = time.time()
     if is_main_process() and os.path.isfile(os.path.join(out, "metrics.jsonl")):
         os.remove(os.path.join(out, "metrics.jsonl"))  # of an SFT killed before its end: it restarts from 0
-    bar = tqdm(total=p.base.steps, desc="base SFT", unit="step", disable=not is_main_process())
+    bar = ProgressBar(p.base.steps, "base SFT", "step", log=log)
 
     def cb(i, rec):
-        bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_accuracy']:.2f}")
+        bar.step(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_accuracy']:.2f}")
         append_jsonl(os.path.join(out, "metrics.jsonl"), rec)
 
     params, hist = stages.train_base(run.world, run.cfg, jax.random.key(run.base_seed), p.task, p.base, callback=cb,
@@ -495,13 +449,11 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
                 os.remove(f)
     sync_processes(f"cut-logs:{out}")
     heldout = run.preset.task.sample(jax.random.key(777), 32)
-    bar = tqdm(total=settings.iterations, desc=f"{arm} seed {seed}", unit="it", initial=start,
-               disable=not is_main_process())
+    bar = ProgressBar(settings.iterations, f"{arm} seed {seed}", "iteration", initial=start, log=log)
 
     def cb(it, m, st):
         check_update(label, it, m, st)  # before anything of this iteration is written
-        bar.update(1)
-        bar.set_postfix(success=f"{m['success_rate']:.2f}")
+        bar.step(success=f"{m['success_rate']:.2f}")
         append_jsonl(metrics_path, m)
         if it % run.preset.dynamics_every == 0 or it == settings.iterations - 1:
             rs = drivers.r_single(run.world, run.cfg, st.params, heldout, t_max=run.preset.task.t_max,

@@ -101,14 +101,20 @@ def _emit(rows: list, rec: dict, out) -> None:
 
 
 def main(argv=None):
-    p = cli.parser(__doc__.splitlines()[0], run_options=True)
+    p = cli.parser(__doc__.splitlines()[0], prog="experiments.sweep", run_options=True)
     p.add_argument("--grid", default="recipe", choices=sorted(GRIDS) + sorted(BASE_GRIDS))
     p.add_argument("--only", nargs="*", default=None, help="settings of the grid to run (default: all)")
     p.add_argument("--arm", default="grpo", choices=sorted(stages.ARMS))
-    p.add_argument("--heldout-tasks", type=int, default=64)
-    p.add_argument("--heldout-samples", type=int, default=4)
+    p.add_argument("--heldout-tasks", type=cli.positive_int, default=64, help="held-out maps per setting")
+    p.add_argument("--heldout-samples", type=cli.positive_int, default=4, help="rollouts per held-out map")
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
+    with cli.clear_errors():
+        return sweep(args)
+
+
+def sweep(args) -> None:
+    """The sweep of `args.grid` (main's command line)."""
     iterations, seeds = args.iterations or 20, args.seeds or [0, 1, 2]
     run = cli.make_run(args)
     if args.grid in BASE_GRIDS:

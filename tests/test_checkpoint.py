@@ -200,19 +200,70 @@ def test_manifest_lists_every_file_of_the_step(tmp_path):
     assert_same(back, make_state())
 
 
-def test_flipped_byte_in_the_array_data_names_the_file(tmp_path):
+def _saved_format_1(tmp_path, monkeypatch):
+    """A step as an older version saved it: format 1, no checksum manifest."""
+    monkeypatch.setattr(checkpoint, "FORMAT_VERSION", 1)
+    d, step_dir = _saved(tmp_path)
+    monkeypatch.undo()
+    os.remove(step_dir / weights.MANIFEST_NAME)
+    return d, step_dir
+
+
+def _flip_byte(path):
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_flipped_byte_in_the_array_data_names_the_step_and_the_file(tmp_path):
     d, step_dir = _saved(tmp_path)
     data = _largest_data_file(step_dir)
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x10
-    data.write_bytes(bytes(raw))
+    _flip_byte(data)
     rel = str(data.relative_to(step_dir))
-    with pytest.raises(ValueError, match=rf"checkpoint .*7 is corrupt: file {re.escape(rel)} does not match "
-                                         r"its checksum"):
+    with pytest.raises(weights.CheckpointError, match=rf"checkpoint step 7 at .*7 is corrupt: file {re.escape(rel)} "
+                                                      r"does not match its checksum"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
 
 
-def test_truncated_array_data_is_named_with_and_without_manifest(tmp_path):
+def test_step_without_its_manifest_is_refused_and_never_given_one(tmp_path):
+    """A deleted manifest and a flipped byte: the step is refused by name, and a later save does not write a fresh
+    manifest over the corrupt bytes."""
+    d, step_dir = _saved(tmp_path)
+    os.remove(step_dir / weights.MANIFEST_NAME)
+    _flip_byte(_largest_data_file(step_dir))
+    with pytest.raises(weights.CheckpointError, match=r"checkpoint step 7 at \S*ck/7 has no checksum manifest "
+                                                      r"\(jaxagent_checksums\.json\).*delete this step directory"):
+        checkpoint.restore_latest(d, _abstract(), cfg=CFG)
+    mngr = checkpoint.make_manager(d, max_to_keep=3)
+    checkpoint.save(mngr, make_state(), CFG, step=8)
+    checkpoint.wait_until_finished(mngr)
+    assert (d / "8" / weights.MANIFEST_NAME).is_file() and not (step_dir / weights.MANIFEST_NAME).exists()
+    with pytest.raises(weights.CheckpointError, match="has no checksum manifest"):
+        checkpoint.verify_step(mngr, 7)
+
+
+def test_kill_between_commit_and_manifest_resumes_and_completes_the_manifest(tmp_path, monkeypatch):
+    d = tmp_path / "ck"
+    mngr = checkpoint.make_manager(d)
+
+    def killed(*_):
+        raise KeyboardInterrupt  # the process dies after orbax committed the step, before its manifest
+
+    monkeypatch.setattr(weights, "write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(mngr, make_state(), CFG)
+    monkeypatch.undo()
+    assert checkpoint.all_steps(d) == [7] and not (d / "7" / weights.MANIFEST_NAME).exists()
+    assert checkpoint.pending_step(checkpoint.make_manager(d, read_only=True)) == 7
+    # the restart: the step this code saved restores (orbax committed it), and the next save gives it its manifest
+    mngr = checkpoint.make_manager(d)
+    assert_same(checkpoint.restore_latest(mngr, _abstract(), cfg=CFG), make_state())
+    checkpoint.save(mngr, make_state(), CFG, step=8)
+    assert checkpoint.verify_step(mngr, 7) is True and checkpoint.verify_step(mngr, 8) is True
+    assert checkpoint.pending_step(mngr) is None
+
+
+def test_truncated_array_data_is_named_with_and_without_manifest(tmp_path, monkeypatch):
     d, step_dir = _saved(tmp_path)
     data = _largest_data_file(step_dir)
     size = data.stat().st_size
@@ -222,20 +273,24 @@ def test_truncated_array_data_is_named_with_and_without_manifest(tmp_path):
     with pytest.raises(ValueError, match=rf"file {re.escape(rel)} has {size // 2} bytes but was saved with "
                                          rf"{size} \(truncated"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
-    # without a manifest (an older checkpoint): no TensorStore spec dump, the step directory and the cause
-    os.remove(step_dir / weights.MANIFEST_NAME)
+    # a step of an older format without a manifest: no TensorStore spec dump, the step directory and the cause
+    d, step_dir = _saved_format_1(tmp_path / "v1", monkeypatch)
+    data = _largest_data_file(step_dir)
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
     with pytest.raises(ValueError, match=r"checkpoint .*7: orbax could not read the saved arrays: .*probably "
                                          r"truncated or corrupt") as e:
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
     assert "TensorStore({" not in str(e.value) and len(str(e.value)) < 800
 
 
-def test_missing_orbax_metadata_is_named(tmp_path):
+def test_missing_orbax_metadata_is_named(tmp_path, monkeypatch):
     d, step_dir = _saved(tmp_path)
     os.remove(step_dir / "state" / "_METADATA")
     with pytest.raises(ValueError, match=r"incomplete: file state/_METADATA is missing"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
-    os.remove(step_dir / weights.MANIFEST_NAME)  # no manifest: found by name all the same
+    d, step_dir = _saved_format_1(tmp_path / "v1", monkeypatch)  # no manifest: found by name all the same
+    os.remove(step_dir / "state" / "_METADATA")
     with pytest.raises(ValueError, match=r"checkpoint .*7 is incomplete: file state/_METADATA is missing"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
     os.remove(step_dir / "metadata" / "metadata")
@@ -243,9 +298,8 @@ def test_missing_orbax_metadata_is_named(tmp_path):
         checkpoint.read_metadata(checkpoint.make_manager(d, read_only=True))
 
 
-def test_step_without_manifest_restores_unverified(tmp_path):
-    d, step_dir = _saved(tmp_path)
-    os.remove(step_dir / weights.MANIFEST_NAME)
+def test_step_of_the_older_format_without_manifest_restores_unverified(tmp_path, monkeypatch):
+    d, _ = _saved_format_1(tmp_path, monkeypatch)
     assert checkpoint.verify_step(checkpoint.make_manager(d, read_only=True), 7) is False
     assert_same(checkpoint.restore_latest(d, _abstract(), cfg=CFG), make_state())
 

@@ -1,21 +1,30 @@
 """Run directories of the study: validated CLI numbers, settings recorded in config.json, DONE markers and
 checkpoints, refusal (naming the settings) of a rerun with other settings unless --force (which redoes the
 stage), metrics not repeated after a kill between their append and the checkpoint save, a diverged RL stage
-stopped with a clear error, and --seed-offset."""
+stopped with a clear error, --seed-offset, one writer per run directory (a lock naming the holder), DONE markers
+that are not JSON objects refused, and checkpoints and settings checked before anything is written."""
 import dataclasses
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import cli, study
+from experiments import cli, host_study, study
+from experiments.host_presets import HOST_PRESETS
 from experiments.presets import PRESETS
 from jaxagent.models import qwen3
+from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl import checkpoint as ckpt_lib
-from jaxagent.study import stages
+from jaxagent.study import run_dir, stages
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 CI = PRESETS["ci"]
 ARM = "grpo_oracle"  # a random-init policy gets real gradients from the process reward (see test_study_mesh)
@@ -308,3 +317,125 @@ def test_cut_jsonl_keeps_earlier_records_and_drops_a_torn_line(tmp_path):
     assert study.cut_jsonl(path, lambda r: r["iteration"] < 2) == 2
     assert _rows(path, "iteration") == [0, 1]
     assert study.cut_jsonl(path, lambda r: True) == 0
+
+
+# ---------------------------------------------------------------- one writer per run directory
+HOLDER = ("import sys; from jaxagent.study import run_dir; held = [run_dir.RunDir(p) for p in sys.argv[1:]]; "
+          "print('locked', flush=True); sys.stdin.read()")
+
+
+def test_a_run_directory_held_by_another_process_is_refused_naming_it(tmp_path):
+    root = str(tmp_path)
+    ci, sql = os.path.join(root, "ci"), os.path.join(root, "ci-sql")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ci, sql], cwd=ROOT, env=ENV, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        held = (rf"run directory {re.escape(ci)} is in use by pid {holder.pid} "
+                r"\(started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: ")
+        with pytest.raises(run_dir.RunDirInUse, match=held + r"-c .*\); wait for it to end, or choose another"):
+            study.Run(CI, root)
+        with pytest.raises(run_dir.RunDirInUse, match=rf"run directory {re.escape(sql)} is in use by pid {holder.pid}"):
+            host_study.HostRun(HOST_PRESETS["ci-sql"], root)
+        assert sorted(os.listdir(ci)) == [".lock"] and sorted(os.listdir(sql)) == [".lock"]  # nothing written
+    finally:
+        holder.communicate(input="")
+    run = study.Run(CI, root)  # the holder ended: its lock went with it
+    assert os.path.isfile(os.path.join(ci, "config.json"))
+    # in this process the directory's lock is shared by its Run objects and dropped with the last one
+    again = study.Run(CI, root)
+    run.close()
+    assert run_dir.is_locked(ci)
+    again.close()
+    assert not run_dir.is_locked(ci)
+
+
+@pytest.mark.slow
+def test_two_studies_started_at_once_on_one_directory(tmp_path):
+    """Two real processes: one trains, the other stops at once with one line and exit code 2; the trained base's
+    log holds each SFT step once."""
+    root = str(tmp_path)
+    cmd = [sys.executable, "-m", "experiments.base", "--preset", "ci", "--root", root]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 2], outs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    err = [line for line in outs[loser][1].splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert re.fullmatch(rf"error: run directory {re.escape(root)}/ci is in use by pid {procs[winner].pid} \(started "
+                        r"[-0-9 :]+: \S*experiments/base\.py --preset ci --root .*\); wait for it to end, or choose "
+                        r"another --name/--root", err[0]), err[0]
+    out = os.path.join(root, "ci", "base")
+    assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(CI.base.steps))
+    assert study.done_settings(out)["base"]["steps"] == CI.base.steps
+
+
+@pytest.mark.slow
+def test_in_a_multi_process_job_process_0_locks_for_the_job(tmp_path):
+    from tests.multiprocess import start_workers, wait_workers
+
+    held = run_dir.RunDir(str(tmp_path / "busy"))  # another run, here in the test process
+    try:
+        outs = wait_workers(start_workers("run_dir_worker.py", tmp_path), 300)
+    finally:
+        held.release()
+    seen = sorted((json.load(open(o)) for o in outs), key=lambda r: r["process"])
+    assert [(r["holds"], r["locked"]) for r in seen] == [(True, True), (False, True)]
+    busy = re.escape(str(tmp_path / "busy"))
+    assert re.match(rf"run directory {busy} is in use by pid {os.getpid()} ", seen[0]["busy"]), seen[0]
+    assert re.match(rf"run directory {busy}: process 0 of this job could not make or lock it", seen[1]["busy"]), seen[1]
+
+
+# ---------------------------------------------------------------- markers and checks before writing
+@pytest.mark.parametrize("content", ["garbage", "", "[1, 2]", '{"finished": "2026-'])
+def test_a_done_marker_that_is_not_a_json_object_is_an_error_not_a_finished_stage(tmp_path, content):
+    run = study.Run(CI, str(tmp_path))
+    out = run.path("base")
+    with open(os.path.join(out, "DONE"), "w") as f:
+        f.write(content)
+    with pytest.raises(run_dir.InvalidMarker, match=rf"DONE marker {re.escape(out)}/DONE (is unreadable|holds a JSON "
+                                                    r"list).*delete it to redo the stage"):
+        run.stage_done(out, run.base_settings(), "base")
+    with pytest.raises(run_dir.InvalidMarker):
+        study.done(out)
+    forced = study.Run(CI, str(tmp_path), force=True)
+    assert forced.stage_done(out, forced.base_settings(), "base") is False  # with --force: redone
+    assert not os.path.exists(os.path.join(out, "DONE"))
+    study.mark_done(out, {"finished": "x"})  # an older version's marker (no settings) is still one
+    assert study.done(out) and study.done_settings(out) is None
+
+
+def test_a_missing_or_bad_checkpoint_is_refused_before_the_run_directory_is_written(tmp_path):
+    root = str(tmp_path / "runs")
+    with pytest.raises(CheckpointError, match=r"checkpoint directory '/nonexistent' does not exist"):
+        study.Run(dataclasses.replace(CI, checkpoint="/nonexistent"), root, "x")
+    assert not os.path.exists(root)  # not even the run directory: the corrected rerun is not refused
+    small = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    ckpt = host_study.write_tiny_checkpoint(str(tmp_path / "small"), small)  # the real tokenizer: 151,669 ids
+    with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids but the model in \S*small has "
+                                              r"vocab_size 40"):
+        study.Run(dataclasses.replace(CI, checkpoint=ckpt), root, "x")
+    with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids"):
+        host_study.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], checkpoint=ckpt), root, "h")
+    assert not os.path.exists(root)
+    good = host_study.write_tiny_checkpoint(str(tmp_path / "good"), dataclasses.replace(small, vocab_size=151936))
+    run = study.Run(dataclasses.replace(CI, checkpoint=good), root, "x")
+    assert run.cfg.vocab_size == 151936 and _config(run)["checkpoint"] == good
+
+
+def test_a_root_that_is_a_file_or_read_only_is_one_clear_error(tmp_path):
+    f = tmp_path / "passwd"
+    f.write_text("x")
+    with pytest.raises(run_dir.InvalidRunDir, match=rf"cannot make run directory {re.escape(str(f))}/ci: "
+                                                    rf"{re.escape(str(f))} is a file, not a directory"):
+        study.Run(CI, str(f))
+    with pytest.raises(run_dir.InvalidRunDir, match=r"is a file, not a directory"):
+        study.Run(CI, str(tmp_path), "passwd")
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(run_dir.InvalidRunDir, match="Permission denied"):
+            study.Run(CI, str(ro))

@@ -1,6 +1,8 @@
 """Saved models (`qwen3.save`): the checksum manifest names a flipped, truncated, missing or unlisted file;
 directories without one (Hugging Face) load as before; malformed safetensors headers and non-finite
-weights give errors naming the file and the tensor."""
+weights give errors naming the file and the tensor; a checkpoint that is not what it claims (another activation,
+integer weights, overlapping or gapped tensor data, absurd dimensions, a tokenizer larger than the model's
+vocabulary) is refused naming the file and the field."""
 import json
 import os
 import struct
@@ -11,7 +13,9 @@ import numpy as np
 import pytest
 
 from jaxagent.models import qwen3, weights
-from jaxagent.models.config import Qwen3Config
+from jaxagent.models.config import CheckpointError, Qwen3Config
+from jaxagent.models.tokenizer import build_word_tokenizer
+from jaxagent.study import run_dir
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -167,3 +171,104 @@ def test_non_finite_weights_are_named(params, tmp_path):
     assert float(ok["norm"]["weight"][0]) == 1e6
     with pytest.raises(ValueError, match=r"tensor 'model\.norm\.weight' .* 1 non-finite .* cast to float16"):
         qwen3.load(d, dtype=jnp.float16)
+
+
+# ---------------------------------------------------------------- a checkpoint is what it claims
+def _hf_dir(params, d):
+    """A saved model without its manifest, as a Hugging Face directory (edits are not checksum errors)."""
+    _save(params, d)
+    os.remove(d / weights.MANIFEST_NAME)
+    return d
+
+
+def _edit_config(d, **changes):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_act": "gelu"}, r"field hidden_act is 'gelu'; this Qwen3 computes SiLU"),
+    ({"hidden_size": 10**30}, r"field hidden_size is 1000000000000000000000000000000; it must be an integer in "
+                              r"\[1, 2147483647\]"),
+    ({"num_hidden_layers": 2.5}, r"field num_hidden_layers is 2\.5; it must be an integer"),
+    ({"rms_norm_eps": -1.0}, r"field rms_norm_eps is -1\.0; it must be a positive finite number"),
+    ({"vocab_size": 2**31 - 1, "hidden_size": 2**31 - 1},
+     r"Qwen3Config describes 4\.61e\+18 parameters, more than any model"),
+])
+def test_config_that_is_not_this_model_is_refused_naming_file_and_field(params, tmp_path, changes, message):
+    d = _hf_dir(params, tmp_path / "m")
+    _edit_config(d, **changes)
+    for fn in (qwen3.load, weights.check_checkpoint):
+        with pytest.raises(CheckpointError, match=rf"{tmp_path}/m/config\.json: {message}"):
+            fn(d)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_])
+def test_non_float_weights_are_refused_not_cast(params, tmp_path, dtype):
+    d = _hf_dir(params, tmp_path / "m")
+    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    tensors = {k: np.array(f.get(k)) for k in f.keys()}
+    del f
+    tensors[UP0] = np.ones(tensors[UP0].shape, dtype)
+    weights.write_safetensors(str(d / "model.safetensors"), tensors)
+    name = {np.int32: "I32", np.bool_: "BOOL"}[dtype]
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: tensor '{UP0}' has dtype {name}; a Qwen3 "
+                                              r"weight is floating point"):
+        qwen3.load(d)
+
+
+@pytest.mark.parametrize("offsets, data_bytes, message", [
+    ({"a": [0, 8], "b": [4, 12]}, 12, r"tensor 'b' \(data_offsets 4\.\.12\) overlaps tensor 'a', which ends at 8"),
+    ({"a": [0, 8], "b": [0, 8]}, 8, r"tensor '[ab]' \(data_offsets 0\.\.8\) overlaps tensor '[ab]'"),
+    ({"a": [0, 8], "b": [16, 24]}, 24, r"tensor 'b' begins at 16 but the previous tensor \('a'\) ends at 8: 8 bytes "
+                                       r"belong to no tensor"),
+    ({"a": [8, 16], "b": [16, 24]}, 24, r"tensor 'a' begins at 8 but the previous tensor \(None\) ends at 0"),
+    ({"a": [0, 8], "b": [8, 16]}, 24, r"the tensors end at byte 16 of the data but the file holds 24 bytes"),
+])
+def test_overlapping_or_gapped_data_offsets_are_refused(tmp_path, offsets, data_bytes, message):
+    path = tmp_path / "model.safetensors"
+    _write_raw(path, {k: {"dtype": "F32", "shape": [2], "data_offsets": v} for k, v in offsets.items()},
+               b"\1" * data_bytes)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt safetensors header: " + message):
+        weights.read_safetensors_header(str(path))
+
+
+def test_overlapping_tensors_in_a_checkpoint_never_load_the_wrong_bytes(params, tmp_path):
+    d = _hf_dir(params, tmp_path / "m")
+    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    header = {k: dict(v) for k, v in f.header.items()}
+    data = (d / "model.safetensors").read_bytes()[f._base:]
+    del f
+    gate0 = "model.layers.0.mlp.gate_proj.weight"  # the same shape as up_proj: its bytes read as up_proj's
+    header[UP0]["data_offsets"] = header[gate0]["data_offsets"]
+    _write_raw(d / "model.safetensors", header, data)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt safetensors header: tensor .* overlaps"):
+        qwen3.load(d)
+
+
+def test_absurd_dimension_in_a_header_is_refused(tmp_path):
+    path = tmp_path / "model.safetensors"
+    _write_raw(path, {"w": {"dtype": "F32", "shape": [10**30], "data_offsets": [0, 8]}}, b"\0" * 8)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'w' is truncated or corrupt \(offsets "
+                                              r"0\.\.8, shape \[1000000000000000000000000000000\]"):
+        weights.read_safetensors_header(str(path))
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_refused(params, tmp_path):
+    d = _hf_dir(params, tmp_path / "m")  # CFG.vocab_size 64
+    build_word_tokenizer([f"w{i}" for i in range(60)], d)  # 75 ids
+    with pytest.raises(CheckpointError, match=rf"tokenizer at {d} has 75 ids but the model in {d} has vocab_size "
+                                              r"64: ids 64\.\.74 have no embedding row"):
+        run_dir.open_checkpoint(d)
+    build_word_tokenizer([f"w{i}" for i in range(40)], d)  # 55 ids: fits
+    cfg, tok = run_dir.open_checkpoint(d)
+    assert cfg == CFG and tok.vocab_size == 55
+
+
+def test_missing_checkpoint_is_one_checkpoint_error(tmp_path):
+    with pytest.raises(CheckpointError, match=r"checkpoint directory '/nonexistent/x' does not exist"):
+        run_dir.open_checkpoint("/nonexistent/x")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        run_dir.open_checkpoint(tmp_path / "f")

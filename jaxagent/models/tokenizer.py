@@ -31,6 +31,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from jaxagent.models.config import CheckpointError
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
@@ -69,8 +71,8 @@ class Tokenizer:
         for tok in CONTROL_TOKENS:
             tid = self._backend.token_to_id(tok)
             if tid is None:
-                raise ValueError(f"tokenizer at {self.path} has no single token for {tok!r}; "
-                                 f"the Qwen3 chat format needs all of {CONTROL_TOKENS}")
+                raise CheckpointError(f"tokenizer at {self.path} has no single token for {tok!r}; "
+                                      f"the Qwen3 chat format needs all of {CONTROL_TOKENS}")
             ids[tok] = tid
         self.im_start_id: int = ids[IM_START]
         self.im_end_id: int = ids[IM_END]
@@ -100,9 +102,9 @@ class Tokenizer:
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-            raise ValueError(f"could not load a tokenizer from {str(path)!r}: {err}") from err
+            raise CheckpointError(f"could not load a tokenizer from {str(path)!r}: {err}") from err
         if getattr(hf, "backend_tokenizer", None) is None:
-            raise ValueError(f"tokenizer at {str(path)!r} is not a fast (tokenizers-backed) tokenizer")
+            raise CheckpointError(f"tokenizer at {str(path)!r} is not a fast (tokenizers-backed) tokenizer")
         return cls(hf, path)
 
     @property
@@ -114,6 +116,15 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of token ids, added tokens included (ids are 0 .. vocab_size - 1)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def check_fits(self, vocab_size: int, model: str = "the model") -> None:
+        """CheckpointError when this tokenizer makes ids the model has no embedding row for (its vocabulary,
+        added tokens included, is larger than the model's `vocab_size`). A smaller tokenizer is normal: Qwen3's
+        embedding is padded past the tokenizer's 151,669 ids to 151,936 rows."""
+        if self.vocab_size > vocab_size:
+            raise CheckpointError(f"tokenizer at {self.path} has {self.vocab_size} ids but {model} has vocab_size "
+                                  f"{vocab_size}: ids {vocab_size}..{self.vocab_size - 1} have no embedding row; "
+                                  "the tokenizer and the weights come from different checkpoints")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS/EOS or any other added special tokens."""

@@ -13,12 +13,19 @@ stays the latest. Keep-N: `max_to_keep` deletes the oldest steps after each save
 
 Integrity: after orbax commits a step, a checksum manifest (`weights.MANIFEST_NAME`: sha256 and
 size of every file of the step) is written into the step directory, last and atomically (with
-async saves: at the next `save` or at `wait_until_finished`, which also give the latest step one if
-a kill came between orbax's commit and the manifest). `restore` verifies it before reading anything
-and names the missing, truncated or altered file; a step without a manifest (older checkpoints)
-restores unverified. Files orbax cannot work without (`state/_METADATA`, `metadata/metadata`) are
-checked by name in any case, and an array orbax cannot read becomes a ValueError naming the step
-directory and TensorStore's own cause (array and byte range), not a spec dump.
+async saves: at the next `save` or at `wait_until_finished`). A manifest is written only for a step
+this code saved: `save` first records the step in `<directory>/PENDING_NAME`, and the manifest is
+written (and the record removed) once orbax has committed the step, also by a later `save` or
+`wait_until_finished` after a kill between the commit and the manifest. A step of this format
+(`FORMAT_VERSION` 2) without its manifest and without that record is refused (`CheckpointError`
+naming the step): its bytes cannot be verified, and it never gets a fresh manifest. `restore`
+verifies the manifest before reading anything and names the step and the missing, truncated or
+altered file; a step of format 1 without a manifest (older versions) restores unverified. Files
+orbax cannot work without (`state/_METADATA`, `metadata/metadata`) are checked by name in any
+case, and an array orbax cannot read becomes a CheckpointError naming the step directory and
+TensorStore's own cause (array and byte range), not a spec dump. Multi-process: process 0 writes
+the records and manifests, and every process waits for them (a barrier in `save` and
+`wait_until_finished`).
 
 Restoring checks the saved config JSON against the expected one (required: a same-shape checkpoint
 of another config must not load silently), the caller's run settings (`expect_extra`) against the
@@ -36,11 +43,12 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxagent.models import weights
-from jaxagent.models.config import Qwen3Config
+from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl.train_step import TrainState
 
 STATE_ITEM, META_ITEM = "state", "metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: every step has a checksum manifest (1: older steps may lack one)
+PENDING_NAME = "jaxagent_manifest_pending.json"  # the step whose save began and whose manifest is not written yet
 _FIELDS = ("params", "opt_state", "step", "rng", "data_pos", "ref_params", "critic_params",
            "critic_opt_state")
 # Files orbax needs to restore a step (its array index and the JSON item), relative to the step dir.
@@ -91,34 +99,53 @@ def save(manager: ocp.CheckpointManager, state: TrainState, cfg: Qwen3Config, *,
             "data_pos": int(state.data_pos), "rng_impl": str(jax.random.key_impl(state.rng)),
             "items": sorted(k for k in _state_tree(state)), "extra": extra or {}}
     wait_until_finished(manager)  # an earlier async save: complete it and write its manifest
+    if jax.process_index() == 0:
+        weights.write_json_atomic(_pending_path(manager), {"step": step})
     saved = manager.save(step, args=ocp.args.Composite(
         **{STATE_ITEM: ocp.args.StandardSave(_state_tree(state)),
            META_ITEM: ocp.args.JsonSave(_plain_json(meta))}), force=force)
-    if saved and not manager.is_saving_in_progress():
-        _write_manifest(manager, step)
+    _finish_pending(manager, f"save:{step}")
     return bool(saved)
 
 
 def wait_until_finished(manager: ocp.CheckpointManager) -> None:
-    """Waits for an async save to land, then writes the latest step's checksum manifest if it lacks
-    one (orbax has committed it, so it is complete)."""
+    """Waits for an async save to land, then writes the checksum manifest of the step `save` recorded
+    as pending (orbax has committed it, so it is complete)."""
     manager.wait_until_finished()
-    latest = manager.latest_step()
-    if latest is not None and not os.path.isfile(
-            os.path.join(step_directory(manager, latest), weights.MANIFEST_NAME)):
-        _write_manifest(manager, latest)
+    _finish_pending(manager, "wait")
 
 
 def step_directory(manager: ocp.CheckpointManager, step: int) -> str:
     return os.path.join(os.fspath(manager.directory), str(int(step)))
 
 
-def _write_manifest(manager, step: int) -> None:
-    if jax.process_index() == 0:
-        weights.write_manifest(step_directory(manager, step))
+def _pending_path(manager) -> str:
+    return os.path.join(os.fspath(manager.directory), PENDING_NAME)
+
+
+def pending_step(manager: ocp.CheckpointManager) -> Optional[int]:
+    """The step whose save `save` began and whose manifest is not written yet (None: none)."""
+    try:
+        with open(_pending_path(manager)) as f:
+            step = json.load(f).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _finish_pending(manager, tag: str) -> None:
+    """Process 0: once no save is in flight, writes the pending step's manifest if orbax committed it and
+    drops the record; then every process waits for it."""
+    if jax.process_index() == 0 and not manager.is_saving_in_progress():
+        step = pending_step(manager)
+        if step is not None:
+            d = step_directory(manager, step)
+            if os.path.isdir(d) and not os.path.isfile(os.path.join(d, weights.MANIFEST_NAME)):
+                weights.write_manifest(d)
+            os.remove(_pending_path(manager))
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(f"checkpoint_manifest:{manager.directory}:{step}")
+        multihost_utils.sync_global_devices(f"checkpoint_manifest:{manager.directory}:{tag}")
 
 
 def _plain_json(x):
@@ -143,17 +170,37 @@ def settings_diff(saved: Any, expected: Any, prefix: str = "") -> list[str]:
     return [] if saved == expected else [f"{prefix or '<value>'}: {saved!r} vs {expected!r}"]
 
 
+def _saved_format(d: str) -> Optional[int]:
+    """The `format` in a step's metadata file, None when the file is missing (named later) or holds none."""
+    try:
+        with open(os.path.join(d, META_ITEM, "metadata")) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {d}: file {META_ITEM}/metadata is unreadable ({e})") from None
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    return fmt if isinstance(fmt, int) else None
+
+
 def verify_step(manager: ocp.CheckpointManager, step: int, *, checksums: bool = True) -> bool:
-    """Raises ValueError naming the file when step `step` is incomplete or (with its manifest and
-    `checksums`) corrupt; returns whether the checksums were verified."""
+    """Raises CheckpointError naming the step and the file when step `step` is incomplete, corrupt (with
+    `checksums`: a file that does not match its manifest) or of a format that has manifests but lacks its
+    own (module doc); returns whether the checksums were verified."""
     d = step_directory(manager, step)
     if not os.path.isdir(d):
-        raise ValueError(f"no checkpoint at step {step} in {manager.directory} (no directory {d})")
-    verified = checksums and weights.verify_manifest(d, what="checkpoint")
+        raise CheckpointError(f"no checkpoint at step {step} in {manager.directory} (no directory {d})")
+    verified = checksums and weights.verify_manifest(d, what=f"checkpoint step {step} at")
+    has_manifest = os.path.isfile(os.path.join(d, weights.MANIFEST_NAME))
+    if checksums and not has_manifest and (_saved_format(d) or 0) >= 2 and pending_step(manager) != step:
+        raise CheckpointError(
+            f"checkpoint step {step} at {d} has no checksum manifest ({weights.MANIFEST_NAME}), which every step of "
+            "its format has: its files cannot be verified and it is not restored; delete this step directory to "
+            "resume from the previous step")
     for rel in _REQUIRED_FILES:
         if not os.path.isfile(os.path.join(d, rel)):
-            raise ValueError(f"checkpoint {d} is incomplete: file {rel} is missing (orbax cannot restore the "
-                             "step without it); delete this step directory to restore the previous step")
+            raise CheckpointError(f"checkpoint {d} is incomplete: file {rel} is missing (orbax cannot restore the "
+                                  "step without it); delete this step directory to restore the previous step")
     return verified
 
 
@@ -163,7 +210,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _orbax_call(what: str, d: str, verified: bool, fn):
-    """Runs an orbax read; its errors (e.g. a TensorStore spec dump) become a ValueError naming `d` and
+    """Runs an orbax read; its errors (e.g. a TensorStore spec dump) become a CheckpointError naming `d` and
     the innermost cause (TensorStore's own message names the array and the byte range)."""
     try:
         return fn()
@@ -176,7 +223,7 @@ def _orbax_call(what: str, d: str, verified: bool, fn):
                if verified else "a file under it is probably truncated or corrupt (it has no checksum "
                "manifest to say which)")
         cause = _first_line(chain[-1]) + ("" if len(chain) == 1 else f" (raised as {_first_line(e)})")
-        raise ValueError(f"checkpoint {d}: orbax could not read the {what}: {cause}; {why}") from e
+        raise CheckpointError(f"checkpoint {d}: orbax could not read the {what}: {cause}; {why}") from e
 
 
 def read_metadata(manager: ocp.CheckpointManager, step: Optional[int] = None) -> Optional[dict]:
@@ -186,13 +233,13 @@ def read_metadata(manager: ocp.CheckpointManager, step: Optional[int] = None) ->
         return None
     d = step_directory(manager, step)
     if not os.path.isfile(os.path.join(d, META_ITEM, "metadata")):
-        raise ValueError(f"checkpoint {d} is incomplete: file {META_ITEM}/metadata is missing")
+        raise CheckpointError(f"checkpoint {d} is incomplete: file {META_ITEM}/metadata is missing")
     out = _orbax_call("metadata item", d, False, lambda: manager.restore(
         step, args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})))
     meta = out[META_ITEM]
     if not isinstance(meta, dict):
-        raise ValueError(f"checkpoint {d}: file {META_ITEM}/metadata holds {type(meta).__name__}, not the "
-                         "metadata object `save` writes")
+        raise CheckpointError(f"checkpoint {d}: file {META_ITEM}/metadata holds {type(meta).__name__}, not the "
+                              "metadata object `save` writes")
     return meta
 
 
@@ -220,14 +267,14 @@ def _shapes_by_path(tree) -> dict[str, tuple]:
 
 def _check_shapes(manager, step, target: dict, meta: dict):
     """Compares saved vs target shapes of the params-like items (plain nested dicts, so their paths
-    are unambiguous); raises ValueError listing the differences."""
+    are unambiguous); raises CheckpointError listing the differences."""
     d = step_directory(manager, step)
     saved_tree = _orbax_call("array index (state/_METADATA)", d, False,
                              lambda: manager.item_metadata(step)[STATE_ITEM])
     saved_tree = getattr(saved_tree, "tree", saved_tree)
     if not isinstance(saved_tree, dict):
-        raise ValueError(f"checkpoint {d}: orbax found no readable array index in {STATE_ITEM}/_METADATA "
-                         f"(got {type(saved_tree).__name__}); the file is missing or corrupt")
+        raise CheckpointError(f"checkpoint {d}: orbax found no readable array index in {STATE_ITEM}/_METADATA "
+                              f"(got {type(saved_tree).__name__}); the file is missing or corrupt")
     problems = []
     for item in ("params", "ref_params", "critic_params"):
         if item not in target:
@@ -242,7 +289,7 @@ def _check_shapes(manager, step, target: dict, meta: dict):
                                 f"expected {want.get(p, '<absent>')}")
     if problems:
         more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint step {step} in {manager.directory} does not fit the target state: "
             + "; ".join(problems[:8]) + more
             + f". It was saved for model config {meta.get('model_config')}")
@@ -264,7 +311,7 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: TrainStat
     (ShapeDtypeStructs, e.g. `train_step.abstract_train_state`, or a concrete TrainState).
 
     The saved model config must equal `cfg` (required: equal shapes do not make equal models), else
-    ValueError listing the differing fields; each key of `expect_extra` (the run settings that
+    CheckpointError listing the differing fields; each key of `expect_extra` (the run settings that
     matter) must equal the saved `extra`'s; the saved parameter shapes must match the target's.
     verify: check the step's checksum manifest first (module doc).
     """
@@ -279,20 +326,20 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: TrainStat
         diff = [x for k in sorted(expect_extra)
                 for x in settings_diff({k: saved_extra.get(k, "<absent>")}, {k: expect_extra[k]})]
         if diff:
-            raise ValueError(f"checkpoint {d} was saved with other run settings (checkpoint vs expected): "
-                             + "; ".join(diff[:12]) + (f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""))
+            raise CheckpointError(f"checkpoint {d} was saved with other run settings (checkpoint vs expected): "
+                                  + "; ".join(diff[:12]) + (f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""))
     for name, want, saved in (("model", cfg, meta.get("model_config")),
                               ("critic", critic_cfg, meta.get("critic_config"))):
         if want is not None:
             diff = _config_diff(saved, want)
             if diff:
-                raise ValueError(f"checkpoint step {step} in {manager.directory} was saved for "
-                                 f"another {name} config: " + "; ".join(diff))
+                raise CheckpointError(f"checkpoint step {step} in {manager.directory} was saved for "
+                                      f"another {name} config: " + "; ".join(diff))
     target = {f: getattr(abstract_state, f) for f in _FIELDS
               if getattr(abstract_state, f) is not None}
     missing = sorted(set(target) - set(meta.get("items", target)))
     if missing:
-        raise ValueError(f"checkpoint step {step} lacks {missing}, which the target state has")
+        raise CheckpointError(f"checkpoint step {step} lacks {missing}, which the target state has")
     _check_shapes(manager, step, target, meta)
     rng = abstract_state.rng
     rng_abs = jax.eval_shape(jax.random.key_data, rng)
