@@ -70,7 +70,10 @@ def array(where: str, name: str, x, dims: Sequence[str], kind: str) -> tuple[int
     Non-arrays (lists, scalars) are read through numpy; a str, dict or None is a TypeError."""
     if kind not in KINDS:
         raise ValueError(f"unknown dtype kind {kind!r}; one of {sorted(KINDS)}")
-    want = f"{KINDS[kind]} array [{', '.join(dims)}]" if dims else f"{KINDS[kind]} scalar"
+    if dims and set(dims) == {"."}:  # any shape (`dtype`)
+        want = f"{KINDS[kind]} array"
+    else:
+        want = f"{KINDS[kind]} array [{', '.join(dims)}]" if dims else f"{KINDS[kind]} scalar"
     if x is None or isinstance(x, (str, bytes, dict)):
         raise TypeError(f"{where}: {name} must be {want}; got {describe(x)}")
     try:
@@ -82,6 +85,12 @@ def array(where: str, name: str, x, dims: Sequence[str], kind: str) -> tuple[int
     if len(shape) != len(dims):
         raise ValueError(f"{where}: {name} must be {want} (rank {len(dims)}); got {describe(x)}")
     return shape
+
+
+def dtype(where: str, name: str, x, kind: str) -> None:
+    """Check only the dtype kind of an argument of any shape (broadcasting functions)."""
+    any_rank = () if x is None or isinstance(x, (str, bytes, dict)) else (".",) * np.ndim(x)
+    array(where, name, x, any_rank, kind)
 
 
 def arrays(where: str, specs: Iterable[tuple[str, Any, Sequence[str], str]],
