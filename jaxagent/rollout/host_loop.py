@@ -6,7 +6,7 @@ Per episode the context is Qwen3's chat format, append-only, so the KV cache is 
     <|im_start|>user\\n{budget text}\\n{first observation}<|im_end|>\\n     turn 0 (chunk 0)
     <|im_start|>assistant\\n[empty think]
     {reply_0 ... <|im_end|>}                                             reply tokens, turn 0
-    [<|im_end|> if reply_0 did not end with it (token limit)]            turn 1 (chunk 1; `episode`, "Truncated replies")
+    [<|im_end|> if reply_0 did not end with it (token limit)]            turn 1 (chunk 1; `episode`)
     \\n<|im_start|>user\\n{budget text}\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n[empty think]
     {reply_1 ... <|im_end|>} ...
 

@@ -166,7 +166,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     # CPU kernels: the weights packed once per rollout; appends then compute only the real tokens.
     packed = None if scripted else qwen3.packed_weights(params, cfg)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
-    chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens per append
+    chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
                   closed=jnp.ones((n_ep,), bool),
                   tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),

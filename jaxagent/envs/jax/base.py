@@ -94,8 +94,9 @@ def check_env(env, where: str = "rollout") -> None:
         raise TypeError(f"{where}: env {name} lacks the method(s) {missing} of the Env protocol "
                         "(jaxagent.envs.jax.base)")
     if not isinstance(getattr(env, "codec", None), TextCodec):
+        got = type(getattr(env, "codec", None)).__name__
         raise TypeError(f"{where}: env {name} needs a `codec` attribute, a TextCodec of its words and actions "
-                        f"(rollout.env_text or rollout.env_codec build one); got {type(getattr(env, 'codec', None)).__name__}")
+                        f"(rollout.env_text or rollout.env_codec build one); got {got}")
 
 
 def check_reset(env, out, where: str = "rollout") -> Obs:
@@ -127,4 +128,5 @@ def _check_obs(name, method, obs: Obs, where):
     toks, length = jnp.asarray(obs.tokens), jnp.asarray(obs.length)
     if toks.ndim != 1 or not jnp.issubdtype(toks.dtype, jnp.integer) or length.ndim != 0:
         raise TypeError(f"{where}: {name}.{method} must return Obs(tokens int[O_max], length int scalar) for one "
-                        f"episode; got tokens {toks.dtype}{list(toks.shape)}, length {length.dtype}{list(length.shape)}")
+                        f"episode; got tokens {toks.dtype}{list(toks.shape)}, "
+                        f"length {length.dtype}{list(length.shape)}")

@@ -126,8 +126,8 @@ def make_codec(words: Sequence[str], encode: Callable[[str], list[int]], pad_id:
 
 def phrase_table(codec: TextCodec, phrases: Sequence[str]) -> tuple[jax.Array, jax.Array]:
     """Fixed phrases (e.g. an env's messages) as codec word ids: (ids int32[n_phrases, Wr] padded, n_words
-    int32[n_phrases]), phrase k = ``phrases[k].split()``, every word in the codec (host-side; ``render(codec, ids[k], n[k])``
-    gives its tokens inside jit)."""
+    int32[n_phrases]), phrase k = ``phrases[k].split()``, every word in the codec (host-side;
+    ``render(codec, ids[k], n[k])`` gives its tokens inside jit)."""
     if isinstance(phrases, str):
         raise TypeError("phrase_table takes a sequence of phrases, not one string")
     words = [p.split() for p in phrases]
