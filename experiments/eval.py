@@ -210,7 +210,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
             m[f"{key}.base_{name}"] = _mean(base_pt[t_i, kmax_i])
             est.mean(f"{key}.rl_{name}", {s: rl[s][t_i, kmax_i].mean() for s in seeds}, [MAIN_ARM])
             est.mean(f"{key}.gap_{name}", {s: gap[s][t_i, kmax_i].mean() for s in seeds}, [MAIN_ARM])
-        m[f"{key}.solvable_tight"] = float(np.mean(np.asarray(bound["p_star"])[:, tight] > 0))
+        m[f"{key}.solvable_tight"] = float(np.mean(np.asarray(bound["p_star"])[tight] > 0))  # p_star [U, P]
         m[f"{key}.tight_turns"] = float(tiers[tight])
         # 7 and 8: arms against GRPO, paired by seed index (every arm starts seed s from the same key)
         for other, key, t_list in (("grpo_oracle", "f7_process_frozenlake", [(tight, None)]),

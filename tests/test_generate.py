@@ -435,8 +435,12 @@ def test_bad_inputs_raise_clear_errors(model, prompts):
     bad[0, -1] = -3
     with pytest.raises(ValueError, match="token ids"):
         gen(t=bad)
-    with pytest.raises(ValueError, match="prompt_mask shape"):
+    with pytest.raises(ValueError, match=r"generate: prompt_mask_BxL has L = \d+ .* but prompt_BxL has L = \d+"):
         gen(m=ml[:, 1:])
+    with pytest.raises(TypeError, match=r"generate: prompt_BxL must be an integer array \[B, L\]; got float32"):
+        gen(t=tl.astype(np.float32))
+    with pytest.raises(TypeError, match=r"generate: key must be a PRNG key .*; got int"):
+        generate(params, cfg, tl, 0, prompt_mask_BxL=ml, max_new_tokens=4)
     with pytest.raises(ValueError, match="exceeds the buffer max_steps"):
         gen(max_new_tokens=9, max_steps=8)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):

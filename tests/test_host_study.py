@@ -103,7 +103,8 @@ def test_structural_bound_synthetic():
     b = host_eval.structural_bound([1, 3, 5, -1], [1, 2, 4, 6], [1, 2, 4])
     np.testing.assert_allclose(b["share"], [0.25, 0.25, 0.5, 0.75])
     np.testing.assert_allclose(b["grid"], np.repeat(b["share"][:, None], 3, axis=1))  # p* in {0, 1}: K-free
-    assert b["p_star"].shape == (4, 4) and b["p_star"][3].tolist() == [0, 0, 0, 0]
+    assert b["p_star"].shape == (4, 4) and b["p_star"][:, 3].tolist() == [0, 0, 0, 0]  # [U, P]: task 3 unsolvable
+    assert b["p_star"][3].tolist() == [1, 1, 1, 0]  # tier 6: every task a reference solves
 
 
 def test_run_pass_episodes_synthetic_pads_and_counts():

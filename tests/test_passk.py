@@ -58,9 +58,11 @@ def test_pass_at_k_vmaps_over_tasks():
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="ks"):
         passk.pass_at_k_grid(np.zeros((2, 3, 4), bool), [1, 5])
-    with pytest.raises(ValueError, match="dimension"):
+    with pytest.raises(ValueError, match=r"pass_at_k_grid: success_UxPxZ must be .*\(rank 3\); got bool\[3, 4\]"):
         passk.pass_at_k_grid(np.zeros((3, 4), bool), [1])
-    with pytest.raises(ValueError, match="integer"):
+    with pytest.raises(TypeError, match=r"pass_at_k_grid: success_UxPxZ must be a bool or integer .*; got float32"):
+        passk.pass_at_k_grid(np.zeros((2, 3, 4), np.float32), [1])
+    with pytest.raises(TypeError, match="pass_at_k: n must be an integer"):
         passk.pass_at_k(5.0, 1, 1)
     with pytest.raises(ValueError, match="alpha"):
         passk.bootstrap_ci(np.ones(4), jax.random.key(0), alpha=1.5)
@@ -70,7 +72,7 @@ def test_bad_inputs_raise():
         passk.bootstrap_ci(np.float32(1.0), jax.random.key(0))
     with pytest.raises(ValueError, match="mask"):
         passk.bootstrap_ci(np.ones(4), jax.random.key(0), mask=np.ones(3))
-    with pytest.raises(ValueError, match="p_star"):
+    with pytest.raises(ValueError, match="p_star_UxP must hold probabilities"):
         bounds.pass_at_k_bound(np.full((2, 3), 1.5), [1])
 
 
@@ -212,7 +214,7 @@ def test_slippery_bound_dominates_expected_pass_at_k(goal, slip, p_policy):
     p_star = _reach_prob(1 - slip, goal, budgets)  # best policy: always push right
     p_right = slip + (1 - 2 * slip) * p_policy  # any stationary policy under slip
     q = _reach_prob(p_right, goal, budgets)
-    bound_TxK = np.asarray(bounds.pass_at_k_bound(p_star[None, :], [1, 3, 6]))
+    bound_TxK = np.asarray(bounds.pass_at_k_bound(p_star[:, None], [1, 3, 6]))  # p* [U, P=1]
     n = 6
     for t in range(len(budgets)):
         for j, k in enumerate([1, 3, 6]):
@@ -222,10 +224,12 @@ def test_slippery_bound_dominates_expected_pass_at_k(goal, slip, p_policy):
 
 
 def test_bound_hand_values():
-    p_star = np.asarray([[0.0, 0.5], [1.0, 1.0]])
-    got = np.asarray(bounds.pass_at_k_bound_per_task(p_star, [1, 2]))
-    assert got.shape == (2, 2, 2)  # [T, K, N]
+    p_star_UxP = np.asarray([[0.0, 1.0], [0.5, 1.0], [0.5, 0.0]])  # 3 tiers, 2 tasks
+    got = np.asarray(bounds.pass_at_k_bound_per_task(p_star_UxP, [1, 2]))
+    assert got.shape == (3, 2, 2)  # [U, J, P]
     np.testing.assert_allclose(got[1, :, 0], [0.5, 0.75])
-    np.testing.assert_allclose(bounds.pass_at_k_bound(p_star, [1, 2]), [[0.5, 0.5], [0.75, 0.875]])
+    np.testing.assert_allclose(got[2, :, 1], [0.0, 0.0])
+    np.testing.assert_allclose(bounds.pass_at_k_bound(p_star_UxP, [1, 2]),
+                               [[0.5, 0.5], [0.75, 0.875], [0.25, 0.375]])
     ref = bounds.success_prob_from_min_turns(np.asarray([2, 5, -1]), np.asarray([1, 2, 5]))
-    np.testing.assert_array_equal(np.asarray(ref), [[0, 1, 1], [0, 0, 1], [0, 0, 0]])
+    np.testing.assert_array_equal(np.asarray(ref), [[0, 0, 0], [1, 0, 0], [1, 1, 0]])  # [U, P]

@@ -2,7 +2,7 @@
 (`upper_bound`).
 
 Dimension legend (CONVENTIONS.md): B episodes (rollout rows), P tasks, Z samples per task and tier, U budget
-tiers, J values of k, L map side, N turns.
+tiers, J values of k, L map side, N turns. Axis order as in `passk`: tier, k, task, sample.
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def upper_bound(world, tasks, *, tiers: Sequence[int], ks: Sequence[int], env_pa
     p*[task, T] = the best success probability of any policy within T turns: deterministic lake
     (success_rate 1): 1[shortest path <= T] (BFS); slippery: max-probability DP `success_prob_within` from
     the start cell. bound[U, J] = mean_task 1 - (1 - p*)^K (`bounds.pass_at_k_bound`). Returns tiers, ks,
-    p_star [P, U], per_task [U, J, P], grid [U, J], min_turns [P] (-1 unreachable; deterministic only).
+    p_star [U, P], per_task [U, J, P], grid [U, J], min_turns [P] (-1 unreachable; deterministic only).
     """
     tiers_U = np.asarray(tiers, np.int32)
     ks_J = np.asarray(ks, np.int32)
@@ -134,7 +134,7 @@ def upper_bound(world, tasks, *, tiers: Sequence[int], ks: Sequence[int], env_pa
         p_star = bounds.success_prob_from_min_turns(min_turns, tiers_U)
         out["min_turns"] = min_turns
     else:
-        p_star = _slippery_p_star(maps, rate, horizon=int(tiers_U.max()))[:, tiers_U]
+        p_star = _slippery_p_star(maps, rate, horizon=int(tiers_U.max()))[:, tiers_U].T  # [U, P]
     per_task = bounds.pass_at_k_bound_per_task(p_star, ks_J)
     out.update(p_star=p_star, per_task=per_task, grid=jnp.mean(per_task, axis=-1))
     return to_host(out)

@@ -3,6 +3,14 @@
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples (rollouts) per task and budget,
 J values of k, R bootstrap replicates.
 
+Axis order, one for every Pass@ array of jaxagent (here, `bounds`, `pass_drivers`, `study.host_eval`): the
+budget tier first, then k, then the task, then the sample: successes [U, P, Z] (one tier: [P, Z]), per-task
+Pass@ [U, J, P] (one tier: [J, P]), grids [U, J], curves [U] or [J], optimal success probabilities p* [U, P].
+Means over tasks are over the last axis of the per-task arrays.
+
+Inputs are checked by shape and dtype (TypeError / ValueError naming the argument, at trace time too):
+successes are bool (or 0/1 integers), counts, k and budgets integers.
+
 Modes (docs/study.md, "jaxagent's definitions", Pass@(K,T)); a report must say which one it used:
 - announced: the budget is written into the prompt, so every tier has its own rollouts,
   `success_UxPxZ[t, task, sample]`, fed to `pass_at_k_grid` directly.
@@ -19,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxagent import checks
 from jaxagent.eval import _checks
 
 
@@ -44,22 +53,23 @@ def pass_at_k(n, c, k) -> jax.Array:
     Invalid triples (c < 0, c > n, k < 0, k > n) give NaN; k = 0 gives 0. Jittable and vmappable.
     """
     for name, v in (("n", n), ("c", c), ("k", k)):
-        _checks.require_integer(v, name)
+        checks.dtype("pass_at_k", name, v, "integer")
     return _pass_at_k_vec(jnp.asarray(n, jnp.int32), jnp.asarray(c, jnp.int32), jnp.asarray(k, jnp.int32))
 
 
 _pass_at_k_vec = jax.jit(jnp.vectorize(_pass_at_k_one))
 
 
-def _check_ks(ks, n_samples: int) -> None:
+def _check_ks(where, ks, n_samples: int) -> None:
+    checks.array(where, "ks_J", ks, "J", "integer")
     values = _checks.concrete(ks)
     if values is None:
         return
-    _checks.require_integer(values, "ks")
-    if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"ks must be a non-empty 1-D array of k values, got shape {values.shape}")
+    if values.size == 0:
+        raise ValueError(f"{where}: ks_J must be a non-empty 1-D array of k values, got shape {list(values.shape)}")
     if np.any(values < 1) or np.any(values > n_samples):
-        raise ValueError(f"every k in ks must lie in [1, {n_samples}] (samples per task), got {values.tolist()}")
+        raise ValueError(f"{where}: every k in ks_J must lie in [1, {n_samples}] (samples per task), "
+                         f"got {values.tolist()}")
 
 
 def pass_at_k_per_task(success_PxZ, ks_J, valid_PxZ=None) -> jax.Array:
@@ -68,10 +78,9 @@ def pass_at_k_per_task(success_PxZ, ks_J, valid_PxZ=None) -> jax.Array:
     n = number of valid samples of the task, c = valid successes, pass@k as in `pass_at_k`
     (Chen et al. 2021, eq. 1). A task with fewer than k valid samples gives NaN.
     """
-    _checks.require_ndim(success_PxZ, 2, "success_PxZ")
-    _check_ks(ks_J, np.shape(success_PxZ)[1])
-    if valid_PxZ is not None:
-        _checks.require_same_shape(success_PxZ, valid_PxZ, "success_PxZ", "valid_PxZ")
+    sizes = checks.arrays("pass_at_k_per_task", [("success_PxZ", success_PxZ, "PZ", "bool_or_integer"),
+                                                 ("valid_PxZ", valid_PxZ, "PZ", "bool_or_integer")])
+    _check_ks("pass_at_k_per_task", ks_J, sizes["Z"])
     valid = None if valid_PxZ is None else jnp.asarray(valid_PxZ)
     return _per_task(jnp.asarray(success_PxZ), valid, jnp.asarray(ks_J, jnp.int32))
 
@@ -92,8 +101,9 @@ def pass_at_k_grid(success_UxPxZ, ks_J, valid_UxPxZ=None) -> jax.Array:
     `truncated_success` (truncated mode). Entry [t, j, i] = pass@ks[j] of task i at tier t (Chen et al.
     2021, eq. 1; docs/study.md "jaxagent's definitions", Pass@(K,T)).
     """
-    _checks.require_ndim(success_UxPxZ, 3, "success_UxPxZ")
-    _check_ks(ks_J, np.shape(success_UxPxZ)[2])
+    sizes = checks.arrays("pass_at_k_grid", [("success_UxPxZ", success_UxPxZ, "UPZ", "bool_or_integer"),
+                                             ("valid_UxPxZ", valid_UxPxZ, "UPZ", "bool_or_integer")])
+    _check_ks("pass_at_k_grid", ks_J, sizes["Z"])
     if valid_UxPxZ is None:
         return jax.vmap(lambda s: pass_at_k_per_task(s, ks_J))(jnp.asarray(success_UxPxZ))
     return jax.vmap(lambda s, v: pass_at_k_per_task(s, ks_J, v))(jnp.asarray(success_UxPxZ), jnp.asarray(valid_UxPxZ))
@@ -106,6 +116,7 @@ def pass_at_k_curve(success_PxZ, ks_J) -> jax.Array:
 
 def pass_at_t_curve(success_UxPxZ, k: int) -> jax.Array:
     """Pass@T curve [U] at fixed K=k (the study uses K=8): task mean of pass@k at each budget tier."""
+    checks.array("pass_at_t_curve", "k", k, "", "integer")
     return jnp.mean(pass_at_k_grid(success_UxPxZ, jnp.asarray([k], jnp.int32))[:, 0, :], axis=-1)
 
 
@@ -115,9 +126,8 @@ def truncated_success(turns_to_success_PxZ, budgets_U) -> jax.Array:
     success[t, i, s] = 0 <= turns_to_success[i, s] <= budgets[t], where turns_to_success is the number
     of turns the episode used when it succeeded and any negative value (-1) means it never succeeded.
     """
-    _checks.require_ndim(turns_to_success_PxZ, 2, "turns_to_success_PxZ")
-    _checks.require_ndim(budgets_U, 1, "budgets_U")
-    _checks.require_integer(turns_to_success_PxZ, "turns_to_success_PxZ")
+    checks.array("truncated_success", "turns_to_success_PxZ", turns_to_success_PxZ, "PZ", "integer")
+    checks.array("truncated_success", "budgets_U", budgets_U, "U", "integer")
     turns = jnp.asarray(turns_to_success_PxZ, jnp.int32)[None]
     budgets = jnp.asarray(budgets_U, jnp.int32)[:, None, None]
     return (turns >= 0) & (turns <= budgets)

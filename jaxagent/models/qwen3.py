@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import ops
 from jaxagent.models.config import Qwen3Config
@@ -288,6 +289,26 @@ def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] 
     return shd.constrain(ops.unembed(cfg, params, h_BxTxD, packed, n_valid_B), LOGITS_AXES, mesh)
 
 
+def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index):
+    """`forward`'s arguments by type, shape and dtype (`jaxagent.checks`: at trace time, free when compiled)."""
+    where = "qwen3.forward"
+    if not isinstance(cfg, Qwen3Config):
+        raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
+    embed = params.get("embed") if isinstance(params, dict) else None
+    if embed is None:
+        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / qwen3.load); got "
+                        f"{type(params).__name__}")
+    if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{where}: params['embed'] is {list(embed.shape)} but cfg says [V={cfg.vocab_size}, "
+                         f"D={cfg.hidden_size}]: params and cfg belong to different models")
+    if cache is not None and not (isinstance(cache, dict) and "length" in cache):
+        raise TypeError(f"{where}: cache must be a dict from qwen3.init_cache; got {type(cache).__name__}")
+    checks.arrays(where, [("tokens_BxT", tokens_BxT, "BT", "integer"), ("positions", positions, "BT", "integer"),
+                          ("attention_mask", attention_mask, "BT", "number"), ("n_valid", n_valid, "B", "integer"),
+                          ("logits_index", logits_index, "B", "integer"),
+                          ("cache['length']", None if cache is None else cache["length"], "B", "integer")])
+
+
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
             cache: Optional[Cache] = None, n_valid=None, logits_index=None,
             kv_window: Union[int, KVWindows, None] = None, packed: Optional[Packed] = None,
@@ -313,7 +334,9 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     f32 rounding, the other positions' are unspecified (0 there). Programs for other platforms ignore
     it. Not differentiable.
     `remat`, `mesh`: see `hidden_states` (`mesh` also pins the logits to `LOGITS_AXES`).
+    Arguments of the wrong kind, rank or dtype (e.g. float tokens) raise TypeError / ValueError naming them.
     """
+    _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index)
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions, attention_mask=attention_mask,
                              cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, packed=packed,
                              remat=remat, mesh=mesh)

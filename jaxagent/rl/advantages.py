@@ -13,14 +13,39 @@ advantage exactly 0 (rather than float rounding noise divided by eps).
 
 Masks: a masked (0) step gets advantage 0 and is *skipped* by recursions (GAE, discounting): the
 carry passes through it unchanged, so trailing padding and interleaved non-policy tokens both work.
+
+Inputs are checked by shape and dtype when traced (`jaxagent.checks`): a wrong rank, a non-numeric array or
+sizes that disagree raise a ValueError / TypeError naming the argument. String options take the
+`GroupEstimator` / `NormMode` members (static under `jax.jit`) or their strings.
 """
-import chex
+import enum
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-NORM_MODES = ("mean_std", "mean")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+from jaxagent import checks
+
+
+@checks.static_option
+class GroupEstimator(enum.StrEnum):
+    """The outcome baseline of `batch_group_advantages`."""
+
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    RLOO = "rloo"
+
+
+@checks.static_option
+class NormMode(enum.StrEnum):
+    """Group normalisation: (x - mean) / (std + eps), or x - mean."""
+
+    MEAN_STD = "mean_std"
+    MEAN = "mean"
+
+
+NORM_MODES = tuple(m.value for m in NormMode)
+GROUP_ESTIMATORS = tuple(m.value for m in GroupEstimator)
 
 
 def _float(x):
@@ -28,11 +53,17 @@ def _float(x):
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _check_norm(mode, ddof):
-    if mode not in NORM_MODES:
-        raise ValueError(f"normalisation mode must be one of {NORM_MODES}, got {mode!r}")
+def _check_norm(mode, ddof, where="advantages"):
+    mode = checks.option(NormMode, mode, where, "mode")
     if ddof not in (0, 1):
-        raise ValueError(f"ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
+        raise ValueError(f"{where}: ddof must be 0 (population std) or 1 (sample std), got {ddof!r}")
+    return mode
+
+
+def _rewards(where, name, x, dims):
+    """A numeric rewards array of rank len(dims) (`checks.array`), as a jax array."""
+    checks.array(where, name, x, dims, "number")
+    return jnp.asarray(x)
 
 
 def _check_unit(name, x):
@@ -56,8 +87,8 @@ def grpo_advantages(rewards_G, *, eps=1e-6, ddof=1):
     A_i = (R_i - mean_j R_j) / (std_j R_j + eps)      (std: sample by default, see module doc)
     Source: Shao et al. 2024, DeepSeekMath, Sec. 4.1.2 (outcome supervision), GRPO.
     """
-    chex.assert_rank(rewards_G, 1)
-    _check_norm("mean_std", ddof)
+    rewards_G = _rewards("grpo_advantages", "rewards_G", rewards_G, "G")
+    _check_norm("mean_std", ddof, "grpo_advantages")
     return _normalise(_float(rewards_G), "mean_std", eps, ddof)
 
 
@@ -67,7 +98,7 @@ def dr_grpo_advantages(rewards_G):
     Source: Liu et al. 2025, "Understanding R1-Zero-like Training: A Critical Perspective", Sec. 3
     (Dr. GRPO: removing the question-level difficulty bias of the std normaliser).
     """
-    chex.assert_rank(rewards_G, 1)
+    rewards_G = _rewards("dr_grpo_advantages", "rewards_G", rewards_G, "G")
     return _normalise(_float(rewards_G), "mean", 0.0, 0)
 
 
@@ -78,10 +109,10 @@ def rloo_advantages(rewards_G):
     REINFORCE Style Optimization for Learning from Human Feedback in LLMs" (RLOO estimator);
     Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!".
     """
-    chex.assert_rank(rewards_G, 1)
+    rewards_G = _rewards("rloo_advantages", "rewards_G", rewards_G, "G")
     g = rewards_G.shape[0]
     if g < 2:
-        raise ValueError(f"RLOO needs a group of at least 2 rollouts, got G={g}")
+        raise ValueError(f"rloo_advantages: RLOO needs a group of at least 2 rollouts, got G={g}")
     r = _float(rewards_G)
     return r - (jnp.sum(r) - r) / (g - 1)
 
@@ -92,27 +123,28 @@ def has_reward_variance(rewards_G, *, atol=0.0):
     Groups where this is False have all-zero group-relative advantages; DAPO's dynamic sampling
     drops them (Yu et al. 2025, "DAPO", Sec. 3.2 dynamic sampling: keep 0 < #correct < G).
     """
-    chex.assert_rank(rewards_G, 1)
+    rewards_G = _rewards("has_reward_variance", "rewards_G", rewards_G, "G")
     return (jnp.max(rewards_G) - jnp.min(rewards_G)) > atol
 
 
 def batch_group_advantages(rewards_BxG, estimator="grpo", *, eps=1e-6, ddof=1):
-    """Outcome advantages for B independent groups: vmap of the one-group estimator -> A_BxG."""
-    chex.assert_rank(rewards_BxG, 2)
-    if estimator == "grpo":
+    """Outcome advantages for B independent groups: vmap of the one-group estimator -> A_BxG.
+
+    estimator: a `GroupEstimator` or its string ('grpo', 'dr_grpo', 'rloo')."""
+    rewards_BxG = _rewards("batch_group_advantages", "rewards_BxG", rewards_BxG, "BG")
+    estimator = checks.option(GroupEstimator, estimator, "batch_group_advantages", "estimator")
+    if estimator == GroupEstimator.GRPO:
         fn = lambda r: grpo_advantages(r, eps=eps, ddof=ddof)  # noqa: E731
-    elif estimator == "dr_grpo":
+    elif estimator == GroupEstimator.DR_GRPO:
         fn = dr_grpo_advantages
-    elif estimator == "rloo":
-        fn = rloo_advantages
     else:
-        raise ValueError(f"estimator must be one of {GROUP_ESTIMATORS}, got {estimator!r}")
+        fn = rloo_advantages
     return jax.vmap(fn)(rewards_BxG)
 
 
 def batch_has_reward_variance(rewards_BxG, *, atol=0.0):
     """Keep-mask_B for DAPO-style filtering of zero-variance groups."""
-    chex.assert_rank(rewards_BxG, 2)
+    rewards_BxG = _rewards("batch_has_reward_variance", "rewards_BxG", rewards_BxG, "BG")
     return jax.vmap(lambda r: has_reward_variance(r, atol=atol))(rewards_BxG)
 
 
@@ -131,15 +163,15 @@ def gae(rewards_N, values_N, mask_N, bootstrap_value, *, gamma, lam, dones_N=Non
     across it (use it when several episodes share one sequence).
     Returns (advantages_N, returns_N).
     """
-    chex.assert_rank([rewards_N, values_N, mask_N, bootstrap_value], [1, 1, 1, 0])
-    chex.assert_equal_shape([rewards_N, values_N, mask_N])
+    checks.arrays("gae", [("rewards_N", rewards_N, "N", "number"), ("values_N", values_N, "N", "number"),
+                          ("mask_N", mask_N, "N", "number"), ("bootstrap_value", bootstrap_value, "", "number"),
+                          ("dones_N", dones_N, "N", "number")])
     _check_unit("gamma", gamma)
     _check_unit("lam", lam)
     if dones_N is None:
-        dones_N = jnp.zeros(mask_N.shape, jnp.float32)
-    chex.assert_equal_shape([mask_N, dones_N])
-    rewards_N, values_N = _float(rewards_N), _float(values_N)
-    valid_N = mask_N.astype(bool)
+        dones_N = jnp.zeros(jnp.shape(mask_N), jnp.float32)
+    rewards_N, values_N, dones_N = _float(rewards_N), _float(values_N), jnp.asarray(dones_N)
+    valid_N = jnp.asarray(mask_N).astype(bool)
 
     def step(carry, xs):
         next_value, next_adv = carry
@@ -157,9 +189,11 @@ def gae(rewards_N, values_N, mask_N, bootstrap_value, *, gamma, lam, dones_N=Non
 
 def batch_gae(rewards_BxN, values_BxN, mask_BxN, bootstrap_B, *, gamma, lam, dones_BxN=None):
     """vmap of `gae` over B trajectories -> (advantages_BxN, returns_BxN)."""
-    chex.assert_rank([rewards_BxN, bootstrap_B], [2, 1])
+    checks.arrays("batch_gae", [("rewards_BxN", rewards_BxN, "BN", "number"),
+                                ("values_BxN", values_BxN, "BN", "number"), ("mask_BxN", mask_BxN, "BN", "number"),
+                                ("bootstrap_B", bootstrap_B, "B", "number"), ("dones_BxN", dones_BxN, "BN", "number")])
     if dones_BxN is None:
-        dones_BxN = jnp.zeros(mask_BxN.shape, jnp.float32)
+        dones_BxN = jnp.zeros(jnp.shape(mask_BxN), jnp.float32)
     fn = lambda r, v, m, b, d: gae(r, v, m, b, gamma=gamma, lam=lam, dones_N=d)  # noqa: E731
     return jax.vmap(fn)(rewards_BxN, values_BxN, mask_BxN, bootstrap_B, dones_BxN)
 
@@ -207,10 +241,11 @@ def gigpo_advantages(returns_G, step_rewards_GxN, mask_GxN, anchors_GxN, *, gamm
     Anchor ids (any int32, e.g. state hashes) are remapped to dense segment ids with
     jnp.unique(size=G*N): static shapes, jittable.
     """
-    chex.assert_rank([returns_G, step_rewards_GxN, mask_GxN, anchors_GxN], [1, 2, 2, 2])
-    chex.assert_equal_shape([step_rewards_GxN, mask_GxN, anchors_GxN])
-    chex.assert_equal_shape_prefix([returns_G, step_rewards_GxN], 1)
-    _check_norm(mode, ddof)
+    checks.arrays("gigpo_advantages", [
+        ("returns_G", returns_G, "G", "number"), ("step_rewards_GxN", step_rewards_GxN, "GN", "number"),
+        ("mask_GxN", mask_GxN, "GN", "number"), ("anchors_GxN", anchors_GxN, "GN", "integer")])
+    mode = _check_norm(mode, ddof, "gigpo_advantages")
+    step_rewards_GxN, mask_GxN, anchors_GxN = (jnp.asarray(x) for x in (step_rewards_GxN, mask_GxN, anchors_GxN))
     _check_unit("gamma", gamma)
     g, n = step_rewards_GxN.shape
     valid_GxN = mask_GxN.astype(bool)
@@ -226,7 +261,9 @@ def gigpo_advantages(returns_G, step_rewards_GxN, mask_GxN, anchors_GxN, *, gamm
 
 def batch_gigpo_advantages(returns_BxG, step_rewards_BxGxN, mask_BxGxN, anchors_BxGxN, **kw):
     """vmap of `gigpo_advantages` over B groups (anchors never match across groups) -> A_BxGxN."""
-    chex.assert_rank([returns_BxG, anchors_BxGxN], [2, 3])
+    checks.arrays("batch_gigpo_advantages", [
+        ("returns_BxG", returns_BxG, "BG", "number"), ("step_rewards_BxGxN", step_rewards_BxGxN, "BGN", "number"),
+        ("mask_BxGxN", mask_BxGxN, "BGN", "number"), ("anchors_BxGxN", anchors_BxGxN, "BGN", "integer")])
     fn = lambda *a: gigpo_advantages(*a, **kw)  # noqa: E731
     return jax.vmap(fn)(returns_BxG, step_rewards_BxGxN, mask_BxGxN, anchors_BxGxN)
 
@@ -244,10 +281,11 @@ def process_advantages(outcomes_G, process_rewards_GxN, mask_GxN, *, weight=1.0,
     unchanged (Ng, Harada & Russell 1999, Theorem 1). norm as in `gigpo_advantages` (GRPO outcome
     advantage, Shao et al. 2024, for 'mean_std').
     """
-    chex.assert_rank([outcomes_G, process_rewards_GxN, mask_GxN], [1, 2, 2])
-    chex.assert_equal_shape([process_rewards_GxN, mask_GxN])
-    chex.assert_equal_shape_prefix([outcomes_G, mask_GxN], 1)
-    _check_norm(mode, ddof)
+    checks.arrays("process_advantages", [
+        ("outcomes_G", outcomes_G, "G", "number"), ("process_rewards_GxN", process_rewards_GxN, "GN", "number"),
+        ("mask_GxN", mask_GxN, "GN", "number")])
+    mode = _check_norm(mode, ddof, "process_advantages")
+    mask_GxN = jnp.asarray(mask_GxN)
     adv_GxN = (_normalise(_float(outcomes_G), mode, eps, ddof)[:, None]
                + weight * _float(process_rewards_GxN))
     return jnp.where(mask_GxN.astype(bool), adv_GxN, 0.0)
@@ -259,8 +297,10 @@ def process_shaped_rewards(process_rewards_N, mask_N, outcome, *, weight=1.0):
     The reward form of `process_advantages`, for GAE or GiGPO step returns ("process reward added
     to the outcome reward", docs/study.md). All-masked trajectories get all zeros.
     """
-    chex.assert_rank([process_rewards_N, mask_N, outcome], [1, 1, 0])
-    chex.assert_equal_shape([process_rewards_N, mask_N])
+    checks.arrays("process_shaped_rewards", [
+        ("process_rewards_N", process_rewards_N, "N", "number"), ("mask_N", mask_N, "N", "number"),
+        ("outcome", outcome, "", "number")])
+    mask_N = jnp.asarray(mask_N)
     n = mask_N.shape[0]
     valid_N = mask_N.astype(bool)
     last = n - 1 - jnp.argmax(valid_N[::-1])
@@ -277,12 +317,13 @@ def broadcast_to_tokens(adv, turn_idx_T, loss_mask_T):
     else 0. turn_idx_T is -1 on non-policy tokens (prompt, observations, padding); an index >= N
     also gives 0 (jit cannot raise on it).
     """
-    chex.assert_rank([turn_idx_T, loss_mask_T], 1)
-    chex.assert_equal_shape([turn_idx_T, loss_mask_T])
-    chex.assert_type(turn_idx_T, int)
+    checks.arrays("broadcast_to_tokens", [("turn_idx_T", turn_idx_T, "T", "integer"),
+                                          ("loss_mask_T", loss_mask_T, "T", "number")])
+    turn_idx_T, loss_mask_T = jnp.asarray(turn_idx_T), jnp.asarray(loss_mask_T)
     adv = _float(adv)
     if adv.ndim not in (0, 1):
-        raise ValueError(f"adv must be a per-episode scalar or per-turn [N], got shape {adv.shape}")
+        raise ValueError(f"broadcast_to_tokens: adv must be a per-episode scalar or per-turn [N], got shape "
+                         f"{list(adv.shape)}")
     valid_T = (turn_idx_T >= 0) & loss_mask_T.astype(bool)
     if adv.ndim == 0:
         vals_T = jnp.broadcast_to(adv, turn_idx_T.shape)
@@ -293,5 +334,6 @@ def broadcast_to_tokens(adv, turn_idx_T, loss_mask_T):
 
 def batch_broadcast_to_tokens(adv_B_or_BxN, turn_idx_BxT, loss_mask_BxT):
     """vmap of `broadcast_to_tokens` over B sequences -> adv_BxT."""
-    chex.assert_rank([turn_idx_BxT, loss_mask_BxT], 2)
+    checks.arrays("batch_broadcast_to_tokens", [("turn_idx_BxT", turn_idx_BxT, "BT", "integer"),
+                                                ("loss_mask_BxT", loss_mask_BxT, "BT", "number")])
     return jax.vmap(broadcast_to_tokens)(adv_B_or_BxN, turn_idx_BxT, loss_mask_BxT)

@@ -4,14 +4,42 @@ Dimension legend: B sequences, T tokens, V vocab. `mask_BxT` is 1 on tokens the 
 and that enter the loss, 0 on prompt, observation and padding tokens. Inputs at masked positions
 may hold anything (even -inf log-probs): they are replaced before any exp, so they reach neither
 the loss nor its gradient. Everything is computed in at least float32.
+
+String options (`agg_mode`, `kl_estimator`) take the `AggMode` / `KLEstimator` members or their strings;
+the members also pass through `jax.jit` as static values (`jaxagent.checks`), so
+`jax.jit(policy_loss)(..., agg_mode=AggMode.SEQ_MEAN_TOKEN_MEAN)` compiles without `static_argnames`.
 """
-import chex
+import enum
+
 import jax
 import jax.numpy as jnp
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from jaxagent import checks
+
+
+@checks.static_option
+class AggMode(enum.StrEnum):
+    """How a per-token loss becomes a scalar (`aggregate`)."""
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+@checks.static_option
+class KLEstimator(enum.StrEnum):
+    """The KL-to-reference term of `policy_loss`: sampled estimates k1, k2, k3 (`kl_penalty`) or the
+    full-vocabulary KL at each state ("exact", `exact_kl`)."""
+
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+    EXACT = "exact"
+
+
+AGG_MODES = tuple(m.value for m in AggMode)
 SAMPLED_KL_ESTIMATORS = ("k1", "k2", "k3")  # per-token estimates from the sampled token (`kl_penalty`)
-KL_ESTIMATORS = SAMPLED_KL_ESTIMATORS + ("exact",)  # "exact": the full-vocabulary KL at each state (`exact_kl`)
+KL_ESTIMATORS = tuple(m.value for m in KLEstimator)
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in f32; a ratio that large is clipped anyway
 
 
@@ -36,8 +64,9 @@ def aggregate(loss_BxT, mask_BxT, mode, norm_len=None):
     The seq-mean modes average over sequences with at least one valid token, so fully masked rows
     (padding, groups dropped by dynamic sampling) do not dilute the mean. An all-masked batch -> 0.
     """
-    chex.assert_rank([loss_BxT, mask_BxT], 2)
-    chex.assert_equal_shape([loss_BxT, mask_BxT])
+    checks.arrays("aggregate", [("loss_BxT", loss_BxT, "BT", "number"), ("mask_BxT", mask_BxT, "BT", "number")])
+    mode = checks.option(AggMode, mode, "aggregate", "mode")
+    loss_BxT, mask_BxT = jnp.asarray(loss_BxT), jnp.asarray(mask_BxT)
     valid_BxT = mask_BxT.astype(bool)
     w_BxT = valid_BxT.astype(jnp.float32)
     summed_B = jnp.sum(jnp.where(valid_BxT, _float(loss_BxT), 0.0), axis=-1)
@@ -51,8 +80,6 @@ def aggregate(loss_BxT, mask_BxT, mode, norm_len=None):
         if isinstance(length, (int, float)) and length <= 0:
             raise ValueError(f"norm_len must be positive, got {length}")
         per_seq_B = summed_B / length
-    else:
-        raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {mode!r}")
     has_tokens_B = (count_B > 0).astype(per_seq_B.dtype)
     return jnp.sum(per_seq_B * has_tokens_B) / jnp.maximum(jnp.sum(has_tokens_B), 1.0)
 
@@ -67,7 +94,7 @@ def ppo_clip_objective(logp, old_logp, adv, *, clip_low, clip_high):
     `clipped` is True where the clipped branch is strictly the larger loss (its gradient is 0).
     The log-ratio is clamped to +-LOG_RATIO_CLAMP before exp (as verl does) to stay finite.
     """
-    chex.assert_equal_shape([logp, old_logp, adv])
+    checks.same_shape("ppo_clip_objective", logp=logp, old_logp=old_logp, adv=adv)
     for name, eps in (("clip_low", clip_low), ("clip_high", clip_high)):
         if isinstance(eps, (int, float)) and eps < 0:
             raise ValueError(f"{name} must be >= 0, got {eps}")
@@ -96,7 +123,8 @@ def kl_penalty(logp, ref_logp, estimator="k3"):
     = grad KL(pi_ref || pi), the forward KL, whose per-token weight pi_ref / pi grows without bound
     (up to the clamp) on tokens the policy has pushed far below the reference.
     """
-    chex.assert_equal_shape([logp, ref_logp])
+    checks.same_shape("kl_penalty", logp=logp, ref_logp=ref_logp)
+    estimator = checks.option(KLEstimator, estimator, "kl_penalty", "estimator")
     x = jnp.clip(_float(ref_logp) - _float(logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if estimator == "k1":
         return -x
@@ -104,9 +132,7 @@ def kl_penalty(logp, ref_logp, estimator="k3"):
         return 0.5 * x**2
     if estimator == "k3":
         return jnp.expm1(x) - x
-    if estimator == "exact":
-        raise ValueError("the 'exact' KL needs both models' logits: `exact_kl`, passed to policy_loss as kl_exact")
-    raise ValueError(f"KL estimator must be one of {SAMPLED_KL_ESTIMATORS}, got {estimator!r}")
+    raise ValueError("the 'exact' KL needs both models' logits: `exact_kl`, passed to policy_loss as kl_exact_BxT")
 
 
 def exact_kl(logits_xV, ref_logits_xV):
@@ -147,8 +173,12 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *, clip_eps,
     OpenAI baselines ppo2; Andrychowicz et al. 2021, "What Matters in On-Policy RL", Sec. 3.
     aux: 'vf_clip_frac' (token share where the clipped branch is strictly larger), 'vf_mse'.
     """
-    chex.assert_rank([values_BxT, old_values_BxT, returns_BxT, mask_BxT], 2)
-    chex.assert_equal_shape([values_BxT, old_values_BxT, returns_BxT, mask_BxT])
+    checks.arrays("value_loss", [(n, x, "BT", "number") for n, x in (
+        ("values_BxT", values_BxT), ("old_values_BxT", old_values_BxT), ("returns_BxT", returns_BxT),
+        ("mask_BxT", mask_BxT))])
+    agg_mode = checks.option(AggMode, agg_mode, "value_loss", "agg_mode")
+    values_BxT, old_values_BxT, returns_BxT, mask_BxT = (
+        jnp.asarray(x) for x in (values_BxT, old_values_BxT, returns_BxT, mask_BxT))
     if isinstance(clip_eps, (int, float)) and clip_eps < 0:
         raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
     valid_BxT = mask_BxT.astype(bool)
@@ -174,13 +204,22 @@ def truncated_is_weights(old_logp, sampler_logp, cap):
     Training" (blog post, Aug 2025; truncated importance sampling, TIS). The weight carries no
     gradient (stop_gradient); elementwise over any shape. `truncated` is True where w hit C.
     """
-    chex.assert_equal_shape([old_logp, sampler_logp])
+    checks.same_shape("truncated_is_weights", old_logp=old_logp, sampler_logp=sampler_logp)
     if isinstance(cap, (int, float)) and cap <= 0:
         raise ValueError(f"the truncated importance sampling cap must be > 0, got {cap}")
     log_w = jnp.clip(_float(old_logp) - _float(sampler_logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     raw = jnp.exp(log_w)
     w = jax.lax.stop_gradient(jnp.minimum(raw, cap))
     return w, raw > cap
+
+
+def _check_policy_inputs(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, ref_logp, kl_exact_BxT, entropy_BxT, sampler_logp):
+    """`policy_loss`'s arrays: floating [B, T] (the mask bool or numeric), all of one shape."""
+    checks.arrays("policy_loss", [
+        ("logp_BxT", logp_BxT, "BT", "float"), ("old_logp_BxT", old_logp_BxT, "BT", "float"),
+        ("adv_BxT", adv_BxT, "BT", "float"), ("mask_BxT", mask_BxT, "BT", "number"),
+        ("ref_logp", ref_logp, "BT", "float"), ("kl_exact_BxT", kl_exact_BxT, "BT", "float"),
+        ("entropy_BxT", entropy_BxT, "BT", "float"), ("sampler_logp", sampler_logp, "BT", "float")])
 
 
 def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_high, agg_mode,
@@ -206,8 +245,10 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
     mean |logp - old_logp| and 'approx_kl_old_k3' (trainer-vs-sampler drift), 'entropy' if given;
     with tis_cap 'tis_weight_mean' and 'tis_trunc_frac' (share of tokens whose weight hit C).
     """
-    chex.assert_rank([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT], 2)
-    chex.assert_equal_shape([logp_BxT, old_logp_BxT, adv_BxT, mask_BxT])
+    _check_policy_inputs(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, ref_logp, kl_exact_BxT, entropy_BxT, sampler_logp)
+    agg_mode = checks.option(AggMode, agg_mode, "policy_loss", "agg_mode")
+    kl_estimator = checks.option(KLEstimator, kl_estimator, "policy_loss", "kl_estimator")
+    logp_BxT, old_logp_BxT, adv_BxT, mask_BxT = (jnp.asarray(x) for x in (logp_BxT, old_logp_BxT, adv_BxT, mask_BxT))
     if ref_logp is None and _is_nonzero_number(kl_coef):
         raise ValueError("kl_coef is nonzero but ref_logp was not given")
     if entropy_BxT is None and _is_nonzero_number(entropy_coef):
@@ -224,7 +265,6 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
     mean = lambda x: aggregate(x, mask_BxT, "token-mean")  # noqa: E731
     tis_aux = {}
     if tis_cap is not None:
-        chex.assert_equal_shape([logp_BxT, sampler_logp])
         w_BxT, trunc_BxT = truncated_is_weights(old_logp, safe(sampler_logp), tis_cap)
         pg_BxT = w_BxT * pg_BxT
         tis_aux = {"tis_weight_mean": mean(w_BxT), "tis_trunc_frac": mean(trunc_BxT)}
@@ -236,9 +276,7 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
            "approx_kl_old_k3": mean(kl_penalty(logp, old_logp, "k3"))}
     loss = pg
     if ref_logp is not None:
-        chex.assert_equal_shape([logp_BxT, ref_logp])
         if kl_estimator == "exact":
-            chex.assert_equal_shape([logp_BxT, kl_exact_BxT])
             kl_BxT = safe(kl_exact_BxT)
         else:
             kl_BxT = kl_penalty(logp, safe(ref_logp), kl_estimator)
@@ -246,7 +284,6 @@ def policy_loss(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, clip_low, clip_hig
         loss, aux["kl_ref"] = loss + kl_coef * kl, kl
         aux["kl_ref_k3"] = mean(kl_penalty(logp, safe(ref_logp), "k3"))  # the monitor, whatever the estimator
     if entropy_BxT is not None:
-        chex.assert_equal_shape([logp_BxT, entropy_BxT])
         ent = aggregate(safe(entropy_BxT), mask_BxT, agg_mode, norm_len)
         loss, aux["entropy"] = loss - entropy_coef * ent, mean(safe(entropy_BxT))
     return loss, aux

@@ -1,8 +1,14 @@
-"""Multi-turn rollouts: the jitted loop for pure-JAX envs and the host loop for Python envs; `episode`
-holds the rules both share (settings, contexts, budget text, status, `finished`)."""
-from jaxagent.rollout.episode import EpisodeConfig, finished
+"""Multi-turn rollouts: the jitted loop for pure-JAX envs (`rollout`) and the host loop for Python envs
+(`host_rollout`); `episode` holds the rules both share (settings, contexts, budget text, truncated replies,
+status, `finished`); `layout` the chat layout and the text pieces of an env (`env_text`)."""
+from jaxagent.rollout.episode import EpisodeConfig, episode_return, finished, reply_closed
 from jaxagent.rollout.jax_loop import RolloutConfig, oracle_process_reward, rollout
-from jaxagent.rollout.layout import ChatLayout, budget_format, chat_layout, env_codec
+from jaxagent.rollout.layout import ChatLayout, EnvText, budget_format, chat_layout, env_codec, env_text
 from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING, STATUS_NAMES, SUCCESS,
                                     Rollout, Turns)
 from jaxagent.rollout.host_loop import HostRollout, HostRolloutConfig, HostTrace, host_rollout
+
+__all__ = ["rollout", "RolloutConfig", "oracle_process_reward", "host_rollout", "HostRolloutConfig", "HostRollout",
+           "HostTrace", "EpisodeConfig", "finished", "episode_return", "reply_closed", "env_text", "EnvText",
+           "env_codec", "chat_layout", "budget_format", "ChatLayout", "Rollout", "Turns", "RUNNING", "SUCCESS",
+           "FAILED", "BUDGET_EXHAUSTED", "CONTEXT_EXHAUSTED", "STATUS_NAMES"]

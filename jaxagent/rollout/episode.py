@@ -13,6 +13,15 @@ left.", turn 1-based, remaining including this turn): host envs render it as tex
 the jittable envs as word ids (`budgets.budget_words` over `budgets.DEFAULT_TEMPLATE`, the same template
 split into words). It lives in `envs/jax/budgets.py` because the envs' word tables need its words.
 
+Truncated replies. Every assistant message of Qwen3's chat format ends with <|im_end|>. A reply that
+does not end with it (`reply_closed` False: it hit `max_action_tokens`, or stopped on another stop id
+such as <|endoftext|>) is closed by the loop: the next turn's chunk starts with <|im_end|>
+(`prompt_chunk` for the jittable envs, `host_next_chunk` for the host envs), so the model reads
+`... last reply token<|im_end|>\n<|im_start|>user\n...`, exactly the template's rendering of that
+message. The inserted token belongs to the next turn's chunk: context, not policy (outside
+`policy_mask`, log-prob 0, turn index t + 1), since the policy never sampled it. An episode that ends
+on a truncated reply has no next chunk and gets no closing token.
+
 Status (codes in `types`). An episode is RUNNING until
   - turn t < budget starts and the context cannot hold its chunk plus a full reply (`max_action_tokens`):
     CONTEXT_EXHAUSTED (`turn_start`);
@@ -28,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -97,12 +107,24 @@ def episode_return(status_B, reward_BxN):
     return xp.where(finished(status_B), xp.sum(reward_BxN, axis=1), 0.0)
 
 
+# ----------------------------------------------------------------------------- truncated replies
+def reply_closed(reply_M, length, end_of_turn: int):
+    """The reply ended with the end-of-turn token: reply[length - 1] == <|im_end|> (length 0: not closed).
+    `reply_M` [..., M] with `length` [...]: numpy (the host loop) or jax (the JAX loop) alike. A reply
+    that is not closed gets <|im_end|> at the head of the next chunk (module docstring)."""
+    xp = _xp(reply_M)
+    reply_M, length = xp.asarray(reply_M), xp.asarray(length)
+    last = xp.take_along_axis(reply_M, xp.maximum(length - 1, 0)[..., None].astype(xp.int32), axis=-1)[..., 0]
+    return (length > 0) & (last == end_of_turn)
+
+
 # ----------------------------------------------------------------------------- contexts of jittable envs
-def prompt_chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hide):
+def prompt_chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hide, closed=True):
     """One episode's prompt chunk for turn t: (tokens int32[C], length); `hide` (may be traced) drops the
-    budget text."""
+    budget text; `closed` (may be traced): the previous reply ended with <|im_end|> (`reply_closed`); if not,
+    the chunk of a turn t > 0 starts with it."""
     open_arr, open_len, close = (jnp.asarray(x) for x in layout.pieces())
-    which = jnp.minimum(t, 1)
+    which = jnp.where(t == 0, 0, jnp.where(closed, 1, 2))
     words, n_words = budgets_lib.budget_words(t, budget, budget - t, fmt, hidden=hide)
     btoks, blen = render(env.codec, words, n_words)
     toks, n = concat(open_arr[which], open_len[which], btoks, blen, pad_id=layout.pad_id)
@@ -110,11 +132,24 @@ def prompt_chunk(layout: ChatLayout, fmt: BudgetFormat, env, obs, t, budget, hid
     return concat(toks, n, close, close.shape[0], pad_id=layout.pad_id)
 
 
-def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env, t_max: Optional[int] = None) -> int:
+def max_chunk(layout: ChatLayout, fmt: BudgetFormat, env, t_max: Optional[int] = None,
+              obs_size: Optional[int] = None) -> int:
     """Most tokens a turn's prompt chunk can have (with `t_max`: in a rollout with that T_max, whose
-    budget numbers have at most len(str(t_max)) digits)."""
+    budget numbers have at most len(str(t_max)) digits). `obs_size`: the env's O_max (default
+    `env.obs_size`; `observation_size` reads it from the env's reset)."""
     words = fmt.max_words if t_max is None else fmt.words_for(t_max)
-    return layout.open_width + words * env.codec.tokens_per_word + env.obs_size + len(layout.close)
+    o_max = env.obs_size if obs_size is None else int(obs_size)
+    return layout.open_width + words * env.codec.tokens_per_word + o_max + len(layout.close)
+
+
+def observation_size(env, tasks, env_params) -> int:
+    """O_max of a jittable env: its `obs_size` attribute, else the length of the Obs its reset returns for
+    the first task (`jax.eval_shape`: traced, not run)."""
+    if hasattr(env, "obs_size"):
+        return int(env.obs_size)
+    task = jax.tree.map(lambda x: x[0], tasks)
+    _, obs = jax.eval_shape(env.reset, jax.random.key(0), task, env_params)
+    return int(obs.tokens.shape[-1])
 
 
 def write_span(buf_S, values_K, start, count):
@@ -149,8 +184,8 @@ def host_first_chunk(tokenizer: Tokenizer, pieces, obs: str, budget: Optional[st
 
 def host_next_chunk(tokenizer: Tokenizer, pieces, obs: str, role: str, budget: Optional[str],
                     closed: bool) -> list[int]:
-    """Turn t + 1's chunk: <|im_end|> if the reply did not end with it (token limit), the newline after a
-    reply, the user / tool turn and the generation prompt."""
+    """Turn t + 1's chunk: <|im_end|> if the reply was not `closed` (`reply_closed`; module docstring,
+    "Truncated replies"), the newline after a reply, the user / tool turn and the generation prompt."""
     return (([] if closed else [tokenizer.im_end_id]) + list(pieces.after_reply)
             + observation_turn(tokenizer, obs, role, budget) + list(pieces.generation_prompt))
 

@@ -6,7 +6,7 @@ Per episode the context is Qwen3's chat format, append-only, so the KV cache is 
     <|im_start|>user\\n{budget text}\\n{first observation}<|im_end|>\\n     turn 0 (chunk 0)
     <|im_start|>assistant\\n[empty think]
     {reply_0 ... <|im_end|>}                                             reply tokens, turn 0
-    [<|im_end|> if reply_0 did not end with it (token limit)]            turn 1 (chunk 1)
+    [<|im_end|> if reply_0 did not end with it (token limit)]            turn 1 (chunk 1; `episode`)
     \\n<|im_start|>user\\n{budget text}\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n[empty think]
     {reply_1 ... <|im_end|>} ...
 
@@ -328,7 +328,7 @@ def _submit_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, t: int, active,
     """Step 3: the envs' steps on the replies' texts, submitted to the worker threads."""
     r_tok, _, r_len, _ = replies
     idx = np.flatnonzero(active)
-    closed = [bool(r_len[b] and r_tok[b, r_len[b] - 1] == tokenizer.im_end_id) for b in idx]
+    closed = [bool(episode.reply_closed(r_tok[b], r_len[b], tokenizer.im_end_id)) for b in idx]  # the shared rule
     steps = [calls.submit(envs.step, b, t, buf.states[b], texts[b], c) for b, c in zip(idx, closed)]
     return InFlight(t, idx, steps, start_slot, replies, texts, is_forced)
 

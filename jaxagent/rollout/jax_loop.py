@@ -4,7 +4,8 @@ Each turn, for every episode at once:
   1. an episode is active if it is unfinished, has budget left (t < budget_b) and its context has
      room for this turn's prompt chunk plus a full reply (else: status context_exhausted);
   2. the prompt chunk [turn opener, budget text, observation, assistant opener] is appended to the
-     episode's KV cache (inactive episodes append nothing);
+     episode's KV cache (inactive episodes append nothing); after a reply that hit `max_action_tokens`
+     the opener starts with <|im_end|> (`episode.reply_closed`, the rule both loops share);
   3. the policy samples a reply (stop token or `max_action_tokens`), written into the cache too;
   4. the env steps on the reply's tokens; rewards, validity, anchors and the process reward recorded.
 The chunk, the status rules and `finished` are `episode`'s (one home for the JAX loop, the host loop, the
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.envs.jax import base
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.envs.jax.budgets import BudgetFormat
 from jaxagent.envs.jax.text_codec import concat
@@ -78,14 +80,17 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     evaluation mode; the episodes still stop at their budgets. `forced_actions` int32[B, T_max]
     (needs `rcfg.allow_forced`): where >= 0, that turn's reply is the action's canonical text.
 
-    Host-side checks happen here (budgets in [1, T_max], context large enough for the first turn);
-    the episodes themselves run in one jitted program (`rollout_jit`).
+    Host-side checks happen here (the env has what `envs.jax.base.Env` lists, budgets in [1, T_max],
+    context large enough for the first turn); the episodes themselves run in one jitted program
+    (`rollout_jit`), which checks what the env's reset and step return while it is traced.
     """
+    base.check_env(env)
     b = budgets_lib.validate_budgets(budgets, rcfg.t_max, keep_on_device=True)
     n_tasks = {x.shape[0] for x in jax.tree.leaves(tasks)}
     if n_tasks != {b.shape[0]}:
         raise ValueError(f"tasks have leading sizes {sorted(n_tasks)} but there are {b.shape[0]} budgets")
-    need = len(layout.system) + max_chunk(layout, fmt, env, rcfg.t_max) + rcfg.max_action_tokens
+    obs_size = episode.observation_size(env, tasks, env_params)
+    need = len(layout.system) + max_chunk(layout, fmt, env, rcfg.t_max, obs_size) + rcfg.max_action_tokens
     if rcfg.max_context < need:
         raise ValueError(f"max_context={rcfg.max_context} cannot hold even one turn ({need} tokens: system "
                          "prompt, first observation and a full reply)")
@@ -109,6 +114,18 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
     return rollout_jit(params, tasks, jnp.asarray(b), key, env_params, jnp.asarray(hide_budget, bool),
                        jnp.asarray(forced, jnp.int32), cfg=cfg, env=env, layout=layout,
                        fmt=fmt, rcfg=rcfg)
+
+
+def _reset(env, key, task, env_params):
+    """One episode's reset, its output checked while traced (`base.check_reset`)."""
+    out = env.reset(key, task, env_params)
+    base.check_reset(env, out)
+    return out
+
+
+def _step(env, obs_len, state, reply_M, reply_len, env_params):
+    """One episode's step, its output checked while traced (`base.check_step`)."""
+    return base.check_step(env, env.step(state, reply_M, reply_len, env_params), obs_len)
 
 
 def _canonical_reply(env, layout: ChatLayout, action_B, m: int):
@@ -142,22 +159,24 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     s, m, t_max = rcfg.max_context, rcfg.max_action_tokens, rcfg.t_max
     scripted = rcfg.expert_fn is not None  # no model at all: the expert writes every reply
     k_reset, k_loop = jax.random.split(key)
-    states, obs = jax.vmap(env.reset, in_axes=(0, 0, None))(jax.random.split(k_reset, n_ep), tasks, env_params)
+    states, obs = jax.vmap(functools.partial(_reset, env), in_axes=(0, 0, None))(
+        jax.random.split(k_reset, n_ep), tasks, env_params)
     sys_len = len(layout.system)
     cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
     # CPU kernels: the weights packed once per rollout; appends then compute only the real tokens.
     packed = None if scripted else qwen3.packed_weights(params, cfg)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
-    chunk_w = max_chunk(layout, fmt, env, t_max)  # the tight bound: fewer padded tokens per append
+    chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
+                  closed=jnp.ones((n_ep,), bool),
                   tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
                   logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=k_loop)
     write = jax.vmap(episode.write_span)
 
     def turn(c, t):
         length = c["length"]
-        chunk, clen = jax.vmap(episode.prompt_chunk, in_axes=(None, None, None, 0, None, 0, None))(
-            layout, fmt, env, c["obs"], t, budgets_B, hide_budget)
+        chunk, clen = jax.vmap(episode.prompt_chunk, in_axes=(None, None, None, 0, None, 0, None, 0))(
+            layout, fmt, env, c["obs"], t, budgets_B, hide_budget, c["closed"])
         chunk = chunk[:, :chunk_w]  # every real chunk fits (budgets <= T_max); the rest is padding
         status, active = episode.turn_start(c["status"], t, budgets_B, length + clen + m <= s)
         key, k_dec, k_exp = jax.random.split(c["key"], 3)
@@ -208,7 +227,8 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         logp = write(c["logp"], reply_lp, start, reply_len)
 
         # 3. the environment
-        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(c["states"], reply, reply_len, env_params)
+        step = jax.vmap(functools.partial(_step, env, obs.tokens.shape[-1]), in_axes=(0, 0, 0, None))(
+            c["states"], reply, reply_len, env_params)
         keep = lambda new, old: jax.tree.map(
             lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
         new_states, new_obs = keep(step.state, c["states"]), keep(step.obs, c["obs"])
@@ -227,7 +247,8 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             action=jnp.where(active, step.info["action"], -1), anchor=jnp.where(active, step.info["anchor"], -1),
             span_start=jnp.where(active, start, 0), span_len=jnp.where(active, reply_len, 0),
             stopped=active & stopped, remaining=jnp.where(active, remaining, 0), forced=active & is_forced)
-        out = dict(cache=cache, length=start + reply_len, states=new_states, obs=new_obs, tokens=tokens,
+        closed = jnp.where(active, episode.reply_closed(reply, reply_len, layout.end_of_turn), c["closed"])
+        out = dict(cache=cache, length=start + reply_len, states=new_states, obs=new_obs, closed=closed, tokens=tokens,
                    policy=policy, turn_idx=turn_idx, logp=logp, status=status, key=key)
         return out, (rec, c["states"])
 

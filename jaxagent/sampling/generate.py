@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
@@ -179,6 +180,17 @@ def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, c
 generate_jit = _generate  # the jitted program `generate` runs, for callers that lower it (the AOT analysis)
 
 
+def _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key):
+    """`generate`'s arguments by type, shape and dtype (`jaxagent.checks`: shapes only, so traced inputs too)."""
+    where = "generate"
+    if not isinstance(cfg, Qwen3Config):
+        raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
+    checks.arrays(where, [("prompt_BxL", prompt_BxL, "BL", "integer"),
+                          ("prompt_mask_BxL", prompt_mask_BxL, "BL", "number")])
+    checks.array(where, "max_new_tokens", max_new_tokens, "B"[:np.ndim(max_new_tokens)], "integer")
+    checks.key(where, "key", key)
+
+
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
              max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
              pad_id: int = 0, cache_len: int | None = None, mesh: Mesh | None = None,
@@ -198,8 +210,12 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     floating params cast to it (`rollout_params`), as the rollouts do with the preset's compute dtype.
 
     Inside a user's `jax.jit` / `eval_shape` / `vmap` (traced prompt, mask or token limits) only the
-    shape checks run (the value checks need concrete inputs) and `max_steps` must be given.
+    shape checks run (the value checks need concrete inputs) and `max_steps` must be given: it is the
+    static size of the new-token buffer, which sets the compiled program's shapes, while
+    `max_new_tokens` is only a traced value there. Arguments of the wrong kind, rank or dtype (float
+    prompts, a mask of another shape, a seed instead of a key) raise TypeError / ValueError naming them.
     """
+    _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key)
     if mesh is not None or compute_dtype is not None:
         params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((prompt_BxL, prompt_mask_BxL, max_new_tokens))):

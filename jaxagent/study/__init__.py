@@ -1,1 +1,28 @@
-"""The study's stages as library functions (the experiments/ scripts are thin wrappers around them)."""
+"""The study's stages as library functions (the experiments/ scripts are thin wrappers around them): the toy
+world (`make_toy_world`: word-level tokenizer, FrozenLake, chat layout), the SFT base (`train_base`), the RL
+arms (`train_rl`), and the host domains (SQL, BFCL, code: `make_host_world`, `train_host_rl`).
+
+The names below load their module on first use (the study pulls in every layer)."""
+import importlib
+
+_EXPORTS = {
+    "toy": ("ToyWorld", "make_toy_world", "expert_rollouts"),
+    "stages": ("TaskSettings", "BaseSettings", "ArmSettings", "train_base", "train_rl", "make_arm_runtime",
+               "init_arm_state"),
+    "host_stages": ("HostDomain", "register_domain", "get_domain", "HostTaskSettings", "make_host_world",
+                    "train_host_rl"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"jaxagent.study.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'jaxagent.study' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_WHERE))
+
+
+__all__ = sorted(_WHERE)

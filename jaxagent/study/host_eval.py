@@ -77,13 +77,13 @@ def pass_grid(success_UxPxZ, ks: Sequence[int]) -> np.ndarray:
 
 
 def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> dict:
-    """p* [P, U] = 1[reference turns <= T] (`bounds.success_prob_from_min_turns`), its task mean per tier
+    """p* [U, P] = 1[reference turns <= T] (`bounds.success_prob_from_min_turns`), its task mean per tier
     (`share` [U], the share of tasks whose reference needs <= T turns) and the Pass@K bound grid [U, J]
     (`bounds.pass_at_k_bound`)."""
     p_star = np.asarray(bounds.success_prob_from_min_turns(np.asarray(min_turns_P, np.int32),
                                                           np.asarray(tiers, np.int32)), np.float64)
     grid = np.asarray(bounds.pass_at_k_bound(p_star, np.asarray(ks, np.int32)), np.float64)
-    return {"min_turns": np.asarray(min_turns_P, np.int32), "p_star": p_star, "share": p_star.mean(0), "grid": grid}
+    return {"min_turns": np.asarray(min_turns_P, np.int32), "p_star": p_star, "share": p_star.mean(1), "grid": grid}
 
 
 # ----------------------------------------------------------------------------- findings of a domain

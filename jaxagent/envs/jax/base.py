@@ -1,31 +1,45 @@
-"""The functional environment interface shared by every jaxagent environment (gymnax-style).
+"""The functional environment interface of the jittable envs (gymnax-style), and its check.
 
 Static structure (sizes, vocabulary, codec) lives in the env object built on the host; dynamic limits
-live in an ``env_params`` pytree; the PRNG key lives in the state. A jittable env's methods are pure
-functions of arrays, written for ONE episode: the rollout vmaps them over episodes and scans over turns.
+live in an ``env_params`` pytree (any pytree, or None); the PRNG key lives in the state. A jittable env's
+methods are pure functions of arrays, written for ONE episode: the rollout vmaps them over episodes and
+scans over turns. Host-side envs (SQL, code, function calling) are `jaxagent.envs.host.base.HostEnv`s:
+the same method names with Python strings in place of token arrays, ``jittable = False``.
 
-Dimension legend: O observation tokens (O_max, static per env), M action (reply) tokens (static per rollout).
+Dimension legend: O observation tokens (O_max, static per env), M action (reply) tokens (static per
+rollout), A actions, Pa tokens per action string.
 
-Contract of a jittable env (``jittable = True``):
+What `jaxagent.rollout.rollout` needs of an env, all of it (`Env`, checked by `check_env`):
+    jittable = True
+    codec                                                -> a `TextCodec`: its words include the budget
+                                                            text's (`rollout.env_codec` / `rollout.env_text`
+                                                            add them); its actions are the env's action
+                                                            strings, index k = action k (canonical replies
+                                                            of forced and scripted turns)
     reset(key, task, env_params)                         -> (state, Obs)
     step(state, action_tokens_M, action_len, env_params) -> EnvStep(state, obs, reward, done, info)
     anchor(state)                                        -> int32 id of the state WITHOUT history
-Host-side envs (SQL, code, function calling) use the same method names with Python strings in place
-of token arrays and say ``jittable = False``.
+``Obs.tokens`` has one static length O_max for every observation of the env (pad after ``length``); the
+rollout reads O_max from the shape ``reset`` returns, or from an ``obs_size`` attribute when the env has
+one. A task is one row of the ``tasks`` pytree the rollout gets (leading axis = episodes).
 
-``info`` is a dict of fixed-shape arrays with at least:
+``info`` is a dict of fixed-shape arrays with at least (`INFO_KEYS`):
     valid   bool   the action parsed and was legal
     action  int32  the parsed action index, -1 when invalid
     success bool   the episode has succeeded (state after the step)
     anchor  int32  ``anchor`` of the state BEFORE the step (GiGPO groups steps on it)
 A malformed action never raises: it gets a defined response (no move, error observation, reward
 ``-format_penalty``, not done). Stepping a finished episode leaves it unchanged with reward 0.
+docs/custom_env.md builds a small env to this contract and runs it through a rollout and an RL step.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
+
+from jaxagent.envs.jax.text_codec import TextCodec
 
 INFO_KEYS = ("valid", "action", "success", "anchor")
 
@@ -49,9 +63,10 @@ class EnvStep(NamedTuple):
 
 @runtime_checkable
 class Env(Protocol):
-    """Protocol every environment follows (see the module docstring for the contract)."""
+    """Protocol every jittable environment follows (see the module docstring for the contract)."""
 
     jittable: bool
+    codec: TextCodec
 
     def reset(self, key: jax.Array, task: Any, env_params: Any) -> tuple[Any, Obs]:
         """Start one episode of ``task``; returns the state and the first observation."""
@@ -65,3 +80,53 @@ class Env(Protocol):
     def anchor(self, state: Any) -> jax.Array:
         """int32 id of the env state without history (equal states -> equal anchors)."""
         ...
+
+
+def check_env(env, where: str = "rollout") -> None:
+    """Host-side check that `env` has what the rollout needs (module docstring): a ValueError / TypeError
+    naming the first missing piece. The shapes of what reset and step return are checked while the
+    rollout is traced (`check_reset`, `check_step`)."""
+    name = type(env).__name__
+    if not getattr(env, "jittable", False):
+        raise ValueError(f"{where}: env {name} must say jittable = True (host envs run with rollout.host_rollout)")
+    missing = [m for m in ("reset", "step", "anchor") if not callable(getattr(env, m, None))]
+    if missing:
+        raise TypeError(f"{where}: env {name} lacks the method(s) {missing} of the Env protocol "
+                        "(jaxagent.envs.jax.base)")
+    if not isinstance(getattr(env, "codec", None), TextCodec):
+        got = type(getattr(env, "codec", None)).__name__
+        raise TypeError(f"{where}: env {name} needs a `codec` attribute, a TextCodec of its words and actions "
+                        f"(rollout.env_text or rollout.env_codec build one); got {got}")
+
+
+def check_reset(env, out, where: str = "rollout") -> Obs:
+    """The (state, Obs) of one episode's reset, at trace time; returns the Obs."""
+    name = type(env).__name__
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Obs)):
+        raise TypeError(f"{where}: {name}.reset must return (state, Obs(tokens, length)); got {type(out).__name__}")
+    _check_obs(name, "reset", out[1], where)
+    return out[1]
+
+
+def check_step(env, out, obs_len: int, where: str = "rollout") -> EnvStep:
+    """One episode's EnvStep, at trace time: an Obs as long as reset's, the info keys (`INFO_KEYS`)."""
+    name = type(env).__name__
+    if not isinstance(out, EnvStep):
+        raise TypeError(f"{where}: {name}.step must return an EnvStep(state, obs, reward, done, info); "
+                        f"got {type(out).__name__}")
+    _check_obs(name, "step", out.obs, where)
+    if out.obs.tokens.shape[-1] != obs_len:
+        raise ValueError(f"{where}: {name}.step's Obs.tokens has {out.obs.tokens.shape[-1]} slots but reset's has "
+                         f"{obs_len}; every observation of an env needs the same static length O_max")
+    if not isinstance(out.info, dict) or any(k not in out.info for k in INFO_KEYS):
+        have = sorted(out.info) if isinstance(out.info, dict) else type(out.info).__name__
+        raise ValueError(f"{where}: {name}.step's info must be a dict with at least {list(INFO_KEYS)}; got {have}")
+    return out
+
+
+def _check_obs(name, method, obs: Obs, where):
+    toks, length = jnp.asarray(obs.tokens), jnp.asarray(obs.length)
+    if toks.ndim != 1 or not jnp.issubdtype(toks.dtype, jnp.integer) or length.ndim != 0:
+        raise TypeError(f"{where}: {name}.{method} must return Obs(tokens int[O_max], length int scalar) for one "
+                        f"episode; got tokens {toks.dtype}{list(toks.shape)}, "
+                        f"length {length.dtype}{list(length.shape)}")

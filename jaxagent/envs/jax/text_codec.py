@@ -124,6 +124,21 @@ def make_codec(words: Sequence[str], encode: Callable[[str], list[int]], pad_id:
         pad_id=int(pad_id), words=words, actions=actions)
 
 
+def phrase_table(codec: TextCodec, phrases: Sequence[str]) -> tuple[jax.Array, jax.Array]:
+    """Fixed phrases (e.g. an env's messages) as codec word ids: (ids int32[n_phrases, Wr] padded, n_words
+    int32[n_phrases]), phrase k = ``phrases[k].split()``, every word in the codec (host-side;
+    ``render(codec, ids[k], n[k])`` gives its tokens inside jit)."""
+    if isinstance(phrases, str):
+        raise TypeError("phrase_table takes a sequence of phrases, not one string")
+    words = [p.split() for p in phrases]
+    if not words or not all(words):
+        raise ValueError(f"phrase_table needs at least one phrase and no empty one, got {list(phrases)!r}")
+    ids = np.zeros((len(words), max(len(w) for w in words)), np.int32)
+    for k, w in enumerate(words):
+        ids[k, :len(w)] = codec.word_ids(w)
+    return jnp.asarray(ids), jnp.asarray([len(w) for w in words], jnp.int32)
+
+
 def compact(values_n: jax.Array, keep_n: jax.Array, fill) -> tuple[jax.Array, jax.Array]:
     """Stable compaction: the kept values first, in order, then ``fill``; returns (values_n, count)."""
     n = values_n.shape[0]
