@@ -49,7 +49,7 @@ import numpy as np
 
 from experiments import study
 from experiments.cli import init_distributed, non_negative_int, positive_int
-from experiments.host_presets import HOST_PRESETS, HostPreset
+from experiments.host_presets import HOST_PRESETS, HostPreset, data_env, data_problem
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
@@ -69,6 +69,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
+    p.add_argument("--data", default=None, help="sql / code: a local Spider or InterCode-SQL directory, or "
+                   "DeepCoder-style JSON / JSONL problems (default: the built-in tasks; docs/host_study.md, Data)")
     p.add_argument("--iterations", type=positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=non_negative_int, nargs="+", default=None, help="override the RL seeds")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
@@ -91,11 +93,13 @@ def wants(argv) -> bool:
 
 def preset_from(args) -> HostPreset:
     p = HOST_PRESETS[args.preset]
-    changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("iterations", args.iterations),
+    changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None)) if v is not None}
     if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
         raise SystemExit(f"--seeds must be distinct, got {args.seeds}")
     p = dataclasses.replace(p, **changes)
+    if data_problem(p) is not None:
+        raise SystemExit(f"error: {data_problem(p)}")
     if p.checkpoint is None and p.tiny_model is None:
         raise SystemExit(f"preset {p.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
     return p
@@ -157,7 +161,7 @@ class HostRun:
         self.checkpoint = ckpt
         self.cfg = qwen3.Qwen3Config.from_dir(ckpt)
         self.tokenizer = Tokenizer.from_dir(ckpt)
-        self.world = host_stages.make_host_world(preset.task, self.tokenizer)
+        self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=data_env(preset))
         self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
 
     def path(self, *parts) -> str:

@@ -307,3 +307,46 @@ def test_cache_root_and_data_path(tmp_path, monkeypatch):
     assert datasets.cache_root() == tmp_path
     with pytest.raises(ValueError, match="no data path"):
         datasets.data_path("", "x")
+
+
+# ------------------------------------------------------------------------------------------------ presets
+def test_presets_miniatures_stay_small_and_real_scales_evaluate_200(tok):
+    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study import host_stages
+
+    from jaxagent.envs.host.data.code_tasks import CODE_TASKS
+    from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
+
+    for name, hand, n_train, n_held in (("ci-sql", SQL_TASKS, 4, 5), ("ci-code", CODE_TASKS, 2, 2)):
+        w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
+        ids = [t["id"] for t in hand]  # the hand-written tasks, as before the sets grew
+        assert [t.id for t in w.train_tasks] == [i for k, i in enumerate(ids) if k % 4 != 3][:n_train], name
+        assert [t.id for t in w.heldout_tasks] == ids[3::4][:n_held], name
+    for name in ("qwen3-0.6b-1gpu-sql", "qwen3-8b-v5p-code"):
+        w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
+        assert len(w.heldout_tasks) == 200 and (w.min_turns(w.heldout_tasks) == 1).all(), name
+        assert HOST_PRESETS[name].eval.n_samples >= max(HOST_PRESETS[name].eval.ks)
+
+
+def test_data_option(spider_dir, deepcoder_dir, tmp_path, monkeypatch):
+    import dataclasses
+
+    from experiments import host_study
+    from experiments.host_presets import HOST_PRESETS, data_env, data_problem
+
+    monkeypatch.setenv("JAXAGENT_CACHE", str(tmp_path))
+    env = data_env(dataclasses.replace(HOST_PRESETS["ci-sql"], data=str(spider_dir)))
+    assert isinstance(env, SQLEnv) and env.report.layout == "Spider" and len(env.tasks("test")) == 2
+    assert data_env(HOST_PRESETS["ci-sql"]) is None
+    code = dataclasses.replace(HOST_PRESETS["ci-code"], data=str(deepcoder_dir))
+    assert data_problem(code) is None
+    bfcl = dataclasses.replace(HOST_PRESETS["ci-bfcl"], data=str(spider_dir))
+    assert "for the sql and code domains" in data_problem(bfcl)
+    with pytest.raises(ValueError, match="for the sql and code domains"):
+        data_env(bfcl)
+    args = host_study.parser().parse_args(["--preset", "ci-sql", "--data", str(spider_dir)])
+    assert host_study.preset_from(args).data == str(spider_dir)
+    for argv, why in ((["--preset", "ci-bfcl", "--data", str(spider_dir)], "for the sql and code domains"),
+                      (["--preset", "ci-sql", "--data", str(tmp_path / "nope")], "does not exist")):
+        with pytest.raises(SystemExit, match=why):
+            host_study.preset_from(host_study.parser().parse_args(argv))
