@@ -1,8 +1,9 @@
 """Prefill and decode throughput: jaxagent's KV-cache generate vs transformers' PyTorch `generate`.
 
     python -m experiments.bench_model --json                # CPU: ~10M Qwen3, jax vs torch, one JSON line
-    python -m experiments.bench_model --device gpu --json   # Qwen3-0.6B / 4B shapes, bf16, HBM roofline
-    python -m experiments.bench_model --device gpu --tiny   # the GPU code path on a tiny model (smoke test)
+
+A regression guard on CPU; the accelerator benchmark (GPU/TPU: roofline, PyTorch on the same chip) is
+`python -m experiments.bench_accel`.
 
 CPU mode: both frameworks get identical random weights (a transformers Qwen3ForCausalLM is built,
 saved, and read back with `qwen3.load`), the same prompts (no padding), greedy decoding of exactly
@@ -19,15 +20,12 @@ figures come from the setting with the fastest median prefill (`torch_prefill_th
 fastest run at any setting. The run's machine load is reported (`other_cores`, `loadavg_1m_*`); on a
 busy machine (the rule in bench_common) the ratios are null and reported as `*_ratio*_busy`.
 FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
-pair); `*_prefill_frac_peak` divides the achieved prefill FLOP/s by the machine's f32 matmul peak,
+pair; `jaxagent.bench.roofline.forward_flops` with every position unembedded); `*_prefill_frac_peak`
+divides the achieved prefill FLOP/s by the machine's f32 matmul peak,
 `matmul_peak_gflops`: the best of the same square matmul through XLA with its default options
 (`jax_default_matmul_peak_gflops`), through XLA with `jaxagent.xla_options.COMPILER_OPTIONS`
 (`jax_matmul_peak_gflops`) and through torch's BLAS at each peer setting (`torch_matmul_peak_gflops`),
 all in this run.
-
-GPU mode: random weights (`qwen3.init`, bf16), decode tokens/s at each batch size, and the fraction of
-the memory-bandwidth roofline: bytes read per decode step (all params + the KV cache of the mean
-context) / step time / `--hbm-gbps`.
 
 Legend: B batch, L prompt length, N new tokens, S cache slots.
 """
@@ -47,6 +45,7 @@ import numpy as np
 
 from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
                                      run_peer_workers, setting_fields)
+from jaxagent.bench.roofline import forward_flops
 from jaxagent.models import qwen3
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.sampling import GREEDY, generate
@@ -78,16 +77,6 @@ def torch_matmul_peak_gflops(n: int, repeats: int) -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
     return 2 * n ** 3 / min(_median_time(lambda: torch.mm(a, b), 1) for _ in range(repeats)) / 1e9
-
-
-def model_flops(cfg: Qwen3Config, batch: int, new_tokens: int, context: int) -> float:
-    """FLOPs of `new_tokens` tokens per row attending causally after `context` cached tokens."""
-    d, f, h, k, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                     cfg.num_key_value_heads, cfg.head_dim)
-    weights = cfg.num_hidden_layers * (d * (2 * h * e + 2 * k * e) + 3 * d * f) + cfg.vocab_size * d
-    pairs = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # (query, key) pairs, causal
-    attn = cfg.num_hidden_layers * 4 * h * e * pairs
-    return batch * (2 * weights * new_tokens + attn)
 
 
 def _jax_runner(params, cfg, prompt_BxL, new_tokens: int):
@@ -205,7 +194,7 @@ def run_cpu(args) -> dict:
     torch_peak = max(r["matmul_gflops"] for r in peer.values())
     peak = max(*jax_peaks.values(), torch_peak)  # the machine's best f32 matmul, whoever reaches it
     n_prompt = args.batch * args.prompt_len
-    prefill_flops = model_flops(cfg, args.batch, args.prompt_len, 0)
+    prefill_flops = forward_flops(cfg, args.batch, args.prompt_len, 0)
     steps = max(args.new_tokens - 1, 1)
     out = {"mode": "cpu", "preset": "tiny" if args.tiny else args.preset, "params": cfg.num_params(),
            "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
@@ -240,60 +229,23 @@ def run_cpu(args) -> dict:
     return flag_busy(out, ("prefill_ratio", "decode_ratio", "prefill_ratio_best", "decode_ratio_best"))
 
 
-def run_gpu(args) -> dict:
-    """Decode throughput of real-size shapes with random bf16 weights, vs the HBM roofline."""
-    presets = ["tiny"] if args.tiny else args.presets.split(",")
-    batches = [int(b) for b in args.gpu_batches.split(",")]
-    results = {"mode": "gpu", "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-               "hbm_gbps": args.hbm_gbps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-               "repeats": args.repeats, "runs": []}
-    dtype = jnp.bfloat16
-    for name in presets:
-        cfg = Qwen3Config() if name == "tiny" else PRESETS[name]
-        params = qwen3.init(cfg, jax.random.key(args.seed), dtype)
-        param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-        for b in batches:
-            prompt = jax.random.randint(jax.random.key(b), (b, args.prompt_len), 0, cfg.vocab_size, jnp.int32)
-            r = time_runners({"jax": _jax_runner(params, cfg, prompt, args.new_tokens)}, {"jax": 0},
-                             args.new_tokens, args.repeats)["jax"]
-            step_s = r["decode_s"] / max(args.new_tokens - 1, 1)
-            mean_ctx = args.prompt_len + args.new_tokens / 2
-            kv_bytes = (b * mean_ctx * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-                        * jnp.dtype(dtype).itemsize)
-            achieved = (param_bytes + kv_bytes) / step_s / 1e9
-            results["runs"].append({
-                "preset": name, "params": cfg.num_params(), "batch": b,
-                "decode_tok_s": b / step_s, "decode_ms_per_step": step_s * 1e3,
-                "prefill_tok_s": b * args.prompt_len / r["prefill_s"], "compile_s": r["compile_s"],
-                "bytes_per_step_gb": (param_bytes + kv_bytes) / 1e9, "achieved_gbps": achieved,
-                "hbm_roofline_frac": achieved / args.hbm_gbps})
-        del params
-    return results
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.bench_model", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                   help="cpu: jax vs transformers PyTorch on one shape; gpu: jax decode on real-size shapes "
-                        "(bf16) against the HBM roofline (default: cpu)")
+                   help="cpu (the only mode here); accelerators: python -m experiments.bench_accel")
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--preset", default="bench_10m", choices=sorted(PRESETS),
                    help="cpu mode: model shape from jaxagent.models.config.PRESETS (default: bench_10m)")
-    p.add_argument("--presets", default="qwen3_0_6b,qwen3_4b",
-                   help="gpu mode: comma-separated PRESETS names (default: qwen3_0_6b,qwen3_4b)")
     p.add_argument("--tiny", action="store_true",
-                   help="smoke test: the tiny preset with small batches/lengths (runs the gpu path on CPU)")
+                   help="smoke test: the tiny preset with small batches/lengths")
     p.add_argument("--batch", type=int, default=16, help="cpu mode: batch size (default: 16)")
-    p.add_argument("--gpu-batches", default="1,64", help="gpu mode: comma-separated batch sizes (default: 1,64)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row (default: 128)")
     p.add_argument("--new-tokens", type=int, default=64, help="generated tokens per row (default: 64)")
     p.add_argument("--repeats", type=int, default=5,
                    help="timed rounds (jax and torch alternate); medians and bests reported (default: 5)")
     p.add_argument("--matmul-n", type=int, default=2048,
                    help="cpu mode: side of the square f32 matmul that measures the peak (default: 2048)")
-    p.add_argument("--hbm-gbps", type=float, default=4800.0,
-                   help="gpu mode: memory bandwidth in GB/s for the roofline (default: 4800, H200)")
     p.add_argument("--threads", type=int, default=0, choices=(0, 1),
                    help="0: XLA's default CPU threading, the PyTorch peer at its best of 1..N threads; 1: both "
                         "single-threaded (XLA without its Eigen pool, the peer at 1 thread) (default: 0)")
@@ -305,15 +257,13 @@ def main(argv=None) -> int:
     if args.tiny:
         args.batch, args.prompt_len, args.new_tokens = min(args.batch, 4), min(args.prompt_len, 16), \
             min(args.new_tokens, 8)
-        args.gpu_batches = "1,4"
         args.matmul_n = min(args.matmul_n, 256)
     for name in ("batch", "prompt_len", "new_tokens", "repeats", "matmul_n"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.device == "gpu" and not args.tiny and jax.default_backend() != "gpu":
-        p.error(f"--device gpu needs a GPU (jax backend is {jax.default_backend()!r}); "
-                "use --tiny to smoke-test the code path on CPU")
-    result = run_gpu(args) if args.device == "gpu" else run_cpu(args)
+    if args.device == "gpu":
+        p.error("the accelerator benchmark is python -m experiments.bench_accel (GPU/TPU: roofline, PyTorch peer)")
+    result = run_cpu(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0
 

@@ -1,8 +1,9 @@
 """RL train-step throughput: jaxagent's jitted PPO-clip step vs the same step written in PyTorch.
 
     python -m experiments.bench_train --json                # CPU: ~10M Qwen3, jax vs torch, one JSON line
-    python -m experiments.bench_train --device gpu --json   # Qwen3-0.6B / 4B shapes: step time and MFU
-    python -m experiments.bench_train --device gpu --tiny   # the GPU code path on a tiny model (smoke test)
+
+A regression guard on CPU; the accelerator benchmark (the study's GRPO step with micro-batches and remat, MFU,
+memory, PyTorch on the same chip) is `python -m experiments.bench_accel`.
 
 One train step = forward over B x T tokens, per-token log-probs of the taken tokens, the PPO-clip
 token-mean loss on the policy tokens (clip 0.2 / 0.28, DAPO clip-higher), backward, global-norm
@@ -22,11 +23,9 @@ step time in `torch_settings`. The run's machine load is reported (`other_cores`
 a busy machine (the rule in bench_common) `train_ratio` is null and reported as `train_ratio_busy`.
 Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, App. B):
 6 x N_matmul x B x T + 12 x L x H x E x T x B x T, with N_matmul = the matmul weights incl. the
-unembedding; `*_frac_peak` = achieved FLOP/s / the best f32 matmul GFLOP/s measured in this run
+unembedding (`jaxagent.bench.roofline.train_flops`); `*_frac_peak` = achieved FLOP/s / the best f32 matmul
+GFLOP/s measured in this run
 (max of jax's and torch's n x n matmul).
-
-GPU mode: random f32 master weights, bf16 compute (`compute_dtype`), the same step; reports step
-time, tokens/s and MFU = model FLOP/s / `--peak-tflops` (default: H100/H200 SXM dense bf16).
 
 Legend: B batch rows, T tokens per row, L layers, H query heads, E head dim, V vocab, D width.
 """
@@ -48,29 +47,15 @@ import numpy as np
 from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
                                      run_peer_workers, setting_fields)
 from experiments.bench_model import matmul_peak_gflops
+from experiments.peers.torch_grpo import CLIP_HIGH, CLIP_LOW, ppo_clip_terms
+from jaxagent.bench.roofline import train_flops
 from jaxagent.models import qwen3
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.rl import optim
 from jaxagent.rl import train_step as ts
 from jaxagent.xla_options import COMPILER_OPTIONS
 
-CLIP_LOW, CLIP_HIGH, LR, WD, MAX_NORM = 0.2, 0.28, 1e-6, 0.01, 1.0
-LOG_RATIO_CLAMP = 20.0
-
-
-def matmul_flops_params(cfg: Qwen3Config) -> int:
-    """Weights that enter a matmul per token: attention + MLP of every layer and the unembedding."""
-    d, f, h, k, e = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                     cfg.num_key_value_heads, cfg.head_dim)
-    per_layer = 2 * d * h * e + 2 * d * k * e + 3 * d * f
-    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * d
-
-
-def train_flops(cfg: Qwen3Config, batch: int, seq: int) -> float:
-    """6 N T_total + 12 L H E T T_total (PaLM App. B, training FLOPs incl. attention)."""
-    tokens = batch * seq
-    return (6.0 * matmul_flops_params(cfg) * tokens
-            + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq * tokens)
+LR, WD, MAX_NORM = 1e-6, 0.01, 1.0
 
 
 def _median(times):
@@ -140,26 +125,16 @@ def bench_torch(model, batch_np, steps: int, warmup: int, threads: int) -> dict:
     import torch
     torch.set_num_threads(threads)
     tokens = torch.from_numpy(batch_np["tokens"]).long()
-    mask = torch.from_numpy(batch_np["policy_mask"][:, 1:].astype(np.float32))
-    adv = torch.from_numpy(batch_np["advantages"][:, 1:])
-    old = torch.from_numpy(batch_np["old_logprobs"][:, 1:])
+    mask = torch.from_numpy(batch_np["policy_mask"].astype(np.float32))
+    adv = torch.from_numpy(batch_np["advantages"])
+    old = torch.from_numpy(batch_np["old_logprobs"])
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=WD)
 
     def step():
-        logits = model(input_ids=tokens, use_cache=False).logits[:, :-1].float()
-        logsm = torch.log_softmax(logits, dim=-1)
-        logp = logsm.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        log_ratio = torch.clamp(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        ratio = torch.exp(log_ratio)
-        unclipped = -ratio * adv
-        clipped = -torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH) * adv
-        n = mask.sum().clamp(min=1.0)
-        loss = (torch.maximum(unclipped, clipped) * mask).sum() / n
-        with torch.no_grad():  # the same metrics the jax step returns
-            ent = -(logsm.exp() * logsm).sum(-1)
-            metrics = [((ent * mask).sum() / n), (((clipped > unclipped).float() * mask).sum() / n),
-                       (((logp - old).abs() * mask).sum() / n)]
+        logits = model(input_ids=tokens, use_cache=False).logits
+        loss_sum, n, metrics = ppo_clip_terms(logits, tokens, old, adv, mask)  # metrics: the jax step's work too
+        loss = loss_sum / n.clamp(min=1.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
@@ -242,47 +217,18 @@ def run_cpu(args) -> dict:
     return flag_busy(out, ("train_ratio",))
 
 
-def run_gpu(args) -> dict:
-    backend = jax.default_backend()
-    if backend != "gpu" and not args.tiny:
-        raise SystemExit(f"--device gpu needs a GPU backend (found {backend!r}); "
-                         "use --tiny to smoke-test the code path")
-    presets = ["tiny"] if args.tiny else (args.preset.split(",") if args.preset
-                                          else ["qwen3_0_6b", "qwen3_4b"])
-    b, t = (2, 32) if args.tiny else (args.batch, args.seq)
-    dtype = {"bf16": jnp.bfloat16, "f32": None}[args.compute_dtype]
-    results = []
-    for name in presets:
-        cfg = PRESETS[name]
-        params = qwen3.init(cfg, jax.random.key(args.seed))
-        batch_np = make_batch(cfg, b, t, min(args.prompt, t // 2), args.seed)
-        batch_np["old_logprobs"] = np.full((b, t), -math.log(cfg.vocab_size), np.float32)
-        j = bench_jax(cfg, params, batch_np, args.steps, args.warmup, args.micro_batches, dtype)
-        flops = train_flops(cfg, b, t)
-        results.append({"preset": name, "params": cfg.num_params(), "batch": b, "seq": t,
-                        "step_s": j["step_s"], "tokens_per_s": b * t / j["step_s"],
-                        "compile_s": j["compile_s"], "model_tflops_per_step": flops / 1e12,
-                        "mfu": flops / j["step_s"] / (args.peak_tflops * 1e12)})
-        del params
-    return {"bench": "train_step", "device": "gpu", "backend": backend,
-            "device_kind": jax.devices()[0].device_kind, "compute_dtype": args.compute_dtype,
-            "peak_tflops": args.peak_tflops, "micro_batches": args.micro_batches,
-            "results": results}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                   help="cpu: jax vs torch on the ~10M preset; gpu: step time and MFU of large presets")
+                   help="cpu (the only mode here); accelerators: python -m experiments.bench_accel")
     p.add_argument("--tiny", action="store_true",
-                   help="tiny model and shapes (2 x 32): smoke-tests either mode in seconds")
+                   help="tiny model and shapes (2 x 32): a smoke test in seconds")
     p.add_argument("--preset", default=None,
-                   help="model preset(s) from jaxagent.models.config.PRESETS (gpu: comma-separated; "
-                        "defaults: cpu bench_10m, gpu qwen3_0_6b,qwen3_4b)")
-    p.add_argument("--batch", type=int, default=None, help="rows per step (default: cpu 8, gpu 8)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per row (default: cpu 256, gpu 1024)")
+                   help="model preset from jaxagent.models.config.PRESETS (default bench_10m)")
+    p.add_argument("--batch", type=int, default=None, help="rows per step (default: 8)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per row (default: 256)")
     p.add_argument("--prompt", type=int, default=64,
                    help="leading prompt tokens per row, outside the loss mask (default 64)")
     p.add_argument("--steps", type=int, default=3, help="timed steps; the median is reported (default 3)")
@@ -296,23 +242,23 @@ def main(argv=None) -> int:
     p.add_argument("--matmul-n", type=int, default=1024,
                    help="size of the n x n f32 matmul that measures the peak (default 1024)")
     p.add_argument("--matmul-repeats", type=int, default=5, help="best-of repeats of that matmul")
-    p.add_argument("--peak-tflops", type=float, default=989.0,
-                   help="gpu: accelerator peak for MFU, TFLOP/s (default 989, H100/H200 dense bf16)")
-    p.add_argument("--compute-dtype", choices=("bf16", "f32"), default="bf16",
-                   help="gpu: forward/backward dtype over f32 master weights (default bf16)")
     p.add_argument("--seed", type=int, default=0, help="weights and batch seed")
     args = p.parse_args(argv)
     args.meter = LoadMeter()  # the run's load window starts here
     if args.batch is None:
         args.batch = 8
     if args.seq is None:
-        args.seq = 256 if args.device == "cpu" else 1024
+        args.seq = 256
     for name in ("batch", "seq", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     if args.threads < 0:
         p.error("--threads must be >= 0")
-    result = run_cpu(args) if args.device == "cpu" else run_gpu(args)
+    if args.device == "gpu":
+        p.error("the accelerator benchmark is python -m experiments.bench_accel (GPU/TPU: roofline, PyTorch peer)")
+    if args.preset is not None and args.preset not in PRESETS:
+        p.error(f"unknown --preset {args.preset!r}; valid: {', '.join(PRESETS)}")
+    result = run_cpu(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0
 

@@ -22,6 +22,8 @@ import functools
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -32,17 +34,20 @@ def compiler_options(extra: dict | None = None) -> dict:
 
 
 _merged = compiler_options  # `jit` below takes a keyword of the same name
-try:
-    from jax._src.core import trace_state_clean as _trace_state_clean  # no public query for this in jax 0.10
-except ImportError:  # pragma: no cover
-    _trace_state_clean = None
+_PROBE = np.int8(0)  # a host constant: jnp.asarray of it is a tracer exactly while a jit-like trace runs
 
 
 def _top_level(args) -> bool:
-    """Whether no jax transformation (jit/eval_shape/make_jaxpr tracing, vmap, grad) is active."""
-    if _trace_state_clean is None:  # fallback: traced arguments mean a transformation (misses closures only)
-        return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
-    return _trace_state_clean()
+    """Whether the call runs outside every jax transformation that would nest our jit (jit, eval_shape,
+    make_jaxpr tracing, vmap or grad of a traced argument), from public APIs only (`jax.core.Tracer`):
+      - a traced argument means a transformation (vmap, grad, jit of the caller's own arguments);
+      - without one, a caller's jit / eval_shape / make_jaxpr may still be tracing (the entry point called
+        on constants or closed-over values): under such a trace every new array is a tracer, so a fresh
+        scalar tells. vmap and grad over constants leave it concrete, and there a top-level jit with
+        options runs as it is (jax binds it in the enclosing eager context)."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+        return False
+    return not isinstance(jnp.asarray(_PROBE), jax.core.Tracer)
 
 
 class _Jitted:

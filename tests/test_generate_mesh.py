@@ -2,7 +2,7 @@
 mesh of the 8 fake CPU devices (conftest), FSDP-sharded params (`sharding.RULES`, as training keeps them) are
 laid out per `sharding.ROLLOUT_RULES` before the decode program (`sampling.rollout_params`: split over tensor,
 whole over the batch axes, so no weight is gathered per decode step), cast to `compute_dtype` when given; the
-tokens equal the single-device ones; and experiments/aot_check.py's `generate` program is the very program
+tokens equal the single-device ones; and the AOT analysis' `generate` program (`jaxagent.aot.programs`) is the very program
 `generate` runs (the same lowered text).
 
 Legend: B batch, L prompt width.
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import aot_check as A
 from jaxagent import sharding
+from jaxagent.aot import programs as A
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling import generate

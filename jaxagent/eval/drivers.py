@@ -20,5 +20,5 @@ from jaxagent.eval.scoring import (N_ACTIONS, canonical_replies, expected_qualit
 from jaxagent.eval.state_drivers import (error_actions, error_states, first_turn_contexts, r_single,  # noqa: F401
                                          state_contexts, step_quality_matched)
 
-# the jitted programs under the names experiments/aot_check.py and tests/test_composable.py compile them by
+# the jitted programs under the names tests/test_composable.py and tests/test_eval_drivers.py use
 _reply_logprobs_jit, _token_logprobs_jit = reply_logprobs_jit, token_logprobs_jit

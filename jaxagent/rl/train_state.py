@@ -109,7 +109,8 @@ def advance_data(state: TrainState, n) -> TrainState:
 
 
 # ----------------------------------------------------------------------------- shardings
-def _opt_state_shardings(optimizer, abstract_opt_state, param_shardings, mesh):
+def opt_state_shardings(optimizer, abstract_opt_state, param_shardings, mesh):
+    """NamedShardings of an optax state: each leaf that tracks a parameter like it, the rest replicated."""
     return optax.tree_map_params(
         optimizer, lambda _, s: s, abstract_opt_state, param_shardings,
         transform_non_params=lambda _: sharding.replicated(mesh),
@@ -123,7 +124,7 @@ def state_shardings(cfg: Qwen3Config, optimizer, mesh: Mesh, *, with_ref_params:
     optimizer-state leaf like the parameter it tracks (optax.tree_map_params), scalars replicated."""
     shapes = qwen3.param_shapes(cfg)
     p_sh = sharding.shardings_for(qwen3.logical_axes(cfg), shapes, mesh)
-    o_sh = _opt_state_shardings(optimizer, jax.eval_shape(optimizer.init, shapes), p_sh, mesh)
+    o_sh = opt_state_shardings(optimizer, jax.eval_shape(optimizer.init, shapes), p_sh, mesh)
     rep = sharding.replicated(mesh)
     c_sh = co_sh = None
     if value_settings is not None:
@@ -133,7 +134,7 @@ def state_shardings(cfg: Qwen3Config, optimizer, mesh: Mesh, *, with_ref_params:
         c_sh = sharding.shardings_for(critic_lib.logical_axes(ccfg, shared_backbone=shared),
                                       c_shapes, mesh)
         copt = critic_optimizer if critic_optimizer is not None else optimizer
-        co_sh = _opt_state_shardings(copt, jax.eval_shape(copt.init, c_shapes), c_sh, mesh)
+        co_sh = opt_state_shardings(copt, jax.eval_shape(copt.init, c_shapes), c_sh, mesh)
     return TrainState(params=p_sh, opt_state=o_sh, step=rep, rng=rep, data_pos=rep,
                       ref_params=p_sh if with_ref_params else None, critic_params=c_sh,
                       critic_opt_state=co_sh)

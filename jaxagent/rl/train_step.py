@@ -50,7 +50,7 @@ from jaxagent.rl import losses, optim
 from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats,  # noqa: F401
                                   token_logprobs)
 from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, _critic_cfg,  # noqa: F401
-                                     _opt_state_shardings, abstract_train_state, advance_data,
+                                     abstract_train_state, advance_data, opt_state_shardings,
                                      init_train_state, split_rng, state_shardings)
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")

@@ -42,7 +42,8 @@ long after it started is abandoned (`host_schedule.EnvCalls`): its episode fails
 `trace.errors[b]` naming `EnvTimeout` and the step's `trace.infos[b][t]` {"timeout": True, ...}; its
 env state is dropped (`trace.final_states[b]` None: the abandoned thread may still hold it). Nothing
 else waits on it. `trace.timing` (`host_schedule.HostTiming`) splits each turn's seconds into model
-vs env, with the env time the model did not hide and the wall clock.
+vs env, with the env time the model did not hide and the wall clock, and counts each turn's decode slots
+(generated, waiting for the longest reply, spent on finished episodes).
 
 Several processes (SPMD: every process of a multi-process job runs this same call with the same
 arguments, the params on one device mesh over all of them). Every process keeps the whole batch's
@@ -478,6 +479,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
             r_tok, r_lp, r_len, r_stop = _replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
                                                   hcfg)
             clock.lap("model_s", t)
+            if generate_fn is None:  # the group's decode call, its slots counted (`host_schedule.decode_slot_counts`)
+                clock.timing.add_decode(t, len(group.rows), int(np.sum(group.rows < 0)), r_len[active & ~is_given])
             replies = (r_tok, r_lp, np.where(active, r_len, 0).astype(np.int32), r_stop)
             is_forced = active & (is_given | (generate_fn is not None))
             trains = active & ~is_given  # a scripted policy's replies are its SFT targets

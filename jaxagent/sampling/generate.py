@@ -176,6 +176,9 @@ def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, c
                   stop_ids=stop_ids, pad_id=pad_id, mesh=act_mesh)
 
 
+generate_jit = _generate  # the jitted program `generate` runs, for callers that lower it (the AOT analysis)
+
+
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
              max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
              pad_id: int = 0, cache_len: int | None = None, mesh: Mesh | None = None,

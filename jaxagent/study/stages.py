@@ -170,7 +170,7 @@ class ArmRuntime:
     logprobs_fn: Optional[Callable] = None  # with TIS: the trainer's pre-update log-probs (`rl_iteration`)
 
 
-def _compute_dtype(dtype):
+def resolve_compute_dtype(dtype):
     """None for float32 (the master dtype: nothing to cast) or no dtype; else the jnp dtype."""
     if dtype is None:
         return None
@@ -181,6 +181,9 @@ def _compute_dtype(dtype):
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
     return None if dt == jnp.float32 else dt
+
+
+_compute_dtype = resolve_compute_dtype  # the name host_stages and experiments/host_study call it by
 
 
 def shared_key(arm: ArmSettings):
@@ -229,7 +232,7 @@ def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = 
                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
                                                  entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
-                          critic_optimizer=copt, compute_dtype=_compute_dtype(compute_dtype), remat=remat,
+                          critic_optimizer=copt, compute_dtype=resolve_compute_dtype(compute_dtype), remat=remat,
                           compiler_options=compiler_options, logits_chunk=logits_chunk)
     return ArmStep(jit, opt, copt, vs, with_ref)
 
@@ -249,7 +252,7 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
 
     env_params = ts.env_params()
     ppo = arm.rl.estimator == "ppo"
-    cdt = _compute_dtype(compute_dtype)
+    cdt = resolve_compute_dtype(compute_dtype)
     rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
     arm_step = make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
                              remat=remat, tis_cap=tis_cap)

