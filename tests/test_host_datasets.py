@@ -300,6 +300,8 @@ def test_builtin_sets_have_200_held_out_tasks(tmp_path):
     assert sql.report.left_out == {} and sql.report.kept == {"train": 687, "test": 228}
     assert {t.db for t in sql.tasks("test")} >= {"shop", "school", "library", "gen-zoo", "gen-garden"}
     assert len(code.tasks("all")) == 901 and len(code.tasks("test")) == 225
+    assert code.report.kept == {"train": 676, "test": 225} and code.report.records == 16 + 891
+    assert sum(code.report.left_out.values()) == 891 - 885  # parameter sets whose tests would be too weak
 
 
 def test_cache_root_and_data_path(tmp_path, monkeypatch):

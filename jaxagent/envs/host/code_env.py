@@ -3,9 +3,10 @@
 No dimension legend: host-side Python, no arrays.
 
 Tasks. Built in (`data=None`): the hand-written problems of data/code_tasks.py followed by the generated
-families of data/code_gen.py (885 tasks); every 4th task of that list is held out (`base.split_tasks`:
-664 train, 221 held-out). With `data=DIR`: DeepCoder-style problems read from local JSON / JSONL files
-(`deepcoder.load_deepcoder`; its split rule and the tasks it leaves out are in `self.report`).
+families of data/code_gen.py (885 tasks); every 4th task of that list of 901 is held out
+(`base.split_tasks`: 676 train, 225 held-out). With `data=DIR`: DeepCoder-style problems read from
+local JSON / JSONL files (`deepcoder.load_deepcoder`; its split rule and the tasks it leaves out are in
+`self.report`).
 Three task styles (`CodeTask.style`):
   "function"  the built-in tasks: the entry point is a function of the submitted module, called with
               each test's arguments;
@@ -62,6 +63,7 @@ from jaxagent.envs.host.base import (HostEnv, coerce_action, host_cores, make_in
                                      strip_think)
 from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
+from jaxagent.envs.host.datasets import DatasetReport
 from jaxagent.envs.host.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
 
 STYLES = ("function", "call", "stdin")
@@ -265,11 +267,24 @@ class CodeEnv(HostEnv):
             return
         if data_kwargs:
             raise ValueError(f"CodeEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
-        raw = (tuple(CODE_TASKS) + tuple(code_gen.generate(seed))) if tasks is None else tasks
+        if tasks is None:
+            generated = code_gen.generate(seed)
+            self.report = DatasetReport(source="built in", layout=f"jaxagent coding (hand-written + generated, seed "
+                                        f"{seed})", split_rule="every 4th task of the list held out")
+            kept = {t["id"] for t in generated}
+            ids = [f"{f.name}-{v:02d}" for f in code_gen.FAMILIES for v in range(len(f.grid))]
+            self.report.records = len(CODE_TASKS) + len(ids)
+            for i in ids:
+                if i not in kept:
+                    self.report.leave_out("tests too weak (fewer than 2 distinct answers or 4 tests)", i)
+        raw = (tuple(CODE_TASKS) + tuple(generated)) if tasks is None else tasks
         built = [CodeTask(id=t["id"], entry_point=t["entry_point"], prompt=t["prompt"],
                           reference=t["reference"].strip() + "\n", tests=tuple((list(a), e) for a, e in t["tests"]))
                  for t in raw]
         self._splits = {name: split_tasks(built, name) for name in ("train", "test", "all")}
+        if self.report is not None:
+            for name in ("train", "test"):
+                self.report.keep(name, len(self._splits[name]))
 
     def tasks(self, split: str = "train") -> list[CodeTask]:
         if split not in self._splits:
