@@ -11,14 +11,20 @@ Memory arithmetic in the comments (bf16 KV cache per token and layer: 2 x K head
 layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV heads of 128, 144 KiB per token (split
 over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
 presets (experiments/presets.py).
+
+Tasks: the sql and code domains use their built-in sets (hand-written + generated: 687 / 228 and 676 / 225 train /
+held-out tasks, docs/host_study.md "Data") unless `data` (or `--data DIR`) names a local Spider / InterCode-SQL or
+DeepCoder-style directory (`data_env`). The real-scale presets evaluate 200 held-out tasks spread over the split.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
+from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study.host_stages import HOST_ARMS, HostTaskSettings
+from jaxagent.study.host_stages import HOST_ARMS, HostTaskSettings, get_domain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,7 @@ class HostPreset:
     task: HostTaskSettings
     eval: HostEvalSettings = HostEvalSettings()
     checkpoint: Optional[str] = None  # a local HF Qwen3 directory (with its tokenizer): the base policy
+    data: Optional[str] = None        # sql / code: a local dataset directory (`data_env`); None: the built-in tasks
     tiny_model: Optional[Qwen3Config] = None  # CI: a random Qwen3 with the real Qwen3 tokenizer (no checkpoint)
     arms: tuple[str, ...] = HOST_ARMS
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -70,6 +77,35 @@ class HostPreset:
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
+
+
+DATA_ENVS = ("sql", "code")  # env registry names whose constructor reads a dataset directory (`data=`)
+
+
+def data_problem(preset: HostPreset) -> Optional[str]:
+    """Why the preset's `data` cannot be used (a domain whose env reads no dataset, a path that does not exist), or
+    None."""
+    if preset.data is None:
+        return None
+    if get_domain(preset.task.domain).env not in DATA_ENVS:
+        return (f"preset {preset.name!r}: --data is for the {' and '.join(DATA_ENVS)} domains, not "
+                f"{preset.task.domain!r}")
+    if not os.path.exists(preset.data):
+        return f"preset {preset.name!r}: --data {preset.data!r} does not exist (data is read from local files only)"
+    return None
+
+
+def data_env(preset: HostPreset):
+    """The env of the preset's domain built on `preset.data` (SQLEnv: Spider / InterCode-SQL, `spider.load_spider`;
+    CodeEnv: DeepCoder-style problems, `deepcoder.load_deepcoder`), or None without a data directory (the domain's
+    own env, with its built-in tasks). ValueError for unusable data (`data_problem`)."""
+    if preset.data is None:
+        return None
+    problem = data_problem(preset)
+    if problem is not None:
+        raise ValueError(problem)
+    domain = get_domain(preset.task.domain)
+    return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
 
 
 def _tiny_model() -> Qwen3Config:
@@ -123,6 +159,10 @@ def _pod_8b(name: str, task: HostTaskSettings, eval: HostEvalSettings, *, n_task
 # SQL: 10 turns (InterCode-SQL's limit), 256-token replies (a query or an answer), tool output capped at 512 tokens;
 #   10 x (256 + 512) worst case overruns 4096 slots, but a query's table is mostly short (the env shows 30 rows).
 _SQL = dict(domain="sql", t_max=10, max_action_tokens=256, max_context=4096, max_obs_tokens=512)
+# SQL and coding evaluate 200 held-out tasks spread evenly over the split (the built-in sets hold 228 and 225; a
+#   Spider dev set 1,034) x 4 tiers x 8 samples (K up to 8, the paper's K): 6,400 episodes per policy.
+_HELDOUT = dict(max_heldout_tasks=200, task_subset="spread")
+_EVAL_200 = dict(n_samples=8, ks=(1, 2, 4, 8))
 # BFCL: 16 turns, one above the longest reference solution (15; tiers 4/8/12/16 leave 9%, 60%, 97%, 100% of the
 #   held-out tasks structurally solvable); 256-token replies (a message of tool calls; each call ~30-80 tokens);
 #   tool output capped at 512 tokens (long_context's listings run to the env's 8,000-character clip). The system
@@ -132,15 +172,18 @@ _BFCL = dict(domain="bfcl", t_max=16, max_action_tokens=256, max_obs_tokens=512)
 # Coding: 4 submissions (tiers 1-4 turns; the bound is 1 turn for every task), 512-token replies (a solution
 #   without thinking), test feedback capped at 256 tokens (one failing test's call, expected and actual value):
 #   ~250 prompt tokens + 4 x ~800 fit 4,096 slots. Env steps overlap the decoding of the other episode group
-#   (overlap_groups 2; `host_schedule`: the sandboxed test runs take about as long as a turn's decoding).
-_CODE = dict(domain="code", t_max=4, max_action_tokens=512, max_context=4096, max_obs_tokens=256, overlap_groups=2)
+#   (overlap_groups 2; `host_schedule`: the sandboxed test runs take about as long as a turn's decoding). One env
+#   thread per core of the host (workers=None: `CodeEnv.max_parallel`, the sandbox's runs at once).
+_CODE = dict(domain="code", t_max=4, max_action_tokens=512, max_context=4096, max_obs_tokens=256, overlap_groups=2,
+             workers=None)
 
 HOST_PRESETS: dict[str, HostPreset] = {
     # ---------------------------------------------------------------- CI miniatures (no checkpoint)
-    # Seconds-scale plumbing check: 2 turns of 4-token replies, 4 train tasks, all 5 held-out tasks. Tool output
-    # capped at 24 tokens so that the cap is exercised (the SQL env's format-error message is longer).
-    "ci-sql": _miniature("ci-sql", "sql", max_context=448, eval_batch=20, task_kw=dict(max_train_tasks=4),
-                         seeds=(0, 1), iterations=2),
+    # Seconds-scale plumbing check: 2 turns of 4-token replies, the first 4 train and 5 held-out tasks (the
+    # hand-written ones). Tool output capped at 24 tokens so that the cap is exercised (the SQL env's format-error
+    # message is longer).
+    "ci-sql": _miniature("ci-sql", "sql", max_context=448, eval_batch=20,
+                         task_kw=dict(max_train_tasks=4, max_heldout_tasks=5), seeds=(0, 1), iterations=2),
     # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
     # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
     # fewest steps that reach every stage: grpo (the findings' main arm) and gigpo (finding 7 compares them on BFCL),
@@ -152,7 +195,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
                           arms=("grpo", "gigpo"), seeds=(0,), iterations=1),
     # Coding in 448 slots (as ci-sql) with 2 overlapping episode groups (the real code presets' setting) of 1 row
     # each; eval batches of 2, the training rollout's shape (one set of compiles). 1 arm, 1 seed, 1 iteration of 2
-    # episodes; 2 train and 2 held-out tasks. Test feedback capped at 24 tokens.
+    # episodes; the first 2 train and 2 held-out tasks (hand-written). Test feedback capped at 24 tokens.
     "ci-code": _miniature("ci-code", "code", max_context=448, eval_batch=2,
                           task_kw=dict(max_train_tasks=2, max_heldout_tasks=2, overlap_groups=2),
                           arms=("grpo",), seeds=(0,), iterations=1),
@@ -160,10 +203,10 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
     # 128 x 2,048, in 2 episode groups of 32 (the AOT check: one append over all 64 rows needs 67.5 GiB, 76 with the
-    # train state and the base beside it; over 32 rows 25 GiB). All 5 held-out tasks x 4 tiers x 16 samples.
+    # train state and the base beside it; over 32 rows 25 GiB). 200 held-out tasks x 4 tiers x 8 samples.
     "qwen3-0.6b-1gpu-sql": _gpu_0_6b(
-        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, workers=8, overlap_groups=2),
-        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64), iterations=100, n_tasks=8),
+        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, **_HELDOUT, workers=8, overlap_groups=2),
+        HostEvalSettings(**_EVAL_200, batch_size=64), iterations=100, n_tasks=8),
     # 16 episodes per iteration (2 tasks x 8) for 200 iterations (3,200 training episodes, as SQL's and coding's 64
     # x 100 would be 6,400): KV cache 16 x 12,288 slots = 21 GiB. At 32 episodes the rollout's programs do not fit
     # 80 GB (docs/aot.md: the widest append holds the 42 GiB cache and 24 GiB of attention scores, 90 GiB in all).
@@ -173,11 +216,11 @@ HOST_PRESETS: dict[str, HostPreset] = {
         "qwen3-0.6b-1gpu-bfcl",
         HostTaskSettings(**_BFCL, max_context=12288, max_heldout_tasks=48, task_subset="spread", workers=8),
         HostEvalSettings(n_samples=8, ks=(1, 2, 4, 8), batch_size=16), iterations=200, n_tasks=2),
-    # 64 episodes per iteration (8 of the 12 train tasks x 8): KV cache 64 x 4,096 slots = 28 GiB. All 4 held-out
-    # tasks x 4 tiers x 16 samples. 16 threads for the sandboxed test runs.
+    # 64 episodes per iteration (8 train tasks x 8): KV cache 64 x 4,096 slots = 28 GiB. 200 held-out tasks x 4 tiers
+    # x 8 samples. One thread per core for the sandboxed test runs.
     "qwen3-0.6b-1gpu-code": _gpu_0_6b(
-        "qwen3-0.6b-1gpu-code", HostTaskSettings(**_CODE, workers=16),
-        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=64), iterations=100, n_tasks=8),
+        "qwen3-0.6b-1gpu-code", HostTaskSettings(**_CODE, **_HELDOUT),
+        HostEvalSettings(**_EVAL_200, batch_size=64), iterations=100, n_tasks=8),
 
     # ---------------------------------------------------------------- v5p pod slice, Qwen3-8B
     # 256 episodes per iteration (32 tasks x 8), 8 per batch shard: KV cache per chip 8 x 16,384 slots x 72 KiB
@@ -186,14 +229,15 @@ HOST_PRESETS: dict[str, HostPreset] = {
     "qwen3-8b-v5p-bfcl": _pod_8b(
         "qwen3-8b-v5p-bfcl", HostTaskSettings(**_BFCL, max_context=16384, workers=32),
         HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=256), n_tasks=32, micro_batches=8),
-    # 128 episodes per iteration (16 tasks x 8, drawn from 18 train tasks), 4 per batch shard: KV cache per chip
-    # 4 x 4,096 x 72 KiB = 1.1 GiB; 4 micro-batches of one row per shard. All 5 held-out tasks x 4 tiers x 16.
+    # 128 episodes per iteration (16 tasks x 8), 4 per batch shard: KV cache per chip 4 x 4,096 x 72 KiB = 1.1 GiB;
+    # 4 micro-batches of one row per shard. 200 held-out tasks x 4 tiers x 8 samples. Each host steps the envs of its
+    # own episodes (`host_schedule.episode_owners`).
     "qwen3-8b-v5p-sql": _pod_8b(
-        "qwen3-8b-v5p-sql", HostTaskSettings(**_SQL, workers=16),
-        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=128), n_tasks=16, micro_batches=4),
-    # 128 episodes per iteration (16 tasks x 8, drawn from 12 train tasks), in 2 overlapping groups; 4 micro-batches
-    # of one row per shard. All 4 held-out tasks x 4 tiers x 16 samples. 32 threads for the sandboxed test runs.
+        "qwen3-8b-v5p-sql", HostTaskSettings(**_SQL, **_HELDOUT, workers=16),
+        HostEvalSettings(**_EVAL_200, batch_size=128), n_tasks=16, micro_batches=4),
+    # 128 episodes per iteration (16 tasks x 8), in 2 overlapping groups; 4 micro-batches of one row per shard. 200
+    # held-out tasks x 4 tiers x 8 samples. One thread per core of each host for its episodes' sandboxed test runs.
     "qwen3-8b-v5p-code": _pod_8b(
-        "qwen3-8b-v5p-code", HostTaskSettings(**_CODE, workers=32),
-        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=128), n_tasks=16, micro_batches=4),
+        "qwen3-8b-v5p-code", HostTaskSettings(**_CODE, **_HELDOUT),
+        HostEvalSettings(**_EVAL_200, batch_size=128), n_tasks=16, micro_batches=4),
 }

@@ -50,7 +50,7 @@ import jax
 import numpy as np
 
 from experiments import cli, study
-from experiments.host_presets import HOST_PRESETS, HostPreset
+from experiments.host_presets import HOST_PRESETS, HostPreset, data_env, data_problem
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
@@ -71,6 +71,8 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
+    p.add_argument("--data", default=None, help="sql / code: a local Spider or InterCode-SQL directory, or "
+                   "DeepCoder-style JSON / JSONL problems (default: the built-in tasks; docs/host_study.md, Data)")
     p.add_argument("--iterations", type=cli.positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=cli.seed_int, nargs="+", default=None, help="override the RL seeds")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
@@ -88,11 +90,13 @@ def wants(argv, prog: str | None = None) -> bool:
 
 def preset_from(args) -> HostPreset:
     p = HOST_PRESETS[args.preset]
-    changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("iterations", args.iterations),
+    changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None)) if v is not None}
     if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
         cli.fail(f"--seeds must be distinct, got {' '.join(map(str, args.seeds))}")
     p = dataclasses.replace(p, **changes)
+    if data_problem(p) is not None:
+        cli.fail(data_problem(p))
     if p.checkpoint is None and p.tiny_model is None:
         cli.fail(f"preset {p.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
     return p
@@ -146,7 +150,7 @@ class HostRun:
                 write_tiny_checkpoint(self.checkpoint, preset.tiny_model)
             study.sync_processes(f"host-run-dir:{self.dir}")
             self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
-        self.world = host_stages.make_host_world(preset.task, self.tokenizer)
+        self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=data_env(preset))
         self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
 
     def path(self, *parts) -> str:

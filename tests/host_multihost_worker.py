@@ -7,8 +7,11 @@ process and placed with `jax.make_array_from_callback`; a host rollout of 8 epis
 budgets) through `host_stages.make_host_rollout_fn` with one episode group (`GROUPS`; two overlapping groups take
 turns in a fixed order in a multi-process run, `host_loop`: (1, 2) checks that too, at one more set of compiles per
 process, kept out of the CI suite's time); one train step of the host arm runtime on the first rollout's tokens with fixed advantages; one RL
-iteration of the host arm (`host_stages.train_host_rl`). With several processes also a scripted rollout whose env
-results differ between the processes on two episodes (`ProcessDependentEnv`).
+iteration of the host arm (`host_stages.train_host_rl`). The SQL env is wrapped in a `CountingEnv` that records
+every reset and step this process makes (`calls.*`: each env call is made by one process only). With several
+processes also a scripted rollout whose env behaves differently on each process (`ProcessDependentEnv`: only the
+process that steps an episode decides its result) and one whose env raises an infrastructure error on process 1
+(`infrastructure_failure`: every process raises).
 
 As a script (JAX_PLATFORMS=cpu, XLA_FLAGS with 4 host devices, set by the parent): gloo CPU collectives,
 `jax.distributed.initialize` on 127.0.0.1, then `run`; writes its results to --out (npz).
@@ -34,17 +37,52 @@ def _rollout_arrays(ro, trace, tag: str) -> dict:
     out[f"{tag}.valid"] = np.asarray(ro.turns.valid)
     out[f"{tag}.actions"] = np.asarray(json.dumps(trace.actions))
     out[f"{tag}.errors"] = np.asarray(json.dumps(trace.errors))
+    out[f"{tag}.observations"] = np.asarray(json.dumps(trace.observations))
+    out[f"{tag}.seeds"] = np.asarray(trace.seeds)
     # replicated on the mesh: every process reads every element
     out[f"{tag}.replicated"] = np.asarray(bool(ro.tokens.sharding.is_fully_replicated))
     return out
 
 
-class ProcessDependentEnv:
-    """The world's env, except that on task `diverge` the step observation names the process (its result differs
-    between processes) and on task `slow` process 1's steps outlast the time-out (`sleep_s`)."""
+class CountingEnv:
+    """The world's env, recording each reset [kind, seed, turn, text] and step made in this process (the state
+    carries the episode's reset seed, so that a step names its episode)."""
 
-    def __init__(self, env, diverge, slow, sleep_s: float):
-        self.env, self.diverge, self.slow, self.sleep_s = env, diverge, slow, sleep_s
+    def __init__(self, env):
+        import threading
+        self.env, self.calls, self._lock = env, [], threading.Lock()
+
+    def reset(self, seed, task):
+        state, obs = self.env.reset(seed, task)
+        with self._lock:
+            self.calls.append(["reset", int(seed), 0, getattr(task, "id", "")])
+        return (int(seed), 0, state), obs
+
+    def step(self, seed_turn_state, text):
+        seed, turn, state = seed_turn_state
+        with self._lock:
+            self.calls.append(["step", seed, turn, text])
+        state, obs, reward, done, info = self.env.step(state, text)
+        return (seed, turn + 1, state), obs, reward, done, info
+
+    def take(self) -> str:
+        """The calls recorded since the last `take`, as JSON."""
+        with self._lock:
+            out, self.calls = self.calls, []
+        return json.dumps(out)
+
+    def __getattr__(self, name):
+        if name == "env" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+class ProcessDependentEnv:
+    """The world's env, except that on task `diverge` the step observation names the process that steps it, on task
+    `slow` process 1's steps outlast the time-out and on task `slow0` process 0's do (`sleep_s`)."""
+
+    def __init__(self, env, diverge, slow, slow0, sleep_s: float):
+        self.env, self.diverge, self.slow, self.slow0, self.sleep_s = env, diverge, slow, slow0, sleep_s
 
     def reset(self, seed, task):
         state, obs = self.env.reset(seed, task)
@@ -56,7 +94,7 @@ class ProcessDependentEnv:
         state, obs, reward, done, info = self.env.step(state, text)
         if task is self.diverge:
             obs = f"{obs} (process {jax.process_index()})"
-        if task is self.slow and jax.process_index() == 1:
+        if (task is self.slow and jax.process_index() == 1) or (task is self.slow0 and jax.process_index() == 0):
             time.sleep(self.sleep_s)
         return (task, state), obs, reward, done, info
 
@@ -67,19 +105,49 @@ class ProcessDependentEnv:
 
 
 def scripted_disagreement(world, ts) -> dict:
-    """A scripted host rollout (no model) whose env results differ between the processes on two episodes: the
-    errors, statuses and step infos every process ends with."""
+    """A scripted host rollout (no model) of 4 episodes (process 0 steps episodes 0 and 1, process 1 episodes 2 and
+    3) whose env differs between the processes: episode 1's observation names the process, episode 2's steps time
+    out on process 1 and episode 3's would on process 0. The errors, statuses, observations and step infos every
+    process ends with."""
     import jax
     from jaxagent.rollout.host_loop import host_rollout
 
     tasks = list(world.train_tasks[:4])
-    env = ProcessDependentEnv(world.env, diverge=tasks[1], slow=tasks[2], sleep_s=3.0)
+    env = ProcessDependentEnv(world.env, diverge=tasks[1], slow=tasks[2], slow0=tasks[3], sleep_s=3.0)
     out = host_rollout(None, None, env, world.tokenizer, tasks, np.full((4,), 2, np.int32), jax.random.key(5),
                        ts.rollout_config(), generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx),
                        workers=2, step_timeout_s=1.0)
     return {"div.errors": np.asarray(json.dumps(out.trace.errors)), "div.status": np.asarray(out.rollout.status),
+            "div.obs": np.asarray(json.dumps(out.trace.observations)),
             "div.infos": np.asarray(json.dumps([[{k: v for k, v in i.items() if k in ("timeout", "diverged")}
                                                  for i in infos] for infos in out.trace.infos]))}
+
+
+class InfrastructureFailure(RuntimeError):
+    infrastructure_error = True
+
+
+def infrastructure_failure(world, ts) -> dict:
+    """A scripted rollout whose env raises an infrastructure error on process 1's first step of episode 2: what each
+    process raised (type and message); the processes stay in step (the next collectives still match)."""
+    import jax
+    from jaxagent.rollout.host_loop import host_rollout
+
+    class Failing(ProcessDependentEnv):
+        def step(self, task_state, text):
+            if task_state[0] is self.slow and jax.process_index() == 1:
+                raise InfrastructureFailure("the sandbox broke")
+            return super().step(task_state, text)
+
+    tasks = list(world.train_tasks[:4])
+    env = Failing(world.env, diverge=None, slow=tasks[2], slow0=None, sleep_s=0.0)
+    try:
+        host_rollout(None, None, env, world.tokenizer, tasks, np.full((4,), 2, np.int32), jax.random.key(5),
+                     ts.rollout_config(), generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx), workers=2)
+        raised = ["", ""]
+    except Exception as err:  # noqa: BLE001 -- recorded for the test
+        raised = [type(err).__name__, str(err)]
+    return {"infra.raised": np.asarray(json.dumps(raised))}
 
 
 def run() -> dict:
@@ -96,7 +164,8 @@ def run() -> dict:
 
     preset = HOST_PRESETS["ci-sql"]
     cfg, ts = preset.tiny_model, preset.task
-    world = host_stages.make_host_world(ts, Tokenizer.from_dir(qwen3_tokenizer_dir()))
+    counting = CountingEnv(host_stages.get_domain(ts.domain).make_env())
+    world = host_stages.make_host_world(ts, Tokenizer.from_dir(qwen3_tokenizer_dir()), env=counting)
     mesh = sharding.make_mesh(*MESH)
     host = jax.device_get(qwen3.init(cfg, jax.random.key(0)))  # the same on every process
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host,
@@ -111,6 +180,7 @@ def run() -> dict:
                                               on_trace=traces.append)
         r = fn(params, IDX_B, BUDGETS_B, jax.random.key(7))
         out.update(_rollout_arrays(r, traces[-1], f"g{groups}"))
+        out[f"calls.g{groups}"] = np.asarray(counting.take())
         out[f"seconds.g{groups}"] = np.asarray(time.perf_counter() - t0)
         ro = r if ro is None else ro
 
@@ -132,12 +202,15 @@ def run() -> dict:
         lambda p: sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(p)), out_shardings=rep)(state.params)))
 
     # one RL iteration of the host arm: sampled tasks, host rollout, advantages, update
+    counting.take()
     state, hist = host_stages.train_host_rl(world, cfg, params, jax.random.key(2), ts, arm, rt)
+    out["calls.iter"] = np.asarray(counting.take())
     for k in ("loss", "success_rate", "mean_turns", "mean_generated_tokens", "valid_action_rate"):
         out[f"iter.{k}"] = np.asarray(hist[0][k])
     out["seconds.iter"] = np.asarray(time.perf_counter() - t0)
     if jax.process_count() > 1:
         out.update(scripted_disagreement(world, ts))
+        out.update(infrastructure_failure(world, ts))
     return out
 
 

@@ -2,9 +2,16 @@
 is the step quality, malformed actions are error observations, and a failing sandbox is an
 infrastructure error, never a score."""
 
+import concurrent.futures
+import os
+import threading
+import time
+
 import pytest
 
 from jaxagent.envs.host import base as host, sandbox
+from jaxagent.envs.host.data import code_gen
+from jaxagent.envs.host.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host.code_env import CodeEnv, CodeState, extract_code, values_equal
 from jaxagent.envs.host.sandbox import SandboxLimits, SandboxSetupError, SandboxUnavailable
 
@@ -31,17 +38,86 @@ def test_task_set(env):
     tasks = env.tasks("all")
     assert len(tasks) >= 15 and len({t.id for t in tasks}) == len(tasks)
     assert all(len(t.tests) >= 4 for t in tasks)
+    assert all(len({repr(e) for _, e in t.tests}) >= 2 for t in tasks)  # a constant answer fails every task
     assert len(env.tasks("train")) + len(env.tasks("test")) == len(tasks)
+    assert [t.id for t in tasks[:len(CODE_TASKS)]] == [t["id"] for t in CODE_TASKS]  # the hand-written ones first
+    assert [t.id for t in env.tasks("test")] == [t.id for t in tasks[3::4]]
+    assert {t.id.rsplit("-", 1)[0] for t in env.tasks("test")[4:]} == {f.name for f in code_gen.FAMILIES}
+
+
+def _solves_in_one_turn(env, task):
+    state, obs = env.reset(0, task)
+    assert task.entry_point in obs and "Example:" in obs
+    state, obs, reward, done, info = env.step(state, _block(task.reference))
+    assert (reward, done, info["success"], info["pass_rate"]) == (1.0, True, True, 1.0), (task.id, obs)
+    assert obs == f"All {len(task.tests)} tests passed."
+    assert env.upper_bound_turns(task) == 1
 
 
 def test_reference_solutions_pass(env):
-    for task in env.tasks("all"):
-        state, obs = env.reset(0, task)
-        assert task.entry_point in obs and "Example:" in obs
-        state, obs, reward, done, info = env.step(state, _block(task.reference))
-        assert (reward, done, info["success"], info["pass_rate"]) == (1.0, True, True, 1.0), (task.id, obs)
-        assert obs == f"All {len(task.tests)} tests passed."
-        assert env.upper_bound_turns(task) == 1
+    """Every hand-written task and the first task of every generated family: the reference passes in the
+    sandbox in one turn (the structural bound's 1)."""
+    firsts = {}
+    for task in env.tasks("all")[len(CODE_TASKS):]:
+        firsts.setdefault(task.id.rsplit("-", 1)[0], task)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        tasks = env.tasks("all")[:len(CODE_TASKS)] + list(firsts.values())
+        list(pool.map(lambda t: _solves_in_one_turn(env, t), tasks))
+
+
+@pytest.mark.slow
+def test_every_generated_reference_passes_in_the_sandbox(env):
+    with concurrent.futures.ThreadPoolExecutor(env.max_parallel) as pool:
+        list(pool.map(lambda t: _solves_in_one_turn(env, t), env.tasks("all")[len(CODE_TASKS):]))
+
+
+def test_generated_tasks_are_deterministic_and_check_their_parameters():
+    a, b = code_gen.generate(), code_gen.generate()
+    assert a == b and len(a) == 885
+    assert code_gen.generate(seed=1) != a and [t["id"] for t in code_gen.generate(seed=1)] == [t["id"] for t in a]
+    by_id = {t["id"]: t for t in a}
+    t = by_id["sum-multiples-00"]  # k = 2, any position
+    assert "divisible by 2" in t["prompt"] and ([[2, -2, 0, 1]], 0) in t["tests"]
+    t = by_id["shift-letters-01"]  # k = 1 backward
+    assert "1 places backward" in t["prompt"] and (["Zz Aa!"], "Yy Zz!") in t["tests"]
+    t = by_id["sequence-00"]  # a0 = 0, a1 = 1, a(n) = a(n-1) + a(n-2): Fibonacci
+    assert ([2], 1) in t["tests"] and all(e == _fib(a[0]) for a, e in t["tests"])
+
+
+def _fib(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def test_sandbox_runs_are_bounded_by_the_hosts_cores(monkeypatch):
+    """At most max_parallel sandbox runs at once (default: the cores of os.sched_getaffinity), however many threads
+    step the env."""
+    assert CodeEnv().max_parallel == len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="max_parallel"):
+        CodeEnv(max_parallel=0)
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def fake_run_calls(code, entry, args_list, limits):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return sandbox.SandboxResult(outcomes=tuple(sandbox.CallOutcome("ok", value=None) for _ in args_list),
+                                     load_error=None, timed_out=False, isolation=MODE, exit_info="", wall_s=0.05)
+
+    monkeypatch.setattr("jaxagent.envs.host.code_env.run_calls", fake_run_calls)
+    env = CodeEnv(max_parallel=2)
+    task = env.tasks("all")[0]
+    threads = [threading.Thread(target=env.evaluate, args=(task, "pass")) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert peak[0] == 2
 
 
 BROKEN = {

@@ -27,7 +27,8 @@ def test_should_measure_every_and_last():
 
 @pytest.fixture(scope="module")
 def code_world(tok):
-    return host_stages.make_host_world(host_stages.HostTaskSettings(domain="code", t_max=4, max_obs_tokens=64), tok)
+    ts = host_stages.HostTaskSettings(domain="code", t_max=4, max_obs_tokens=64, max_heldout_tasks=4)  # hand-written
+    return host_stages.make_host_world(ts, tok)
 
 
 def test_first_submission_ends_the_episode(tok, code_world):

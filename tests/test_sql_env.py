@@ -12,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from jaxagent.envs.host import base as host
 from jaxagent.envs.host import sql_env
+from jaxagent.envs.host.data import sql_gen
+from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.sql_env import (QueryError, SQLEnv, SQLState, parse_sql_action, results_match,
                                      run_query)
 
@@ -39,7 +41,9 @@ def test_task_set_and_splits(env):
     assert len(all_tasks) >= 20 and len({t.id for t in all_tasks}) == len(all_tasks)
     train, test = env.tasks("train"), env.tasks("test")
     assert len(train) + len(test) == len(all_tasks) and not {t.id for t in train} & {t.id for t in test}
-    assert {t.db for t in all_tasks} == {"shop", "school", "library"}
+    assert {t.db for t in all_tasks} == {"shop", "school", "library"} | {f"gen-{w.name}" for w in sql_gen.WORLDS}
+    assert [t.id for t in all_tasks[:23]] == [t["id"] for t in SQL_TASKS]  # the hand-written ones first
+    assert [t.id for t in test] == [t.id for t in all_tasks[3::4]]  # every 4th held out
     with pytest.raises(ValueError):
         env.tasks("validation")
 

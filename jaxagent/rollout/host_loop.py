@@ -46,26 +46,31 @@ vs env, with the env time the model did not hide and the wall clock, and counts 
 (generated, waiting for the longest reply, spent on finished episodes).
 
 Several processes (SPMD: every process of a multi-process job runs this same call with the same
-arguments, the params on one device mesh over all of them). Every process steps every episode's env on
-its own host and keeps the whole batch's buffers, so every loop decision (who plays turn t, how many
-append calls of which width, which group decodes next, when all episodes are done) is taken from data
-every process holds alike, and the processes issue the same jitted calls in the same order:
+arguments, the params on one device mesh over all of them). Every process keeps the whole batch's
+buffers, so every loop decision (who plays turn t, how many append calls of which width, which group
+decodes next, when all episodes are done) is taken from data every process holds alike, and the
+processes issue the same jitted calls in the same order; but each process steps only its own episodes'
+envs (`host_schedule.episode_owners`: contiguous blocks of the batch), so each env call is made once in
+the job and the env work per host falls with the number of hosts:
   - the model's inputs (token rows, counts, active masks, key, a fresh KV cache) are placed on the
     params' mesh from the host copies every process holds, and each decode's replies come back fully
     replicated to every process (`host_policy.Placement`);
-  - the env results are made the same on every process (`host_schedule.agree_across_processes`): the
-    envs are deterministic given the same replies, except for wall-clock limits, so a reset or step that
-    timed out on any process fails its episode on every process (`EnvTimeout`), and one whose result
-    differs between processes (e.g. a sandboxed test near its time limit) fails it likewise
-    (`EnvDiverged`, `trace.infos[b][t]` {"diverged": True, ...});
+  - after each batch of env calls (the resets, a group's turn) the processes exchange the results
+    (`host_schedule.EnvShare.exchange`: the observation, info, reward and flags, and the next chunk's
+    token ids, gathered with `process_allgather`), so every process writes every episode's chunk and
+    record; an env state stays on its process (`trace.final_states[b]` is None on the others). A call
+    that times out fails its episode on every process (`EnvTimeout`, decided where it ran); an
+    infrastructure error is raised on every process;
   - with overlap (G > 1) the groups take turns in a fixed order (a group whose steps are in flight is
     waited for only when no group is ready, the oldest first) instead of whichever group's envs finish
     first: wall-clock order would differ between hosts. The episodes are the same either way (the
     Overlap paragraph), only less env time may be hidden;
+  - `trace.timing`'s env_s counts this process's env calls;
   - the returned Rollout's arrays are replicated on the params' mesh (one process: host arrays), so the
-    RL step and the metrics read them on every process; `trace` is complete on every process (results
-    files are written by process 0: `experiments/host_study.py`).
-The results equal a one-process run on a mesh of the same shape (tests/test_host_multihost.py).
+    RL step and the metrics read them on every process; `trace` is complete on every process but for
+    the env states (results files are written by process 0: `experiments/host_study.py`).
+The results equal a one-process run on a mesh of the same shape, each env call made once
+(tests/test_host_multihost.py).
 
 Replies not sampled from the model (`Turns.forced`, logprob 0), as in jax_loop's scripted and
 forced paths: with `generate_fn` (a scripted policy replacing the model: it is the acting policy, so
@@ -101,14 +106,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.envs.jax import budgets as budgets_lib
-from jaxagent.envs.host.base import stable_hash
+from jaxagent.envs.host.base import host_cores, stable_hash
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout import episode, types
 from jaxagent.rollout.episode import (BUDGET_TEMPLATE, EpisodeConfig, action_text, budget_text,  # noqa: F401
                                       observation_turn, text_reply)
 from jaxagent.rollout.host_policy import HostPolicy, Placement, append_jit, decode_jit, given_replies
-from jaxagent.rollout.host_schedule import (EnvCalls, EnvDiverged, EnvSide, EnvTimeout, Group, HostTiming, InFlight,
+from jaxagent.rollout.host_schedule import (EnvCalls, EnvShare, EnvSide, EnvTimeout, Group, HostTiming, InFlight,
                                             TurnClock, episode_groups, error_text, span)
 
 _append_jit, _decode_jit = append_jit, decode_jit  # the names tests/test_composable.py uses
@@ -168,7 +173,8 @@ class HostTrace:
     observations: list          # [b][k]: k = 0 the reset observation, k = t + 1 the one after turn t
     infos: list                 # [b][t] the env's info dict of each step
     dones: list                 # [b][t] the env's done flag of each step
-    final_states: list          # env state after the last step (None if the reset failed or a call timed out)
+    final_states: list          # env state after the last step (None if the reset failed or a call timed out, and
+                                # on the processes that did not step the episode)
     timing: Optional[HostTiming] = None  # per-turn model vs env seconds (`host_schedule`)
 
     def trajectories(self, policy: str = "") -> list[dict]:
@@ -243,8 +249,8 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
     budget_B = budgets_lib.validate_budgets(budgets, hcfg.t_max)
     if budget_B.ndim != 1 or budget_B.shape[0] != len(tasks):
         raise ValueError(f"{len(tasks)} tasks but budgets has shape {budget_B.shape}; give one budget per task")
-    if isinstance(workers, bool) or int(workers) != workers or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if workers is not None and (isinstance(workers, bool) or int(workers) != workers or workers < 1):
+        raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
     if max_append_width < 16 or max_append_width & (max_append_width - 1):
         raise ValueError(f"max_append_width must be a power of two >= 16, got {max_append_width}")
     if isinstance(overlap_groups, bool) or int(overlap_groups) != overlap_groups or overlap_groups < 1:
@@ -258,8 +264,10 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
 
 
 def _reset_all(buf: _Buffers, envs: EnvSide, calls: EnvCalls, hcfg: HostRolloutConfig):
-    """Reset every episode: its first chunk (system turn + first user turn) becomes pending."""
-    for b, res in enumerate(calls.collect([calls.submit(envs.reset, b) for b in range(len(envs.tasks))])):
+    """Reset every episode (this process's: `EnvCalls.submit_for`): its first chunk (system turn + first user
+    turn) becomes pending."""
+    idx = range(len(envs.tasks))
+    for b, res in enumerate(calls.results(idx, [calls.submit_for(b, envs.reset, b) for b in idx])):
         if isinstance(res, Exception):
             buf.status[b], buf.trace.errors[b] = types.FAILED, error_text("reset", res)
             continue
@@ -325,11 +333,11 @@ def _write_replies(buf: _Buffers, t: int, active, start_slot, replies, trains, t
 
 def _submit_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, t: int, active, start_slot, replies, texts: dict,
                   is_forced, tokenizer: Tokenizer) -> InFlight:
-    """Step 3: the envs' steps on the replies' texts, submitted to the worker threads."""
+    """Step 3: the envs' steps on the replies' texts, submitted to the worker threads (this process's episodes)."""
     r_tok, _, r_len, _ = replies
     idx = np.flatnonzero(active)
     closed = [bool(episode.reply_closed(r_tok[b], r_len[b], tokenizer.im_end_id)) for b in idx]  # the shared rule
-    steps = [calls.submit(envs.step, b, t, buf.states[b], texts[b], c) for b, c in zip(idx, closed)]
+    steps = [calls.submit_for(b, envs.step, b, t, buf.states[b], texts[b], c) for b, c in zip(idx, closed)]
     return InFlight(t, idx, steps, start_slot, replies, texts, is_forced)
 
 
@@ -337,7 +345,7 @@ def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight,
     """Step 3b: the steps' results (all returned or timed out); the turn recorded and the statuses moved
     on (`episode.after_step`); an env exception or time-out fails its own episode."""
     t, (_, _, r_len, r_stop) = turn.t, turn.replies
-    results = calls.collect(turn.calls)
+    results = calls.results(turn.idx, turn.calls)
     clock.add_env(t, span(turn.calls))
     rec, trace, active = buf.rec, buf.trace, np.isin(np.arange(buf.status.shape[0]), turn.idx)
     stepped, done_B, success_B, errors = np.zeros_like(active), np.zeros_like(active), np.zeros_like(active), {}
@@ -353,9 +361,6 @@ def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight,
             info = {"valid": False, "success": False, "error": errors[b]}
             if isinstance(res, EnvTimeout):  # the abandoned call may still change the state: drop it
                 info.update(timeout=True, timeout_s=calls.timeout_s)
-                buf.states[b] = None
-            elif isinstance(res, EnvDiverged):  # processes disagree on this state: no process keeps it
-                info["diverged"] = True
                 buf.states[b] = None
             else:
                 info["env_exception"] = True
@@ -379,7 +384,7 @@ def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight,
 
 
 def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budgets, key, rcfg: EpisodeConfig, *,
-                 hide_budget: bool = False, enable_thinking: bool = False, workers: int = 4,
+                 hide_budget: bool = False, enable_thinking: bool = False, workers: Optional[int] = 4,
                  budget_template: str = BUDGET_TEMPLATE, system_fn: Optional[SystemFn] = None,
                  max_append_width: int = 1024, process_reward_fn: Optional[HostProcessRewardFn] = None,
                  generate_fn: Optional[GenerateFn] = None,
@@ -392,7 +397,8 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
       JAX-loop RolloutConfig whose jittable-env fields are set raises (`host_config`).
     hide_budget: no budget text in the prompts (the episodes still stop at their budgets).
     enable_thinking: False appends Qwen3's empty think block to every generation prompt.
-    workers: threads that run the env calls (resets and steps).
+    workers: threads that run the env calls (resets and steps); None: `env.max_parallel` where the env has
+      one (the code sandbox's runs at once), else the cores this process may run on (`base.host_cores`).
     budget_template: str.format template with {turn} (1-based), {budget} and {remaining} (including
       this turn); default the one budget text, `episode.BUDGET_TEMPLATE`.
     system_fn: (env, task) -> (system content, tools) of the system turn; default `default_system`.
@@ -435,7 +441,9 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
         return row[t] if t < len(row) else None
 
     spmd = jax.process_count() > 1  # several processes: module docstring
-    calls = EnvCalls(workers, step_timeout_s, agree=spmd)
+    if workers is None:
+        workers = getattr(env, "max_parallel", None) or host_cores()
+    calls = EnvCalls(workers, step_timeout_s, share=EnvShare(n_ep) if spmd else None)
     try:
         _reset_all(buf, envs, calls, hcfg)
         for group in groups:

@@ -10,20 +10,20 @@ its own, its result dropped. The threads are daemons, so a hung call blocks neit
 return nor the interpreter's exit. An exception that escapes a call (the host loop lets only
 infrastructure errors escape) is raised by `collect` in the caller's thread.
 
-Several processes (`EnvCalls(..., agree=True)`, multi-process SPMD runs: `host_loop` module docstring).
-Every process steps every episode's env and must see the same results, or the processes' model calls
-would take different inputs (or different numbers of calls, and the collectives hang). The host envs
-are deterministic given the same actions; wall-clock limits are not: an env call may time out on one
-host and return on another (`step_timeout_s`), and the code sandbox's per-test limit may turn one host's
-pass into another's "timed out". So after each batch of calls is collected, the processes compare
-(`agree_across_processes`, one `process_allgather` of int32 [2, calls]) which calls timed out and a
-digest of each result (everything but the env state and the info dict: the observation, the numbers,
-the next chunk's ids). A call that timed out on any process becomes an `EnvTimeout` on every process;
-a call whose digests differ becomes an `EnvDiverged` on every process; either fails its episode
-everywhere (its env state dropped), as a time-out does in one process. This needs no env state or
-text to cross between hosts, and every process makes the same decision from the same gathered data.
-An infrastructure error (re-raised by `collect`) stops its own process; the others then wait in the
-next collective until the distributed runtime ends the job.
+Several processes (`EnvCalls(..., share=EnvShare(n_ep))`, multi-process SPMD runs: `host_loop` module
+docstring). Each process steps only its own episodes (`episode_owners`: contiguous blocks of the batch,
+b * P // B, as a mesh whose batch axes run over the processes in order holds them), so a sandboxed test
+run or an SQL query executes once in the job and the env work per host falls with the number of hosts.
+After each batch of calls, `EnvShare.exchange` gives every process every episode's result but the env
+state: each process pickles its results (observation, info, the numbers, the next chunk's token ids; an
+exception as its type name and message) into one byte string, and two `process_allgather`s (the lengths,
+then the strings zero-padded to the longest) bring every process's string to every process. Env states
+never leave their process (`HostTrace.final_states[b]` is None elsewhere). A time-out is decided by the
+one process that ran the call and fails the episode on every process alike; nothing has to agree
+any more. An infrastructure error (the sandbox failed: `infrastructure_error`) is shared too and raised
+on every process (the original on its own, a `RemoteEnvFailure` naming it elsewhere), so no process is
+left waiting in a collective. A result that cannot be pickled becomes an `EnvError` ("UnsendableResult")
+on every process, its owner included, and fails its episode.
 
 Groups (`episode_groups`). With G groups, episode b belongs to group b % G (interleaved, so a task's
 G rollouts, which sit next to each other, spread over the groups and their step times balance); each
@@ -59,10 +59,10 @@ Dimension legend (CONVENTIONS.md): N turns (T_max), B episodes (the rows of a gr
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import queue
 import threading
 import time
-import zlib
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -74,7 +74,7 @@ from jaxagent.rollout.episode import budget_text
 
 
 def error_text(where: str, err: BaseException) -> str:
-    return f"{where}: {type(err).__name__}: {err}"
+    return f"{where}: {getattr(err, 'type_name', type(err).__name__)}: {err}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,40 +136,106 @@ class EnvTimeout(TimeoutError):
     """An env call gave no result within its time limit (the call was abandoned)."""
 
 
-class EnvDiverged(RuntimeError):
-    """An env call's result differed between the processes of a multi-process run (module docstring)."""
+class EnvError(Exception):
+    """An env exception raised on another process (its type's name and its message), or a result that could
+    not be sent between processes (module docstring)."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(message)
+        self.type_name = type_name
 
 
-def result_digest(res) -> int:
-    """A process-independent 31-bit digest of an env call's result: an exception's type, else the result
-    tuple's elements after the env state, dicts (info) left out."""
-    if isinstance(res, BaseException):
-        text = f"error:{type(res).__name__}"
-    else:
-        text = repr([x for x in res[1:] if not isinstance(x, dict)])
-    return zlib.crc32(text.encode("utf-8", "backslashreplace")) & 0x7FFFFFFF
+class RemoteEnvFailure(RuntimeError):
+    """An infrastructure error raised by an env call on another process (module docstring)."""
+
+    infrastructure_error = True
 
 
-def agree_across_processes(results: list, timeout_s: Optional[float]) -> list:
-    """The results every process can act on alike (module docstring): a call that timed out on any process
-    an `EnvTimeout`, a call whose result's digest differs between processes an `EnvDiverged`, on every
-    process. A collective: every process calls it with its results of the same calls."""
-    if not results:
-        return results
+class _Raised(NamedTuple):
+    """An exception that escaped an env call, held until every process knows of it."""
+
+    error: BaseException
+
+
+def episode_owners(n_ep: int, n_proc: int) -> np.ndarray:
+    """int [B]: the process that steps episode b, contiguous blocks b * P // B (module docstring)."""
+    return (np.arange(n_ep, dtype=np.int64) * n_proc // max(n_ep, 1)).astype(np.int32)
+
+
+def allgather_bytes(blob: bytes) -> list:
+    """Every process's `blob`, in process order (a collective: every process calls it)."""
     from jax.experimental import multihost_utils
-    mine_2xN = np.asarray([[isinstance(r, EnvTimeout) for r in results], [result_digest(r) for r in results]],
-                          np.int32)
-    all_Px2xN = np.asarray(multihost_utils.process_allgather(mine_2xN))
-    out = list(results)
-    for i in range(len(results)):
-        late = np.flatnonzero(all_Px2xN[:, 0, i])
-        if late.size:  # the same text on every process
-            out[i] = EnvTimeout(f"no result within {timeout_s:g} s on process {', '.join(map(str, late))} (the "
-                                "call was abandoned there and its result dropped on every process)")
-        elif np.any(all_Px2xN[:, 1, i] != all_Px2xN[0, 1, i]):
-            out[i] = EnvDiverged(f"the result differs between processes (digests "
-                                 f"{all_Px2xN[:, 1, i].tolist()}; dropped on every process)")
-    return out
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([len(blob)], np.int32))).reshape(-1)
+    buf = np.zeros((max(int(sizes.max()), 1),), np.uint8)
+    buf[:len(blob)] = np.frombuffer(blob, np.uint8)
+    all_PxL = np.asarray(multihost_utils.process_allgather(buf))
+    return [all_PxL[p, :int(sizes[p])].tobytes() for p in range(sizes.shape[0])]
+
+
+def _wire(res):
+    """What crosses to the other processes for one result (never the env state, res[0])."""
+    if isinstance(res, _Raised):
+        err = res.error
+        return ("raised", type(err).__name__, str(err), bool(getattr(err, "infrastructure_error", False)))
+    if isinstance(res, EnvTimeout):
+        return ("timeout", str(res))
+    if isinstance(res, BaseException):
+        return ("error", getattr(res, "type_name", type(res).__name__), str(res))
+    return ("ok", res[1:])
+
+
+def _unwire(msg, process: int):
+    kind = msg[0]
+    if kind == "ok":
+        return (None, *msg[1])
+    if kind == "timeout":
+        return EnvTimeout(msg[1])
+    if kind == "error":
+        return EnvError(msg[1], msg[2])
+    failure = RemoteEnvFailure(f"process {process}: {msg[1]}: {msg[2]}")
+    failure.infrastructure_error = msg[3]
+    return _Raised(failure)
+
+
+class EnvShare:
+    """This process's part of an SPMD rollout's env calls: which episodes it steps, and the exchange of the
+    results (module docstring)."""
+
+    def __init__(self, n_ep: int, process_index: Optional[int] = None, process_count: Optional[int] = None,
+                 gather: Callable[[bytes], list] = allgather_bytes):
+        if process_index is None or process_count is None:
+            import jax
+            process_index, process_count = jax.process_index(), jax.process_count()
+        self.me, self.n_proc, self.gather = int(process_index), int(process_count), gather
+        self.owner_B = episode_owners(n_ep, self.n_proc)
+
+    def owns(self, b: int) -> bool:
+        return int(self.owner_B[b]) == self.me
+
+    def exchange(self, idx, local: dict) -> list:
+        """Every episode's result, aligned with `idx`, from this process's results `local` {b: result} of its
+        own episodes of `idx` (a collective: every process calls it with the same `idx`)."""
+        mine = []
+        for b in idx:
+            if not self.owns(b):
+                continue
+            try:
+                mine.append((int(b), pickle.dumps(_wire(local[b]), protocol=pickle.HIGHEST_PROTOCOL)))
+            except Exception as err:  # noqa: BLE001 -- an unpicklable info: the episode fails everywhere
+                local[b] = EnvError("UnsendableResult", f"the env result could not be sent to the other processes "
+                                                        f"({type(err).__name__}: {err})")
+                mine.append((int(b), pickle.dumps(_wire(local[b]))))
+        theirs = {}
+        for p, blob in enumerate(self.gather(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))):
+            if p != self.me:
+                for b, item in pickle.loads(blob):  # written by a process of this job: trusted
+                    theirs[b] = _unwire(pickle.loads(item), p)
+        out = [local[b] if self.owns(b) else theirs[int(b)] for b in idx]
+        raised = [r for r in out if isinstance(r, _Raised)]
+        if raised:  # the same first failure on every process: its own original where it happened
+            own = [r for b, r in zip(idx, out) if isinstance(r, _Raised) and self.owns(b)]
+            raise (own[0] if own and own[0] is raised[0] else raised[0]).error
+        return out
 
 
 class _Call:
@@ -185,10 +251,10 @@ class _Call:
 
 class EnvCalls:
     """Env calls on `workers` daemon threads, each with `timeout_s` seconds from its start (None: no limit);
-    `agree`: `collect` makes the processes agree on the results (`agree_across_processes`)."""
+    `share`: this process's part of a multi-process rollout (module docstring; None: one process)."""
 
-    def __init__(self, workers: int, timeout_s: Optional[float], agree: bool = False):
-        self.workers, self.timeout_s, self.agree = workers, timeout_s, agree
+    def __init__(self, workers: int, timeout_s: Optional[float], share: Optional[EnvShare] = None):
+        self.workers, self.timeout_s, self.share = workers, timeout_s, share
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         for _ in range(workers):
@@ -222,6 +288,12 @@ class EnvCalls:
         self._queue.put(call)
         return call
 
+    def submit_for(self, b: int, fn: Callable, *args) -> Optional[_Call]:
+        """`submit(fn, *args)` when this process steps episode b, else None (another process runs it)."""
+        if self.share is not None and not self.share.owns(b):
+            return None
+        return self.submit(fn, *args)
+
     def _settled(self, call: _Call, now: float) -> bool:
         """The call returned, or is abandoned now that it ran past its limit (a fresh worker replaces it)."""
         if call.done or call.abandoned:
@@ -249,19 +321,31 @@ class EnvCalls:
                 # woken at the next limit, or when a call starts or ends
                 self._cond.wait(min(min(ends) - now, threading.TIMEOUT_MAX) if ends else None)
 
-    def collect(self, calls: list) -> list:
+    def collect(self, calls: list, raise_errors: bool = True) -> list:
         """The calls' results in order (waited for), an `EnvTimeout` for each call past its limit; re-raises
-        the first exception a call raised. With `agree`, the results every process agrees on."""
+        the first exception a call raised (held as `_Raised` without `raise_errors`)."""
         self.first_done([calls])
         out = []
         for c in calls:
             if c.abandoned:
                 out.append(EnvTimeout(f"no result within {self.timeout_s:g} s (the call was abandoned)"))
             elif c.error is not None:
-                raise c.error
+                if raise_errors:
+                    raise c.error
+                out.append(_Raised(c.error))
             else:
                 out.append(c.result)
-        return agree_across_processes(out, self.timeout_s) if self.agree else out
+        return out
+
+    def results(self, idx, calls: list) -> list:
+        """Every episode's result of a batch, aligned with the episodes `idx`; `calls[i]` is None where another
+        process steps idx[i] (`submit_for`). One process: `collect`; several: `EnvShare.exchange`."""
+        own = [c for c in calls if c is not None]
+        got = iter(self.collect(own, raise_errors=self.share is None))
+        local = {int(b): next(got) for b, c in zip(idx, calls) if c is not None}
+        if self.share is None:
+            return [local[int(b)] for b in idx]
+        return self.share.exchange([int(b) for b in idx], local)
 
     def close(self):
         """Drops calls not yet started and lets the idle workers exit (abandoned threads exit on their own)."""
@@ -279,7 +363,7 @@ class InFlight(NamedTuple):
 
     t: int
     idx: np.ndarray             # the active episodes
-    calls: list                 # their env calls (`EnvCalls.submit`)
+    calls: list                 # their env calls (`EnvCalls.submit_for`: None where another process steps it)
     start_slot: np.ndarray
     replies: tuple
     texts: dict
@@ -299,9 +383,10 @@ class Group:
 
 
 def span(calls: list) -> float:
-    """Wall seconds from the first call's start to the last call's end (all collected)."""
-    started = [c.started for c in calls if c.started is not None]
-    ended = [c.ended for c in calls if c.ended is not None]
+    """Wall seconds from the first call's start to the last call's end (all collected; None entries, other
+    processes' calls, skipped)."""
+    started = [c.started for c in calls if c is not None and c.started is not None]
+    ended = [c.ended for c in calls if c is not None and c.ended is not None]
     return max(ended) - min(started) if started and ended else 0.0
 
 

@@ -18,21 +18,23 @@ structural bound's turn count per task (default `env.upper_bound_turns`). Reward
 outcome rewards (PAPER.md): 1 when the episode ends solved, else 0 (SQL: the answer's result set equals the gold
 query's; BFCL: every user turn passes BFCL's state and response checks; coding: every unit test passes); a
 trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
-  sql   SQLEnv: 23 tasks on read-only SQLite, every 4th held out (18 train, 5 held-out); bound 1 turn (the
-        schema is in the prompt: one answer).
+  sql   SQLEnv: 915 built-in tasks on read-only SQLite (hand-written + generated), every 4th held out (687 train,
+        228 held-out), or Spider / InterCode-SQL from a data directory; bound 1 turn (the schema is in the prompt:
+        one answer).
   bfcl  BFCLEnv, BFCL v4 multi-turn (base, long_context, miss_func, miss_param): scenario index % 4 == 3 held out,
         the same scenarios in every category (595 train, 200 held-out, 50 per category); the 5 tasks whose
         ground truth cannot replay are left out (`BFCLEnv.ground_truth_problems`). Bound: per user turn one
         message with all its ground-truth calls (when it has any) plus one closing message (2 to 15 turns).
-  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 16 tasks, every 4th held out (12 train,
-        4 held-out); bound 1 turn (the reference passes in one submission).
+  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 901 built-in tasks (hand-written +
+        generated), every 4th held out (676 train, 225 held-out), or DeepCoder-style problems from a data
+        directory; bound 1 turn (the reference passes in one submission).
 
 Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
 `rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
 under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
 sharded `make_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
-more than one host): every process runs the same rollout, steps every episode's env and reads every reply; the
-Rollout comes back replicated on the mesh (`host_loop` module docstring, multi-process), as the FrozenLake arms'.
+more than one host): every process runs the same rollout, steps its own episodes' envs and reads every reply and
+env result; the Rollout comes back replicated on the mesh (`host_loop` module docstring, multi-process), as the FrozenLake arms'.
 
 Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots, P tasks.
 """

@@ -46,6 +46,7 @@ import functools
 import hashlib
 import importlib
 import json
+import os
 import re
 from typing import Any, Callable
 
@@ -118,6 +119,15 @@ class HostEnv:
 
     def clone(self, state):
         return copy.deepcopy(state)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (`os.sched_getaffinity`; `os.cpu_count` where that is missing): the
+    default number of env workers and of sandbox runs at once."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def make_info(*, valid: bool, success: bool, anchor: int, next_anchor: int, error: str | None,

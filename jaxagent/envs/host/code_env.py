@@ -2,6 +2,23 @@
 
 No dimension legend: host-side Python, no arrays.
 
+Tasks. Built in (`data=None`): the hand-written problems of data/code_tasks.py followed by the generated
+families of data/code_gen.py (885 tasks); every 4th task of that list of 901 is held out
+(`base.split_tasks`: 676 train, 225 held-out). With `data=DIR`: DeepCoder-style problems read from
+local JSON / JSONL files (`deepcoder.load_deepcoder`; its split rule and the tasks it leaves out are in
+`self.report`).
+Three task styles (`CodeTask.style`):
+  "function"  the built-in tasks: the entry point is a function of the submitted module, called with
+              each test's arguments;
+  "call"      loaded function-call tests: the entry point is a method of a `Solution` class when the
+              code defines one (LeetCode / LiveCodeBench starter code), else a function; the module runs
+              after a prelude of common imports (`CALL_PRELUDE`), as the public graders do;
+  "stdin"     loaded standard-input tests: the program runs as __main__ with the test's input on
+              standard input (`sys.stdin`, `input()` and file descriptor 0) and its standard output is
+              compared with the expected output (`stdout_matches`).
+The loaded styles run through a small generated driver module (`driver`): the submitted code is a
+string inside it, executed in the sandbox like any other code.
+
 Action: a Python solution in a ```python code block (the last block if there are several; a bare
 ``` block is accepted). The code runs in the sandbox (jaxagent.envs.host.sandbox: wall, CPU, memory,
 process and file-size limits, no network, a root file system holding only the interpreter and its
@@ -11,8 +28,9 @@ silent fallback; docs/sandbox.md) and the
 task's entry-point function is called on every unit test's arguments; return values are compared
 with the expected values here, outside the sandbox (floats to 1e-6 relative, bool distinct from
 int, tuples as lists, sets as sorted lists).
-Observation: "All N tests passed." or the number passed plus the first failing test (its call, the
-expected value, and what came back: the wrong value, the exception, a timeout, or the load error).
+Observation: "All N tests passed." or the number passed plus the first failing test (its call or
+input, the expected value or output, and what came back: the wrong value or output, the exception, a
+timeout, or the load error).
 Reward: 1 when every test passes (the episode then ends), else 0.
 step_quality(state, action) = the action's unit-test pass rate (docs/study.md finding 3: step quality on
 DeepCoder-MT is the unit-test pass rate); it does not advance the state.
@@ -21,7 +39,11 @@ with `error` set (`tool_error` when it crashed, raised or timed out rather than 
 values).
 Anchor (`anchor(state)`): hash of (task id, pass/fail vector of the latest submission, None before
 the first); an invalid action keeps the previous vector (the env state did not change).
-upper_bound_turns = 1 (the reference solution passes in one submission).
+upper_bound_turns = 1 (the reference solution passes in one submission; loaded tasks without a reference,
+kept with `require_reference=False`, are assumed solvable in one).
+Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
+may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
+needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.
 Infrastructure failures are not the model's: when the sandbox is unavailable or fails to set up,
 `step` and `step_quality` raise `sandbox.SandboxError` (SandboxUnavailable / SandboxSetupError, with
 `infrastructure_error = True`) instead of scoring the action 0, so the caller can stop or exclude
@@ -31,21 +53,39 @@ the episode.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import re
+import threading
+from typing import Optional
 
+from jaxagent.envs.host.base import (HostEnv, coerce_action, host_cores, make_info, split_tasks, stable_hash,
+                                     strip_think)
+from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
-from jaxagent.envs.host.base import HostEnv, coerce_action, make_info, split_tasks, stable_hash, strip_think
+from jaxagent.envs.host.datasets import DatasetReport
 from jaxagent.envs.host.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
+
+STYLES = ("function", "call", "stdin")
+DRIVER_ENTRY = "_jaxagent_entry"  # the driver module's function the sandbox calls
+# Imports the public function-call graders (LiveCodeBench, TACO) make before a solution runs: LeetCode-style
+# starter code uses `List[int]` annotations and modules it does not import.
+CALL_PRELUDE = ("from typing import *\nimport bisect, collections, copy, functools, heapq, itertools, math, "
+                "operator, re, string\nfrom collections import Counter, defaultdict, deque\n"
+                "from functools import lru_cache, reduce\nfrom heapq import heappop, heappush\n"
+                "from itertools import accumulate, combinations, permutations, product\n")
 
 
 @dataclasses.dataclass(frozen=True)
 class CodeTask:
     id: str
-    entry_point: str
+    entry_point: str                              # the function (or Solution method) tested; "" for stdin
     prompt: str
-    reference: str
-    tests: tuple = dataclasses.field(hash=False)  # ((args list, expected JSON value), ...)
+    reference: str                                # a solution that passes every test ("" if none is known)
+    tests: tuple = dataclasses.field(hash=False)  # ((args list, expected JSON value) | ([stdin text], stdout), ...)
+    style: str = "function"                       # "function" | "call" | "stdin" (module docstring)
+    lenient_list: bool = False                    # "call": an expected [v] also accepts v (TACO's outputs)
+    starter_code: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,31 +135,179 @@ def call_text(task: CodeTask, args) -> str:
     return s if len(s) <= 300 else s[:297] + "..."
 
 
+def _number(token: str):
+    try:
+        return decimal.Decimal(token)
+    except decimal.InvalidOperation:
+        return None
+
+
+def _tokens_match(got: str, expected: str, tol: float) -> bool:
+    if got == expected:
+        return True
+    a, b = _number(got), _number(expected)
+    if a is None or b is None or not (a.is_finite() and b.is_finite()):
+        return False
+    return a == b or abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
+
+
+def stdout_matches(got, expected: str, tol: float = 1e-6) -> bool:
+    """Whether a program's output `got` answers a test whose expected output is `expected`: the same
+    lines after stripping the whole text and each line (so trailing spaces and a final newline do not
+    matter), a line matching when it is equal, or when its whitespace-separated tokens are equal one by
+    one, numbers compared by value (Decimal) or within `tol` relative (absolute below 1), as
+    competitive-programming checkers accept floating-point answers."""
+    if not isinstance(got, str) or not isinstance(expected, str):
+        return False
+    lines_got = [x.strip() for x in got.strip().split("\n")]
+    lines_exp = [x.strip() for x in expected.strip().split("\n")]
+    if len(lines_got) != len(lines_exp):
+        return False
+    for g, e in zip(lines_got, lines_exp):
+        if g == e:
+            continue
+        tg, te = g.split(), e.split()
+        if len(tg) != len(te) or not all(_tokens_match(x, y, tol) for x, y in zip(tg, te)):
+            return False
+    return True
+
+
+def outcome_matches(task: CodeTask, got, expected) -> bool:
+    """Whether one test's returned value (or printed output) answers it (module docstring)."""
+    if task.style == "stdin":
+        return stdout_matches(got, expected)
+    if values_equal(got, expected):
+        return True
+    return task.lenient_list and isinstance(expected, list) and len(expected) == 1 and values_equal(got, expected[0])
+
+
+_CALL_DRIVER = """\
+_jaxagent_ns = {"__name__": "solution", "__builtins__": __builtins__}
+exec(compile(%(prelude)r, "<prelude>", "exec"), _jaxagent_ns)
+exec(compile(%(code)r, "<solution>", "exec"), _jaxagent_ns)
+
+
+def _jaxagent_target():
+    cls = _jaxagent_ns.get("Solution")
+    if isinstance(cls, type) and callable(getattr(cls, %(name)r, None)):
+        return getattr(cls(), %(name)r)
+    fn = _jaxagent_ns.get(%(name)r)
+    if callable(fn):
+        return fn
+    raise NameError("function %(name)s is not defined (neither a function nor a method of class Solution)")
+
+
+_jaxagent_target()
+
+
+def _jaxagent_entry(*args):
+    return _jaxagent_target()(*args)
+"""
+
+_STDIN_DRIVER = """\
+_jaxagent_code = compile(%(code)r, "<solution>", "exec")
+
+
+def _jaxagent_entry(text):
+    import io, os, sys
+    with open("stdin.txt", "w", encoding="utf-8") as f:
+        f.write(text)
+    fd = os.open("stdin.txt", os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    out = io.BytesIO()
+    sys.stdout = io.TextIOWrapper(out, encoding="utf-8", newline="\\n", write_through=True)
+    ns = {"__name__": "__main__", "__builtins__": __builtins__, "exit": sys.exit, "quit": sys.exit}
+    try:
+        exec(_jaxagent_code, ns)
+    except SystemExit:
+        pass
+    sys.stdout.flush()
+    return out.getvalue().decode("utf-8", "replace")
+"""
+
+
+def driver(task: CodeTask, code: str) -> tuple[str, str]:
+    """(module source, entry point) that the sandbox runs for `code` on `task` (module docstring): the code
+    itself for "function" tasks, a driver module holding it as a string for the loaded styles."""
+    if task.style == "function":
+        return code, task.entry_point
+    if task.style == "call":
+        return _CALL_DRIVER % {"prelude": CALL_PRELUDE, "code": code, "name": task.entry_point}, DRIVER_ENTRY
+    if task.style == "stdin":
+        return _STDIN_DRIVER % {"code": code}, DRIVER_ENTRY
+    raise ValueError(f"task {task.id}: unknown style {task.style!r}; expected one of {STYLES}")
+
+
 class CodeEnv(HostEnv):
     """Multi-turn coding against unit tests in a sandbox (module docstring)."""
 
     name = "code"
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), tasks: tuple | None = None):
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), tasks: tuple | None = None, data=None,
+                 max_parallel: Optional[int] = None, seed: int = code_gen.SEED, **data_kwargs):
+        """limits: the sandbox's limits per submission. tasks: task dicts replacing the built-in set (the
+        hand-written and generated problems, every 4th held out). data: a local directory (or file) of
+        DeepCoder-style problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to). max_parallel:
+        sandbox runs at once (default `host_cores()`). seed: the generated families' seed."""
         self.limits = limits
-        raw = CODE_TASKS if tasks is None else tasks
-        self._tasks = tuple(CodeTask(id=t["id"], entry_point=t["entry_point"], prompt=t["prompt"],
-                                     reference=t["reference"].strip() + "\n",
-                                     tests=tuple((list(a), e) for a, e in t["tests"])) for t in raw)
+        if max_parallel is None:
+            max_parallel = host_cores()
+        if isinstance(max_parallel, bool) or int(max_parallel) != max_parallel or max_parallel < 1:
+            raise ValueError(f"CodeEnv: max_parallel must be an integer >= 1, got {max_parallel!r}")
+        self.max_parallel = int(max_parallel)
+        self._slots = threading.BoundedSemaphore(self.max_parallel)
+        self.report = None
+        if data is not None:
+            if tasks is not None:
+                raise ValueError("CodeEnv: give tasks or data, not both")
+            from jaxagent.envs.host.deepcoder import load_deepcoder  # the loader needs this module's evaluate
+            self._splits, self.report = load_deepcoder(data, self, **data_kwargs)
+            return
+        if data_kwargs:
+            raise ValueError(f"CodeEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
+        if tasks is None:
+            generated = code_gen.generate(seed)
+            self.report = DatasetReport(source="built in", layout=f"jaxagent coding (hand-written + generated, seed "
+                                        f"{seed})", split_rule="every 4th task of the list held out")
+            kept = {t["id"] for t in generated}
+            ids = [f"{f.name}-{v:02d}" for f in code_gen.FAMILIES for v in range(len(f.grid))]
+            self.report.records = len(CODE_TASKS) + len(ids)
+            for i in ids:
+                if i not in kept:
+                    self.report.leave_out("tests too weak (fewer than 2 distinct answers or 4 tests)", i)
+        raw = (tuple(CODE_TASKS) + tuple(generated)) if tasks is None else tasks
+        built = [CodeTask(id=t["id"], entry_point=t["entry_point"], prompt=t["prompt"],
+                          reference=t["reference"].strip() + "\n", tests=tuple((list(a), e) for a, e in t["tests"]))
+                 for t in raw]
+        self._splits = {name: split_tasks(built, name) for name in ("train", "test", "all")}
+        if self.report is not None:
+            for name in ("train", "test"):
+                self.report.keep(name, len(self._splits[name]))
 
     def tasks(self, split: str = "train") -> list[CodeTask]:
-        return split_tasks(list(self._tasks), split)
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; expected one of {sorted(self._splits)}")
+        return list(self._splits[split])
 
     def system_prompt(self, task: CodeTask) -> str:
-        return (
-            "You are an expert Python programmer. Solve the problem by writing the requested Python "
-            "function. Reply with your complete solution in one ```python code block (if you write "
-            "several blocks, only the last one is used). The function is called directly with the test "
-            "inputs and must return the answer: do not read input or print. Only the standard library "
-            "is available and there is no network.\n"
-            "After each submission you are told how many unit tests passed and shown the first failing "
-            "test; you may then submit a corrected solution. The episode ends when all tests pass."
-        )
+        feedback = ("After each submission you are told how many unit tests passed and shown the first failing "
+                    "test; you may then submit a corrected solution. The episode ends when all tests pass.")
+        if task.style == "stdin":
+            return ("You are an expert Python programmer. Solve the problem with a complete Python program that "
+                    "reads the input from standard input and prints the answer to standard output. Reply with "
+                    "your program in one ```python code block (if you write several blocks, only the last one is "
+                    "used). Only the standard library is available and there is no network.\n" + feedback)
+        how = ("The function is called directly with the test inputs and must return the answer: do not read "
+               "input or print." if task.style == "function" else
+               "If starter code is given, complete it: a method of class Solution is called on a fresh "
+               "Solution() with the test inputs, otherwise the function of that name; it must return the "
+               "answer, not print it.")
+        return ("You are an expert Python programmer. Solve the problem by writing the requested Python "
+                "function. Reply with your complete solution in one ```python code block (if you write "
+                f"several blocks, only the last one is used). {how} Only the standard library is available and "
+                "there is no network.\n" + feedback)
 
     def upper_bound_turns(self, task: CodeTask) -> int:
         return 1
@@ -127,6 +315,8 @@ class CodeEnv(HostEnv):
     def reset(self, seed: int, task: CodeTask) -> tuple[CodeState, str]:
         if not isinstance(task, CodeTask):
             raise ValueError(f"CodeEnv.reset needs a CodeTask, got {type(task).__name__}")
+        if task.style != "function":  # loaded problems state their own examples
+            return CodeState(task=task), task.prompt
         args, expected = task.tests[0]
         obs = f"{task.prompt}\n\nExample: {call_text(task, args)} should return {_short(expected)}."
         return CodeState(task=task), obs
@@ -136,10 +326,14 @@ class CodeEnv(HostEnv):
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate(self, task: CodeTask, code: str) -> tuple[list[bool], SandboxResult]:
-        """Run `code` on every test of `task`; per-test pass flags and the raw sandbox result.
-        Raises `SandboxError` when the sandbox itself fails (never a score for the model)."""
-        result = run_calls(code, task.entry_point, [a for a, _ in task.tests], self.limits)
-        passed = [o.status == "ok" and values_equal(o.value, e) for o, (_, e) in zip(result.outcomes, task.tests)]
+        """Run `code` on every test of `task` (at most `max_parallel` runs at once); per-test pass flags and
+        the raw sandbox result. Raises `SandboxError` when the sandbox itself fails (never a score for the
+        model)."""
+        program, entry = driver(task, code)
+        with self._slots:
+            result = run_calls(program, entry, [a for a, _ in task.tests], self.limits)
+        passed = [o.status == "ok" and outcome_matches(task, o.value, e)
+                  for o, (_, e) in zip(result.outcomes, task.tests)]
         return passed, result
 
     def feedback(self, task: CodeTask, passed: list[bool], result: SandboxResult) -> str:
@@ -152,11 +346,14 @@ class CodeEnv(HostEnv):
         args, expected = task.tests[i]
         o = result.outcomes[i]
         if o.status == "ok":
-            what = f"returned {_short(o.value)}"
+            what = f"printed {_short(o.value)}" if task.style == "stdin" else f"returned {_short(o.value)}"
         elif o.status == "timeout":
             what = f"timed out (limit {self.limits.per_call_s:g}s per test)"
         else:
             what = f"failed with {o.error}"
+        if task.style == "stdin":
+            return (f"Passed {k}/{n} tests. First failing test: on the input {_short(args[0])} the expected "
+                    f"output is {_short(expected)} but your program {what}.")
         return (f"Passed {k}/{n} tests. First failing test: {call_text(task, args)} should return "
                 f"{_short(expected)} but {what}.")
 

@@ -2,9 +2,15 @@
 
 No dimension legend: host-side Python, no arrays.
 
-Databases are built from the project's own SQL scripts (jaxagent/envs/host/data/sql/*.sql) into a cache
-directory (`cache_dir`, default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a
-hash of the script, the build is atomic). The model's queries run in query processes
+Tasks. Built in (`data=None`): the 23 hand-written questions over the project's own databases
+(data/sql/*.sql: shop, school, library) followed by the generated ones (data/sql_gen.py: template questions
+over 8 generated databases, each gold query kept only when SQLite's result equals the answer computed in
+Python; 892 tasks); every 4th task of that list is held out (`base.split_tasks`: 687 train, 228
+held-out). The built-in databases are built from their scripts into a cache directory (`cache_dir`,
+default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a hash of the script, the
+build is atomic). With `data=DIR`: Spider or InterCode-SQL questions and Spider's SQLite databases read
+from a local directory (`spider.load_spider`; its splits and the questions it leaves out, e.g. a gold
+query that fails, are in `self.report`). The model's queries run in query processes
 (`sql_query.QueryRunner`), each opening the database read-only per query (`sql_query.run_query`: URI
 `mode=ro`, `PRAGMA query_only`, an authorizer that allows only reading and the functions in
 ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_columns` columns,
@@ -39,12 +45,15 @@ import hashlib
 import os
 import re
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
                                      stable_hash, strip_think)
+from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
+from jaxagent.envs.host.datasets import DatasetReport, cache_root
 from jaxagent.envs.host.sql_query import (ALLOWED_FUNCTIONS, DEFAULT_HEAP_LIMIT_BYTES,  # noqa: F401
                                           DEFAULT_MAX_COLUMNS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN,
                                           QueryError, QueryRunner, run_query)
@@ -71,25 +80,32 @@ class SQLState:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("JAXAGENT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxagent")
-    return Path(root) / "sql"
+    return cache_root() / "sql"
 
 
 def build_database(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build (once) the SQLite file of script `name` and return its path; the file is made read-only."""
+    """Build (once) the SQLite file of script `name` (data/sql/<name>.sql) and return its path; the file is
+    made read-only."""
     script_path = _SCRIPT_DIR / f"{name}.sql"
     if not script_path.is_file():
         raise ValueError(f"unknown database {name!r}; scripts: {sorted(p.stem for p in _SCRIPT_DIR.glob('*.sql'))}")
-    script = script_path.read_text()
+    return build_script(name, script_path.read_text(), cache_dir)
+
+
+def build_script(name: str, script: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build (once) the SQLite file of an SQL script and return its path; the file is made read-only."""
     digest = hashlib.sha256(script.encode()).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"{name}-{digest}.sqlite"
     if path.is_file():
         return path
-    tmp = cache / f".{name}-{digest}-{os.getpid()}-{time.monotonic_ns()}.tmp"
+    tmp = cache / f".{name}-{digest}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.tmp"
     conn = sqlite3.connect(tmp)
     try:
+        # a private file renamed into place once complete: no journal or sync needed while it is written
+        conn.execute("PRAGMA journal_mode = OFF")
+        conn.execute("PRAGMA synchronous = OFF")
         conn.executescript(script)
         conn.commit()
     finally:
@@ -184,7 +200,10 @@ class SQLEnv(HostEnv):
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, time_limit_s: float = 2.0,
                  max_obs_rows: int = 30, max_fetch_rows: int = 10_000, max_query_chars: int = 4000,
-                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, heap_limit_bytes: int = DEFAULT_HEAP_LIMIT_BYTES):
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, heap_limit_bytes: int = DEFAULT_HEAP_LIMIT_BYTES,
+                 data=None, seed: int = sql_gen.SEED, **data_kwargs):
+        """data: a local Spider / InterCode-SQL directory (`spider.load_spider`, which `data_kwargs` go to);
+        None: the built-in tasks (module docstring), generated with `seed`."""
         if time_limit_s <= 0 or max_obs_rows <= 0 or max_fetch_rows < max_obs_rows:
             raise ValueError("SQLEnv needs time_limit_s > 0 and 0 < max_obs_rows <= max_fetch_rows")
         if max_result_bytes <= 0:
@@ -195,17 +214,52 @@ class SQLEnv(HostEnv):
         self.max_fetch_rows = int(max_fetch_rows)
         self.max_query_chars = int(max_query_chars)
         self.max_result_bytes = int(max_result_bytes)
-        self._tasks = tuple(SQLTask(id=t["id"], db=t["db"], question=t["question"], gold=t["gold"],
-                                    ordered=bool(t.get("ordered", _ORDER_BY_RE.search(t["gold"]))))
-                            for t in SQL_TASKS)
-        self._paths = {db: build_database(db, self.cache_dir) for db in sorted({t.db for t in self._tasks})}
-        self.queries = QueryRunner(heap_limit_bytes=heap_limit_bytes)  # the model's queries run here
         self._gold_cache: dict[str, list[tuple]] = {}
         self._schema_cache: dict[str, str] = {}
+        if data is not None:
+            from jaxagent.envs.host.spider import load_spider  # builds SQLTasks: imports this module
+            loaded = load_spider(data, max_rows=max_fetch_rows, max_result_bytes=max_result_bytes, **data_kwargs)
+            self._splits, self._paths, self.report = loaded.splits, loaded.db_paths, loaded.report
+            self._gold_cache.update(loaded.gold_rows)
+        else:
+            if data_kwargs:
+                raise ValueError(f"SQLEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
+            self._splits, self._paths, self.report = self._builtin(seed)
+        self.queries = QueryRunner(heap_limit_bytes=heap_limit_bytes)  # the model's queries run here
+
+    def _builtin(self, seed: int):
+        """The hand-written tasks, then the generated ones whose gold result equals the answer computed in
+        Python (the others left out and counted in the report); every 4th held out."""
+        report = DatasetReport(source="built in", layout="jaxagent SQL (hand-written + generated, seed "
+                               f"{seed})", split_rule="every 4th task of the list held out")
+        tasks = [SQLTask(id=t["id"], db=t["db"], question=t["question"], gold=t["gold"],
+                         ordered=bool(t.get("ordered", _ORDER_BY_RE.search(t["gold"])))) for t in SQL_TASKS]
+        paths = {db: build_database(db, self.cache_dir) for db in sorted({t.db for t in tasks})}
+        scripts, generated = sql_gen.generate(seed)
+        paths.update({db: build_script(db, script, self.cache_dir) for db, script in scripts.items()})
+        report.records = len(tasks) + len(generated)
+        for t in generated:
+            try:
+                _, rows, truncated = run_query(paths[t["db"]], t["gold"], time_limit_s=10.0,
+                                               max_rows=self.max_fetch_rows, max_result_bytes=self.max_result_bytes)
+            except QueryError as e:
+                report.leave_out(f"gold query failed ({str(e).split(':')[0]})", t["id"])
+                continue
+            if truncated or not results_match(rows, t["expected"], t["ordered"]):
+                report.leave_out("gold result differs from the computed answer", t["id"])
+                continue
+            tasks.append(SQLTask(id=t["id"], db=t["db"], question=t["question"], gold=t["gold"], ordered=t["ordered"]))
+            self._gold_cache[t["id"]] = rows
+        splits = {name: split_tasks(tasks, name) for name in ("train", "test", "all")}
+        for name in ("train", "test"):
+            report.keep(name, len(splits[name]))
+        return splits, paths, report
 
     # -- data ------------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[SQLTask]:
-        return split_tasks(list(self._tasks), split)
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; expected one of {sorted(self._splits)}")
+        return list(self._splits[split])
 
     def close(self) -> None:
         """Stop the query processes (they also stop when the env is garbage-collected; a later step
@@ -219,7 +273,7 @@ class SQLEnv(HostEnv):
         if db not in self._schema_cache:
             _, rows, _ = run_query(self._paths[db], "SELECT sql FROM sqlite_master WHERE type = 'table' "
                                    "ORDER BY rowid", time_limit_s=5.0, max_rows=1000)
-            self._schema_cache[db] = "\n".join(r[0].strip() + ";" for r in rows)
+            self._schema_cache[db] = "\n".join(r[0].strip() + ";" for r in rows if r[0])
         return self._schema_cache[db]
 
     def gold_rows(self, task: SQLTask) -> list[tuple]:

@@ -1,0 +1,284 @@
+"""DeepCoder-style coding problems from local JSON / JSONL files, for `CodeEnv(data=DIR)`.
+
+No dimension legend: host-side Python, no arrays.
+
+Records (the fields of agentica-org/DeepCoder-Preview-Dataset, whose subsets taco, primeintellect, lcbv5 and
+codeforces ship as parquet: convert them to JSON or JSONL first, e.g. `datasets`' `to_json`; nothing is
+downloaded here): `problem` (or `question`) the statement, `tests` the unit tests (a JSON string or the
+parsed value), `solutions` reference programs (a list, or its JSON string; optional), `starter_code`
+(optional), `metadata` (optional; a JSON string or dict that may name `func_name`). Test formats:
+  {"inputs": [...], "outputs": [...], "fn_name"?: str}   (TACO / APPS) with fn_name: function-call tests
+      whose inputs are argument lists, an expected output [v] also accepting v (TACO's grader does the
+      same); without: standard-input tests (inputs and outputs as text, or lists of lines);
+  [{"input": ..., "output": ..., "testtype" | "type": ..., "metadata"?: {"func_name": ...}, "fn_name"?}, ...]
+      (LiveCodeBench, PrimeIntellect, Codeforces): testtype "functional" / type "function_call" are
+      function-call tests (an input string holds one JSON argument per line, as LiveCodeBench writes them;
+      the output is JSON), "stdin" / "stdin_stdout" (or none) standard-input tests.
+At most `max_tests` tests per problem are kept, the ones with the longest inputs (the DeepCoder reward's
+choice, 15), in their original order.
+
+Split: a file whose name contains "test" is held out, the others train; when no file is, a problem is held out
+when stable_hash(its statement) % 4 == 3. Ids are "<file stem>-<position>". `max_tasks` keeps the first n
+usable problems of each split (checked before the reference runs, which are the expensive part).
+
+Verification: each problem's reference is the first of its `solutions` (up to `max_solutions` tried) that
+passes every kept test in the env's sandbox (`CodeEnv.evaluate`, up to `env.max_parallel` at once). Left out
+and counted by reason (`DatasetReport`): a record without a statement or readable tests, tests of mixed
+styles, a function-call test without a function name, no reference solution (unless
+`require_reference=False`, which keeps such problems as unverified), or no solution passing its tests.
+Verdicts are cached in `cache_dir` (default $JAXAGENT_CACHE/code-verify.json), keyed by a hash of the
+program, the tests and the sandbox limits, so a second load runs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Optional
+
+from jaxagent.envs.host.code_env import CodeTask
+from jaxagent.envs.host.datasets import (DatasetReport, cache_root, data_path, held_out_by_hash, read_records,
+                                         record_files)
+
+MAX_TESTS = 15
+_CALL_TYPES = ("functional", "function_call", "call", "fn_call")
+_STDIN_TYPES = ("stdin", "stdin_stdout", "standard_input", "stdio")
+
+
+class _Skip(Exception):
+    """A record left out, with the reason."""
+
+
+def _decode(value, what: str):
+    """A field that may be a JSON (or Python-literal, as PrimeIntellect's) string or the value itself."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise _Skip(f"{what} unreadable") from None
+
+
+def _text(x, what: str) -> str:
+    if isinstance(x, list) and all(isinstance(s, str) for s in x):
+        return "\n".join(x)
+    if isinstance(x, str):
+        return x
+    raise _Skip(f"{what} not text")
+
+
+def _call_args(x) -> list:
+    """A function-call test's arguments: a list as it is; a string of one JSON value per line (LiveCodeBench)."""
+    if isinstance(x, list):
+        return x
+    if isinstance(x, str):
+        try:
+            return [json.loads(line) for line in x.split("\n") if line.strip()]
+        except ValueError:
+            raise _Skip("function-call inputs unreadable") from None
+    return [x]
+
+
+def _call_output(x):
+    if isinstance(x, str):
+        try:
+            return json.loads(x)
+        except ValueError:
+            return x
+    return x
+
+
+def parse_tests(tests, metadata: dict) -> tuple[str, list, str, bool]:
+    """(style "call" | "stdin", [(args, expected)], function name or "", lenient_list) of a record's tests
+    (module docstring); `_Skip` says why they cannot be used."""
+    tests = _decode(tests, "tests")
+    fn_meta = metadata.get("func_name") or metadata.get("fn_name") or ""
+    if isinstance(tests, dict):
+        inputs, outputs = tests.get("inputs"), tests.get("outputs")
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+            raise _Skip("tests unreadable")
+        fn = tests.get("fn_name") or fn_meta
+        if fn:
+            return "call", [(_call_args(i), _call_output(o)) for i, o in zip(inputs, outputs)], str(fn), True
+        return "stdin", [([_text(i, "input")], _text(o, "output")) for i, o in zip(inputs, outputs)], "", False
+    if isinstance(tests, list):
+        if not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
+            raise _Skip("tests unreadable")
+        styles, fns = set(), set()
+        for t in tests:
+            kind = str(t.get("testtype") or t.get("type") or "").lower()
+            styles.add("call" if kind in _CALL_TYPES else "stdin" if kind in _STDIN_TYPES or not kind else kind)
+            meta = t.get("metadata")
+            meta = _decode(meta, "test metadata") if meta is not None else {}
+            fns.add((meta.get("func_name") if isinstance(meta, dict) else None) or t.get("fn_name") or fn_meta)
+        if len(styles) != 1:
+            raise _Skip("tests of mixed or unknown types")
+        style = styles.pop()
+        if style == "call":
+            fn = next((f for f in fns if f), "")
+            return "call", [(_call_args(t["input"]), _call_output(t["output"])) for t in tests], str(fn), False
+        if style != "stdin":
+            raise _Skip("tests of mixed or unknown types")
+        return "stdin", [([_text(t["input"], "input")], _text(t["output"], "output")) for t in tests], "", False
+    raise _Skip("tests unreadable")
+
+
+def _longest(tests: list, n: int) -> list:
+    """The n tests with the longest inputs (ties: the earlier), in their original order."""
+    if len(tests) <= n:
+        return tests
+    size = [len(json.dumps(a)) for a, _ in tests]
+    keep = sorted(sorted(range(len(tests)), key=lambda i: (-size[i], i))[:n])
+    return [tests[i] for i in keep]
+
+
+def _solutions(rec: dict) -> list:
+    sols = rec.get("solutions")
+    if sols is None:
+        return []
+    if isinstance(sols, str):
+        try:
+            sols = json.loads(sols)
+        except ValueError:
+            sols = [sols]
+    return [s for s in sols if isinstance(s, str) and s.strip()] if isinstance(sols, list) else []
+
+
+class _VerdictCache:
+    """Verdicts of reference runs {key: bool}, read from and written back to one JSON file (atomically)."""
+
+    def __init__(self, path: Optional[Path]):
+        self.path, self.new, self._lock = path, {}, threading.Lock()
+        self.old = {}
+        if path is not None and path.is_file():
+            try:
+                self.old = json.loads(path.read_text())
+            except (ValueError, OSError):
+                self.old = {}
+
+    def get(self, key: str) -> Optional[bool]:
+        with self._lock:
+            return self.new.get(key, self.old.get(key))
+
+    def put(self, key: str, passed: bool) -> None:
+        with self._lock:
+            self.new[key] = bool(passed)
+
+    def save(self) -> None:
+        if self.path is None or not self.new:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps({**self.old, **self.new}))
+        os.replace(tmp, self.path)
+
+
+def _verdict_key(task: CodeTask, code: str, limits) -> str:
+    blob = json.dumps([task.style, task.entry_point, task.lenient_list, task.tests, code, dataclasses.asdict(limits)],
+                      sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: bool = True,
+                   max_tasks: Optional[int] = None, max_solutions: int = 3,
+                   cache_dir=None) -> tuple[dict, DatasetReport]:
+    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style directory or file (module docstring);
+    `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references."""
+    root = data_path(path, "coding data")
+    for name, v in (("max_tests", max_tests), ("max_solutions", max_solutions)):
+        if isinstance(v, bool) or int(v) != v or v < 1:
+            raise ValueError(f"coding data: {name} must be an integer >= 1, got {v!r}")
+    if max_tasks is not None and (isinstance(max_tasks, bool) or int(max_tasks) != max_tasks or max_tasks < 1):
+        raise ValueError(f"coding data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
+    files = record_files(root)
+    if not files:
+        raise ValueError(f"coding data {str(root)!r}: no *.json / *.jsonl files")
+    by_name = any("test" in f.stem.lower() for f in files)
+    rule = ("by file name: *test* held out, the rest train" if by_name else
+            "by problem: held out when stable_hash(statement) % 4 == 3")
+    report = DatasetReport(source=str(root), layout="DeepCoder-style problems", split_rule=rule)
+    candidates: dict[str, list] = {"train": [], "test": []}
+    for file in files:
+        for pos, rec in read_records(file):
+            report.records += 1
+            rid = f"{file.stem}-{pos}"
+            try:
+                if not isinstance(rec, dict):
+                    raise _Skip("malformed record")
+                problem = rec.get("problem") or rec.get("question")
+                if not isinstance(problem, str) or not problem.strip():
+                    raise _Skip("no problem statement")
+                meta = _decode(rec.get("metadata") or {}, "metadata")
+                style, tests, fn, lenient = parse_tests(rec.get("tests"), meta if isinstance(meta, dict) else {})
+                if not tests:
+                    raise _Skip("no tests")
+                if style == "call" and not fn.isidentifier():
+                    raise _Skip("function-call tests without a function name")
+                json.dumps(tests)  # the sandbox takes JSON arguments
+            except _Skip as e:
+                report.leave_out(str(e), rid)
+                continue
+            except (TypeError, ValueError):
+                report.leave_out("tests not JSON values", rid)
+                continue
+            split = ("test" if "test" in file.stem.lower() else "train") if by_name else (
+                "test" if held_out_by_hash(problem.strip()) else "train")
+            if max_tasks is not None and len(candidates[split]) >= max_tasks:
+                continue
+            starter = rec.get("starter_code") if isinstance(rec.get("starter_code"), str) else ""
+            prompt = problem.strip()
+            if starter.strip():
+                prompt += f"\n\nStarter code:\n```python\n{starter.rstrip()}\n```"
+            task = CodeTask(id=rid, entry_point=fn, prompt=prompt, reference="",
+                            tests=tuple(_longest(tests, max_tests)),
+                            style=style, lenient_list=lenient, starter_code=starter)
+            candidates[split].append((task, _solutions(rec)[:max_solutions]))
+
+    cache = _VerdictCache(Path(cache_dir) / "code-verify.json" if cache_dir is not None
+                          else cache_root() / "code-verify.json")
+
+    def verify(item) -> tuple[CodeTask, Optional[str]]:
+        """(task with its reference, None), (task, "") kept unverified, or (task, the reason it is left out)."""
+        task, sols = item
+        if not sols:
+            return (task, "") if not require_reference else (task, "no reference solution")
+        for code in sols:
+            key = _verdict_key(task, code, env.limits)
+            ok = cache.get(key)
+            if ok is None:
+                ok = all(env.evaluate(task, code)[0])  # a SandboxError (infrastructure) propagates
+                cache.put(key, ok)
+            if ok:
+                return dataclasses.replace(task, reference=code.strip() + "\n"), None
+        return task, "no solution passes its tests"
+
+    splits: dict[str, list] = {}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=env.max_parallel) as pool:
+            for split in ("train", "test"):
+                kept = []
+                for task, reason in pool.map(verify, candidates[split]):
+                    if reason:
+                        report.leave_out(reason, task.id)
+                        continue
+                    kept.append(task)
+                    if reason == "":
+                        report.keep(f"{split} without a reference (unverified)")
+                splits[split] = kept
+                report.keep(split, len(kept))
+    finally:
+        cache.save()
+    if not splits["train"] and not splits["test"]:
+        raise ValueError(f"coding data {str(root)!r}: no usable problem ({report.summary()})")
+    splits["all"] = splits["train"] + splits["test"]
+    return splits, report

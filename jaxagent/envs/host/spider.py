@@ -1,0 +1,128 @@
+"""Spider and InterCode-SQL questions from a local directory, for `SQLEnv(data=DIR)`.
+
+No dimension legend: host-side Python, no arrays.
+
+Layouts (recognised by the files in DIR; nothing is downloaded):
+  Spider (taoyds/spider's release): `train_spider.json`, `train_others.json`, `dev.json` and/or `test.json`,
+      each a JSON list of records with `db_id`, `query` (the gold SQL) and `question` (other fields ignored);
+      the databases at `database/<db_id>/<db_id>.sqlite` (the test set's at `test_database/...`).
+      Split: train = train_spider.json + train_others.json, held out = dev.json (Spider's own split, whose
+      databases are disjoint from train's); test.json only when there is no dev.json.
+  InterCode-SQL (princeton-nlp/intercode's data/sql/spider files, e.g. `ic_spider_dev.json`): JSON lists (or
+      JSONL) of records with `db`, `gold` (the gold SQL) and `query` (the question) (`hardness`, `db_tables`
+      ignored), over the same Spider databases, looked up as above (`database/`, `test_database/`, or
+      `<db>/<db>.sqlite` in DIR itself). Split: a file whose name contains "train" is train, one with "dev"
+      or "test" held out; when every file is of one kind, the questions are split by database: a database is
+      held out when stable_hash(db) % 4 == 3, so held-out databases are unseen in training, as in Spider.
+Tasks are ordered by file and position; ids are "<file stem>-<position>".
+
+Left out and counted by reason (`DatasetReport`): a record without the fields as strings, a database file
+that is missing, a gold query that fails on its database (an error, the time limit, more than `max_rows`
+rows or `max_result_bytes` bytes: SQLEnv could not score an answer against it). Gold queries run once here
+(read-only, in this process: trusted text) and their rows seed the env's cache. `max_tasks` keeps the first n
+tasks of each split (after the checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from jaxagent.envs.host.datasets import (DatasetReport, data_path, held_out_by_hash, read_records,
+                                         record_files)
+from jaxagent.envs.host.sql_env import _ORDER_BY_RE, SQLTask, DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+
+SPIDER_FILES = {"train_spider.json": "train", "train_others.json": "train", "dev.json": "test", "test.json": "test"}
+_FIELDS = {"spider": ("db_id", "query", "question"), "intercode": ("db", "gold", "query")}  # (db, gold, question)
+
+
+@dataclasses.dataclass
+class SQLData:
+    splits: dict                  # "train" | "test" | "all" -> [SQLTask]
+    db_paths: dict                # db id -> Path of its SQLite file
+    gold_rows: dict               # task id -> the gold query's rows
+    report: DatasetReport
+
+
+def _layout(root: Path) -> tuple[str, list[tuple[Path, str]], str]:
+    """(layout, [(file, split or "pool")], split rule) of a data directory."""
+    if root.is_dir() and any((root / name).is_file() for name in SPIDER_FILES):
+        files = [(root / name, split) for name, split in SPIDER_FILES.items() if (root / name).is_file()]
+        if (root / "dev.json").is_file():
+            files = [(f, s) for f, s in files if f.name != "test.json"]
+        return "Spider", files, "Spider's own: train_spider.json + train_others.json train, dev.json held out"
+    files = record_files(root)
+    if not files:
+        raise ValueError(f"SQL data {str(root)!r}: no Spider files ({', '.join(SPIDER_FILES)}) and no InterCode-SQL "
+                         "*.json / *.jsonl files")
+
+    def kind(path: Path) -> str:
+        name = path.stem.lower()
+        return "train" if "train" in name else "test" if ("dev" in name or "test" in name) else "pool"
+
+    kinds = [(f, kind(f)) for f in files]
+    if {k for _, k in kinds} >= {"train", "test"}:
+        return ("InterCode-SQL", [(f, k if k != "pool" else "train") for f, k in kinds],
+                "by file name: *train* train, *dev* / *test* held out")
+    return ("InterCode-SQL", [(f, "pool") for f in files],
+            "by database: a database held out when stable_hash(db) % 4 == 3 (held-out databases unseen in training)")
+
+
+def _database(root: Path, db: str) -> Optional[Path]:
+    base = root if root.is_dir() else root.parent
+    for folder in (base / "database", base / "test_database", base):
+        p = folder / db / f"{db}.sqlite"
+        if p.is_file():
+            return p
+    return None
+
+
+def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+                time_limit_s: float = 10.0, max_tasks: Optional[int] = None) -> SQLData:
+    """The tasks, database paths and gold rows of a Spider or InterCode-SQL directory (module docstring)."""
+    root = data_path(path, "SQL data")
+    if max_tasks is not None and (isinstance(max_tasks, bool) or int(max_tasks) != max_tasks or max_tasks < 1):
+        raise ValueError(f"SQL data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
+    layout, files, rule = _layout(root)
+    report = DatasetReport(source=str(root), layout=layout, split_rule=rule)
+    splits: dict[str, list] = {"train": [], "test": []}
+    paths: dict[str, Path] = {}
+    gold: dict[str, list] = {}
+    for file, split in files:
+        for pos, rec in read_records(file):
+            report.records += 1
+            rid = f"{file.stem}-{pos}"
+            fields = next((f for f in _FIELDS.values() if isinstance(rec, dict) and all(
+                isinstance(rec.get(k), str) and rec.get(k).strip() for k in f)), None)
+            if fields is None:
+                report.leave_out("malformed record (needs db_id, query, question or db, gold, query as text)", rid)
+                continue
+            db, sql, question = (rec[k].strip() for k in fields)
+            if db not in paths:
+                found = _database(root, db)
+                if found is None:
+                    report.leave_out("database file missing", rid)
+                    continue
+                paths[db] = found
+            where = split if split != "pool" else ("test" if held_out_by_hash(db) else "train")
+            if max_tasks is not None and len(splits[where]) >= max_tasks:
+                continue
+            try:
+                _, rows, truncated = run_query(paths[db], sql, time_limit_s=time_limit_s, max_rows=max_rows,
+                                               max_result_bytes=max_result_bytes)
+            except QueryError as e:
+                report.leave_out(f"gold query fails ({str(e).split(':')[0][:60]})", rid)
+                continue
+            if truncated:
+                report.leave_out(f"gold result over {max_rows} rows", rid)
+                continue
+            task = SQLTask(id=rid, db=db, question=question, gold=sql, ordered=bool(_ORDER_BY_RE.search(sql)))
+            splits[where].append(task)
+            gold[rid] = rows
+    for name in ("train", "test"):
+        report.keep(name, len(splits[name]))
+    if not splits["train"] and not splits["test"]:
+        raise ValueError(f"SQL data {str(root)!r}: no usable question ({report.summary()})")
+    splits["all"] = splits["train"] + splits["test"]
+    return SQLData(splits=splits, db_paths={db: p for db, p in paths.items()}, gold_rows=gold, report=report)
