@@ -40,12 +40,6 @@ def platform_select(*args, cpu, default):
     return jax.lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
-def _kernel_or(kernel, xla):
-    """The CPU branch: `kernel` where the CPU kernels are built, else `xla`. Asked while that branch is
-    traced, so the answer shapes CPU programs only."""
-    return lambda *args: (kernel if ops_cpu.kernels_built() else xla)(*args)
-
-
 def _f32(*arrays) -> bool:
     return all(a.dtype == jnp.float32 for a in arrays)
 
@@ -55,9 +49,10 @@ def prepare(params, cfg, *, decoding: bool = False):
     """`params` plus what a CPU program reads beside the weights, for the model's functions to take in
     place of `params` (same logits); params already prepared pass through.
 
-    f32 weights: the projections as the CPU GEMM kernel's column panels (`ops_cpu.panels`), read by a
-    CPU program's projections, which then compute only each row's valid tokens of a cached append.
-    Other platforms' programs build the same shapes by XLA and never read them (the compiler drops them).
+    f32 weights: the projections in the layout a CPU program's projections read (`ops_cpu.prepare`: the
+    GEMM kernel's column panels, or row-major [q | k | v] and [gate | up] matrices where the kernels are
+    not built), which then compute only each row's valid tokens of a cached append. Other platforms'
+    programs build the same shapes by XLA and never read them (the compiler drops them).
     `decoding`, other dtypes: a tied head's [D, V] copy (`ops_cpu.head_copy`) for a CPU program's
     unembedding. Building copies every weight once: call it outside a token loop."""
     if PREPARED in params:
@@ -150,7 +145,7 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
 def qkv(cfg, p_attn, x_BxTxD, tok: Tokens, query_index=None):
     """(q [B, Tq, H, E], k [B, T, K, E], v [B, T, K, E]): the projections (and biases), the q/k RMS norms
     and RoPE (`tok.rope`); Tq = 1 with `query_index` [B] (that token per row), else T. With prepared
-    weights (`prepare`), a CPU program with the kernels built runs `ops_cpu.qkv` (later tokens 0)."""
+    weights (`prepare`), a CPU program runs `ops_cpu.qkv` (one GEMM; later tokens 0)."""
     eps = cfg.rms_norm_eps
     norm = lambda x, name: rms_norm(x, p_attn[name]["weight"].astype(x.dtype), eps)  # noqa: E731
 
@@ -166,8 +161,8 @@ def qkv(cfg, p_attn, x_BxTxD, tok: Tokens, query_index=None):
     prep = p_attn.get(PREPARED)
     if prep is None:
         return xla(x_BxTxD, tok.rope)
-    kernel = lambda x, tables: ops_cpu.qkv(cfg, p_attn, prep, x, tables, query_index, tok.n_valid)  # noqa: E731
-    return platform_select(x_BxTxD, tok.rope, cpu=_kernel_or(kernel, xla), default=xla)
+    cpu = lambda x, tables: ops_cpu.qkv(cfg, p_attn, prep, x, tables, query_index, tok.n_valid)  # noqa: E731
+    return platform_select(x_BxTxD, tok.rope, cpu=cpu, default=xla)
 
 
 def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, KVWindows, None] = None,
@@ -175,9 +170,9 @@ def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, 
     """`attention` over a KV cache, over its first `window` slots (a static size or a `KVWindows` choice).
 
     XLA: a `lax.switch` over a `KVWindows`' sizes (the branches only read the cache, updated by the
-    caller outside the switch). A CPU program with the kernels built and f32 operands runs the fused
-    kernel instead (`ops_cpu.attend`: it reads the window at run time, so it needs no branch per size;
-    with `tok.n_valid` it skips each row's padded queries, whose outputs are 0)."""
+    caller outside the switch). A CPU program with f32 operands runs `ops_cpu.attend` instead (the fused
+    kernel where built: it reads the window at run time, so it needs no branch per size; with
+    `tok.n_valid` each row's padded queries give 0)."""
     def xla(q, kt, v, mask):
         if isinstance(window, KVWindows):
             branches = [functools.partial(attention, cfg, window=w) for w in window.sizes]
@@ -188,43 +183,43 @@ def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, 
         return xla(q_BxTxHxE, kt_all, v_all, mask_BxTxS)
     n_valid = None if tok is None else tok.n_valid
 
-    def kernel(q, kt, v, mask):
+    def cpu(q, kt, v, mask):
         if isinstance(window, KVWindows):
             size = jnp.asarray(window.sizes, jnp.int32)[window.index]
         else:
             size = kt.shape[-1] if window is None else window
-        return ops_cpu.attend(q, kt, v, mask, size, functools.partial(attention, cfg), n_valid)
-    return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxS, cpu=_kernel_or(kernel, xla), default=xla)
+        return ops_cpu.attend(q, kt, v, mask, size, functools.partial(attention, cfg), n_valid, xla)
+    return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxS, cpu=cpu, default=xla)
 
 
 def out_proj(cfg, p_attn, x_BxTxI, tok: Tokens):
     """The attention output projection x @ o_proj ([H*E, D], one GEMM) -> [B, T, D]; with prepared
-    weights a CPU program with the kernels built uses the GEMM kernel (`tok.n_valid` tokens per row)."""
+    weights a CPU program reads them (`ops_cpu.matmul`: `tok.n_valid` tokens per row)."""
     w = p_attn["o_proj"].reshape(-1, cfg.hidden_size)
     prep = p_attn.get(PREPARED)
     if prep is None:
         return dense(x_BxTxI, w)
     xla = lambda x: dense(x, w)  # noqa: E731
-    kernel = lambda x: ops_cpu.rows_matmul(x, prep["o_proj"], w.shape[1:], tok.n_valid)  # noqa: E731
-    return platform_select(x_BxTxI, cpu=_kernel_or(kernel, xla), default=xla)
+    cpu = lambda x: ops_cpu.matmul(x, prep["o_proj"], w.shape[1:], tok.n_valid)  # noqa: E731
+    return platform_select(x_BxTxI, cpu=cpu, default=xla)
 
 
 def mlp(p_mlp, x_BxTxD, tok: Tokens):
-    """SwiGLU: (silu(x @ gate) * (x @ up)) @ down. With prepared weights, a CPU program with the kernels
-    built uses them (`ops_cpu.mlp`)."""
+    """SwiGLU: (silu(x @ gate) * (x @ up)) @ down. With prepared weights, a CPU program reads them
+    (`ops_cpu.mlp`)."""
     def xla(x):
         return dense(jax.nn.silu(dense(x, p_mlp["gate_proj"])) * dense(x, p_mlp["up_proj"]), p_mlp["down_proj"])
 
     prep = p_mlp.get(PREPARED)
     if prep is None:
         return xla(x_BxTxD)
-    kernel = lambda x: ops_cpu.mlp(prep, x, p_mlp["down_proj"].shape, tok.n_valid)  # noqa: E731
-    return platform_select(x_BxTxD, cpu=_kernel_or(kernel, xla), default=xla)
+    cpu = lambda x: ops_cpu.mlp(prep, x, p_mlp["down_proj"].shape, tok.n_valid)  # noqa: E731
+    return platform_select(x_BxTxD, cpu=cpu, default=xla)
 
 
 def unembed(cfg, params, h_BxTxD, n_valid_B=None):
-    """Logits [B, T, V] in f32. With prepared params a CPU program reads the head's panels (the kernel,
-    computing only each row's first `n_valid_B` positions, others 0) or its [D, V] copy instead."""
+    """Logits [B, T, V] in f32. With prepared params a CPU program reads the prepared head instead
+    (`ops_cpu.matmul`: only each row's first `n_valid_B` positions, others 0), or a tied head's [D, V] copy."""
     def xla(h):
         if cfg.tie_word_embeddings:
             return dense_transposed(h, params["embed"], jnp.float32)
@@ -235,9 +230,7 @@ def unembed(cfg, params, h_BxTxD, n_valid_B=None):
         return xla(h_BxTxD)
     n_rows = None if n_valid_B is None else jnp.clip(n_valid_B.astype(jnp.int32), 0, h_BxTxD.shape[1])
     if "lm_head" in prep:
-        cpu = _kernel_or(
-            lambda h: ops_cpu.rows_matmul(h, prep["lm_head"], (cfg.vocab_size,), n_rows).astype(jnp.float32),
-            lambda h: ops_cpu.unembed_head(h, prep["lm_head"].reshape(cfg.hidden_size, cfg.vocab_size)))
+        cpu = lambda h: ops_cpu.matmul(h, prep["lm_head"], (cfg.vocab_size,), n_rows).astype(jnp.float32)  # noqa: E731
     else:
         cpu = lambda h: ops_cpu.unembed_head(h, prep["head_DxV"])  # noqa: E731
     return platform_select(h_BxTxD, cpu=cpu, default=xla)

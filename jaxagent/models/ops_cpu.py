@@ -3,9 +3,10 @@ XLA operations, and nothing any other platform's program contains.
 
 Two kinds of CPU-only code live here: XLA:CPU tuning (the same math arranged as XLA:CPU runs it
 fastest: decode attention as blocked multiply-adds, RoPE tables computed once, the unembedding's head
-in a [D, V] layout) and the calls into the compiled C++ kernels (`jaxagent.kernels.cpu`) with the
-weights they read (column panels, `panels`). `kernels_built()` is asked only while tracing a CPU
-branch, so it never shapes a program lowered for another platform.
+in a [D, V] layout) and the operations on prepared weights (`prepare`), by the compiled C++ kernels
+(`jaxagent.kernels.cpu`) where they are built and by XLA:CPU otherwise. `kernels_built()` is asked
+only here, while a CPU branch is traced, and both answers read the same values: it never shapes a
+program lowered for another platform.
 
 Legend: B batch, T tokens, S cache slots, D model width, F MLP width, H query heads, K KV heads,
 E head dim, V vocab (CONVENTIONS.md).
@@ -74,11 +75,11 @@ def head_copy(params, cfg):
 
 
 def unembed_head(h_BxTxD, head_DxV):
-    """Logits [B, T, V] in f32 from a [D, V] head (`head_copy`, or the flat fallback of `prepare`)."""
+    """Logits [B, T, V] in f32 from a [D, V] head (`head_copy`)."""
     return dense(h_BxTxD, head_DxV, jnp.float32)
 
 
-# ------------------------------------------------------------------ the kernels' prepared weights
+# ------------------------------------------------------------------ prepared weights
 def panels(params, cfg, pack) -> Panels:
     """The projection weights as `pack` lays them out ({"layers": [per layer qkv_proj, o_proj,
     gate_up_proj, down_proj], "lm_head"}), each a flat f32 vector of the weight's size."""
@@ -104,38 +105,50 @@ def pack_panels_xla(*ws_KxN):
     return jnp.concatenate([panels_, w[:, full:].reshape(-1)])
 
 
+def pack_rows(*ws_KxN):
+    """[w_1 | w_2 | ...] ([K, N], row-major) as a flat f32 vector: the prepared layout without the kernels
+    (one GEMM for q, k, v and one for gate, up; a tied head as [D, V], see `head_copy`)."""
+    return jnp.concatenate([x.astype(jnp.float32) for x in ws_KxN], axis=1).reshape(-1)
+
+
 def prepare(params, cfg) -> Panels:
-    """The CPU branch of `ops.prepare`: the kernels' panels where the kernels are built; otherwise the
-    same shapes holding what XLA:CPU reads: zeros for the layers (never read) and the head as a
-    row-major [D, V] matrix (`head_copy`'s layout, read by `unembed_head`)."""
-    if kernels_built():
-        return panels(params, cfg, cpu_kernels.pack_panels)
-
-    def fallback(*ws_KxN):
-        return jnp.zeros((sum(int(np.prod(w.shape)) for w in ws_KxN),), jnp.float32)
-    out = panels(params, cfg, fallback)
-    head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return {**out, "lm_head": head.astype(jnp.float32).reshape(-1)}
+    """The CPU branch of `ops.prepare`: the kernels' panels where they are built, else `pack_rows`."""
+    return panels(params, cfg, cpu_kernels.pack_panels if kernels_built() else pack_rows)
 
 
-# ------------------------------------------------------------------ the kernels' branches
-def rows_matmul(x_BxTxI, packed_w, out_dims: tuple[int, ...], n_valid_B=None):
-    """x @ w by the GEMM kernel over each row's first n_valid tokens (others 0): [B, T, *out_dims]."""
+# ------------------------------------------------------------------ operations on prepared weights
+# With the kernels: the compiled kernels. Without: the same results by XLA:CPU from `pack_rows`' layout,
+# so the CPU branch reads the same values either way (and a program for another platform, which holds
+# them without reading them, is the same whether or not this host built the kernels).
+def zero_past(y_BxTx_, n_valid_B):
+    """y with each row's tokens past its first n_valid set to 0 (the kernels' output there); None: y."""
+    if n_valid_B is None:
+        return y_BxTx_
+    live = jnp.arange(y_BxTx_.shape[1])[None, :] < n_valid_B[:, None]
+    return jnp.where(live.reshape(live.shape + (1,) * (y_BxTx_.ndim - 2)), y_BxTx_, 0)
+
+
+def matmul(x_BxTxI, packed_w, out_dims: tuple[int, ...], n_valid_B=None):
+    """x @ w for a prepared weight over each row's first n_valid tokens (later ones 0): [B, T, *out_dims]."""
     b, t = x_BxTxI.shape[:2]
+    if not kernels_built():
+        y = dense(x_BxTxI, packed_w.reshape(x_BxTxI.shape[-1], -1)).reshape((b, t) + tuple(out_dims))
+        return zero_past(y, n_valid_B).astype(x_BxTxI.dtype)
     n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
     y = cpu_kernels.rows_matmul(x_BxTxI, n, packed_w, int(np.prod(out_dims)))
     return y.reshape((b, t) + tuple(out_dims)).astype(x_BxTxI.dtype)
 
 
 def qkv(cfg, p_attn, prep, x_BxTxD, tables, query_index, n_valid_B):
-    """q, k, v in one kernel call on [q | k | v] panels and the q/k norms with the rotation in one pass,
-    for each row's first n_valid tokens only (later ones are 0); see `ops.qkv`."""
+    """q, k, v by one GEMM on the [q | k | v] weight and, with the kernels, the q/k norms and rotation in
+    one kernel pass, for each row's first n_valid tokens only (later ones are 0); see `ops.qkv`."""
     h, kv, e, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
     norm = lambda x, name: rms_norm(x, p_attn[name]["weight"].astype(x.dtype), eps)  # noqa: E731
-    fused = rows_matmul(x_BxTxD, prep["qkv_proj"], (h + 2 * kv, e), n_valid_B)
+    fused = matmul(x_BxTxD, prep["qkv_proj"], (h + 2 * kv, e), n_valid_B)
     q, k, v = jnp.split(fused, (h, h + kv), axis=2)
     if cfg.attention_bias:
         q, k, v = q + p_attn["q_bias"], k + p_attn["k_bias"], v + p_attn["v_bias"]
+    if cfg.attention_bias or not kernels_built():
         q, k = rope(norm(q, "q_norm"), tables), rope(norm(k, "k_norm"), tables)
     else:  # q/k norms and rotation in one kernel pass (five XLA fusions per layer otherwise)
         b, t = fused.shape[:2]
@@ -147,20 +160,23 @@ def qkv(cfg, p_attn, prep, x_BxTxD, tables, query_index, n_valid_B):
     return q.astype(x_BxTxD.dtype), k.astype(x_BxTxD.dtype), v.astype(x_BxTxD.dtype)
 
 
-def attend(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, reference, n_valid_B):
-    """The fused cache-attention kernel (scores, softmax and values in one pass per (row, KV head)) over
-    the first `size` slots (static or traced); `reference(q, kt, v, mask, traced_window=)` is the XLA
-    attention its gradient runs; with `n_valid_B` each row's padded queries are skipped (outputs 0)."""
+def attend(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, reference, n_valid_B, xla):
+    """Cache attention over the first `size` slots (static or traced) by the fused kernel (scores,
+    softmax and values in one pass per (row, KV head); `reference(q, kt, v, mask, traced_window=)` is
+    the XLA attention its gradient runs), else `xla(q, kt, v, mask)`; each row's queries past n_valid
+    give 0."""
+    if not kernels_built():
+        return zero_past(xla(q_BxTxHxE, kt_all, v_all, mask_BxTxS), n_valid_B)
     return cpu_kernels.attention(q_BxTxHxE, kt_all, v_all, mask_BxTxS, size, reference, n_valid_B)
 
 
 def mlp(prep, x_BxTxD, down_shape, n_valid_B):
-    """SwiGLU by the kernels: one fused call for many rows (the [rows, 2F] intermediate stays in
-    cache), two panel products for decode steps."""
+    """SwiGLU on prepared weights: with the kernels, one fused call for many rows (the [rows, 2F]
+    intermediate stays in cache); decode steps and XLA:CPU: two products on [gate | up] and down."""
     f, d = down_shape
     b, t = x_BxTxD.shape[:2]
-    if t > 1 and f % 8 == 0:
+    if t > 1 and f % 8 == 0 and kernels_built():
         n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
         return cpu_kernels.mlp(x_BxTxD, n, prep["gate_up_proj"], prep["down_proj"]).astype(x_BxTxD.dtype)
-    gate, up = jnp.split(rows_matmul(x_BxTxD, prep["gate_up_proj"], (2 * f,), n_valid_B), 2, axis=-1)
-    return rows_matmul(jax.nn.silu(gate) * up, prep["down_proj"], (d,), n_valid_B)
+    gate, up = jnp.split(matmul(x_BxTxD, prep["gate_up_proj"], (2 * f,), n_valid_B), 2, axis=-1)
+    return matmul(jax.nn.silu(gate) * up, prep["down_proj"], (d,), n_valid_B)
