@@ -331,10 +331,23 @@ def seeds_needed(est: Estimate | None, effect: float | None, *, alpha: float = 0
         return None
     if est.n_seeds < 1 or not (math.isfinite(est.se) and est.se >= 0):
         return None
-    e = abs(float(effect))
+    e, top = abs(float(effect)), int(max_seeds)
     sd = float(est.se) * math.sqrt(est.n_seeds)
-    s = np.arange(2, max(int(max_seeds), 2) + 1)
-    df = (s - 1).astype(np.float64)
-    need = (_sps.t.ppf(1 - alpha / 2, df) + _sps.t.ppf(power, df)) * sd / np.sqrt(s)
-    ok = np.flatnonzero(need <= e)
-    return int(s[ok[0]]) if ok.size else None
+
+    def detectable(s: int) -> bool:
+        return (_sps.t.ppf(1 - alpha / 2, s - 1) + _sps.t.ppf(power, s - 1)) * sd / math.sqrt(s) <= e
+
+    # the MDE falls with S (t quantiles fall with df, 1/sqrt(S) falls), and t quantiles exceed the normal ones,
+    # so the normal-quantile solution ((z_{1-a/2} + z_power) sd / E)^2 is a lower bound: bisect above it
+    z = float(_sps.norm.ppf(1 - alpha / 2) + _sps.norm.ppf(power))
+    lo = max(2, math.ceil((z * sd / e) ** 2))
+    if lo > top or not detectable(top):
+        return None
+    hi = top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if detectable(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
