@@ -182,7 +182,7 @@ class Qwen3Config:
 # Shapes used across tests, benchmarks and experiments.
 PRESETS: dict[str, Qwen3Config] = {
     "tiny": Qwen3Config(),
-    # ~10M parameters: the CPU benchmark shape named in issue 2.
+    # ~10M parameters: the CPU benchmark shape (docs/performance.md).
     "bench_10m": Qwen3Config(vocab_size=512, hidden_size=384, intermediate_size=1024,
                              num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                              head_dim=64, tie_word_embeddings=True),

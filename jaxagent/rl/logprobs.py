@@ -1,5 +1,5 @@
 """Per-token log-probs and entropies of a Qwen3 policy, chunked over positions so that the f32
-logits of a whole sequence never exist (issue 20).
+logits of a whole sequence never exist.
 
 Dimension legend: B sequences, T tokens, C positions per logits chunk, V vocab, D model width.
 

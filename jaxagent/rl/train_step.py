@@ -12,13 +12,13 @@ Batch (a dict of [B, S] arrays, one row per rollout, laid out like `rollout.type
 
 Per-token arrays use one index, the action token: logp[:, t] = log pi(tokens[t] | tokens[:t]).
 
-Memory (issue 20): the per-token log-probs and entropies are computed from the final hidden states
+Memory: the per-token log-probs and entropies are computed from the final hidden states
 in chunks of `logits_chunk` positions (`next_token_stats`): each chunk is unembedded, log-softmaxed
 and reduced to [B, C] under `jax.checkpoint`, so the f32 logits of a whole sequence [B, S, V] never
 exist, in the forward or the backward. `remat` names the model's per-layer `jax.checkpoint` policy
 (`qwen3.hidden_states(remat=...)`); `micro_batches` bounds the rows in flight.
 
-Sampler/trainer mismatch (issue 16). Batch key `sampler_logprobs` (optional): the sampler's
+Sampler/trainer mismatch. Batch key `sampler_logprobs` (optional): the sampler's
 log-probs, `old_logprobs` then being the trainer's pre-update ones. Without it `old_logprobs` are the
 sampler's and the trainer's pre-update log-probs are this step's own forward (exact on the first
 update after a rollout). Metrics mismatch_mean / mismatch_max = token-mean / max over policy tokens
