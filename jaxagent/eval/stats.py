@@ -57,14 +57,15 @@ BOOTSTRAP, T_SEEDS, NOT_AVAILABLE = "cluster bootstrap", "t over seeds", "n/a"
 MIN_BOOT_SEEDS = 20
 INTERVAL_METHOD = (
     f"seeds are the unit of replication: with fewer than {MIN_BOOT_SEEDS} seeds a Student-t interval over the "
-    "per-seed values (seeds - 1 degrees of freedom), with more a two-stage cluster bootstrap (seeds, then units "
-    "within each seed), and the MDE from the same quantiles at 80% power.")
+    f"per-seed values (seeds - 1 degrees of freedom), with {MIN_BOOT_SEEDS} or more a two-stage cluster "
+    "bootstrap (seeds, then units within each seed), and the MDE from the same quantiles at 80% power.")
 VERDICT_RULE = (
     "d is the measured difference signed so that the paper's direction is positive, CI its 95% interval, "
     "MDE = (q(0.975) + q(0.8)) x SE its minimum detectable effect (80% power, two-sided 5%, q the quantiles of "
-    "the interval's own distribution), and E the reference effect of the finding. If the structural bound of "
-    "the measurement leaves less than E of room on the paper's side (for a parity finding: less than the "
-    "margin m on either side, so equivalence is forced), the finding is **untestable here (bound)**. "
+    f"the interval's own distribution: Student t with seeds - 1 degrees of freedom below {MIN_BOOT_SEEDS} "
+    "seeds), and E the reference effect of the finding. If the structural bound of the measurement leaves less "
+    "than E of room on the paper's side (for a parity finding: less than the margin m on both sides of 0, so "
+    "equivalence is forced), the finding is **untestable here (bound)**. "
     "Directional findings: **reproduced** if the whole CI lies above 0; **not reproduced** if it lies below 0, "
     "or if it holds 0 and its upper end is below E (E is excluded, whatever the MDE); **underpowered** if the "
     "CI holds both 0 and E and MDE > E; **inconclusive** if it holds both with MDE <= E, without E, or without "
