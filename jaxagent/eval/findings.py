@@ -265,7 +265,7 @@ def _mix(tier, direction) -> Finding:
                   falsified_by=(f"a 95% CI of BudgetMix - GRPO Pass@1 at {tier}% of T_max (tasks solvable there) "
                                 f"below 0, or holding 0 with its upper end below the paper's "
                                 f"{PAPER_FIGURES[paper]['value']:g} points"))
-    return _pair(key, f"8. BudgetMix vs full-budget RL at {tier}% of T_max (K=1, tasks solvable at the tier)",
+    return _pair(key, f"8. BudgetMix vs full-budget RL at {tier}% of T_max, K=1 on the tasks solvable there",
                  None, None, direction, ("pass_at_t",), rl="BudgetMix", base="full-budget RL", diff_paper=paper,
                  room=True, tier=tier / 100, **kw)
 
@@ -291,8 +291,8 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
             ("pass_at_k", "pass_kt_heatmap"), room=True, falsified_by=(
                 "a 95% CI of RL - base Pass@K at the largest K below 0, or holding 0 with its upper end below "
                 "+10 points (RL's edge gone once base gets K tries)"), **_PASS_SEI),
-    Finding("f2_shrink_frozenlake", "2. FrozenLake: the RL advantage shrinks from full to tightest tier (K=1, "
-            "tasks solvable at the tightest tier)",
+    Finding("f2_shrink_frozenlake", "2. FrozenLake: the RL advantage shrinks from full to tightest tier, K=1 on the "
+            "tasks solvable there",
             (Row("base, full budget (%)", "f2_shrink_frozenlake.base_full", None, 100.0),
              Row("RL, full budget (%)", "f2_shrink_frozenlake.rl_full", None, 100.0),
              Row("base, tightest tier (%; paper: K=8, all tasks)", "f2_shrink_frozenlake.base_tight",
@@ -446,8 +446,8 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
           note="Room: plan-mode success lies in [0, 1], so final RL - base lies in [-base, 1 - base].",
           falsified_by="a 95% CI of final RL - base plan-mode success above 0 (multi-turn RL also taught the "
                        "policy to plan blind), or holding 0 with its lower end above -0.097"),
-    _pair("f7_process_frozenlake", "7. Oracle process reward vs GRPO, FrozenLake, tightest tier (K=1, tasks solvable "
-          "at the tier)", None, None, +1, rl="GRPO + process reward", base="GRPO", room=True,
+    _pair("f7_process_frozenlake", "7. Oracle process reward vs GRPO, FrozenLake, tightest tier, K=1 on the tasks "
+          "solvable there", None, None, +1, rl="GRPO + process reward", base="GRPO", room=True,
           falsified_by="a 95% CI of process-reward GRPO - GRPO Pass@1 at the tightest tier below 0, or holding 0 "
                        "with its upper end below +10 points", **_PASS_SEI),
     _pair("f7_gigpo_bfcl", "7. GiGPO vs GRPO, BFCL, 25% budget (paper: no gain)", None, None, 0,
