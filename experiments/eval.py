@@ -55,6 +55,14 @@ def heldout_tasks(run, seed: int):
     return p.task.sample(jax.random.fold_in(jax.random.key(TASK_KEY), int(seed)), p.eval.n_tasks)
 
 
+def plan_tasks(run, seed: int):
+    """Seed `seed`'s held-out maps for R_single: sampled from the same key as `heldout_tasks`, eval.n_plan_tasks
+    of them (the Pass@ maps themselves when n_plan_tasks = n_tasks, as in every preset)."""
+    p = run.preset
+    n = getattr(p.eval, "n_plan_tasks", p.eval.n_tasks)
+    return p.task.sample(jax.random.fold_in(jax.random.key(TASK_KEY), int(seed)), n)
+
+
 def _eval_setup(run):
     p = run.preset
     tiers = budgets_lib.budget_tiers(p.task.t_max, p.eval.fractions)
@@ -235,6 +243,8 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         evals[label] = eval_policy(run, load, label, tasks[s], s, log)
     bounds = {s: drivers.upper_bound(run.world, np.asarray(tasks[s]), tiers=tiers, ks=p.eval.ks,
                                      env_params=env_params) for s in all_seeds}
+    for s, bnd in bounds.items():  # beside the Pass@ files, so each seed's bound can be read back
+        study.write_json(_cache_path(run, f"bound/seed{s}"), {k: bnd[k] for k in ("tiers", "ks", "p_star", "per_task")})
     ks = list(p.eval.ks)
     m: dict = {"meta.tiers": list(tiers), "meta.ks": ks, "meta.t_max": float(p.task.t_max)}
     kmax_i, k1_i = int(np.argmax(ks)), int(np.argmin(ks))
@@ -484,8 +494,9 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         if plan_mode is not None and hasattr(plan_mode, "plan_success"):
             units, b_by, r_by = {}, {}, {}
             for s in grpo_seeds:
-                pb = plan_eval(run, lambda: base, f"base/seed{s}", tasks[s], s).mean(-1)
-                pr = plan_eval(run, lambda s=s: policies[(MAIN_ARM, s)], f"{MAIN_ARM}/seed{s}", tasks[s], s).mean(-1)
+                maps = plan_tasks(run, s)
+                pb = plan_eval(run, lambda: base, f"base/seed{s}", maps, s).mean(-1)
+                pr = plan_eval(run, lambda s=s: policies[(MAIN_ARM, s)], f"{MAIN_ARM}/seed{s}", maps, s).mean(-1)
                 units[s], b_by[s], r_by[s] = pr - pb, _mean(pb), _mean(pr)
             est.put("f6_r_single.diff", units, [MAIN_ARM])
             est.mean("f6_r_single.base", b_by, [MAIN_ARM])

@@ -36,7 +36,7 @@ def test_table_rows_cells_and_agreement(tmp_path):
     assert len(lines) == 5  # header, rule, f1_pass1, f1_breadth, f8 at 25%
     titles = {f.key: f.title for f in report.DEFAULT_FINDINGS}
     # DEFAULT_FINDINGS order: the headline first
-    assert lines[2].startswith(f"| {titles['f1_pass1']} (RL - base) |")
+    assert lines[2].startswith(f"| {titles['f1_pass1']} (RL - base (points)) |")
     assert ("+20.0 [17.0, 23.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | "
             "+18.0 [12.0, 24.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | yes |") in lines[2]
     # f1 breadth: reproduced in one, CI holding 0 and ending below E = 10 points in the other

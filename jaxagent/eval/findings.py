@@ -230,7 +230,8 @@ def _pair(key, title, base_paper, rl_paper, direction, figures=(), rl="RL", base
         if room:
             rows += (Row(f"structural upper bound on the same tasks {what}", f"{key}.bound", None, scale, fmt,
                          optional=True),)
-    return Finding(key, title, rows, f"{key}.diff", f"{rl} - {base}", direction, diff_paper, scale, fmt, figures,
+    label = f"{rl} - {base}" + (" (points)" if scale == 100.0 else "")
+    return Finding(key, title, rows, f"{key}.diff", label, direction, diff_paper, scale, fmt, figures,
                    effect, effect_source, effect_rel, margin, note, falsified_by, room, tier)
 
 
