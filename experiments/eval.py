@@ -9,12 +9,16 @@ bound is computed per seed on its maps (`drivers.upper_bound`).
 Per policy: Pass@(K,T) in the announced, hidden-budget and truncated modes, with costs. Base vs each RL
 seed of the GRPO arm: step quality on matched states (G = preset.eval.n_sampled sampled actions per policy and
 state, default 16; the exact expectation as a secondary line), error states (only those with the goal still
-reachable, V* > 0), likelihood (per seed; the length-matched LLR control); all arms: Pass@T and training
-dynamics, and plan-mode success (R_single, `plan_mode.plan_success`). Every arm seed's training log is classified (`health.classify_seed`): collapsed and diverged seeds
-are left out of the primary estimates and kept in an all-seeds sensitivity estimate. Estimates are seed-aware
-(`stats.seed_estimate`: units nested in seeds; arms compared with GRPO are paired by seed index). An invalid
-reply is scored as invalid (`step_quality.score_outcomes`). Everything lands in runs/<name>/eval/*.json;
-figures (learning curves per arm, one line per seed), metrics.json and report.md follow.
+reachable, V* > 0), likelihood (per seed; the LLR of RL's successes above `findings.LLR_THRESHOLD`, the
+length-matched LLR control) and plan-mode success (R_single, `plan_mode.plan_success`); all arms: Pass@T.
+Pass@ rows are judged at K=1 (tight tiers: on the tasks solvable there) with the room the structural bound
+allows the difference (`findings` module doc). Every arm seed's training log is classified
+(`health.classify_seed`): collapsed and diverged seeds are left out of the primary estimates and kept in an
+all-seeds sensitivity estimate. Estimates are seed-aware (`stats.seed_estimate`: units nested in seeds; arms
+compared with GRPO are paired by seed index). An invalid reply is scored as invalid
+(`step_quality.score_outcomes`). Everything lands in runs/<name>/eval/*.json (the bound per seed in
+bound_seed<s>.json); figures (learning curves per arm, one line per seed; R_multi / R_single over training
+from dynamics.jsonl), metrics.json and report.md follow.
 
 Placement: every evaluation rollout runs as the training rollout does (`stages.make_arm_runtime`): the
 policy's weights cast to the preset's compute dtype, on the run's mesh laid out per

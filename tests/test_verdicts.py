@@ -19,7 +19,8 @@ def _metrics(f, lo, hi, *, mde=0.05, mean=None, room=None, lo90=None, hi90=None,
     half = (hi - lo) / 2
     p = f.diff
     m = {f"{p}.mean": mean, f"{p}.lo": lo, f"{p}.hi": hi, f"{p}.mde": mde, f"{p}.method": T,
-         f"{p}.lo90": mean - 0.8 * half if lo90 is None else lo90, f"{p}.hi90": mean + 0.8 * half if hi90 is None else hi90,
+         f"{p}.lo90": mean - 0.8 * half if lo90 is None else lo90,
+         f"{p}.hi90": mean + 0.8 * half if hi90 is None else hi90,
          f"{p}.se": half / float(sps.t.ppf(0.975, n - 1)) if half > 0 else 0.0, f"{p}.df": n - 1, f"{p}.n_seeds": n,
          f"{p}.n_units": 64 * n}
     if room is not None:
@@ -146,3 +147,15 @@ def test_every_row_says_what_would_fail_it_and_llr_rows_test_a_threshold():
     assert [BY_KEY[f"f8_budgetmix_t{t}"].tier for t in (25, 50, 75, 100)] == [0.25, 0.5, 0.75, 1.0]
     for field in ("at_bound", "ceiling"):
         assert field not in F.Finding.__dataclass_fields__
+
+
+def test_docs_state_what_would_fail_each_row():
+    """docs/study.md's falsifier table holds every row with the sentence the report prints."""
+    import os
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "study.md"), encoding="utf-8").read()
+    table = text[text.index("## What would have failed each row"):text.index("## Results on two seed sets")]
+    for f in F.DEFAULT_FINDINGS:
+        row = next((line for line in table.splitlines() if line.startswith(f"| `{f.key}` |")), None)
+        assert row is not None and row.endswith(f"| {f.falsified_by} |"), f.key
+    for word in (" round ", "previously", "Second round", "Third round"):
+        assert word not in text, word

@@ -403,7 +403,8 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
             ("llr_hist",),
             note=("The difference of the two groups' mean LLR is E_RL[log pi_RL - log pi_base] - E_base[log pi_RL "
                   "- log pi_base] = KL(RL || base) + KL(base || RL) on the success-conditioned trajectory "
-                  "distributions, the Jeffreys divergence, >= 0 for any two policies: printed, not judged. The judged row asks whether RL's "
+                  "distributions, the Jeffreys divergence, >= 0 for any two policies: printed, not judged. The "
+                  "judged row asks whether RL's "
                   f"own successes sit more than {LLR_THRESHOLD:g} nat above base."),
             falsified_by=(f"a 95% CI of RL's mean LLR on its successes - {LLR_THRESHOLD:g} nat below 0, or holding "
                           f"0 with its upper end below 1 nat (RL's successes within {2 * LLR_THRESHOLD:g} nats of "

@@ -251,7 +251,8 @@ def build_report(metrics: Mapping, report_dir: str | os.PathLike, *, figures: Ma
                  findings: Sequence[Finding] = DEFAULT_FINDINGS, meta: Mapping[str, str] | None = None,
                  title: str = "jaxagent evaluation report") -> Report:
     """Markdown report: meta, the verdict rule, a summary table (one row per finding: measured, paper, CI, MDE,
-    the range the bound allows, verdict, why, seeds), the seed-health table with the learning curves (figures `learning_<arm>`), then one
+    the range the bound allows, verdict, why, seeds), the seed-health table with the learning curves
+    (figures `learning_<arm>`), then one
     section per finding that has at least one measured metric; figures are embedded by paths relative to
     report_dir; meta (e.g. {"Pass@(K,T) mode": "truncated"}) is listed verbatim."""
     figures, meta = dict(figures or {}), dict(meta or {})
