@@ -124,6 +124,7 @@ def plan_reply(codec, stop_id: int, actions_N, n_actions, m: int):
     """One plan reply from env actions: the canonical text of actions[:n] in order, then `stop_id`:
     (tokens int32[m] padded with codec.pad_id, length). Actions outside 0..3 are not expected (experts)."""
     table, lens = codec.action_tokens_AxPa, codec.action_lens_A
+    actions_N, n_actions = jnp.asarray(actions_N, jnp.int32), jnp.asarray(n_actions, jnp.int32)
     buf = jnp.full((m,), codec.pad_id, jnp.int32)
 
     def body(i, carry):
