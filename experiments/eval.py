@@ -42,10 +42,7 @@ from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import drivers, health, plots, report, stats, step_quality
 from jaxagent.eval.findings import LLR_THRESHOLD
-try:  # plan mode lands with the planmode helper's branch; until then finding 6's R_single row is skipped
-    from jaxagent.study import plan_mode
-except ImportError:  # pragma: no cover
-    plan_mode = None
+from jaxagent.study import plan_mode
 from jaxagent.sampling import Sampler
 
 MAIN_ARM = "grpo"
@@ -63,8 +60,7 @@ def plan_tasks(run, seed: int):
     """Seed `seed`'s held-out maps for R_single: sampled from the same key as `heldout_tasks`, eval.n_plan_tasks
     of them (the Pass@ maps themselves when n_plan_tasks = n_tasks, as in every preset)."""
     p = run.preset
-    n = getattr(p.eval, "n_plan_tasks", p.eval.n_tasks)
-    return p.task.sample(jax.random.fold_in(jax.random.key(TASK_KEY), int(seed)), n)
+    return p.task.sample(jax.random.fold_in(jax.random.key(TASK_KEY), int(seed)), p.eval.n_plan_tasks)
 
 
 def _eval_setup(run):
@@ -122,7 +118,7 @@ def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:
         p = run.preset
         ok = plan_mode.plan_success(run.world, run.cfg, load_params(), np.asarray(tasks),
                                     jax.random.fold_in(jax.random.key(PLAN_KEY), int(seed)), t_max=p.task.t_max,
-                                    n_samples=getattr(p.eval, "n_plan_samples", p.eval.n_samples),
+                                    n_samples=p.eval.n_plan_samples,
                                     env_params=p.task.env_params(), max_context=p.task.max_context,
                                     batch_size=p.n_tasks * p.group_size, **placement(run))
         study.write_json(out_path, {"success": np.asarray(ok, np.float64)})
@@ -495,17 +491,18 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
 
         # 6. R_single: plan-mode success (every move in one reply, no feedback) on each seed's held-out maps,
         #    final RL - base per seed, paired by task; room: success lies in [0, 1]
-        if plan_mode is not None and hasattr(plan_mode, "plan_success"):
-            units, b_by, r_by = {}, {}, {}
-            for s in grpo_seeds:
-                maps = plan_tasks(run, s)
-                pb = plan_eval(run, lambda: base, f"base/seed{s}", maps, s).mean(-1)
-                pr = plan_eval(run, lambda s=s: policies[(MAIN_ARM, s)], f"{MAIN_ARM}/seed{s}", maps, s).mean(-1)
-                units[s], b_by[s], r_by[s] = pr - pb, _mean(pb), _mean(pr)
-            est.put("f6_r_single.diff", units, [MAIN_ARM])
-            est.mean("f6_r_single.base", b_by, [MAIN_ARM])
-            est.mean("f6_r_single.rl", r_by, [MAIN_ARM])
-            est.room("f6_r_single", {s: -v for s, v in b_by.items()}, {s: 1 - v for s, v in b_by.items()}, [MAIN_ARM])
+        units, b_by, r_by = {}, {}, {}
+        for s in grpo_seeds:
+            maps = plan_tasks(run, s)
+            pb = plan_eval(run, lambda: base, f"base/seed{s}", maps, s).mean(-1)
+            pr = plan_eval(run, lambda s=s: policies[(MAIN_ARM, s)], f"{MAIN_ARM}/seed{s}", maps, s).mean(-1)
+            units[s], b_by[s], r_by[s] = pr - pb, _mean(pb), _mean(pr)
+        est.put("f6_r_single.diff", units, [MAIN_ARM])
+        est.mean("f6_r_single.base", b_by, [MAIN_ARM])
+        est.mean("f6_r_single.rl", r_by, [MAIN_ARM])
+        est.room("f6_r_single", {s: -v for s, v in b_by.items()}, {s: 1 - v for s, v in b_by.items()},
+                 [MAIN_ARM])
+
 
     # 6. the training logs of the main arm (dynamics.jsonl): first and last logged R_multi / R_single per seed,
     #    printed beside the judged held-out rows and drawn as the dynamics figure
