@@ -110,7 +110,7 @@ def findings(d: str, title: str) -> tuple[Finding, ...]:
                 f"{llr}.diff", f"mean LLR of RL's successes - {thr} nat", +1, None, 1.0, ".2f", effect=EFFECT_LLR,
                 effect_source=f"{SEI}: 1 nat above the {thr}-nat threshold",
                 note=("The two groups' difference is E_RL[log pi_RL - log pi_base] - E_base[log pi_RL - log "
-                      "pi_base] = KL(RL || base) + KL(base || RL) on the success-conditioned trajectory "
+                      "pi_base] = KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
                       "distributions, the Jeffreys divergence: >= 0 for any two policies, so it is printed, not "
                       f"judged. The judged row asks whether RL's own successes sit more than {thr} nat above base."),
                 falsified_by=(f"a 95% CI of RL's mean LLR on its successes - {thr} nat below 0, or holding 0 with "
@@ -353,7 +353,7 @@ def jeffreys_note(est: stats.Estimate) -> str:
           f" (no interval: {est.reason})")
     val = f"{est.mean:.2f} nats" if np.isfinite(est.mean) else "not measured"
     return ("Finding 5 (two-group LLR contrast, not judged): mean LLR of RL's successful trajectories minus that of "
-            f"base's = {val}{ci}. It is KL(RL || base) + KL(base || RL) on the success-conditioned trajectory "
+            f"base's = {val}{ci}. It is KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
             "distributions, the Jeffreys divergence, >= 0 for any two policies, so it cannot fail; the judged row is "
             f"RL's own successes against the {LLR_THRESHOLD:g}-nat threshold.")
 
