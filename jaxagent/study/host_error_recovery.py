@@ -178,8 +178,9 @@ def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequ
                           if ok and any(len(judged[s][key]) for s in ok) else float("nan"))
     m[f"{f4}.base"], m[f"{f4}.rl"] = pooled("base"), pooled("rl")
     # room: RL's rate lies in [0, 1], so the seed mean of rate_RL - rate_base lies in [-b, 1 - b], b the seed mean
-    # of base's rate over the included seeds (the estimate's seeds; its pooled rate weighs seeds by prefixes)
-    b = [m[f"{f4}.seed{s}.base"] for s in ok if np.isfinite(m[f"{f4}.seed{s}.base"])]
+    # of base's rate over the included seeds (the estimate's seeds, every seed when none is; the pooled rate
+    # weighs seeds by their prefixes)
+    b = [m[f"{f4}.seed{s}.base"] for s in ok or list(judged) if np.isfinite(m[f"{f4}.seed{s}.base"])]
     if b:
         m[f"{f4}.room_lo"], m[f"{f4}.room_hi"] = -float(np.mean(b)), 1.0 - float(np.mean(b))
     return m

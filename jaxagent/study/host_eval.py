@@ -275,8 +275,10 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     m[f"{f2}.tier_turns"] = float(tiers[tight])
     if use.any():
         # RL(tight) in [0, U(tight)], gap(full) as measured: the difference lies in [-b_t - g_f, U - b_t - g_f]
+        # (g_f over the included seeds, as the estimate; over every seed when none is, so the row still shows it)
+        g_f = _mean(gap[s][full, k1][use].mean() for s in ok or seeds)
         lo, hi = bounded(m[f"{f2}.base_tight"], float(u_pt[tight][use].mean()))
-        put_room(m, f2, (lo - m[f"{f2}.gap_full"], hi - m[f"{f2}.gap_full"]))
+        put_room(m, f2, (lo - g_f, hi - g_f))
     else:
         m[f"{d}.note.f2_shrink"] = NO_SOLVABLE_NOTE.format(finding="2", t=tiers[tight])
     if step_quality is not None:
@@ -300,7 +302,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{f7}.n_tasks"] = int(use.sum())
         m[f"{f7}.tier_turns"] = float(tiers[tight])
         if use.any():
-            put_room(m, f7, bounded(m[f"{f7}.grpo"], m[f"{f7}.bound"]))
+            put_room(m, f7, bounded(_mean(rl[s][tight, k1][use].mean() for s in ok7 or both), m[f"{f7}.bound"]))
         else:
             m[f"{d}.note.f7_gigpo"] = NO_SOLVABLE_NOTE.format(finding="7", t=tiers[tight])
     return m

@@ -107,7 +107,7 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
                            f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the "
                            "difference cannot leave this range."]
         elif f.room:
-            detail += ["", "The structural bound of this row was not measured in this run."]
+            detail += ["", "This run has no value for the structural bound of this row."]
         if f.falsified_by:
             detail += ["", f"Would have been not reproduced with: {f.falsified_by}."]
         if f.note:

@@ -283,7 +283,9 @@ def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequen
         if len(ok) < len(comp):
             m[f"{f3}.all.{k}"] = seed_mean(k, list(comp))
     # room: RL's mean pass rate per state lies in [0, 1], so the seed mean of q_RL - q_base lies in
-    # [-base, 1 - base], base the seed mean of q_base over the included seeds (as the estimate)
-    if np.isfinite(m[f"{f3}.base"]):
-        m[f"{f3}.room_lo"], m[f"{f3}.room_hi"] = -m[f"{f3}.base"], 1.0 - m[f"{f3}.base"]
+    # [-base, 1 - base], base the seed mean of q_base over the included seeds (as the estimate; every seed when
+    # none is, so the row still shows it)
+    b = seed_mean("base", ok or list(comp))
+    if np.isfinite(b):
+        m[f"{f3}.room_lo"], m[f"{f3}.room_hi"] = -b, 1.0 - b
     return m
