@@ -1,8 +1,8 @@
 """Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
 estimates of findings 1, 2, 3 (coding: step quality on matched states, `host_step_quality`), 4 (BFCL: tool-call
-error correction, `host_error_recovery`), 5 (BFCL: per-action NLL,
-cumulative LLR and the length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs
-R_single over training, `host_dynamics`) and 7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+error correction, `host_error_recovery`), 5 (BFCL: per-action NLL, cumulative LLR above a threshold and the
+length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs R_single over training, `host_dynamics`) and
+7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
@@ -15,10 +15,24 @@ Structural upper bound at T (docs/study.md): p*[task, T] = 1[reference turns <= 
 the share of tasks whose reference solution needs <= T turns, and the Pass@K bound 1 - (1 - p*)^K equals it
 (p* is 0 or 1).
 
+Pass@ findings (`domain_findings`; docs/host_study.md, "Findings and what would have failed them"), each judged
+where a difference of E is possible, with the room the bound allows (`bounded`: a policy's Pass@K on tasks with
+bound U lies in [0, U], so other - comparator lies in [-comparator, U - comparator]):
+    f1_pass1    RL - base Pass@1 at full budget, every held-out task (direction +1, E 10 points);
+    f1_breadth  the same at the largest K;
+    f2_shrink   gap(tight) - gap(full) at K=1 on the tasks solvable at the tightest tier (p* = 1 there: every
+                one of them could be solved), direction -1, E 10 points; room [-b_t - g_f, U - b_t - g_f];
+    f7_gigpo    GiGPO - GRPO at K=1 at the tightest tier on the same tasks, parity within 5 points (TOST).
+A row whose room leaves less than E on the paper's side (a parity row: less than its margin either side of 0) is
+"untestable here (bound)" (`stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
+a note (`NO_SOLVABLE_NOTE`).
+
 Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k; a policy is `base`,
 an arm (mean over its included seeds) or `<arm>.seed<s>`), `<d>.bound.t<T>` (the bound), `<d>.split.train`,
-`<d>.split.heldout`, the findings' keys (`domain_findings`) with `stats.Estimate` fields, and
-`health.<arm>.seed<s>.*` as the FrozenLake study writes them.
+`<d>.split.heldout`, `meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate`
+fields, their rooms `<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows'
+values (`.base`, `.rl`, `.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`,
+`.n_tasks`, `.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
 """
 from __future__ import annotations
 

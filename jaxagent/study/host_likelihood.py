@@ -351,9 +351,10 @@ def jeffreys_note(est: stats.Estimate) -> str:
     """The report line of the two-group LLR contrast (module docstring): printed with its interval, not judged."""
     ci = (f" (95% CI [{est.lo:.2f}, {est.hi:.2f}], {est.method})" if est.available else
           f" (no interval: {est.reason})")
-    val = f"{est.mean:.2f} nats" if np.isfinite(est.mean) else "not measured"
+    val = (f"= {est.mean:.2f} nats{ci}" if np.isfinite(est.mean) else
+           "has no value in this run (no seed has successful episodes of both policies)")
     return ("Finding 5 (two-group LLR contrast, not judged): mean LLR of RL's successful trajectories minus that of "
-            f"base's = {val}{ci}. It is KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
+            f"base's {val}. It is KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
             "distributions, the Jeffreys divergence, >= 0 for any two policies, so it cannot fail; the judged row is "
             f"RL's own successes against the {LLR_THRESHOLD:g}-nat threshold.")
 
