@@ -80,10 +80,13 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
         if f"{f.diff}.mean" not in metrics:
             continue
         verdicts[f.key], reasons[f.key] = finding_verdict(f, metrics)
-        e = reference_effect(f, metrics)
-        e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
-        if f.direction == 0:
-            e_text = f"margin ±{format(f.margin * f.diff_scale, f.diff_fmt)}"
+        if f.direction == 0:  # parity: the equivalence margin stands where E stands for a directional row
+            margin = format(f.margin * f.diff_scale, f.diff_fmt)
+            e_text, ref = f"margin ±{margin}", f"Equivalence margin ±{margin}"
+        else:
+            e = reference_effect(f, metrics)
+            e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
+            ref = f"Reference effect E = {e_text}"
         why = why_text(f, metrics, reasons[f.key])
         lines.append(f"| {f.title} | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} | "
                      f"{_ci(f, metrics, f.diff)} | {_num(metrics, f.diff + '.mde', f.diff_scale, f.diff_fmt)} "
@@ -98,8 +101,6 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
                       f"{_ci(f, metrics, f.diff)} |")
         if room_from_metrics(f, metrics) is not None:
             detail.append(f"| differences the structural bound allows | {room_text(f, metrics)} |")
-        ref = (f"Equivalence margin ±{e_text.removeprefix('margin ±')}" if f.direction == 0 else
-               f"Reference effect E = {e_text}")
         detail += ["", f"Verdict: **{verdicts[f.key]}**: {why}. Interval: "
                        f"{_text(metrics, f.diff + '.method')}. {ref} ({f.effect_source})."]
         if room_from_metrics(f, metrics) is not None:
@@ -155,7 +156,8 @@ def health_lines(metrics: Mapping) -> list[str]:
 
 def build_host_report(meta: Mapping[str, str], metrics: Mapping, sections: Sequence[list[str]],
                       title: str = "jaxagent host-domain study report") -> str:
-    """The whole report: meta lines, the verdict rule, seed health, then the domain sections."""
+    """The whole report: meta lines, the interval method (`stats.INTERVAL_METHOD`), the verdict rule, seed health,
+    then the domain sections."""
     lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", f"Intervals: {stats.INTERVAL_METHOD}", "", f"Verdict rule (the FrozenLake study's): {VERDICT_RULE}",
               ""]
