@@ -19,6 +19,8 @@ class EvalSettings:
     n_sampled: int = 16               # G: next actions sampled per policy and matched state (finding 3)
     n_boot: int = 500
     hidden_budget: bool = True        # also evaluate with the budget hidden (beyond the paper)
+    n_plan_tasks: int = 64            # held-out maps of R_single (plan-mode success, `study.plan_mode`)
+    n_plan_samples: int = 8           # plan replies sampled per map (R_single's Z)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,34 +79,45 @@ def _accelerator(name: str, *, n_tasks: int, mesh: tuple[int, int, int], eval_ta
 PRESETS: dict[str, Preset] = {
     # The toy recipe (docs/study.md, from `python -m experiments.sweep`): a base SFT at 6e-3 (valid-action
     # rate 0.999), RL at lr 1.5e-4, 64 episodes per iteration (8 groups of 8), 2 epochs x 2 minibatches (so
-    # the clip is active), KL 0.05 to the base computed exactly over the 128-token vocabulary at every state of
+    # the clip is active), KL 0.05 to the base computed exactly over the toy vocabulary at every state of
     # the batch (a sampled estimate sees only the sampled token, and the valid-action dips came from invalid
     # replies absent from the batch), reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update
     # collapsed one seed in three. quick runs 12 iterations (not standard's 20) so the default study fits a
     # laptop session; docs/study.md reports the run times.
+    # T_max 8: the budget tiers 2/4/6/8 are exactly 25/50/75/100% of it. max_context 400 holds every 8-turn
+    # episode: system turn 39 tokens, first turn at most 3 + 9 + 19 + 5 + 4 = 40 (opener, budget text, map,
+    # assistant opener, a 4-token reply), each later turn at most 5 + 9 + 22 + 5 + 4 = 45 (after a truncated
+    # reply, with "Invalid action ."), so 39 + 40 + 7 x 45 = 394 (the noisy expert's longest of 512: 350).
+    # The base: SFT at the full budget T_max (no BudgetMix budgets, finding 8) with a quarter of its episodes
+    # in plan mode (R_single, `study.plan_mode`).
     "quick": Preset(
         name="quick", model=_toy_model(),
-        task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
-        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3),
+        task=TaskSettings(size=4, t_max=8, max_context=400, format_penalty=0.3),
+        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3, budget_mode="full",
+                          plan_fraction=0.25),
         iterations=12, n_tasks=8, group_size=8, lr=1.5e-4, epochs=2, minibatches=2, kl_coef=0.05,
         kl_estimator="exact",
         eval=EvalSettings(n_tasks=32, n_samples=4, ks=(1, 2, 4), n_states=24, n_error_states=24, n_sampled=8,
-                          n_boot=300)),
-    # Sized for power: 5 seeds, K up to 8, 64 held-out maps (about 31% of them solvable at the tightest
-    # tier, T=2 of 6), 64 matched and error states per policy with G=16.
+                          n_boot=300, n_plan_tasks=32, n_plan_samples=4)),
+    # Sized for power: 5 seeds, K up to 8, 64 held-out maps (17 of them, 27%, solvable at the tightest tier,
+    # T=2 of 8), 64 matched and error states per policy with G=16.
     "standard": Preset(
         name="standard", model=_toy_model(),
-        task=TaskSettings(size=4, t_max=6, max_context=320, format_penalty=0.3),
-        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3),
+        task=TaskSettings(size=4, t_max=8, max_context=400, format_penalty=0.3),
+        base=BaseSettings(n_episodes=1024, steps=200, batch_size=32, lr=6e-3, budget_mode="full",
+                          plan_fraction=0.25),
         seeds=(0, 1, 2, 3, 4), iterations=20, n_tasks=8, group_size=8, lr=1.5e-4, epochs=2, minibatches=2,
         kl_coef=0.05, kl_estimator="exact",
         eval=EvalSettings(n_tasks=64, n_samples=8, ks=(1, 2, 4, 8), n_states=64, n_error_states=64,
                           n_sampled=16, n_boot=1000)),
+    # T_max 12: tiers 3/6/9/12. max_context 704 holds every 12-turn episode on a 5x5 map (at most 694 tokens,
+    # counted as for quick; the noisy expert's longest of 512: 644).
     "full": Preset(
         name="full", model=Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32),
-        task=TaskSettings(size=5, t_max=10, max_context=640),
-        base=BaseSettings(n_episodes=8192, steps=3000, batch_size=64, lr=2e-3),
+        task=TaskSettings(size=5, t_max=12, max_context=704),
+        base=BaseSettings(n_episodes=8192, steps=3000, batch_size=64, lr=2e-3, budget_mode="full",
+                          plan_fraction=0.25),
         seeds=(0, 1, 2, 3, 4), iterations=200, n_tasks=8, group_size=8,
         eval=EvalSettings(n_tasks=64, n_samples=16, ks=(1, 2, 4, 8, 16), n_states=256, n_error_states=256,
                           n_boot=1000)),
@@ -126,10 +139,11 @@ PRESETS: dict[str, Preset] = {
     "ci": Preset(
         name="ci", model=Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16),
-        task=TaskSettings(size=3, t_max=3, max_context=160),
-        base=BaseSettings(n_episodes=64, steps=4, batch_size=8),
+        # T_max 4, tiers 2/4 (50/100%); 192 slots: an episode takes at most 39 + 32 + 3 x 37 = 182 (counted as quick's)
+        task=TaskSettings(size=3, t_max=4, max_context=192),
+        base=BaseSettings(n_episodes=64, steps=4, batch_size=8, budget_mode="full", plan_fraction=0.25),
         arms=("grpo", "budgetmix"), seeds=(0, 1), iterations=2, n_tasks=2, group_size=4, dynamics_every=1,
         kl_coef=0.05, kl_estimator="exact",   # the toy recipe's KL path end to end
         eval=EvalSettings(n_tasks=4, n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_states=4, n_error_states=4,
-                          n_boot=50)),
+                          n_boot=50, n_plan_tasks=4, n_plan_samples=2)),
 }

@@ -53,7 +53,7 @@ from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
-from jaxagent.study import run_dir, stages
+from jaxagent.study import plan_mode, run_dir, stages
 from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, done,  # noqa: F401
                                     done_settings, is_main_process, mark_done, sync_processes, write_json)
 from jaxagent.study.toy import ToyWorld, make_toy_world
@@ -213,7 +213,8 @@ class Run:
         if preset.checkpoint:
             self.cfg, tok = run_dir.open_checkpoint(preset.checkpoint)
             try:
-                codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
+                codec = env_codec(tok, FrozenLake.vocabulary() + plan_mode.PLAN_WORDS, FrozenLake.ACTION_STRINGS,
+                                  word_level=False)
             except ValueError as e:
                 raise CheckpointError(f"the tokenizer in {preset.checkpoint} cannot write FrozenLake's text: "
                                       f"{e}") from None
@@ -273,7 +274,9 @@ class Run:
         """What determines an arm/seed's policy and logs (recorded in its DONE and its checkpoints)."""
         p = self.preset
         return run_dir.plain({"base": self.base_settings(), "arm": self.arm_settings(arm), "seed": int(seed),
-                       "task": p.task, "compute_dtype": p.compute_dtype, "dynamics_every": p.dynamics_every})
+                       "task": p.task, "compute_dtype": p.compute_dtype, "dynamics_every": p.dynamics_every,
+                       "r_single": {"definition": "plan_mode", "n_tasks": p.eval.n_plan_tasks,
+                                    "n_samples": p.eval.n_plan_samples}})
 
     def check_recorded(self, recorded, settings: dict, where: str, out: str, label: str) -> bool:
         """True if `recorded` (settings of a DONE marker or checkpoint at `where`; None: not recorded, an
@@ -420,8 +423,6 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
     recorded = run.arm_stage_settings(arm, seed)
     if run.stage_done(out, recorded, label):
         return run.load_policy(out)
-    from jaxagent.eval import drivers  # R_single on held-out first-turn states
-
     settings = run.arm_settings(arm)
     rt = runtime or make_runtime(run, settings)
     manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)
@@ -448,7 +449,7 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
             if os.path.isfile(f):
                 os.remove(f)
     sync_processes(f"cut-logs:{out}")
-    heldout = run.preset.task.sample(jax.random.key(777), 32)
+    r_single = r_single_measure(run)
     bar = ProgressBar(settings.iterations, f"{arm} seed {seed}", "iteration", initial=start, log=log)
 
     def cb(it, m, st):
@@ -456,16 +457,12 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
         bar.step(success=f"{m['success_rate']:.2f}")
         append_jsonl(metrics_path, m)
         if it % run.preset.dynamics_every == 0 or it == settings.iterations - 1:
-            rs = drivers.r_single(run.world, run.cfg, st.params, heldout, t_max=run.preset.task.t_max,
-                                  env_params=run.preset.task.env_params(), width=run.preset.task.max_context)
-            append_jsonl(dyn, {"step": it, "r_multi": m["success_rate"], "r_single": float(rs["r_single"])})
+            append_jsonl(dyn, {"step": it, "r_multi": m["success_rate"], **r_single(st.params)})
         ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
 
     if state is None:
         state = stages.init_arm_state(rt, run.cfg, jax.random.key(seed), base_params)
-        rs = drivers.r_single(run.world, run.cfg, base_params, heldout, t_max=run.preset.task.t_max,
-                              env_params=run.preset.task.env_params(), width=run.preset.task.max_context)
-        append_jsonl(dyn, {"step": -1, "r_multi": float("nan"), "r_single": float(rs["r_single"])})
+        append_jsonl(dyn, {"step": -1, "r_multi": float("nan"), **r_single(base_params)})
     state, _ = stages.train_rl(run.world, run.cfg, None, None, run.preset.task, settings, callback=cb,
                                state=state, runtime=rt)
     bar.close()
@@ -474,6 +471,31 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=print)
     mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
     sync_processes(f"done:{out}")
     return state.params
+
+
+R_SINGLE_MAPS_KEY, R_SINGLE_SAMPLE_KEY = 777, 778   # plus the run's seed offset: each seed set its own maps
+
+
+def r_single_measure(run: Run):
+    """measure(params) -> {"r_single": R_single, "r_single_tasks": [P] per-map plan success, "n_samples": Z}:
+    FrozenLake's R_single (`plan_mode.plan_success`: the whole plan in one reply, no feedback) on P =
+    eval.n_plan_tasks held-out maps (key R_SINGLE_MAPS_KEY + seed offset) with Z = eval.n_plan_samples replies
+    each, sampled with the fixed key R_SINGLE_SAMPLE_KEY + seed offset at every measurement (common random
+    numbers: the base and every logged iteration of every arm see the same draws)."""
+    p = run.preset
+    maps = p.task.sample(jax.random.key(R_SINGLE_MAPS_KEY + run.seed_offset), p.eval.n_plan_tasks)
+    key = jax.random.key(R_SINGLE_SAMPLE_KEY + run.seed_offset)
+
+    def measure(params) -> dict:
+        ok = plan_mode.plan_success(run.world, run.cfg, params, maps, key, t_max=p.task.t_max,
+                                    n_samples=p.eval.n_plan_samples, env_params=p.task.env_params(),
+                                    max_context=p.task.max_context, mesh=run.mesh,
+                                    compute_dtype=stages.resolve_compute_dtype(p.compute_dtype))
+        per_map = ok.mean(axis=1)
+        return {"r_single": float(per_map.mean()), "r_single_tasks": [float(x) for x in per_map],
+                "n_samples": int(ok.shape[1])}
+
+    return measure
 
 
 def make_runtime(run: Run, settings: stages.ArmSettings) -> stages.ArmRuntime:

@@ -1,31 +1,62 @@
-"""experiments.compare_seed_sets: one row per measured finding, verdicts from the same rule as the report."""
+"""experiments.compare_seed_sets: one row per measured finding (DEFAULT_FINDINGS order, real tier in the title),
+cells "value [CI] **verdict** (why)", verdicts from the same rule as the report."""
 import json
 
 import pytest
 
 from experiments import compare_seed_sets
+from jaxagent.eval import report, stats
 
 
-def _est(mean, lo, hi, mde):
-    return {"mean": mean, "lo": lo, "hi": hi, "lo90": lo, "hi90": hi, "se": (hi - lo) / 4, "mde": mde,
-            "n_seeds": 5, "method": "cluster bootstrap"}
+def _est(mean, lo, hi, mde, n=5):
+    """A t-interval estimate as metrics.json holds it (se from the CI's half width, t with n - 1 df)."""
+    half = (hi - lo) / 2
+    return {"mean": mean, "lo": lo, "hi": hi, "lo90": mean - 0.8 * half, "hi90": mean + 0.8 * half,
+            "se": half / 2.776, "mde": mde, "df": n - 1, "n_seeds": n, "method": stats.T_SEEDS}
 
 
-def _run(tmp_path, name, f1_diff):
+def _run(tmp_path, name, pass1, breadth, t25, t25_turns):
     d = tmp_path / name
     d.mkdir()
-    (d / "metrics.json").write_text(json.dumps({"f1_breadth": {"diff": f1_diff, "k1": _est(0.2, 0.17, 0.23, 0.03)}}))
+    metrics = {"meta": {"t_max": 8},
+               "f1_pass1": {"diff": pass1, "room_lo": -0.3, "room_hi": 0.6},
+               "f1_breadth": {"diff": breadth},
+               "f8_budgetmix_t25": {"diff": t25, "tier_turns": t25_turns, "room_lo": -0.2, "room_hi": 0.3}}
+    (d / "metrics.json").write_text(json.dumps(metrics))
     return str(d)
 
 
-def test_table_marks_agreement_and_disagreement(tmp_path):
-    a = _run(tmp_path, "standard", _est(0.14, 0.10, 0.19, 0.05))     # CI above 0: reproduced
-    b = _run(tmp_path, "standard-s5", _est(0.02, -0.03, 0.07, 0.05))  # holds 0, MDE <= E = 10, E excluded
+def test_table_rows_cells_and_agreement(tmp_path):
+    a = _run(tmp_path, "standard", _est(0.20, 0.17, 0.23, 0.03), _est(0.14, 0.10, 0.19, 0.05),
+             _est(0.03, -0.05, 0.11, 0.20), 2)
+    b = _run(tmp_path, "standard-s5", _est(0.18, 0.12, 0.24, 0.05), _est(0.02, -0.03, 0.07, 0.05),
+             _est(0.04, -0.06, 0.12, 0.22), 2)
     lines = compare_seed_sets.table([a, b]).splitlines()
-    assert len(lines) == 4  # header, rule, the K=1 row and finding 1
-    assert lines[2].startswith("| 1. RL stays above base at full budget, K=1")
-    assert "+20.0 [17.0, 23.0] reproduced | +20.0 [17.0, 23.0] reproduced | yes |" in lines[2]
-    assert "+14.0 [10.0, 19.0] reproduced | +2.0 [-3.0, 7.0] not reproduced | **no** |" in lines[3]
+    assert lines[0].endswith("| same verdict |") and "`standard-s5`" in lines[0]
+    assert len(lines) == 5  # header, rule, f1_pass1, f1_breadth, f8 at 25%
+    titles = {f.key: f.title for f in report.DEFAULT_FINDINGS}
+    # DEFAULT_FINDINGS order: the headline first
+    assert lines[2].startswith(f"| {titles['f1_pass1']} (RL - base (points)) |")
+    assert ("+20.0 [17.0, 23.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | "
+            "+18.0 [12.0, 24.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | yes |") in lines[2]
+    # f1 breadth: reproduced in one, CI holding 0 and ending below E = 10 points in the other
+    assert "+14.0 [10.0, 19.0] **reproduced**" in lines[3] and "+2.0 [-3.0, 7.0] **not reproduced**" in lines[3]
+    assert lines[3].endswith("| **no** |")
+    # f8 at 25%: the real tier in the title, underpowered with the seeds that would decide it
+    assert "8. BudgetMix vs full-budget RL at 25% of T_max (T=2 of 8)" in lines[4]
+    assert lines[4].count("**underpowered**") == 2 and "seeds would decide it)" in lines[4]
+    assert lines[4].endswith("| yes |")
+
+
+def test_a_row_the_bound_decides_is_untestable(tmp_path):
+    est = _est(0.03, 0.01, 0.05, 0.02)
+    a = _run(tmp_path, "a", est, est, est, 3)
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    m["f8_budgetmix_t25"]["room_hi"] = 0.05  # at most 5 points on the paper's side, E = 7.5
+    (tmp_path / "a" / "metrics.json").write_text(json.dumps(m))
+    row = compare_seed_sets.table([a]).splitlines()[4]
+    assert f"**{stats.UNTESTABLE}** (the bound allows at most 5 on the paper's side, less than E = 7.5)" in row
+    assert "(T=3 of 8: 38% of T_max, not the nominal 25%)" in row
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path):

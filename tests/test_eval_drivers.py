@@ -396,9 +396,9 @@ def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
     assert res["n_pairs"] == (match >= 0).sum()
 
 
-# ----------------------------------------------------------------------------- R_single
-def test_r_single(world, cfg, policies, tasks, rcfg, rollouts):
-    res = D.r_single(world, cfg, policies["base"], tasks, t_max=T_MAX, env_params=ENV_PARAMS,
+# ----------------------------------------------------------------------------- first-move optimality
+def test_first_move_optimality(world, cfg, policies, tasks, rcfg, rollouts):
+    res = D.first_move_optimality(world, cfg, policies["base"], tasks, t_max=T_MAX, env_params=ENV_PARAMS,
                      width=rcfg.max_context, score_batch=SCORE)
     # the first-turn context is exactly the rollout's
     ctx, n, _ = D.first_turn_contexts(world, tasks, t_max=T_MAX, env_params=ENV_PARAMS, width=rcfg.max_context)
@@ -408,8 +408,8 @@ def test_r_single(world, cfg, policies, tasks, rcfg, rollouts):
     for row, i in enumerate(ROW_TASK):
         np.testing.assert_array_equal(np.asarray(ctx[i, :start[row]]), np.asarray(r.tokens[row, :start[row]]))
     want = (res["probs"] * res["optimal"]).sum(1).mean()
-    assert res["r_single"] == pytest.approx(want, abs=1e-6)
-    assert 0 < res["r_single"] < 1 and (res["invalid_mass"] >= 0).all()
+    assert res["optimal_mass"] == pytest.approx(want, abs=1e-6)
+    assert 0 < res["optimal_mass"] < 1 and (res["invalid_mass"] >= 0).all()
     # the task whose goal is one move away: its only optimal action is that move
     assert res["optimal"][0].sum() >= 1
     np.testing.assert_allclose(res["q"].max(1)[0], 1.0, atol=1e-6)

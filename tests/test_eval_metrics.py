@@ -257,15 +257,15 @@ def test_greedy_matching_prefers_closest_length():
 # ---- dynamics ----
 
 
-def test_r_multi_r_single_and_optimal_mask():
+def test_r_multi_optimal_mass_and_optimal_mask():
     assert float(dynamics.r_multi(np.asarray([1, 0, 1, 1]))) == pytest.approx(0.75)
     assert float(dynamics.r_multi(np.asarray([1, 0, 1, 1]), np.asarray([1, 1, 0, 0]))) == pytest.approx(0.5)
     q = np.asarray([[0.1, 0.9, 0.9, 0.2], [0.5, 0.4, 0.3, 0.2]])
     optimal = dynamics.optimal_action_mask(q)
     np.testing.assert_array_equal(np.asarray(optimal), [[0, 1, 1, 0], [1, 0, 0, 0]])
     probs = np.asarray([[0.25, 0.25, 0.25, 0.25], [0.1, 0.6, 0.2, 0.1]])
-    assert float(dynamics.r_single(probs, optimal)) == pytest.approx((0.5 + 0.1) / 2)
-    assert float(jax.jit(dynamics.r_single)(probs, optimal, np.asarray([1.0, 0.0]))) == pytest.approx(0.5)
+    assert float(dynamics.optimal_action_mass(probs, optimal)) == pytest.approx((0.5 + 0.1) / 2)
+    assert float(jax.jit(dynamics.optimal_action_mass)(probs, optimal, np.asarray([1.0, 0.0]))) == pytest.approx(0.5)
 
 
 def test_dynamics_log_roundtrip(tmp_path):

@@ -136,8 +136,8 @@ def test_report_rows_on_coding_and_note_elsewhere():
     assert [f.key for f in findings if ".f6_" in f.key] == ["code.f6_r_multi", "code.f6_r_single"]
     text = "\n".join(host_report.domain_section("code", "Multi-turn coding", code, findings, policies=["base", "grpo"],
                                                tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])
-    verdicts = "|".join(stats.VERDICTS)
-    assert re.search(rf"\| Multi-turn coding: 6\. trajectory reward R_multi .*\| 0\.375 \| .*\| ({verdicts}) \| grpo seeds 0, 1, 2",
+    verdicts = "|".join(map(re.escape, stats.VERDICTS))
+    assert re.search(rf"\| Multi-turn coding: 6\. trajectory reward R_multi .*\| 0\.375 \| .*\| ({verdicts}) \| [^|]* \| grpo seeds 0, 1, 2",
                      text)
     assert re.search(rf"\| Multi-turn coding: 6\. single-turn reward R_single .*\| -0\.200 \| .*\| ({verdicts}) \|", text)
     assert "| last - base, 95% CI | -0.200" in text and host_dynamics.OTHER_DOMAIN_NOTE not in text

@@ -16,6 +16,7 @@ import pytest
 
 from jaxagent import sharding
 from jaxagent.eval import likelihood as lk, stats
+from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study import host_eval, host_likelihood as hl, host_report
@@ -191,9 +192,12 @@ def test_likelihood_metrics_hand_made_numbers_and_report():
     # pairs: rl0-base0 (task 0, 105 vs 100) and rl2-base2 (task 1, 58 vs 60); rl1 has no base partner of 70 tokens
     assert m["bfcl.f5_matched.seed0.n_pairs"] == 2 and m["bfcl.f5_matched.seed0.n_tasks"] == 2
     assert m["bfcl.f5_matched.n_pairs"] == 6 and m["bfcl.f5_matched.n_tasks"] == 2
-    assert m["bfcl.f5_matched.diff.mean"] == pytest.approx(20.0)
+    # the raw pair difference is printed; the judged difference is raw - LLR_THRESHOLD (1 nat)
+    assert m["bfcl.f5_matched.raw.mean"] == pytest.approx(20.0)
+    assert m["bfcl.f5_matched.diff.mean"] == pytest.approx(20.0 - LLR_THRESHOLD)
     assert m["bfcl.f5_matched.diff.method"] == stats.T_SEEDS and m["bfcl.f5_matched.diff.n_seeds"] == 3
-    assert m["bfcl.f5_matched.diff.all.mean"] == pytest.approx(140.0)
+    assert m["bfcl.f5_matched.diff.all.mean"] == pytest.approx(140.0 - LLR_THRESHOLD)
+    assert m["bfcl.f5_matched.threshold"] == m["bfcl.f5_llr_rl.threshold"] == LLR_THRESHOLD == 1.0
     assert "excluded: 3" in m["bfcl.f5_matched.diff.seeds"]
     # NLL: RL actions 14, base actions 11 (mean over actions), difference 3
     assert (m["bfcl.f5_nll.rl"], m["bfcl.f5_nll.base"]) == (14.0, 11.0)
@@ -202,23 +206,60 @@ def test_likelihood_metrics_hand_made_numbers_and_report():
     # LLR of successes: RL (1 + s, 7, 2 + s, 5) vs base (1, 2, 0, 3)
     for s in (10.0, 20.0, 30.0):
         assert np.mean([1 + s, 7, 2 + s, 5]) - 1.5 == pytest.approx(s / 2 + 2.25)
-    assert m["bfcl.f5_llr_success.diff.mean"] == pytest.approx(20 / 2 + 2.25)
+    # judged: RL's successes minus the threshold; printed: RL's successes minus base's (the Jeffreys contrast)
+    assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(np.mean([np.mean([1 + s, 7, 2 + s, 5]) for s in (10, 20, 30)])
+                                                          - LLR_THRESHOLD)
+    assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(20 / 2 + 2.25)
+    assert "bfcl.f5_llr_success.diff.mean" not in m
+    assert "12.25 nats" in m["bfcl.note.f5_jeffreys"] and "Jeffreys" in m["bfcl.note.f5_jeffreys"]
     assert m["bfcl.f5_llr_success.n_rl"] == 12 and m["bfcl.f5_llr_success.n_base"] == 4
     assert m["bfcl.f5_llr_success.base"] == pytest.approx(1.5)
     assert m["bfcl.f5_llr_success.all_base"] == pytest.approx(10 / 8)
     assert "bfcl.note.f5_matched" not in m
     findings = host_eval.domain_findings("bfcl", "BFCL")
     keys = [f.key for f in findings]
-    assert {"bfcl.f5_nll", "bfcl.f5_llr_success", "bfcl.f5_matched"} <= set(keys)
+    assert {"bfcl.f5_nll", "bfcl.f5_llr_rl", "bfcl.f5_matched"} <= set(keys) and "bfcl.f5_llr_success" not in keys
     assert keys.index("bfcl.f4_correction") < keys.index("bfcl.f5_matched") < keys.index("bfcl.f7_gigpo")
     assert not any(k.startswith("sql.f5") for k in (f.key for f in host_eval.domain_findings("sql", "SQL")))
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
-    verdicts = "|".join(stats.VERDICTS)
-    assert re.search(rf"\| BFCL: 5\. length-matched LLR control .* \| 20\.0 \| \[.*\] .*\| ({verdicts}) \| grpo seeds "
-                     r"0, 1, 2; excluded: 3 \|", text)
+    verdicts = "|".join(map(re.escape, stats.VERDICTS))
+    assert re.search(rf"\| BFCL: 5\. length-matched LLR control .* \| 19\.0 \| \[.*\] .*\| ({verdicts}) \| .* \| "
+                     r"grpo seeds 0, 1, 2; excluded: 3 \|", text)
     assert "| pairs (paper, BFCL: 283) | 6 |" in text and "| RL actions: mean NLL under base (nats) | 14.00 |" in text
-    assert "+KL(pi_RL || pi_base)" in text
+    assert "KL(RL, base) + KL(base, RL)" in text and m["bfcl.note.f5_jeffreys"] in text
+    assert "| raw mean pair difference (nats; >= 0 in expectation by construction, not judged) | 20.0 |" in text
+    assert text.count("Would have been not reproduced with:") == text.count("Verdict: **") == 3
+
+
+def _llr_seed(llr_rl, llr_base, n=8):
+    """A seed whose RL and base successes (every episode, tasks 0..n-1, equal lengths: every pair matches) have
+    LLRs `llr_rl` and `llr_base`."""
+    task = list(range(n))
+    return {"rl": _side(task, [True] * n, [50] * n, list(llr_rl)),
+            "base": _side(task, [True] * n, [50] * n, list(llr_base))}
+
+
+def test_llr_rows_fail_below_the_threshold_and_pass_above():
+    """The judged LLR rows test "more than LLR_THRESHOLD above base": RL successes 0.2 nat above base (the
+    two-group contrast still > 0, a Jeffreys divergence) are "not reproduced" (the CI of LLR - 1 lies below 0);
+    30 nats above are "reproduced". Neither row has a structural room; the contrast is never judged."""
+    rng = np.random.default_rng(5)
+    f = {x.key: x for x in hl.findings("bfcl", "BFCL")}
+    assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
+    for gap, want in ((0.2, stats.NOT_REPRODUCED), (30.0, stats.REPRODUCED)):
+        scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
+        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_eval._put)
+        assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
+        assert m["bfcl.f5_llr_success.jeffreys.lo"] > 0  # the contrast holds by definition, whatever the gap
+        assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(gap - LLR_THRESHOLD, abs=0.05)
+        assert m["bfcl.f5_matched.raw.mean"] == pytest.approx(gap, abs=0.05)
+        for key in ("bfcl.f5_llr_rl", "bfcl.f5_matched"):
+            assert room_from_metrics(f[key], m) is None
+            assert finding_verdict(f[key], m)[0] == want, (key, gap, finding_verdict(f[key], m))
+        _, verdicts = host_report.domain_section("bfcl", "BFCL", m, tuple(f.values()), policies=["base"], tiers=[1],
+                                                 ks=[1], t_max=1, splits=("train", "test"))
+        assert verdicts["bfcl.f5_llr_rl"] == want and "bfcl.f5_llr_success" not in verdicts
 
 
 def test_no_pair_note_and_measured_rows_without_successes():
@@ -234,7 +275,7 @@ def test_no_pair_note_and_measured_rows_without_successes():
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
     assert m["bfcl.note.f5_matched"] in text and "| RL actions: mean NLL under base (nats) | 14.00 |" in text
-    assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.1f} |" in text
+    assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.2f} |" in text
     assert "| pairs (paper, BFCL: 283) | 0 |" in text and "bfcl.note.f5_seeds" not in m
     # every seed excluded by the health rule: no estimate, the rows over every seed with a note
     ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_eval._put)
@@ -289,9 +330,9 @@ def check_ci_bfcl_finding5(root: str) -> None:
     assert math.isfinite(m["bfcl.f5_nll.rl"]) and math.isfinite(m["bfcl.f5_nll.base"])
     assert math.isfinite(m["bfcl.f5_llr_success.all_rl"]) and m["bfcl.f5_nll.n_base_actions"] > 0
     text = open(os.path.join(run_dir, "report.md")).read()
-    verdicts = "|".join(stats.VERDICTS)
+    verdicts = "|".join(map(re.escape, stats.VERDICTS))
     for title in ("per-action NLL under base", "cumulative LLR", "length-matched LLR control"):
-        assert re.search(rf"\| BFCL multi-turn: 5\. {title}.*\| ({verdicts}) \| grpo seeds ", text), title
+        assert re.search(rf"\| BFCL multi-turn: 5\. {title}.*\| ({verdicts}) \| [^|]* \| grpo seeds ", text), title
     assert f"| RL actions: mean NLL under base (nats) | {m['bfcl.f5_nll.rl']:.2f} |" in text
     if m["bfcl.f5_matched.n_pairs"] == 0:
         assert m["bfcl.note.f5_matched"] in text

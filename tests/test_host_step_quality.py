@@ -179,8 +179,8 @@ def check_ci_code_finding3(root: str) -> None:
     assert metrics["code.f3_step.n_states"] == int(c["used"].sum()) > 0
     assert metrics["code.f3_step.g"] == p.eval.step_samples
     text = open(os.path.join(run_dir, "report.md")).read()
-    verdicts = "|".join(stats.VERDICTS)
-    assert re.search(rf"\| Multi-turn coding: 3\. step quality on matched states .*\| ({verdicts}) \| grpo seeds ",
+    verdicts = "|".join(map(re.escape, stats.VERDICTS))
+    assert re.search(rf"\| Multi-turn coding: 3\. step quality on matched states .*\| ({verdicts}) \| [^|]* \| grpo seeds ",
                      text)
     assert f"| matched states (all GRPO seeds) | {int(c['used'].sum())} |" in text
     share = metrics.get("code.f3_step.share_rl_better", math.nan)

@@ -104,29 +104,38 @@ def _est(mean, lo=None, hi=None, mde=None, lo90=None, hi90=None, seeds="grpo see
 
 
 RUN_METRICS = {
+    "meta": {"t_max": 8},
+    "f1_pass1": {"base": 0.3, "rl": 0.45, "bound": 0.55, "room_lo": -0.3, "room_hi": 0.25,
+                 "diff": _est(0.15, 0.08, 0.22, 0.06)},
     "f1_breadth": {"gap_k1": 0.12, "gap_k2": 0.09, "base": 0.5, "rl": 0.6,
                    "diff": {**_est(0.1, 0.04, 0.16, 0.08, seeds="grpo seeds 0, 1; excluded: 2 (grpo collapsed)"),
                             "all": _est(0.03, -0.2, 0.26, 0.3, seeds="grpo seeds 0, 1, 2", n=3)}},
     "f2_shrink_frozenlake": {"gap_full": 0.2, "gap_tight": 0.05, "solvable_tight": 0.125, "base_tight": 0.3125,
-                             "rl_tight": 0.36, "diff": _est(-0.15, -0.25, -0.05, 0.08)},
+                             "rl_tight": 0.36, "tier_turns": 2, "room_lo": -0.5125, "room_hi": 0.1,
+                             "diff": _est(-0.15, -0.25, -0.05, 0.08)},
     "f3_step_frozenlake": {"share_rl_better": 0.4375, "share_rl_worse": 0.375,  # share_equal not measured
                            "mean_q_base": 0.6123, "mean_q_rl": 0.6348, "diff": _est(0.0225, 0.0103, 0.0351, 0.02)},
     "f5_nll": {"base": 10.714, "rl": 10.9, "diff": _est(0.186, -0.137, 0.512, 0.45)},
     "f5_matched_bfcl": {"n_pairs": 57, "n_tasks": 23, "diff": {"mean": 612.3, "lo": 301.9, "hi": 907.4}},  # CI only
-    "f6_r_multi": {"first": 0.21, "last": 0.5, "diff": {"mean": 0.29}},  # no CI measured
-    "f8_budgetmix_t25": {"base": 0.3, "rl": 0.31, "diff": _est(0.01, -0.2, 0.22, 0.3)},
-    "f8_budgetmix_t100": {"base": 0.7013, "rl": 0.7041,
+    "f6_r_multi": {"base": 0.21, "rl": 0.5, "diff": {"mean": 0.29}},  # no CI measured
+    "f8_budgetmix_t25": {"base": 0.3, "rl": 0.31, "tier_turns": 2, "room_lo": -0.3, "room_hi": 0.4,
+                         "diff": _est(0.01, -0.2, 0.22, 0.3)},
+    "f8_budgetmix_t50": {"base": 0.62, "rl": 0.64, "bound": 0.65, "tier_turns": 4, "room_lo": -0.62,
+                         "room_hi": 0.03, "diff": _est(0.02, 0.01, 0.03, 0.01)},
+    "f8_budgetmix_t100": {"base": 0.7013, "rl": 0.7041, "tier_turns": 8, "room_lo": -0.7, "room_hi": 0.2,
                           "diff": _est(0.0028, -0.0113, 0.0171, 0.02, lo90=-0.009, hi90=0.015)},
     "health": {"grpo": {"seed0": {"status": "healthy", "reason": "valid-action rate >= 0.95 throughout",
                                   "min_valid": 0.97, "last_valid": 0.99, "last_success": 0.5},
                         "seed2": {"status": "collapsed", "reason": "training success 0 over the last 3 iterations",
                                   "min_valid": 0.0, "last_valid": 0.0, "last_success": 0.0}}},
 }
-EXPECTED = {"f1_breadth": report.REPRODUCED, "f2_shrink_frozenlake": report.REPRODUCED,
+EXPECTED = {"f1_pass1": report.REPRODUCED, "f1_breadth": report.REPRODUCED,
+            "f2_shrink_frozenlake": report.REPRODUCED,
             "f3_step_frozenlake": report.NOT_REPRODUCED,  # significant on the opposite side
-            "f5_nll": report.NOT_REPRODUCED,  # CI holds 0, MDE 0.45 < E = 19% of 10.714, E excluded
+            "f5_nll": report.NOT_REPRODUCED,  # CI holds 0, its upper end 0.512 < E = 19% of 10.714
             "f5_matched_bfcl": report.REPRODUCED, "f6_r_multi": report.INCONCLUSIVE,
             "f8_budgetmix_t25": report.UNDERPOWERED,  # MDE 0.3 > the paper's 7.5 points
+            "f8_budgetmix_t50": report.UNTESTABLE,  # the bound allows 3 points above GRPO, E = 5.3
             "f8_budgetmix_t100": report.REPRODUCED}  # TOST: 90% CI inside +/-4 points
 
 
@@ -148,15 +157,37 @@ def test_report_verdicts_follow_the_rule(built):
     text = open(path).read()
     assert text == rep.markdown and "truncated" in text
     sections = {s.split("\n", 1)[0]: s for s in text.split("\n## ")[1:]}
-    titles = {f.key: f.title for f in report.DEFAULT_FINDINGS}
+    titles = {f.key: report.finding_title(f, metrics) for f in report.DEFAULT_FINDINGS}
+    by_key = {f.key: f for f in report.DEFAULT_FINDINGS}
     summary = sections["Summary: one row per finding"]
+    assert ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |"
+            in summary)
     for key, want in EXPECTED.items():
         sec = sections[titles[key]]
         assert f"**Verdict: {want}**: {rep.reasons[key]}" in sec, key
         assert "Seeds: " in sec, key
+        assert f"Would have been not reproduced with: {by_key[key].falsified_by}." in sec, key
         row = next(line for line in summary.splitlines() if line.startswith(f"| {titles[key]} |"))
-        assert f"| {want} |" in row, key
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        assert cells[6] == want and cells[7].startswith(rep.reasons[key].replace("|", "/")), key
+        room = report.room_from_metrics(by_key[key], metrics)
+        if room is None:
+            assert cells[5] == "—", key
+        else:  # the bound's range, in the difference's printed units, in the summary and the section
+            s_ = by_key[key].diff_scale
+            allowed = f"[{room[0] * s_:.1f}, {room[1] * s_:.1f}]"
+            assert cells[5] == allowed, key
+            assert f"The bound allows differences in {allowed}" in sec, key
     assert "Not measured in this run" in sections and titles["f7_process_frozenlake"] in sections["Not measured in this run"]
+    # the real tier in the titles of tier rows
+    assert "8. BudgetMix vs full-budget RL at 25% of T_max (T=2 of 8)" in titles["f8_budgetmix_t25"]
+    assert "tightest tier (T=2 of 8)" in titles["f2_shrink_frozenlake"]
+    # an underpowered row says how many seeds would decide it; an untestable one gives the bound's reason
+    n = report.seeds_to_decide(by_key["f8_budgetmix_t25"], metrics)
+    assert n is not None and n > 2
+    t25 = next(line for line in summary.splitlines() if line.startswith(f"| {titles['f8_budgetmix_t25']} |"))
+    assert f"about {n} seeds would decide it" in t25
+    assert "the bound allows at most 3 on the paper's side, less than E = 5.3" in rep.reasons["f8_budgetmix_t50"]
     # the seeds each verdict used are named, exclusions included, and the all-seeds sensitivity is printed
     f1 = sections[titles["f1_breadth"]]
     assert "Seeds: grpo seeds 0, 1; excluded: 2 (grpo collapsed)." in f1
@@ -184,7 +215,7 @@ def _table_numbers(markdown):
             if cells[0] == "quantity":
                 cols = [1, 2]
             elif cells[0] == "finding":
-                cols = [1, 2, 3, 4]
+                cols = [1, 2, 3, 4, 5]  # measured, paper, CI, MDE, bound allows (not the why column)
             elif cells[0] == "arm":
                 cols = [4, 5, 6]
             else:
@@ -244,36 +275,23 @@ def test_flatten_and_load_metrics(tmp_path):
     assert math.isnan(report.load_metrics([tmp_path / "x.json"]).get("missing", float("nan")))
 
 
-def test_report_says_when_both_policies_sit_on_the_structural_bound(tmp_path):
-    """f2 with both policies at the tightest tier's upper bound gets the bound note; off the bound it does not."""
-    def f2_text(base_tight, rl_tight):
-        m = report.flatten_metrics({"f2_shrink_frozenlake": {
-            "base_full": 0.6, "rl_full": 0.8, "base_tight": base_tight, "rl_tight": rl_tight,
-            "solvable_tight": 0.1875, "gap_full": 0.2, "gap_tight": rl_tight - base_tight, "tight_turns": 2,
-            "diff": {"mean": rl_tight - base_tight - 0.2, "lo": -0.25, "hi": -0.15, "method": "t over seeds",
-                     "mde": 0.05, "n_seeds": 3}}})
-        md = report.build_report(m, tmp_path).markdown
-        return md[md.index("## 2. FrozenLake"):]
-    assert "every policy reaches the structural upper bound (18.8%" in f2_text(0.1875, 0.1875)
-    assert "structural upper bound" not in f2_text(0.125, 0.1875)
-
-
-def test_a_comparator_at_the_structural_bound_makes_a_directional_finding_underpowered():
-    """f7 at the tightest tier: GRPO within 2 points of the bound cannot be beaten by E = 10 points, so a CI
-    holding 0 is underpowered (ceiling) whether it has zero width or not; with headroom the rule is the usual
-    one, and a CI above 0 stays reproduced."""
+def test_a_row_whose_bound_leaves_less_than_e_is_untestable_and_says_so(tmp_path):
+    """f7 at the tightest tier: GRPO within 2 points of the bound cannot be beaten by E = 10 points, so the row
+    is untestable here (bound) whatever its CI; with room the usual rule decides it."""
     f = next(x for x in report.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
 
-    def verdict(lo, hi, base, bound):
-        m = report.flatten_metrics({"f7_process_frozenlake": {
-            "base": base, "rl": base, "bound": bound,
+    def run(lo, hi, base, bound):
+        m = report.flatten_metrics({"meta": {"t_max": 8}, "f7_process_frozenlake": {
+            "base": base, "rl": base, "bound": bound, "room_lo": -base, "room_hi": bound - base, "tier_turns": 2,
             "diff": {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "lo90": lo, "hi90": hi, "se": (hi - lo) / 4,
-                     "mde": 0.02, "n_seeds": 5, "method": "cluster bootstrap"}}})
-        return report.finding_verdict(f, m)
+                     "mde": 0.02, "n_seeds": 5, "method": "t over seeds"}}})
+        return report.finding_verdict(f, m), report.build_report(m, tmp_path).markdown
 
-    v, why = verdict(0.0, 0.0, 0.2344, 0.2344)
-    assert v == report.UNDERPOWERED and why.startswith("ceiling") and "< E = 10.0" in why
-    v, why = verdict(0.0, 0.012, 0.2375, 0.2656)
-    assert v == report.UNDERPOWERED and "by more than 2.8" in why
-    assert verdict(-0.01, 0.02, 0.30, 0.60)[0] == report.NOT_REPRODUCED  # headroom 30 points: E excluded
-    assert verdict(0.004, 0.02, 0.2375, 0.2656)[0] == report.REPRODUCED   # a real gain stands at the bound
+    (v, why), md = run(0.0, 0.0, 0.2344, 0.2544)
+    assert v == report.UNTESTABLE and why == "the bound allows at most 2 on the paper's side, less than E = 10"
+    assert "The bound allows differences in [-23.4, 2.0] (points)" in md
+    assert "| differences the structural bound allows | [-23.4, 2.0] | — |" in md
+    assert "7. Oracle process reward vs GRPO, FrozenLake, tightest tier (T=2 of 8)" in md
+    assert run(0.004, 0.02, 0.2375, 0.2656)[0][0] == report.UNTESTABLE  # even a CI above 0: the bound decides
+    assert run(-0.01, 0.02, 0.30, 0.60)[0][0] == report.NOT_REPRODUCED   # room 30 points: E excluded
+    assert run(0.004, 0.2, 0.30, 0.60)[0][0] == report.REPRODUCED

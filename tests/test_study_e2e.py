@@ -1,7 +1,8 @@
 """A miniature of the study (`experiments.reproduce --preset ci`) end to end: every stage, the report,
 resumability, and that the report's TEXT says what the run's files say: the summary row of every finding
-(measured, CI, MDE, verdict, seeds), the seed-health table against the raw training logs, and the Pass@K
-gaps against the per-policy eval files."""
+(measured, CI, MDE, the range the structural bound allows, verdict, why, seeds), the seed-health table against
+the raw training logs, and the Pass@K gaps against the per-policy, per-seed eval files (each RL seed on its
+own held-out maps, the base evaluated on every seed's maps)."""
 import dataclasses
 import json
 import math
@@ -54,7 +55,8 @@ def _cells(line):
 def test_reproduce_writes_every_stage(ci_run):
     for part in ("config.json", "base/DONE", "base/policy/config.json", "base/policy/model.safetensors",
                  "arms/grpo/seed0/DONE", "arms/budgetmix/seed1/policy/model.safetensors",
-                 "arms/grpo/seed0/metrics.jsonl", "arms/grpo/seed0/dynamics.jsonl", "eval/base.json",
+                 "arms/grpo/seed0/metrics.jsonl", "arms/grpo/seed0/dynamics.jsonl", "eval/base_seed0.json",
+                 "eval/base_seed1.json", "eval/bound_seed0.json",
                  "metrics.json", "report.md", "timing.json", "figures/pass_at_t.png", "figures/pass_kt_base.png",
                  "figures/learning_grpo.png", "figures/learning_budgetmix.png", "figures/dynamics.png"):
         assert os.path.exists(os.path.join(ci_run, part)), part
@@ -66,20 +68,24 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
     assert text.startswith("# jaxagent toy study: ci")
     for heading in ("1. Pass@K at full budget as K grows", "2. FrozenLake: the RL advantage shrinks",
                     "3. Step quality on matched states", "4. Error recovery, FrozenLake",
-                    "5. Length-matched LLR control, FrozenLake", "8. BudgetMix vs full-budget RL",
+                    "5. Length-matched LLR control, FrozenLake", "5. Cumulative LLR of RL's successful",
+                    "8. BudgetMix vs full-budget RL", "1. Held-out Pass@1 at full budget (K=1)",
                     "Beyond the paper: announced vs hidden budget"):
         assert heading in text, heading
     assert "figures/pass_at_t.png" in text and "figures/learning_grpo.png" in text
     summary = sections["Summary: one row per finding"].splitlines()
-    checked = 0
+    assert summary[2] == ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why "
+                          "| seeds |")
+    checked, roomed = 0, set()
     for f in report.DEFAULT_FINDINGS:
         est = _estimate(metrics, f.diff)
         if est is None:
             continue
         checked += 1
-        row = [line for line in summary if line.startswith(f"| {f.title} |")]
+        title = report.finding_title(f, metrics)
+        row = [line for line in summary if line.startswith(f"| {title} |")]
         assert len(row) == 1, f.key
-        title, measured, paper, ci, mde, verdict, seeds = _cells(row[0])
+        _, measured, paper, ci, mde, allowed, verdict, why, seeds = _cells(row[0])
         assert measured == _fmt(metrics, f"{f.diff}.mean", f.diff_scale, f.diff_fmt), f.key
         if est.method == stats.NOT_AVAILABLE:
             assert ci == f"n/a ({est.reason})" and est.reason, f.key
@@ -90,13 +96,30 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
         assert mde.split(" (")[0] == _fmt(metrics, f"{f.diff}.mde", f.diff_scale, f.diff_fmt), f.key
         effect = f.effect if f.effect_rel is None else (f.effect * metrics[f.effect_rel]
                                                         if isinstance(metrics.get(f.effect_rel), float) else None)
-        want, reason = stats.decide(est, f.direction, None if effect is None else abs(effect), f.margin)
-        assert verdict == want, f.key
+        room = None
+        bounds_ = (metrics.get(f"{f.key}.room_lo"), metrics.get(f"{f.key}.room_hi"))
+        if all(isinstance(x, float) and math.isfinite(x) for x in bounds_):
+            room = bounds_
+        want, reason = stats.decide(est, f.direction, None if effect is None else abs(effect), f.margin, room=room,
+                                    scale=f.diff_scale)
+        assert verdict == want and verdict in stats.VERDICTS, f.key
+        assert why.startswith(reason), f.key
+        if room is not None:  # a row judged against a structural bound prints the range it allows
+            assert f.room, f.key
+            assert allowed == (f"[{_fmt(metrics, f'{f.key}.room_lo', f.diff_scale, f.diff_fmt)}, "
+                               f"{_fmt(metrics, f'{f.key}.room_hi', f.diff_scale, f.diff_fmt)}]"), f.key
+            assert room[0] <= room[1], f.key
+            roomed.add(f.key)
+        else:
+            assert allowed == "—", f.key
         assert seeds == metrics[f"{f.diff}.seeds"] and seeds.startswith(("grpo seeds", "grpo & ")), f.key
-        assert f"**Verdict: {want}**: {reason}. Seeds: {seeds}." in sections[f.title], f.key
+        assert f"**Verdict: {want}**: {why}. Seeds: {seeds}." in sections[title], f.key
+        assert f"Would have been not reproduced with: {f.falsified_by}." in sections[title], f.key
         if f"{f.diff}.all.mean" in metrics:  # some seed excluded: the all-seeds line is printed
-            assert "Sensitivity, every seed" in sections[f.title], f.key
-    assert checked >= 8  # f1, f2, f3, f4, f4 depth, f5 x3, f6, f8 x2 where measured
+            assert "Sensitivity, every seed" in sections[title], f.key
+    assert checked >= 11  # f1 x2, f2, f3, f4, f5 x3, f6 R_multi, f8 x2 (and f4 depth, f6 R_single where measured)
+    # the rows every run measures against a bound (others have one when their units exist, e.g. solvable tasks)
+    assert {"f1_pass1", "f1_breadth", "f6_r_multi", "f8_budgetmix_t100"} <= roomed, roomed
 
 
 @pytest.mark.slow
@@ -125,20 +148,38 @@ def _per_task(ci_run, label):
     return np.asarray(json.load(open(os.path.join(ci_run, "eval", f"{label}.json")))["announced"]["per_task"])
 
 
+def _solvable(ci_run, seed, tier):
+    """Seed `seed`'s held-out tasks the exact solver solves at tier index `tier` (p* > 0), from the bound file."""
+    return np.asarray(json.load(open(os.path.join(ci_run, "eval", f"bound_seed{seed}.json")))["p_star"])[tier] > 0
+
+
+def _included_grpo(ci_run):
+    """GRPO seeds the health rule includes, from the raw training logs (both seeds when none is included)."""
+    ok = [s for s in (0, 1) if health.classify_seed(health.read_log(
+        os.path.join(ci_run, "arms", "grpo", f"seed{s}", "metrics.jsonl"))).included]
+    return ok or [0, 1]
+
+
 @pytest.mark.slow
 def test_pass_at_k_gaps_come_from_the_eval_files(ci_run, outputs):
     _, metrics, sections = outputs
-    base = _per_task(ci_run, "base")
-    # the estimate over every seed (the primary one when no seed is excluded) from the per-policy eval files
-    gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, -1] - base[-1, -1]) for s in (0, 1)])
+    # the estimate over every seed (the primary one when no seed is excluded) from the per-policy eval files,
+    # each RL seed paired with the base on the same seed's maps
+    gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, -1] - _per_task(ci_run, f"base_seed{s}")[-1, -1])
+                   for s in (0, 1)])
     prefix = "f1_breadth.diff.all" if "f1_breadth.diff.all.mean" in metrics else "f1_breadth.diff"
     assert metrics[f"{prefix}.mean"] == pytest.approx(gap, abs=1e-9)
     assert metrics[f"{prefix}.n_seeds"] == 2 and metrics[f"{prefix}.method"] == stats.T_SEEDS
-    # f2 prints the share of solvable tight-tier tasks
-    f2 = sections["2. FrozenLake: the RL advantage shrinks from full to tight budget (largest K)"]
-    assert f"| tightest-tier tasks solvable (upper bound > 0, %) | " \
-           f"{100 * metrics['f2_shrink_frozenlake.solvable_tight']:.1f} |" in f2
+    # the two seeds were evaluated on different held-out maps
+    maps = [eval_stage.heldout_tasks(study.Run(PRESETS["ci"], os.path.dirname(ci_run), "ci"), s) for s in (0, 1)]
+    assert not np.array_equal(np.asarray(maps[0]), np.asarray(maps[1]))
+    # f2 prints the share of solvable tight-tier tasks, and the real tier in its title
+    f2 = next(f for f in report.DEFAULT_FINDINGS if f.key == "f2_shrink_frozenlake")
+    sec = sections[report.finding_title(f2, metrics)]
+    assert f"| held-out tasks solvable at the tightest tier (%) | " \
+           f"{100 * metrics['f2_shrink_frozenlake.solvable_tight']:.1f} |" in sec
     assert 0 <= metrics["f2_shrink_frozenlake.solvable_tight"] <= 1
+    assert "tightest tier (T=" in report.finding_title(f2, metrics)
 
 
 @pytest.fixture(scope="module")
@@ -162,18 +203,26 @@ def included(ci_run):
 def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included):
     metrics, rep = included
     load = lambda name: json.load(open(os.path.join(ci_run, "eval", name)))  # noqa: E731
-    base = _per_task(ci_run, "base")
+    base = {s: _per_task(ci_run, f"base_seed{s}") for s in (0, 1)}
     ks = metrics["meta.ks"]
     for k_i, k in enumerate(ks):  # f1: the gap at each K, full budget, mean over seeds of task means
-        gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, k_i] - base[-1, k_i]) for s in (0, 1)])
+        gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, k_i] - base[s][-1, k_i]) for s in (0, 1)])
         assert metrics[f"f1_breadth.gap_k{k}"] == pytest.approx(gap, abs=1e-9)
         assert f"| RL - base at K={k} (points) | {100 * gap:.1f} | — |" in rep.markdown
     assert metrics["f1_breadth.diff.seeds"] == "grpo seeds 0, 1; none excluded"
     assert "f1_breadth.diff.all.mean" not in metrics  # nothing excluded: no sensitivity line
-    # f2: change of the gap from the full to the tight tier
-    want = np.mean([np.mean((_per_task(ci_run, f"grpo_seed{s}") - base)[0, -1]
-                            - (_per_task(ci_run, f"grpo_seed{s}") - base)[-1, -1]) for s in (0, 1)])
-    assert metrics["f2_shrink_frozenlake.diff.mean"] == pytest.approx(want, abs=1e-9)
+    # f1's headline: K=1, full budget
+    want = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, 0] - base[s][-1, 0]) for s in (0, 1)])
+    assert metrics["f1_pass1.diff.mean"] == pytest.approx(want, abs=1e-9)
+    # f2: change of the K=1 gap from the full to the tight tier, on the tasks solvable at the tight tier
+    per_seed = []
+    for s in (0, 1):
+        use = _solvable(ci_run, s, 0)
+        g = (_per_task(ci_run, f"grpo_seed{s}") - base[s])[:, 0, :][:, use]
+        if use.any():
+            per_seed.append(np.mean(g[0] - g[-1]))
+    if len(per_seed) >= 2:
+        assert metrics["f2_shrink_frozenlake.diff.mean"] == pytest.approx(np.mean(per_seed), abs=1e-9)
     # f3: G sampled actions per policy and state, an invalid reply worth 0 (not gamma V*)
     per_seed, invalid = [], []
     for s in (0, 1):
@@ -222,17 +271,18 @@ def _recomputed(ci_run):
             prefix = f"health.{arm}.seed{s}"
             want.update({f"{prefix}.min_valid": min(valid), f"{prefix}.last_valid": valid[-1],
                          f"{prefix}.last_success": success[-1]})
-    base, rl = _per_task(ci_run, "base"), [_per_task(ci_run, f"grpo_seed{s}") for s in (0, 1)]  # [U, J, P]
-    want["f1_breadth.base"] = float(np.mean(base[-1, -1]))  # full budget (last tier), largest K
-    want["f2_shrink_frozenlake.base_full"] = float(np.mean(base[-1, -1]))
-    want["f2_shrink_frozenlake.base_tight"] = float(np.mean(base[0, -1]))
-    tiers = json.load(open(os.path.join(ci_run, "eval", "base.json")))["announced"]["tiers"]
-    want["f2_shrink_frozenlake.tight_turns"] = float(tiers[0])
-    gaps = [r - base for r in rl]
+    base = {s: _per_task(ci_run, f"base_seed{s}") for s in (0, 1)}  # [U, J, P] on seed s's maps
+    rl = {s: _per_task(ci_run, f"grpo_seed{s}") for s in (0, 1)}
+    inc = _included_grpo(ci_run)
+    want["f1_breadth.base"] = float(np.mean([np.mean(base[s][-1, -1]) for s in inc]))  # full budget, largest K
+    want["f1_pass1.base"] = float(np.mean([np.mean(base[s][-1, 0]) for s in inc]))     # full budget, K=1
+    tight = {s: base[s][0, 0][_solvable(ci_run, s, 0)] for s in inc}
+    if all(v.size for v in tight.values()):
+        want["f2_shrink_frozenlake.base_tight"] = float(np.mean([np.mean(v) for v in tight.values()]))
+    tiers = json.load(open(os.path.join(ci_run, "eval", "base_seed0.json")))["announced"]["tiers"]
+    want["f2_shrink_frozenlake.tier_turns"] = float(tiers[0])
     for prefix in ("f1_breadth.diff", "f1_breadth.diff.all"):  # mean over the two seeds of task-mean gaps
-        want[f"{prefix}.mean"] = float(np.mean([np.mean(g[-1, -1]) for g in gaps]))
-    for prefix in ("f2_shrink_frozenlake.diff", "f2_shrink_frozenlake.diff.all"):
-        want[f"{prefix}.mean"] = float(np.mean([np.mean(g[0, -1] - g[-1, -1]) for g in gaps]))
+        want[f"{prefix}.mean"] = float(np.mean([np.mean(rl[s][-1, -1] - base[s][-1, -1]) for s in (0, 1)]))
     nll = []
     for s in (0, 1):
         x = json.load(open(os.path.join(ci_run, "eval", f"likelihood_grpo_seed{s}.json")))
@@ -279,7 +329,7 @@ def test_every_printed_number_comes_from_the_run(ci_run, outputs):
             assert kind == "rule" and _shows(shown, abs(rule)), key
     # the health table, f1, f2 and f5 numbers were all recomputed independently
     assert sum(k.startswith("health.") for k in checked) == 12, checked
-    assert {"f1_breadth.base", "f2_shrink_frozenlake.base_tight", "f2_shrink_frozenlake.tight_turns"} <= set(checked)
+    assert {"f1_breadth.base", "f1_pass1.base", "f2_shrink_frozenlake.tier_turns"} <= set(checked)
     assert any(k.startswith("f1_breadth.diff") for k in checked) and any(k.startswith("f5_nll.diff") for k in checked)
     # the report on disk is the one build_report makes from metrics.json (plus figures and the hidden table)
     assert rep.verdicts == {f.key: report.finding_verdict(f, metrics)[0] for f in report.DEFAULT_FINDINGS

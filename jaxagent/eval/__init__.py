@@ -11,8 +11,8 @@ successes [U, P, Z], per-task Pass@ [U, J, P], grids [U, J], p* [U, P].
 from jaxagent.eval import bounds, costs, dynamics, likelihood, passk, stats, step_quality
 from jaxagent.eval.bounds import pass_at_k_bound, pass_at_k_bound_per_task, success_prob_from_min_turns
 from jaxagent.eval.costs import cost_curves, cost_summary, status_histogram, turns_to_success
-from jaxagent.eval.drivers import (error_states, pass_kt, r_single, run_rollouts, step_quality_matched,
-                                   upper_bound)
+from jaxagent.eval.drivers import (error_states, first_move_optimality, pass_kt, run_rollouts,
+                                   step_quality_matched, upper_bound)
 from jaxagent.eval.dynamics import r_multi
 from jaxagent.eval.likelihood import action_nll, cumulative_llr, length_matched_pairs, matched_difference
 from jaxagent.eval.passk import (CI, bootstrap_ci, pass_at_k, pass_at_k_curve, pass_at_k_grid, pass_at_k_per_task,
@@ -37,4 +37,4 @@ __all__ = ["passk", "bounds", "costs", "dynamics", "likelihood", "stats", "step_
            "cumulative_llr", "length_matched_pairs", "matched_difference", "Estimate", "t_interval",
            "cluster_bootstrap", "seed_estimate",
            # drivers (FrozenLake)
-           "pass_kt", "upper_bound", "step_quality_matched", "error_states", "r_single", "run_rollouts"]
+           "pass_kt", "upper_bound", "step_quality_matched", "error_states", "first_move_optimality", "run_rollouts"]

@@ -8,7 +8,7 @@ to change):
                   `next_action_probs`, `q_outcomes`, `expected_quality`, `sample_outcomes`) and teacher-forced
                   log-probs (`teacher_forced_logprobs`, the `likelihood` diagnostics)
   state_drivers   both policies at the same states: `step_quality_matched`, `error_states` (with
-                  `error_actions`), `r_single` (with `first_turn_contexts`)
+                  `error_actions`), `first_move_optimality` (with `first_turn_contexts`)
 
 Dimension legend: CONVENTIONS.md (each module lists the letters it uses).
 """
@@ -17,8 +17,8 @@ from jaxagent.eval.pass_drivers import MODES, pass_kt, upper_bound  # noqa: F401
 from jaxagent.eval.scoring import (N_ACTIONS, canonical_replies, expected_quality, likelihood,  # noqa: F401
                                    next_action_probs, q_outcomes, reply_logprobs, reply_logprobs_jit, sample_outcomes,
                                    teacher_forced_logprobs, token_logprobs_jit)
-from jaxagent.eval.state_drivers import (error_actions, error_states, first_turn_contexts, r_single,  # noqa: F401
-                                         state_contexts, step_quality_matched)
+from jaxagent.eval.state_drivers import (error_actions, error_states, first_move_optimality,  # noqa: F401
+                                         first_turn_contexts, state_contexts, step_quality_matched)
 
 # the jitted programs under the names tests/test_composable.py and tests/test_eval_drivers.py use
 _reply_logprobs_jit, _token_logprobs_jit = reply_logprobs_jit, token_logprobs_jit

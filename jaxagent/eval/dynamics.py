@@ -4,8 +4,11 @@ Dimension legend (CONVENTIONS.md): B episodes of the training batch, I held-out 
 It logged records (iterations).
 
 docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
-batch; R_single = mean single-step quality on a fixed held-out state set (FrozenLake: probability mass
-the policy puts on Q*-optimal actions).
+batch; R_single = the single-turn success on fixed held-out tasks: on FrozenLake the plan-mode success
+(`study.plan_mode`: every move in one reply, no feedback), on the host domains the first reply's success
+(`study.host_dynamics`). The log below stores both per logged iteration. `optimal_action_mass` (the mass
+on Q*-optimal actions) is a step-quality diagnostic, not R_single: it rises with trajectory success by
+construction.
 """
 from __future__ import annotations
 
@@ -36,8 +39,8 @@ def optimal_action_mask(q_IxA, valid_IxA=None, *, tol: float = 0.0) -> jax.Array
     return valid_IxA & (q_IxA >= best_Ix1 - tol)
 
 
-def r_single(probs_IxA, optimal_IxA, state_mask_I=None) -> jax.Array:
-    """R_single = mean_s sum_a pi(a | s) 1[a is Q*-optimal at s] over the (masked) held-out states."""
+def optimal_action_mass(probs_IxA, optimal_IxA, state_mask_I=None) -> jax.Array:
+    """mean_s sum_a pi(a | s) 1[a is Q*-optimal at s] over the (masked) held-out states."""
     _checks.require_ndim(probs_IxA, 2, "probs_IxA")
     _checks.require_same_shape(probs_IxA, optimal_IxA, "probs_IxA", "optimal_IxA")
     mass_I = jnp.sum(jnp.asarray(probs_IxA, jnp.float32) * jnp.asarray(optimal_IxA, jnp.float32), axis=-1)

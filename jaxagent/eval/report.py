@@ -11,8 +11,11 @@ A finding's measured difference is the metric prefix `<diff>`: `.mean`, `.lo`, `
 (90% CI, for TOST), `.se`, `.mde`, `.df`, `.n_seeds`, `.n_units`, and the texts `.method`, `.reason`, `.seeds`
 (the seeds used and excluded), as `jaxagent.eval.stats.Estimate` writes them; `<diff>.all.*` is the same on
 every seed (collapsed and diverged ones included), printed as a sensitivity line. Verdicts follow
-`stats.VERDICT_RULE` (`finding_verdict`); the seed-health table follows `health.HEALTH_RULE` (metric keys
-`health.<arm>.seed<k>.status|reason|min_valid|last_valid|last_success`).
+`stats.VERDICT_RULE` (`finding_verdict`, with the range the structural bound allows, `<finding key>.room_lo/hi`,
+printed as "bound allows"); an underpowered row says about how many seeds would decide it (`seeds_to_decide`),
+and every row says which result would have made it "not reproduced" (`Finding.falsified_by`). The seed-health
+table follows `health.HEALTH_RULE` (metric keys `health.<arm>.seed<k>.status|reason|min_valid|last_valid|
+last_success`).
 """
 from __future__ import annotations
 
@@ -23,9 +26,11 @@ import os
 from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib
-from jaxagent.eval.findings import (DEFAULT_FINDINGS, PAPER_FIGURES, SEI, VERDICT_RULE, Finding, Row,  # noqa: F401
-                                    estimate_from_metrics, finding_verdict, metric_number, reference_effect)
-from jaxagent.eval.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNDERPOWERED  # noqa: F401
+from jaxagent.eval.findings import (DEFAULT_FINDINGS, LLR_THRESHOLD, PAPER_FIGURES, SEI, VERDICT_RULE,  # noqa: F401
+                                    Finding, Row, estimate_from_metrics, finding_title, finding_verdict,
+                                    metric_number, reference_effect, room_from_metrics, seeds_to_decide)
+from jaxagent.eval.stats import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNDERPOWERED,  # noqa: F401
+                                 UNTESTABLE)
 
 
 def flatten_metrics(tree, prefix: str = "", *, keep_text: bool = False) -> dict:
@@ -144,21 +149,36 @@ def _paper_text(f: Finding, p: _Printer) -> str:
     return p.paper(f.diff_paper) if f.diff_paper else _DIRECTION_WORDS[f.direction]
 
 
-def _summary_table(findings, p: _Printer, verdicts) -> list[str]:
+def _room_text(f: Finding, p: _Printer) -> str:
+    """"[lo, hi]" of the difference the structural bound allows (scaled as the difference), or "—" (no bound)."""
+    if room_from_metrics(f, p.metrics) is None:
+        return "—"
+    return (f"[{p.run(f'{f.key}.room_lo', f.diff_scale, f.diff_fmt)}, "
+            f"{p.run(f'{f.key}.room_hi', f.diff_scale, f.diff_fmt)}]")
+
+
+def _why_text(f: Finding, metrics: Mapping, reason: str, prefix: str | None = None) -> str:
+    """The verdict's reason, plus "about N seeds would decide it" for an underpowered row."""
+    n = seeds_to_decide(f, metrics, prefix)
+    return reason + (f"; about {n} seeds would decide it" if n is not None else "")
+
+
+def _summary_table(findings, p: _Printer, verdicts, reasons) -> list[str]:
     lines = ["## Summary: one row per finding", "",
-             "| finding | measured | paper | 95% CI | MDE (reference) | verdict | seeds |",
-             "|---|---|---|---|---|---|---|"]
+             "| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for f in findings:
         if f.key not in verdicts:
             continue
-        lines.append(f"| {f.title} | {p.run(f'{f.diff}.mean', f.diff_scale, f.diff_fmt)} | {_paper_text(f, p)} | "
-                     f"{_ci_text(f, p, f.diff)} | {_mde_text(f, p, f.diff)} | {verdicts[f.key]} | "
-                     f"{p.text(f'{f.diff}.seeds')} |")
+        why = _why_text(f, p.metrics, reasons[f.key]).replace("|", "/")
+        lines.append(f"| {finding_title(f, p.metrics)} | {p.run(f'{f.diff}.mean', f.diff_scale, f.diff_fmt)} | "
+                     f"{_paper_text(f, p)} | {_ci_text(f, p, f.diff)} | {_mde_text(f, p, f.diff)} | "
+                     f"{_room_text(f, p)} | {verdicts[f.key]} | {why} | {p.text(f'{f.diff}.seeds')} |")
     return lines + [""]
 
 
 def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
-    lines = [f"## {f.title}", "", "| quantity | measured | paper |", "|---|---|---|"]
+    lines = [f"## {finding_title(f, p.metrics)}", "", "| quantity | measured | paper |", "|---|---|---|"]
     for row in f.rows:
         if row.optional and row.measured not in p.metrics:
             continue
@@ -166,14 +186,25 @@ def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report
     mean = p.run(f"{f.diff}.mean", f.diff_scale, f.diff_fmt)
     lines.append(f"| {f.diff_label}, 95% CI | {mean} {_ci_text(f, p, f.diff)} | {_paper_text(f, p)} |")
     lines.append(f"| minimum detectable effect (80% power) | {p.run(f'{f.diff}.mde', f.diff_scale, f.diff_fmt)} | — |")
+    if room_from_metrics(f, p.metrics) is not None:
+        lines.append(f"| differences the structural bound allows | {_room_text(f, p)} | — |")
     result, reason = finding_verdict(f, p.metrics)
     method = p.text(f"{f.diff}.method", "as given in the metrics")
     ref = (f"Equivalence margin ±{p.rule(f'{f.key}.margin', f.margin, f.diff_scale, f.diff_fmt)}"
            if f.direction == 0 else
            f"Reference effect E = {p.rule(f'{f.key}.effect', reference_effect(f, p.metrics), f.diff_scale, f.diff_fmt)}")
-    lines += ["", f"**Verdict: {result}**: {reason}. Seeds: {p.text(f'{f.diff}.seeds', 'not recorded')}. "
+    lines += ["", f"**Verdict: {result}**: {_why_text(f, p.metrics, reason)}. "
+                  f"Seeds: {p.text(f'{f.diff}.seeds', 'not recorded')}. "
                   f"Interval: {method}. {ref} ({f.effect_source or 'none stated'}); "
                   f"paper's direction: {_DIRECTION_WORDS[f.direction]}.", ""]
+    if room_from_metrics(f, p.metrics) is not None:
+        lines += [f"The bound allows differences in {_room_text(f, p)}"
+                  f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the difference "
+                  "cannot leave this range.", ""]
+    elif f.room:
+        lines += ["The structural bound of this row was not measured in this run.", ""]
+    if f.falsified_by:
+        lines += [f"Would have been not reproduced with: {f.falsified_by}.", ""]
     if f"{f.diff}.all.mean" in p.metrics:
         all_result, _ = finding_verdict(f, p.metrics, f"{f.diff}.all")
         lines += [f"Sensitivity, every seed (collapsed and diverged included; {p.text(f'{f.diff}.all.seeds')}): "
@@ -181,26 +212,11 @@ def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report
                   f"MDE {p.run(f'{f.diff}.all.mde', f.diff_scale, f.diff_fmt)}: {all_result}.", ""]
     if f.note:
         lines += [f.note, ""]
-    if bound_note := _at_bound_note(f, p.metrics):
-        lines += [bound_note, ""]
     for name in f.figures:
         if name in figures:
             rel = os.path.relpath(os.path.abspath(figures[name]), os.path.abspath(report_dir))
             lines += [f"![{name}]({rel.replace(os.sep, '/')})", ""]
     return lines
-
-
-def _at_bound_note(f: Finding, metrics: Mapping) -> str:
-    """A sentence when every policy value in f.at_bound equals the structural upper bound (its last key): the
-    difference there is then fixed by the bound, not measured against it."""
-    if not f.at_bound:
-        return ""
-    *values, bound = (metric_number(metrics, k) for k in f.at_bound)
-    if not all(math.isfinite(v) for v in (*values, bound)) or any(abs(v - bound) > 1e-9 for v in values):
-        return ""
-    return (f"At the tightest tier every policy reaches the structural upper bound ({100 * bound:.1f}% of tasks "
-            "solvable within the budget): the gap there is 0 by construction, so this difference measures how "
-            "far the bound binds, not a loss of RL's advantage on tasks it could still solve.")
 
 
 def _health_section(p: _Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
@@ -235,7 +251,8 @@ def build_report(metrics: Mapping, report_dir: str | os.PathLike, *, figures: Ma
                  findings: Sequence[Finding] = DEFAULT_FINDINGS, meta: Mapping[str, str] | None = None,
                  title: str = "jaxagent evaluation report") -> Report:
     """Markdown report: meta, the verdict rule, a summary table (one row per finding: measured, paper, CI, MDE,
-    verdict, seeds), the seed-health table with the learning curves (figures `learning_<arm>`), then one
+    the range the bound allows, verdict, why, seeds), the seed-health table with the learning curves
+    (figures `learning_<arm>`), then one
     section per finding that has at least one measured metric; figures are embedded by paths relative to
     report_dir; meta (e.g. {"Pass@(K,T) mode": "truncated"}) is listed verbatim."""
     figures, meta = dict(figures or {}), dict(meta or {})
@@ -244,14 +261,14 @@ def build_report(metrics: Mapping, report_dir: str | os.PathLike, *, figures: Ma
     for f in findings:
         keys = [r.measured for r in f.rows if r.measured] + [f"{f.diff}.mean"]
         if not any(k in metrics for k in keys):
-            missing.append(f.title)
+            missing.append(finding_title(f, metrics))
             continue
         measured.append(f)
         verdicts[f.key], reasons[f.key] = finding_verdict(f, metrics)
     lines = [f"# {title}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", f"Verdict rule: {VERDICT_RULE}", ""]
-    lines += _summary_table(measured, p, verdicts)
+    lines += _summary_table(measured, p, verdicts, reasons)
     lines += _health_section(p, figures, os.fspath(report_dir))
     for f in measured:
         lines += _finding_section(f, p, figures, os.fspath(report_dir))

@@ -1,6 +1,6 @@
 """State drivers on FrozenLake: both policies scored exactly at the same states, drawn from their
 trajectories (`step_quality_matched`), at injected error states (`error_states`) and at held-out first
-turns (`r_single`).
+turns (`first_move_optimality`, a diagnostic; the study's R_single is `study.plan_mode`'s plan success).
 
 Step quality (docs/study.md, "jaxagent's definitions"): q(s, a) = Q*_h(s, a), h = the remaining budget. Each
 state is scored exactly, mean q = sum_o pi(o) q(o), and by G actions drawn from pi (the paper's protocol);
@@ -345,14 +345,17 @@ def first_turn_contexts(world, tasks, *, t_max: int, env_params, width: int, hid
                            env_params, env=world.env, layout=world.layout, fmt=world.fmt, width=int(width))
 
 
-def r_single(world, cfg: Qwen3Config, params, heldout_tasks, *, t_max: int, env_params, sampler: Sampler = Sampler(),
-             width: Optional[int] = None, score_batch: int = 16, hide_budget=False, tol: float = 1e-6) -> dict:
-    """R_single (docs/study.md finding 6, "jaxagent's definitions"): mean over held-out tasks' first-turn states of
-    the probability mass pi puts on Q*-optimal actions, Q*_h with h = t_max (`dynamics.r_single`,
+def first_move_optimality(world, cfg: Qwen3Config, params, heldout_tasks, *, t_max: int, env_params,
+                          sampler: Sampler = Sampler(), width: Optional[int] = None, score_batch: int = 16,
+                          hide_budget=False, tol: float = 1e-6) -> dict:
+    """A diagnostic of the first move: mean over held-out tasks' first-turn states of the probability mass pi
+    puts on Q*-optimal actions, Q*_h with h = t_max (`dynamics.optimal_action_mass`,
     `dynamics.optimal_action_mask` with tolerance tol for float ties); pi scored exactly as in
-    `step_quality_matched` (the invalid remainder is never optimal). width: context slots (default the
-    smallest bucket holding a first turn; pass rcfg.max_context to share the scoring compile).
-    Returns r_single, probs [P, A], invalid_mass [P], optimal [P, A], q [P, A].
+    `step_quality_matched` (the invalid remainder is never optimal). It is NOT the study's R_single: good
+    first moves are part of multi-turn success, so it rises with R_multi by construction (R_single is the
+    plan-mode success of `study.plan_mode`). width: context slots (default the smallest bucket holding a
+    first turn; pass rcfg.max_context to share the scoring compile).
+    Returns optimal_mass, probs [P, A], invalid_mass [P], optimal [P, A], q [P, A].
     """
     replies, _ = canonical_replies(world)
     need = len(world.layout.system) + max_chunk(world.layout, world.fmt, world.env) + replies.shape[1]
@@ -363,5 +366,6 @@ def r_single(world, cfg: Qwen3Config, params, heldout_tasks, *, t_max: int, env_
                               score_batch=score_batch)
     q = q_outcomes(world, states, jnp.full(ctx_len.shape, t_max, jnp.int32), env_params)[:, :N_ACTIONS]
     optimal = dynamics.optimal_action_mask(q, tol=tol)
-    return to_host({"r_single": dynamics.r_single(probs[:, :N_ACTIONS], optimal), "probs": probs[:, :N_ACTIONS],
+    return to_host({"optimal_mass": dynamics.optimal_action_mass(probs[:, :N_ACTIONS], optimal),
+                    "probs": probs[:, :N_ACTIONS],
                      "invalid_mass": probs[:, N_ACTIONS], "optimal": optimal, "q": q})

@@ -27,14 +27,20 @@ estimate, through `host_eval._put` and `stats.seed_estimate`):
       units = the two batches' episodes (success 0/1), each batch resampled within its seed (stat
       `stats.mean_difference`), since the two batches draw their tasks independently and do not pair.
 Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
-DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta).
+DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta). Room (`<d>.f6_<r>.room_lo/hi`):
+both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; R_multi is "untestable here (bound)"
+when iteration 0 already succeeds above 1 - 0.331, R_single when the base's single-turn pass rate is below 0.097.
+R_multi would have been "not reproduced" with a CI below 0 or one holding 0 whose upper end is below 0.331;
+R_single with a CI above 0 (multi-turn RL also raised the single-turn pass rate) or one holding 0 whose lower end
+is above -0.097.
 
 Domains: `DOMAINS` (coding). Another domain gets the note `<d>.note.f6_dynamics` (`OTHER_DOMAIN_NOTE`) instead; a
 coding run without a usable log gets `NO_LOG_NOTE`.
 
 Metric keys: `<d>.f6_<r>.diff.*` (the estimate; r in r_multi, r_single), `.first`, `.last` (means over the
 included seeds; over every seed when none is included), `.seed<s>.first`, `.seed<s>.last`, `<d>.f6.first_step_<r>`, `<d>.f6.last_step` (the iterations
-compared, when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`.
+compared, when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`, `<d>.f6_<r>.room_lo`,
+`.room_hi`.
 
 Dimension legend (CONVENTIONS.md): P tasks, Z samples per task, B episodes of one batch.
 """
@@ -119,9 +125,16 @@ def finding(d: str, title: str) -> tuple[Finding, ...]:
         if r == "r_single":
             rows += (Row("held-out tasks", f"{d}.f6.n_heldout", None, 1.0, ".0f"),
                      Row("samples per task", f"{d}.f6.n_samples", None, 1.0, ".0f"))
+        e = abs(PAPER_FIGURES[paper]["value"])
+        falsifier = (f"a 95% CI of R_multi last - iteration 0 below 0, or holding 0 with its upper end below the "
+                     f"paper's +{e:g}" if direction > 0 else
+                     f"a 95% CI of R_single last - base above 0 (multi-turn RL also raised the single-turn pass "
+                     f"rate), or holding 0 with its lower end above the paper's -{e:g}")
         out.append(Finding(key, f"{title}: 6. {what} over training", rows, f"{key}.diff", f"last - {first}",
-                           direction, paper, 1.0, ".3f", effect=abs(PAPER_FIGURES[paper]["value"]),
-                           effect_source=f"the paper's DeepCoder-MT change ({paper})"))
+                           direction, paper, 1.0, ".3f", effect=e,
+                           effect_source=f"the paper's DeepCoder-MT change ({paper})",
+                           note=(f"Room: a success rate lies in [0, 1], so last - {first} lies in [-v, 1 - v], v the "
+                                 f"{first} value."), room=True, falsified_by=falsifier))
     return tuple(out)
 
 
@@ -163,6 +176,9 @@ def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Se
             m[f"{d}.f6_{r}.seed{s}.last"] = float(e[2][r])
         m[f"{d}.f6_{r}.first"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.first"] for s in ok]))
         m[f"{d}.f6_{r}.last"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.last"] for s in ok]))
+        # room: the last value lies in [0, 1], so last - first lies in [-first, 1 - first] (first: the mean over
+        # the seeds of the estimate, as the difference is a mean over seeds)
+        m[f"{d}.f6_{r}.room_lo"], m[f"{d}.f6_{r}.room_hi"] = -m[f"{d}.f6_{r}.first"], 1.0 - m[f"{d}.f6_{r}.first"]
         steps = {int(first_of(ends[s])["step"]) for s in ok}
         m[f"{d}.f6.first_step_{r}"] = float(steps.pop()) if len(steps) == 1 else math.nan
     last_steps = {int(ends[s][2]["step"]) for s in ok}

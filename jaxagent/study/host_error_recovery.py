@@ -15,14 +15,17 @@ Estimate: c_pol(i) = 1[policy pol corrects prefix i]; per prefix the paired diff
 units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `host_eval._put`; collapsed and diverged
 seeds excluded, with an all-seeds sensitivity estimate), so the estimate is the mean over seeds of
 rate_RL,s - rate_base,s. Verdict: the FrozenLake study's rule with direction +1 and E = 0.142 (the paper's gap,
-41.4 - 27.2 points; `findings.f4_correction_bfcl`).
+41.4 - 27.2 points; `findings.f4_correction_bfcl`); "untestable here (bound)" when base's rate is above
+1 - E. It would have been "not reproduced" with a CI below 0, or one holding 0 whose upper end is below 14.2
+points.
 
 Domains: `DOMAINS` (BFCL: the env whose step infos carry `n_calls`, which `is_correction` needs). A domain
 where no prefix is found gets `<d>.note.f4_correction` instead of an estimate; the report prints that line.
 
 Metric keys: `<d>.f4_correction.diff.*` (the estimate), `.base`, `.rl` (correction rates, pooled over the
 included seeds' prefixes), `.n_prefixes` (prefixes over all seeds), `.seed<s>.n_prefixes`,
-`.seed<s>.n_from_base`, `.seed<s>.base`, `.seed<s>.rl`.
+`.seed<s>.n_from_base`, `.seed<s>.base`, `.seed<s>.rl`, `.room_lo`, `.room_hi` (the range the bound allows the
+difference: rates lie in [0, 1], so RL - base lies in [-b, 1 - b], b the included seeds' mean base rate).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, B episodes of one
 rollout batch.
@@ -55,7 +58,11 @@ def finding(d: str, title: str) -> Finding:
                     Row("RL correction rate (%)", f"{f4}.rl", None, 100.0),
                     Row("error prefixes (all GRPO seeds)", f"{f4}.n_prefixes", None, 1.0, ".0f")),
                    f"{f4}.diff", "RL - base correction rate (points)", +1, None, 100.0, ".1f",
-                   effect=EFFECT, effect_source="the paper's gap on BFCL (41.4 - 27.2 points)")
+                   effect=EFFECT, effect_source="the paper's gap on BFCL (41.4 - 27.2 points)",
+                   note=("Room: a correction rate lies in [0, 1], so RL - base lies in [-base, 1 - base] (base: the "
+                         "mean over the included seeds of base's rate on the seed's prefixes)."), room=True,
+                   falsified_by=("a 95% CI of the correction rate RL - base below 0, or holding 0 with its upper end "
+                                 "below the paper's 14.2 points"))
 
 
 # ----------------------------------------------------------------------------- the episodes' log
@@ -170,4 +177,10 @@ def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequ
     pooled = lambda key: (float(np.mean(np.concatenate([np.asarray(judged[s][key], np.float64) for s in ok])))  # noqa: E731
                           if ok and any(len(judged[s][key]) for s in ok) else float("nan"))
     m[f"{f4}.base"], m[f"{f4}.rl"] = pooled("base"), pooled("rl")
+    # room: RL's rate lies in [0, 1], so the seed mean of rate_RL - rate_base lies in [-b, 1 - b], b the seed mean
+    # of base's rate over the included seeds (the estimate's seeds, every seed when none is; the pooled rate
+    # weighs seeds by their prefixes)
+    b = [m[f"{f4}.seed{s}.base"] for s in ok or list(judged) if np.isfinite(m[f"{f4}.seed{s}.base"])]
+    if b:
+        m[f"{f4}.room_lo"], m[f"{f4}.room_hi"] = -float(np.mean(b)), 1.0 - float(np.mean(b))
     return m

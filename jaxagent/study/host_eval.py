@@ -1,8 +1,8 @@
 """Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
 estimates of findings 1, 2, 3 (coding: step quality on matched states, `host_step_quality`), 4 (BFCL: tool-call
-error correction, `host_error_recovery`), 5 (BFCL: per-action NLL,
-cumulative LLR and the length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs
-R_single over training, `host_dynamics`) and 7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+error correction, `host_error_recovery`), 5 (BFCL: per-action NLL, cumulative LLR above a threshold and the
+length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs R_single over training, `host_dynamics`) and
+7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
@@ -15,10 +15,24 @@ Structural upper bound at T (docs/study.md): p*[task, T] = 1[reference turns <= 
 the share of tasks whose reference solution needs <= T turns, and the Pass@K bound 1 - (1 - p*)^K equals it
 (p* is 0 or 1).
 
+Pass@ findings (`domain_findings`; docs/host_study.md, "Findings and what would have failed them"), each judged
+where a difference of E is possible, with the room the bound allows (`bounded`: a policy's Pass@K on tasks with
+bound U lies in [0, U], so other - comparator lies in [-comparator, U - comparator]):
+    f1_pass1    RL - base Pass@1 at full budget, every held-out task (direction +1, E 10 points);
+    f1_breadth  the same at the largest K;
+    f2_shrink   gap(tight) - gap(full) at K=1 on the tasks solvable at the tightest tier (p* = 1 there: every
+                one of them could be solved), direction -1, E 10 points; room [-b_t - g_f, U - b_t - g_f];
+    f7_gigpo    GiGPO - GRPO at K=1 at the tightest tier on the same tasks, parity within 5 points (TOST).
+A row whose room leaves less than E on the paper's side (a parity row: less than its margin either side of 0) is
+"untestable here (bound)" (`stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
+a note (`NO_SOLVABLE_NOTE`).
+
 Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k; a policy is `base`,
 an arm (mean over its included seeds) or `<arm>.seed<s>`), `<d>.bound.t<T>` (the bound), `<d>.split.train`,
-`<d>.split.heldout`, the findings' keys (`domain_findings`) with `stats.Estimate` fields, and
-`health.<arm>.seed<s>.*` as the FrozenLake study writes them.
+`<d>.split.heldout`, `meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate`
+fields, their rooms `<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows'
+values (`.base`, `.rl`, `.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`,
+`.n_tasks`, `.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
 """
 from __future__ import annotations
 
@@ -35,6 +49,8 @@ from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, 
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
+NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fits the tightest tier (T = {t} turns), "
+                    "so no policy can solve any task there and the finding has no estimate in this run.")
 
 
 # ----------------------------------------------------------------------------- measuring one policy
@@ -87,41 +103,92 @@ def structural_bound(min_turns_P, tiers: Sequence[int], ks: Sequence[int]) -> di
 
 
 # ----------------------------------------------------------------------------- findings of a domain
+def bounded(base: float, upper: float = 1.0) -> tuple[float, float]:
+    """The room of a difference other - base when the other policy's value can only lie in [0, upper]: (-base,
+    upper - base) (`findings` room keys: the range of the difference the structural bound allows, whatever the
+    policies do). upper = the structural upper bound U on the same tasks, tier and K (a success rate: 1)."""
+    return -float(base), float(upper) - float(base)
+
+
+def put_room(m: dict, key: str, room: tuple[float, float]) -> None:
+    """`<key>.room_lo`, `<key>.room_hi` (difference units, unscaled) into the metrics; a non-finite room is left
+    out, so `findings.room_from_metrics` reads None (the row is then judged without a bound)."""
+    lo, hi = (float(x) for x in room)
+    if np.isfinite(lo) and np.isfinite(hi):
+        m[f"{key}.room_lo"], m[f"{key}.room_hi"] = lo, hi
+
+
+def _pass_room_text(what: str) -> str:
+    return (f"Room: {what} lies in [0, U] (U the structural upper bound on the same tasks, tier and K), so the "
+            "difference lies in [-comparator, U - comparator].")
+
+
 def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
-    """Findings 1, 2, 3 (`host_step_quality.DOMAINS` only), 4 (domains in `host_error_recovery.DOMAINS` only),
-    5 (`host_likelihood.DOMAINS` only), 6 (`host_dynamics.DOMAINS` only: R_multi and
-    R_single over training, `host_dynamics.finding`) and 7 on domain `d` with the FrozenLake
-    study's directions, reference effects and margins (7: GiGPO - GRPO at the tightest tier, a parity finding
-    with a 5-point equivalence margin)."""
-    f1, f7 = f"{d}.f1_breadth", f"{d}.f7_gigpo"
+    """The findings of domain `d` with the FrozenLake study's directions, reference effects and margins, each
+    judged where a difference of E is possible and saying which result would have failed it (docs/host_study.md,
+    "Findings and what would have failed them"):
+    1. `<d>.f1_pass1`: RL - base Pass@1 at full budget (the headline; E 10 points), and `<d>.f1_breadth`: the same
+       at the largest K;
+    2. `<d>.f2_shrink`: gap(tight) - gap(full) at K=1 on the held-out tasks solvable at the tightest tier;
+    3 (`host_step_quality.DOMAINS`), 4 (`host_error_recovery.DOMAINS`), 5 (`host_likelihood.DOMAINS`), 6
+    (`host_dynamics.DOMAINS`);
+    7. `<d>.f7_gigpo`: GiGPO - GRPO at K=1 on the tasks solvable at the tightest tier, a parity finding with a
+       5-point equivalence margin.
+    Every Pass@ row writes the room the structural bound allows (`bounded`, `put_room`)."""
+    f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
-    f2 = f"{d}.f2_shrink"
     f3 = (host_step_quality.finding(d, title),) if d in host_step_quality.DOMAINS else ()
     f4 = (host_error_recovery.finding(d, title),) if d in host_error_recovery.DOMAINS else ()
     return (
-        Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base",
+        Finding(f1p, f"{title}: 1. held-out Pass@1 at full budget (K=1): RL above base",
+                (Row("base Pass@1 (%)", f"{f1p}.base", None, 100.0),
+                 Row("RL Pass@1 (%)", f"{f1p}.rl", None, 100.0),
+                 Row("structural upper bound (%)", f"{f1p}.bound", None, 100.0)),
+                f"{f1p}.diff", "RL - base Pass@1 (points)", +1, None, 100.0, ".1f", **_SEI,
+                note=_pass_room_text("RL's Pass@1"), room=True,
+                falsified_by=("a 95% CI of RL - base held-out Pass@1 at full budget below 0, or holding 0 with its "
+                              "upper end below +10 points")),
+        Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base (largest K)",
                 ks_rows + (Row("base at the largest K (%)", f"{f1}.base", None, 100.0),
                            Row("RL at the largest K (%)", f"{f1}.rl", None, 100.0),
-                           Row("structural upper bound (%)", f"{f1}.bound", None, 100.0)),
-                f"{f1}.diff", "RL - base at the largest K (points)", +1, None, 100.0, ".1f", **_SEI),
-        Finding(f2, f"{title}: 2. the RL advantage shrinks from full to tight budget (largest K)",
-                (Row("RL - base, full budget (points)", f"{f2}.gap_full", None, 100.0),
+                           Row("structural upper bound at the largest K (%)", f"{f1}.bound", None, 100.0)),
+                f"{f1}.diff", "RL - base at the largest K (points)", +1, None, 100.0, ".1f", **_SEI,
+                note=_pass_room_text("RL's Pass@K"), room=True,
+                falsified_by=("a 95% CI of RL - base Pass@K at the largest K below 0, or holding 0 with its upper "
+                              "end below +10 points (RL's edge gone once base gets K tries)")),
+        Finding(f2, f"{title}: 2. the RL advantage shrinks from full to tightest tier (K=1, tasks solvable there)",
+                (Row("base, full budget (%)", f"{f2}.base_full", None, 100.0),
+                 Row("RL, full budget (%)", f"{f2}.rl_full", None, 100.0),
+                 Row("base, tightest tier (%)", f"{f2}.base_tight", None, 100.0),
+                 Row("RL, tightest tier (%)", f"{f2}.rl_tight", None, 100.0),
+                 Row("RL - base, full budget (points)", f"{f2}.gap_full", None, 100.0),
                  Row("RL - base, tightest tier (points)", f"{f2}.gap_tight", None, 100.0),
-                 Row("tightest-tier tasks solvable (upper bound, %)", f"{f2}.solvable_tight", None, 100.0),
-                 Row("tightest tier (turns)", f"{f2}.tight_turns", None, 1.0, ".0f")),
-                f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f",
-                at_bound=(f"{f2}.base_tight", f"{f2}.rl_tight", f"{f2}.solvable_tight"), **_SEI),
+                 Row("held-out tasks solvable at the tightest tier (%)", f"{f2}.solvable_tight", None, 100.0),
+                 Row("tasks compared (solvable at the tightest tier)", f"{f2}.n_tasks", None, 1.0, ".0f"),
+                 Row("tightest tier (turns)", f"{f2}.tier_turns", None, 1.0, ".0f")),
+                f"{f2}.diff", "gap(tight) - gap(full) (points)", -1, None, 100.0, ".1f", **_SEI,
+                note=("Both gaps are on the held-out tasks whose reference solution fits the tightest tier, so RL "
+                      "could solve every one of them there. Room: RL's tight-tier Pass@1 lies in [0, U] (U = 1 on "
+                      "these tasks), so the difference lies in [-base(tight) - gap(full), U - base(tight) - "
+                      "gap(full)]."), room=True,
+                falsified_by=("a 95% CI of gap(tight) - gap(full) above 0, or holding 0 with its lower end above -10 "
+                              "points (RL's advantage on the tasks still solvable at the tightest tier as large as "
+                              "at full budget)")),
     ) + f3 + f4 + (host_likelihood.findings(d, title) if d in host_likelihood.DOMAINS else ()) + (
         host_dynamics.finding(d, title) if d in host_dynamics.DOMAINS else ()) + (
-        Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier (largest K; the paper, on BFCL: no gain)",
+        Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier, K=1 on the tasks solvable there (the paper, "
+                    "on BFCL: no gain)",
                 (Row("GRPO, tightest tier (%)", f"{f7}.grpo", None, 100.0),
                  Row("GiGPO, tightest tier (%)", f"{f7}.gigpo", None, 100.0),
-                 Row("structural upper bound (%)", f"{f7}.bound", None, 100.0),
-                 Row("tightest tier (turns)", f"{f7}.tight_turns", None, 1.0, ".0f")),
+                 Row("structural upper bound on these tasks (%)", f"{f7}.bound", None, 100.0),
+                 Row("tasks compared (solvable at the tightest tier)", f"{f7}.n_tasks", None, 1.0, ".0f"),
+                 Row("tightest tier (turns)", f"{f7}.tier_turns", None, 1.0, ".0f")),
                 f"{f7}.diff", "GiGPO - GRPO (points)", 0, None, 100.0, ".1f", margin=0.05,
                 effect_source="equivalence margin 5 points (jaxagent's choice, as FrozenLake's f7_gigpo_bfcl)",
-                at_bound=(f"{f7}.grpo", f"{f7}.gigpo", f"{f7}.bound")),
+                note=("Room: GiGPO's Pass@1 lies in [0, U], so GiGPO - GRPO lies in [-GRPO, U - GRPO]; parity is "
+                      "forced by the bound only when both ends are within the margin."), room=True,
+                falsified_by="a 95% CI of GiGPO - GRPO Pass@1 at the tightest tier that excludes 0"),
     )
 
 
@@ -191,27 +258,43 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                 m[f"{d}.pass.{a}.t{t}.k{k}"] = _mean(m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] for s in included[a] or ss)
     if MAIN_ARM not in arms:
         return m
-    full, tight, kmax = len(tiers) - 1, 0, int(np.argmax(ks))
+    full, tight, kmax, k1 = len(tiers) - 1, 0, int(np.argmax(ks)), int(np.argmin(ks))
     base = per_task["base"]
     seeds = sorted(arms[MAIN_ARM])
     rl = {s: per_task[f"{MAIN_ARM}/seed{s}"] for s in seeds}
     gap = {s: rl[s] - base for s in seeds}
     ok = included[MAIN_ARM]
+    u_pt = np.asarray(bound["p_star"], np.float64)  # [U, P]: p* in {0, 1}, so the Pass@K bound per task for any K
+    m["meta.t_max"] = float(tiers[full])
+    # 1. RL - base at full budget, K=1 (the headline) and at the largest K, on every held-out task
+    for key, j in ((f"{d}.f1_pass1", k1), (f"{d}.f1_breadth", kmax)):
+        _put(m, f"{key}.diff", {s: gap[s][full, j] for s in seeds}, ok, n_boot)
+        m[f"{key}.base"] = float(base[full, j].mean())
+        m[f"{key}.rl"] = _mean(rl[s][full, j].mean() for s in ok)
+        m[f"{key}.bound"] = float(bound["grid"][full, j])
+        put_room(m, key, bounded(m[f"{key}.base"], m[f"{key}.bound"]))
     f1 = f"{d}.f1_breadth"
     for j, k in enumerate(ks):
         m[f"{f1}.gap_k{k}"] = _put(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok, n_boot).mean
-    _put(m, f"{f1}.diff", {s: gap[s][full, kmax] for s in seeds}, ok, n_boot)
-    m[f"{f1}.base"] = float(base[full, kmax].mean())
-    m[f"{f1}.rl"] = _mean(rl[s][full, kmax].mean() for s in ok)
-    m[f"{f1}.bound"] = float(bound["grid"][full, kmax])
+    # 2. K=1 on the held-out tasks solvable at the tightest tier: gap(tight) - gap(full) on those tasks
     f2 = f"{d}.f2_shrink"
-    _put(m, f"{f2}.diff", {s: gap[s][tight, kmax] - gap[s][full, kmax] for s in seeds}, ok, n_boot)
+    use = u_pt[tight] > 0
+    _put(m, f"{f2}.diff", {s: gap[s][tight, k1][use] - gap[s][full, k1][use] for s in seeds}, ok, n_boot)
     for name, u in (("full", full), ("tight", tight)):
-        m[f"{f2}.base_{name}"] = float(base[u, kmax].mean())
-        m[f"{f2}.rl_{name}"] = _mean(rl[s][u, kmax].mean() for s in ok)
-        m[f"{f2}.gap_{name}"] = _mean(gap[s][u, kmax].mean() for s in ok)
+        m[f"{f2}.base_{name}"] = _mean([base[u, k1][use].mean()] if use.any() else [])
+        m[f"{f2}.rl_{name}"] = _mean(rl[s][u, k1][use].mean() for s in ok if use.any())
+        m[f"{f2}.gap_{name}"] = _mean(gap[s][u, k1][use].mean() for s in ok if use.any())
     m[f"{f2}.solvable_tight"] = float(bound["share"][tight])
-    m[f"{f2}.tight_turns"] = float(tiers[tight])
+    m[f"{f2}.n_tasks"] = int(use.sum())
+    m[f"{f2}.tier_turns"] = float(tiers[tight])
+    if use.any():
+        # RL(tight) in [0, U(tight)], gap(full) as measured: the difference lies in [-b_t - g_f, U - b_t - g_f]
+        # (g_f over the included seeds, as the estimate; over every seed when none is, so the row still shows it)
+        g_f = _mean(gap[s][full, k1][use].mean() for s in ok or seeds)
+        lo, hi = bounded(m[f"{f2}.base_tight"], float(u_pt[tight][use].mean()))
+        put_room(m, f2, (lo - g_f, hi - g_f))
+    else:
+        m[f"{d}.note.f2_shrink"] = NO_SOLVABLE_NOTE.format(finding="2", t=tiers[tight])
     if step_quality is not None:
         m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, n_boot, _put))
     if error_prefixes is not None:
@@ -220,15 +303,20 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, _put))
     if dynamics is not None and d in host_dynamics.DOMAINS:
         m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, _put))
-    if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, paired by seed index
+    if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, K=1 on the tasks solvable there
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))
         ok7 = [s for s in both if s in ok and s in included["gigpo"]]
         oth = {s: per_task[f"gigpo/seed{s}"] for s in both}
-        _put(m, f"{f7}.diff", {s: oth[s][tight, kmax] - rl[s][tight, kmax] for s in both}, ok7, n_boot,
+        _put(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, n_boot,
              arms=f"{MAIN_ARM} & gigpo")
-        m[f"{f7}.grpo"] = _mean(rl[s][tight, kmax].mean() for s in ok7)
-        m[f"{f7}.gigpo"] = _mean(oth[s][tight, kmax].mean() for s in ok7)
-        m[f"{f7}.bound"] = float(bound["grid"][tight, kmax])
-        m[f"{f7}.tight_turns"] = float(tiers[tight])
+        m[f"{f7}.grpo"] = _mean(rl[s][tight, k1][use].mean() for s in ok7 if use.any())
+        m[f"{f7}.gigpo"] = _mean(oth[s][tight, k1][use].mean() for s in ok7 if use.any())
+        m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")
+        m[f"{f7}.n_tasks"] = int(use.sum())
+        m[f"{f7}.tier_turns"] = float(tiers[tight])
+        if use.any():
+            put_room(m, f7, bounded(_mean(rl[s][tight, k1][use].mean() for s in ok7 or both), m[f"{f7}.bound"]))
+        else:
+            m[f"{d}.note.f7_gigpo"] = NO_SOLVABLE_NOTE.format(finding="7", t=tiers[tight])
     return m

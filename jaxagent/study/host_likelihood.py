@@ -17,22 +17,35 @@ Quantities per episode tau (PAPER.md, "jaxagent's definitions"):
 Per seed s (units nested in GRPO seeds, `stats.seed_estimate` through `host_eval._put`; collapsed and diverged
 seeds excluded, with an all-seeds sensitivity estimate):
     f5_nll          mean nll over RL's actions - mean nll over base's actions (`stats.mean_difference`; the paper:
-                    12.20 vs 10.25, E = 19% of base's NLL as `findings.f5_nll`);
-    f5_llr_success  mean llr over RL's successful episodes - mean llr over base's successful episodes (the paper:
-                    about 228 vs 26; E = 1 nat, jaxagent's smallest effect of interest, as `findings.f5_llr_success`);
+                    12.20 vs 10.25, E = 19% of base's NLL as `findings.f5_nll`). Would have been "not reproduced"
+                    with a CI below 0, or one holding 0 whose upper end is below 19% of base's NLL.
+    f5_llr_rl       judged: mean llr over RL's successful episodes - LLR_THRESHOLD (`findings.LLR_THRESHOLD`, 1
+                    nat): RL's own successes sit more than 1 nat above base (direction +1, E = 1 nat). Would have
+                    been "not reproduced" with a CI below 0 (RL's successes within 1 nat of base), or one holding 0
+                    whose upper end is below 1 nat.
+    f5_llr_success  printed, not judged: mean llr over RL's successful episodes - mean llr over base's successful
+                    episodes (the paper: about 228 vs 26). For two policies with success-conditioned trajectory
+                    distributions p_RL and p_b, E_RL[log p_RL - log p_b] - E_b[log p_RL - log p_b] = KL(RL || b) +
+                    KL(b || RL), the Jeffreys divergence: >= 0 for any two policies, so this contrast cannot come
+                    out on the wrong side and decides nothing (`<d>.f5_llr_success.jeffreys.*`, the report line
+                    `<d>.note.f5_jeffreys`).
     f5_matched      length-matched control: pairs (an RL success, a base success) of the same task with
                     |n_RL - n_base| <= 0.1 max(n_RL, n_base), matched greedily one-to-one
                     (`matched_pairs`, the rule of `likelihood.length_matched_pairs`); unit = llr_RL - llr_base of a
-                    pair; E = 805.8 nats (the paper's BFCL difference).
-A seed without a successful episode on either side contributes no unit to f5_llr_success, a seed without a pair
-none to f5_matched; when no included seed has a pair the metric `<d>.note.f5_matched` says why (no success, no
+                    pair, printed raw (`.raw`: the Jeffreys contrast restricted to the same tasks and lengths, >= 0
+                    in expectation) and judged as raw - LLR_THRESHOLD (`.diff`; E = 1 nat; "not reproduced" with a
+                    CI below 0 or one holding 0 whose upper end is below 1 nat).
+No finding-5 row has a structural room: log-likelihoods are unbounded. A seed without a successful RL episode
+contributes no unit to f5_llr_rl, one without a success on either side none to f5_llr_success, a seed without a
+pair none to f5_matched; when no included seed has a pair the metric `<d>.note.f5_matched` says why (no success, no
 task with a success of both, or no pair within 10%), and the report still shows the NLL and LLR numbers measured.
 
 Metric keys (`likelihood_metrics`): `<d>.f5_nll.diff.*`, `.rl`, `.base` (mean of the included seeds' means),
-`.n_rl_actions`, `.n_base_actions`; `<d>.f5_llr_success.diff.*`, `.rl`, `.base`, `.n_rl`, `.n_base` (successful
-episodes), `.all_rl`, `.all_base` (mean llr over every episode); `<d>.f5_matched.diff.*`, `.n_pairs`, `.n_tasks`
-(included seeds), `.seed<s>.n_pairs`, `.seed<s>.n_tasks`; means and counts over the included seeds (every
-seed when the health rule excludes them all, with the note `<d>.note.f5_seeds`).
+`.n_rl_actions`, `.n_base_actions`; `<d>.f5_llr_rl.diff.*`, `.threshold`; `<d>.f5_llr_success.jeffreys.*`, `.rl`,
+`.base`, `.n_rl`, `.n_base` (successful episodes), `.all_rl`, `.all_base` (mean llr over every episode);
+`<d>.f5_matched.diff.*`, `.raw.*`, `.threshold`, `.n_pairs`, `.n_tasks` (included seeds), `.seed<s>.n_pairs`,
+`.seed<s>.n_tasks`; means and counts over the included seeds (every seed when the health rule excludes them all,
+with the note `<d>.note.f5_seeds`); the note `<d>.note.f5_jeffreys`.
 
 Dimension legend (CONVENTIONS.md): B rows of a scoring batch (episodes), T tokens of an episode's sequence, M policy
 tokens of an episode (all its replies' tokens), D model width, U budget tiers, P tasks, Z samples per task and tier,
@@ -51,23 +64,25 @@ import numpy as np
 from jaxagent import xla_options
 from jaxagent.eval import stats
 from jaxagent.eval.driver_common import pad_index, rollout_params, row_placement
-from jaxagent.eval.findings import SEI, Finding, Row
+from jaxagent.eval.findings import LLR_THRESHOLD, SEI, Finding, Row
 from jaxagent.rl import logprobs
 
 DOMAINS = ("bfcl",)
 REL_TOL = 0.1          # the length-matched control's tolerance: within 10% of the longer (PAPER.md)
-EFFECT_MATCHED = 805.8  # the paper's BFCL length-matched difference (nats; `findings.f5_matched_bfcl_diff`)
 EFFECT_NLL_REL = (12.20 - 10.25) / 10.25  # the paper's relative NLL gap, as `findings.f5_nll`
-EFFECT_LLR = 1.0        # nats, jaxagent's smallest effect of interest, as `findings.f5_llr_success`
+EFFECT_LLR = 1.0        # nats above LLR_THRESHOLD, jaxagent's smallest effect of interest (`findings.f5_llr_rl`)
 WIDTH_MULTIPLE = 256    # a scoring batch's width: the longest episode rounded up to this (one compile per width)
 POSITION_MULTIPLE = 64  # its policy positions: the most policy tokens of an episode rounded up to this
 LOG_KEY = "f5_tokens"   # the eval log's entry (`TokenLog.log_entry`)
 
 
 def findings(d: str, title: str) -> tuple[Finding, ...]:
-    """Finding 5 on domain `d`: per-action NLL under base, cumulative LLR of successful trajectories, and the
-    length-matched LLR control (module docstring)."""
-    nll, llr, mat = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched"
+    """Finding 5 on domain `d` (module docstring): per-action NLL under base; RL's successful trajectories more
+    than `LLR_THRESHOLD` above base in cumulative LLR (`<d>.f5_llr_rl`, judged; the two-group contrast printed
+    beside it, not judged: a Jeffreys divergence); the length-matched pair difference above the threshold
+    (`<d>.f5_matched`). None has a structural room: log-likelihoods are unbounded."""
+    nll, llr, mat, con = f"{d}.f5_nll", f"{d}.f5_llr_rl", f"{d}.f5_matched", f"{d}.f5_llr_success"
+    thr = f"{LLR_THRESHOLD:g}"
     return (
         Finding(nll, f"{title}: 5. per-action NLL under base, RL actions vs base actions (paper: 12.20 vs 10.25)",
                 (Row("base actions: mean NLL under base (nats)", f"{nll}.base", "f5_nll_base_actions", 1.0, ".2f"),
@@ -76,27 +91,46 @@ def findings(d: str, title: str) -> tuple[Finding, ...]:
                  Row("RL actions scored (over the GRPO seeds)", f"{nll}.n_rl_actions", None, 1.0, ".0f")),
                 f"{nll}.diff", "RL - base actions (nats)", +1, None, 1.0, ".2f", effect=EFFECT_NLL_REL,
                 effect_rel=f"{nll}.base",
-                effect_source="the paper's relative gap (12.20 - 10.25) / 10.25 = 19% of base's NLL"),
-        Finding(llr, f"{title}: 5. cumulative LLR log pi_RL - log pi_base of successful trajectories "
-                     "(paper: about 228 RL vs 26 base)",
-                (Row("successful base trajectories: mean LLR (nats)", f"{llr}.base", "f5_llr_success_base"),
-                 Row("successful RL trajectories: mean LLR (nats)", f"{llr}.rl", "f5_llr_success_rl"),
-                 Row("successful base trajectories", f"{llr}.n_base", None, 1.0, ".0f"),
-                 Row("successful RL trajectories (over the GRPO seeds)", f"{llr}.n_rl", None, 1.0, ".0f"),
-                 Row("every base trajectory: mean LLR (nats)", f"{llr}.all_base"),
-                 Row("every RL trajectory: mean LLR (nats)", f"{llr}.all_rl")),
-                f"{llr}.diff", "RL - base (nats)", +1, None, 1.0, ".1f", effect=EFFECT_LLR,
-                effect_source=f"{SEI}: 1 nat", note=(
-                    "By construction the expected LLR of RL's own trajectories is +KL(pi_RL || pi_base) >= 0 and "
-                    "that of base's is -KL(pi_base || pi_RL) <= 0, so this contrast is positive for any RL policy "
-                    "that moved; the length-matched control is the informative test.")),
-        Finding(mat, f"{title}: 5. length-matched LLR control (same task, both successful, policy-token counts "
-                     "within 10% of the longer)",
+                effect_source="the paper's relative gap (12.20 - 10.25) / 10.25 = 19% of base's NLL",
+                falsified_by=("a 95% CI of NLL(RL actions) - NLL(base actions) under base below 0, or holding 0 "
+                              "with its upper end below 19% of base's NLL (RL's actions as likely under base as "
+                              "base's own)")),
+        Finding(llr, f"{title}: 5. cumulative LLR log pi_RL - log pi_base of RL's successful trajectories, above "
+                     f"{thr} nat (paper: about 228 RL vs 26 base)",
+                (Row("successful RL trajectories: mean LLR (nats)", f"{con}.rl", "f5_llr_success_rl", 1.0, ".2f"),
+                 Row("threshold (nats)", f"{llr}.threshold", None, 1.0, ".0f"),
+                 Row("successful base trajectories: mean LLR (nats)", f"{con}.base", "f5_llr_success_base", 1.0,
+                     ".2f"),
+                 Row("RL's minus base's successes (Jeffreys divergence, >= 0 by definition; not judged)",
+                     f"{con}.jeffreys.mean", None, 1.0, ".2f"),
+                 Row("successful RL trajectories (over the GRPO seeds)", f"{con}.n_rl", None, 1.0, ".0f"),
+                 Row("successful base trajectories", f"{con}.n_base", None, 1.0, ".0f"),
+                 Row("every RL trajectory: mean LLR (nats)", f"{con}.all_rl", None, 1.0, ".2f"),
+                 Row("every base trajectory: mean LLR (nats)", f"{con}.all_base", None, 1.0, ".2f")),
+                f"{llr}.diff", f"mean LLR of RL's successes - {thr} nat", +1, None, 1.0, ".2f", effect=EFFECT_LLR,
+                effect_source=f"{SEI}: 1 nat above the {thr}-nat threshold",
+                note=("The two groups' difference is E_RL[log pi_RL - log pi_base] - E_base[log pi_RL - log "
+                      "pi_base] = KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
+                      "distributions, the Jeffreys divergence: >= 0 for any two policies, so it is printed, not "
+                      f"judged. The judged row asks whether RL's own successes sit more than {thr} nat above base."),
+                falsified_by=(f"a 95% CI of RL's mean LLR on its successes - {thr} nat below 0, or holding 0 with "
+                              f"its upper end below 1 nat (RL's successes within {2 * LLR_THRESHOLD:g} nats of "
+                              "base)")),
+        Finding(mat, f"{title}: 5. length-matched LLR control above {thr} nat (same task, both successful, "
+                     "policy-token counts within 10% of the longer)",
                 (Row("pairs (paper, BFCL: 283)", f"{mat}.n_pairs", "f5_matched_bfcl_pairs", 1.0, ".0f"),
                  Row("tasks among the pairs (paper, BFCL: 146)", f"{mat}.n_tasks", "f5_matched_bfcl_tasks", 1.0,
-                     ".0f")),
-                f"{mat}.diff", "LLR RL - base over pairs (nats)", +1, "f5_matched_bfcl_diff", 1.0, ".1f",
-                effect=EFFECT_MATCHED, effect_source="the paper's BFCL difference (805.8 nats)"),
+                     ".0f"),
+                 Row("raw mean pair difference (nats; >= 0 in expectation by construction, not judged)",
+                     f"{mat}.raw.mean", "f5_matched_bfcl_diff", 1.0, ".1f"),
+                 Row("threshold (nats)", f"{mat}.threshold", None, 1.0, ".0f")),
+                f"{mat}.diff", f"pair LLR difference RL - base - {thr} nat", +1, None, 1.0, ".1f",
+                effect=EFFECT_LLR, effect_source=f"{SEI}: 1 nat above the {thr}-nat threshold",
+                note=("The raw pair difference restricts both expectations of the Jeffreys divergence to the same "
+                      "tasks and lengths, so it too is >= 0 in expectation for any two policies: printed, not "
+                      f"judged; the row judges whether it exceeds {thr} nat."),
+                falsified_by=(f"a 95% CI of the matched pair difference - {thr} nat below 0, or holding 0 with its "
+                              "upper end below 1 nat")),
     )
 
 
@@ -313,13 +347,25 @@ def no_pair_note(n_succ_rl: int, n_succ_base: int, n_common_tasks: int) -> str:
     return head + why + "; the NLL and LLR rows above are measured on every scored episode."
 
 
+def jeffreys_note(est: stats.Estimate) -> str:
+    """The report line of the two-group LLR contrast (module docstring): printed with its interval, not judged."""
+    ci = (f" (95% CI [{est.lo:.2f}, {est.hi:.2f}], {est.method})" if est.available else
+          f" (no interval: {est.reason})")
+    val = (f"= {est.mean:.2f} nats{ci}" if np.isfinite(est.mean) else
+           "has no value in this run (no seed has successful episodes of both policies)")
+    return ("Finding 5 (two-group LLR contrast, not judged): mean LLR of RL's successful trajectories minus that of "
+            f"base's {val}. It is KL(RL, base) + KL(base, RL) on the success-conditioned trajectory "
+            "distributions, the Jeffreys divergence, >= 0 for any two policies, so it cannot fail; the judged row is "
+            f"RL's own successes against the {LLR_THRESHOLD:g}-nat threshold.")
+
+
 def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
     """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is `host_eval._put`
     (with its `stat` argument). The rows (means, counts) are over the included seeds; when the health rule excludes
     every seed (e.g. a CI miniature's collapsed policy) over every seed, with the note `<d>.note.f5_seeds`. No
     pair in those seeds: also the note `<d>.note.f5_matched`."""
-    nll, llr, mat = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched"
-    m: dict = {}
+    nll, llr, mat, judged = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched", f"{d}.f5_llr_rl"
+    m: dict = {f"{judged}.threshold": LLR_THRESHOLD, f"{mat}.threshold": LLR_THRESHOLD}
     u_nll, u_llr, u_pair = {}, {}, {}
     nll_rl, nll_base, llr_rl, llr_base, all_rl, all_base = {}, {}, {}, {}, {}, {}
     pair_tasks, succ_tasks = {}, {}
@@ -337,8 +383,13 @@ def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence
         succ_tasks[s] = (set(np.asarray(r["task"])[sr].tolist()), set(np.asarray(b["task"])[sb].tolist()))
         m[f"{mat}.seed{s}.n_pairs"], m[f"{mat}.seed{s}.n_tasks"] = len(pairs), len(pair_tasks[s])
     put(m, f"{nll}.diff", u_nll, included, n_boot, stat=stats.mean_difference)
-    put(m, f"{llr}.diff", u_llr, included, n_boot, stat=stats.mean_difference)
-    put(m, f"{mat}.diff", u_pair, included, n_boot)
+    # judged: RL's own successes above the threshold; printed: the two groups' contrast (a Jeffreys divergence,
+    # >= 0 for any two policies) and the raw matched pair difference (the same on matched pairs)
+    put(m, f"{judged}.diff", {s: v - LLR_THRESHOLD for s, v in llr_rl.items()}, included, n_boot)
+    jeff = put(m, f"{llr}.jeffreys", u_llr, included, n_boot, stat=stats.mean_difference)
+    put(m, f"{mat}.raw", u_pair, included, n_boot)
+    put(m, f"{mat}.diff", {s: v - LLR_THRESHOLD for s, v in u_pair.items()}, included, n_boot)
+    m[f"{d}.note.f5_jeffreys"] = jeffreys_note(jeff)
     rows = [s for s in sorted(scored) if s in included]
     if not rows and scored:
         rows = sorted(scored)

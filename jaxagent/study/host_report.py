@@ -1,8 +1,11 @@
 """Markdown report of the host-domain study: per domain a section with the split sizes, the RL-vs-base
 Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1, 2, 3, 4, 5, 6 and 7 decided by
-the FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`); a finding the run could not
-measure says why in a note (`<d>.note.<finding>`, e.g. no matched state for finding 3, no error prefixes for
-finding 4, finding 6 outside the coding domain). Metric keys as `host_eval` writes them.
+the FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`, with the range of the difference
+the structural bound allows, `findings.room_from_metrics`, printed as "bound allows"); an underpowered row says
+about how many seeds would decide it (`findings.seeds_to_decide`) and every row says which result would have
+made it "not reproduced" (`Finding.falsified_by`). A finding the run could not measure says why in a note
+(`<d>.note.<finding>`, e.g. no matched state for finding 3, no error prefixes for finding 4, finding 6 outside
+the coding domain). Metric keys as `host_eval` writes them.
 No dimension legend: host-side text.
 """
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from jaxagent.eval import health as health_lib
-from jaxagent.eval.findings import VERDICT_RULE, Finding, estimate_from_metrics, finding_verdict, reference_effect
+from jaxagent.eval import health as health_lib, stats
+from jaxagent.eval.findings import (VERDICT_RULE, Finding, estimate_from_metrics, finding_verdict, reference_effect,
+                                    room_from_metrics, seeds_to_decide)
 
 
 def _num(metrics: Mapping, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
@@ -49,20 +53,45 @@ def pass_table(d: str, metrics: Mapping, policies: Sequence[str], tiers: Sequenc
     return lines
 
 
+def room_text(f: Finding, m: Mapping) -> str:
+    """"[lo, hi]" of the difference the structural bound allows (`findings.room_from_metrics`, scaled as the
+    difference), or "—" when the row has no bound."""
+    room = room_from_metrics(f, m)
+    if room is None:
+        return "—"
+    return f"[{format(room[0] * f.diff_scale, f.diff_fmt)}, {format(room[1] * f.diff_scale, f.diff_fmt)}]"
+
+
+def why_text(f: Finding, m: Mapping, reason: str, prefix: str | None = None) -> str:
+    """The verdict's reason, plus "about N seeds would decide it" for an underpowered row."""
+    n = seeds_to_decide(f, m, prefix)
+    return reason + (f"; about {n} seeds would decide it" if n is not None else "")
+
+
 def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[str], dict, dict]:
-    """A summary table of the measured findings and one detail table each; returns (lines, verdicts, reasons)."""
+    """A summary table of the measured findings (measured, CI, MDE beside E, the range the bound allows, verdict
+    and why) and one detail table each, with the result that would have made the row "not reproduced"; returns
+    (lines, verdicts, reasons)."""
     verdicts, reasons = {}, {}
-    lines = ["| finding | measured | 95% CI | MDE (reference E) | verdict | seeds |", "|---|---|---|---|---|---|"]
+    lines = ["| finding | measured | 95% CI | MDE (reference E) | bound allows | verdict | why | seeds |",
+             "|---|---|---|---|---|---|---|---|"]
     detail = []
     for f in findings:
         if f"{f.diff}.mean" not in metrics:
             continue
         verdicts[f.key], reasons[f.key] = finding_verdict(f, metrics)
-        e = reference_effect(f, metrics)
-        e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
+        if f.direction == 0:  # parity: the equivalence margin stands where E stands for a directional row
+            margin = format(f.margin * f.diff_scale, f.diff_fmt)
+            e_text, ref = f"margin ±{margin}", f"Equivalence margin ±{margin}"
+        else:
+            e = reference_effect(f, metrics)
+            e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
+            ref = f"Reference effect E = {e_text}"
+        why = why_text(f, metrics, reasons[f.key])
         lines.append(f"| {f.title} | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} | "
                      f"{_ci(f, metrics, f.diff)} | {_num(metrics, f.diff + '.mde', f.diff_scale, f.diff_fmt)} "
-                     f"({e_text}) | {verdicts[f.key]} | {_text(metrics, f.diff + '.seeds')} |")
+                     f"({e_text}) | {room_text(f, metrics)} | {verdicts[f.key]} | {why.replace('|', '/')} | "
+                     f"{_text(metrics, f.diff + '.seeds')} |")
         detail += ["", f"**{f.title}**", "", "| quantity | measured |", "|---|---|"]
         for row in f.rows:
             if row.optional and row.measured not in metrics:
@@ -70,15 +99,25 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
             detail.append(f"| {row.label} | {_num(metrics, row.measured, row.scale, row.fmt)} |")
         detail.append(f"| {f.diff_label}, 95% CI | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} "
                       f"{_ci(f, metrics, f.diff)} |")
-        detail += ["", f"Verdict: **{verdicts[f.key]}**: {reasons[f.key]}. Interval: "
-                       f"{_text(metrics, f.diff + '.method')}. Reference effect E = {e_text} ({f.effect_source})."]
+        if room_from_metrics(f, metrics) is not None:
+            detail.append(f"| differences the structural bound allows | {room_text(f, metrics)} |")
+        detail += ["", f"Verdict: **{verdicts[f.key]}**: {why}. Interval: "
+                       f"{_text(metrics, f.diff + '.method')}. {ref} ({f.effect_source})."]
+        if room_from_metrics(f, metrics) is not None:
+            detail += ["", f"The bound allows differences in {room_text(f, metrics)}"
+                           f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the "
+                           "difference cannot leave this range."]
+        elif f.room:
+            detail += ["", "This run has no value for the structural bound of this row."]
+        if f.falsified_by:
+            detail += ["", f"Would have been not reproduced with: {f.falsified_by}."]
         if f.note:
-            detail.append(f.note)
+            detail += ["", f.note]
         if f"{f.diff}.all.mean" in metrics:
             all_v, _ = finding_verdict(f, metrics, f"{f.diff}.all")
-            detail.append(f"Sensitivity, every seed ({_text(metrics, f.diff + '.all.seeds')}): "
-                          f"{_num(metrics, f.diff + '.all.mean', f.diff_scale, f.diff_fmt)} "
-                          f"{_ci(f, metrics, f.diff + '.all')}: {all_v}.")
+            detail += ["", f"Sensitivity, every seed ({_text(metrics, f.diff + '.all.seeds')}): "
+                           f"{_num(metrics, f.diff + '.all.mean', f.diff_scale, f.diff_fmt)} "
+                           f"{_ci(f, metrics, f.diff + '.all')}: {all_v}."]
     return lines + detail, verdicts, reasons
 
 
@@ -117,9 +156,11 @@ def health_lines(metrics: Mapping) -> list[str]:
 
 def build_host_report(meta: Mapping[str, str], metrics: Mapping, sections: Sequence[list[str]],
                       title: str = "jaxagent host-domain study report") -> str:
-    """The whole report: meta lines, the verdict rule, seed health, then the domain sections."""
+    """The whole report: meta lines, the interval method (`stats.INTERVAL_METHOD`), the verdict rule, seed health,
+    then the domain sections."""
     lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", f"Verdict rule (the FrozenLake study's): {VERDICT_RULE}", ""]
+    lines += ["", f"Intervals: {stats.INTERVAL_METHOD}", "", f"Verdict rule (the FrozenLake study's): {VERDICT_RULE}",
+              ""]
     lines += health_lines(metrics)
     for s in sections:
         lines += s

@@ -25,7 +25,9 @@ Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` throug
 diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds of the
 seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
 FrozenLake study's rule with direction -1 (the paper: RL's mean step quality slightly below base) and E = 0.05
-pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`).
+pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`), "untestable here (bound)"
+when base's mean pass rate is below E (RL cannot fall further below it than to 0). It would have been "not
+reproduced" with a CI above 0, or one holding 0 whose lower end is above -0.05.
 
 Domains: `DOMAINS` (coding: the env whose step infos carry `pass_rate`). A run where no state is found (no
 full-budget episode with a reply) gets `<d>.note.f3_step` instead of an estimate; the report prints that line.
@@ -34,7 +36,8 @@ Metric keys: `<d>.f3_step.diff.*`, `.better.*` (estimates), `.g` (G), `.n_states
 `.share_rl_better`, `.share_equal`, `.share_rl_worse`, `.base`, `.rl` (mean over the included seeds of the seed's
 share / mean quality; `.all.<same>` over every seed when some are excluded), `.seed<s>.n_states`,
 `.seed<s>.n_from_base`, `.seed<s>.share_rl_better`, `.seed<s>.share_equal`, `.seed<s>.share_rl_worse`,
-`.seed<s>.base`, `.seed<s>.rl`.
+`.seed<s>.base`, `.seed<s>.rl`, `.room_lo`, `.room_hi` (the range the bound allows the difference: a pass rate
+lies in [0, 1], so RL - base lies in [-base, 1 - base]).
 
 Dimension legend (CONVENTIONS.md): I states, G replies sampled per policy and state, U budget tiers, P tasks,
 Z samples per task and tier, B episodes of one rollout batch.
@@ -76,7 +79,11 @@ def finding(d: str, title: str) -> Finding:
     return Finding(f3, f"{title}: 3. step quality on matched states (unit-test pass rate of G replies per policy)",
                    rows + every, f"{f3}.diff", "mean pass rate RL - base", -1, None, 1.0, ".3f",
                    effect=EFFECT, effect_source=f"{SEI}: 0.05 pass rate (as DeepCoder-MT's f3_step_deepcoder)",
-                   note="A reply without a code block scores 0; a reply the env could not score is left out.")
+                   note=("A reply without a code block scores 0; a reply the env could not score is left out. Room: "
+                         "a pass rate lies in [0, 1], so mean quality RL - base lies in [-base, 1 - base]: the "
+                         "paper's side (RL below base) has room base."), room=True,
+                   falsified_by=("a 95% CI of mean pass rate RL - base on matched states above 0, or holding 0 with "
+                                 "its lower end above -0.05 (RL's steps no worse than base's)"))
 
 
 # ----------------------------------------------------------------------------- matched states
@@ -275,4 +282,10 @@ def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequen
         m[f"{f3}.{k}"] = seed_mean(k, ok)
         if len(ok) < len(comp):
             m[f"{f3}.all.{k}"] = seed_mean(k, list(comp))
+    # room: RL's mean pass rate per state lies in [0, 1], so the seed mean of q_RL - q_base lies in
+    # [-base, 1 - base], base the seed mean of q_base over the included seeds (as the estimate; every seed when
+    # none is, so the row still shows it)
+    b = seed_mean("base", ok or list(comp))
+    if np.isfinite(b):
+        m[f"{f3}.room_lo"], m[f"{f3}.room_hi"] = -b, 1.0 - b
     return m

@@ -33,6 +33,7 @@ from jaxagent.rl.sft import make_sft_step
 from jaxagent.rl.train_step import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
                                     make_train_step, state_shardings)
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
+from jaxagent.study import plan_mode
 from jaxagent.study.toy import ToyWorld, expert_rollouts
 
 
@@ -65,10 +66,23 @@ class TaskSettings:
                              max_context=self.max_context, **kw)
 
 
+BASE_BUDGET_MODES = ("full", "budgetmix")
+
+
 @dataclasses.dataclass(frozen=True)
 class BaseSettings:
-    """SFT of a from-scratch tiny Qwen3 on the epsilon-noisy budget-aware expert (BudgetMix budgets,
-    so the base sees every budget level)."""
+    """SFT of a from-scratch tiny Qwen3 on the epsilon-noisy budget-aware expert.
+
+    budget_mode: the budgets of the SFT episodes (announced in every prompt as in RL).
+      "full"      every episode at T_max (the default). Finding 8 compares BudgetMix RL with full-budget RL
+                  from the same base; a base trained on BudgetMix budgets would already be budget-aware, so
+                  full-budget GRPO would start with what BudgetMix RL is meant to add and the gain would
+                  shrink by construction. At "full" the base has only seen T_max announced.
+      "budgetmix" the BudgetMix budgets (`budgets.sample_budgetmix`, the same draw as the BudgetMix arm).
+    plan_fraction: share of the SFT episodes in plan mode (`plan_mode`): the prompt asks for every move at
+      once and the target reply is the expert episode's whole move sequence, so the base can answer the plan
+      prompts R_single is measured on (without them its plan success would be 0 and could only rise).
+    """
 
     n_episodes: int = 2048
     epsilon: float = 0.25
@@ -76,6 +90,20 @@ class BaseSettings:
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 20
+    budget_mode: str = "full"
+    plan_fraction: float = 0.25
+
+    def __post_init__(self):
+        if self.budget_mode not in BASE_BUDGET_MODES:
+            raise ValueError(f"BaseSettings.budget_mode must be one of {BASE_BUDGET_MODES}, got "
+                             f"{self.budget_mode!r}")
+        f = self.plan_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
+            raise ValueError(f"BaseSettings.plan_fraction must be a number in [0, 1), got {f!r}")
+
+    def n_plan(self) -> int:
+        """Plan-mode episodes among the n_episodes: round(plan_fraction * n_episodes)."""
+        return int(round(self.plan_fraction * self.n_episodes))
 
 
 def place_params(params, cfg: Qwen3Config, mesh=None):
@@ -86,19 +114,58 @@ def place_params(params, cfg: Qwen3Config, mesh=None):
     return sharding.shard(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh))
 
 
+def sft_budgets(key, n: int, t_max: int, budget_mode: str) -> np.ndarray:
+    """int32[n] budgets of SFT episodes: T_max ("full") or BudgetMix draws ("budgetmix"), `BaseSettings`."""
+    if budget_mode == "full":
+        return np.full((n,), int(t_max), np.int32)
+    if budget_mode == "budgetmix":
+        return np.asarray(budgets_lib.sample_budgetmix(key, n, 1, t_max), np.int32)
+    raise ValueError(f"budget_mode must be one of {BASE_BUDGET_MODES}, got {budget_mode!r}")
+
+
+def sft_data(world: ToyWorld, key, ts: TaskSettings, bs: BaseSettings) -> dict:
+    """The base's SFT rows: n_episodes - n_plan multi-turn episodes of the noisy expert, then n_plan plan-mode
+    rows (`plan_mode.plan_sft_rows`: the same expert's episode on another task, its whole move sequence as ONE
+    reply to the plan prompt). Budgets per `bs.budget_mode`, tasks from `ts`. Returns tokens int32[E, S],
+    mask bool[E, S] (the expert's reply tokens), is_plan bool[E], expert_success bool[E] (of the episode the
+    row was made from) and width S (a multiple of 16)."""
+    k_task, k_budget, k_roll = jax.random.split(key, 3)
+    n, n_plan = bs.n_episodes, bs.n_plan()
+    tasks = ts.sample(k_task, n)
+    budgets = sft_budgets(k_budget, n, ts.t_max, bs.budget_mode)
+    data = expert_rollouts(world, tasks, budgets, k_roll, ts.env_params(), epsilon=bs.epsilon, t_max=ts.t_max,
+                           max_action_tokens=ts.max_action_tokens, max_context=ts.max_context)
+    n_multi = n - n_plan
+    lengths = np.asarray(data.length)
+    width = max(int(np.max(lengths[:n_multi])) if n_multi else 0, plan_mode.plan_sft_width(world, ts.t_max))
+    width = int(math.ceil(width / 16) * 16)
+    pad = ((0, 0), (0, max(0, width - int(data.tokens.shape[1]))))  # plan rows wider than max_context
+    toks = np.pad(np.asarray(data.tokens), pad, constant_values=world.layout.pad_id)[:, :width]
+    mask = np.pad(np.asarray(data.policy_mask), pad)[:, :width]
+    if n_plan:
+        # every expert action is valid, so the active turns' actions are the episode's moves in order
+        ptoks, pmask, _ = plan_mode.plan_sft_rows(world, tasks[n_multi:], budgets[n_multi:],
+                                                  np.asarray(data.turns.action)[n_multi:],
+                                                  np.asarray(data.turns_used)[n_multi:], ts.env_params(),
+                                                  width=width)
+        toks = np.concatenate([toks[:n_multi], np.asarray(ptoks)])
+        mask = np.concatenate([mask[:n_multi], np.asarray(pmask)])
+    is_plan = np.arange(n) >= n_multi
+    return {"tokens": toks, "mask": mask, "is_plan": is_plan, "expert_success": np.asarray(data.success),
+            "width": width}
+
+
 def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: BaseSettings,
                callback: Optional[Callable[[int, dict], None]] = None, mesh=None):
-    """Returns (params, history): SFT on expert trajectories, loss on the expert's reply tokens only.
+    """Returns (params, history): SFT on `sft_data` (multi-turn and plan-mode expert episodes), loss on the
+    expert's reply tokens only.
 
     With a `mesh` the params are sharded on it and each SFT batch is split over its batch axes (when
     they divide bs.batch_size; else the batch is replicated)."""
-    k_task, k_budget, k_roll, k_init, k_batch = jax.random.split(key, 5)
-    tasks = ts.sample(k_task, bs.n_episodes)
-    budgets = np.asarray(budgets_lib.sample_budgetmix(k_budget, bs.n_episodes, 1, ts.t_max))
-    data = expert_rollouts(world, tasks, budgets, k_roll, ts.env_params(), epsilon=bs.epsilon, t_max=ts.t_max,
-                           max_action_tokens=ts.max_action_tokens, max_context=ts.max_context)
-    width = int(math.ceil(int(np.max(np.asarray(data.length))) / 16) * 16)
-    toks, mask = np.asarray(data.tokens[:, :width]), np.asarray(data.policy_mask[:, :width])
+    k_data, k_init, k_batch = jax.random.split(key, 3)
+    data = sft_data(world, k_data, ts, bs)
+    toks, mask, width = data["tokens"], data["mask"], data["width"]
+    multi = ~data["is_plan"]
     params = place_params(qwen3.init(cfg, k_init), cfg, mesh)
     row_sh = None if mesh is None else sharding.batch_sharding(mesh, 2, batch_size=bs.batch_size)
     warmup = min(bs.warmup, bs.steps // 5)
@@ -107,7 +174,10 @@ def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: Bas
     opt_state = opt.init(params)
     step = make_sft_step(cfg, opt)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(k_batch)).ravel()[-1])
-    history = [{"expert_success_rate": float(np.mean(np.asarray(data.success))), "sft_sequence_width": width}]
+    success = data["expert_success"]
+    history = [{"expert_success_rate": float(np.mean(success[multi])) if multi.any() else None,
+                "expert_plan_success_rate": float(np.mean(success[~multi])) if (~multi).any() else None,
+                "plan_episodes": int((~multi).sum()), "sft_sequence_width": width}]
     for i in range(bs.steps):
         idx = rng.integers(0, bs.n_episodes, bs.batch_size)
         tb, mb = toks[idx], mask[idx]

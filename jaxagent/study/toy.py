@@ -19,6 +19,7 @@ from jaxagent.envs.jax.text_codec import TextCodec
 from jaxagent.models.tokenizer import Tokenizer, build_word_tokenizer
 from jaxagent.rollout import ChatLayout, RolloutConfig, budget_format, chat_layout, env_codec, rollout
 from jaxagent.rollout.types import Rollout
+from jaxagent.study.plan_mode import PLAN_WORDS
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -35,17 +36,39 @@ TOY_SYSTEM_PROMPT = ("Reach the goal G without falling into a hole H . P is you 
                      "turns are left . Answer with exactly one move in the format <answer>Left</answer> .")
 
 
+def _has_words(tok: Tokenizer, words) -> bool:
+    try:
+        for w in words:
+            tok.token_id(w)
+    except ValueError:
+        return False
+    return True
+
+
+def toy_vocabulary() -> tuple[str, ...]:
+    """The toy tokenizer's words: FrozenLake's (observations, messages, system prompt, actions, budget text),
+    then the plan instruction's (`plan_mode.PLAN_INSTRUCTION`) not already among them."""
+    return tuple(dict.fromkeys(FrozenLake.vocabulary() + PLAN_WORDS))
+
+
 def make_toy_world(tokenizer_dir: str | os.PathLike, size: int = 4, system_prompt: str = TOY_SYSTEM_PROMPT,
                    enable_thinking: bool = True) -> ToyWorld:
     """Builds (or reloads) the word-level tokenizer in `tokenizer_dir` and the FrozenLake env on it.
 
+    The vocabulary is `toy_vocabulary()`: FrozenLake's words and the plan-mode instruction's
+    (`plan_mode.PLAN_WORDS`). A stored tokenizer lacking any of them (written for an older vocabulary) is
+    rebuilt: the file is a cache of that function; a model trained on the older one no longer matches the
+    run's vocabulary size, which the run's settings check reports.
     `enable_thinking=True` only means the layout inserts no empty think block before each reply
     (six tokens a turn saved); the toy policy learns to answer directly.
     """
-    words = FrozenLake.vocabulary()
+    words = toy_vocabulary()
+    tok = None
     if os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
         tok = Tokenizer.from_dir(tokenizer_dir)
-    else:
+        if not _has_words(tok, words):
+            tok = None
+    if tok is None:
         tok = build_word_tokenizer(words, tokenizer_dir)
     codec = env_codec(tok, words, FrozenLake.ACTION_STRINGS, word_level=True)
     unknown = [w for w in system_prompt.split() if w not in words]

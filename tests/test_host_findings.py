@@ -1,0 +1,205 @@
+"""Every host-domain verdict row can fail and none is decided by the structural bound: each row with a room
+(`Finding.room`) comes out "untestable here (bound)" when the range the bound allows leaves less than E on the
+paper's side (a parity row: less than its margin either side of 0), and is decided on its interval otherwise;
+the rooms the metric functions write are the ranges their definitions give (a rate in [0, 1], Pass@K in [0, U]);
+every row says which result would have made it "not reproduced"; the report prints the room beside E and that
+sentence. Synthetic metrics only (no model)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from jaxagent.eval import health, stats
+from jaxagent.eval.findings import finding_verdict, reference_effect, room_from_metrics
+from jaxagent.study import host_dynamics, host_error_recovery, host_eval, host_report, host_step_quality
+
+DOMAINS = (("sql", "SQL"), ("bfcl", "BFCL"), ("code", "Coding"))
+OK = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
+
+
+def _all_findings():
+    return [f for d, t in DOMAINS for f in host_eval.domain_findings(d, t)]
+
+
+def _wide(f, room=None) -> dict:
+    """Metrics of a finding whose 95% CI holds both 0 and E (or both margins) with MDE > E: underpowered without a
+    room; `room` = (lo, hi) written under the finding's room keys."""
+    e = f.margin if f.direction == 0 else reference_effect(f, {})
+    d = f.direction or 1
+    lo, hi = sorted((-d * 1.0 * e, d * 2.0 * e))
+    est = stats.Estimate(d * 0.5 * e, lo, hi, lo + 0.1 * e, hi - 0.1 * e, e, 3.0 * e, 4.0, 5, 50, stats.T_SEEDS)
+    m = {f"{f.diff}.{k}": v for k, v in est.as_dict().items()}
+    if room is not None:
+        m[f"{f.key}.room_lo"], m[f"{f.key}.room_hi"] = room
+    return m
+
+
+def _short_room(f) -> tuple[float, float]:
+    """A room that leaves half of E (a parity row: half its margin) on the paper's side."""
+    if f.direction == 0:
+        return -0.5 * f.margin, 0.5 * f.margin
+    e = reference_effect(f, {})
+    return (-0.5, 0.5 * e) if f.direction > 0 else (-0.5 * e, 0.5)
+
+
+def test_every_host_row_says_what_would_have_failed_it():
+    fs = _all_findings()
+    assert len({f.key for f in fs}) == len(fs) == 19
+    for f in fs:
+        assert f.falsified_by and "95% CI" in f.falsified_by, f.key
+        if f.direction != 0:
+            assert reference_effect(f, {f.effect_rel: 1.0} if f.effect_rel else {}) is not None, f.key
+    rooms = {f.key.split(".", 1)[1] for f in fs if f.room}
+    assert rooms == {"f1_pass1", "f1_breadth", "f2_shrink", "f3_step", "f4_correction", "f6_r_multi", "f6_r_single",
+                     "f7_gigpo"}
+    assert not any(f.room for f in fs if ".f5_" in f.key)  # log-likelihoods have no structural bound
+
+
+@pytest.mark.parametrize("f", [f for f in _all_findings() if f.room], ids=lambda f: f.key)
+def test_each_bounded_row_is_untestable_when_the_room_is_short_and_decided_otherwise(f):
+    short = _wide(f, _short_room(f))
+    v, why = finding_verdict(f, short)
+    assert v == stats.UNTESTABLE and "the bound allows at most" in why, (f.key, v, why)
+    wide = _wide(f, (-1.0, 1.0))
+    assert finding_verdict(f, wide)[0] == stats.UNDERPOWERED
+    assert finding_verdict(f, _wide(f))[0] == stats.UNDERPOWERED  # no room measured: judged on its interval
+    # the same interval, all on the wrong side of 0, fails the row when the room allows E
+    flip = dict(wide)
+    if f.direction != 0:
+        d = f.direction
+        e = reference_effect(f, {})
+        flip[f"{f.diff}.lo"], flip[f"{f.diff}.hi"] = sorted((-d * 3 * e, -d * 1 * e))
+        assert finding_verdict(f, flip)[0] == stats.NOT_REPRODUCED
+    else:
+        flip[f"{f.diff}.lo"], flip[f"{f.diff}.hi"] = 2 * f.margin, 3 * f.margin
+        assert finding_verdict(f, flip)[0] == stats.NOT_REPRODUCED
+
+
+def _grid(values_P, n_tiers=2, n_ks=1):
+    """Per-task Pass@ grid [U, J, P] with the same values at every tier and K."""
+    return np.broadcast_to(np.asarray(values_P, np.float64), (n_tiers, n_ks, len(values_P))).copy()
+
+
+def test_pass_rows_rooms_from_the_bound_and_verdicts():
+    """f1_pass1 / f1_breadth: base at 95% of an all-solvable set leaves 5 points < E = 10 (untestable); at 30% the
+    same RL gain is decided (reproduced). f2_shrink: K=1 on the tasks solvable at the tightest tier, room
+    [-b_t - g_f, U - b_t - g_f]; base near 0 there and a small full-budget gap leave < 10 points on the paper's
+    side (untestable). f7_gigpo: on the solvable tasks U = 1, so its room always exceeds the margin."""
+    rng = np.random.default_rng(0)
+    n = 20
+    bound = host_eval.structural_bound([1] * 10 + [2] * 10, [1, 2], [1])  # half the tasks fit the tightest tier
+    f = {x.key: x for x in host_eval.domain_findings("sql", "SQL")}
+    for base_v, want in ((0.95, stats.UNTESTABLE), (0.3, stats.REPRODUCED)):
+        base = _grid([base_v] * n)
+        rl = {s: np.clip(base + 0.4 + 0.01 * rng.normal(size=base.shape), 0, 1) for s in range(3)}
+        per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()},
+                    **{f"gigpo/seed{s}": r + 0.01 * rng.normal(size=r.shape) for s, r in rl.items()}}
+        hl = {(a, s): OK for a in ("grpo", "gigpo") for s in rl}
+        m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
+        for key in ("sql.f1_pass1", "sql.f1_breadth"):
+            assert room_from_metrics(f[key], m) == pytest.approx((-base_v, 1.0 - base_v))
+            assert finding_verdict(f[key], m)[0] == want, (key, finding_verdict(f[key], m))
+        assert m["sql.f1_pass1.bound"] == 1.0 and m["meta.t_max"] == 2.0
+        assert m["sql.f2_shrink.n_tasks"] == 10 and m["sql.f2_shrink.solvable_tight"] == 0.5
+        assert m["sql.f7_gigpo.bound"] == 1.0 and m["sql.f7_gigpo.n_tasks"] == 10
+        g = m["sql.f7_gigpo.grpo"]
+        assert room_from_metrics(f["sql.f7_gigpo"], m) == pytest.approx((-g, 1.0 - g))
+        assert finding_verdict(f["sql.f7_gigpo"], m)[0] != stats.UNTESTABLE
+    # f2: tight-tier base 0 and RL 0.02 on the solvable tasks, full-budget gap 0.03: room on the paper's side
+    # (a shrinking gap) is b_t + g_f = 0.03 < E
+    base = _grid([0.0] * n)
+    rl = {}
+    for s in range(3):
+        r = base.copy()
+        r[0] += 0.02 + 0.001 * s
+        r[1] += 0.03
+        rl[s] = r
+    per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()}}
+    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
+                                 n_heldout=n, n_boot=50)
+    lo, hi = room_from_metrics(f["sql.f2_shrink"], m)
+    assert lo == pytest.approx(-0.0 - 0.03) and hi == pytest.approx(1.0 - 0.0 - 0.03)
+    assert finding_verdict(f["sql.f2_shrink"], m)[0] == stats.UNTESTABLE
+    # the same gaps on a base at 40%: decided on the interval (the tight gap is smaller: the advantage shrinks)
+    per_task = {"base": base + 0.4, **{f"grpo/seed{s}": r + 0.4 for s, r in rl.items()}}
+    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
+                                 n_heldout=n, n_boot=50)
+    assert finding_verdict(f["sql.f2_shrink"], m)[0] not in (stats.UNTESTABLE,)
+    assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.021 - 0.03)
+
+
+def test_no_task_solvable_at_the_tightest_tier_is_stated():
+    bound = host_eval.structural_bound([2] * 4, [1, 2], [1])
+    per_task = {"base": _grid([0.0] * 4), "grpo/seed0": _grid([0.5] * 4), "grpo/seed1": _grid([0.5] * 4),
+                "gigpo/seed0": _grid([0.5] * 4), "gigpo/seed1": _grid([0.5] * 4)}
+    hl = {(a, s): OK for a in ("grpo", "gigpo") for s in (0, 1)}
+    m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50)
+    assert m["bfcl.f2_shrink.n_tasks"] == 0 and math.isnan(m["bfcl.f2_shrink.diff.mean"])
+    assert "bfcl.f2_shrink.room_lo" not in m and "T = 1 turns" in m["bfcl.note.f2_shrink"]
+    assert "bfcl.f7_gigpo.room_lo" not in m and "Finding 7" in m["bfcl.note.f7_gigpo"]
+
+
+def test_rate_rows_rooms_and_verdicts():
+    """f3 (pass rate), f4 (correction rate), f6 (success rates): room (-base, 1 - base) from the metric
+    functions; a base pass rate of 2% leaves f3 (RL below base) less than E = 0.05: untestable; a base correction
+    rate of 95% leaves f4 5 points < E = 14.2: untestable; each is decided on its interval otherwise."""
+    f3 = host_step_quality.finding("code", "Coding")
+    for q_base, want in ((0.02, stats.UNTESTABLE), (0.5, stats.NOT_REPRODUCED)):
+        scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + 0.1 + 0.01 * s] * 2] * 4,
+                      "source": ["base"] * 4, "turn": [0] * 4, "task_id": ["t"] * 4, "episode": [0] * 4}
+                  for s in range(3)}
+        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50, host_eval._put)
+        assert room_from_metrics(f3, m) == pytest.approx((-q_base, 1 - q_base))
+        assert finding_verdict(f3, m)[0] == want  # RL above base: the paper's "slightly below" fails
+    f4 = host_error_recovery.finding("bfcl", "BFCL")
+    for n_base, want in ((19, stats.UNTESTABLE), (6, stats.REPRODUCED)):
+        judged = {s: {"base": [True] * n_base + [False] * (20 - n_base),
+                      "rl": [True] * min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))
+                      + [False] * (20 - min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))),
+                      "source": ["base"] * 20} for s in range(4)}
+        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_eval._put)
+        assert room_from_metrics(f4, m) == pytest.approx((-n_base / 20, 1 - n_base / 20))
+        assert finding_verdict(f4, m)[0] == want, finding_verdict(f4, m)
+    f_multi, f_single = host_dynamics.finding("code", "Coding")
+
+    def logs(base_single, first_multi, last_multi):
+        rs = lambda v: {"r_single": float(np.mean(v)), "r_single_tasks": list(v), "n_samples": 4}  # noqa: E731
+        return {s: [host_dynamics.record(-1, math.nan, 0, rs(base_single)),
+                    host_dynamics.record(0, first_multi, 16, rs(base_single)),
+                    host_dynamics.record(9, last_multi + s / 16, 16, rs(np.maximum(base_single - 0.01 * s, 0)))]
+                for s in range(3)}
+
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50, host_eval._put)
+    assert room_from_metrics(f_single, m) == pytest.approx((-0.05, 0.95))
+    assert room_from_metrics(f_multi, m) == pytest.approx((-0.75, 0.25))
+    assert finding_verdict(f_single, m)[0] == stats.UNTESTABLE  # 0.05 < E = 0.097: R_single cannot fall by E
+    assert finding_verdict(f_multi, m)[0] == stats.UNTESTABLE   # 0.25 < E = 0.331: R_multi cannot rise by E
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50, host_eval._put)
+    assert finding_verdict(f_single, m)[0] not in (stats.UNTESTABLE,)
+    assert finding_verdict(f_multi, m)[0] == stats.NOT_REPRODUCED  # no rise: the CI's upper end is below E
+
+
+def test_report_prints_the_room_and_what_would_have_failed_each_row():
+    rng = np.random.default_rng(1)
+    bound = host_eval.structural_bound([1] * 8, [1, 2], [1, 2])
+    base = np.broadcast_to(np.full(8, 0.95), (2, 2, 8)).copy()
+    per_task = {"base": base, **{f"grpo/seed{s}": np.clip(base + 0.02 * rng.normal(size=base.shape), 0, 1)
+                                 for s in range(3)}}
+    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1, 2], {("grpo", s): OK for s in range(3)},
+                                 n_train=8, n_heldout=8, n_boot=50)
+    findings = host_eval.domain_findings("sql", "SQL")
+    lines, verdicts = host_report.domain_section("sql", "SQL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
+                                                 ks=[1, 2], t_max=2, splits=("train", "test"))
+    text = "\n".join(lines)
+    assert "| bound allows | verdict | why |" in text
+    assert verdicts["sql.f1_pass1"] == stats.UNTESTABLE
+    row = next(x for x in text.splitlines() if x.startswith("| SQL: 1. held-out Pass@1"))
+    assert "| [-95.0, 5.0] | untestable here (bound) | the bound allows at most 5 on the paper's side" in row
+    for f in findings:
+        if f.key in verdicts:
+            assert f"Would have been not reproduced with: {f.falsified_by}." in text
+    assert "The bound allows differences in [-95.0, 5.0] (points)" in text
+    report = host_report.build_host_report({"preset": "x"}, m, [lines])
+    assert f"Intervals: {stats.INTERVAL_METHOD}" in report

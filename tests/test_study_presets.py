@@ -1,0 +1,66 @@
+"""The toy presets: budget tiers at the exact fractions of T_max, contexts that hold every episode and the plan
+prompt, a base SFT at the full budget with plan episodes, and R_single's held-out sizes."""
+from fractions import Fraction
+
+import pytest
+
+from experiments.presets import PRESETS, EvalSettings
+from jaxagent.envs.jax.budgets import budget_text, budget_tiers
+from jaxagent.study import plan_mode
+from jaxagent.study.toy import make_toy_world
+
+TOY = ("quick", "standard", "full", "ci")
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    return {size: make_toy_world(d, size=size) for size in {PRESETS[n].task.size for n in TOY}}
+
+
+@pytest.mark.parametrize("name", TOY)
+def test_tiers_are_exact_fractions(name):
+    p = PRESETS[name]
+    tiers = budget_tiers(p.task.t_max, p.eval.fractions)
+    assert all(Fraction(t, p.task.t_max) == Fraction(repr(f)) for t, f in zip(tiers, p.eval.fractions)), tiers
+
+
+def test_tiers_of_the_study():
+    assert budget_tiers(PRESETS["quick"].task.t_max) == budget_tiers(PRESETS["standard"].task.t_max) == (2, 4, 6, 8)
+    assert budget_tiers(PRESETS["full"].task.t_max) == (3, 6, 9, 12)
+    assert PRESETS["ci"].task.t_max == 4
+
+
+def _longest_episode(world, t_max: int, max_action_tokens: int) -> int:
+    """Tokens of the longest possible episode: every reply cut at max_action_tokens and invalid (so every later
+    turn opens with <|im_end|> and shows "Invalid action ." before the map)."""
+    layout, size = world.layout, world.env.size
+    grid = size * (size + 1) - 1
+    total = len(layout.system)
+    for t in range(t_max):
+        budget = len(budget_text(t, t_max).replace(".", " .").split())
+        opener = len(layout.first_open) if t == 0 else 1 + len(layout.next_open)
+        total += opener + budget + (0 if t == 0 else 3) + grid + len(layout.close) + max_action_tokens
+    return total
+
+
+@pytest.mark.parametrize("name", TOY)
+def test_context_holds_every_episode_and_the_plan_prompt(name, worlds):
+    p = PRESETS[name]
+    w = worlds[p.task.size]
+    assert _longest_episode(w, p.task.t_max, p.task.max_action_tokens) <= p.task.max_context
+    plan = len(w.layout.system) + plan_mode.plan_chunk_width(w, p.task.t_max) + plan_mode.max_plan_tokens(
+        w.codec, p.task.t_max)
+    assert plan <= p.task.max_context
+
+
+@pytest.mark.parametrize("name", TOY)
+def test_base_is_trained_at_the_full_budget_with_plan_episodes(name):
+    b = PRESETS[name].base
+    assert b.budget_mode == "full" and 0.1 <= b.plan_fraction <= 0.5 and b.n_plan() >= 1
+
+
+def test_r_single_sizes():
+    assert (EvalSettings().n_plan_tasks, EvalSettings().n_plan_samples) == (64, 8)
+    assert (PRESETS["quick"].eval.n_plan_tasks, PRESETS["quick"].eval.n_plan_samples) == (32, 4)
+    assert (PRESETS["ci"].eval.n_plan_tasks, PRESETS["ci"].eval.n_plan_samples) == (4, 2)
