@@ -43,14 +43,14 @@ def seam_mode(mode: str):
     """Runs the block with the model's seam in `mode` (see SEAM_MODES). The choice is made while
     tracing, so jit caches are cleared on the way in and out of a non-default mode."""
     import jax
-    from jaxagent.models import ops
+    from jaxagent.models import ops, ops_cpu
     if mode not in SEAM_MODES:
         raise ValueError(f"unknown seam mode {mode!r}")
     if mode == "kernels":
         yield
         return
     mp = pytest.MonkeyPatch()
-    mp.setattr(ops, "kernels_built", lambda: False)
+    mp.setattr(ops_cpu, "kernels_built", lambda: False)
     if mode == "accelerator":
         mp.setattr(ops, "platform_select", lambda *args, cpu, default: default(*args))
     jax.clear_caches()

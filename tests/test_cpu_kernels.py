@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxagent.kernels import cpu
-from jaxagent.models import qwen3
+from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 
 needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
@@ -144,8 +144,8 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
     cfg = _cfg(h, kv, e)
     q, kt, v, mask = _attention_case(np.random.default_rng(b * 100 + t), b, t, h, kv, e, s, causal)
     w = s if window is None else window
-    want = qwen3._attend(cfg, q, kt, v, mask, window=window)
-    reference = functools.partial(qwen3._attend, cfg)
+    want = qwen3.attention(cfg, q, kt, v, mask, window=window)
+    reference = functools.partial(qwen3.attention, cfg)
     got = jax.jit(lambda *a: cpu.attention(*a, reference))(q, kt, v, mask, w)  # the window traced
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
 
@@ -154,7 +154,7 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
 def test_attention_window_out_of_range_is_an_error():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 1, 4, 2, 16, 24, True)
-    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(qwen3._attend, cfg)))
+    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(qwen3.attention, cfg)))
     for bad in (0, 25):
         with pytest.raises(Exception, match="window"):
             jax.block_until_ready(f(bad))
@@ -164,9 +164,9 @@ def test_attention_window_out_of_range_is_an_error():
 def test_attention_gradient_is_the_xla_paths():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 3, 4, 2, 16, 24, True)
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(qwen3.attention, cfg)
     loss = lambda f: lambda q, kt, v: jnp.sum(jnp.sin(f(q, kt, v, mask)))
-    want = jax.grad(loss(functools.partial(qwen3._attend, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
+    want = jax.grad(loss(functools.partial(qwen3.attention, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
     got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 20, reference)), argnums=(0, 1, 2)))(q, kt, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
@@ -179,7 +179,7 @@ def test_attention_under_vmap():
     rng = np.random.default_rng(1)
     cases = [_attention_case(rng, 2, 3, 4, 2, 16, 24, True) for _ in range(3)]
     q, kt, v, mask = (np.stack(parts) for parts in zip(*cases))
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(qwen3.attention, cfg)
     got = jax.jit(jax.vmap(lambda *a: cpu.attention(*a, 24, reference)))(q, kt, v, mask)
     want = jax.vmap(reference)(q, kt, v, mask)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
@@ -190,7 +190,7 @@ def test_attention_skips_padded_queries():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(3), 4, 9, 4, 2, 16, 40, True)
     n_valid = jnp.array([9, 0, 4, 1], jnp.int32)
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(qwen3.attention, cfg)
     got = np.asarray(jax.jit(lambda *a: cpu.attention(*a, reference, n_valid))(q, kt, v, mask, 40))
     want = np.asarray(reference(q, kt, v, mask))
     valid = _valid_rows(n_valid, 9)
@@ -206,25 +206,25 @@ def test_attention_skips_padded_queries():
 
 @needs_kernels
 @pytest.mark.parametrize("tied", [True, False])
-def test_packed_forward_equals_unpacked(tied):
+def test_prepared_forward_equals_unprepared(tied):
     cfg = _cfg(4, 2, 16, tie_word_embeddings=tied, intermediate_size=40)  # 40: a partial panel
     params = qwen3.init(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (5, 9), 0, cfg.vocab_size)
     _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 24))
-    packed = qwen3.packed_weights(params, cfg)
-    assert packed is not None
-    step = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk))
-    want, want_cache = step(params, cache, tokens[:, :1], None)
-    got, got_cache = step(params, cache, tokens[:, :1], packed)
+    prepared = qwen3.prepare(params, cfg)
+    assert ops.PREPARED in prepared
+    step = jax.jit(lambda p, c, t: qwen3.forward(p, cfg, t, cache=c))
+    want, want_cache = step(params, cache, tokens[:, :1])
+    got, got_cache = step(prepared, cache, tokens[:, :1])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_cache["k"][1]), np.asarray(want_cache["k"][1]), rtol=1e-5, atol=1e-5)
     # a right-padded append (rows of 7, 0, 3, 1 and 5 real tokens) with the logits of each row's last
     # real token: the kernels compute only the real tokens; what they write must equal the XLA path
     n_valid = jnp.array([7, 0, 3, 1, 5], jnp.int32)
-    append = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk, n_valid=n_valid,
-                                                       logits_index=jnp.maximum(n_valid - 1, 0)))
-    want, want_cache = append(params, cache, tokens[:, :7], None)
-    got, got_cache = append(params, cache, tokens[:, :7], packed)
+    append = jax.jit(lambda p, c, t: qwen3.forward(p, cfg, t, cache=c, n_valid=n_valid,
+                                                   logits_index=jnp.maximum(n_valid - 1, 0)))
+    want, want_cache = append(params, cache, tokens[:, :7])
+    got, got_cache = append(prepared, cache, tokens[:, :7])
     live = np.asarray(n_valid) > 0
     np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(got_cache["length"]), np.asarray(want_cache["length"]))
@@ -236,12 +236,19 @@ def test_packed_forward_equals_unpacked(tied):
 
 
 @needs_kernels
-def test_packed_weights_only_where_the_kernels_apply():
+def test_prepared_weights_only_where_the_kernels_apply():
+    """f32 params get the kernels' panels (flat, the weights' sizes) beside each layer's weights and the
+    head; other dtypes none, or for decoding a tied head's [D, V] copy; prepared params pass through."""
     cfg = _cfg(4, 2, 16)
     params = qwen3.init(cfg, jax.random.key(0))
-    assert qwen3.packed_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg) is None
-    packed = qwen3.packed_weights(params, cfg)
-    assert len(packed["layers"]) == cfg.num_hidden_layers and packed["lm_head"].shape == (32 * 61,)
+    bf16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
+    assert qwen3.prepare(bf16, cfg) is bf16
+    assert qwen3.prepare(bf16, cfg, decoding=True)[ops.PREPARED]["head_DxV"].shape == (32, 61)
+    prepared = qwen3.prepare(params, cfg)
+    assert prepared[ops.PREPARED]["lm_head"].shape == (32 * 61,)
+    assert all(ops.PREPARED in prepared["layers"][i]["attn"] and ops.PREPARED in prepared["layers"][i]["mlp"]
+               for i in range(cfg.num_hidden_layers))
+    assert qwen3.prepare(prepared, cfg, decoding=True) is prepared
 
 
 def _probe(env: dict) -> str:

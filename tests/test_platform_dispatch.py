@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
 from jaxagent.kernels import cpu as cpu_kernels
-from jaxagent.models import ops, qwen3
+from jaxagent.models import ops, ops_cpu, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling import Sampler
 
@@ -168,11 +168,11 @@ def _attention_dots(platform: str, t: int, slots: int) -> int:
 def test_decode_attention_is_dots_on_accelerators_and_multiply_adds_on_cpu():
     """Decode-shaped attention (2 query rows per KV head): scores and p.V are dot_generals in programs
     for TPU and GPU (no f32 copy of the keys, no blocked multiply-adds); a CPU program uses the blocked
-    multiply-adds, for p.V only up to `_SUM_MAX_SLOTS` slots. Prefill-shaped attention: dots everywhere."""
+    multiply-adds, for p.V only up to `ops_cpu.SUM_MAX_SLOTS` slots. Prefill-shaped attention: dots everywhere."""
     for platform in ("tpu", "cuda"):
         assert _attention_dots(platform, 1, 40) == 2
     assert _attention_dots("cpu", 1, 40) == 0
-    assert _attention_dots("cpu", 1, ops._SUM_MAX_SLOTS + 8) == 1  # p.V a dot past the limit
+    assert _attention_dots("cpu", 1, ops_cpu.SUM_MAX_SLOTS + 8) == 1  # p.V a dot past the limit
     assert _attention_dots("cpu", 8, 40) == _attention_dots("tpu", 8, 40) == 2
 
 

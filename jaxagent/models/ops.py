@@ -1,31 +1,35 @@
 """The model's compute seam: the operations of `qwen3` whose best implementation depends on the platform.
 
-`qwen3` is one XLA model written against these functions: `qkv` (projections, q/k norms, RoPE),
-`attend_cached` (attention over a KV cache), `project`, `mlp` and `unembed`. Given weights prepared
-for the CPU kernels (`packed_weights`), each also has a CPU implementation (`jaxagent.kernels.cpu`),
-and `platform_select` picks one at LOWERING time (`jax.lax.platform_dependent`): both branches have
-the same shapes and dtypes, so a program lowered for TPU or GPU (on a CPU host or not) contains only
-the XLA branch and no `jaxagent_*` custom call. Nothing here asks which backend the host runs.
+`qwen3` is one XLA model written against these functions: `rope_tables`, `qkv` (projections, q/k norms,
+RoPE), `attention` / `attend_cached` (attention, over a KV cache), `out_proj`, `mlp` and `unembed`.
+Each is the plain XLA computation (`primitives`) on every platform; a program lowered for CPU runs the
+CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are built), chosen
+by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): both branches have the same
+shapes and dtypes, so a program lowered for TPU or GPU (on a CPU host or not) contains only the XLA
+branch, whatever this host has built. Nothing here asks which backend the host runs.
+
+What the CPU kernels read beside the weights travels inside the model's own values, built here:
+`prepare(params, cfg)` adds the weights' kernel layouts to the params pytree (under `PREPARED` keys
+that only this module reads), and `tokens` bundles what every layer's operations share about the
+tokens (RoPE tables, valid tokens per row).
 
 Legend: B batch, T tokens, S cache slots, D model width, F MLP width, H query heads, K KV heads,
-Q = H / K, E head dim, V vocab (CONVENTIONS.md); `rope` takes any head count (`x_BxTxhxE`, h heads).
+Q = H / K, E head dim, V vocab (CONVENTIONS.md).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxagent.kernels import cpu as cpu_kernels
+from jaxagent.models import ops_cpu, primitives
+from jaxagent.models.primitives import (KVWindows, batched_dot, choose_window, dense, dense_transposed,  # noqa: F401
+                                        rms_norm, rope, rows)
 
-Packed = dict[str, Any]
-_FEW_QUERIES = 8  # at most this many query rows per KV head: decode-style attention (see attention)
-_SUM_BLOCK = 16  # reduction block of XLA:CPU decode attention's multiply-adds (see _sum_products)
-_SUM_MAX_SLOTS = 512  # XLA:CPU decode's p.V as multiply-adds up to this many slots (32 blocks)
-_MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
+PREPARED = "prepared"  # the key of what `prepare` adds to the params pytree (and to a layer's attn / mlp)
+MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
 
 
 def platform_select(*args, cpu, default):
@@ -36,130 +40,62 @@ def platform_select(*args, cpu, default):
     return jax.lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
-# ------------------------------------------------------------------ XLA primitives (every platform)
-def rms_norm(x, weight, eps):
-    """y = w * x / sqrt(mean(x^2) + eps), statistics in f32 (as HF Qwen3RMSNorm)."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight * y.astype(x.dtype)
+def _f32(*arrays) -> bool:
+    return all(a.dtype == jnp.float32 for a in arrays)
 
 
+# ------------------------------------------------------------------ prepared weights, token-side values
+def prepare(params, cfg, *, decoding: bool = False):
+    """`params` plus what a CPU program reads beside the weights, for the model's functions to take in
+    place of `params` (same logits); params already prepared pass through.
+
+    f32 weights: the projections in the layout a CPU program's projections read (`ops_cpu.prepare`: the
+    GEMM kernel's column panels, or row-major [q | k | v] and [gate | up] matrices where the kernels are
+    not built), which then compute only each row's valid tokens of a cached append. Other platforms'
+    programs build the same shapes by XLA and never read them (the compiler drops them).
+    `decoding`, other dtypes: a tied head's [D, V] copy (`ops_cpu.head_copy`) for a CPU program's
+    unembedding. Building copies every weight once: call it outside a token loop."""
+    if PREPARED in params:
+        return params
+    if _f32(*jax.tree.leaves(params)):
+        packed = platform_select(params, cpu=functools.partial(ops_cpu.prepare, cfg=cfg),
+                                 default=functools.partial(ops_cpu.panels, cfg=cfg, pack=ops_cpu.pack_panels_xla))
+        src = params["layers"]  # {i: layer} (or a list)
+        new = {i: {**src[i], "attn": {**src[i]["attn"], PREPARED: {"qkv_proj": w["qkv_proj"], "o_proj": w["o_proj"]}},
+                   "mlp": {**src[i]["mlp"], PREPARED: {"gate_up_proj": w["gate_up_proj"], "down_proj": w["down_proj"]}}}
+               for i, w in enumerate(packed["layers"])}
+        layers = new if isinstance(src, dict) else [new[i] for i in range(len(src))]
+        return {**params, "layers": layers, PREPARED: {"lm_head": packed["lm_head"]}}
+    head = ops_cpu.head_copy(params, cfg) if decoding else None
+    return params if head is None else {**params, PREPARED: {"head_DxV": head}}
+
+
+class Tokens(NamedTuple):
+    """What every layer's operations share about the tokens of one forward pass (see `tokens`)."""
+    rope: tuple  # (cos, sin) [B, T, 1, E] (`rope_tables`)
+    n_valid: Optional[jax.Array]  # int32 [B]: tokens the CPU kernels compute per row (later ones 0); None: all
+
+
+def tokens(params, rope_tables_BxT, n_valid_B=None) -> Tokens:
+    """The token-side value of a forward over `params`: `n_valid_B` (the valid tokens per row of a cached
+    append, or None) is kept only where prepared weights let the CPU kernels skip the rest."""
+    layers = params["layers"]
+    return Tokens(rope_tables_BxT, n_valid_B if layers and PREPARED in layers[0]["attn"] else None)
+
+
+def at_query(tok: Tokens, query_index) -> Tokens:
+    """`tok` after `rows(x, query_index)` kept one token per row: 1 valid where any was valid."""
+    if tok.n_valid is None or query_index is None:
+        return tok
+    return tok._replace(n_valid=(tok.n_valid > 0).astype(jnp.int32))
+
+
+# ------------------------------------------------------------------ the seam's operations
 def rope_tables(positions_BxT, head_dim, theta):
-    """(cos, sin) [B, T, 1, E] of the rotary angles pos * theta^(-2i/E), in f32 (as HF computes them);
-    computed once per forward and shared by every layer.
-
-    On CPU inside a conditional (a buffer XLA cannot fuse into its consumers), so that they are
-    computed once: XLA:CPU otherwise fused cos and sin into every layer's q and k rotation."""
-    def tables(positions):
-        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-        ang_BxTxE2 = positions.astype(jnp.float32)[..., None] * inv_freq
-        ang = jnp.concatenate([ang_BxTxE2, ang_BxTxE2], axis=-1)[:, :, None, :]
-        return jnp.cos(ang), jnp.sin(ang)
-
-    def cpu(positions):  # both branches are `tables`: the result never depends on the predicate
-        return jax.lax.cond(jnp.any(positions != 0), tables, tables, positions)
-    return platform_select(positions_BxT, cpu=cpu, default=tables)
-
-
-def rope(x_BxTxhxE, tables):
-    """Rotary embedding, half-split layout (HF `rotate_half`): x cos + rotate_half(x) sin."""
-    cos, sin = (t.astype(x_BxTxhxE.dtype) for t in tables)
-    x1, x2 = jnp.split(x_BxTxhxE, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return x_BxTxhxE * cos + rotated * sin
-
-
-def _dot_f32(a, b, dims):
-    """dot_general in the promoted dtype of a and b, accumulated and returned in f32."""
-    dt = jnp.promote_types(a.dtype, b.dtype)
-    return jax.lax.dot_general(a.astype(dt), b.astype(dt), (dims, ((), ())), preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x, w, out_dtype=None):
-    """y[..., o...] = sum_i x[..., i] w[i, o...]: a projection (w's first axis contracts x's last).
-
-    The same product as `jnp.einsum`; only the backward is written out, as two plain GEMMs over the
-    flattened tokens (dx = dy w^T, dw = x^T dy): autodiff's transpose of the einsum made XLA:CPU copy
-    every activation gradient into a transposed layout for the weight-gradient dot."""
-    return jnp.tensordot(x, w, axes=1, preferred_element_type=out_dtype)
-
-
-def _dense_fwd(x, w, out_dtype):
-    return dense(x, w, out_dtype), (x, w)
-
-
-def _dense_bwd(out_dtype, res, dy):
-    x, w = res
-    k = x.shape[-1]
-    w2 = w.reshape(k, -1)
-    x2, dy2 = x.reshape(-1, k), dy.reshape(-1, w2.shape[1])
-    dx = _dot_f32(dy2, w2, ((1,), (1,))).astype(x.dtype).reshape(x.shape)   # [M, N] x [K, N] -> [M, K]
-    dw = _dot_f32(x2, dy2, ((0,), (0,))).astype(w.dtype).reshape(w.shape)   # [M, K] x [M, N] -> [K, N]
-    return dx, dw
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense_transposed(x, w_NxI, out_dtype=None):
-    """y[..., n] = sum_i x[..., i] w[n, i] (a tied unembedding: x @ embed^T), backward as in `dense`."""
-    return jnp.einsum("...i,ni->...n", x, w_NxI, preferred_element_type=out_dtype)
-
-
-def _dense_t_fwd(x, w, out_dtype):
-    return dense_transposed(x, w, out_dtype), (x, w)
-
-
-def _dense_t_bwd(out_dtype, res, dy):
-    x, w = res
-    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, w.shape[0])
-    dx = _dot_f32(dy2, w, ((1,), (0,))).astype(x.dtype).reshape(x.shape)    # [M, N] x [N, I] -> [M, I]
-    dw = _dot_f32(dy2, x2, ((0,), (0,))).astype(w.dtype)                     # [M, N] x [M, I] -> [N, I]
-    return dx, dw
-
-
-dense_transposed.defvjp(_dense_t_fwd, _dense_t_bwd)
-
-
-def rows(x_BxTx_, index_B):
-    """x[b, index[b]] for every row, keeping a length-1 token axis: [B, T, ...] -> [B, 1, ...]."""
-    idx = index_B.astype(jnp.int32).reshape((-1, 1) + (1,) * (x_BxTx_.ndim - 2))
-    return jnp.take_along_axis(x_BxTx_, idx, axis=1)
-
-
-class KVWindows(NamedTuple):
-    """A run-time choice among static attention windows: attend over the first `sizes[index]` cache slots.
-
-    `sizes` (static, ascending) become one compiled branch each (`lax.switch` around the attention
-    core only; the cache update stays outside); `index` is a traced int32 scalar (see `choose_window`).
-    """
-    sizes: tuple[int, ...]
-    index: jax.Array
-
-
-def choose_window(sizes: tuple[int, ...], need) -> KVWindows:
-    """The smallest window in `sizes` holding `need` slots (traced), else the largest."""
-    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.asarray(need, jnp.int32)),
-                        len(sizes) - 1)
-    return KVWindows(tuple(int(w) for w in sizes), index.astype(jnp.int32))
-
-
-def _sum_products(a, b):
-    """sum over axis -2 of a * b (broadcast), as a sum of blocks of `_SUM_BLOCK` along that axis.
-
-    XLA:CPU fuses each block's multiply with its reduction (vectorised along the last axis), where it
-    runs decode's tiny batched dots at a few GFLOP/s. CPU programs only: elsewhere `dot_general`."""
-    n = a.shape[-2]
-    return sum(jnp.sum(a[..., i:i + _SUM_BLOCK, :] * b[..., i:i + _SUM_BLOCK, :], axis=-2)
-               for i in range(0, n, _SUM_BLOCK))
-
-
-def _batched_dot(a_BxKxMxC, b_BxKxCxN):
-    """[B, K, M, C] @ [B, K, C, N] -> [B, K, M, N], accumulated in f32 (one GEMM per row and KV head)."""
-    return jax.lax.dot_general(a_BxKxMxC, b_BxKxCxN, (((3,), (2,)), ((0, 1), (0, 1))),
-                               preferred_element_type=jnp.float32)
+    """(cos, sin) [B, T, 1, E] (`primitives.rope_tables`), computed once per forward and shared by every
+    layer (a CPU program: `ops_cpu.rope_tables_once`)."""
+    tables = functools.partial(primitives.rope_tables, head_dim=head_dim, theta=theta)
+    return platform_select(positions_BxT, cpu=functools.partial(ops_cpu.rope_tables_once, tables), default=tables)
 
 
 def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] = None, traced_window=None):
@@ -168,8 +104,8 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     `traced_window` (int32 scalar): the same over the first `traced_window` slots without slicing (slots
     past it weigh exactly 0, even in a row whose every slot is masked): the CPU kernel's gradient.
 
-    Scores and p.V are `dot_general`s; with at most `_FEW_QUERIES` query rows per KV head (decoding), a
-    program lowered for CPU computes them as blocked multiply-adds instead (`_sum_products`)."""
+    Scores and p.V are `dot_general`s; decode-shaped attention (`ops_cpu.decode_sums`) in a program
+    lowered for CPU computes them as blocked multiply-adds instead (`ops_cpu.scores_sum`, `pv_sum`)."""
     if window is not None:
         kt_all, v_all, mask_BxTxS = kt_all[..., :window], v_all[:, :, :window], mask_BxTxS[..., :window]
     q = q_BxTxHxE
@@ -177,32 +113,28 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     b, t = q.shape[:2]
     k, g, e = cfg.num_key_value_heads, cfg.group_size, cfg.head_dim
     q = q.reshape(b, t, k, g, e).transpose(0, 2, 3, 1, 4)  # [B, K, Q, T, E]
-    few = t * g <= _FEW_QUERIES
 
     def scores_dot(q, kt):
-        return _batched_dot(q.reshape(b, k, g * t, e), kt).reshape(b, k, g, t, -1)
+        return batched_dot(q.reshape(b, k, g * t, e), kt).reshape(b, k, g, t, -1)
 
-    def scores_sum(q, kt):  # multiply-adds over E with S as the vector axis (keys stored [.., E, S])
-        return _sum_products(q.astype(jnp.float32)[..., None], kt[:, :, None, None].astype(jnp.float32))
-
-    scores = platform_select(q, kt_all, cpu=scores_sum, default=scores_dot) if few else scores_dot(q, kt_all)
+    if ops_cpu.decode_sums(t * g):
+        scores = platform_select(q, kt_all, cpu=ops_cpu.scores_sum, default=scores_dot)
+    else:
+        scores = scores_dot(q, kt_all)
     scores = scores * (e ** -0.5)
-    scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+    scores = jnp.where(mask_BxTxS[:, None, None], scores, MASK_VALUE)
     if traced_window is not None:  # below every masked score: exp(-2e30 - max) = 0 whatever the row's max
-        scores = jnp.where(jnp.arange(scores.shape[-1]) < traced_window, scores, 2 * _MASK_VALUE)
+        scores = jnp.where(jnp.arange(scores.shape[-1]) < traced_window, scores, 2 * MASK_VALUE)
     # softmax(scores) @ V with the normalisation after the product: the division touches [T, E] per
     # head instead of [T, S]. The shift only keeps exp in range (its gradient is exactly 0).
     unnorm = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
     denom = jnp.sum(unnorm, axis=-1)  # [B, K, Q, T]
 
     def pv_dot(p, v):
-        return _batched_dot(p.astype(v.dtype).reshape(b, k, g * t, -1), v).reshape(b, k, g, t, e)
+        return batched_dot(p.astype(v.dtype).reshape(b, k, g * t, -1), v).reshape(b, k, g, t, e)
 
-    def pv_sum(p, v):  # multiply-adds over S, E the vector axis (values stored [.., S, E])
-        return _sum_products(p[..., None], v[:, :, None, None].astype(jnp.float32))
-
-    if few and v_all.shape[2] <= _SUM_MAX_SLOTS:  # past a few hundred slots the program grows: a dot
-        out = platform_select(unnorm, v_all, cpu=pv_sum, default=pv_dot)
+    if ops_cpu.decode_sums(t * g, v_all.shape[2]):
+        out = platform_select(unnorm, v_all, cpu=ops_cpu.pv_sum, default=pv_dot)
     else:
         out = pv_dot(unnorm, v_all)
     out = out.transpose(0, 3, 1, 2, 4)
@@ -210,174 +142,95 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     return out.reshape(b, t, cfg.num_attention_heads, e)
 
 
-# ------------------------------------------------------------------ the seam: XLA or the CPU kernels
-def kernels_built() -> bool:
-    """Whether the CPU kernels are built and registered on this host (they run only in CPU programs)."""
-    return cpu_kernels.available()
-
-
-def _f32(*arrays) -> bool:
-    return all(a.dtype == jnp.float32 for a in arrays)
-
-
-def packed_weights(params, cfg) -> Optional[Packed]:
-    """The projection weights as column panels for the CPU GEMM kernel (`cpu.rows_matmul`), for
-    `qwen3.forward(..., packed=)`; None where the kernels are not built or the weights are not f32.
-
-    The same shapes on every platform: the panels by the packing kernel in a CPU program, by XLA
-    elsewhere (where nothing reads them, so the compiler drops them). Packing copies every weight
-    once: call it outside a token loop (as `generate.decode` and the rollout do)."""
-    if not kernels_built() or not _f32(*jax.tree.leaves(params)):
-        return None
-
-    def build(pack, params):
-        layers = []
-        for i in range(cfg.num_hidden_layers):
-            attn, mlp_p = params["layers"][i]["attn"], params["layers"][i]["mlp"]
-            qkv_w = [attn[name].reshape(cfg.hidden_size, -1) for name in ("q_proj", "k_proj", "v_proj")]
-            layers.append({"qkv_proj": pack(*qkv_w), "o_proj": pack(attn["o_proj"].reshape(-1, cfg.hidden_size)),
-                           "gate_up_proj": pack(mlp_p["gate_proj"], mlp_p["up_proj"]),
-                           "down_proj": pack(mlp_p["down_proj"])})
-        head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-        return {"layers": layers, "lm_head": pack(head)}
-    return platform_select(params, cpu=functools.partial(build, cpu_kernels.pack_panels),
-                           default=functools.partial(build, pack_panels_xla))
-
-
-def pack_panels_xla(*ws_KxN):
-    """`cpu.pack_panels` in XLA ops (the same flat layout): the non-CPU branch of `packed_weights`."""
-    w = jnp.concatenate([x.astype(jnp.float32) for x in ws_KxN], axis=1)
-    k, n = w.shape
-    p = cpu_kernels.PANEL
-    full = n // p * p
-    panels = w[:, :full].reshape(k, full // p, p).transpose(1, 0, 2).reshape(-1)
-    return jnp.concatenate([panels, w[:, full:].reshape(-1)])
-
-
-def head_copy(params, cfg) -> Optional[Packed]:
-    """For decoding without packed weights: a tied head's [D, V] copy, which a CPU program's unembedding
-    reads (XLA:CPU's dot with the transposed [V, D] embedding ran ~2x slower); other programs read the
-    embedding and drop the copy. None for an untied model."""
-    if not cfg.tie_word_embeddings:
-        return None
-    return {"head_DxV": params["embed"].T}
-
-
-def _rows_matmul(x_BxTxI, packed_w, out_dims: tuple[int, ...], n_valid_B=None):
-    """x @ w by the CPU GEMM kernel over each row's first n_valid tokens (others 0): [B, T, *out_dims]."""
-    b, t = x_BxTxI.shape[:2]
-    n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
-    y = cpu_kernels.rows_matmul(x_BxTxI, n, packed_w, int(np.prod(out_dims)))
-    return y.reshape((b, t) + tuple(out_dims)).astype(x_BxTxI.dtype)
-
-
-def qkv(cfg, p_attn, x_BxTxD, tables, query_index=None, prep=None, n_valid_B=None):
+def qkv(cfg, p_attn, x_BxTxD, tok: Tokens, query_index=None):
     """(q [B, Tq, H, E], k [B, T, K, E], v [B, T, K, E]): the projections (and biases), the q/k RMS norms
-    and RoPE; Tq = 1 with `query_index` [B] (that token per row), else T. With `prep` (a layer of
-    `packed_weights`), a CPU program computes q, k, v in one kernel call on [q | k | v] panels and the
-    norms and rotation in one pass, for each row's first n_valid tokens only (later ones are 0)."""
-    h, kv, e, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    and RoPE (`tok.rope`); Tq = 1 with `query_index` [B] (that token per row), else T. With prepared
+    weights (`prepare`), a CPU program runs `ops_cpu.qkv` (one GEMM; later tokens 0)."""
+    eps = cfg.rms_norm_eps
     norm = lambda x, name: rms_norm(x, p_attn[name]["weight"].astype(x.dtype), eps)  # noqa: E731
-
-    def biased(q, k, v):
-        if not cfg.attention_bias:
-            return q, k, v
-        return q + p_attn["q_bias"], k + p_attn["k_bias"], v + p_attn["v_bias"]
 
     def xla(x, tables):
         x_q, tables_q = x, tables
         if query_index is not None:
             x_q, tables_q = rows(x, query_index), tuple(rows(r, query_index) for r in tables)
-        q, k, v = biased(dense(x_q, p_attn["q_proj"]), dense(x, p_attn["k_proj"]), dense(x, p_attn["v_proj"]))
+        q, k, v = dense(x_q, p_attn["q_proj"]), dense(x, p_attn["k_proj"]), dense(x, p_attn["v_proj"])
+        if cfg.attention_bias:
+            q, k, v = q + p_attn["q_bias"], k + p_attn["k_bias"], v + p_attn["v_bias"]
         return rope(norm(q, "q_norm"), tables_q), rope(norm(k, "k_norm"), tables), v
 
+    prep = p_attn.get(PREPARED)
     if prep is None:
-        return xla(x_BxTxD, tables)
-
-    def cpu(x, tables):
-        fused = _rows_matmul(x, prep["qkv_proj"], (h + 2 * kv, e), n_valid_B)
-        q, k, v = biased(*jnp.split(fused, (h, h + kv), axis=2))
-        if cfg.attention_bias:
-            q, k = rope(norm(q, "q_norm"), tables), rope(norm(k, "k_norm"), tables)
-        else:  # q/k norms and rotation in one kernel pass (five XLA fusions per layer otherwise)
-            b, t = fused.shape[:2]
-            q, k = cpu_kernels.norm_rope(
-                fused, jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B,
-                p_attn["q_norm"]["weight"], p_attn["k_norm"]["weight"], tables[0].reshape(b, t, e),
-                tables[1].reshape(b, t, e), eps, h)
-        q = q if query_index is None else rows(q, query_index)
-        return q.astype(x.dtype), k.astype(x.dtype), v.astype(x.dtype)
-    return platform_select(x_BxTxD, tables, cpu=cpu, default=xla)
+        return xla(x_BxTxD, tok.rope)
+    cpu = lambda x, tables: ops_cpu.qkv(cfg, p_attn, prep, x, tables, query_index, tok.n_valid)  # noqa: E731
+    return platform_select(x_BxTxD, tok.rope, cpu=cpu, default=xla)
 
 
 def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, KVWindows, None] = None,
-                  n_valid_B=None):
+                  tok: Optional[Tokens] = None):
     """`attention` over a KV cache, over its first `window` slots (a static size or a `KVWindows` choice).
 
     XLA: a `lax.switch` over a `KVWindows`' sizes (the branches only read the cache, updated by the
-    caller outside the switch). A CPU program with the kernels built and f32 operands runs the fused
-    kernel instead (`cpu.attention`: scores, softmax and values in one pass per (row, KV head); it reads
-    the window at run time, so it needs no branch per size; with `n_valid_B` it skips each row's
-    padded queries, whose outputs are 0)."""
+    caller outside the switch). A CPU program with f32 operands runs `ops_cpu.attend` instead (the fused
+    kernel where built: it reads the window at run time, so it needs no branch per size; with
+    `tok.n_valid` each row's padded queries give 0)."""
     def xla(q, kt, v, mask):
         if isinstance(window, KVWindows):
             branches = [functools.partial(attention, cfg, window=w) for w in window.sizes]
             return jax.lax.switch(window.index, branches, q, kt, v, mask)
         return attention(cfg, q, kt, v, mask, window)
 
-    if not (kernels_built() and q_BxTxHxE.shape[-1] % 8 == 0 and _f32(q_BxTxHxE, kt_all, v_all)):
+    if not (q_BxTxHxE.shape[-1] % 8 == 0 and _f32(q_BxTxHxE, kt_all, v_all)):
         return xla(q_BxTxHxE, kt_all, v_all, mask_BxTxS)
+    n_valid = None if tok is None else tok.n_valid
 
     def cpu(q, kt, v, mask):
         if isinstance(window, KVWindows):
             size = jnp.asarray(window.sizes, jnp.int32)[window.index]
         else:
             size = kt.shape[-1] if window is None else window
-        return cpu_kernels.attention(q, kt, v, mask, size, functools.partial(attention, cfg), n_valid_B)
+        return ops_cpu.attend(q, kt, v, mask, size, functools.partial(attention, cfg), n_valid, xla)
     return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxS, cpu=cpu, default=xla)
 
 
-def project(x_BxTxI, w, prep_w=None, n_valid_B=None):
-    """x @ w (w [I, *out]) -> [B, T, *out]; with `prep_w` (w's panels) a CPU program uses the GEMM
-    kernel over each row's first n_valid tokens (later ones are 0)."""
-    if prep_w is None:
+def out_proj(cfg, p_attn, x_BxTxI, tok: Tokens):
+    """The attention output projection x @ o_proj ([H*E, D], one GEMM) -> [B, T, D]; with prepared
+    weights a CPU program reads them (`ops_cpu.matmul`: `tok.n_valid` tokens per row)."""
+    w = p_attn["o_proj"].reshape(-1, cfg.hidden_size)
+    prep = p_attn.get(PREPARED)
+    if prep is None:
         return dense(x_BxTxI, w)
-    return platform_select(x_BxTxI, cpu=lambda x: _rows_matmul(x, prep_w, w.shape[1:], n_valid_B),
-                           default=lambda x: dense(x, w))
+    xla = lambda x: dense(x, w)  # noqa: E731
+    cpu = lambda x: ops_cpu.matmul(x, prep["o_proj"], w.shape[1:], tok.n_valid)  # noqa: E731
+    return platform_select(x_BxTxI, cpu=cpu, default=xla)
 
 
-def mlp(p_mlp, x_BxTxD, prep=None, n_valid_B=None):
-    """SwiGLU: (silu(x @ gate) * (x @ up)) @ down. With `prep`, a CPU program uses the kernels: one fused
-    call for many rows (the [rows, 2F] intermediate stays in cache), two panel products for decode steps."""
+def mlp(p_mlp, x_BxTxD, tok: Tokens):
+    """SwiGLU: (silu(x @ gate) * (x @ up)) @ down. With prepared weights, a CPU program reads them
+    (`ops_cpu.mlp`)."""
     def xla(x):
         return dense(jax.nn.silu(dense(x, p_mlp["gate_proj"])) * dense(x, p_mlp["up_proj"]), p_mlp["down_proj"])
 
+    prep = p_mlp.get(PREPARED)
     if prep is None:
         return xla(x_BxTxD)
-    f, d = p_mlp["down_proj"].shape
-
-    def cpu(x):
-        b, t = x.shape[:2]
-        if t > 1 and f % 8 == 0:
-            n = jnp.full((b,), t, jnp.int32) if n_valid_B is None else n_valid_B
-            return cpu_kernels.mlp(x, n, prep["gate_up_proj"], prep["down_proj"]).astype(x.dtype)
-        gate, up = jnp.split(_rows_matmul(x, prep["gate_up_proj"], (2 * f,), n_valid_B), 2, axis=-1)
-        return _rows_matmul(jax.nn.silu(gate) * up, prep["down_proj"], (d,), n_valid_B)
+    cpu = lambda x: ops_cpu.mlp(prep, x, p_mlp["down_proj"].shape, tok.n_valid)  # noqa: E731
     return platform_select(x_BxTxD, cpu=cpu, default=xla)
 
 
-def unembed(cfg, params, h_BxTxD, prep=None, n_valid_B=None):
-    """Logits [B, T, V] in f32. With `prep` holding the head's panels (`packed_weights`) or a tied
-    head's [D, V] copy (`head_copy`), a CPU program reads those instead of the weights."""
+def unembed(cfg, params, h_BxTxD, n_valid_B=None):
+    """Logits [B, T, V] in f32. With prepared params a CPU program reads the prepared head instead
+    (`ops_cpu.matmul`: only each row's first `n_valid_B` positions, others 0), or a tied head's [D, V] copy."""
     def xla(h):
         if cfg.tie_word_embeddings:
             return dense_transposed(h, params["embed"], jnp.float32)
         return dense(h, params["lm_head"], jnp.float32)
 
-    if prep is not None and "lm_head" in prep:
-        cpu = lambda h: _rows_matmul(h, prep["lm_head"], (cfg.vocab_size,), n_valid_B).astype(jnp.float32)  # noqa: E731
-    elif prep is not None and "head_DxV" in prep:
-        cpu = lambda h: dense(h, prep["head_DxV"], jnp.float32)  # noqa: E731
-    else:
+    prep = params.get(PREPARED)
+    if prep is None:
         return xla(h_BxTxD)
+    n_rows = None if n_valid_B is None else jnp.clip(n_valid_B.astype(jnp.int32), 0, h_BxTxD.shape[1])
+    if "lm_head" in prep:
+        cpu = lambda h: ops_cpu.matmul(h, prep["lm_head"], (cfg.vocab_size,), n_rows).astype(jnp.float32)  # noqa: E731
+    else:
+        cpu = lambda h: ops_cpu.unembed_head(h, prep["head_DxV"])  # noqa: E731
     return platform_select(h_BxTxD, cpu=cpu, default=xla)

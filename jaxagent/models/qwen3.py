@@ -5,6 +5,8 @@ plain functions over `params` (a nested dict of arrays, the modules' state as a 
 `forward` composes with `jax.jit`, `jax.vmap`, `jax.grad`, `jax.checkpoint` and `lax.scan` like any
 pure function. The few platform-dependent operations go through the ops seam (`jaxagent.models.ops`),
 where programs lowered for CPU may use the compiled CPU kernels; every other program is plain XLA.
+`prepare(params, cfg)` gives params carrying what those kernels read besides the weights (the model's
+functions take them in place of `params`, same logits): built once outside a token loop.
 
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
 K key/value heads, Q = H / K query heads per KV head, E head dim, V vocab (CONVENTIONS.md).
@@ -39,13 +41,11 @@ from jaxagent.models.config import Qwen3Config
 
 Params = dict[str, Any]
 Cache = dict[str, Any]
-Packed = ops.Packed
 
 # The numerics live in the ops seam (`jaxagent.models.ops`); these names stay importable from here.
 rms_norm, rope_tables, rope, dense, dense_transposed = ops.rms_norm, ops.rope_tables, ops.rope, ops.dense, \
     ops.dense_transposed
-KVWindows, choose_window, packed_weights = ops.KVWindows, ops.choose_window, ops.packed_weights
-_attend = ops.attention
+KVWindows, choose_window, prepare, attention = ops.KVWindows, ops.choose_window, ops.prepare, ops.attention
 
 # Per-block activation checkpointing (`jax.checkpoint`) policies by name, for `hidden_states(remat=)`.
 REMAT_POLICIES = {
@@ -119,23 +119,14 @@ def _norm(cfg: Qwen3Config, p_norm, x):
     return ops.rms_norm(x, p_norm["weight"].astype(x.dtype), cfg.rms_norm_eps)
 
 
-def _query_rows_valid(n_valid_B, query_index):
-    """Valid tokens per row after `rows(x, query_index)` kept one token per row: 1 where any was valid."""
-    if n_valid_B is None or query_index is None:
-        return n_valid_B
-    return (n_valid_B > 0).astype(jnp.int32)
-
-
-def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, prep, tables, mask_BxTxS, write_slots_BxT,
-           query_index, n_valid_B):
+def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, tok, mask_BxTxS, write_slots_BxT, query_index):
     """One decoder block: x + attn(norm(x)), then + mlp(norm(.)); returns (x, (k cache, v cache) or None).
 
     Keys and values of all T tokens (written to the cache); queries of all T, or with `query_index` [B]
-    of that one token per row (output [B, 1, D]). `prep`, `n_valid_B`: the layer's packed weights and
-    the valid tokens per row, for the CPU kernels (`ops`)."""
+    of that one token per row (output [B, 1, D]). `tok`: the token-side value (`ops.tokens`)."""
     pa = p["attn"]
-    q, k, v = ops.qkv(cfg, pa, _norm(cfg, p["input_norm"], x_BxTxD), tables, query_index, prep, n_valid_B)
-    n_valid_q = _query_rows_valid(n_valid_B, query_index)
+    q, k, v = ops.qkv(cfg, pa, _norm(cfg, p["input_norm"], x_BxTxD), tok, query_index)
+    tok_q = ops.at_query(tok, query_index)
     if query_index is not None:
         mask_BxTxS = ops.rows(mask_BxTxS, query_index)
     if kv_cache is not None:
@@ -146,19 +137,17 @@ def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, prep, tables, mask_Bx
         k_cache = k_cache.at[b_idx, :, :, write_slots_BxT].set(k.astype(k_cache.dtype), mode="drop")
         v_cache = v_cache.at[b_idx, :, write_slots_BxT].set(v.astype(v_cache.dtype), mode="drop")
         kv_cache = (k_cache, v_cache)
-        out = ops.attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window,
-                                n_valid_q if prep is not None else None)
+        out = ops.attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window, tok_q)
     else:
         out = ops.attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
     # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
     # the whole o_proj weight into that order on every decode step.
     b, t = out.shape[:2]
-    a = ops.project(out.reshape(b, t, -1), pa["o_proj"].reshape(-1, cfg.hidden_size),
-                    None if prep is None else prep["o_proj"], n_valid_q)
+    a = ops.out_proj(cfg, pa, out.reshape(b, t, -1), tok_q)
     if cfg.attention_bias:
         a = a + pa["o_bias"]
     x = (x_BxTxD if query_index is None else ops.rows(x_BxTxD, query_index)) + a
-    return x + ops.mlp(p["mlp"], _norm(cfg, p["post_norm"], x), prep, n_valid_q), kv_cache
+    return x + ops.mlp(p["mlp"], _norm(cfg, p["post_norm"], x), tok_q), kv_cache
 
 
 # ------------------------------------------------------------------ pure API
@@ -219,8 +208,8 @@ def cache_logical_axes(cfg: Qwen3Config) -> Cache:
 
 def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
                   cache: Optional[Cache] = None, n_valid=None,
-                  kv_window: Union[int, KVWindows, None] = None, index=None, packed: Optional[Packed] = None,
-                  remat: Optional[str] = None, mesh=None):
+                  kv_window: Union[int, KVWindows, None] = None, index=None, remat: Optional[str] = None,
+                  mesh=None):
     """Final-norm hidden states [B, T, D] and the updated cache (see `forward` for the arguments);
     with `index` [B], only that token's hidden state per row ([B, 1, D]); the cache gets every token.
 
@@ -252,8 +241,6 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     if index is not None and t == 1:
         index = None  # one token per row already: decode steps skip the gathers
     n = jnp.full((b,), t, jnp.int32) if n_valid is None else jnp.clip(n_valid.astype(jnp.int32), 0, t)
-    layers_prep = None if packed is None else packed.get("layers")
-    n_kernel = None if layers_prep is None or cache is None else n  # the kernels skip padded tokens
 
     block = functools.partial(_block, cfg, kv_window)
     if remat is not None:
@@ -265,13 +252,12 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     # a vocab-parallel gather, not an all-to-all of the rows
     embed = shd.constrain(params["embed"], ("vocab", None), mesh)
     x = shd.constrain(jnp.take(embed, tokens_BxT, axis=0), RESIDUAL_AXES, mesh)
-    tables = ops.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    tok = ops.tokens(params, ops.rope_tables(positions, cfg.head_dim, cfg.rope_theta), None if cache is None else n)
     new_k, new_v = [], []
     for i in range(cfg.num_hidden_layers):
         kv = None if cache is None else (cache["k"][i], cache["v"][i])
         last = i == cfg.num_hidden_layers - 1
-        x, kv = block(params["layers"][i], x, kv, None if layers_prep is None else layers_prep[i], tables, mask,
-                      write_slots, index if last else None, n_kernel)
+        x, kv = block(params["layers"][i], x, kv, tok, mask, write_slots, index if last else None)
         x = shd.constrain(x, RESIDUAL_AXES, mesh)
         if kv is not None:
             new_k.append(kv[0])
@@ -282,11 +268,9 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     return h, cache
 
 
-def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, packed: Optional[Packed] = None, n_valid_B=None, *,
-            mesh=None):
-    """Logits [B, T, V] in f32 from hidden states (with `packed` and `n_valid_B`, a CPU program computes
-    only each row's first n_valid positions; the others are 0). `mesh`: pins them to `LOGITS_AXES`."""
-    return shd.constrain(ops.unembed(cfg, params, h_BxTxD, packed, n_valid_B), LOGITS_AXES, mesh)
+def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, *, mesh=None):
+    """Logits [B, T, V] in f32 from hidden states. `mesh`: pins them to `LOGITS_AXES`."""
+    return shd.constrain(ops.unembed(cfg, params, h_BxTxD), LOGITS_AXES, mesh)
 
 
 def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index):
@@ -311,8 +295,7 @@ def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cach
 
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
             cache: Optional[Cache] = None, n_valid=None, logits_index=None,
-            kv_window: Union[int, KVWindows, None] = None, packed: Optional[Packed] = None,
-            remat: Optional[str] = None, mesh=None):
+            kv_window: Union[int, KVWindows, None] = None, remat: Optional[str] = None, mesh=None):
     """Logits [B, T, V] (f32) and the updated cache.
 
     Without a cache: causal attention over the T tokens; `attention_mask` [B, T] (1 = real token)
@@ -328,22 +311,20 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
     windows at run time: a `lax.switch` around each layer's attention core (the CPU kernel reads the
     window at run time instead).
-    `packed` (`packed_weights(params, cfg)`, or `ops.head_copy`): weights prepared for the CPU kernels;
-    a program lowered for CPU then runs the projections by the GEMM kernel, which (with a cache and
-    `n_valid`) computes only each row's first n_valid tokens: their logits equal the XLA path's up to
-    f32 rounding, the other positions' are unspecified (0 there). Programs for other platforms ignore
-    it. Not differentiable.
+    `params` may be `prepare(params, cfg)`'s: a program lowered for CPU then runs the projections by
+    the GEMM kernel, which (with a cache and `n_valid`) computes only each row's first n_valid tokens:
+    their logits equal the XLA path's up to f32 rounding, the other positions' are unspecified (0
+    there). Programs for other platforms compute the same as with `params`. Not differentiable.
     `remat`, `mesh`: see `hidden_states` (`mesh` also pins the logits to `LOGITS_AXES`).
     Arguments of the wrong kind, rank or dtype (e.g. float tokens) raise TypeError / ValueError naming them.
     """
     _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index)
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions, attention_mask=attention_mask,
-                             cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, packed=packed,
-                             remat=remat, mesh=mesh)
-    rows = None  # h has all T positions per row, or one (logits_index): then 1 where any token was valid
-    if packed is not None and n_valid is not None and cache is not None:
-        rows = jnp.clip(n_valid.astype(jnp.int32), 0, h.shape[1])
-    return unembed(params, cfg, h, packed, rows, mesh=mesh), cache
+                             cache=cache, n_valid=n_valid, kv_window=kv_window, index=logits_index, remat=remat,
+                             mesh=mesh)
+    # a cached append's valid positions per row: later positions' logits are unspecified
+    logits = ops.unembed(cfg, params, h, None if cache is None else n_valid)
+    return shd.constrain(logits, LOGITS_AXES, mesh), cache
 
 
 def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,

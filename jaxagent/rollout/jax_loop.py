@@ -163,8 +163,8 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         jax.random.split(k_reset, n_ep), tasks, env_params)
     sys_len = len(layout.system)
     cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
-    # CPU kernels: the weights packed once per rollout; appends then compute only the real tokens.
-    packed = None if scripted else qwen3.packed_weights(params, cfg)
+    # the weights prepared once per rollout (`qwen3.prepare`): appends then compute only the real tokens
+    params = params if scripted else qwen3.prepare(params, cfg)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
     chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
@@ -206,13 +206,11 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             # (inactive rows' outputs are discarded, so they may see a truncated history).
             need = jnp.max(jnp.where(active, length, 0)) + chunk_w + m
             window = qwen3.choose_window(rcfg.windows(), need)
-            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk, kv_window=window, packed=packed)
+            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk, kv_window=window)
             gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
-                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window,
-                         packed=packed)
+                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
             if rcfg.allow_forced:  # forced replies go into the cache as well
-                _, fcache = append(params, cfg, gen.cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window,
-                                   packed=packed)
+                _, fcache = append(params, cfg, gen.cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
                 gen = gen._replace(cache=fcache)
             cache = gen.cache
             reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)

@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 
 from jaxagent import checks
 from jaxagent import sharding as shd
-from jaxagent.models import ops, qwen3
+from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
 from jaxagent import xla_options
@@ -68,33 +68,32 @@ def rollout_params(params, cfg: Qwen3Config, *, mesh: Mesh | None = None, comput
     return params
 
 
-def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, packed=None, mesh=None):
+def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=None, mesh=None):
     """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
 
     Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
-    their own last logits for such rows). `kv_window`, `packed`, `mesh`: see `qwen3.forward`.
+    their own last logits for such rows). `params` (or `qwen3.prepare`'s), `kv_window`, `mesh`: see
+    `qwen3.forward`.
     """
     last = jnp.maximum(n_valid_B - 1, 0)
     logits, cache = qwen3.forward(params, cfg, tokens_BxT, cache=cache, n_valid=n_valid_B, logits_index=last,
-                                  kv_window=kv_window, packed=packed, mesh=mesh)
+                                  kv_window=kv_window, mesh=mesh)
     return logits[:, 0], cache
 
 
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
            sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
-           kv_window: int | None = None, packed=None, mesh=None) -> Generation:
+           kv_window: int | None = None, mesh=None) -> Generation:
     """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
 
     Every generated token, the stop token included, is written to the cache, so the next turn can
     append directly after it. Rows with active_B False generate nothing. `kv_window`: see
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
-    `packed`: `qwen3.packed_weights(params, cfg)` when the caller has them (prepared here otherwise,
-    once per call, outside the token loop: the kernels' panels, else a tied head's [D, V] copy for
-    XLA:CPU, see `ops.head_copy`; programs for other platforms drop them). `mesh`: see `qwen3.forward`.
+    `params` are prepared for decoding here (`qwen3.prepare(decoding=True)`), once per call, outside
+    the token loop; params the caller prepared pass through. `mesh`: see `qwen3.forward`.
     """
     b = logits_BxV.shape[0]
-    if packed is None:
-        packed = qwen3.packed_weights(params, cfg) or ops.head_copy(params, cfg)
+    params = qwen3.prepare(params, cfg, decoding=True)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -138,7 +137,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
         hit_stop = live & jnp.isin(tok, stop)
         done = c.done | hit_stop | (lengths >= max_new_B)
         logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
-                               packed=packed, mesh=mesh)
+                               mesh=mesh)
         logits = jnp.where(live[:, None], logits, c.logits)
         return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
 
