@@ -116,6 +116,10 @@ def test_verdicts_on_synthetic_data_with_known_answers():
     assert null.lo < 0 < null.hi and null.mde < 0.3
     verdict, reason = stats.decide(null, +1, effect=0.3)
     assert verdict == stats.NOT_REPRODUCED and "E excluded" in reason
+    # the reason names the paper-side end and E with the row's sign: a row expecting a fall says so
+    assert f"end {null.hi:.3g} falls short of E = 0.3" in reason
+    verdict, reason = stats.decide(null, -1, effect=0.3)
+    assert verdict == stats.NOT_REPRODUCED and f"end {null.lo:.3g} falls short of E = -0.3" in reason
     # low power (few seeds, large noise): underpowered
     weak = stats.seed_estimate(_seeds(rng, 3, 5, 0.05, 0.5, 1.0))
     assert weak.mde > 0.3 and stats.decide(weak, +1, effect=0.3)[0] == stats.UNDERPOWERED

@@ -315,8 +315,9 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None, ma
     if e is None:
         return INCONCLUSIVE, "the 95% CI contains 0 and there is no reference effect"
     if d_hi < e:
-        return NOT_REPRODUCED, (f"the 95% CI contains 0 and its paper-side end {_num(d_hi * scale)} is below "
-                                f"E = {_num(e * scale)} (E excluded)")
+        # signed as the row's values, so a row that expects a fall reads "-0.035 falls short of E = -0.097"
+        return NOT_REPRODUCED, (f"the 95% CI contains 0 and its paper-side end {_num(direction * d_hi * scale)} "
+                                f"falls short of E = {_num(direction * e * scale)} (E excluded)")
     if not math.isfinite(est.mde):
         return INCONCLUSIVE, "the 95% CI contains both 0 and E and its MDE is unknown"
     if est.mde > e:
