@@ -45,7 +45,7 @@ class Preset:
     checkpoint: Optional[str] = None  # a local HF Qwen3 directory: the base model (skips SFT)
     mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor)
     compute_dtype: str = "float32"
-    # Memory of the RL train step (issue 20; `python -m experiments.aot_check` checks the fit):
+    # Memory of the RL train step (`python -m experiments.aot_check` checks the fit):
     micro_batches: int = 1            # gradient-accumulation micro-batches per update
     remat: Optional[str] = None       # per-layer activation checkpointing (qwen3.REMAT_POLICIES)
     tis_cap: Optional[float] = None   # truncated importance sampling cap on the sampler's log-probs
