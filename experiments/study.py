@@ -63,7 +63,6 @@ BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's
 MAX_SEED = 2**31 - 1                  # seeds (offset included) are int32 PRNG seeds
 MAX_ITERATIONS = 10**6                # the data position (iterations x tasks) is an int32
 RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
-_jsonable = run_dir.jsonable  # the name experiments/eval.py uses
 
 
 class NonFiniteError(RuntimeError):

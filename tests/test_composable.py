@@ -114,15 +114,15 @@ def test_append_and_decode_nest(params, prompt):
 
 
 def test_host_loop_jits_nest(params, prompt):
-    from jaxagent.rollout import host_loop
+    from jaxagent.rollout import host_policy
     toks, _ = prompt
     cache = qwen3.init_cache(CFG, B, L + STEPS)
     n = jnp.full((B,), L, jnp.int32)
     logits0 = jnp.zeros((B, CFG.vocab_size), jnp.float32)
 
     def both(p, c, t, k):
-        logits, c = host_loop._append_jit(p, c, t, n, logits0, cfg=CFG)
-        return host_loop._decode_jit(p, c, logits, k, jnp.ones((B,), bool), cfg=CFG, max_steps=STEPS,
+        logits, c = host_policy.append_jit(p, c, t, n, logits0, cfg=CFG)
+        return host_policy.decode_jit(p, c, logits, k, jnp.ones((B,), bool), cfg=CFG, max_steps=STEPS,
                                      sampler=GREEDY, stop_ids=(), pad_id=0)
 
     out = jax.jit(both)(params, cache, toks, jax.random.key(0))
@@ -132,18 +132,18 @@ def test_host_loop_jits_nest(params, prompt):
 
 
 def test_eval_driver_jits_nest(params, prompt):
-    from jaxagent.eval import drivers
+    from jaxagent.eval import scoring
     toks, _ = prompt
-    top = drivers._token_logprobs_jit(params, CFG, toks)
-    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, t: drivers._token_logprobs_jit(p, CFG, t))(params, toks)),
+    top = scoring.token_logprobs_jit(params, CFG, toks)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, t: scoring.token_logprobs_jit(p, CFG, t))(params, toks)),
                                np.asarray(top), rtol=1e-6, atol=1e-6)
     stacked = jnp.stack([toks, toks[::-1]])
-    many = jax.vmap(lambda t: drivers._token_logprobs_jit(params, CFG, t))(stacked)
+    many = jax.vmap(lambda t: scoring.token_logprobs_jit(params, CFG, t))(stacked)
     np.testing.assert_allclose(np.asarray(many[0]), np.asarray(top), rtol=1e-5, atol=1e-5)
     ctx_len = jnp.asarray([L, L - 3], jnp.int32)
     replies = toks[:, :3]
     reply_len = jnp.asarray([3, 2], jnp.int32)
-    score = lambda p: drivers._reply_logprobs_jit(p, toks, ctx_len, replies, reply_len, cfg=CFG,  # noqa: E731
+    score = lambda p: scoring.reply_logprobs_jit(p, toks, ctx_len, replies, reply_len, cfg=CFG,  # noqa: E731
                                                   temperature=1.0)
     np.testing.assert_allclose(np.asarray(jax.jit(score)(params)), np.asarray(score(params)), rtol=1e-5, atol=1e-5)
     assert jax.eval_shape(score, params).shape == (B, 2)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxagent.kernels import cpu
-from jaxagent.models import qwen3
+from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 
 needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
@@ -144,8 +144,8 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
     cfg = _cfg(h, kv, e)
     q, kt, v, mask = _attention_case(np.random.default_rng(b * 100 + t), b, t, h, kv, e, s, causal)
     w = s if window is None else window
-    want = qwen3._attend(cfg, q, kt, v, mask, window=window)
-    reference = functools.partial(qwen3._attend, cfg)
+    want = ops.attention(cfg, q, kt, v, mask, window=window)
+    reference = functools.partial(ops.attention, cfg)
     got = jax.jit(lambda *a: cpu.attention(*a, reference))(q, kt, v, mask, w)  # the window traced
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
 
@@ -154,7 +154,7 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
 def test_attention_window_out_of_range_is_an_error():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 1, 4, 2, 16, 24, True)
-    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(qwen3._attend, cfg)))
+    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(ops.attention, cfg)))
     for bad in (0, 25):
         with pytest.raises(Exception, match="window"):
             jax.block_until_ready(f(bad))
@@ -164,9 +164,9 @@ def test_attention_window_out_of_range_is_an_error():
 def test_attention_gradient_is_the_xla_paths():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 3, 4, 2, 16, 24, True)
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(ops.attention, cfg)
     loss = lambda f: lambda q, kt, v: jnp.sum(jnp.sin(f(q, kt, v, mask)))
-    want = jax.grad(loss(functools.partial(qwen3._attend, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
+    want = jax.grad(loss(functools.partial(ops.attention, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
     got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 20, reference)), argnums=(0, 1, 2)))(q, kt, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
@@ -179,7 +179,7 @@ def test_attention_under_vmap():
     rng = np.random.default_rng(1)
     cases = [_attention_case(rng, 2, 3, 4, 2, 16, 24, True) for _ in range(3)]
     q, kt, v, mask = (np.stack(parts) for parts in zip(*cases))
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(ops.attention, cfg)
     got = jax.jit(jax.vmap(lambda *a: cpu.attention(*a, 24, reference)))(q, kt, v, mask)
     want = jax.vmap(reference)(q, kt, v, mask)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
@@ -190,7 +190,7 @@ def test_attention_skips_padded_queries():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(3), 4, 9, 4, 2, 16, 40, True)
     n_valid = jnp.array([9, 0, 4, 1], jnp.int32)
-    reference = functools.partial(qwen3._attend, cfg)
+    reference = functools.partial(ops.attention, cfg)
     got = np.asarray(jax.jit(lambda *a: cpu.attention(*a, reference, n_valid))(q, kt, v, mask, 40))
     want = np.asarray(reference(q, kt, v, mask))
     valid = _valid_rows(n_valid, 9)

@@ -14,7 +14,7 @@ import pytest
 from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.frozenlake import FrozenLakeParams
 from jaxagent.eval import drivers as D
-from jaxagent.eval import pass_drivers
+from jaxagent.eval import pass_drivers, scoring
 from jaxagent.eval import step_quality as sq
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
@@ -31,7 +31,7 @@ ENV_PARAMS = FrozenLakeParams(horizon=T_MAX)
 
 @pytest.fixture(scope="module")
 def compiles_before():
-    return rollout_jit._cache_size(), D._reply_logprobs_jit._cache_size()
+    return rollout_jit._cache_size(), scoring.reply_logprobs_jit._cache_size()
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_upper_bound_dominates_and_matches_dp(world, tasks, passes):
         assert (ub["per_task"] >= res["per_task"] - 1e-6).all()
         assert (ub["grid"] >= res["grid"] - 1e-6).all()
     # The max-probability DP agrees with BFS on the deterministic lake; slipping can only lower it.
-    dp = np.asarray(pass_drivers._slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)].T
+    dp = np.asarray(pass_drivers.slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)].T
     np.testing.assert_allclose(dp, ub["p_star"], atol=1e-6)
     slip = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS._replace(success_rate=1 / 3))
     assert (slip["p_star"] <= ub["p_star"] + 1e-6).all() and (slip["p_star"] > 0).any()
@@ -418,7 +418,7 @@ def test_first_move_optimality(world, cfg, policies, tasks, rcfg, rollouts):
 def test_one_compile_each(compiles_before, passes, sq_runs, err_runs):
     roll0, score0 = compiles_before
     assert rollout_jit._cache_size() - roll0 <= 1
-    assert D._reply_logprobs_jit._cache_size() - score0 <= 1
+    assert scoring.reply_logprobs_jit._cache_size() - score0 <= 1
 
 
 def test_error_states_more_states_than_candidates(world, cfg, policies, tasks, rcfg, rollouts):

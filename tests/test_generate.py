@@ -386,7 +386,7 @@ def test_untied_head_gives_the_same_logits(model, prompts):
 def test_no_retrace_across_token_limits_and_prompt_lengths(model, prompts, greedy_left):
     _, cfg, params = model
     tl, ml = prompts[1]
-    fn = _gen_module._generate
+    fn = _gen_module.generate_jit
     run(params, cfg, tl, ml)  # compiled here if a test ran in another seam mode since (caches cleared)
     before = fn._cache_size()
     results = []

@@ -58,7 +58,7 @@ def _programs(dtype):
     logits = jax.ShapeDtypeStruct((B, CFG.vocab_size), jnp.float32)
 
     def generate(p, t, m, k, n):
-        return gen_mod._generate(p, t, m, k, n, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS,
+        return gen_mod.generate_jit(p, t, m, k, n, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS,
                                  sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
 
     def decode(p, c, lg, k):
@@ -122,7 +122,7 @@ def test_entry_point_lowers_for_tpu_with_its_compiler_options(tpu_mesh):
     rep = NamedSharding(tpu_mesh, P())
     fn, args = _programs(jnp.float32)["generate"]
     args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), args)
-    lowered = gen_mod._generate.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
+    lowered = gen_mod.generate_jit.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
                                       stop_ids=(1,), pad_id=0)
     assert not _custom_calls(lowered.compile().as_text())
 
@@ -168,11 +168,11 @@ def _attention_dots(platform: str, t: int, slots: int) -> int:
 def test_decode_attention_is_dots_on_accelerators_and_multiply_adds_on_cpu():
     """Decode-shaped attention (2 query rows per KV head): scores and p.V are dot_generals in programs
     for TPU and GPU (no f32 copy of the keys, no blocked multiply-adds); a CPU program uses the blocked
-    multiply-adds, for p.V only up to `_SUM_MAX_SLOTS` slots. Prefill-shaped attention: dots everywhere."""
+    multiply-adds, for p.V only up to `SUM_MAX_SLOTS` slots. Prefill-shaped attention: dots everywhere."""
     for platform in ("tpu", "cuda"):
         assert _attention_dots(platform, 1, 40) == 2
     assert _attention_dots("cpu", 1, 40) == 0
-    assert _attention_dots("cpu", 1, ops._SUM_MAX_SLOTS + 8) == 1  # p.V a dot past the limit
+    assert _attention_dots("cpu", 1, ops.SUM_MAX_SLOTS + 8) == 1  # p.V a dot past the limit
     assert _attention_dots("cpu", 8, 40) == _attention_dots("tpu", 8, 40) == 2
 
 

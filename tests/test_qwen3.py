@@ -138,7 +138,7 @@ def test_cached_incremental_equals_full(ckpt, fwd, seam):
 def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, seam, slots, window, n):
     """One-token steps equal the full forward. cpu_xla (kernels off): XLA:CPU's decode attention as
     blocked multiply-adds over 16 slots (`ops._sum_products`), on caches and windows whose size is not a
-    multiple of 16 (n > 16: the last block holds live slots); 600 slots: past `ops._SUM_MAX_SLOTS`, p.V is
+    multiple of 16 (n > 16: the last block holds live slots); 600 slots: past `ops.SUM_MAX_SLOTS`, p.V is
     a dot_general. kernels: the fused CPU attention kernel. accelerator: dot_general scores and p.V."""
     _, _, cfg, params = ckpt
     toks = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, n))
@@ -151,8 +151,8 @@ def test_decode_steps_with_partial_reduction_blocks(ckpt, fwd, seam, slots, wind
     batched = sum(bool(re.search(r"\bdot\(", x)) and "lhs_batch_dims={0,1}" in x for x in hlo)
     kernel_calls = sum("custom-call(" in x for x in hlo)
     layers = cfg.num_hidden_layers
-    if seam == "cpu_xla":  # scores always multiply-adds; p.V too up to _SUM_MAX_SLOTS slots, a dot past it
-        assert kernel_calls == 0 and batched == (layers if slots > ops._SUM_MAX_SLOTS else 0), (slots, batched)
+    if seam == "cpu_xla":  # scores always multiply-adds; p.V too up to SUM_MAX_SLOTS slots, a dot past it
+        assert kernel_calls == 0 and batched == (layers if slots > ops.SUM_MAX_SLOTS else 0), (slots, batched)
     elif seam == "accelerator":
         assert kernel_calls == 0 and batched == 2 * layers
     elif ops.kernels_built():  # the fused attention kernel in every layer, no XLA attention

@@ -103,7 +103,7 @@ def test_params_sharded_per_rules(sharded, ckpt):
             assert x.addressable_shards[0].data.shape == _local_shape(x.shape, want, mesh)
     # every leaf follows the rule table and holds the unsharded values
     axes = qwen3.logical_axes(cfg)
-    flat_axes = jax.tree.leaves(axes, is_leaf=shd._is_axes)
+    flat_axes = jax.tree.leaves(axes, is_leaf=shd.is_axes)
     flat_p, flat_ref = jax.tree.leaves(params), jax.tree.leaves(ref)
     assert len(flat_axes) == len(flat_p) == len(flat_ref)
     for ax, x, r in zip(flat_axes, flat_p, flat_ref):

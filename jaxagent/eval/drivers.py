@@ -15,10 +15,8 @@ Dimension legend: CONVENTIONS.md (each module lists the letters it uses).
 from jaxagent.eval.driver_common import run_rollouts  # noqa: F401
 from jaxagent.eval.pass_drivers import MODES, pass_kt, upper_bound  # noqa: F401
 from jaxagent.eval.scoring import (N_ACTIONS, canonical_replies, expected_quality, likelihood,  # noqa: F401
-                                   next_action_probs, q_outcomes, reply_logprobs, reply_logprobs_jit, sample_outcomes,
-                                   teacher_forced_logprobs, token_logprobs_jit)
+                                   next_action_probs, q_outcomes, reply_logprobs, sample_outcomes,
+                                   teacher_forced_logprobs)
 from jaxagent.eval.state_drivers import (error_actions, error_states, first_move_optimality,  # noqa: F401
                                          first_turn_contexts, state_contexts, step_quality_matched)
 
-# the jitted programs under the names tests/test_composable.py and tests/test_eval_drivers.py use
-_reply_logprobs_jit, _token_logprobs_jit = reply_logprobs_jit, token_logprobs_jit

@@ -24,7 +24,7 @@ from jaxagent.kernels import cpu as cpu_kernels
 Packed = dict[str, Any]
 _FEW_QUERIES = 8  # at most this many query rows per KV head: decode-style attention (see attention)
 _SUM_BLOCK = 16  # reduction block of XLA:CPU decode attention's multiply-adds (see _sum_products)
-_SUM_MAX_SLOTS = 512  # XLA:CPU decode's p.V as multiply-adds up to this many slots (32 blocks)
+SUM_MAX_SLOTS = 512  # XLA:CPU decode's p.V as multiply-adds up to this many slots (32 blocks)
 _MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
 
 
@@ -201,7 +201,7 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     def pv_sum(p, v):  # multiply-adds over S, E the vector axis (values stored [.., S, E])
         return _sum_products(p[..., None], v[:, :, None, None].astype(jnp.float32))
 
-    if few and v_all.shape[2] <= _SUM_MAX_SLOTS:  # past a few hundred slots the program grows: a dot
+    if few and v_all.shape[2] <= SUM_MAX_SLOTS:  # past a few hundred slots the program grows: a dot
         out = platform_select(unnorm, v_all, cpu=pv_sum, default=pv_dot)
     else:
         out = pv_dot(unnorm, v_all)

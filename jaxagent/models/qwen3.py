@@ -45,7 +45,6 @@ Packed = ops.Packed
 rms_norm, rope_tables, rope, dense, dense_transposed = ops.rms_norm, ops.rope_tables, ops.rope, ops.dense, \
     ops.dense_transposed
 KVWindows, choose_window, packed_weights = ops.KVWindows, ops.choose_window, ops.packed_weights
-_attend = ops.attention
 
 # Per-block activation checkpointing (`jax.checkpoint`) policies by name, for `hidden_states(remat=)`.
 REMAT_POLICIES = {

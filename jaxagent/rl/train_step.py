@@ -49,7 +49,7 @@ from jaxagent.rl import losses, optim
 # their names stay importable from here.
 from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats,  # noqa: F401
                                   token_logprobs)
-from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, _critic_cfg,  # noqa: F401
+from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, critic_config,  # noqa: F401
                                      abstract_train_state, advance_data, opt_state_shardings,
                                      init_train_state, split_rng, state_shardings)
 
@@ -135,7 +135,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     if not isinstance(ls, LossSettings):
         raise ValueError(f"loss_settings must be a LossSettings, got {type(ls).__name__}")
     copt = critic_optimizer if critic_optimizer is not None else optimizer
-    ccfg = None if vs is None else _critic_cfg(cfg, vs, critic_cfg)
+    ccfg = None if vs is None else critic_config(cfg, vs, critic_cfg)
     need = BATCH_KEYS + (PPO_KEYS if vs is not None else ())
     divisor = sharding.batch_divisor(mesh)
     shared = vs is not None and vs.shared_backbone

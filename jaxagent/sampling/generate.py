@@ -164,8 +164,10 @@ def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
 
 @functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
                                              "mesh", "rules"))
-def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
-              pad_id, mesh=None, rules=None):
+def generate_jit(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
+                 pad_id, mesh=None, rules=None):
+    """The jitted program `generate` runs (prefill of the right-aligned prompts into an empty cache of
+    `cache_len` slots, then `decode`); public for callers that lower it (the AOT analysis)."""
     rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
@@ -176,8 +178,6 @@ def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, c
     return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id, mesh=act_mesh)
 
-
-generate_jit = _generate  # the jitted program `generate` runs, for callers that lower it (the AOT analysis)
 
 
 def _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key):
@@ -260,7 +260,7 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         prompt, mask = (jax.device_put(x, shd.batch_sharding(mesh, 2, rules, batch_size=b)) for x in (prompt, mask))
         max_new = jax.device_put(max_new, shd.batch_sharding(mesh, 1, rules, batch_size=b))
         key = jax.device_put(key, shd.replicated(mesh))
-    return _generate(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
+    return generate_jit(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
                      sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
                      rules=None if rules is None else tuple(sorted(rules.items())))
 
@@ -286,6 +286,6 @@ def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_B
     pad = ((0, 0), (0, width - shape[1]))
     prompt = jnp.pad(jnp.asarray(prompt_BxL, jnp.int32), pad, constant_values=pad_id)
     max_new = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (shape[0],)), 0, max_steps)
-    return _generate(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
+    return generate_jit(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
                      cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
                      mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))

@@ -292,7 +292,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
     to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
     (texts, errors, `trace.timing`)."""
     rcfg = ts.rollout_config(sampler)
-    cdt = stages._compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
+    cdt = stages.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:

@@ -253,8 +253,6 @@ def resolve_compute_dtype(dtype):
     return None if dt == jnp.float32 else dt
 
 
-_compute_dtype = resolve_compute_dtype  # the name host_stages and experiments/host_study call it by
-
 
 def shared_key(arm: ArmSettings):
     """What an arm's compiled pieces (`make_arm_step`, `make_arm_runtime`) depend on: arms with equal keys share

@@ -59,7 +59,8 @@ from jaxagent.envs.host.sql_query import (ALLOWED_FUNCTIONS, DEFAULT_HEAP_LIMIT_
                                           QueryError, QueryRunner, run_query)
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"
-_ORDER_BY_RE = re.compile(r"\border\s+by\b", re.IGNORECASE)
+# a gold query with ORDER BY is judged as an ordered result (row order counts), one without as a multiset
+ORDER_BY_RE = re.compile(r"\border\s+by\b", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +234,7 @@ class SQLEnv(HostEnv):
         report = DatasetReport(source="built in", layout="jaxagent SQL (hand-written + generated, seed "
                                f"{seed})", split_rule="every 4th task of the list held out")
         tasks = [SQLTask(id=t["id"], db=t["db"], question=t["question"], gold=t["gold"],
-                         ordered=bool(t.get("ordered", _ORDER_BY_RE.search(t["gold"])))) for t in SQL_TASKS]
+                         ordered=bool(t.get("ordered", ORDER_BY_RE.search(t["gold"])))) for t in SQL_TASKS]
         paths = {db: build_database(db, self.cache_dir) for db in sorted({t.db for t in tasks})}
         scripts, generated = sql_gen.generate(seed)
         paths.update({db: build_script(db, script, self.cache_dir) for db, script in scripts.items()})
