@@ -42,7 +42,7 @@ from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import drivers, health, plots, report, stats, step_quality
 from jaxagent.eval.findings import LLR_THRESHOLD
-from jaxagent.study import plan_mode
+from jaxagent.study import plan_mode, run_dir
 from jaxagent.sampling import Sampler
 
 MAIN_ARM = "grpo"
@@ -106,7 +106,7 @@ def eval_policy(run, load_params, label, tasks, seed: int, log=print) -> dict:
         r.pop("success", None)
         res[mode] = r
     study.write_json(out_path, res)
-    return json.loads(json.dumps(study._jsonable(res)))
+    return json.loads(json.dumps(run_dir.jsonable(res)))
 
 
 def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:

@@ -54,7 +54,7 @@ from experiments.host_presets import HOST_PRESETS, HostPreset, data_env, data_pr
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.tokenizer import qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.sampling import Sampler
@@ -105,7 +105,7 @@ def preset_from(args) -> HostPreset:
 def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
     """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it."""
     if not os.path.isfile(os.path.join(path, "DONE")):
-        qwen3.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+        weights.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
         src = qwen3_tokenizer_dir()
         for name in os.listdir(src):
             shutil.copy(os.path.join(src, name), os.path.join(path, name))
@@ -165,7 +165,7 @@ class HostRun:
 
 
 def run_base(run: HostRun):
-    _, params = qwen3.load(run.checkpoint, mesh=run.mesh)
+    _, params = weights.load(run.checkpoint, mesh=run.mesh)
     out = run.path("base")
     if not study.done(out):
         study.mark_done(out, {"source": run.checkpoint})
@@ -264,7 +264,7 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
             study.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
             study.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             del state  # the trained params are read back from <out>/policy when evaluated (`study.SavedPolicies`)
-    return study.SavedPolicies(done, lambda arm, seed: qwen3.load(
+    return study.SavedPolicies(done, lambda arm, seed: weights.load(
         os.path.join(run.path("arms", arm, f"seed{seed}"), "policy"), mesh=run.mesh)[1])
 
 
@@ -289,7 +289,7 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
                                              on_trace=traces.append if keep else None)
     tok_log = host_likelihood.TokenLog(run.tiers[-1])
     rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
-    raw = host_eval.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
+    raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
                                       p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
     per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
     res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.sampling import GREEDY, Sampler, append, decode, generate, sample
 from tests.hf_reference import make_hf_qwen3
 
@@ -34,7 +34,7 @@ def _f32_tol(ref, terms: int) -> float:
 def model(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("hf_gen"))
     hf = make_hf_qwen3(d, seed=7, rope_theta=5000.0)
-    cfg, params = qwen3.load(d)
+    cfg, params = weights.load(d)
     return hf, cfg, params
 
 

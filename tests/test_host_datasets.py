@@ -9,7 +9,8 @@ import sqlite3
 import pytest
 
 from jaxagent.envs.host import datasets, sandbox
-from jaxagent.envs.host.code_env import CodeEnv, CodeTask, outcome_matches, stdout_matches
+from jaxagent.envs.host.code_env import CodeEnv, outcome_matches, stdout_matches
+from jaxagent.envs.host.tasks import CodeTask
 from jaxagent.envs.host.datasets import held_out_by_hash
 from jaxagent.envs.host.sandbox import SandboxLimits
 from jaxagent.envs.host.sql_env import SQLEnv

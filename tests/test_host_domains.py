@@ -21,7 +21,7 @@ from jaxagent import sharding
 from jaxagent.envs.host import base as host
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health, stats
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
@@ -321,7 +321,7 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     log = {"status": np.zeros((1, 2, 1)), "episodes": [ep, ep]}
     pre = host_error_recovery.prefixes_from_log({"base": log}, ["base"], run.world.heldout_tasks, run.preset.task.t_max)
     assert len(pre) == 2 and pre[0].actions == (bad,)
-    params = qwen3.load(run.checkpoint)[1]
+    params = weights.load(run.checkpoint)[1]
     acts = host_error_recovery.continue_prefixes(params, run.cfg, run.world, run.preset.task, pre[:1],
                                                  jax.random.key(0), 2, sampler=host_study.Sampler(temperature=1.0))
     assert len(acts) == 1 and isinstance(acts[0], str) and acts[0] != bad

@@ -17,9 +17,9 @@ import pytest
 from jaxagent import sharding
 from jaxagent.eval import likelihood as lk, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study import host_eval, host_likelihood as hl, host_report
+from jaxagent.study import host_eval, host_likelihood as hl, host_report, host_stages
 
 
 def _record(tokens, spans):
@@ -59,7 +59,7 @@ def test_token_log_keeps_the_full_tier_in_grid_order():
                                      turns_used=np.ones(b, np.int32))
 
     log = hl.TokenLog(keep_budget=2)
-    raw = host_eval.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
+    raw = host_stages.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
     sizes = [5, 5, 2]
     entry = log.log_entry(sizes, raw["status"].shape)
     assert entry["tier"] == 1 and len(entry["episodes"]) == 6
@@ -311,8 +311,8 @@ def check_ci_bfcl_finding5(root: str) -> None:
     assert len(f5["base"]["llr"]) == len(f5["rl"]["llr"]) == n_full
     # one RL episode's LLR recomputed with the two models directly, at its policy tokens
     run = host_study.HostRun(p, root)
-    base = qwen3.load(run.checkpoint)[1]
-    rl = qwen3.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
+    base = weights.load(run.checkpoint)[1]
+    rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
     rec = logs["grpo_seed0"][hl.LOG_KEY]["episodes"][0]
     toks = hl.decode_tokens(rec["tokens"])
     pos = hl.policy_positions(rec)

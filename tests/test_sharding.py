@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.sampling import GREEDY, generate
 from tests.hf_reference import make_hf_qwen3
 
@@ -26,7 +26,7 @@ def ckpt(tmp_path_factory):
     """Untied (lm_head too), every dim divisible by 8 except the 2 KV heads."""
     d = str(tmp_path_factory.mktemp("hf_shard"))
     make_hf_qwen3(d, tie=False, vocab=128, hidden=64, inter=128, heads=8, kv_heads=2, head_dim=16, seed=4)
-    cfg, params = qwen3.load(d)
+    cfg, params = weights.load(d)
     return d, cfg, params
 
 
@@ -54,7 +54,7 @@ def reference(ckpt, batch):
 def sharded(request, ckpt):
     d, _, _ = ckpt
     mesh = shd.make_mesh(*request.param)
-    cfg, params = qwen3.load(d, mesh=mesh)
+    cfg, params = weights.load(d, mesh=mesh)
     return request.param, mesh, cfg, params
 
 
@@ -150,7 +150,7 @@ def test_sharded_generate_equals_unsharded(sharded, batch, reference):
 def test_generate_on_sharded_params_without_mesh_argument(ckpt, batch, reference):
     """The default path (no mesh): the compiler propagates the params' shardings; same tokens."""
     d, _, _ = ckpt
-    cfg, params = qwen3.load(d, mesh=shd.make_mesh(2, 2, 2))
+    cfg, params = weights.load(d, mesh=shd.make_mesh(2, 2, 2))
     toks, mask = batch
     out = generate(params, cfg, toks, jax.random.key(0), max_new_tokens=MAX_NEW, prompt_mask_BxL=mask,
                    sampler=GREEDY)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any, Optional, Union
 
 import jax
@@ -295,7 +294,7 @@ def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cach
         raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
     embed = params.get("embed") if isinstance(params, dict) else None
     if embed is None:
-        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / qwen3.load); got "
+        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / weights.load); got "
                         f"{type(params).__name__}")
     if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{where}: params['embed'] is {list(embed.shape)} but cfg says [V={cfg.vocab_size}, "
@@ -343,19 +342,3 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     if packed is not None and n_valid is not None and cache is not None:
         rows = jnp.clip(n_valid.astype(jnp.int32), 0, h.shape[1])
     return unembed(params, cfg, h, packed, rows, mesh=mesh), cache
-
-
-def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
-         check_finite: bool = True):
-    """(cfg, params) from a local HF Qwen3 checkpoint directory; see `jaxagent.models.weights`.
-
-    verify: check the checksum manifest `save` writes (when present); check_finite: ValueError naming
-    a tensor with NaN/Inf values."""
-    from jaxagent.models import weights
-    return weights.load(path, dtype=dtype, mesh=mesh, rules=rules, verify=verify, check_finite=check_finite)
-
-
-def save(path: str | os.PathLike, cfg: Qwen3Config, params: Params) -> None:
-    """Writes an HF-compatible directory (config.json + model.safetensors) transformers can load."""
-    from jaxagent.models import weights
-    weights.save(path, cfg, params)

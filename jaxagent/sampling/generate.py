@@ -202,7 +202,7 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     prompt lengths and token limits reuse the compiled program.
 
     `mesh` (optional, with `rules`, default `sharding.RULES`): decodes on that mesh as the rollouts do.
-    The params (in any layout on the mesh, e.g. FSDP-sharded by `qwen3.load(path, mesh=mesh)`) are
+    The params (in any layout on the mesh, e.g. FSDP-sharded by `weights.load(path, mesh=mesh)`) are
     laid out for decoding first (`rollout_params`: per `sharding.ROLLOUT_RULES`, one gather per call,
     none per token); the batch is split over the rules' batch axes and the KV cache is pinned to its
     rule-table sharding instead of whatever the compiler propagates (with the default rules, the

@@ -39,12 +39,10 @@ from __future__ import annotations
 import zlib
 from typing import Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
-from jaxagent.rollout.types import SUCCESS
 from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
 
 MAIN_ARM = "grpo"
@@ -54,39 +52,6 @@ NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fi
 
 
 # ----------------------------------------------------------------------------- measuring one policy
-def episode_grid(n_tiers: int, n_tasks: int, n_samples: int) -> np.ndarray:
-    """int32 [U*P*Z, 3]: (tier, task, sample) of every evaluation episode, tier-major."""
-    u, p, z = np.meshgrid(np.arange(n_tiers), np.arange(n_tasks), np.arange(n_samples), indexing="ij")
-    return np.stack([u.ravel(), p.ravel(), z.ravel()], axis=1).astype(np.int32)
-
-
-def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], n_samples: int, key,
-                      batch_size: int) -> dict:
-    """Every (tier, task, sample) episode of the announced-mode Pass@(K,T) grid, in rollout batches of
-    `batch_size` episodes (the last padded with copies of its first episode, dropped after).
-
-    rollout_fn(task_idx_B, budgets_B, key) -> Rollout. Returns numpy arrays [U, P, Z]: success (bool),
-    status (int32), turns (int32 turns used) and the tiers (int32 [U]): the raw log the grid is computed from.
-    """
-    if batch_size < 1 or n_samples < 1 or n_tasks < 1 or not tiers:
-        raise ValueError(f"need batch_size, n_samples, n_tasks >= 1 and some tiers, got {batch_size}, {n_samples}, "
-                         f"{n_tasks}, {list(tiers)}")
-    tiers_U = np.asarray(tiers, np.int32)
-    grid = episode_grid(len(tiers_U), n_tasks, n_samples)
-    shape = (len(tiers_U), n_tasks, n_samples)
-    status = np.zeros(len(grid), np.int32)
-    turns = np.zeros(len(grid), np.int32)
-    for i, start in enumerate(range(0, len(grid), batch_size)):
-        rows = grid[start:start + batch_size]
-        n = len(rows)
-        rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - n, axis=0)])
-        ro = rollout_fn(rows[:, 1], tiers_U[rows[:, 0]], jax.random.fold_in(key, i))
-        status[start:start + n] = np.asarray(ro.status)[:n]
-        turns[start:start + n] = np.asarray(ro.turns_used)[:n]
-    status, turns = status.reshape(shape), turns.reshape(shape)
-    return {"success": status == SUCCESS, "status": status, "turns": turns, "tiers": tiers_U}
-
-
 def pass_grid(success_UxPxZ, ks: Sequence[int]) -> np.ndarray:
     """Per-task Pass@(K,T) [U, J, P] (`passk.pass_at_k_grid`, Chen et al. 2021 eq. 1)."""
     return np.asarray(passk.pass_at_k_grid(np.asarray(success_UxPxZ, bool), np.asarray(ks, np.int32)), np.float64)

@@ -31,7 +31,8 @@ from typing import Optional
 
 from jaxagent.envs.host.datasets import (DatasetReport, data_path, held_out_by_hash, read_records,
                                          record_files)
-from jaxagent.envs.host.sql_env import ORDER_BY_RE, SQLTask, DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.sql_query import DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 SPIDER_FILES = {"train_spider.json": "train", "train_others.json": "train", "dev.json": "test", "test.json": "test"}
 _FIELDS = {"spider": ("db_id", "query", "question"), "intercode": ("db", "gold", "query")}  # (db, gold, question)
