@@ -93,7 +93,8 @@ from jaxagent.envs.jax.budgets import DEFAULT_TEMPLATE
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
-from jaxagent.rollout.jax_loop import RolloutConfig, max_chunk, rollout
+from jaxagent.rollout.episode import max_chunk
+from jaxagent.rollout.jax_loop import RolloutConfig, rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study.stages import TaskSettings
 from jaxagent.study.toy import ToyWorld, make_toy_world

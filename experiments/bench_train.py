@@ -51,8 +51,9 @@ from experiments.peers.torch_grpo import CLIP_HIGH, CLIP_LOW, ppo_clip_terms
 from jaxagent.bench.roofline import train_flops
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import PRESETS, Qwen3Config
-from jaxagent.rl import optim
+from jaxagent.rl import optim, train_state
 from jaxagent.rl import train_step as ts
+from jaxagent.rl import logprobs as logprobs_lib
 from jaxagent.xla_options import COMPILER_OPTIONS
 
 LR, WD, MAX_NORM = 1e-6, 0.01, 1.0
@@ -91,8 +92,8 @@ def make_batch(cfg: Qwen3Config, batch: int, seq: int, prompt: int, seed: int = 
 def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int = 1,
               compute_dtype=None) -> dict:
     tx = optim.make_optimizer(LR, weight_decay=WD, max_grad_norm=MAX_NORM)
-    state = ts.init_train_state(cfg, tx, jax.random.key(0), params=params)
-    step = ts.make_train_step(cfg, tx, ts.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
+    state = train_state.init_train_state(cfg, tx, jax.random.key(0), params=params)
+    step = ts.make_train_step(cfg, tx, train_state.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
                               micro_batches=micro_batches, compute_dtype=compute_dtype)
     batch = {k: jnp.asarray(v) for k, v in batch_np.items()}
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def run_cpu(args) -> dict:
     params = qwen3.init(cfg, jax.random.key(args.seed))
     batch_np = make_batch(cfg, b, t, prompt, args.seed)
     # realistic old log-probs: the current policy's, plus sampler noise
-    logp = jax.jit(lambda p, x: ts.token_logprobs(p, cfg, x))(params, jnp.asarray(batch_np["tokens"]))
+    logp = jax.jit(lambda p, x: logprobs_lib.token_logprobs(p, cfg, x))(params, jnp.asarray(batch_np["tokens"]))
     rng = np.random.default_rng(args.seed + 1)
     batch_np["old_logprobs"] = (np.asarray(logp) + 0.05 * rng.normal(size=(b, t))).astype(np.float32)
     flops = train_flops(cfg, b, t)

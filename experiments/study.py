@@ -54,8 +54,8 @@ from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import plan_mode, run_dir, stages
-from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, done,  # noqa: F401
-                                    done_settings, is_main_process, mark_done, sync_processes, write_json)
+from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, is_main_process,
+                                    mark_done, sync_processes)
 from jaxagent.study.toy import ToyWorld, make_toy_world
 
 

@@ -89,12 +89,12 @@ def test_norm_rope_matches_the_model(b, t, h, kv, e):
     qkv = jnp.asarray(rng.standard_normal((b, t, h + 2 * kv, e)) * 3, jnp.float32)
     wq, wk = (jnp.asarray(rng.standard_normal(e), jnp.float32) for _ in range(2))
     positions = jnp.asarray(rng.integers(0, 500, (b, t)), jnp.int32)
-    cos, sin = qwen3.rope_tables(positions, e, 1e6)  # [B, T, 1, E]
+    cos, sin = ops.rope_tables(positions, e, 1e6)  # [B, T, 1, E]
     n_valid = rng.integers(0, t + 1, b).astype(np.int32)
     n_valid[0] = t
     got_q, got_k = jax.jit(lambda *a: cpu.norm_rope(*a, 1e-6, h))(qkv, n_valid, wq, wk, cos[:, :, 0], sin[:, :, 0])
-    want_q = qwen3.rope(qwen3.rms_norm(qkv[:, :, :h], wq, 1e-6), (cos, sin))
-    want_k = qwen3.rope(qwen3.rms_norm(qkv[:, :, h:h + kv], wk, 1e-6), (cos, sin))
+    want_q = ops.rope(ops.rms_norm(qkv[:, :, :h], wq, 1e-6), (cos, sin))
+    want_k = ops.rope(ops.rms_norm(qkv[:, :, h:h + kv], wk, 1e-6), (cos, sin))
     valid = _valid_rows(n_valid, t)
     for got, want in ((got_q, want_q), (got_k, want_k)):
         got, want = np.asarray(got), np.asarray(want)
@@ -211,7 +211,7 @@ def test_packed_forward_equals_unpacked(tied):
     params = qwen3.init(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (5, 9), 0, cfg.vocab_size)
     _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 24))
-    packed = qwen3.packed_weights(params, cfg)
+    packed = ops.packed_weights(params, cfg)
     assert packed is not None
     step = jax.jit(lambda p, c, t, pk: qwen3.forward(p, cfg, t, cache=c, packed=pk))
     want, want_cache = step(params, cache, tokens[:, :1], None)
@@ -239,8 +239,8 @@ def test_packed_forward_equals_unpacked(tied):
 def test_packed_weights_only_where_the_kernels_apply():
     cfg = _cfg(4, 2, 16)
     params = qwen3.init(cfg, jax.random.key(0))
-    assert qwen3.packed_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg) is None
-    packed = qwen3.packed_weights(params, cfg)
+    assert ops.packed_weights(jax.tree.map(lambda w: w.astype(jnp.bfloat16), params), cfg) is None
+    packed = ops.packed_weights(params, cfg)
     assert len(packed["layers"]) == cfg.num_hidden_layers and packed["lm_head"].shape == (32 * 61,)
 
 

@@ -26,6 +26,7 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
+from jaxagent.sampling import Sampler
 from jaxagent.study import host_error_recovery, host_stages, stages
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
@@ -323,7 +324,7 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     assert len(pre) == 2 and pre[0].actions == (bad,)
     params = weights.load(run.checkpoint)[1]
     acts = host_error_recovery.continue_prefixes(params, run.cfg, run.world, run.preset.task, pre[:1],
-                                                 jax.random.key(0), 2, sampler=host_study.Sampler(temperature=1.0))
+                                                 jax.random.key(0), 2, sampler=Sampler(temperature=1.0))
     assert len(acts) == 1 and isinstance(acts[0], str) and acts[0] != bad
     j = host_error_recovery.judge(run.world.env, pre, [acts[0], bad], [bad, bad])
     assert j["rl"] == [False, False] and len(j["base"]) == 2

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce, study
+from experiments import host_study, reproduce
 from experiments.host_presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
@@ -25,6 +25,7 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
 from tests.passk_reference import comb_pass
+from jaxagent.study import run_dir
 
 
 @pytest.fixture(scope="module")
@@ -367,8 +368,8 @@ def resumed(ci_run, tmp_path_factory):
         with pytest.raises(Interrupted):
             host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)
     recorded = host_study.arm_stage_settings(run, "grpo", 0)
-    with pytest.raises(study.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
-                                                     r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
+                                                       r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
         host_study.resume_arm(run, "grpo/seed0", out, {**recorded, "task": {**recorded["task"], "t_max": 3}},
                               None, 0, base)
     params = host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)[("grpo", 0)]
@@ -401,7 +402,7 @@ def test_interrupted_arm_resumes_to_the_uninterrupted_result(resumed):
 def test_arm_checkpoints_and_done_record_the_settings(resumed):
     out, want = resumed["out"], resumed["recorded"]
     assert want["arm"]["iterations"] == 2 and want["seed"] == 0 and want["task"]["domain"] == "sql"
-    assert study.done_settings(out) == want
+    assert run_dir.done_settings(out) == want
     meta = ckpt_lib.read_metadata(ckpt_lib.make_manager(os.path.join(out, "ckpt"), read_only=True))
     assert meta["extra"]["settings"] == want and meta["step"] == 1
     logs = []  # a rerun of the finished arm loads its policy and trains nothing

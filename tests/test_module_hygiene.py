@@ -205,7 +205,8 @@ def test_checker_reports_jax_src():
     assert got == ["jaxagent.a:2: jax._src: import jax._src.core", "jaxagent.a:3: jax._src: from jax._src import core",
                    "jaxagent.a:4: jax._src: from jax import _src", "jaxagent.a:6: jax._src: jax._src",
                    "jaxagent.b:2: jax._src: import_module('jax._src.mesh')"]
-    assert check_sources(synthetic(jaxagent__a="import jax\nimport jax.numpy as jnp\njnp.ones(1)\njax.lax.scan\n")) == []
+    clean = "import jax\nimport jax.numpy as jnp\njnp.ones(1)\njax.lax.scan\n"
+    assert check_sources(synthetic(jaxagent__a=clean)) == []
 
 
 def test_checker_reports_cycles():

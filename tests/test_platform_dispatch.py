@@ -59,10 +59,10 @@ def _programs(dtype):
 
     def generate(p, t, m, k, n):
         return gen_mod.generate_jit(p, t, m, k, n, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS,
-                                 sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
+                                    sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
 
     def decode(p, c, lg, k):
-        window = qwen3.choose_window((L, 2 * L), jnp.max(c["length"]) + STEPS)
+        window = ops.choose_window((L, 2 * L), jnp.max(c["length"]) + STEPS)
         return gen_mod.decode(p, CFG, c, lg, k, STEPS, max_steps=STEPS, sampler=Sampler(), stop_ids=(1,),
                               kv_window=window)
 
@@ -123,7 +123,7 @@ def test_entry_point_lowers_for_tpu_with_its_compiler_options(tpu_mesh):
     fn, args = _programs(jnp.float32)["generate"]
     args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), args)
     lowered = gen_mod.generate_jit.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
-                                      stop_ids=(1,), pad_id=0)
+                                         stop_ids=(1,), pad_id=0)
     assert not _custom_calls(lowered.compile().as_text())
 
 

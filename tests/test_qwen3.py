@@ -265,12 +265,12 @@ def test_dense_backward_equals_autodiff(dtype):
                                        atol=tol * float(jnp.max(jnp.abs(r.astype(jnp.float32)))))
 
     loss = lambda y: jnp.sum(jnp.sin(y.astype(jnp.float32)))  # noqa: E731
-    check(lambda x, w: loss(qwen3.dense(x, w)), lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w)), x, w)
-    check(lambda x, w: loss(qwen3.dense(x, w, jnp.float32)),
+    check(lambda x, w: loss(ops.dense(x, w)), lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w)), x, w)
+    check(lambda x, w: loss(ops.dense(x, w, jnp.float32)),
           lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w, preferred_element_type=jnp.float32)), x, w)
-    check(lambda x, e: loss(qwen3.dense_transposed(x, e, jnp.float32)),
+    check(lambda x, e: loss(ops.dense_transposed(x, e, jnp.float32)),
           lambda x, e: loss(jnp.einsum("btd,vd->btv", x, e, preferred_element_type=jnp.float32)), x, e)
-    assert qwen3.dense(x, w).shape == (2, 5, 3, 4) and qwen3.dense_transposed(x, e).shape == (2, 5, 7)
+    assert ops.dense(x, w).shape == (2, 5, 3, 4) and ops.dense_transposed(x, e).shape == (2, 5, 7)
 
 
 def test_init_matches_logical_axes():

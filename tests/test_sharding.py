@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
 from jaxagent.models import qwen3, weights
+from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling import GREEDY, generate
 from tests.hf_reference import make_hf_qwen3
 
@@ -159,8 +160,8 @@ def test_generate_on_sharded_params_without_mesh_argument(ckpt, batch, reference
 
 # ---------------------------------------------------------------- the rule table itself
 def test_divisibility_fallback_replicates_kv_heads():
-    cfg = qwen3.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
-                            num_key_value_heads=2, head_dim=16)
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=16)
     mesh = shd.make_mesh(2, 1, 4)
     sh = shd.shardings_for(qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh)
     attn = sh["layers"][0]["attn"]

@@ -17,7 +17,7 @@ from experiments.presets import PRESETS
 from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.rl import checkpoint as ckpt_lib
-from jaxagent.study import stages
+from jaxagent.study import run_dir, stages
 
 MESH = (2, 2, 2)
 ITERATIONS = 2
@@ -43,7 +43,7 @@ def mesh_run(tmp_path_factory):
     assert run.mesh is not None and dict(run.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     # The base stage as for a checkpoint preset: a saved policy, loaded onto the mesh (skips the SFT compile).
     study.save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
-    study.mark_done(run.path("base"))
+    run_dir.mark_done(run.path("base"))
     base = study.run_base(run, log=lambda *_: None)
 
     seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}

@@ -35,15 +35,10 @@ from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import ops
 from jaxagent.models.config import Qwen3Config
+from jaxagent.models.ops import KVWindows, Packed
 
 Params = dict[str, Any]
 Cache = dict[str, Any]
-Packed = ops.Packed
-
-# The numerics live in the ops seam (`jaxagent.models.ops`); these names stay importable from here.
-rms_norm, rope_tables, rope, dense, dense_transposed = ops.rms_norm, ops.rope_tables, ops.rope, ops.dense, \
-    ops.dense_transposed
-KVWindows, choose_window, packed_weights = ops.KVWindows, ops.choose_window, ops.packed_weights
 
 # Per-block activation checkpointing (`jax.checkpoint`) policies by name, for `hidden_states(remat=)`.
 REMAT_POLICIES = {
@@ -323,10 +318,10 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     `kv_window` (static int, with a cache): attend only to the first kv_window slots; the caller
     guarantees length + T <= kv_window for every row whose outputs it uses (rows past it read a
     truncated history). Writes still go to the full cache. Saves attention work when the cache is
-    mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
+    mostly empty (prefill, early turns). A `KVWindows` (see `ops.choose_window`) picks one of a few static
     windows at run time: a `lax.switch` around each layer's attention core (the CPU kernel reads the
     window at run time instead).
-    `packed` (`packed_weights(params, cfg)`, or `ops.head_copy`): weights prepared for the CPU kernels;
+    `packed` (`ops.packed_weights(params, cfg)`, or `ops.head_copy`): weights prepared for the CPU kernels;
     a program lowered for CPU then runs the projections by the GEMM kernel, which (with a cache and
     `n_valid`) computes only each row's first n_valid tokens: their logits equal the XLA path's up to
     f32 rounding, the other positions' are unspecified (0 there). Programs for other platforms ignore

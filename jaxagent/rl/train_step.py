@@ -45,13 +45,9 @@ from jaxagent import sharding, xla_options
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import losses, optim
-# Split by reason to change: log-probs (`rl.logprobs`), settings / state / shardings (`rl.train_state`);
-# their names stay importable from here.
 from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats,  # noqa: F401
                                   token_logprobs)
-from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, critic_config,  # noqa: F401
-                                     abstract_train_state, advance_data, opt_state_shardings,
-                                     init_train_state, split_rng, state_shardings)
+from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, critic_config, state_shardings
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
 PPO_KEYS = ("returns", "old_values")

@@ -67,10 +67,10 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from jaxagent.envs.jax.budgets import budget_text
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout import episode
-from jaxagent.rollout.episode import budget_text
 
 
 def error_text(where: str, err: BaseException) -> str:

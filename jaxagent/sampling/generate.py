@@ -25,10 +25,10 @@ from jax.sharding import Mesh
 
 from jaxagent import checks
 from jaxagent import sharding as shd
+from jaxagent import xla_options
 from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
-from jaxagent import xla_options
 
 
 class Generation(NamedTuple):
@@ -88,13 +88,13 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     Every generated token, the stop token included, is written to the cache, so the next turn can
     append directly after it. Rows with active_B False generate nothing. `kv_window`: see
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
-    `packed`: `qwen3.packed_weights(params, cfg)` when the caller has them (prepared here otherwise,
+    `packed`: `ops.packed_weights(params, cfg)` when the caller has them (prepared here otherwise,
     once per call, outside the token loop: the kernels' panels, else a tied head's [D, V] copy for
     XLA:CPU, see `ops.head_copy`; programs for other platforms drop them). `mesh`: see `qwen3.forward`.
     """
     b = logits_BxV.shape[0]
     if packed is None:
-        packed = qwen3.packed_weights(params, cfg) or ops.head_copy(params, cfg)
+        packed = ops.packed_weights(params, cfg) or ops.head_copy(params, cfg)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -261,8 +261,8 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         max_new = jax.device_put(max_new, shd.batch_sharding(mesh, 1, rules, batch_size=b))
         key = jax.device_put(key, shd.replicated(mesh))
     return generate_jit(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
-                     sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
-                     rules=None if rules is None else tuple(sorted(rules.items())))
+                        sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
+                        rules=None if rules is None else tuple(sorted(rules.items())))
 
 
 def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler, stop_ids,
@@ -287,5 +287,5 @@ def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_B
     prompt = jnp.pad(jnp.asarray(prompt_BxL, jnp.int32), pad, constant_values=pad_id)
     max_new = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (shape[0],)), 0, max_steps)
     return generate_jit(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
-                     cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
-                     mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))
+                        cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
+                        mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))

@@ -96,7 +96,7 @@ def make_r_single(world, cfg, ts, *, n_samples: int, batch_size: int, compute_dt
 
     def measure(params) -> dict:
         raw = host_stages.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(world.heldout_tasks),
-                                          [ts.t_max], n_samples, jax.random.key(R_SINGLE_KEY), batch_size)
+                                            [ts.t_max], n_samples, jax.random.key(R_SINGLE_KEY), batch_size)
         per_task = raw["success"][0].mean(-1)  # [P]
         return {"r_single": float(per_task.mean()), "r_single_tasks": per_task.tolist(), "n_samples": int(n_samples)}
 
@@ -157,8 +157,8 @@ def _batch(r: Mapping) -> np.ndarray:
 
 def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
                      put) -> dict:
-    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is `host_eval.put_estimate`.
-    No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
+    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is
+    `host_eval.put_estimate`. No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
     ends = {s: e for s, e in ((s, _ends(rows)) for s, rows in sorted(logs.items())) if e is not None}
     if not ends:
         return {f"{d}.note.f6_dynamics": NO_LOG_NOTE}

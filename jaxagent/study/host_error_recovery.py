@@ -39,9 +39,9 @@ import jax
 import numpy as np
 
 from jaxagent.eval import error_prefix
-from jaxagent.eval.driver_common import rollout_params
 from jaxagent.eval.findings import Finding, Row
 from jaxagent.rollout.host_loop import HostTrace, host_rollout
+from jaxagent.sampling.generate import rollout_params
 
 DOMAINS = ("bfcl",)
 EFFECT = 0.142  # the paper's gap, 41.4% - 27.2% (`findings.f4_correction_bfcl`)

@@ -274,7 +274,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         ok7 = [s for s in both if s in ok and s in included["gigpo"]]
         oth = {s: per_task[f"gigpo/seed{s}"] for s in both}
         put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, n_boot,
-             arms=f"{MAIN_ARM} & gigpo")
+                     arms=f"{MAIN_ARM} & gigpo")
         m[f"{f7}.grpo"] = _mean(rl[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.gigpo"] = _mean(oth[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")

@@ -63,9 +63,10 @@ import numpy as np
 
 from jaxagent import xla_options
 from jaxagent.eval import stats
-from jaxagent.eval.driver_common import pad_index, rollout_params, row_placement
+from jaxagent.eval.driver_common import pad_index, row_placement
 from jaxagent.eval.findings import LLR_THRESHOLD, SEI, Finding, Row
 from jaxagent.rl import logprobs
+from jaxagent.sampling.generate import rollout_params
 
 DOMAINS = ("bfcl",)
 REL_TOL = 0.1          # the length-matched control's tolerance: within 10% of the longer (PAPER.md)
@@ -360,10 +361,10 @@ def jeffreys_note(est: stats.Estimate) -> str:
 
 
 def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
-    """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is `host_eval.put_estimate`
-    (with its `stat` argument). The rows (means, counts) are over the included seeds; when the health rule excludes
-    every seed (e.g. a CI miniature's collapsed policy) over every seed, with the note `<d>.note.f5_seeds`. No
-    pair in those seeds: also the note `<d>.note.f5_matched`."""
+    """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is
+    `host_eval.put_estimate` (with its `stat` argument). The rows (means, counts) are over the included seeds;
+    when the health rule excludes every seed (e.g. a CI miniature's collapsed policy) over every seed, with the
+    note `<d>.note.f5_seeds`. No pair in those seeds: also the note `<d>.note.f5_matched`."""
     nll, llr, mat, judged = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched", f"{d}.f5_llr_rl"
     m: dict = {f"{judged}.threshold": LLR_THRESHOLD, f"{mat}.threshold": LLR_THRESHOLD}
     u_nll, u_llr, u_pair = {}, {}, {}

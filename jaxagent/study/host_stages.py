@@ -52,13 +52,13 @@ from jax.sharding import Mesh
 
 from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
-from jaxagent.eval.driver_common import rollout_params
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import SUCCESS, Rollout
 from jaxagent.sampling import Sampler
+from jaxagent.sampling.generate import rollout_params
 from jaxagent.study import stages
 
 HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle

@@ -30,8 +30,8 @@ from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
-from jaxagent.rl.train_step import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
-                                    make_train_step, state_shardings)
+from jaxagent.rl.train_state import LossSettings, ValueSettings, abstract_train_state, init_train_state, state_shardings
+from jaxagent.rl.train_step import make_train_step
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.sampling import Sampler
 from jaxagent.sampling.generate import rollout_params

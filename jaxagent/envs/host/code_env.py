@@ -65,7 +65,7 @@ from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host.datasets import DatasetReport
 from jaxagent.envs.host.deepcoder import load_deepcoder
-from jaxagent.envs.host.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
+from jaxagent.envs.host.sandbox import SandboxLimits, SandboxResult, run_calls
 from jaxagent.envs.host.tasks import CodeTask
 
 STYLES = ("function", "call", "stdin")

@@ -55,9 +55,8 @@ from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root
 from jaxagent.envs.host.spider import load_spider
-from jaxagent.envs.host.sql_query import (ALLOWED_FUNCTIONS, DEFAULT_HEAP_LIMIT_BYTES,  # noqa: F401
-                                          DEFAULT_MAX_COLUMNS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN,
-                                          QueryError, QueryRunner, run_query)
+from jaxagent.envs.host.sql_query import (DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError, QueryRunner,
+                                          run_query)
 from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"
