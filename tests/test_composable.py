@@ -43,7 +43,7 @@ def prompt():
 
 
 def _gen(p, t, m, k):
-    return gen_mod._generate(p, t, m, k, jnp.full((B,), STEPS, jnp.int32), cfg=CFG, max_steps=STEPS,
+    return gen_mod.generate_jit(p, t, m, k, jnp.full((B,), STEPS, jnp.int32), cfg=CFG, max_steps=STEPS,
                              cache_len=L + STEPS, sampler=Sampler(temperature=0.8), stop_ids=(), pad_id=0)
 
 

@@ -7,11 +7,13 @@ Each rule is also run on small synthetic sources that break it, so a checker tha
 Rules, for every module under jaxagent/ and experiments/:
   (a) `from <ours> import _x` (or `import <ours>._x`): a private name or module imported from one of ours;
   (b) `m._x` where `m` names one of our modules through an import (`import jaxagent.a as m`,
-      `from jaxagent import a`, `import jaxagent` then `jaxagent.a._x`);
+      `from jaxagent import a`, `import jaxagent` then `jaxagent.a._x`, `m = importlib.import_module("jaxagent.a")`),
+      or `getattr` / `setattr` (`monkeypatch.setattr`) / `hasattr` / `delattr` of `m` with a private name;
   (c) `jax._src` reached in any way: `import jax._src...`, `from jax._src... import`, `from jax import _src`,
       `jax._src` as an attribute, `importlib.import_module("jax._src...")`;
   (d) a cycle in the import graph: an edge from a module to each of our modules it imports, wherever the
       import statement stands (module level or inside a function).
+Tests (tests/test_<name>.py) follow (a)-(c), except that they may use the private names of the module <name>.
 """
 import ast
 import pathlib
@@ -91,10 +93,12 @@ def find_cycles(graph):
     return cycles
 
 
-def check_sources(sources):
+def check_sources(sources, own=None):
     """Violations of rules (a)-(d) in `sources` ({module name: (source, is_package)}).
 
-    Returns a sorted list of strings: "module:line: rule: detail", and "cycle: a -> b -> a" for rule (d)."""
+    own(module, target) -> bool: private names of `target` that `module` may use (a test of its own module);
+    default none. Returns a sorted list of strings: "module:line: rule: detail", and "cycle: a -> b -> a" for
+    rule (d)."""
     modules = set(sources)
     problems = []
     graph = {m: set() for m in sources}
@@ -106,6 +110,9 @@ def check_sources(sources):
             if ".".join(parts[:n]) in modules:
                 return ".".join(parts[:n])
         return None
+
+    def mine(module, target):
+        return own is not None and target is not None and own(module, target)
 
     def add_edge(module, target):
         if target and target != module:
@@ -125,7 +132,7 @@ def check_sources(sources):
                         continue
                     bound[alias.asname or name.split(".")[0]] = name if alias.asname else name.split(".")[0]
                     if is_ours(name):
-                        if any(is_private(p) for p in name.split(".")):
+                        if any(is_private(p) for p in name.split(".")) and not mine(module, known_prefix(name)):
                             problems.append(f"{where % node.lineno}: private import: import {name}")
                         add_edge(module, known_prefix(name))
             elif isinstance(node, ast.ImportFrom):
@@ -139,10 +146,10 @@ def check_sources(sources):
                     continue
                 if not is_ours(src):
                     continue
-                if any(is_private(p) for p in src.split(".")):
+                if any(is_private(p) for p in src.split(".")) and not mine(module, known_prefix(src)):
                     problems.append(f"{where % node.lineno}: private import: from {src} import ...")
                 for alias in node.names:
-                    if is_private(alias.name):
+                    if is_private(alias.name) and not mine(module, known_prefix(src)):
                         problems.append(f"{where % node.lineno}: private import: from {src} import {alias.name}")
                     full = f"{src}.{alias.name}"
                     if full in modules:
@@ -151,11 +158,32 @@ def check_sources(sources):
                     else:
                         add_edge(module, known_prefix(src))
             elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) and is_jax_src(node.args[0].value):
+                    and isinstance(node.args[0].value, str):
                 fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                if fn in ("import_module", "__import__"):
-                    problems.append(f"{where % node.lineno}: jax._src: {fn}({node.args[0].value!r})")
+                name = node.args[0].value
+                if fn in ("import_module", "__import__") and is_jax_src(name):
+                    problems.append(f"{where % node.lineno}: jax._src: {fn}({name!r})")
+                if fn == "import_module" and is_ours(name):
+                    if any(is_private(p) for p in name.split(".")) and not mine(module, known_prefix(name)):
+                        problems.append(f"{where % node.lineno}: private import: import_module({name!r})")
+                    add_edge(module, known_prefix(name))
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and isinstance(node.value, ast.Call) and node.value.args \
+                    and isinstance(node.value.args[0], ast.Constant) and isinstance(node.value.args[0].value, str):
+                fn = node.value.func
+                fn = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if fn == "import_module" and node.value.args[0].value in modules:
+                    bound[node.targets[0].id] = node.value.args[0].value   # m = importlib.import_module("ours")
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in bound and bound[node.args[0].id] in modules \
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
+                    and is_private(node.args[1].value):
+                fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                # monkeypatch.setattr(m, "_x", ...) too
+                if fn in ("getattr", "setattr", "hasattr", "delattr") and not mine(module, bound[node.args[0].id]):
+                    problems.append(f"{where % node.lineno}: private attribute: {fn}({node.args[0].id}, "
+                                    f"{node.args[1].value!r})")
             if not isinstance(node, ast.Attribute):
                 continue
             root, attrs = dotted_name(node.value)
@@ -164,7 +192,7 @@ def check_sources(sources):
             base = ".".join([bound[root]] + attrs)   # what the expression left of `.attr` names
             if is_jax_src(f"{base}.{node.attr}") and not is_jax_src(base):
                 problems.append(f"{where % node.lineno}: jax._src: {root}.{'.'.join(attrs + [node.attr])}")
-            elif base in modules and is_private(node.attr):
+            elif base in modules and is_private(node.attr) and not mine(module, base):
                 problems.append(f"{where % node.lineno}: private attribute: "
                                 f"{'.'.join([root] + attrs + [node.attr])}")
     problems.extend(f"cycle: {' -> '.join(c)}" for c in find_cycles(graph))
@@ -195,6 +223,10 @@ def test_checker_reports_private_attribute():
                           "    a.T._replace(b=2)\n", False)}
     assert check_sources(src) == ["jaxagent.b:5: private attribute: a._x", "jaxagent.b:6: private attribute: aa._y",
                                   "jaxagent.b:7: private attribute: jaxagent.a._z"]
+    src["jaxagent.c"] = ("import importlib\nm = importlib.import_module('jaxagent.a')\nm._w()\n"
+                         "def t(monkeypatch):\n    monkeypatch.setattr(m, '_v', 1)\n    getattr(m, 'ok')\n", False)
+    assert check_sources(src)[-2:] == ["jaxagent.c:3: private attribute: m._w",
+                                       "jaxagent.c:5: private attribute: setattr(m, '_v')"]
 
 
 def test_checker_reports_jax_src():
@@ -230,3 +262,20 @@ def test_repository_is_clean():
     assert len(sources) > 100                   # the walk found the package
     problems = check_sources(sources)
     assert problems == [], "\n".join(problems)
+
+
+def own_module(module, target):
+    """tests/test_<name>.py may use the private names of the module it tests (the one named <name>)."""
+    return module.startswith("tests.test_") and target.rsplit(".", 1)[-1] == module[len("tests.test_"):]
+
+
+def test_tests_use_public_names_of_other_modules():
+    """Tests use private names only of the module they test, and never `jax._src` (this file's synthetic
+    sources aside)."""
+    sources = module_sources(OURS + ("tests",))
+    del sources["tests.test_module_hygiene"]
+    problems = [p for p in check_sources(sources, own=own_module) if p.startswith("tests.")]
+    assert problems == [], "\n".join(problems)
+    got = check_sources(synthetic(jaxagent__a="", tests__test_a="from jaxagent.a import _f\n",
+                                  tests__test_b="from jaxagent.a import _f\n"), own=own_module)
+    assert got == ["tests.test_b:1: private import: from jaxagent.a import _f"]
