@@ -1,7 +1,8 @@
-"""Episode status codes and cost curves (turns, generated tokens, env calls) from rollout outputs.
+"""Cost curves (turns, generated tokens, env calls) from rollout outputs, by episode status (the codes are the
+rollout's, `jaxagent.rollout.types`).
 
 Dimension legend (CONVENTIONS.md): B episodes (any leading shape is flattened into episodes),
-U budget tiers. The rollout imports the status codes below.
+U budget tiers.
 """
 from __future__ import annotations
 
@@ -9,11 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxagent.eval import value_checks
-
-# Episode status codes: one source, the rollout's (running, success, failed, budget_exhausted,
-# context_exhausted).
-from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING,  # noqa: E402,F401
-                                    STATUS_NAMES, SUCCESS)
+from jaxagent.rollout.types import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, STATUS_NAMES, SUCCESS
 
 N_STATUS = len(STATUS_NAMES)
 
