@@ -45,8 +45,7 @@ from jaxagent import sharding, xla_options
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import losses, optim
-from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats,  # noqa: F401
-                                  token_logprobs)
+from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats, token_logprobs
 from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, critic_config, state_shardings
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
