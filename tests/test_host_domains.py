@@ -95,7 +95,7 @@ def test_preset_sizes(name):
     p = HOST_PRESETS[name]
     host_stages.get_domain(p.task.domain)
     data, fsdp, tensor = p.mesh
-    host_study.check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
+    study.check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
     assert max(p.eval.ks) <= p.eval.n_samples and p.kl_estimator == "k2"
     tiers = budgets_lib.budget_tiers(p.task.t_max, p.eval.fractions)
     assert tiers[-1] == p.task.t_max and len(set(tiers)) == len(tiers)
@@ -120,9 +120,9 @@ def test_every_domain_has_every_scale():
 
 def test_check_batches_refuses_undividable():
     p = HOST_PRESETS["qwen3-8b-v5p-sql"]
-    host_study.check_batches(p, 32)
+    study.check_batches(p, 32)
     with pytest.raises(ValueError, match="micro_batches"):
-        host_study.check_batches(p, 64)
+        study.check_batches(p, 64)
 
 
 def test_arm_settings_match_the_frozenlake_study():
