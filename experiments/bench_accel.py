@@ -457,10 +457,10 @@ def rl_record(plan: Plan, tmp: str, log: Callable) -> dict:
 def _params(plan: Plan, cfg, dtype, mesh, key_offset: int = 0):
     import jax
 
-    from jaxagent.models import qwen3
+    from jaxagent.models import qwen3, weights
     from jaxagent.study.stages import place_params
     if plan.checkpoint is not None:
-        _, params = qwen3.load(plan.checkpoint, dtype=dtype, mesh=mesh)
+        _, params = weights.load(plan.checkpoint, dtype=dtype, mesh=mesh)
         return params
     return place_params(qwen3.init(cfg, jax.random.key(plan.seed + key_offset), dtype), cfg, mesh)
 
@@ -572,12 +572,12 @@ def _check(plan: Plan, peer, check_dir: str, measure, stages) -> dict:
     import jax.numpy as jnp
 
     from jaxagent.bench.data import prompts
-    from jaxagent.models import qwen3
+    from jaxagent.models import weights
     r = (peer or {}).get("check")
     if r is None or "error" in r or "skipped" in r:
         note = "--no-peer" if peer is None else (r or {}).get("error") or (r or {}).get("skipped") or peer.get("_note")
         return {"peer": None, "peer_note": note}
-    cfg, params = qwen3.load(check_dir)
+    cfg, params = weights.load(check_dir)
     shape = _check_shape(plan)
     toks = measure.greedy_tokens(measure.decoding_params(params, cfg, jnp.bfloat16), cfg,
                                  prompts(cfg.vocab_size, shape["prompt_rows"], shape["prompt_len"], plan.seed),

@@ -6,7 +6,7 @@ A regression guard on CPU; the accelerator benchmark (GPU/TPU: roofline, PyTorch
 `python -m experiments.bench_accel`.
 
 CPU mode: both frameworks get identical random weights (a transformers Qwen3ForCausalLM is built,
-saved, and read back with `qwen3.load`), the same prompts (no padding), greedy decoding of exactly
+saved, and read back with `weights.load`), the same prompts (no padding), greedy decoding of exactly
 `--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
 (jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
 max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both (paired within a
@@ -46,7 +46,7 @@ import numpy as np
 from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_setting, pick_best,
                                      run_peer_workers, setting_fields)
 from jaxagent.bench.roofline import forward_flops
-from jaxagent.models import qwen3
+from jaxagent.models import weights
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.sampling import GREEDY, generate
 from jaxagent.xla_options import COMPILER_OPTIONS
@@ -172,7 +172,7 @@ def run_cpu(args) -> dict:
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
         del model
-        cfg_loaded, params = qwen3.load(d)
+        cfg_loaded, params = weights.load(d)
         if cfg_loaded != cfg:
             raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
         jax_peaks = {"xla_default": matmul_peak_gflops(args.matmul_n, args.repeats),

@@ -21,7 +21,7 @@
    max action tokens and context), batch `--batch`, full budgets (the study's default), temperature-1
    sampling, at two shapes: the study's default policy shape (quick preset's model, toy vocab) and a
    ~1M-parameter shape (hidden 128, 4 layers, 4 heads, 2 KV heads, head_dim 32). Both sides use the same
-   random weights (`qwen3.init`, written with `qwen3.save`, read by transformers'
+   random weights (`qwen3.init`, written with `weights.save`, read by transformers'
    `Qwen3ForCausalLM.from_pretrained`, f32, sdpa attention, `torch.set_num_threads(--torch-threads)`),
    the same maps and budgets.
 
@@ -90,10 +90,11 @@ from experiments.bench_model import matmul_peak_gflops
 from jaxagent.envs.jax import frozenlake as fl
 from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.budgets import DEFAULT_TEMPLATE
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
-from jaxagent.rollout.jax_loop import RolloutConfig, max_chunk, rollout
+from jaxagent.rollout.episode import max_chunk
+from jaxagent.rollout.jax_loop import RolloutConfig, rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study.stages import TaskSettings
 from jaxagent.study.toy import ToyWorld, make_toy_world
@@ -435,7 +436,7 @@ def bench_jax_shape(name: str, cfg: Qwen3Config, world: ToyWorld, ts: TaskSettin
     peer workers read. Returns (partial results, the shape's worker spec)."""
     params = qwen3.init(cfg, jax.random.key(args.seed))
     model_dir, tasks_npy = os.path.join(workdir, f"model_{name}"), os.path.join(workdir, f"tasks_{name}.npy")
-    qwen3.save(model_dir, cfg, params)
+    weights.save(model_dir, cfg, params)
     model = _torch_model(model_dir)
     rcfg = RolloutConfig(t_max=ts.t_max, max_action_tokens=ts.max_action_tokens, max_context=ts.max_context,
                          sampler=Sampler(temperature=args.temperature))

@@ -11,7 +11,7 @@ clipping to 1.0, and an AdamW update (lr 1e-6, weight decay 0.01); both sides al
 entropy, clip fraction and sampler drift metrics, and both skip a step with a non-finite gradient
 norm (jax: `optim.make_optimizer`'s guard; torch: `if isfinite(norm): opt.step()`).
 
-CPU mode: both frameworks get identical weights (jax params written with `qwen3.save` and read by
+CPU mode: both frameworks get identical weights (jax params written with `weights.save` and read by
 transformers' `Qwen3ForCausalLM.from_pretrained`, default sdpa attention), the same batch (first
 `--prompt` tokens of each row are prompt, the rest policy tokens), f32. Compile / warm-up steps
 are excluded; step time is the median of `--steps` timed steps. tokens/s = B x T / step time.
@@ -49,10 +49,11 @@ from experiments.bench_common import (LoadMeter, flag_busy, peer_settings, per_s
 from experiments.bench_model import matmul_peak_gflops
 from experiments.peers.torch_grpo import CLIP_HIGH, CLIP_LOW, ppo_clip_terms
 from jaxagent.bench.roofline import train_flops
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import PRESETS, Qwen3Config
-from jaxagent.rl import optim
+from jaxagent.rl import optim, train_state
 from jaxagent.rl import train_step as ts
+from jaxagent.rl import logprobs as logprobs_lib
 from jaxagent.xla_options import COMPILER_OPTIONS
 
 LR, WD, MAX_NORM = 1e-6, 0.01, 1.0
@@ -91,8 +92,8 @@ def make_batch(cfg: Qwen3Config, batch: int, seq: int, prompt: int, seed: int = 
 def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int = 1,
               compute_dtype=None) -> dict:
     tx = optim.make_optimizer(LR, weight_decay=WD, max_grad_norm=MAX_NORM)
-    state = ts.init_train_state(cfg, tx, jax.random.key(0), params=params)
-    step = ts.make_train_step(cfg, tx, ts.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
+    state = train_state.init_train_state(cfg, tx, jax.random.key(0), params=params)
+    step = ts.make_train_step(cfg, tx, train_state.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
                               micro_batches=micro_batches, compute_dtype=compute_dtype)
     batch = {k: jnp.asarray(v) for k, v in batch_np.items()}
     t0 = time.perf_counter()
@@ -114,7 +115,7 @@ def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int
 
 # ----------------------------------------------------------------------------- torch
 def torch_model_from(model_dir: str):
-    """The PyTorch model from a `qwen3.save` directory, in training mode."""
+    """The PyTorch model from a `weights.save` directory, in training mode."""
     from transformers import Qwen3ForCausalLM
     model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype="float32")
     model.train()
@@ -177,7 +178,7 @@ def run_cpu(args) -> dict:
     params = qwen3.init(cfg, jax.random.key(args.seed))
     batch_np = make_batch(cfg, b, t, prompt, args.seed)
     # realistic old log-probs: the current policy's, plus sampler noise
-    logp = jax.jit(lambda p, x: ts.token_logprobs(p, cfg, x))(params, jnp.asarray(batch_np["tokens"]))
+    logp = jax.jit(lambda p, x: logprobs_lib.token_logprobs(p, cfg, x))(params, jnp.asarray(batch_np["tokens"]))
     rng = np.random.default_rng(args.seed + 1)
     batch_np["old_logprobs"] = (np.asarray(logp) + 0.05 * rng.normal(size=(b, t))).astype(np.float32)
     flops = train_flops(cfg, b, t)
@@ -193,7 +194,7 @@ def run_cpu(args) -> dict:
     peak = peak_jax
     if not args.no_torch:
         with tempfile.TemporaryDirectory() as d:
-            qwen3.save(os.path.join(d, "model"), cfg, params)
+            weights.save(os.path.join(d, "model"), cfg, params)
             np.savez(os.path.join(d, "batch.npz"), **batch_np)
             spec = {"model_dir": os.path.join(d, "model"), "batch_npz": os.path.join(d, "batch.npz"),
                     "steps": args.steps, "warmup": args.warmup, "matmul_n": args.matmul_n,

@@ -13,17 +13,17 @@ import json
 import math
 import os
 
-from jaxagent.eval import report
+from jaxagent.eval import findings, report
 
 
-def cell(f: report.Finding, metrics: dict, prefix: str | None = None) -> tuple[str, str | None]:
+def cell(f: findings.Finding, metrics: dict, prefix: str | None = None) -> tuple[str, str | None]:
     """("value [lo, hi] **verdict** (why; about N seeds would decide it)", verdict) of one run, values times
     the finding's scale; ("—", None) when the run did not measure the finding."""
-    est = report.estimate_from_metrics(metrics, prefix or f.diff)
+    est = findings.estimate_from_metrics(metrics, prefix or f.diff)
     if est is None or not math.isfinite(est.mean):
         return "—", None
-    verdict, why = report.finding_verdict(f, metrics, prefix)
-    n = report.seeds_to_decide(f, metrics, prefix)
+    verdict, why = findings.finding_verdict(f, metrics, prefix)
+    n = findings.seeds_to_decide(f, metrics, prefix)
     if n is not None:
         why += f"; about {n} seeds would decide it"
     s, fmt = f.diff_scale, f.diff_fmt
@@ -47,11 +47,11 @@ def table(run_dirs: list[str]) -> str:
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     head = "| finding (difference) | " + " | ".join(f"`{n}`: measured [95% CI] **verdict** (why)" for n in names)
     lines = [head + " | same verdict |", "|" + "---|" * (len(names) + 2)]
-    for f in report.DEFAULT_FINDINGS:
+    for f in findings.DEFAULT_FINDINGS:
         cells = [cell(f, m) for m in runs]
         if all(v is None for _, v in cells):
             continue
-        title = report.finding_title(f, next(m for m, (_, v) in zip(runs, cells) if v is not None))
+        title = findings.finding_title(f, next(m for m, (_, v) in zip(runs, cells) if v is not None))
         same = "yes" if len({v for _, v in cells}) == 1 else "**no**"
         lines.append(f"| {title} ({f.diff_label}) | " + " | ".join(c for c, _ in cells) + f" | {same} |")
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@ Held-out maps per seed: RL seed s (of every arm) is evaluated on its own maps, `
 preset.task.sample(fold_in(key(4242), s), n_tasks), so two seed sets (seeds 0-4 and 5-9) use different maps;
 the base is evaluated on each seed's maps with that seed's key (labels `base/seed<s>`), and every RL - base
 difference is paired per seed, so the base's own sampling variability enters every interval. The structural
-bound is computed per seed on its maps (`drivers.upper_bound`).
+bound is computed per seed on its maps (`pass_drivers.upper_bound`).
 
 Per policy: Pass@(K,T) in the announced, hidden-budget and truncated modes, with costs. Base vs each RL
 seed of the GRPO arm: step quality on matched states (G = preset.eval.n_sampled sampled actions per policy and
@@ -40,10 +40,12 @@ from tqdm import tqdm
 from experiments import cli, study
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
-from jaxagent.eval import drivers, health, plots, report, stats, step_quality
+from jaxagent.envs.jax import frozenlake_solver as fls
+from jaxagent.eval import (driver_common, health, pass_drivers, plots, report, scoring, state_drivers, stats,
+                           step_quality)
 from jaxagent.eval.findings import LLR_THRESHOLD
-from jaxagent.study import plan_mode
 from jaxagent.sampling import Sampler
+from jaxagent.study import plan_mode, run_dir
 
 MAIN_ARM = "grpo"
 TASK_KEY, PASS_KEY, PLAN_KEY = 4242, 99, 600  # held-out maps, Pass@(K,T) sampling, plan-mode sampling (per seed)
@@ -100,13 +102,13 @@ def eval_policy(run, load_params, label, tasks, seed: int, log=print) -> dict:
     res = {}
     modes = ["announced", "truncated"] + (["hidden"] if p.eval.hidden_budget else [])
     for mode in modes:
-        r = drivers.pass_kt(run.world, run.cfg, params, tasks, key, t_max=p.task.t_max, tiers=tiers,
-                            n_samples=p.eval.n_samples, ks=p.eval.ks, env_params=p.task.env_params(), rcfg=rcfg,
-                            mode=mode, batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, **placement(run))
+        r = pass_drivers.pass_kt(run.world, run.cfg, params, tasks, key, t_max=p.task.t_max, tiers=tiers,
+                                 n_samples=p.eval.n_samples, ks=p.eval.ks, env_params=p.task.env_params(), rcfg=rcfg,
+                                 mode=mode, batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, **placement(run))
         r.pop("success", None)
         res[mode] = r
-    study.write_json(out_path, res)
-    return json.loads(json.dumps(study._jsonable(res)))
+    run_dir.write_json(out_path, res)
+    return json.loads(json.dumps(run_dir.jsonable(res)))
 
 
 def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:
@@ -121,7 +123,7 @@ def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:
                                     n_samples=p.eval.n_plan_samples,
                                     env_params=p.task.env_params(), max_context=p.task.max_context,
                                     batch_size=p.n_tasks * p.group_size, **placement(run))
-        study.write_json(out_path, {"success": np.asarray(ok, np.float64)})
+        run_dir.write_json(out_path, {"success": np.asarray(ok, np.float64)})
     with open(out_path) as f:
         return np.asarray(json.load(f)["success"], np.float64)
 
@@ -133,7 +135,7 @@ def _pooled(run, pairs_fn, name, base, policies, seeds):
     for seed in seeds:
         path = os.path.join(run.path("eval"), f"{name}_{MAIN_ARM}_seed{seed}.json")
         if not os.path.isfile(path):
-            study.write_json(path, pairs_fn(base, policies[(MAIN_ARM, seed)], seed))
+            run_dir.write_json(path, pairs_fn(base, policies[(MAIN_ARM, seed)], seed))
         with open(path) as f:
             out.append((seed, json.load(f)))
     return out
@@ -241,10 +243,11 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
         label = f"{a or 'base'}/seed{s}"
         load = (lambda: base) if a is None else (lambda key=(a, s): policies[key])
         evals[label] = eval_policy(run, load, label, tasks[s], s, log)
-    bounds = {s: drivers.upper_bound(run.world, np.asarray(tasks[s]), tiers=tiers, ks=p.eval.ks,
-                                     env_params=env_params) for s in all_seeds}
+    bounds = {s: pass_drivers.upper_bound(run.world, np.asarray(tasks[s]), tiers=tiers, ks=p.eval.ks,
+                                          env_params=env_params) for s in all_seeds}
     for s, bnd in bounds.items():  # beside the Pass@ files, so each seed's bound can be read back
-        study.write_json(_cache_path(run, f"bound/seed{s}"), {k: bnd[k] for k in ("tiers", "ks", "p_star", "per_task")})
+        run_dir.write_json(_cache_path(run, f"bound/seed{s}"), {k: bnd[k] for k in ("tiers", "ks", "p_star",
+                                                                                    "per_task")})
     ks = list(p.eval.ks)
     m: dict = {"meta.tiers": list(tiers), "meta.ks": ks, "meta.t_max": float(p.task.t_max)}
     kmax_i, k1_i = int(np.argmax(ks)), int(np.argmin(ks))
@@ -353,9 +356,9 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
     nll_pool, llr_pool = {}, {}
     if grpo_seeds:
         ok = lambda s: hl[(MAIN_ARM, s)].included  # noqa: E731
-        n_act = drivers.N_ACTIONS
+        n_act = fls.N_ACTIONS
         # 3. step quality on matched states: G sampled actions per policy and state
-        sq_runs = _pooled(run, lambda b, r, s: drivers.step_quality_matched(
+        sq_runs = _pooled(run, lambda b, r, s: state_drivers.step_quality_matched(
             run.world, run.cfg, b, r, tasks[s], jax.random.key(100 + s), t_max=p.task.t_max, n_states=p.eval.n_states,
             env_params=env_params, rcfg=rcfg, n_sampled=n_sampled, batch_size=p.n_tasks * p.group_size,
             score_batch=score_batch(run), **placement(run)), "step_quality", base, policies, grpo_seeds)
@@ -395,7 +398,7 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
                                                                    cat("depth")))
 
         # 4. error states where the goal is still reachable (V* > 0)
-        er_runs = _pooled(run, lambda b, r, s: drivers.error_states(
+        er_runs = _pooled(run, lambda b, r, s: state_drivers.error_states(
             run.world, run.cfg, b, r, tasks[s], jax.random.key(200 + s), t_max=p.task.t_max,
             n_states=p.eval.n_error_states, env_params=env_params, rcfg=rcfg, n_sampled=n_sampled,
             batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot, score_batch=score_batch(run), **placement(run)),
@@ -449,12 +452,12 @@ def evaluate(run, base, policies: dict, log=print) -> dict:
             n = p.eval.n_tasks * p.eval.n_samples
             t_rep = jax.tree.map(lambda x: np.repeat(np.asarray(x), p.eval.n_samples, axis=0), tasks[s])
             bud = np.full(n, p.task.t_max)
-            rb = drivers.run_rollouts(run.world, run.cfg, b, t_rep, bud, jax.random.key(300 + s), env_params, rcfg,
-                                      batch_size=p.n_tasks * p.group_size, **placement(run))
-            rr = drivers.run_rollouts(run.world, run.cfg, r, t_rep, bud, jax.random.key(400 + s), env_params, rcfg,
-                                      batch_size=p.n_tasks * p.group_size, **placement(run))
+            rb = driver_common.run_rollouts(run.world, run.cfg, b, t_rep, bud, jax.random.key(300 + s), env_params,
+                                            rcfg, batch_size=p.n_tasks * p.group_size, **placement(run))
+            rr = driver_common.run_rollouts(run.world, run.cfg, r, t_rep, bud, jax.random.key(400 + s), env_params,
+                                            rcfg, batch_size=p.n_tasks * p.group_size, **placement(run))
             ids = np.repeat(np.arange(p.eval.n_tasks), p.eval.n_samples)
-            return drivers.likelihood(run.world, run.cfg, b, r, rb, rr, jax.random.key(500 + s), task_ids_base=ids,
+            return scoring.likelihood(run.world, run.cfg, b, r, rb, rr, jax.random.key(500 + s), task_ids_base=ids,
                                       task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.n_tasks * p.group_size,
                                       mesh=run.mesh)
 
@@ -593,7 +596,7 @@ def _figures(run, evals, bounds, tiers, depth_rows, error_depth_rows, nll_pool, 
 
 def write_report(run, metrics, figures, evals, bounds):
     p = run.preset
-    study.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    run_dir.write_json(os.path.join(run.dir, "metrics.json"), metrics)
     meta = {"preset": p.name, "Pass@(K,T) mode": "announced (budget in the prompt, separate rollouts per T)",
             "tasks": f"{p.eval.n_tasks} held-out {p.task.size}x{p.task.size} FrozenLake maps per RL seed (each seed "
                      f"its own maps, key fold_in({TASK_KEY}, seed)), {p.eval.n_samples} samples per task and budget; "
@@ -620,7 +623,7 @@ def write_report(run, metrics, figures, evals, bounds):
 def collect_policies(run) -> "study.SavedPolicies":
     """The run's finished arm seeds, each loaded when asked for (`study.SavedPolicies`)."""
     return study.saved_policies(run, [(arm, seed) for arm in run.preset.arms for seed in run.preset.seeds
-                                      if study.done(os.path.join(run.dir, "arms", arm, f"seed{seed}"))])
+                                      if run_dir.done(os.path.join(run.dir, "arms", arm, f"seed{seed}"))])
 
 
 def main(argv=None):

@@ -108,7 +108,7 @@ def data_env(preset: HostPreset):
     return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
 
 
-def _tiny_model() -> Qwen3Config:
+def tiny_model() -> Qwen3Config:
     """1 layer, width 32, with the real tokenizer's 151,936-row vocabulary: most of a miniature's time is the train
     step's unembedding over that vocabulary at every position of the context."""
     return Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -132,7 +132,7 @@ def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, tas
                                             max_obs_tokens=24, workers=2, **task_kw),
                       eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
                                             batch_size=eval_batch, step_samples=2, step_states=2),
-                      tiny_model=_tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
+                      tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
                       dynamics_every=1, **kw)
 
 

@@ -54,7 +54,7 @@ from experiments.host_presets import HOST_PRESETS, HostPreset, data_env, data_pr
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.tokenizer import qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.sampling import Sampler
@@ -105,15 +105,12 @@ def preset_from(args) -> HostPreset:
 def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
     """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it."""
     if not os.path.isfile(os.path.join(path, "DONE")):
-        qwen3.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+        weights.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
         src = qwen3_tokenizer_dir()
         for name in os.listdir(src):
             shutil.copy(os.path.join(src, name), os.path.join(path, name))
-        study.mark_done(path)
+        run_dir.mark_done(path)
     return path
-
-
-check_batches = study.check_batches  # the RL batch's split into micro-batches over the mesh (InvalidSettings)
 
 
 class HostRun:
@@ -125,10 +122,10 @@ class HostRun:
         study.check_preset(preset)
         self.mesh = study.make_run_mesh(preset)  # InvalidSettings unless the mesh covers every device of the job
         if self.mesh is None and jax.process_count() > 1:
-            raise study.InvalidSettings(
+            raise run_dir.InvalidSettings(
                 f"preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has {jax.process_count()} "
                 f"processes; a multi-process run needs a preset whose mesh covers all {jax.device_count()} devices")
-        check_batches(preset, sharding.batch_divisor(self.mesh))
+        study.check_batches(preset, sharding.batch_divisor(self.mesh))  # InvalidSettings
         if preset.checkpoint:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
@@ -137,7 +134,7 @@ class HostRun:
         record = run_dir.plain(preset)
         _, diff = self.run_dir.config_diff(record, study.RESULT_NEUTRAL)
         if diff and not force:
-            raise study.SettingsMismatch(
+            raise run_dir.SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
                 f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
                 "to empty it and start again")
@@ -146,9 +143,9 @@ class HostRun:
         self.run_dir.write_config(record)
         if not preset.checkpoint:
             self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
-            if study.is_main_process():  # process 0 writes the run directory; the others wait for it
+            if run_dir.is_main_process():  # process 0 writes the run directory; the others wait for it
                 write_tiny_checkpoint(self.checkpoint, preset.tiny_model)
-            study.sync_processes(f"host-run-dir:{self.dir}")
+            run_dir.sync_processes(f"host-run-dir:{self.dir}")
             self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
         self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=data_env(preset))
         self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
@@ -165,10 +162,10 @@ class HostRun:
 
 
 def run_base(run: HostRun):
-    _, params = qwen3.load(run.checkpoint, mesh=run.mesh)
+    _, params = weights.load(run.checkpoint, mesh=run.mesh)
     out = run.path("base")
-    if not study.done(out):
-        study.mark_done(out, {"source": run.checkpoint})
+    if not run_dir.done(out):
+        run_dir.mark_done(out, {"source": run.checkpoint})
     return params
 
 
@@ -191,7 +188,7 @@ def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed
         diff = ["settings: not recorded"] if saved is None else ckpt_lib.settings_diff(saved, recorded)
         if diff:
             where = ckpt_lib.step_directory(manager, manager.latest_step())
-            raise study.SettingsMismatch(
+            raise run_dir.SettingsMismatch(
                 f"stage {label}: the checkpoint {where} was saved with other settings ({len(diff)} differ, as saved "
                 f"vs now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or "
                 f"delete {out} to redo this arm from iteration 0")
@@ -221,7 +218,7 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
         for seed in p.seeds:
             out = run.path("arms", arm, f"seed{seed}")
             done.append((arm, seed))
-            if study.done(out):
+            if run_dir.done(out):
                 continue
             if key not in runtimes:
                 host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its record
@@ -237,24 +234,24 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
                 start = int(state.data_pos) // settings.rl.n_tasks
                 log(f"[{label}] resuming at iteration {start}")
                 # lines of iterations after the restored checkpoint (a kill between append and save) go
-                study.cut_jsonl(metrics_path, lambda r, start=start: r.get("iteration", start) < start)
-                study.cut_jsonl(dyn_path, lambda r, start=start: r.get("step", start) < start)
+                run_dir.cut_jsonl(metrics_path, lambda r, start=start: r.get("iteration", start) < start)
+                run_dir.cut_jsonl(dyn_path, lambda r, start=start: r.get("step", start) < start)
             else:
                 for f in (metrics_path, dyn_path):
-                    if study.is_main_process() and os.path.isfile(f):  # the logs are process 0's
+                    if run_dir.is_main_process() and os.path.isfile(f):  # the logs are process 0's
                         os.remove(f)  # of a run killed before its first checkpoint: it restarts from iteration 0
                 if r_single is not None:
                     if not base_rs:  # the base's R_single is the same for every arm and seed (one fixed key)
                         base_rs.append(r_single(base_params))
-                    study.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
+                    run_dir.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
 
             def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
                    recorded=recorded, settings=settings, host=host):
                 study.check_update(label, it, m, st)  # before anything of this iteration is written
-                study.append_jsonl(metrics_path, {**m, **host})
+                run_dir.append_jsonl(metrics_path, {**m, **host})
                 if r_single is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
-                    study.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
-                                                                      r_single(st.params)))
+                    run_dir.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
+                                                                        r_single(st.params)))
                 ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
                 log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
 
@@ -262,9 +259,9 @@ def run_arms(run: HostRun, base_params, log=print, runtimes: dict | None = None)
                                                  settings, runtime, callback=cb, state=state)
             ckpt_lib.wait_until_finished(manager)
             study.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
-            study.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
+            run_dir.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             del state  # the trained params are read back from <out>/policy when evaluated (`study.SavedPolicies`)
-    return study.SavedPolicies(done, lambda arm, seed: qwen3.load(
+    return study.SavedPolicies(done, lambda arm, seed: weights.load(
         os.path.join(run.path("arms", arm, f"seed{seed}"), "policy"), mesh=run.mesh)[1])
 
 
@@ -289,8 +286,8 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
                                              on_trace=traces.append if keep else None)
     tok_log = host_likelihood.TokenLog(run.tiers[-1])
     rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
-    raw = host_eval.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
-                                      p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
+    raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
+                                        p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
     per_task = host_eval.pass_grid(raw["success"], p.eval.ks)
     res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
            "per_task": per_task, "mean": per_task.mean(-1)}
@@ -302,7 +299,7 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
         total = raw["status"].size
         sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
         res[host_likelihood.LOG_KEY] = tok_log.log_entry(sizes, raw["status"].shape)
-    study.write_json(path, res)
+    run_dir.write_json(path, res)
     with open(path) as f:
         return json.load(f)
 
@@ -323,9 +320,9 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     for a, s in policies:  # one policy loaded at a time (`study.SavedPolicies`)
         evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}")
     bound = host_eval.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
-    study.write_json(os.path.join(run.path("eval"), "bound.json"),
-                     {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
-                      "task_ids": evals["base"]["task_ids"]})
+    run_dir.write_json(os.path.join(run.path("eval"), "bound.json"),
+                       {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
+                        "task_ids": evals["base"]["task_ids"]})
     hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
           for a, s in policies}
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
@@ -357,19 +354,20 @@ def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
         for i, (name, prm) in enumerate((("base", base), ("rl", load_rl()))):
             acts[name] = host_error_recovery.continue_prefixes(
                 prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
-                sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+                sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+                mesh=run.mesh)
         return {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
     return seed_record(run, "f4", seed, compute)
 
 
 def seed_record(run: HostRun, tag: str, seed: int, compute) -> dict:
     """A finding's record for GRPO seed `seed`, eval/<tag>_grpo_seed<s>.json: read when it exists, else
-    `compute(label)` (label = 'grpo/seed<s>') and written (by process 0, `study.write_json`)."""
+    `compute(label)` (label = 'grpo/seed<s>') and written (by process 0, `run_dir.write_json`)."""
     label = f"{host_eval.MAIN_ARM}/seed{seed}"
     path = os.path.join(run.path("eval"), f"{tag}_{label.replace('/', '_')}.json")
     if not os.path.isfile(path):
         res = compute(label)
-        study.write_json(path, res)
+        run_dir.write_json(path, res)
         return res
     with open(path) as f:
         return json.load(f)
@@ -387,7 +385,8 @@ def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> di
         key = jax.random.fold_in(jax.random.key(303), seed)
         scores = {name: host_step_quality.sample_scores(
             prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
-            sampler=Sampler(temperature=1.0), compute_dtype=stages._compute_dtype(p.compute_dtype), mesh=run.mesh)
+            sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+            mesh=run.mesh)
             for name, prm in (("base", base), ("rl", load_rl()))}
         return host_step_quality.record(states, scores["base"], scores["rl"])
     return seed_record(run, "f3", seed, compute)
@@ -401,7 +400,8 @@ def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: d
     p = run.preset
     return seed_record(run, "f5", seed, lambda label: host_likelihood.score_seed(
         base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
-        mesh=run.mesh, compute_dtype=stages._compute_dtype(p.compute_dtype), max_width=p.task.max_context, memo=memo))
+        mesh=run.mesh, compute_dtype=stages.resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
+        memo=memo))
 
 
 def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
@@ -430,11 +430,11 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
                                         f"token scored teacher-forced under both policies ({p.compute_dtype})")
     text = host_report.build_host_report(meta, metrics, [section])
     path = os.path.join(run.dir, "report.md")
-    if study.is_main_process():  # several processes: process 0 writes the report
+    if run_dir.is_main_process():  # several processes: process 0 writes the report
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
-        study.write_json(os.path.join(run.dir, "metrics.json"), metrics)
-    study.sync_processes(f"report:{run.dir}")
+        run_dir.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    run_dir.sync_processes(f"report:{run.dir}")
     return path, verdicts
 
 
@@ -452,9 +452,9 @@ def main(argv=None, prog: str = "experiments.host_study"):
         path, verdicts = write_report(run, metrics)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
-    if not study.is_main_process():
+    if not run_dir.is_main_process():
         return
-    study.write_json(os.path.join(run.dir, "timing.json"), timing)
+    run_dir.write_json(os.path.join(run.dir, "timing.json"), timing)
     print(f"report: {path}")
     print("verdicts: " + ", ".join(f"{k}={v}" for k, v in verdicts.items()))
     print("wall time (s): " + ", ".join(f"{k}={v:.0f}" for k, v in timing.items()))

@@ -9,6 +9,7 @@ import time
 
 from experiments import cli, host_study, study
 from experiments import eval as eval_stage
+from jaxagent.study import run_dir
 
 PROG = "experiments.reproduce"
 
@@ -28,7 +29,7 @@ def main(argv=None):
         path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
-    study.write_json(f"{run.dir}/timing.json", timing)
+    run_dir.write_json(f"{run.dir}/timing.json", timing)
     print(f"report: {path}")
     print("verdicts: " + ", ".join(f"{k}={v}" for k, v in rep.verdicts.items()))
     print("wall time (s): " + ", ".join(f"{k}={v:.0f}" for k, v in timing.items()))

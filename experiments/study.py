@@ -49,13 +49,13 @@ from tqdm import tqdm
 from experiments.presets import Preset
 from jaxagent import sharding
 from jaxagent.envs.jax.frozenlake import FrozenLake
-from jaxagent.models import qwen3
+from jaxagent.models import weights
 from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import plan_mode, run_dir, stages
-from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, done,  # noqa: F401
-                                    done_settings, is_main_process, mark_done, sync_processes, write_json)
+from jaxagent.study.run_dir import (InvalidSettings, SettingsMismatch, append_jsonl, cut_jsonl, is_main_process,
+                                    mark_done, sync_processes)
 from jaxagent.study.toy import ToyWorld, make_toy_world
 
 
@@ -63,7 +63,6 @@ BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's
 MAX_SEED = 2**31 - 1                  # seeds (offset included) are int32 PRNG seeds
 MAX_ITERATIONS = 10**6                # the data position (iterations x tasks) is an int32
 RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
-_jsonable = run_dir.jsonable  # the name experiments/eval.py uses
 
 
 class NonFiniteError(RuntimeError):
@@ -146,12 +145,12 @@ def check_update(label: str, it: int, metrics: dict, state):
 
 
 def save_policy(path, cfg, params):
-    """qwen3.save of (possibly sharded, possibly multi-process) params, written by process 0."""
+    """weights.save of (possibly sharded, possibly multi-process) params, written by process 0."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         params = multihost_utils.process_allgather(params, tiled=True)
     if is_main_process():
-        qwen3.save(path, cfg, params)
+        weights.save(path, cfg, params)
     sync_processes(f"save_policy:{path}")
 
 
@@ -325,7 +324,7 @@ class Run:
     def load_policy(self, path):
         """The params of <path>/policy, sharded on the run's mesh when it has one; SettingsMismatch when
         it was saved for another model config (before any array reaches a compiled function)."""
-        cfg, params = qwen3.load(os.path.join(path, "policy"), mesh=self.mesh)
+        cfg, params = weights.load(os.path.join(path, "policy"), mesh=self.mesh)
         diff = ckpt_lib.settings_diff(dataclasses.asdict(cfg), dataclasses.asdict(self.cfg))
         if diff:
             raise SettingsMismatch(f"the policy in {os.path.join(path, 'policy')} was saved for another model "
@@ -370,7 +369,7 @@ def run_base(run: Run, log=print):
         return run.load_policy(out)
     p = run.preset
     if p.checkpoint:
-        _, params = qwen3.load(p.checkpoint, mesh=run.mesh)
+        _, params = weights.load(p.checkpoint, mesh=run.mesh)
         save_policy(os.path.join(out, "policy"), run.cfg, params)
         mark_done(out, {"source": p.checkpoint, "settings": settings})
         return params

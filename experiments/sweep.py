@@ -20,6 +20,7 @@ import numpy as np
 
 from experiments import cli, study
 from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.rl.loop import RLSettings
 from jaxagent.study import stages
 
 # name -> ArmSettings / RLSettings overrides; every setting uses the GRPO estimator unless it says so
@@ -72,7 +73,7 @@ BASE_GRIDS = {
         "s200_lr6e-3": dict(steps=200, lr=6e-3),
     },
 }
-_RL_FIELDS = {f.name for f in dataclasses.fields(stages.RLSettings)}
+_RL_FIELDS = {f.name for f in dataclasses.fields(RLSettings)}
 
 
 def arm_settings(base: stages.ArmSettings, overrides: dict, iterations: int) -> stages.ArmSettings:

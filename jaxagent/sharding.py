@@ -97,7 +97,8 @@ def spec_for(logical: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
     return P(*out)
 
 
-def _is_axes(x: Any) -> bool:
+def is_axes(x: Any) -> bool:
+    """Whether `x` is one array's logical axes: a tuple of axis names (str) or None (a leaf of an axes tree)."""
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
@@ -105,7 +106,7 @@ def shardings_for(axes_tree: Any, shapes_tree: Any, mesh: Mesh,
                   rules: Optional[Mapping[str, MeshAxes]] = None) -> Any:
     """NamedShardings for a pytree, given its logical axes and its arrays (or ShapeDtypeStructs)."""
     return jax.tree.map(lambda ax, x: NamedSharding(mesh, spec_for(ax, np.shape(x), mesh, rules)),
-                        axes_tree, shapes_tree, is_leaf=_is_axes)
+                        axes_tree, shapes_tree, is_leaf=is_axes)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -37,7 +37,7 @@ _merged = compiler_options  # `jit` below takes a keyword of the same name
 _PROBE = np.int8(0)  # a host constant: jnp.asarray of it is a tracer exactly while a jit-like trace runs
 
 
-def _top_level(args) -> bool:
+def top_level(args) -> bool:
     """Whether the call runs outside every jax transformation that would nest our jit (jit, eval_shape,
     make_jaxpr tracing, vmap or grad of a traced argument), from public APIs only (`jax.core.Tracer`):
       - a traced argument means a transformation (vmap, grad, jit of the caller's own arguments);
@@ -59,7 +59,7 @@ class _Jitted:
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
-        return (self._top if _top_level((args, kwargs)) else self._nested)(*args, **kwargs)
+        return (self._top if top_level((args, kwargs)) else self._nested)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...: the top-level jit's
         if name in ("_top", "_nested"):

@@ -10,6 +10,7 @@ import os
 import sys
 
 import numpy as np
+from jaxagent.rl import train_state
 
 CFG_KW = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -46,12 +47,12 @@ def run():
     params_np = jax.tree.map(lambda s: (1.0 + 0.1 * rng.normal(size=s.shape) if s.ndim == 1
                                         else 0.3 * rng.normal(size=s.shape)).astype(np.float32),
                              qwen3.param_shapes(cfg))
-    p_sh = ts.state_shardings(cfg, tx, mesh).params
+    p_sh = train_state.state_shardings(cfg, tx, mesh).params
     # every process holds the same host copy; each device takes its slice
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                           params_np, p_sh)
-    state = ts.init_train_state(cfg, tx, jax.random.key(0), mesh=mesh, params=params)
-    step = ts.make_train_step(cfg, tx, ts.LossSettings(clip_high=0.28), mesh, micro_batches=2,
+    state = train_state.init_train_state(cfg, tx, jax.random.key(0), mesh=mesh, params=params)
+    step = ts.make_train_step(cfg, tx, train_state.LossSettings(clip_high=0.28), mesh, micro_batches=2,
                               compiler_options={"xla_backend_optimization_level": 0})
     row_sh = NamedSharding(mesh, P(("data", "fsdp")))
     losses = []

@@ -21,6 +21,7 @@ from jaxagent.models import qwen3  # noqa: E402
 from jaxagent.models.config import Qwen3Config  # noqa: E402
 from jaxagent.rl import checkpoint, optim  # noqa: E402
 from jaxagent.rl import train_step as ts  # noqa: E402
+from jaxagent.rl import train_state
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -58,18 +59,18 @@ def main(argv=None):
     manager = None
     if args.dir:
         manager = checkpoint.make_manager(args.dir, max_to_keep=args.keep)
-        abstract = ts.abstract_train_state(CFG, TX, params=initial_params())
+        abstract = train_state.abstract_train_state(CFG, TX, params=initial_params())
         state = checkpoint.restore_latest(manager, abstract, cfg=CFG)
         resumed = -1 if state is None else int(state.step)
     if state is None:
-        state = ts.init_train_state(CFG, TX, jax.random.key(42), params=initial_params())
-    step = ts.make_train_step(CFG, TX, ts.LossSettings(clip_high=0.28),
+        state = train_state.init_train_state(CFG, TX, jax.random.key(42), params=initial_params())
+    step = ts.make_train_step(CFG, TX, train_state.LossSettings(clip_high=0.28),
                               compiler_options={"xla_backend_optimization_level": 0})
     losses = []
     while int(state.step) < args.steps:
-        state, key = ts.split_rng(state)
+        state, key = train_state.split_rng(state)
         state, metrics = step(state, batch_for(int(state.data_pos), key))
-        state = ts.advance_data(state, B)
+        state = train_state.advance_data(state, B)
         losses.append(float(metrics["loss"]))
         if manager is not None:
             checkpoint.save(manager, state, CFG)

@@ -31,7 +31,7 @@ def test_the_names_a_researcher_looks_for():
     import jaxagent.models as models
     assert rl.batch_group_advantages is rl.advantages.batch_group_advantages and rl.gae is rl.advantages.gae
     assert ev.pass_at_k_grid is passk.pass_at_k_grid and ev.upper_bound.__module__ == "jaxagent.eval.pass_drivers"
-    assert ro.env_text.__module__ == "jaxagent.rollout.layout" and models.load is models.qwen3.load
+    assert ro.env_text.__module__ == "jaxagent.rollout.layout" and models.load is models.weights.load
 
 
 # ----------------------------------------------------------------------------- options under jit

@@ -17,9 +17,8 @@ import pytest
 
 from jaxagent import sharding
 from jaxagent.models import qwen3, weights
-from jaxagent.models.config import Qwen3Config
-from jaxagent.rl import checkpoint, optim
-from jaxagent.rl import train_step as ts
+from jaxagent.models.config import CheckpointError, Qwen3Config
+from jaxagent.rl import checkpoint, optim, train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -34,7 +33,7 @@ def np_params(cfg, seed=0):
 
 
 def make_state(cfg=CFG, seed=0, **kw):
-    state = ts.init_train_state(cfg, TX, jax.random.key(seed), params=np_params(cfg, seed), **kw)
+    state = train_state.init_train_state(cfg, TX, jax.random.key(seed), params=np_params(cfg, seed), **kw)
     # make every part distinguishable from a fresh state
     return state.replace(step=jnp.int32(7), data_pos=jnp.int32(123),
                          opt_state=jax.tree.map(
@@ -55,11 +54,11 @@ def assert_same(a, b):
 
 def test_round_trip_keeps_structure_values_key_and_position(tmp_path):
     cp = {"backbone": np_params(CFG, 1), "value_head": {"kernel": jnp.ones(32), "bias": jnp.zeros(())}}
-    state = make_state(with_ref_params=True, value_settings=ts.ValueSettings(), critic_params=cp)
+    state = make_state(with_ref_params=True, value_settings=train_state.ValueSettings(), critic_params=cp)
     mngr = checkpoint.make_manager(tmp_path / "ck", max_to_keep=2)
     assert checkpoint.save(mngr, state, CFG, critic_cfg=CFG, extra={"note": "x"})
-    abstract = ts.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True,
-                                       value_settings=ts.ValueSettings(), critic_params=cp)
+    abstract = train_state.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True,
+                                                value_settings=train_state.ValueSettings(), critic_params=cp)
     back = checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=CFG, critic_cfg=CFG)
     assert_same(back, state)
     assert list(back.params["layers"]) == [0, 1]  # int layer keys, not '0', '1'
@@ -81,7 +80,7 @@ def test_keep_n_and_atomic_tmp_dirs_ignored(tmp_path):
     # a save killed mid-write leaves only a temporary directory: never listed, never restored
     (d / "9.orbax-checkpoint-tmp-1234").mkdir()
     (d / "9.orbax-checkpoint-tmp-1234" / "junk").write_text("partial")
-    abstract = ts.abstract_train_state(CFG, TX, params=np_params(CFG))
+    abstract = train_state.abstract_train_state(CFG, TX, params=np_params(CFG))
     back = checkpoint.restore_latest(d, abstract, cfg=CFG)
     assert int(back.step) == 5 and checkpoint.all_steps(d) == [4, 5]
     assert checkpoint.restore_latest(tmp_path / "missing", abstract, cfg=CFG) is None
@@ -94,7 +93,7 @@ def test_restore_into_another_model_shape_fails_clearly(tmp_path):
     checkpoint.save(mngr, make_state(), CFG)
     other = Qwen3Config(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    abstract = ts.abstract_train_state(other, TX, params=np_params(other))
+    abstract = train_state.abstract_train_state(other, TX, params=np_params(other))
     with pytest.raises(ValueError, match=r"hidden_size: checkpoint 32 vs expected 48"):
         checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=other)
     # with the saved config but a target of another shape, the parameter shapes are compared before any
@@ -103,7 +102,7 @@ def test_restore_into_another_model_shape_fails_clearly(tmp_path):
                                          r"\(64, 48\)"):
         checkpoint.restore_latest(tmp_path / "ck", abstract, cfg=CFG)
     # a target with parts the checkpoint lacks
-    abstract_ref = ts.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True)
+    abstract_ref = train_state.abstract_train_state(CFG, TX, params=np_params(CFG), with_ref_params=True)
     with pytest.raises(ValueError, match="ref_params"):
         checkpoint.restore_latest(tmp_path / "ck", abstract_ref, cfg=CFG)
 
@@ -113,10 +112,10 @@ def test_restore_onto_a_mesh(tmp_path):
     mngr = checkpoint.make_manager(tmp_path / "ck")
     checkpoint.save(mngr, state, CFG)
     mesh = sharding.make_mesh(2, 2, 2)
-    abstract = ts.abstract_train_state(CFG, TX, mesh=mesh, params=np_params(CFG))
+    abstract = train_state.abstract_train_state(CFG, TX, mesh=mesh, params=np_params(CFG))
     back = checkpoint.restore_latest(mngr, abstract, cfg=CFG)
     assert_same(back, state)
-    want = ts.state_shardings(CFG, TX, mesh)
+    want = train_state.state_shardings(CFG, TX, mesh)
     assert back.params["layers"][1]["attn"]["q_proj"].sharding == want.params["layers"][1]["attn"]["q_proj"]
     assert back.params["embed"].sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
 
@@ -178,7 +177,7 @@ def _saved(tmp_path, **kw):
 
 
 def _abstract():
-    return ts.abstract_train_state(CFG, TX, params=np_params(CFG))
+    return train_state.abstract_train_state(CFG, TX, params=np_params(CFG))
 
 
 def _largest_data_file(step_dir):
@@ -220,8 +219,8 @@ def test_flipped_byte_in_the_array_data_names_the_step_and_the_file(tmp_path):
     data = _largest_data_file(step_dir)
     _flip_byte(data)
     rel = str(data.relative_to(step_dir))
-    with pytest.raises(weights.CheckpointError, match=rf"checkpoint step 7 at .*7 is corrupt: file {re.escape(rel)} "
-                                                      r"does not match its checksum"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint step 7 at .*7 is corrupt: file {re.escape(rel)} "
+                                              r"does not match its checksum"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
 
 
@@ -231,14 +230,14 @@ def test_step_without_its_manifest_is_refused_and_never_given_one(tmp_path):
     d, step_dir = _saved(tmp_path)
     os.remove(step_dir / weights.MANIFEST_NAME)
     _flip_byte(_largest_data_file(step_dir))
-    with pytest.raises(weights.CheckpointError, match=r"checkpoint step 7 at \S*ck/7 has no checksum manifest "
-                                                      r"\(jaxagent_checksums\.json\).*delete this step directory"):
+    with pytest.raises(CheckpointError, match=r"checkpoint step 7 at \S*ck/7 has no checksum manifest "
+                                              r"\(jaxagent_checksums\.json\).*delete this step directory"):
         checkpoint.restore_latest(d, _abstract(), cfg=CFG)
     mngr = checkpoint.make_manager(d, max_to_keep=3)
     checkpoint.save(mngr, make_state(), CFG, step=8)
     checkpoint.wait_until_finished(mngr)
     assert (d / "8" / weights.MANIFEST_NAME).is_file() and not (step_dir / weights.MANIFEST_NAME).exists()
-    with pytest.raises(weights.CheckpointError, match="has no checksum manifest"):
+    with pytest.raises(CheckpointError, match="has no checksum manifest"):
         checkpoint.verify_step(mngr, 7)
 
 

@@ -16,6 +16,7 @@ from experiments import eval as eval_stage
 from experiments.host_presets import HOST_PRESETS
 from experiments.presets import PRESETS
 from jaxagent.models.config import Qwen3Config
+from jaxagent.study import run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -89,7 +90,7 @@ def test_a_missing_checkpoint_is_one_line_and_the_corrected_rerun_runs(capsys, t
     os.remove(os.path.join(ckpt, "DONE"))
     ckpt = host_study.write_tiny_checkpoint(ckpt, TINY)
     base.main(["--preset", "ci", "--root", root, "--checkpoint", ckpt])
-    assert study.done(os.path.join(root, "ci", "base"))
+    assert run_dir.done(os.path.join(root, "ci", "base"))
     assert f"base policy in {root}/ci/base/policy" in capsys.readouterr().out
 
 

@@ -224,7 +224,7 @@ def test_setup_failure_is_not_the_models_failure(monkeypatch):
     env = CodeEnv(limits=SandboxLimits(wall_s=4.0, per_call_s=0.6))
     task = env.tasks("all")[0]
     state, _ = env.reset(0, task)
-    monkeypatch.setattr(sandbox, "_pick_uid", lambda: 2 ** 32 - 1)  # the privilege drop fails (EINVAL)
+    monkeypatch.setattr(sandbox, "pick_uid", lambda: 2 ** 32 - 1)  # the privilege drop fails (EINVAL)
     with pytest.raises(SandboxSetupError, match="dropping privileges"):
         env.step(state, _block(task.reference))  # a reference solution is never scored 0 for it
     monkeypatch.undo()

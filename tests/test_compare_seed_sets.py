@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import compare_seed_sets
-from jaxagent.eval import report, stats
+from jaxagent.eval import findings, stats
 
 
 def _est(mean, lo, hi, mde, n=5):
@@ -34,7 +34,7 @@ def test_table_rows_cells_and_agreement(tmp_path):
     lines = compare_seed_sets.table([a, b]).splitlines()
     assert lines[0].endswith("| same verdict |") and "`standard-s5`" in lines[0]
     assert len(lines) == 5  # header, rule, f1_pass1, f1_breadth, f8 at 25%
-    titles = {f.key: f.title for f in report.DEFAULT_FINDINGS}
+    titles = {f.key: f.title for f in findings.DEFAULT_FINDINGS}
     # DEFAULT_FINDINGS order: the headline first
     assert lines[2].startswith(f"| {titles['f1_pass1']} (RL - base (points)) |")
     assert ("+20.0 [17.0, 23.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | "

@@ -15,6 +15,7 @@ import pytest
 from jaxagent import xla_options
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
+from jaxagent.rl import train_state
 from jaxagent.sampling import GREEDY, Sampler, append, decode, generate
 
 gen_mod = importlib.import_module("jaxagent.sampling.generate")
@@ -42,7 +43,7 @@ def prompt():
 
 
 def _gen(p, t, m, k):
-    return gen_mod._generate(p, t, m, k, jnp.full((B,), STEPS, jnp.int32), cfg=CFG, max_steps=STEPS,
+    return gen_mod.generate_jit(p, t, m, k, jnp.full((B,), STEPS, jnp.int32), cfg=CFG, max_steps=STEPS,
                              cache_len=L + STEPS, sampler=Sampler(temperature=0.8), stop_ids=(), pad_id=0)
 
 
@@ -114,16 +115,16 @@ def test_append_and_decode_nest(params, prompt):
 
 
 def test_host_loop_jits_nest(params, prompt):
-    from jaxagent.rollout import host_loop
+    from jaxagent.rollout import host_policy
     toks, _ = prompt
     cache = qwen3.init_cache(CFG, B, L + STEPS)
     n = jnp.full((B,), L, jnp.int32)
     logits0 = jnp.zeros((B, CFG.vocab_size), jnp.float32)
 
     def both(p, c, t, k):
-        logits, c = host_loop._append_jit(p, c, t, n, logits0, cfg=CFG)
-        return host_loop._decode_jit(p, c, logits, k, jnp.ones((B,), bool), cfg=CFG, max_steps=STEPS,
-                                     sampler=GREEDY, stop_ids=(), pad_id=0)
+        logits, c = host_policy.append_jit(p, c, t, n, logits0, cfg=CFG)
+        return host_policy.decode_jit(p, c, logits, k, jnp.ones((B,), bool), cfg=CFG, max_steps=STEPS,
+                                      sampler=GREEDY, stop_ids=(), pad_id=0)
 
     out = jax.jit(both)(params, cache, toks, jax.random.key(0))
     ref = generate(params, CFG, toks, jax.random.key(0), max_new_tokens=STEPS, max_steps=STEPS, sampler=GREEDY)
@@ -132,19 +133,19 @@ def test_host_loop_jits_nest(params, prompt):
 
 
 def test_eval_driver_jits_nest(params, prompt):
-    from jaxagent.eval import drivers
+    from jaxagent.eval import scoring
     toks, _ = prompt
-    top = drivers._token_logprobs_jit(params, CFG, toks)
-    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, t: drivers._token_logprobs_jit(p, CFG, t))(params, toks)),
+    top = scoring.token_logprobs_jit(params, CFG, toks)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, t: scoring.token_logprobs_jit(p, CFG, t))(params, toks)),
                                np.asarray(top), rtol=1e-6, atol=1e-6)
     stacked = jnp.stack([toks, toks[::-1]])
-    many = jax.vmap(lambda t: drivers._token_logprobs_jit(params, CFG, t))(stacked)
+    many = jax.vmap(lambda t: scoring.token_logprobs_jit(params, CFG, t))(stacked)
     np.testing.assert_allclose(np.asarray(many[0]), np.asarray(top), rtol=1e-5, atol=1e-5)
     ctx_len = jnp.asarray([L, L - 3], jnp.int32)
     replies = toks[:, :3]
     reply_len = jnp.asarray([3, 2], jnp.int32)
-    score = lambda p: drivers._reply_logprobs_jit(p, toks, ctx_len, replies, reply_len, cfg=CFG,  # noqa: E731
-                                                  temperature=1.0)
+    score = lambda p: scoring.reply_logprobs_jit(p, toks, ctx_len, replies, reply_len, cfg=CFG,  # noqa: E731
+                                                 temperature=1.0)
     np.testing.assert_allclose(np.asarray(jax.jit(score)(params)), np.asarray(score(params)), rtol=1e-5, atol=1e-5)
     assert jax.eval_shape(score, params).shape == (B, 2)
 
@@ -182,13 +183,13 @@ def test_train_and_sft_steps_nest():
              "advantages": jnp.asarray(rng.normal(size=(B, L)), jnp.float32),
              "old_logprobs": jnp.full((B, L), -np.log(CFG.vocab_size), jnp.float32)}
     tx = optax.sgd(0.1)
-    step = ts.make_train_step(CFG, tx, ts.LossSettings())
-    state = ts.init_train_state(CFG, tx, jax.random.key(0), params=params)
+    step = ts.make_train_step(CFG, tx, train_state.LossSettings())
+    state = train_state.init_train_state(CFG, tx, jax.random.key(0), params=params)
     shapes = jax.eval_shape(step, state, batch)
     assert jax.tree.structure(shapes[0]) == jax.tree.structure(state)
     assert "dot_general" in str(jax.make_jaxpr(step)(state, batch))
     nested_state, nested_metrics = jax.jit(lambda s, b: step(s, b))(state, batch)
-    state2 = ts.init_train_state(CFG, tx, jax.random.key(0), params=params)
+    state2 = train_state.init_train_state(CFG, tx, jax.random.key(0), params=params)
     top_state, top_metrics = step(state2, batch)
     np.testing.assert_allclose(float(nested_metrics["loss"]), float(top_metrics["loss"]), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(nested_state.params), jax.tree.leaves(top_state.params)):

@@ -89,12 +89,12 @@ def test_norm_rope_matches_the_model(b, t, h, kv, e):
     qkv = jnp.asarray(rng.standard_normal((b, t, h + 2 * kv, e)) * 3, jnp.float32)
     wq, wk = (jnp.asarray(rng.standard_normal(e), jnp.float32) for _ in range(2))
     positions = jnp.asarray(rng.integers(0, 500, (b, t)), jnp.int32)
-    cos, sin = qwen3.rope_tables(positions, e, 1e6)  # [B, T, 1, E]
+    cos, sin = ops.rope_tables(positions, e, 1e6)  # [B, T, 1, E]
     n_valid = rng.integers(0, t + 1, b).astype(np.int32)
     n_valid[0] = t
     got_q, got_k = jax.jit(lambda *a: cpu.norm_rope(*a, 1e-6, h))(qkv, n_valid, wq, wk, cos[:, :, 0], sin[:, :, 0])
-    want_q = qwen3.rope(qwen3.rms_norm(qkv[:, :, :h], wq, 1e-6), (cos, sin))
-    want_k = qwen3.rope(qwen3.rms_norm(qkv[:, :, h:h + kv], wk, 1e-6), (cos, sin))
+    want_q = ops.rope(ops.rms_norm(qkv[:, :, :h], wq, 1e-6), (cos, sin))
+    want_k = ops.rope(ops.rms_norm(qkv[:, :, h:h + kv], wk, 1e-6), (cos, sin))
     valid = _valid_rows(n_valid, t)
     for got, want in ((got_q, want_q), (got_k, want_k)):
         got, want = np.asarray(got), np.asarray(want)
@@ -144,8 +144,8 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
     cfg = _cfg(h, kv, e)
     q, kt, v, mask = _attention_case(np.random.default_rng(b * 100 + t), b, t, h, kv, e, s, causal)
     w = s if window is None else window
-    want = qwen3.attention(cfg, q, kt, v, mask, window=window)
-    reference = functools.partial(qwen3.attention, cfg)
+    want = ops.attention(cfg, q, kt, v, mask, window=window)
+    reference = functools.partial(ops.attention, cfg)
     got = jax.jit(lambda *a: cpu.attention(*a, reference))(q, kt, v, mask, w)  # the window traced
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
 
@@ -154,7 +154,7 @@ def test_attention_matches_xla(b, t, h, kv, e, s, window, causal):
 def test_attention_window_out_of_range_is_an_error():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 1, 4, 2, 16, 24, True)
-    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(qwen3.attention, cfg)))
+    f = jax.jit(lambda w: cpu.attention(q, kt, v, mask, w, functools.partial(ops.attention, cfg)))
     for bad in (0, 25):
         with pytest.raises(Exception, match="window"):
             jax.block_until_ready(f(bad))
@@ -164,9 +164,9 @@ def test_attention_window_out_of_range_is_an_error():
 def test_attention_gradient_is_the_xla_paths():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(0), 2, 3, 4, 2, 16, 24, True)
-    reference = functools.partial(qwen3.attention, cfg)
+    reference = functools.partial(ops.attention, cfg)
     loss = lambda f: lambda q, kt, v: jnp.sum(jnp.sin(f(q, kt, v, mask)))
-    want = jax.grad(loss(functools.partial(qwen3.attention, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
+    want = jax.grad(loss(functools.partial(ops.attention, cfg, window=20)), argnums=(0, 1, 2))(q, kt, v)
     got = jax.jit(jax.grad(loss(lambda *a: cpu.attention(*a, 20, reference)), argnums=(0, 1, 2)))(q, kt, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
@@ -179,7 +179,7 @@ def test_attention_under_vmap():
     rng = np.random.default_rng(1)
     cases = [_attention_case(rng, 2, 3, 4, 2, 16, 24, True) for _ in range(3)]
     q, kt, v, mask = (np.stack(parts) for parts in zip(*cases))
-    reference = functools.partial(qwen3.attention, cfg)
+    reference = functools.partial(ops.attention, cfg)
     got = jax.jit(jax.vmap(lambda *a: cpu.attention(*a, 24, reference)))(q, kt, v, mask)
     want = jax.vmap(reference)(q, kt, v, mask)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
@@ -190,7 +190,7 @@ def test_attention_skips_padded_queries():
     cfg = _cfg(4, 2, 16)
     q, kt, v, mask = _attention_case(np.random.default_rng(3), 4, 9, 4, 2, 16, 40, True)
     n_valid = jnp.array([9, 0, 4, 1], jnp.int32)
-    reference = functools.partial(qwen3.attention, cfg)
+    reference = functools.partial(ops.attention, cfg)
     got = np.asarray(jax.jit(lambda *a: cpu.attention(*a, reference, n_valid))(q, kt, v, mask, 40))
     want = np.asarray(reference(q, kt, v, mask))
     valid = _valid_rows(n_valid, 9)
@@ -211,7 +211,7 @@ def test_prepared_forward_equals_unprepared(tied):
     params = qwen3.init(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (5, 9), 0, cfg.vocab_size)
     _, cache = qwen3.forward(params, cfg, tokens, cache=qwen3.init_cache(cfg, 5, 24))
-    prepared = qwen3.prepare(params, cfg)
+    prepared = ops.prepare(params, cfg)
     assert ops.PREPARED in prepared
     step = jax.jit(lambda p, c, t: qwen3.forward(p, cfg, t, cache=c))
     want, want_cache = step(params, cache, tokens[:, :1])
@@ -242,13 +242,13 @@ def test_prepared_weights_only_where_the_kernels_apply():
     cfg = _cfg(4, 2, 16)
     params = qwen3.init(cfg, jax.random.key(0))
     bf16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
-    assert qwen3.prepare(bf16, cfg) is bf16
-    assert qwen3.prepare(bf16, cfg, decoding=True)[ops.PREPARED]["head_DxV"].shape == (32, 61)
-    prepared = qwen3.prepare(params, cfg)
+    assert ops.prepare(bf16, cfg) is bf16
+    assert ops.prepare(bf16, cfg, decoding=True)[ops.PREPARED]["head_DxV"].shape == (32, 61)
+    prepared = ops.prepare(params, cfg)
     assert prepared[ops.PREPARED]["lm_head"].shape == (32 * 61,)
     assert all(ops.PREPARED in prepared["layers"][i]["attn"] and ops.PREPARED in prepared["layers"][i]["mlp"]
                for i in range(cfg.num_hidden_layers))
-    assert qwen3.prepare(prepared, cfg, decoding=True) is prepared
+    assert ops.prepare(prepared, cfg, decoding=True) is prepared
 
 
 def _probe(env: dict) -> str:

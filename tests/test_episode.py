@@ -16,7 +16,7 @@ R, S, F, BE, CE = types.RUNNING, types.SUCCESS, types.FAILED, types.BUDGET_EXHAU
 
 
 def test_one_budget_template():
-    assert episode.budget_text(1, 5) == "Turn 2 of 5. 4 turns left."
+    assert budgets.budget_text(1, 5) == "Turn 2 of 5. 4 turns left."
     # the jittable envs' word template is the same text split into words
     assert " ".join(budgets.DEFAULT_TEMPLATE).replace(" .", ".") == budgets.BUDGET_TEMPLATE
     assert budgets.DEFAULT_TEMPLATE == ("Turn", "{turn}", "of", "{budget}", ".", "{remaining}", "turns", "left", ".")

@@ -13,8 +13,7 @@ import pytest
 
 from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.frozenlake import FrozenLakeParams
-from jaxagent.eval import drivers as D
-from jaxagent.eval import pass_drivers
+from jaxagent.eval import driver_common, pass_drivers, scoring, state_drivers
 from jaxagent.eval import step_quality as sq
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
@@ -31,7 +30,7 @@ ENV_PARAMS = FrozenLakeParams(horizon=T_MAX)
 
 @pytest.fixture(scope="module")
 def compiles_before():
-    return rollout_jit._cache_size(), D._reply_logprobs_jit._cache_size()
+    return rollout_jit._cache_size(), scoring.reply_logprobs_jit._cache_size()
 
 
 @pytest.fixture(scope="module")
@@ -97,18 +96,18 @@ def tasks():
 def passes(world, cfg, policies, tasks, rcfg):
     out = {}
     for name in ("blind", "base"):
-        for mode in D.MODES:
-            out[name, mode] = D.pass_kt(world, cfg, policies[name], tasks, jax.random.key(7), t_max=T_MAX, tiers=TIERS,
-                                        n_samples=N_SAMPLES, ks=KS, env_params=ENV_PARAMS, rcfg=rcfg, mode=mode,
-                                        batch_size=BATCH, n_boot=200)
+        for mode in pass_drivers.MODES:
+            out[name, mode] = pass_drivers.pass_kt(world, cfg, policies[name], tasks, jax.random.key(7), t_max=T_MAX,
+                                                   tiers=TIERS, n_samples=N_SAMPLES, ks=KS, env_params=ENV_PARAMS,
+                                                   rcfg=rcfg, mode=mode, batch_size=BATCH, n_boot=200)
     return out
 
 
 @pytest.fixture(scope="module")
 def rollouts(world, cfg, policies, tasks, rcfg):
-    run = lambda name, seed: D.run_rollouts(world, cfg, policies[name], tasks[ROW_TASK],  # noqa: E731
-                                            np.full(ROW_TASK.size, T_MAX), jax.random.key(seed), ENV_PARAMS, rcfg,
-                                            batch_size=BATCH)
+    run = lambda name, seed: driver_common.run_rollouts(world, cfg, policies[name], tasks[ROW_TASK],  # noqa: E731
+                                                        np.full(ROW_TASK.size, T_MAX), jax.random.key(seed), ENV_PARAMS,
+                                                        rcfg, batch_size=BATCH)
     return run("base", 11), run("rl", 12)
 
 
@@ -150,25 +149,26 @@ def test_announced_equals_truncated_when_budget_text_is_ignored(passes):
 def test_pass_kt_rejects_bad_input(world, cfg, policies, tasks, rcfg):
     kw = dict(t_max=T_MAX, n_samples=N_SAMPLES, env_params=ENV_PARAMS, rcfg=rcfg)
     with pytest.raises(ValueError, match="mode"):
-        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, mode="sideways", **kw)
+        pass_drivers.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, mode="sideways", **kw)
     with pytest.raises(ValueError, match="ks"):
-        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=(1, 3), **kw)
+        pass_drivers.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=(1, 3), **kw)
     with pytest.raises(ValueError, match="t_max"):
-        D.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, **{**kw, "t_max": 5})
+        pass_drivers.pass_kt(world, cfg, policies["base"], tasks, jax.random.key(0), ks=KS, **{**kw, "t_max": 5})
 
 
 # ----------------------------------------------------------------------------- upper bound
 def test_upper_bound_dominates_and_matches_dp(world, tasks, passes):
-    ub = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS)
+    ub = pass_drivers.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS)
     np.testing.assert_array_equal(ub["min_turns"], [1, 2, 3, 4])
     np.testing.assert_array_equal(ub["p_star"], (np.arange(1, 5)[None] <= np.asarray(TIERS)[:, None]).astype(float))
     for res in passes.values():
         assert (ub["per_task"] >= res["per_task"] - 1e-6).all()
         assert (ub["grid"] >= res["grid"] - 1e-6).all()
     # The max-probability DP agrees with BFS on the deterministic lake; slipping can only lower it.
-    dp = np.asarray(pass_drivers._slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)].T
+    dp = np.asarray(pass_drivers.slippery_p_star(jnp.asarray(tasks), 1.0, horizon=T_MAX))[:, list(TIERS)].T
     np.testing.assert_allclose(dp, ub["p_star"], atol=1e-6)
-    slip = D.upper_bound(world, tasks, tiers=TIERS, ks=KS, env_params=ENV_PARAMS._replace(success_rate=1 / 3))
+    slip = pass_drivers.upper_bound(world, tasks, tiers=TIERS, ks=KS,
+                                    env_params=ENV_PARAMS._replace(success_rate=1 / 3))
     assert (slip["p_star"] <= ub["p_star"] + 1e-6).all() and (slip["p_star"] > 0).any()
     assert (np.diff(slip["p_star"], axis=0) >= -1e-6).all()  # p_star [U, P]: rises with the tier
 
@@ -176,7 +176,7 @@ def test_upper_bound_dominates_and_matches_dp(world, tasks, passes):
 # ----------------------------------------------------------------------------- exact scoring
 def _canonical_turns(world, r):
     """(episode, turn, action) of turns whose sampled reply is exactly a canonical reply."""
-    replies, lens = D.canonical_replies(world)
+    replies, lens = scoring.canonical_replies(world)
     toks, start, span = np.asarray(r.tokens), np.asarray(r.turns.span_start), np.asarray(r.turns.span_len)
     act, forced = np.asarray(r.turns.action), np.asarray(r.turns.forced)
     out = []
@@ -193,13 +193,13 @@ def test_reply_logprobs_match_sampler(world, cfg, policies, rollouts):
     hits = _canonical_turns(world, r)
     assert len(hits) >= 4
     b, t, a = (np.asarray(x) for x in zip(*hits))
-    ctx, start, _, _ = D.state_contexts(r, b, t)
-    lp = np.asarray(D.reply_logprobs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
+    ctx, start, _, _ = state_drivers.state_contexts(r, b, t)
+    lp = np.asarray(scoring.reply_logprobs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
     got = lp[np.arange(len(a)), a]
     logprobs, span = np.asarray(r.logprobs), np.asarray(r.turns.span_len)
     want = np.asarray([logprobs[i, s:s + n].sum() for i, s, n in zip(b, np.asarray(start), span[b, t])])
     np.testing.assert_allclose(got, want, atol=1e-4)
-    probs = np.asarray(D.next_action_probs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
+    probs = np.asarray(scoring.next_action_probs(world, cfg, policies["base"], ctx, start, score_batch=SCORE))
     assert (probs >= 0).all() and (probs[:, :4].sum(1) <= 1 + 1e-6).all()
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
     assert probs[:, :4].sum(1).min() > 0.5  # the bigram policy mostly answers canonically
@@ -211,7 +211,7 @@ def test_hand_built_tables(world, rollouts):
     b, t = np.nonzero(np.asarray(r.turns.active))
     states = jax.tree.map(lambda x: x[b, t], r.env_states)
     h = np.asarray(r.turns.remaining)[b, t]
-    q = np.asarray(D.q_outcomes(world, states, h, ENV_PARAMS))
+    q = np.asarray(scoring.q_outcomes(world, states, h, ENV_PARAMS))
     # q matches the solver, the invalid outcome is scored as invalid: the worst value (0), not staying put
     def solve(map_LxL):
         mdp = fls.mdp_from_map(map_LxL, 1.0)
@@ -227,7 +227,7 @@ def test_hand_built_tables(world, rollouts):
     varies = q.max(1) - q.min(1) > 1e-6
     assert varies.any()
     ones = np.ones((s, 1), bool)
-    e_opt, e_uni = D.expected_quality(optimal, q), D.expected_quality(uniform, q)
+    e_opt, e_uni = scoring.expected_quality(optimal, q), scoring.expected_quality(uniform, q)
     np.testing.assert_allclose(e_uni, q.mean(1), atol=1e-6)
     res = sq.step_quality(np.asarray(e_uni)[:, None], ones, np.asarray(e_opt)[:, None], ones, state_mask_I=varies)
     assert res["share_rl_better"] == 1.0 and res["share_rl_worse"] == 0.0
@@ -235,8 +235,8 @@ def test_hand_built_tables(world, rollouts):
     assert same["share_equal"] == 1.0
     # inverse-CDF draws, and common random numbers: the optimal policy's G draws are all its best action
     u = jax.random.uniform(jax.random.key(0), (s, 16))
-    np.testing.assert_array_equal(D.sample_outcomes(u, optimal), np.repeat(q[:, :4].argmax(1)[:, None], 16, 1))
-    draws = D.sample_outcomes(jnp.asarray([[0.1, 0.25, 0.6, 0.999]]), jnp.asarray([[0.2, 0.3, 0.5]]))
+    np.testing.assert_array_equal(scoring.sample_outcomes(u, optimal), np.repeat(q[:, :4].argmax(1)[:, None], 16, 1))
+    draws = scoring.sample_outcomes(jnp.asarray([[0.1, 0.25, 0.6, 0.999]]), jnp.asarray([[0.2, 0.3, 0.5]]))
     np.testing.assert_array_equal(draws, [[0, 1, 2, 2]])
 
 
@@ -244,10 +244,10 @@ def test_hand_built_tables(world, rollouts):
 @pytest.fixture(scope="module")
 def sq_runs(world, cfg, policies, tasks, rcfg, rollouts):
     kw = dict(t_max=T_MAX, n_states=N_STATES, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE)
-    return {"self": D.step_quality_matched(world, cfg, policies["base"], policies["base"], tasks, jax.random.key(3),
-                                           rollouts=rollouts, **kw),
-            "pair": D.step_quality_matched(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(3),
-                                           rollouts=rollouts, **kw)}
+    return {"self": state_drivers.step_quality_matched(world, cfg, policies["base"], policies["base"], tasks,
+                                                       jax.random.key(3), rollouts=rollouts, **kw),
+            "pair": state_drivers.step_quality_matched(world, cfg, policies["base"], policies["rl"], tasks,
+                                                       jax.random.key(3), rollouts=rollouts, **kw)}
 
 
 def test_step_quality_self_ties_everywhere(sq_runs):
@@ -274,9 +274,9 @@ def test_step_quality_pair(world, cfg, policies, rollouts, sq_runs):
     r_base = rollouts[0]
     b, t = res["episode"][:N_STATES], res["turn"][:N_STATES]
     assert np.asarray(r_base.turns.active)[b, t].all()
-    ctx, start, _, h = D.state_contexts(r_base, b, t)
+    ctx, start, _, h = state_drivers.state_contexts(r_base, b, t)
     np.testing.assert_array_equal(res["remaining"][:N_STATES], h)
-    probs_rl = np.asarray(D.next_action_probs(world, cfg, policies["rl"], ctx, start, score_batch=SCORE))
+    probs_rl = np.asarray(scoring.next_action_probs(world, cfg, policies["rl"], ctx, start, score_batch=SCORE))
     np.testing.assert_allclose(res["probs_rl"][:N_STATES], probs_rl, atol=1e-6)
 
 
@@ -285,9 +285,10 @@ def test_step_quality_pair(world, cfg, policies, rollouts, sq_runs):
 def err_runs(world, cfg, policies, tasks, rcfg, rollouts):
     kw = dict(t_max=T_MAX, n_states=N_STATES, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE,
               n_continuations=2, n_boot=200, rollouts=rollouts)
-    return {"pair": D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5),
-                                   return_rollouts=True, **kw),
-            "self": D.error_states(world, cfg, policies["base"], policies["base"], tasks, jax.random.key(5), **kw)}
+    return {"pair": state_drivers.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5),
+                                               return_rollouts=True, **kw),
+            "self": state_drivers.error_states(world, cfg, policies["base"], policies["base"], tasks, jax.random.key(5),
+                                               **kw)}
 
 
 def test_error_action_is_legal_nonterminating_and_worst(world, rollouts, err_runs):
@@ -353,14 +354,14 @@ def test_error_states_self_ties(err_runs):
 
 def test_error_states_needs_deterministic_lake(world, cfg, policies, tasks, rcfg):
     with pytest.raises(ValueError, match="deterministic"):
-        D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(0), t_max=T_MAX, n_states=2,
-                       env_params=ENV_PARAMS._replace(success_rate=0.5), rcfg=rcfg)
+        state_drivers.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(0), t_max=T_MAX,
+                                   n_states=2, env_params=ENV_PARAMS._replace(success_rate=0.5), rcfg=rcfg)
 
 
 # ----------------------------------------------------------------------------- likelihood
 def test_teacher_forced_equals_sampler(cfg, policies, rollouts):
     r = rollouts[0]
-    logp = np.asarray(D.teacher_forced_logprobs(policies["base"], cfg, r.tokens, batch_size=BATCH))
+    logp = np.asarray(scoring.teacher_forced_logprobs(policies["base"], cfg, r.tokens, batch_size=BATCH))
     mask = np.asarray(r.policy_mask)
     assert mask.sum() > 10
     np.testing.assert_allclose(logp[mask], np.asarray(r.logprobs)[mask], atol=1e-4)
@@ -368,8 +369,8 @@ def test_teacher_forced_equals_sampler(cfg, policies, rollouts):
 
 def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
     r_base, r_rl = rollouts
-    same = D.likelihood(world, cfg, policies["base"], policies["base"], r_base, r_rl, jax.random.key(0),
-                        batch_size=BATCH, n_boot=200)
+    same = scoring.likelihood(world, cfg, policies["base"], policies["base"], r_base, r_rl, jax.random.key(0),
+                              batch_size=BATCH, n_boot=200)
     np.testing.assert_array_equal(same["llr_base"], 0.0)
     np.testing.assert_array_equal(same["llr_rl"], 0.0)
     if same["n_pairs"] > 0:
@@ -380,8 +381,8 @@ def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
             if (pol[b] & (turn_idx[b] == t)).any()]
     np.testing.assert_allclose(np.sort(same["nll_base_actions"]), np.sort(want), atol=1e-4)
 
-    res = D.likelihood(world, cfg, policies["base"], policies["rl"], r_base, r_rl, jax.random.key(0),
-                       task_ids_base=ROW_TASK, task_ids_rl=ROW_TASK, batch_size=BATCH, n_boot=200)
+    res = scoring.likelihood(world, cfg, policies["base"], policies["rl"], r_base, r_rl, jax.random.key(0),
+                             task_ids_base=ROW_TASK, task_ids_rl=ROW_TASK, batch_size=BATCH, n_boot=200)
     assert res["success_rl"].any() and res["success_base"].any()
     assert res["mean_llr_success_rl"] == pytest.approx(res["llr_rl"][res["success_rl"]].mean(), abs=1e-4)
     assert res["mean_nll_rl_actions"] > 0 and res["mean_nll_base_actions"] > 0
@@ -398,10 +399,11 @@ def test_likelihood_self_is_zero_and_pairs(world, cfg, policies, rollouts):
 
 # ----------------------------------------------------------------------------- first-move optimality
 def test_first_move_optimality(world, cfg, policies, tasks, rcfg, rollouts):
-    res = D.first_move_optimality(world, cfg, policies["base"], tasks, t_max=T_MAX, env_params=ENV_PARAMS,
+    res = state_drivers.first_move_optimality(world, cfg, policies["base"], tasks, t_max=T_MAX, env_params=ENV_PARAMS,
                      width=rcfg.max_context, score_batch=SCORE)
     # the first-turn context is exactly the rollout's
-    ctx, n, _ = D.first_turn_contexts(world, tasks, t_max=T_MAX, env_params=ENV_PARAMS, width=rcfg.max_context)
+    ctx, n, _ = state_drivers.first_turn_contexts(world, tasks, t_max=T_MAX, env_params=ENV_PARAMS,
+                                                  width=rcfg.max_context)
     r = rollouts[0]
     start = np.asarray(r.turns.span_start[:, 0])
     np.testing.assert_array_equal(np.asarray(n)[ROW_TASK], start)
@@ -418,16 +420,16 @@ def test_first_move_optimality(world, cfg, policies, tasks, rcfg, rollouts):
 def test_one_compile_each(compiles_before, passes, sq_runs, err_runs):
     roll0, score0 = compiles_before
     assert rollout_jit._cache_size() - roll0 <= 1
-    assert D._reply_logprobs_jit._cache_size() - score0 <= 1
+    assert scoring.reply_logprobs_jit._cache_size() - score0 <= 1
 
 
 def test_error_states_more_states_than_candidates(world, cfg, policies, tasks, rcfg, rollouts):
     """n_states past the candidate pools: the unfilled slots (any cell, last turns included) are masked and
     not replayed (this indexed past T_max once, when an unfilled slot fell on the last turn)."""
     n = int(np.asarray(rollouts[0].turns.active).size)  # every (episode, turn) cell is drawn
-    res = D.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5), t_max=T_MAX,
-                         n_states=n, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH, score_batch=SCORE,
-                         n_continuations=1, n_boot=50, rollouts=rollouts)
+    res = state_drivers.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(5),
+                                     t_max=T_MAX, n_states=n, env_params=ENV_PARAMS, rcfg=rcfg, batch_size=BATCH,
+                                     score_batch=SCORE, n_continuations=1, n_boot=50, rollouts=rollouts)
     mask = res["mask"]
     assert 0 < mask.sum() < mask.size
     assert (res["turn"][~mask] == T_MAX - 1).any()

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from jaxagent.eval import costs, dynamics, likelihood, step_quality
+from jaxagent.rollout import types
 
 # ---- costs ----
 
 
 def test_cost_summary_hand_example():
-    S, F, B, C = costs.SUCCESS, costs.FAILED, costs.BUDGET_EXHAUSTED, costs.CONTEXT_EXHAUSTED
+    S, F, B, C = types.SUCCESS, types.FAILED, types.BUDGET_EXHAUSTED, types.CONTEXT_EXHAUSTED
     status = np.asarray([S, S, F, B, C, S], np.int32)
     turns = np.asarray([2, 3, 5, 5, 4, 1])
     tokens = np.asarray([20, 30, 50, 60, 90, 10])
@@ -32,7 +33,7 @@ def test_cost_summary_hand_example():
 
 
 def test_cost_curves_and_edge_cases():
-    status_TxB = np.asarray([[costs.FAILED, costs.BUDGET_EXHAUSTED], [costs.SUCCESS, costs.BUDGET_EXHAUSTED]], np.int32)
+    status_TxB = np.asarray([[types.FAILED, types.BUDGET_EXHAUSTED], [types.SUCCESS, types.BUDGET_EXHAUSTED]], np.int32)
     ones = np.ones((2, 2), np.int32)
     out = jax.jit(costs.cost_curves)(status_TxB, ones * 3, ones * 7, ones)
     assert np.isnan(float(out["turns_per_success"][0]))  # no success at the first tier
@@ -40,7 +41,7 @@ def test_cost_curves_and_edge_cases():
     np.testing.assert_allclose(np.asarray(out["truncation_rate"]), [0.5, 0.5])
     np.testing.assert_array_equal(np.asarray(costs.status_histogram(np.asarray([0, 9, -1, 4]))), [1, 0, 0, 0, 1])
     np.testing.assert_array_equal(np.asarray(costs.turns_to_success(np.asarray([1, 2, 1]), np.asarray([3, 4, 5]))), [3, -1, 5])
-    assert costs.STATUS_NAMES[costs.BUDGET_EXHAUSTED] == "budget_exhausted" and len(costs.STATUS_NAMES) == costs.N_STATUS
+    assert types.STATUS_NAMES[types.BUDGET_EXHAUSTED] == "budget_exhausted" and len(types.STATUS_NAMES) == costs.N_STATUS
     with pytest.raises(ValueError, match="same shape"):
         costs.cost_summary(np.zeros(3, np.int32), np.zeros(4), np.zeros(3), np.zeros(3))
 

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from jaxagent import sharding
+from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.frozenlake import sample_tasks
-from jaxagent.eval import driver_common
-from jaxagent.eval import drivers as D
+from jaxagent.eval import driver_common, scoring
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
 from jaxagent.rollout.jax_loop import rollout_jit
 from jaxagent.sampling import Sampler
+from jaxagent.sampling.generate import rollout_params
 from jaxagent.study import stages
 from jaxagent.study.toy import make_toy_world
 
@@ -73,15 +74,15 @@ def on_mesh(world, cfg, params, rcfg, tasks, mesh):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(driver_common, "rollout", spy)
-        r = D.run_rollouts(world, cfg, params, tasks, np.full(BATCH, T_MAX), jax.random.key(2), ENV_PARAMS, rcfg,
-                           batch_size=BATCH, mesh=mesh, compute_dtype=jnp.bfloat16)
+        r = driver_common.run_rollouts(world, cfg, params, tasks, np.full(BATCH, T_MAX), jax.random.key(2), ENV_PARAMS,
+                                       rcfg, batch_size=BATCH, mesh=mesh, compute_dtype=jnp.bfloat16)
     return r, seen
 
 
 def test_rollout_params_cast_and_layout(cfg, params, mesh):
-    assert driver_common.rollout_params(params, cfg) is params
-    assert driver_common.rollout_params(params, cfg, compute_dtype=jnp.float32) is params  # nothing to cast
-    placed = driver_common.rollout_params(params, cfg, mesh=mesh, compute_dtype="bfloat16")
+    assert rollout_params(params, cfg) is params
+    assert rollout_params(params, cfg, compute_dtype=jnp.float32) is params  # nothing to cast
+    placed = rollout_params(params, cfg, mesh=mesh, compute_dtype="bfloat16")
     want = sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh, sharding.ROLLOUT_RULES)
     for x, x0, sh in zip(jax.tree.leaves(placed), jax.tree.leaves(params), jax.tree.leaves(want)):
         assert x.dtype == jnp.bfloat16 and x.shape == x0.shape
@@ -90,7 +91,7 @@ def test_rollout_params_cast_and_layout(cfg, params, mesh):
     np.testing.assert_array_equal(np.asarray(placed["embed"], np.float32),
                                   np.asarray(params["embed"].astype(jnp.bfloat16), np.float32))
     with pytest.raises(ValueError, match="floating"):
-        driver_common.rollout_params(params, cfg, compute_dtype=jnp.int32)
+        rollout_params(params, cfg, compute_dtype=jnp.int32)
 
 
 def test_rollouts_on_the_mesh_run_like_training(on_mesh, mesh):
@@ -122,8 +123,8 @@ def test_eval_rollouts_are_the_training_rollout_program(world, cfg, params, task
 
 def test_no_mesh_float32_is_the_plain_rollout(world, cfg, params, rcfg, tasks):
     args = (world, cfg, params, tasks, np.full(BATCH, T_MAX), jax.random.key(3), ENV_PARAMS, rcfg)
-    plain = D.run_rollouts(*args, batch_size=BATCH)
-    same = D.run_rollouts(*args, batch_size=BATCH, mesh=None, compute_dtype=jnp.float32)
+    plain = driver_common.run_rollouts(*args, batch_size=BATCH)
+    same = driver_common.run_rollouts(*args, batch_size=BATCH, mesh=None, compute_dtype=jnp.float32)
     host = lambda x: np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
                                 else x)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(same)):
@@ -133,12 +134,12 @@ def test_no_mesh_float32_is_the_plain_rollout(world, cfg, params, rcfg, tasks):
 def test_scoring_on_the_mesh_equals_one_device(world, cfg, params, mesh, on_mesh):
     r, _ = on_mesh
     placed = jax.device_put(params, sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh))
-    one = D.teacher_forced_logprobs(params, cfg, r.tokens, batch_size=BATCH)
-    sharded = D.teacher_forced_logprobs(placed, cfg, r.tokens, batch_size=BATCH, mesh=mesh)
+    one = scoring.teacher_forced_logprobs(params, cfg, r.tokens, batch_size=BATCH)
+    sharded = scoring.teacher_forced_logprobs(placed, cfg, r.tokens, batch_size=BATCH, mesh=mesh)
     assert sharded.sharding.is_fully_replicated
     np.testing.assert_allclose(np.asarray(sharded), np.asarray(one), atol=2e-5, rtol=1e-5)
     ctx, ctx_len = r.tokens, np.full(BATCH, 40, np.int32)
-    one = D.reply_logprobs(world, cfg, params, ctx, ctx_len, score_batch=BATCH)
-    sharded = D.reply_logprobs(world, cfg, placed, ctx, ctx_len, score_batch=BATCH, mesh=mesh)
-    assert sharded.shape == (BATCH, D.N_ACTIONS)
+    one = scoring.reply_logprobs(world, cfg, params, ctx, ctx_len, score_batch=BATCH)
+    sharded = scoring.reply_logprobs(world, cfg, placed, ctx, ctx_len, score_batch=BATCH, mesh=mesh)
+    assert sharded.shape == (BATCH, fls.N_ACTIONS)
     np.testing.assert_allclose(np.asarray(sharded), np.asarray(one), atol=2e-5, rtol=1e-5)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxagent.models import qwen3
+from jaxagent.models import ops, qwen3, weights
 from jaxagent.sampling import GREEDY, Sampler, append, decode, generate, sample
 from tests.hf_reference import make_hf_qwen3
 
@@ -34,7 +34,7 @@ def _f32_tol(ref, terms: int) -> float:
 def model(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("hf_gen"))
     hf = make_hf_qwen3(d, seed=7, rope_theta=5000.0)
-    cfg, params = qwen3.load(d)
+    cfg, params = weights.load(d)
     return hf, cfg, params
 
 
@@ -315,7 +315,7 @@ def test_kv_windows_equal_full_attention(model, sampled_t1, seam):
 
     @jax.jit
     def windowed(cache, index):
-        return append(params, cfg, cache, extra, n_valid, kv_window=qwen3.KVWindows(sizes, index))
+        return append(params, cfg, cache, extra, n_valid, kv_window=ops.KVWindows(sizes, index))
 
     if seam == "accelerator":
         assert "cond[" in str(jax.make_jaxpr(windowed)(cache, jnp.int32(0)))  # the switch over the sizes
@@ -328,10 +328,10 @@ def test_kv_windows_equal_full_attention(model, sampled_t1, seam):
     static, _ = jax.jit(append, static_argnums=1, static_argnames="kv_window")(
         params, cfg, cache, extra, n_valid, kv_window=sizes[0])
     assert np.abs(np.asarray(static - ref)[live]).max() < TOL
-    assert int(qwen3.choose_window(sizes, need).index) == 0
-    assert int(qwen3.choose_window(sizes, slots + 5).index) == len(sizes) - 1  # too long: the largest
+    assert int(ops.choose_window(sizes, need).index) == 0
+    assert int(ops.choose_window(sizes, slots + 5).index) == len(sizes) - 1  # too long: the largest
     with pytest.raises(ValueError, match="kv_window"):
-        append(params, cfg, cache, extra, n_valid, kv_window=qwen3.KVWindows((slots + 8,), jnp.int32(0)))
+        append(params, cfg, cache, extra, n_valid, kv_window=ops.KVWindows((slots + 8,), jnp.int32(0)))
 
 
 def _compiled_ops(fn, *args):
@@ -360,7 +360,7 @@ def test_kv_windows_decode_executes_the_switch_and_the_pv_dot(model, prompts, hf
     @jax.jit
     def windowed(cache, logits, index):
         return decode(params, cfg, cache, logits, jax.random.key(0), MAX_NEW, max_steps=MAX_STEPS, sampler=GREEDY,
-                      stop_ids=(), pad_id=PAD, kv_window=qwen3.KVWindows(sizes, index))
+                      stop_ids=(), pad_id=PAD, kv_window=ops.KVWindows(sizes, index))
 
     conds, batched, calls = _compiled_ops(windowed, cache0, logits0, jnp.int32(0))
     layers = cfg.num_hidden_layers
@@ -386,7 +386,7 @@ def test_untied_head_gives_the_same_logits(model, prompts):
 def test_no_retrace_across_token_limits_and_prompt_lengths(model, prompts, greedy_left):
     _, cfg, params = model
     tl, ml = prompts[1]
-    fn = _gen_module._generate
+    fn = _gen_module.generate_jit
     run(params, cfg, tl, ml)  # compiled here if a test ran in another seam mode since (caches cleared)
     before = fn._cache_size()
     results = []

@@ -53,18 +53,18 @@ def prompts():
 def _recording(monkeypatch, call_real=True):
     """Replaces the jitted decode program with a recorder of what `generate` hands it."""
     seen = []
-    real = gen_mod._generate
+    real = gen_mod.generate_jit
 
     def spy(*args, **kw):
         seen.append((args, kw))
         return real(*args, **kw) if call_real else None
-    monkeypatch.setattr(gen_mod, "_generate", spy)
+    monkeypatch.setattr(gen_mod, "generate_jit", spy)
     return seen
 
 
 @pytest.fixture(scope="module")
 def on_mesh(fsdp_params, prompts, mesh):
-    """generate on the mesh from FSDP-sharded params: (Generation, the args and kwargs of `_generate`)."""
+    """generate on the mesh from FSDP-sharded params: (Generation, the args and kwargs of `generate_jit`)."""
     toks, mask = prompts
     with pytest.MonkeyPatch.context() as mp:
         seen = _recording(mp)
@@ -101,7 +101,7 @@ def test_mesh_tokens_equal_one_device(on_mesh, params, prompts):
 
 def test_aot_generate_program_is_what_generate_runs(on_mesh, mesh):
     _, args, kw = on_mesh
-    runs = gen_mod._generate.lower(*args, **kw).as_text()
+    runs = gen_mod.generate_jit.lower(*args, **kw).as_text()
     prog = A.generate_program(CFG, mesh, rows=B, prompt_len=L, new_tokens=NEW, dtype=jnp.float32, stop_ids=(STOP,),
                               pad_id=0)
     assert prog.lower().as_text() == runs

@@ -9,10 +9,11 @@ import sqlite3
 import pytest
 
 from jaxagent.envs.host import datasets, sandbox
-from jaxagent.envs.host.code_env import CodeEnv, CodeTask, outcome_matches, stdout_matches
+from jaxagent.envs.host.code_env import CodeEnv, outcome_matches, stdout_matches
 from jaxagent.envs.host.datasets import held_out_by_hash
 from jaxagent.envs.host.sandbox import SandboxLimits
 from jaxagent.envs.host.sql_env import SQLEnv
+from jaxagent.envs.host.tasks import CodeTask
 
 MODE = "namespaces" if sandbox.strong_isolation_problem() is None else "unsafe-rlimits-only"
 LIMITS = SandboxLimits(wall_s=8.0, per_call_s=1.0, mode=MODE)

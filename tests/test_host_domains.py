@@ -21,11 +21,12 @@ from jaxagent import sharding
 from jaxagent.envs.host import base as host
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health, stats
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
+from jaxagent.sampling import Sampler
 from jaxagent.study import host_error_recovery, host_stages, stages
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
@@ -94,7 +95,7 @@ def test_preset_sizes(name):
     p = HOST_PRESETS[name]
     host_stages.get_domain(p.task.domain)
     data, fsdp, tensor = p.mesh
-    host_study.check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
+    study.check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
     assert max(p.eval.ks) <= p.eval.n_samples and p.kl_estimator == "k2"
     tiers = budgets_lib.budget_tiers(p.task.t_max, p.eval.fractions)
     assert tiers[-1] == p.task.t_max and len(set(tiers)) == len(tiers)
@@ -119,9 +120,9 @@ def test_every_domain_has_every_scale():
 
 def test_check_batches_refuses_undividable():
     p = HOST_PRESETS["qwen3-8b-v5p-sql"]
-    host_study.check_batches(p, 32)
+    study.check_batches(p, 32)
     with pytest.raises(ValueError, match="micro_batches"):
-        host_study.check_batches(p, 64)
+        study.check_batches(p, 64)
 
 
 def test_arm_settings_match_the_frozenlake_study():
@@ -321,9 +322,9 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     log = {"status": np.zeros((1, 2, 1)), "episodes": [ep, ep]}
     pre = host_error_recovery.prefixes_from_log({"base": log}, ["base"], run.world.heldout_tasks, run.preset.task.t_max)
     assert len(pre) == 2 and pre[0].actions == (bad,)
-    params = qwen3.load(run.checkpoint)[1]
+    params = weights.load(run.checkpoint)[1]
     acts = host_error_recovery.continue_prefixes(params, run.cfg, run.world, run.preset.task, pre[:1],
-                                                 jax.random.key(0), 2, sampler=host_study.Sampler(temperature=1.0))
+                                                 jax.random.key(0), 2, sampler=Sampler(temperature=1.0))
     assert len(acts) == 1 and isinstance(acts[0], str) and acts[0] != bad
     j = host_error_recovery.judge(run.world.env, pre, [acts[0], bad], [bad, bad])
     assert j["rl"] == [False, False] and len(j["base"]) == 2

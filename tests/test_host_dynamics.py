@@ -94,7 +94,7 @@ def _logs():
 
 
 def test_dynamics_metrics_known_deltas_and_verdicts():
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_eval._put)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_eval.put_estimate)
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.2)
     assert m["code.f6_r_single.diff.method"] == stats.T_SEEDS and m["code.f6_r_single.diff.n_units"] == 12
     assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 48
@@ -111,7 +111,7 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
     assert finding_verdict(f_multi, m)[0] == stats.REPRODUCED
     assert finding_verdict(f_single, m)[0] == stats.UNDERPOWERED
     # seed 2 excluded (collapsed): the estimate over seeds 0, 1 and an all-seeds sensitivity line
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_eval._put)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_eval.put_estimate)
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.15)
     assert m["code.f6_r_single.diff.all.mean"] == pytest.approx(-0.2) and "excluded: 2" in m["code.f6_r_single.diff.seeds"]
     assert m["code.f6_r_multi.last"] == pytest.approx(4.5 / 8)
@@ -119,9 +119,9 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
 
 def test_dynamics_metrics_without_usable_logs():
     only_base = {0: _log([0.5], [0.5], 0.0, 0.0)[:1]}
-    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_eval._put) == {
+    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_eval.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
-    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_eval._put) == {
+    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_eval.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
 
 

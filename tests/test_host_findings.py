@@ -150,7 +150,7 @@ def test_rate_rows_rooms_and_verdicts():
         scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + 0.1 + 0.01 * s] * 2] * 4,
                       "source": ["base"] * 4, "turn": [0] * 4, "task_id": ["t"] * 4, "episode": [0] * 4}
                   for s in range(3)}
-        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50, host_eval._put)
+        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50, host_eval.put_estimate)
         assert room_from_metrics(f3, m) == pytest.approx((-q_base, 1 - q_base))
         assert finding_verdict(f3, m)[0] == want  # RL above base: the paper's "slightly below" fails
     f4 = host_error_recovery.finding("bfcl", "BFCL")
@@ -159,7 +159,7 @@ def test_rate_rows_rooms_and_verdicts():
                       "rl": [True] * min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))
                       + [False] * (20 - min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))),
                       "source": ["base"] * 20} for s in range(4)}
-        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_eval._put)
+        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_eval.put_estimate)
         assert room_from_metrics(f4, m) == pytest.approx((-n_base / 20, 1 - n_base / 20))
         assert finding_verdict(f4, m)[0] == want, finding_verdict(f4, m)
     f_multi, f_single = host_dynamics.finding("code", "Coding")
@@ -171,12 +171,12 @@ def test_rate_rows_rooms_and_verdicts():
                     host_dynamics.record(9, last_multi + s / 16, 16, rs(np.maximum(base_single - 0.01 * s, 0)))]
                 for s in range(3)}
 
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50, host_eval._put)
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50, host_eval.put_estimate)
     assert room_from_metrics(f_single, m) == pytest.approx((-0.05, 0.95))
     assert room_from_metrics(f_multi, m) == pytest.approx((-0.75, 0.25))
     assert finding_verdict(f_single, m)[0] == stats.UNTESTABLE  # 0.05 < E = 0.097: R_single cannot fall by E
     assert finding_verdict(f_multi, m)[0] == stats.UNTESTABLE   # 0.25 < E = 0.331: R_multi cannot rise by E
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50, host_eval._put)
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50, host_eval.put_estimate)
     assert finding_verdict(f_single, m)[0] not in (stats.UNTESTABLE,)
     assert finding_verdict(f_multi, m)[0] == stats.NOT_REPRODUCED  # no rise: the CI's upper end is below E
 

@@ -17,9 +17,9 @@ import pytest
 from jaxagent import sharding
 from jaxagent.eval import likelihood as lk, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study import host_eval, host_likelihood as hl, host_report
+from jaxagent.study import host_eval, host_likelihood as hl, host_report, host_stages
 
 
 def _record(tokens, spans):
@@ -59,7 +59,7 @@ def test_token_log_keeps_the_full_tier_in_grid_order():
                                      turns_used=np.ones(b, np.int32))
 
     log = hl.TokenLog(keep_budget=2)
-    raw = host_eval.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
+    raw = host_stages.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
     sizes = [5, 5, 2]
     entry = log.log_entry(sizes, raw["status"].shape)
     assert entry["tier"] == 1 and len(entry["episodes"]) == 6
@@ -188,7 +188,7 @@ def _seed(shift):
 def test_likelihood_metrics_hand_made_numbers_and_report():
     m = {}
     scored = {0: _seed(10.0), 1: _seed(20.0), 2: _seed(30.0), 3: _seed(500.0)}
-    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_eval._put))
+    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_eval.put_estimate))
     # pairs: rl0-base0 (task 0, 105 vs 100) and rl2-base2 (task 1, 58 vs 60); rl1 has no base partner of 70 tokens
     assert m["bfcl.f5_matched.seed0.n_pairs"] == 2 and m["bfcl.f5_matched.seed0.n_tasks"] == 2
     assert m["bfcl.f5_matched.n_pairs"] == 6 and m["bfcl.f5_matched.n_tasks"] == 2
@@ -249,7 +249,7 @@ def test_llr_rows_fail_below_the_threshold_and_pass_above():
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
     for gap, want in ((0.2, stats.NOT_REPRODUCED), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
-        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_eval._put)
+        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_eval.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
         assert m["bfcl.f5_llr_success.jeffreys.lo"] > 0  # the contrast holds by definition, whatever the gap
         assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(gap - LLR_THRESHOLD, abs=0.05)
@@ -266,7 +266,7 @@ def test_no_pair_note_and_measured_rows_without_successes():
     seed = _seed(10.0)
     for side in ("base", "rl"):
         seed[side]["success"] = [False] * 8
-    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval._put)
+    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)
     assert m["bfcl.f5_matched.n_pairs"] == 0 and math.isnan(m["bfcl.f5_matched.diff.mean"])
     assert "no RL and no base" in m["bfcl.note.f5_matched"]
     assert m["bfcl.f5_nll.diff.mean"] == pytest.approx(3.0) and m["bfcl.f5_llr_success.n_rl"] == 0
@@ -278,15 +278,15 @@ def test_no_pair_note_and_measured_rows_without_successes():
     assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.2f} |" in text
     assert "| pairs (paper, BFCL: 283) | 0 |" in text and "bfcl.note.f5_seeds" not in m
     # every seed excluded by the health rule: no estimate, the rows over every seed with a note
-    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_eval._put)
+    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_eval.put_estimate)
     assert ex["bfcl.f5_nll.rl"] == 14.0 and "over every seed (0)" in ex["bfcl.note.f5_seeds"]
     assert math.isnan(ex["bfcl.f5_nll.diff.mean"]) and ex["bfcl.f5_nll.diff.all.mean"] == pytest.approx(3.0)
     # successes on different tasks; then on one task but too far apart in length
     seed["rl"]["success"][0], seed["base"]["success"][2] = True, True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval._put)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
     assert "no task has a successful episode of both" in note
     seed["rl"]["success"][3] = True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval._put)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
     assert "within 10%" in note and "1 task(s)" in note
 
 
@@ -311,8 +311,8 @@ def check_ci_bfcl_finding5(root: str) -> None:
     assert len(f5["base"]["llr"]) == len(f5["rl"]["llr"]) == n_full
     # one RL episode's LLR recomputed with the two models directly, at its policy tokens
     run = host_study.HostRun(p, root)
-    base = qwen3.load(run.checkpoint)[1]
-    rl = qwen3.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
+    base = weights.load(run.checkpoint)[1]
+    rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
     rec = logs["grpo_seed0"][hl.LOG_KEY]["episodes"][0]
     toks = hl.decode_tokens(rec["tokens"])
     pos = hl.policy_positions(rec)

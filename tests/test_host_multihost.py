@@ -22,7 +22,7 @@ import pytest
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.rollout import FAILED, host_loop
 from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
-from jaxagent.rollout.host_schedule import (EnvCalls, EnvError, EnvShare, EnvTimeout, RemoteEnvFailure, _Raised,
+from jaxagent.rollout.host_schedule import (EnvCalls, EnvError, EnvShare, EnvTimeout, Raised, RemoteEnvFailure,
                                             episode_owners, error_text)
 from tests import host_multihost_worker as worker
 from tests.multiprocess import start_workers, wait_workers
@@ -229,7 +229,7 @@ def test_exchange_results_errors_and_failures():
     # an infrastructure error: raised on both, the original where it happened
     err = RuntimeError("sandbox down")
     err.infrastructure_error = True
-    local = [{0: ("s", "o"), 1: ("s", "o")}, {2: _Raised(err), 3: ("s", "o")}]
+    local = [{0: ("s", "o"), 1: ("s", "o")}, {2: Raised(err), 3: ("s", "o")}]
     raised = [None, None]
 
     def fail(p):

@@ -14,7 +14,8 @@ from jaxagent.envs.host import base as host
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import chat, qwen3
 from jaxagent.rollout import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, SUCCESS, RolloutConfig
-from jaxagent.rollout.host_loop import _append_jit, _decode_jit, host_rollout
+from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.rollout.host_policy import append_jit, decode_jit
 from jaxagent.sampling import Sampler, bucket
 
 T_MAX, M, S = 3, 16, 4096
@@ -53,10 +54,10 @@ BUDGETS = [3, 2, 1]
 def runs(tok, host_model, envs):
     """One random-model rollout per env (3 episodes, budgets 3/2/1), and the compiles they caused."""
     cfg, params = host_model
-    n_append, n_decode = _append_jit._cache_size(), _decode_jit._cache_size()
+    n_append, n_decode = append_jit._cache_size(), decode_jit._cache_size()
     out = {name: host_rollout(params, cfg, envs[name], tok, _tasks(envs, name), BUDGETS, jax.random.key(i), RCFG)
            for i, name in enumerate(envs)}
-    out["compiles"] = (_append_jit._cache_size() - n_append, _decode_jit._cache_size() - n_decode)
+    out["compiles"] = (append_jit._cache_size() - n_append, decode_jit._cache_size() - n_decode)
     return out
 
 
@@ -164,11 +165,11 @@ def test_no_recompile_across_turns_and_calls(tok, host_model, envs, runs):
     # all runs (3 turns, 3 envs, one batch shape): decode compiled once; append once per width
     assert n_decode == 1
     assert 1 <= n_append <= len([w for w in (16, 32, 64, 128, 256, 512, 1024)])
-    before = (_append_jit._cache_size(), _decode_jit._cache_size())
+    before = (append_jit._cache_size(), decode_jit._cache_size())
     again = host_rollout(params, cfg, envs["sql"], tok, _tasks(envs, "sql"), BUDGETS, jax.random.key(0), RCFG)
     other = host_rollout(params, cfg, envs["sql"], tok, _tasks(envs, "sql")[::-1], [2, 3, 3], jax.random.key(9),
                          RCFG)
-    assert (_append_jit._cache_size(), _decode_jit._cache_size()) == before
+    assert (append_jit._cache_size(), decode_jit._cache_size()) == before
     # same key, same rollout
     jax.tree.map(np.testing.assert_array_equal, _np(again.rollout), _np(runs["sql"].rollout))
     assert again.trace.actions == runs["sql"].trace.actions

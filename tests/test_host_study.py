@@ -15,16 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce, study
+from experiments import host_study, reproduce
 from experiments.host_presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
-from jaxagent.models import qwen3
+from jaxagent.models import weights
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
 from tests.passk_reference import comb_pass
+from jaxagent.study import run_dir
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_run_pass_episodes_synthetic_pads_and_counts():
         status = np.where((budgets >= idx + 1) & coin, SUCCESS, FAILED)
         return pytypes.SimpleNamespace(status=status, turns_used=np.minimum(budgets, idx + 1))
 
-    raw = host_eval.run_pass_episodes(fake, 3, [1, 3], 4, jax.random.key(0), batch_size=7)
+    raw = host_stages.run_pass_episodes(fake, 3, [1, 3], 4, jax.random.key(0), batch_size=7)
     assert calls == [7] * 4 and raw["success"].shape == (2, 3, 4)
     assert not raw["success"][0, 1:].any() and raw["success"][1].any()
     grid = host_eval.pass_grid(raw["success"], [1, 2, 4])
@@ -141,7 +142,7 @@ def test_run_pass_episodes_scripted_sql(tok, world):
         gen = lambda t, active, ctx: [acts[b] if active[b] else None for b in range(len(acts))]  # noqa: E731
         return host_rollout(None, None, world.env, tok, ts, budgets, key, rcfg, generate_fn=gen, workers=1).rollout
 
-    raw = host_eval.run_pass_episodes(rollout_fn, len(tasks), [1, 2], 2, jax.random.key(1), batch_size=8)
+    raw = host_stages.run_pass_episodes(rollout_fn, len(tasks), [1, 2], 2, jax.random.key(1), batch_size=8)
     want = np.asarray([i % 2 == 0 for i in range(len(tasks))])
     assert (raw["success"] == want[None, :, None]).all() and (raw["turns"] == 1).all()
     grid = host_eval.pass_grid(raw["success"], [1, 2])
@@ -367,8 +368,8 @@ def resumed(ci_run, tmp_path_factory):
         with pytest.raises(Interrupted):
             host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)
     recorded = host_study.arm_stage_settings(run, "grpo", 0)
-    with pytest.raises(study.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
-                                                     r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
+                                                       r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
         host_study.resume_arm(run, "grpo/seed0", out, {**recorded, "task": {**recorded["task"], "t_max": 3}},
                               None, 0, base)
     params = host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)[("grpo", 0)]
@@ -388,7 +389,7 @@ def test_interrupted_arm_resumes_to_the_uninterrupted_result(resumed):
     out = resumed["out"]
     assert resumed["seen"] == {"metrics": [0, 1], "ckpt": [0]}
     assert any("resuming at iteration 1" in str(m) for m in resumed["logs"])
-    ref_params = qwen3.load(os.path.join(resumed["ref"], "policy"))[1]
+    ref_params = weights.load(os.path.join(resumed["ref"], "policy"))[1]
     for a, b in zip(jax.tree.leaves(resumed["params"]), jax.tree.leaves(ref_params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     got, want = _records(os.path.join(out, "metrics.jsonl")), _records(os.path.join(resumed["ref"], "metrics.jsonl"))
@@ -401,7 +402,7 @@ def test_interrupted_arm_resumes_to_the_uninterrupted_result(resumed):
 def test_arm_checkpoints_and_done_record_the_settings(resumed):
     out, want = resumed["out"], resumed["recorded"]
     assert want["arm"]["iterations"] == 2 and want["seed"] == 0 and want["task"]["domain"] == "sql"
-    assert study.done_settings(out) == want
+    assert run_dir.done_settings(out) == want
     meta = ckpt_lib.read_metadata(ckpt_lib.make_manager(os.path.join(out, "ckpt"), read_only=True))
     assert meta["extra"]["settings"] == want and meta["step"] == 1
     logs = []  # a rerun of the finished arm loads its policy and trains nothing

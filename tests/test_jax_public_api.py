@@ -106,7 +106,7 @@ def test_importing_the_package_raises_no_jax_deprecation_warning():
 # ----------------------------------------------------------------------------- xla_options, public only
 def _record(seen: dict, name: str):
     def f(*args):
-        seen[name] = xla_options._top_level(args)
+        seen[name] = xla_options.top_level(args)
         return args[0] if args else jnp.float32(1.0)
     return f
 
@@ -120,7 +120,7 @@ def test_top_level_detection_covers_closures_and_traced_arguments():
     jax.vmap(_record(seen, "vmap_of_argument"))(jnp.ones(3))
     jax.grad(_record(seen, "grad_of_argument"))(1.0)
     assert not any(seen.values()), seen
-    assert xla_options._top_level(()) and xla_options._top_level((jnp.ones(2), {"a": 1}))
+    assert xla_options.top_level(()) and xla_options.top_level((jnp.ones(2), {"a": 1}))
 
 
 def test_entry_point_called_on_constants_inside_a_users_jit():

@@ -58,11 +58,11 @@ def _programs(dtype):
     logits = jax.ShapeDtypeStruct((B, CFG.vocab_size), jnp.float32)
 
     def generate(p, t, m, k, n):
-        return gen_mod._generate(p, t, m, k, n, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS,
-                                 sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
+        return gen_mod.generate_jit(p, t, m, k, n, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS,
+                                    sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
 
     def decode(p, c, lg, k):
-        window = qwen3.choose_window((L, 2 * L), jnp.max(c["length"]) + STEPS)
+        window = ops.choose_window((L, 2 * L), jnp.max(c["length"]) + STEPS)
         return gen_mod.decode(p, CFG, c, lg, k, STEPS, max_steps=STEPS, sampler=Sampler(), stop_ids=(1,),
                               kv_window=window)
 
@@ -122,8 +122,8 @@ def test_entry_point_lowers_for_tpu_with_its_compiler_options(tpu_mesh):
     rep = NamedSharding(tpu_mesh, P())
     fn, args = _programs(jnp.float32)["generate"]
     args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), args)
-    lowered = gen_mod._generate.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
-                                      stop_ids=(1,), pad_id=0)
+    lowered = gen_mod.generate_jit.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
+                                         stop_ids=(1,), pad_id=0)
     assert not _custom_calls(lowered.compile().as_text())
 
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.eval import plots, report
+from jaxagent.eval import plots, report, stats
+from jaxagent.eval import findings as findings_lib
 from jaxagent.eval.passk import CI
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,13 +67,13 @@ def test_plots_write_nonempty_pngs(figure_paths):
 
 
 def test_paper_figures_and_default_findings_are_consistent():
-    figs = report.PAPER_FIGURES
+    figs = findings_lib.PAPER_FIGURES
     assert figs["f2_frozenlake_t25_base"]["value"] == 30.3 and figs["f2_frozenlake_t25_grpo"]["value"] == 28.7
     assert figs["f3_frozenlake_rl_better"]["value"] == 42.8 and figs["f5_matched_bfcl_diff"]["value"] == 805.8
     assert figs["f6_r_single_delta"]["value"] == -0.097 and figs["f8_gain_t25"]["value"] == 7.5
     assert (figs["f8_gain_t25_model_a"]["value"] + figs["f8_gain_t25_model_b"]["value"]) / 2 == pytest.approx(7.475)
     assert all(set(v) >= {"value", "description", "unit"} and v["description"] for v in figs.values())
-    for f in report.DEFAULT_FINDINGS:
+    for f in findings_lib.DEFAULT_FINDINGS:
         paper_keys = [r.paper for r in f.rows if r.paper] + ([f.diff_paper] if f.diff_paper else [])
         assert all(k in figs for k in paper_keys), f.key
         by_label = {r.measured.rsplit(".", 1)[1]: r.paper for r in f.rows if r.measured}
@@ -85,8 +86,8 @@ def test_paper_figures_and_default_findings_are_consistent():
             assert f.margin and f.margin > 0 and f.effect_source, f.key
         else:
             assert f.effect and f.effect > 0 and f.effect_source, f.key
-    assert len({f.key for f in report.DEFAULT_FINDINGS}) == len(report.DEFAULT_FINDINGS)
-    by_key = {f.key: f for f in report.DEFAULT_FINDINGS}
+    assert len({f.key for f in findings_lib.DEFAULT_FINDINGS}) == len(findings_lib.DEFAULT_FINDINGS)
+    by_key = {f.key: f for f in findings_lib.DEFAULT_FINDINGS}
     # f1 and f2 are different contrasts: the gap at the largest K, and its change from full to tight budget
     assert by_key["f1_breadth"].diff != by_key["f2_shrink_frozenlake"].diff
     assert by_key["f2_shrink_frozenlake"].direction == -1
@@ -129,14 +130,14 @@ RUN_METRICS = {
                         "seed2": {"status": "collapsed", "reason": "training success 0 over the last 3 iterations",
                                   "min_valid": 0.0, "last_valid": 0.0, "last_success": 0.0}}},
 }
-EXPECTED = {"f1_pass1": report.REPRODUCED, "f1_breadth": report.REPRODUCED,
-            "f2_shrink_frozenlake": report.REPRODUCED,
-            "f3_step_frozenlake": report.NOT_REPRODUCED,  # significant on the opposite side
-            "f5_nll": report.NOT_REPRODUCED,  # CI holds 0, its upper end 0.512 < E = 19% of 10.714
-            "f5_matched_bfcl": report.REPRODUCED, "f6_r_multi": report.INCONCLUSIVE,
-            "f8_budgetmix_t25": report.UNDERPOWERED,  # MDE 0.3 > the paper's 7.5 points
-            "f8_budgetmix_t50": report.UNTESTABLE,  # the bound allows 3 points above GRPO, E = 5.3
-            "f8_budgetmix_t100": report.REPRODUCED}  # TOST: 90% CI inside +/-4 points
+EXPECTED = {"f1_pass1": stats.REPRODUCED, "f1_breadth": stats.REPRODUCED,
+            "f2_shrink_frozenlake": stats.REPRODUCED,
+            "f3_step_frozenlake": stats.NOT_REPRODUCED,  # significant on the opposite side
+            "f5_nll": stats.NOT_REPRODUCED,  # CI holds 0, its upper end 0.512 < E = 19% of 10.714
+            "f5_matched_bfcl": stats.REPRODUCED, "f6_r_multi": stats.INCONCLUSIVE,
+            "f8_budgetmix_t25": stats.UNDERPOWERED,  # MDE 0.3 > the paper's 7.5 points
+            "f8_budgetmix_t50": stats.UNTESTABLE,  # the bound allows 3 points above GRPO, E = 5.3
+            "f8_budgetmix_t100": stats.REPRODUCED}  # TOST: 90% CI inside +/-4 points
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +158,8 @@ def test_report_verdicts_follow_the_rule(built):
     text = open(path).read()
     assert text == rep.markdown and "truncated" in text
     sections = {s.split("\n", 1)[0]: s for s in text.split("\n## ")[1:]}
-    titles = {f.key: report.finding_title(f, metrics) for f in report.DEFAULT_FINDINGS}
-    by_key = {f.key: f for f in report.DEFAULT_FINDINGS}
+    titles = {f.key: findings_lib.finding_title(f, metrics) for f in findings_lib.DEFAULT_FINDINGS}
+    by_key = {f.key: f for f in findings_lib.DEFAULT_FINDINGS}
     summary = sections["Summary: one row per finding"]
     assert ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |"
             in summary)
@@ -170,7 +171,7 @@ def test_report_verdicts_follow_the_rule(built):
         row = next(line for line in summary.splitlines() if line.startswith(f"| {titles[key]} |"))
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         assert cells[6] == want and cells[7].startswith(rep.reasons[key].replace("|", "/")), key
-        room = report.room_from_metrics(by_key[key], metrics)
+        room = findings_lib.room_from_metrics(by_key[key], metrics)
         if room is None:
             assert cells[5] == "—", key
         else:  # the bound's range, in the difference's printed units, in the summary and the section
@@ -183,7 +184,7 @@ def test_report_verdicts_follow_the_rule(built):
     assert "8. BudgetMix vs full-budget RL at 25% of T_max (T=2 of 8)" in titles["f8_budgetmix_t25"]
     assert "tightest tier (T=2 of 8)" in titles["f2_shrink_frozenlake"]
     # an underpowered row says how many seeds would decide it; an untestable one gives the bound's reason
-    n = report.seeds_to_decide(by_key["f8_budgetmix_t25"], metrics)
+    n = findings_lib.seeds_to_decide(by_key["f8_budgetmix_t25"], metrics)
     assert n is not None and n > 2
     t25 = next(line for line in summary.splitlines() if line.startswith(f"| {titles['f8_budgetmix_t25']} |"))
     assert f"about {n} seeds would decide it" in t25
@@ -199,8 +200,8 @@ def test_report_verdicts_follow_the_rule(built):
     assert "Excluded from the primary verdicts: grpo seed 2 (collapsed)." in hs
     assert "learning_grpo.png" in hs
     # the f5 reference effect is relative to the measured base NLL
-    f5 = next(f for f in report.DEFAULT_FINDINGS if f.key == "f5_nll")
-    assert report.reference_effect(f5, metrics) == pytest.approx(10.714 * 1.95 / 10.25)
+    f5 = next(f for f in findings_lib.DEFAULT_FINDINGS if f.key == "f5_nll")
+    assert findings_lib.reference_effect(f5, metrics) == pytest.approx(10.714 * 1.95 / 10.25)
 
 
 def _table_numbers(markdown):
@@ -232,19 +233,19 @@ def test_every_printed_number_comes_from_the_inputs(built):
     metrics, rep, _, _ = built
     listed = report.printed_numbers(rep)
     assert len(listed) > 40
-    findings = {f.key: f for f in report.DEFAULT_FINDINGS}
+    findings = {f.key: f for f in findings_lib.DEFAULT_FINDINGS}
     for text, value, source in listed:
         kind, key = source.split(":", 1)
         scale = next(n.scale for n in rep.numbers if n.source == source and n.text == text)
         if kind == "run":
             assert value == metrics[key], source
         elif kind == "paper":
-            assert value == report.PAPER_FIGURES[key]["value"], source
+            assert value == findings_lib.PAPER_FIGURES[key]["value"], source
         else:
             assert kind == "rule", source
             fkey, what = key.rsplit(".", 1)
             f = findings[fkey]
-            want = f.margin if what == "margin" else report.reference_effect(f, metrics)
+            want = f.margin if what == "margin" else findings_lib.reference_effect(f, metrics)
             assert value == pytest.approx(want), source
         assert float(text) == pytest.approx(value * scale, abs=0.051), source
     assert Counter(_table_numbers(rep.markdown)) <= Counter(t for t, _, _ in listed)  # nothing printed unsourced
@@ -278,20 +279,20 @@ def test_flatten_and_load_metrics(tmp_path):
 def test_a_row_whose_bound_leaves_less_than_e_is_untestable_and_says_so(tmp_path):
     """f7 at the tightest tier: GRPO within 2 points of the bound cannot be beaten by E = 10 points, so the row
     is untestable here (bound) whatever its CI; with room the usual rule decides it."""
-    f = next(x for x in report.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
+    f = next(x for x in findings_lib.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
 
     def run(lo, hi, base, bound):
         m = report.flatten_metrics({"meta": {"t_max": 8}, "f7_process_frozenlake": {
             "base": base, "rl": base, "bound": bound, "room_lo": -base, "room_hi": bound - base, "tier_turns": 2,
             "diff": {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "lo90": lo, "hi90": hi, "se": (hi - lo) / 4,
                      "mde": 0.02, "n_seeds": 5, "method": "t over seeds"}}})
-        return report.finding_verdict(f, m), report.build_report(m, tmp_path).markdown
+        return findings_lib.finding_verdict(f, m), report.build_report(m, tmp_path).markdown
 
     (v, why), md = run(0.0, 0.0, 0.2344, 0.2544)
-    assert v == report.UNTESTABLE and why == "the bound allows at most 2 on the paper's side, less than E = 10"
+    assert v == stats.UNTESTABLE and why == "the bound allows at most 2 on the paper's side, less than E = 10"
     assert "The bound allows differences in [-23.4, 2.0] (points)" in md
     assert "| differences the structural bound allows | [-23.4, 2.0] | — |" in md
     assert "7. Oracle process reward vs GRPO, FrozenLake, tightest tier (T=2 of 8)" in md
-    assert run(0.004, 0.02, 0.2375, 0.2656)[0][0] == report.UNTESTABLE  # even a CI above 0: the bound decides
-    assert run(-0.01, 0.02, 0.30, 0.60)[0][0] == report.NOT_REPRODUCED   # room 30 points: E excluded
-    assert run(0.004, 0.2, 0.30, 0.60)[0][0] == report.REPRODUCED
+    assert run(0.004, 0.02, 0.2375, 0.2656)[0][0] == stats.UNTESTABLE  # even a CI above 0: the bound decides
+    assert run(-0.01, 0.02, 0.30, 0.60)[0][0] == stats.NOT_REPRODUCED   # room 30 points: E excluded
+    assert run(0.004, 0.2, 0.30, 0.60)[0][0] == stats.REPRODUCED

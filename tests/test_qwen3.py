@@ -28,7 +28,7 @@ def ckpt(request, tmp_path_factory):
     tie = request.param == "tied"
     d = str(tmp_path_factory.mktemp(f"hf_{request.param}"))
     model = make_hf_qwen3(d, tie=tie, seed=1 if tie else 2, rope_theta=12345.0 if tie else 777.0)
-    cfg, params = qwen3.load(d)
+    cfg, params = weights.load(d)
     return d, model, cfg, params
 
 
@@ -91,12 +91,12 @@ def test_batched_left_padding_matches_transformers(ckpt, fwd):
 def test_save_then_transformers_load(ckpt, tmp_path):
     from transformers import Qwen3ForCausalLM
     _, _, cfg, params = ckpt
-    qwen3.save(tmp_path, cfg, params)
+    weights.save(tmp_path, cfg, params)
     model = Qwen3ForCausalLM.from_pretrained(str(tmp_path)).eval()
     toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 11))
     ours = np.asarray(qwen3.forward(params, cfg, jnp.asarray(toks))[0])
     assert np.abs(ours - hf_logits(model, toks)).max() < TOL
-    cfg2, params2 = qwen3.load(tmp_path)
+    cfg2, params2 = weights.load(tmp_path)
     assert cfg2 == cfg
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
 
@@ -106,13 +106,13 @@ def test_sharded_save_with_index(ckpt, tmp_path):
     weights.save(tmp_path, cfg, params, max_shard_bytes=20_000)
     assert os.path.isfile(tmp_path / "model.safetensors.index.json")
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
-    _, params2 = qwen3.load(tmp_path)
+    _, params2 = weights.load(tmp_path)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
 
 
 def test_legacy_rope_theta_key(tmp_path):
     make_hf_qwen3(str(tmp_path), legacy_rope_key=True, rope_theta=4321.0, layers=1)
-    cfg, _ = qwen3.load(tmp_path)
+    cfg, _ = weights.load(tmp_path)
     assert cfg.rope_theta == 4321.0
 
 
@@ -212,7 +212,7 @@ def test_logits_index_equals_full_logits_and_cache(ckpt):
 
 def test_bf16_runs_close(ckpt):
     d, _, cfg, params = ckpt
-    _, p16 = qwen3.load(d, dtype=jnp.bfloat16)
+    _, p16 = weights.load(d, dtype=jnp.bfloat16)
     assert jax.tree.leaves(p16)[0].dtype == jnp.bfloat16
     toks = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 8)))
     a = np.asarray(qwen3.forward(params, cfg, toks)[0])
@@ -232,7 +232,7 @@ def test_gradients_match_transformers(ckpt, tmp_path):
     toks = rng.integers(0, cfg.vocab_size, (2, 9))
     r = rng.normal(size=(2, 9, cfg.vocab_size)).astype(np.float32)
     grads = jax.grad(lambda p: jnp.sum(qwen3.forward(p, cfg, jnp.asarray(toks))[0] * r))(params)
-    qwen3.save(str(tmp_path), cfg, grads)
+    weights.save(str(tmp_path), cfg, grads)
     ours = {}
     for f in sorted(os.listdir(tmp_path)):
         if f.endswith(".safetensors"):
@@ -265,12 +265,12 @@ def test_dense_backward_equals_autodiff(dtype):
                                        atol=tol * float(jnp.max(jnp.abs(r.astype(jnp.float32)))))
 
     loss = lambda y: jnp.sum(jnp.sin(y.astype(jnp.float32)))  # noqa: E731
-    check(lambda x, w: loss(qwen3.dense(x, w)), lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w)), x, w)
-    check(lambda x, w: loss(qwen3.dense(x, w, jnp.float32)),
+    check(lambda x, w: loss(ops.dense(x, w)), lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w)), x, w)
+    check(lambda x, w: loss(ops.dense(x, w, jnp.float32)),
           lambda x, w: loss(jnp.einsum("btd,dhe->bthe", x, w, preferred_element_type=jnp.float32)), x, w)
-    check(lambda x, e: loss(qwen3.dense_transposed(x, e, jnp.float32)),
+    check(lambda x, e: loss(ops.dense_transposed(x, e, jnp.float32)),
           lambda x, e: loss(jnp.einsum("btd,vd->btv", x, e, preferred_element_type=jnp.float32)), x, e)
-    assert qwen3.dense(x, w).shape == (2, 5, 3, 4) and qwen3.dense_transposed(x, e).shape == (2, 5, 7)
+    assert ops.dense(x, w).shape == (2, 5, 3, 4) and ops.dense_transposed(x, e).shape == (2, 5, 7)
 
 
 def test_init_matches_logical_axes():
@@ -304,19 +304,19 @@ def _rewrite(d, fn):
 def test_missing_tensor_is_named(good_dir):
     _rewrite(good_dir, lambda t: t.pop("model.layers.0.mlp.up_proj.weight"))
     with pytest.raises(ValueError, match=r"lacks tensors.*model\.layers\.0\.mlp\.up_proj\.weight"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
 
 
 def test_unexpected_tensor_is_named(good_dir):
     _rewrite(good_dir, lambda t: t.__setitem__("model.layers.7.mlp.up_proj.weight", np.zeros((2, 2), np.float32)))
     with pytest.raises(ValueError, match=r"does not expect.*model\.layers\.7"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
 
 
 def test_wrong_shape_names_both_shapes(good_dir):
     _rewrite(good_dir, lambda t: t.__setitem__("model.norm.weight", np.zeros((5,), np.float32)))
     with pytest.raises(ValueError, match=r"model\.norm\.weight.*\(5,\).*\(48,\)"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
 
 
 def test_config_shape_mismatch(good_dir):
@@ -325,20 +325,20 @@ def test_config_shape_mismatch(good_dir):
     hf["intermediate_size"] = 64
     cfg_path.write_text(json.dumps(hf))
     with pytest.raises(ValueError, match=r"gate_proj\.weight.*\(96, 48\).*\(48, 64\)"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
 
 
 def test_missing_config_and_files(good_dir, tmp_path):
     os.remove(good_dir / "config.json")
     with pytest.raises(FileNotFoundError, match="config.json"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        qwen3.load(tmp_path / "nowhere")
+        weights.load(tmp_path / "nowhere")
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text(json.dumps(Qwen3Config().to_hf_dict()))
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        qwen3.load(empty)
+        weights.load(empty)
 
 
 def test_corrupt_safetensors(good_dir):
@@ -346,10 +346,10 @@ def test_corrupt_safetensors(good_dir):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="truncated or corrupt|corrupt"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
     path.write_bytes(b"\xff" * 16)
     with pytest.raises(ValueError, match="corrupt|not a safetensors"):
-        qwen3.load(good_dir)
+        weights.load(good_dir)
 
 
 def test_bad_config_values():

@@ -9,11 +9,12 @@ import pytest
 
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rl.loop import RLSettings, compute_advantages, rl_iteration
-from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl import losses
 from jaxagent.rl.logprobs import token_logprobs
-from jaxagent.rl.train_step import LossSettings, init_train_state, make_train_step
+from jaxagent.rl.loop import RLSettings, compute_advantages, rl_iteration
+from jaxagent.rl.optim import make_optimizer
+from jaxagent.rl.train_state import LossSettings, init_train_state
+from jaxagent.rl.train_step import make_train_step
 from jaxagent.rollout import rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study.stages import TaskSettings

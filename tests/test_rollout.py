@@ -165,7 +165,7 @@ def test_task_budget_count_mismatch(setup):
 def test_context_exhausted(setup):
     import dataclasses
     sys_len = len(setup["layout"].system)
-    from jaxagent.rollout.jax_loop import max_chunk
+    from jaxagent.rollout.episode import max_chunk
     one_turn = sys_len + max_chunk(setup["layout"], setup["fmt"], setup["env"], 3) + setup["rcfg"].max_action_tokens
     rcfg = dataclasses.replace(setup["rcfg"], max_context=one_turn + 5, t_max=3)
     r = rollout(setup["params"], setup["cfg"], setup["env"], setup["layout"], setup["fmt"], _tasks(3), np.full(B, 3),

@@ -102,7 +102,7 @@ def test_seed_offset_shifts_every_seed_into_its_own_directory(tmp_path, monkeypa
     named = study.Run(dataclasses.replace(CI, seeds=(0,)), root, "mine", seed_offset=2)
     assert named.dir == os.path.join(root, "mine") and named.preset.seeds == (2,)
     # the same directory with another offset: refused
-    with pytest.raises(study.SettingsMismatch, match=r"seed_offset: 3 vs 0"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"seed_offset: 3 vs 0"):
         study.Run(CI, root, "ci-s3")
     # the base SFT draws from the shifted key
     seen = {}
@@ -122,12 +122,12 @@ def test_other_preset_in_the_same_directory_is_refused_by_name(tmp_path):
     root = str(tmp_path)
     study.Run(CI, root)
     quick = dataclasses.replace(PRESETS["quick"], name="quick")
-    with pytest.raises(study.SettingsMismatch) as e:
+    with pytest.raises(run_dir.SettingsMismatch) as e:
         study.Run(quick, root, "ci")
     msg = str(e.value)
     assert "model.hidden_size: 32 vs 64" in msg and "name: 'ci' vs 'quick'" in msg and "--force" in msg
     assert _config(study.Run(CI, root))["name"] == "ci"  # config.json not overwritten by the refused run
-    with pytest.raises(study.SettingsMismatch, match=r"\(1 differ.*\): iterations: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"\(1 differ.*\): iterations: 2 vs 3"):
         study.Run(dataclasses.replace(CI, iterations=3), root)
     # where and which never count: mesh, seeds, arms
     study.Run(dataclasses.replace(CI, seeds=(0, 1, 2), arms=("grpo",)), root)
@@ -156,8 +156,8 @@ def _steps_changed(steps):
 @pytest.mark.slow
 def test_base_done_marker_records_its_settings(base_run):
     run, out = base_run["run"], base_run["out"]
-    assert study.done_settings(out) == run.base_settings()
-    assert study.done_settings(out)["base"]["steps"] == CI.base.steps and study.done_settings(out)["seed"] == 1000
+    assert run_dir.done_settings(out) == run.base_settings()
+    assert run_dir.done_settings(out)["base"]["steps"] == CI.base.steps and run_dir.done_settings(out)["seed"] == 1000
     # the SFT restarted from step 0 after the (simulated) kill: its log starts over, no repeated steps
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(CI.base.steps))
     before = os.path.getmtime(os.path.join(out, "DONE"))
@@ -173,13 +173,13 @@ def test_base_with_other_settings_refused_then_redone_with_force(base_run, tmp_p
     out = os.path.join(root, "ci", "base")
     # config.json already says 5 steps (as an older version would have left it): the DONE marker still refuses
     study.Run(_steps_changed(5), root, force=True)
-    with pytest.raises(study.SettingsMismatch, match=r"stage base: .*base/DONE was made with other settings "
-                                                     r"\(1 differ.*\): base\.steps: 4 vs 5.*--force"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"stage base: .*base/DONE was made with other settings "
+                                                       r"\(1 differ.*\): base\.steps: 4 vs 5.*--force"):
         study.run_base(study.Run(_steps_changed(5), root), log=_quiet)
     assert len(_rows(os.path.join(out, "metrics.jsonl"), "step")) == CI.base.steps
     run = study.Run(_steps_changed(5), root, force=True)
     study.run_base(run, log=_quiet)
-    assert study.done_settings(out)["base"]["steps"] == 5
+    assert run_dir.done_settings(out)["base"]["steps"] == 5
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(5))  # redone, not appended
 
 
@@ -188,10 +188,10 @@ def test_policy_of_another_model_never_reaches_xla(base_run, tmp_path):
     """An older run directory (DONE without settings) reused with another model: a clear error at load."""
     root = str(tmp_path)
     shutil.copytree(base_run["run"].dir, os.path.join(root, "ci"))
-    study.mark_done(os.path.join(root, "ci", "base"))  # a marker without settings
+    run_dir.mark_done(os.path.join(root, "ci", "base"))  # a marker without settings
     os.remove(os.path.join(root, "ci", "config.json"))
     wider = dataclasses.replace(CI, model=dataclasses.replace(CI.model, hidden_size=64, intermediate_size=128))
-    with pytest.raises(study.SettingsMismatch, match=r"saved for another model config.*hidden_size: 32 vs 64"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"saved for another model config.*hidden_size: 32 vs 64"):
         study.run_base(study.Run(wider, root, "ci"), log=_quiet)
 
 
@@ -204,7 +204,7 @@ def arm_run(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("runs"))
     run = study.Run(ONE_ARM, root)
     study.save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
-    study.mark_done(run.path("base"))
+    run_dir.mark_done(run.path("base"))
     base = study.run_base(run, log=_quiet)
     rt = study.make_runtime(run, run.arm_settings(ARM))
     out = os.path.join(run.dir, "arms", ARM, "seed0")
@@ -247,7 +247,7 @@ def test_metrics_not_repeated_after_a_kill_between_append_and_save(arm_run):
 def test_arm_done_marker_and_checkpoints_record_settings(arm_run):
     run, out = arm_run["run"], arm_run["out"]
     want = run.arm_stage_settings(ARM, 0)
-    assert study.done_settings(out) == want
+    assert run_dir.done_settings(out) == want
     assert want["arm"]["iterations"] == 2 and want["seed"] == 0 and want["base"] == run.base_settings()
     meta = ckpt_lib.read_metadata(ckpt_lib.make_manager(os.path.join(out, "ckpt"), read_only=True))
     assert meta["extra"]["settings"] == want
@@ -259,16 +259,16 @@ def test_arm_with_other_settings_refused_then_redone_with_force(arm_run, tmp_pat
     shutil.copytree(arm_run["run"].dir, os.path.join(root, "ci"))
     out = os.path.join(root, "ci", "arms", ARM, "seed0")
     three = dataclasses.replace(ONE_ARM, iterations=3)
-    with pytest.raises(study.SettingsMismatch, match=r"iterations: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"iterations: 2 vs 3"):
         study.Run(three, root)  # the run directory first
     study.Run(three, root, force=True)  # config.json now says 3 (an older version overwrote it so)
     rt = arm_run["rt"]
-    with pytest.raises(study.SettingsMismatch, match=rf"stage {ARM}/seed0: .*DONE was made with other settings "
-                                                     r"\(1 differ.*\): arm\.iterations: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=rf"stage {ARM}/seed0: .*DONE was made with other settings "
+                                                       r"\(1 differ.*\): arm\.iterations: 2 vs 3"):
         study.run_arm(study.Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
     # an unfinished arm: its checkpoint's recorded settings refuse the same way
     os.remove(os.path.join(out, "DONE"))
-    with pytest.raises(study.SettingsMismatch, match=r"ckpt/1 was made with other settings.*arm\.iterations: 2 vs 3"):
+    with pytest.raises(run_dir.SettingsMismatch, match=r"ckpt/1 was made with other settings.*arm\.iterations: 2 vs 3"):
         study.run_arm(study.Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
     assert _rows(os.path.join(out, "metrics.jsonl"), "iteration") == [0, 1]  # untouched by the refusals
     # --force: the stage is redone from iteration 0 with the new settings; its cached evaluations go
@@ -280,7 +280,7 @@ def test_arm_with_other_settings_refused_then_redone_with_force(arm_run, tmp_pat
     study.run_arm(study.Run(three, root, force=True), ARM, 0, arm_run["base"], runtime=rt, log=logs.append)
     assert not any("resuming" in str(m) for m in logs)
     assert _rows(os.path.join(out, "metrics.jsonl"), "iteration") == [0, 1, 2]
-    assert study.done_settings(out)["arm"]["iterations"] == 3
+    assert run_dir.done_settings(out)["arm"]["iterations"] == 3
     assert sorted(os.listdir(ev)) == ["base.json"]
 
 
@@ -307,16 +307,16 @@ def test_diverged_rl_stage_stops_with_a_clear_error(arm_run, tmp_path, how, mess
         study.run_arm(run, ARM, 0, arm_run["base"], runtime=_diverging(arm_run["rt"], how), log=_quiet)
     out = os.path.join(run.dir, "arms", ARM, "seed0")
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))  # nothing of the bad iteration written
-    assert ckpt_lib.all_steps(os.path.join(out, "ckpt")) == [] and not study.done(out)
+    assert ckpt_lib.all_steps(os.path.join(out, "ckpt")) == [] and not run_dir.done(out)
 
 
 def test_cut_jsonl_keeps_earlier_records_and_drops_a_torn_line(tmp_path):
     path = str(tmp_path / "m.jsonl")
     with open(path, "w") as f:
         f.write('{"iteration": 0}\n{"iteration": 1}\n{"iteration": 2}\n{"iterat')
-    assert study.cut_jsonl(path, lambda r: r["iteration"] < 2) == 2
+    assert run_dir.cut_jsonl(path, lambda r: r["iteration"] < 2) == 2
     assert _rows(path, "iteration") == [0, 1]
-    assert study.cut_jsonl(path, lambda r: True) == 0
+    assert run_dir.cut_jsonl(path, lambda r: True) == 0
 
 
 # ---------------------------------------------------------------- one writer per run directory
@@ -369,7 +369,7 @@ def test_two_studies_started_at_once_on_one_directory(tmp_path):
                         r"another --name/--root", err[0]), err[0]
     out = os.path.join(root, "ci", "base")
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(CI.base.steps))
-    assert study.done_settings(out)["base"]["steps"] == CI.base.steps
+    assert run_dir.done_settings(out)["base"]["steps"] == CI.base.steps
 
 
 @pytest.mark.slow
@@ -399,12 +399,12 @@ def test_a_done_marker_that_is_not_a_json_object_is_an_error_not_a_finished_stag
                                                     r"list).*delete it to redo the stage"):
         run.stage_done(out, run.base_settings(), "base")
     with pytest.raises(run_dir.InvalidMarker):
-        study.done(out)
+        run_dir.done(out)
     forced = study.Run(CI, str(tmp_path), force=True)
     assert forced.stage_done(out, forced.base_settings(), "base") is False  # with --force: redone
     assert not os.path.exists(os.path.join(out, "DONE"))
-    study.mark_done(out, {"finished": "x"})  # an older version's marker (no settings) is still one
-    assert study.done(out) and study.done_settings(out) is None
+    run_dir.mark_done(out, {"finished": "x"})  # an older version's marker (no settings) is still one
+    assert run_dir.done(out) and run_dir.done_settings(out) is None
 
 
 def test_a_missing_or_bad_checkpoint_is_refused_before_the_run_directory_is_written(tmp_path):

@@ -39,14 +39,14 @@ def _run(code, args_list=([],), limits=LIMITS):
 def run_uids(monkeypatch):
     """The uids this test's runs were given (other test files may run sandboxes at the same time)."""
     uids = set()
-    pick = sandbox._pick_uid
+    pick = sandbox.pick_uid
 
     def recording():
         uid = pick()
         uids.add(uid)
         return uid
 
-    monkeypatch.setattr(sandbox, "_pick_uid", recording)
+    monkeypatch.setattr(sandbox, "pick_uid", recording)
     return uids
 
 
@@ -393,7 +393,7 @@ def test_under_unshare_ur_the_run_raises_instead_of_scoring(how):
 # ------------------------------------------------------------------------------------------------
 @needs_strong
 def test_setup_failure_raises_with_the_cause(monkeypatch):
-    monkeypatch.setattr(sandbox, "_pick_uid", lambda: 2 ** 32 - 1)  # setgid/setuid to it fail (EINVAL)
+    monkeypatch.setattr(sandbox, "pick_uid", lambda: 2 ** 32 - 1)  # setgid/setuid to it fail (EINVAL)
     with pytest.raises(SandboxSetupError, match="dropping privileges: OSError"):
         run_calls("def f():\n    return 1\n", "f", [[]], LIMITS)
 

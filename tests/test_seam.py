@@ -1,5 +1,5 @@
 """The compute seam (`jaxagent.models.ops`): the model and the loops name no CPU kernel path, what the
-kernels read travels inside `qwen3.prepare`'s params, and whether the kernels are built on this host
+kernels read travels inside `ops.prepare`'s params, and whether the kernels are built on this host
 never changes a program lowered for an accelerator.
 
 Legend: B batch, T tokens, V vocab.
@@ -64,14 +64,14 @@ def _programs(dtype):
     logits = jax.ShapeDtypeStruct((b, CFG.vocab_size), jnp.float32)
 
     def append(p, c, tk, nv):
-        return append_(qwen3.prepare(p, CFG), CFG, c, tk, nv)
+        return append_(ops.prepare(p, CFG), CFG, c, tk, nv)
 
     def generate(p, tk, m, k, nv):
         return generate_jit(p, tk, m, k, nv, cfg=CFG, max_steps=steps, cache_len=t + steps,
                                     sampler=Sampler(temperature=0.7), stop_ids=(1,), pad_id=0)
 
     def decode(p, c, lg, k):
-        window = qwen3.choose_window((t, 2 * t), jnp.max(c["length"]) + steps)
+        window = ops.choose_window((t, 2 * t), jnp.max(c["length"]) + steps)
         return decode_(p, CFG, c, lg, k, steps, max_steps=steps, sampler=Sampler(), stop_ids=(1,),
                               kv_window=window)
 
@@ -102,14 +102,14 @@ def test_kernels_built_does_not_change_an_accelerator_program(dtype):
 @pytest.mark.parametrize("seam", ["kernels", "cpu_xla", "accelerator"], indirect=True)
 @pytest.mark.parametrize("tied", [True, False])
 def test_prepared_params_give_the_same_logits(seam, tied):
-    """forward and a decode step on `qwen3.prepare(params, cfg, decoding=True)` equal those on the params
+    """forward and a decode step on `ops.prepare(params, cfg, decoding=True)` equal those on the params
     (f32 and bf16) on every path: the kernels, XLA:CPU without them (the head read from the prepared
     [D, V] layout), the accelerators' XLA."""
     cfg = dataclasses.replace(CFG, tie_word_embeddings=tied)
     one = jax.jit(lambda p, c, t: qwen3.forward(p, cfg, t, cache=c))
     for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
         params = jax.tree.map(lambda w: w.astype(dtype), qwen3.init(cfg, jax.random.key(0)))
-        prepared = qwen3.prepare(params, cfg, decoding=True)
+        prepared = ops.prepare(params, cfg, decoding=True)
         assert ops.PREPARED in prepared or (dtype == jnp.bfloat16 and not tied)
         toks = jax.random.randint(jax.random.key(1), (3, 7), 0, cfg.vocab_size)
         n_valid = jnp.array([7, 2, 5], jnp.int32)

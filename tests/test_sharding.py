@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
-from jaxagent.models import qwen3
+from jaxagent.models import qwen3, weights
+from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling import GREEDY, generate
 from tests.hf_reference import make_hf_qwen3
 
@@ -26,7 +27,7 @@ def ckpt(tmp_path_factory):
     """Untied (lm_head too), every dim divisible by 8 except the 2 KV heads."""
     d = str(tmp_path_factory.mktemp("hf_shard"))
     make_hf_qwen3(d, tie=False, vocab=128, hidden=64, inter=128, heads=8, kv_heads=2, head_dim=16, seed=4)
-    cfg, params = qwen3.load(d)
+    cfg, params = weights.load(d)
     return d, cfg, params
 
 
@@ -54,7 +55,7 @@ def reference(ckpt, batch):
 def sharded(request, ckpt):
     d, _, _ = ckpt
     mesh = shd.make_mesh(*request.param)
-    cfg, params = qwen3.load(d, mesh=mesh)
+    cfg, params = weights.load(d, mesh=mesh)
     return request.param, mesh, cfg, params
 
 
@@ -103,7 +104,7 @@ def test_params_sharded_per_rules(sharded, ckpt):
             assert x.addressable_shards[0].data.shape == _local_shape(x.shape, want, mesh)
     # every leaf follows the rule table and holds the unsharded values
     axes = qwen3.logical_axes(cfg)
-    flat_axes = jax.tree.leaves(axes, is_leaf=shd._is_axes)
+    flat_axes = jax.tree.leaves(axes, is_leaf=shd.is_axes)
     flat_p, flat_ref = jax.tree.leaves(params), jax.tree.leaves(ref)
     assert len(flat_axes) == len(flat_p) == len(flat_ref)
     for ax, x, r in zip(flat_axes, flat_p, flat_ref):
@@ -150,7 +151,7 @@ def test_sharded_generate_equals_unsharded(sharded, batch, reference):
 def test_generate_on_sharded_params_without_mesh_argument(ckpt, batch, reference):
     """The default path (no mesh): the compiler propagates the params' shardings; same tokens."""
     d, _, _ = ckpt
-    cfg, params = qwen3.load(d, mesh=shd.make_mesh(2, 2, 2))
+    cfg, params = weights.load(d, mesh=shd.make_mesh(2, 2, 2))
     toks, mask = batch
     out = generate(params, cfg, toks, jax.random.key(0), max_new_tokens=MAX_NEW, prompt_mask_BxL=mask,
                    sampler=GREEDY)
@@ -159,8 +160,8 @@ def test_generate_on_sharded_params_without_mesh_argument(ckpt, batch, reference
 
 # ---------------------------------------------------------------- the rule table itself
 def test_divisibility_fallback_replicates_kv_heads():
-    cfg = qwen3.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
-                            num_key_value_heads=2, head_dim=16)
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=16)
     mesh = shd.make_mesh(2, 1, 4)
     sh = shd.shardings_for(qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh)
     attn = sh["layers"][0]["attn"]

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jaxagent.envs.host import base as host
-from jaxagent.envs.host import sql_env
+from jaxagent.envs.host import sql_query
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
-from jaxagent.envs.host.sql_env import (QueryError, SQLEnv, SQLState, parse_sql_action, results_match,
-                                     run_query)
+from jaxagent.envs.host.sql_env import SQLEnv, SQLState, parse_sql_action, results_match
+from jaxagent.envs.host.sql_query import QueryError, run_query
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_result_bytes_and_time_are_bounded(env, query):
     """A result larger than the byte budget is an error observation; at most the budget plus one row
     (max_columns * max_value_len bytes) is converted, within the time limit."""
     state, _ = env.reset(0, _task(env, "shop-01"))
-    bound = env.max_result_bytes + sql_env.DEFAULT_MAX_COLUMNS * sql_env.DEFAULT_MAX_VALUE_LEN
+    bound = env.max_result_bytes + sql_query.DEFAULT_MAX_COLUMNS * sql_query.DEFAULT_MAX_VALUE_LEN
     tracemalloc.start()
     try:
         t0 = time.monotonic()
@@ -301,8 +301,8 @@ def test_ordinary_functions_are_allowed(env):
     ranked = run("SELECT name, row_number() OVER (ORDER BY price DESC, id), rank() OVER (ORDER BY price DESC) "
                  "FROM products ORDER BY 2 LIMIT 3")
     assert [r[1] for r in ranked] == [1, 2, 3] and ranked[0][2] == 1
-    assert {f.lower() for f in sql_env.ALLOWED_FUNCTIONS} == set(sql_env.ALLOWED_FUNCTIONS)
-    assert not {"fts3_tokenizer", "load_extension", "readfile", "writefile"} & sql_env.ALLOWED_FUNCTIONS
+    assert {f.lower() for f in sql_query.ALLOWED_FUNCTIONS} == set(sql_query.ALLOWED_FUNCTIONS)
+    assert not {"fts3_tokenizer", "load_extension", "readfile", "writefile"} & sql_query.ALLOWED_FUNCTIONS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ HARD_LIMIT = {
     "wide-recursive-cte": "WITH RECURSIVE r(i, s) AS (SELECT 1, randomblob(30000) UNION SELECT i + 1, "
                           "randomblob(30000) FROM r WHERE i < 1000000) SELECT count(*) FROM r",
 }
-HEAP_BOUND = sql_env.DEFAULT_HEAP_LIMIT_BYTES + 32 * 2 ** 20  # the heap cap plus the interpreter's own memory
+HEAP_BOUND = sql_query.DEFAULT_HEAP_LIMIT_BYTES + 32 * 2 ** 20  # the heap cap plus the interpreter's own memory
 
 
 @pytest.fixture(scope="module")

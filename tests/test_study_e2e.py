@@ -15,6 +15,7 @@ from experiments import eval as eval_stage
 from experiments import reproduce, study
 from experiments.presets import PRESETS
 from jaxagent.eval import health, report, stats
+from jaxagent.eval import findings as findings_lib
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +78,12 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
     assert summary[2] == ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why "
                           "| seeds |")
     checked, roomed = 0, set()
-    for f in report.DEFAULT_FINDINGS:
+    for f in findings_lib.DEFAULT_FINDINGS:
         est = _estimate(metrics, f.diff)
         if est is None:
             continue
         checked += 1
-        title = report.finding_title(f, metrics)
+        title = findings_lib.finding_title(f, metrics)
         row = [line for line in summary if line.startswith(f"| {title} |")]
         assert len(row) == 1, f.key
         _, measured, paper, ci, mde, allowed, verdict, why, seeds = _cells(row[0])
@@ -174,12 +175,12 @@ def test_pass_at_k_gaps_come_from_the_eval_files(ci_run, outputs):
     maps = [eval_stage.heldout_tasks(study.Run(PRESETS["ci"], os.path.dirname(ci_run), "ci"), s) for s in (0, 1)]
     assert not np.array_equal(np.asarray(maps[0]), np.asarray(maps[1]))
     # f2 prints the share of solvable tight-tier tasks, and the real tier in its title
-    f2 = next(f for f in report.DEFAULT_FINDINGS if f.key == "f2_shrink_frozenlake")
-    sec = sections[report.finding_title(f2, metrics)]
+    f2 = next(f for f in findings_lib.DEFAULT_FINDINGS if f.key == "f2_shrink_frozenlake")
+    sec = sections[findings_lib.finding_title(f2, metrics)]
     assert f"| held-out tasks solvable at the tightest tier (%) | " \
            f"{100 * metrics['f2_shrink_frozenlake.solvable_tight']:.1f} |" in sec
     assert 0 <= metrics["f2_shrink_frozenlake.solvable_tight"] <= 1
-    assert "tightest tier (T=" in report.finding_title(f2, metrics)
+    assert "tightest tier (T=" in findings_lib.finding_title(f2, metrics)
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +254,7 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
     assert metrics["f5_nll.diff.mean"] == pytest.approx(np.mean(nll), rel=1e-6)
     assert metrics["f5_nll.diff.method"] == stats.T_SEEDS and metrics["f5_nll.diff.df"] == 1
     # the report states every verdict with these seeds
-    for f in report.DEFAULT_FINDINGS:
+    for f in findings_lib.DEFAULT_FINDINGS:
         if f.key in rep.verdicts and f"{f.diff}.seeds" in metrics:
             assert f"Seeds: {metrics[f'{f.diff}.seeds']}." in rep.markdown, f.key
 
@@ -308,7 +309,7 @@ def test_every_printed_number_comes_from_the_run(ci_run, outputs):
     rep = report.build_report(metrics, ci_run, figures={})
     nums = report.printed_numbers(rep)
     assert len(nums) > 30
-    findings = {f.key: f for f in report.DEFAULT_FINDINGS}
+    findings = {f.key: f for f in findings_lib.DEFAULT_FINDINGS}
     recomputed = _recomputed(ci_run)
     checked = []
     for shown, value, source in nums:
@@ -322,17 +323,17 @@ def test_every_printed_number_comes_from_the_run(ci_run, outputs):
                 assert value == pytest.approx(recomputed[key], abs=1e-6), key
                 checked.append(key)
         elif kind == "paper":
-            assert _shows(shown, report.PAPER_FIGURES[key]["value"]), key
+            assert _shows(shown, findings_lib.PAPER_FIGURES[key]["value"]), key
         else:
             fkey, what = key.rsplit(".", 1)
-            rule = findings[fkey].margin if what == "margin" else report.reference_effect(findings[fkey], metrics)
+            rule = findings[fkey].margin if what == "margin" else findings_lib.reference_effect(findings[fkey], metrics)
             assert kind == "rule" and _shows(shown, abs(rule)), key
     # the health table, f1, f2 and f5 numbers were all recomputed independently
     assert sum(k.startswith("health.") for k in checked) == 12, checked
     assert {"f1_breadth.base", "f1_pass1.base", "f2_shrink_frozenlake.tier_turns"} <= set(checked)
     assert any(k.startswith("f1_breadth.diff") for k in checked) and any(k.startswith("f5_nll.diff") for k in checked)
     # the report on disk is the one build_report makes from metrics.json (plus figures and the hidden table)
-    assert rep.verdicts == {f.key: report.finding_verdict(f, metrics)[0] for f in report.DEFAULT_FINDINGS
+    assert rep.verdicts == {f.key: findings_lib.finding_verdict(f, metrics)[0] for f in findings_lib.DEFAULT_FINDINGS
                             if f.key in rep.verdicts}
     for key, v in rep.verdicts.items():
         assert f"**Verdict: {v}**" in text, key

@@ -17,7 +17,7 @@ from experiments.presets import PRESETS
 from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.rl import checkpoint as ckpt_lib
-from jaxagent.study import stages
+from jaxagent.study import run_dir, stages
 
 MESH = (2, 2, 2)
 ITERATIONS = 2
@@ -43,7 +43,7 @@ def mesh_run(tmp_path_factory):
     assert run.mesh is not None and dict(run.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     # The base stage as for a checkpoint preset: a saved policy, loaded onto the mesh (skips the SFT compile).
     study.save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
-    study.mark_done(run.path("base"))
+    run_dir.mark_done(run.path("base"))
     base = study.run_base(run, log=lambda *_: None)
 
     seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}
@@ -80,7 +80,7 @@ def mesh_run(tmp_path_factory):
 def _assert_on_rules(params, cfg, mesh):
     """Every leaf sharded exactly as sharding.RULES says, over all 8 devices; some leaves really split."""
     axes = qwen3.logical_axes(cfg)
-    want = jax.tree.map(lambda ax, x: sharding.spec_for(ax, x.shape, mesh), axes, params, is_leaf=sharding._is_axes)
+    want = jax.tree.map(lambda ax, x: sharding.spec_for(ax, x.shape, mesh), axes, params, is_leaf=sharding.is_axes)
     split = 0
     for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(
             want, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))):
@@ -169,7 +169,7 @@ def test_mesh_that_does_not_fit_the_devices_is_a_clear_error(tmp_path):
 def test_one_device_mesh_runs_unsharded(tmp_path):
     run = study.Run(dataclasses.replace(PRESETS["ci"], mesh=(1, 1, 1)), str(tmp_path))
     assert run.mesh is None and run.compute_dtype == jnp.float32
-    assert stages._compute_dtype(run.compute_dtype) is None  # float32: nothing cast, the plain program
+    assert stages.resolve_compute_dtype(run.compute_dtype) is None  # float32: nothing cast, the plain program
 
 
 def test_cli_mesh_dtype_and_distributed_options():

@@ -13,8 +13,9 @@ import pytest
 from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rl import critic, losses, optim
+from jaxagent.rl import critic, losses, optim, train_state
 from jaxagent.rl import train_step as ts
+from jaxagent.rl import logprobs as logprobs_lib
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -28,7 +29,7 @@ def keep_grads():
 
 
 TX = optax.chain(keep_grads(), optim.make_optimizer(1e-2, weight_decay=0.01, max_grad_norm=1.0))
-LS = ts.LossSettings(clip_low=0.2, clip_high=0.28)
+LS = train_state.LossSettings(clip_low=0.2, clip_high=0.28)
 TOL = dict(atol=1e-5, rtol=1e-5)
 # LLVM -O0: compiles these tiny steps ~3x faster on 2 loaded cores; every compared run uses it.
 FAST = {"xla_backend_optimization_level": 0}
@@ -63,7 +64,7 @@ def make_batch(seed=0, b=B, s=S, vocab=CFG.vocab_size):
 
 
 def fresh_state(mesh=None, **kw):
-    return ts.init_train_state(CFG, TX, jax.random.key(0), params=np_params(CFG), mesh=mesh, **kw)
+    return train_state.init_train_state(CFG, TX, jax.random.key(0), params=np_params(CFG), mesh=mesh, **kw)
 
 
 def to_np(tree):
@@ -102,7 +103,7 @@ def reference(step1):
 def test_token_logprobs_match_manual_log_softmax_gather():
     params, batch = np_params(CFG), make_batch()
     tokens = batch["tokens"]
-    logp, ent = jit(lambda p, t: ts.token_logprobs(p, CFG, t, with_entropy=True))(params, tokens)
+    logp, ent = jit(lambda p, t: logprobs_lib.token_logprobs(p, CFG, t, with_entropy=True))(params, tokens)
     logits = np.asarray(jit(lambda p, t: qwen3.forward(p, CFG, t)[0])(params, tokens), np.float64)
     z = logits - logits.max(-1, keepdims=True)
     logsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -128,7 +129,7 @@ def test_chunked_logprobs_and_gradients_equal_unchunked(tied):
     w1, w2 = (jnp.asarray(rng.normal(size=(B, S)), jnp.float32) for _ in range(2))
 
     def objective(p, chunk):
-        logp, ent = ts.token_logprobs(p, cfg, batch["tokens"], with_entropy=True, logits_chunk=chunk)
+        logp, ent = logprobs_lib.token_logprobs(p, cfg, batch["tokens"], with_entropy=True, logits_chunk=chunk)
         return jnp.sum(logp * w1 + ent * w2), (logp, ent)
 
     (v_c, (lp_c, en_c)), g_c = jit(lambda p: jax.value_and_grad(objective, has_aux=True)(p, 5))(params)
@@ -155,7 +156,7 @@ def test_chunked_remat_step_equals_reference(reference):
     assert_tree_close(grads_of(new), grads_of(ref))
     assert_tree_close(new.params, ref.params)
     with pytest.raises(ValueError, match="logits_chunk"):
-        ts.token_logprobs(np_params(CFG), CFG, make_batch()["tokens"], logits_chunk=0)
+        logprobs_lib.token_logprobs(np_params(CFG), CFG, make_batch()["tokens"], logits_chunk=0)
     with pytest.raises(ValueError, match="remat"):
         make_step(LS, remat="everything")(fresh_state(), make_batch())
 
@@ -166,7 +167,7 @@ def test_mismatch_metrics_from_the_first_pass(reference):
     policy tokens, logp_train from the pre-update params."""
     p0, _, ref_m = reference
     batch = make_batch()
-    logp = np.asarray(jit(lambda p, t: ts.token_logprobs(p, CFG, t))(p0, batch["tokens"]))
+    logp = np.asarray(jit(lambda p, t: logprobs_lib.token_logprobs(p, CFG, t))(p0, batch["tokens"]))
     mask = np.asarray(batch["policy_mask"])
     gap = np.abs(logp - np.asarray(batch["old_logprobs"]))[mask]
     np.testing.assert_allclose(ref_m["mismatch_mean"], gap.mean(), rtol=1e-5)
@@ -184,7 +185,7 @@ def test_tis_with_sampler_logprobs_and_micro_batches():
     mask[7, 11] = True
     batch["policy_mask"] = jnp.asarray(mask)
     batch["sampler_logprobs"] = batch["old_logprobs"] - jnp.asarray(delta)
-    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+    ls = train_state.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
     _, m = make_step(ls, micro_batches=2)(fresh_state(), batch)
     np.testing.assert_allclose(float(m["mismatch_mean"]), np.abs(delta)[mask].mean(), rtol=1e-5)
     assert float(m["mismatch_max"]) == pytest.approx(3.0, rel=1e-6)
@@ -192,7 +193,7 @@ def test_tis_with_sampler_logprobs_and_micro_batches():
     w = np.minimum(np.exp(delta), 2.0)[mask]
     np.testing.assert_allclose(float(m["tis_weight_mean"]), w.mean(), rtol=1e-5)
     np.testing.assert_allclose(float(m["tis_trunc_frac"]), (np.exp(delta)[mask] > 2).mean(), rtol=1e-5)
-    logp = jit(lambda p, t: ts.token_logprobs(p, CFG, t))(np_params(CFG), batch["tokens"])
+    logp = jit(lambda p, t: logprobs_lib.token_logprobs(p, CFG, t))(np_params(CFG), batch["tokens"])
     want, _ = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["policy_mask"],
                                  clip_low=0.2, clip_high=0.28, agg_mode="token-mean",
                                  sampler_logp=batch["sampler_logprobs"], tis_cap=2.0)
@@ -204,8 +205,8 @@ def test_tis_without_sampler_key_uses_the_first_pass_as_old_policy(reference):
     the loss is token-mean of -min(exp(logp - old), C) * A."""
     p0, _, ref_m = reference
     batch = make_batch()
-    _, m = make_step(ts.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=1.5))(fresh_state(), batch)
-    logp = np.asarray(jit(lambda p, t: ts.token_logprobs(p, CFG, t))(p0, batch["tokens"]), np.float64)
+    _, m = make_step(train_state.LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=1.5))(fresh_state(), batch)
+    logp = np.asarray(jit(lambda p, t: logprobs_lib.token_logprobs(p, CFG, t))(p0, batch["tokens"]), np.float64)
     mask = np.asarray(batch["policy_mask"])
     w = np.minimum(np.exp(logp - np.asarray(batch["old_logprobs"])), 1.5)[mask]
     want = np.mean(-w * np.asarray(batch["advantages"])[mask])
@@ -213,7 +214,7 @@ def test_tis_without_sampler_key_uses_the_first_pass_as_old_policy(reference):
     assert float(m["clip_frac"]) == 0.0 and float(m["ratio_mean"]) == pytest.approx(1.0)
     np.testing.assert_allclose(float(m["mismatch_mean"]), ref_m["mismatch_mean"], rtol=1e-5)
     with pytest.raises(ValueError, match="tis_cap"):
-        ts.LossSettings(tis_cap=0.0)
+        train_state.LossSettings(tis_cap=0.0)
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -234,7 +235,7 @@ def test_sharded_step_equals_unsharded(reference, shape):
     assert_tree_close(new.params, ref.params)                 # one AdamW update
     assert_tree_close(new.opt_state[1].inner_state, ref.opt_state[1].inner_state)
     # the state really is sharded as the rules say, optimizer moments like their parameters
-    want = ts.state_shardings(CFG, TX, mesh)
+    want = train_state.state_shardings(CFG, TX, mesh)
     up = new.params["layers"][0]["mlp"]["up_proj"]
     assert up.sharding.spec == want.params["layers"][0]["mlp"]["up_proj"].spec
     mu = new.opt_state[1].inner_state[1][0].mu["layers"][0]["mlp"]["up_proj"]
@@ -246,8 +247,8 @@ def test_sharded_step_equals_unsharded(reference, shape):
 
 def test_state_shardings_follow_logical_axes():
     mesh = sharding.make_mesh(1, 4, 2)
-    sh = ts.state_shardings(CFG, TX, mesh, with_ref_params=True,
-                            value_settings=ts.ValueSettings())
+    sh = train_state.state_shardings(CFG, TX, mesh, with_ref_params=True,
+                                     value_settings=train_state.ValueSettings())
     P = jax.sharding.PartitionSpec
     assert sh.params["embed"].spec == P("tensor", "fsdp")
     assert sh.ref_params["embed"].spec == P("tensor", "fsdp")
@@ -304,12 +305,12 @@ def test_nan_advantage_skips_the_update_and_counts_it(step1, reference):
 @pytest.mark.parametrize("estimator", ["k3", "k2"])
 def test_kl_entropy_and_seq_mean_weighting_match_full_batch_loss(estimator):
     """The loss uses the configured KL estimator; the logged `kl` is the token-mean k3 monitor either way."""
-    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, agg_mode="seq-mean-token-mean",
-                         kl_coef=0.1, kl_estimator=estimator, entropy_coef=0.01)
+    ls = train_state.LossSettings(clip_low=0.2, clip_high=0.28, agg_mode="seq-mean-token-mean",
+                                  kl_coef=0.1, kl_estimator=estimator, entropy_coef=0.01)
     batch = make_batch(1)
     rng = np.random.default_rng(3)
     params = np_params(CFG)
-    logp, ent = jit(lambda p, t: ts.token_logprobs(p, CFG, t, with_entropy=True))(
+    logp, ent = jit(lambda p, t: logprobs_lib.token_logprobs(p, CFG, t, with_entropy=True))(
         params, batch["tokens"])
     batch["ref_logprobs"] = logp + jnp.asarray(0.2 * rng.normal(size=(B, S)), jnp.float32)
     want, aux = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"],
@@ -333,7 +334,7 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
     KL(pi || pi_ref) at every policy token's state, computed from whole [B, S, V] logits of both models; the
     reference (a different model here) gets no gradient. Two micro-batches; logits in chunks of 5 positions
     (S = 12) or in one pass."""
-    ls = ts.LossSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.5, kl_estimator="exact")
+    ls = train_state.LossSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.5, kl_estimator="exact")
     batch = make_batch(2)
     params, ref_params = np_params(CFG), np_params(CFG, 7)
     state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
@@ -348,8 +349,8 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
         z, zr = full_logits(p), jax.lax.stop_gradient(full_logits(ref_params))
         shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
         kl = shift(losses.exact_kl(z, zr))
-        logp = ts.token_logprobs(p, CFG, batch["tokens"])
-        ref_logp = ts.token_logprobs(ref_params, CFG, batch["tokens"])
+        logp = logprobs_lib.token_logprobs(p, CFG, batch["tokens"])
+        ref_logp = logprobs_lib.token_logprobs(ref_params, CFG, batch["tokens"])
         loss, aux = losses.policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["policy_mask"],
                                        clip_low=0.2, clip_high=0.28, agg_mode="token-mean", kl_coef=0.5,
                                        ref_logp=ref_logp, kl_estimator="exact", kl_exact_BxT=kl)
@@ -365,7 +366,7 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
 
 
 def test_exact_kl_needs_the_reference_model_in_the_step():
-    ls = ts.LossSettings(kl_coef=0.1, kl_estimator="exact")
+    ls = train_state.LossSettings(kl_coef=0.1, kl_estimator="exact")
     with pytest.raises(ValueError, match="with_ref_params=True"):
         ts.make_train_step(CFG, TX, ls)
     step = ts.make_train_step(CFG, TX, ls, with_ref_params=True, compiler_options=FAST)
@@ -415,7 +416,7 @@ def test_critic_values_fn_row_chunks_and_mesh_equal_plain_values():
 
 def test_ppo_step_separate_critic(reference):
     _, ref, _ = reference
-    vs = ts.ValueSettings(clip_eps=0.2, shared_backbone=False)
+    vs = train_state.ValueSettings(clip_eps=0.2, shared_backbone=False)
     state = fresh_state(value_settings=vs, critic_params=critic.init(
         CFG, jax.random.key(1), backbone=np_params(CFG, 1)))
     c0 = to_np(state.critic_params)
@@ -437,7 +438,7 @@ def test_ppo_step_separate_critic(reference):
 @pytest.mark.slow
 def test_ppo_step_shared_backbone(reference):
     _, ref, ref_m = reference
-    vs = ts.ValueSettings(clip_eps=0.2, vf_coef=0.5, shared_backbone=True)
+    vs = train_state.ValueSettings(clip_eps=0.2, vf_coef=0.5, shared_backbone=True)
     state = fresh_state(value_settings=vs)
     assert set(state.critic_params) == {"value_head"}
     head0 = to_np(state.critic_params)
@@ -469,12 +470,12 @@ def test_bad_batches_raise_clear_errors(step1):
     with pytest.raises(ValueError, match="micro_batches"):
         make_step(LS, micro_batches=3)(state, batch)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        make_step(ts.LossSettings(kl_coef=0.1))(state, batch)
+        make_step(train_state.LossSettings(kl_coef=0.1))(state, batch)
     with pytest.raises(ValueError, match="data x fsdp"):
         make_step(LS, sharding.make_mesh(8, 1, 1), micro_batches=2)(
             fresh_state(sharding.make_mesh(8, 1, 1)), batch)
     with pytest.raises(ValueError, match="agg_mode"):
-        ts.LossSettings(agg_mode="sum")
+        train_state.LossSettings(agg_mode="sum")
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -1,4 +1,4 @@
-"""Saved models (`qwen3.save`): the checksum manifest names a flipped, truncated, missing or unlisted file;
+"""Saved models (`weights.save`): the checksum manifest names a flipped, truncated, missing or unlisted file;
 directories without one (Hugging Face) load as before; malformed safetensors headers and non-finite
 weights give errors naming the file and the tensor; a checkpoint that is not what it claims (another activation,
 integer weights, overlapping or gapped tensor data, absurd dimensions, a tokenizer larger than the model's
@@ -48,7 +48,7 @@ def test_save_writes_a_manifest_of_every_file(params, tmp_path):
     assert sorted(manifest["files"]) == ["config.json", "model.safetensors"]
     assert manifest["files"]["model.safetensors"]["bytes"] == (d / "model.safetensors").stat().st_size
     assert manifest["files"]["config.json"]["sha256"] == weights.file_sha256(str(d / "config.json"))
-    cfg, back = qwen3.load(d)
+    cfg, back = weights.load(d)
     assert cfg == CFG and _same(back, params)
 
 
@@ -57,9 +57,9 @@ def test_flipped_byte_names_the_file(params, tmp_path):
     _flip(d / "model.safetensors")
     with pytest.raises(ValueError, match=r"model directory .* is corrupt: file model\.safetensors does not match "
                                          r"its checksum"):
-        qwen3.load(d)
+        weights.load(d)
     # verify=False reads it anyway (the flipped weight comes back silently: what the manifest is for)
-    _, back = qwen3.load(d, verify=False)
+    _, back = weights.load(d, verify=False)
     assert not _same(back, params)
 
 
@@ -71,7 +71,7 @@ def test_flipped_byte_in_one_shard_names_that_shard(params, tmp_path):
     assert set(manifest["files"]) == {"config.json", "model.safetensors.index.json", *shards}
     _flip(d / shards[1])
     with pytest.raises(ValueError, match=rf"file {shards[1]} does not match its checksum"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 def test_truncated_missing_and_unlisted_files_are_named(params, tmp_path):
@@ -81,27 +81,27 @@ def test_truncated_missing_and_unlisted_files_are_named(params, tmp_path):
         f.truncate(size - 100)
     with pytest.raises(ValueError, match=rf"file model\.safetensors has {size - 100} bytes but was saved with "
                                          rf"{size} \(truncated"):
-        qwen3.load(d)
+        weights.load(d)
     d = _save(params, tmp_path / "m2")
     text = (d / "config.json").read_text()
     assert '"hidden_size": 32' in text
     (d / "config.json").write_text(text.replace('"hidden_size": 32', '"hidden_size": 16'))  # same length
     with pytest.raises(ValueError, match=r"file config\.json does not match its checksum"):
-        qwen3.load(d)
+        weights.load(d)
     d = _save(params, tmp_path / "m3")
     weights.write_safetensors(str(d / "extra.safetensors"), {"x": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match=r"file extra\.safetensors is not covered by its checksum manifest"):
-        qwen3.load(d)
+        weights.load(d)
     os.remove(d / "extra.safetensors")
     os.remove(d / "model.safetensors")
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 def test_directory_without_manifest_loads_as_before(params, tmp_path):
     d = _save(params, tmp_path / "m")
     os.remove(d / weights.MANIFEST_NAME)  # a Hugging Face directory has none
-    cfg, back = qwen3.load(d)
+    cfg, back = weights.load(d)
     assert cfg == CFG and _same(back, params)
 
 
@@ -109,7 +109,7 @@ def test_resave_replaces_the_manifest(params, tmp_path):
     d = _save(params, tmp_path / "m")
     other = jax.tree.map(lambda x: x + 1.0, params)
     _save(other, d)
-    _, back = qwen3.load(d)
+    _, back = weights.load(d)
     assert _same(back, other)
 
 
@@ -117,7 +117,7 @@ def test_manifest_that_is_not_json_is_an_error(params, tmp_path):
     d = _save(params, tmp_path / "m")
     (d / weights.MANIFEST_NAME).write_text("{not json")
     with pytest.raises(ValueError, match=r"checksum manifest .* is corrupt \(not JSON"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 def _write_raw(path, header: dict, data: bytes):
@@ -151,7 +151,7 @@ def test_header_without_data_offsets_through_load(params, tmp_path):
     del header[UP0]["data_offsets"]
     _write_raw(d / "model.safetensors", header, data)
     with pytest.raises(ValueError, match=rf"model\.safetensors: corrupt safetensors header: tensor '{UP0}' lacks"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 def test_non_finite_weights_are_named(params, tmp_path):
@@ -160,17 +160,17 @@ def test_non_finite_weights_are_named(params, tmp_path):
         jnp.inf)
     d = _save(bad, tmp_path / "m")
     with pytest.raises(ValueError, match=rf"tensor '{UP0}' in .*model\.safetensors has 2 non-finite values"):
-        qwen3.load(d)
-    _, back = qwen3.load(d, check_finite=False)
+        weights.load(d)
+    _, back = weights.load(d, check_finite=False)
     assert np.isnan(np.asarray(back["layers"][0]["mlp"]["up_proj"])[3, 5])
     # finite in the file, infinite after the cast: named too
     big = jax.tree.map(lambda x: x, params)
     big["norm"]["weight"] = params["norm"]["weight"].at[0].set(1e6)
     d = _save(big, tmp_path / "big")
-    _, ok = qwen3.load(d)
+    _, ok = weights.load(d)
     assert float(ok["norm"]["weight"][0]) == 1e6
     with pytest.raises(ValueError, match=r"tensor 'model\.norm\.weight' .* 1 non-finite .* cast to float16"):
-        qwen3.load(d, dtype=jnp.float16)
+        weights.load(d, dtype=jnp.float16)
 
 
 # ---------------------------------------------------------------- a checkpoint is what it claims
@@ -199,7 +199,7 @@ def _edit_config(d, **changes):
 def test_config_that_is_not_this_model_is_refused_naming_file_and_field(params, tmp_path, changes, message):
     d = _hf_dir(params, tmp_path / "m")
     _edit_config(d, **changes)
-    for fn in (qwen3.load, weights.check_checkpoint):
+    for fn in (weights.load, weights.check_checkpoint):
         with pytest.raises(CheckpointError, match=rf"{tmp_path}/m/config\.json: {message}"):
             fn(d)
 
@@ -215,7 +215,7 @@ def test_non_float_weights_are_refused_not_cast(params, tmp_path, dtype):
     name = {np.int32: "I32", np.bool_: "BOOL"}[dtype]
     with pytest.raises(CheckpointError, match=rf"model\.safetensors: tensor '{UP0}' has dtype {name}; a Qwen3 "
                                               r"weight is floating point"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 @pytest.mark.parametrize("offsets, data_bytes, message", [
@@ -244,7 +244,7 @@ def test_overlapping_tensors_in_a_checkpoint_never_load_the_wrong_bytes(params, 
     header[UP0]["data_offsets"] = header[gate0]["data_offsets"]
     _write_raw(d / "model.safetensors", header, data)
     with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt safetensors header: tensor .* overlaps"):
-        qwen3.load(d)
+        weights.load(d)
 
 
 def test_absurd_dimension_in_a_header_is_refused(tmp_path):

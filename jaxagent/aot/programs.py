@@ -34,6 +34,8 @@ from jaxagent.models import qwen3
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import train_step as ts
+from jaxagent.rl import train_state
+from jaxagent.rl import logprobs as logprobs_lib
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rollout import budget_format, chat_layout, env_codec
 from jaxagent.rollout.jax_loop import rollout_jit
@@ -90,7 +92,7 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
         rows = arm.rl.batch_size // arm.rl.minibatches
         key = (stages.shared_key(arm), rows, name(arm))
         groups.setdefault(key, []).append(arm)
-    chunk = ts.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
+    chunk = logprobs_lib.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
     progs = []
     for ((_, ppo), rows, prog_name), group in groups.items():
         arm = group[0]
@@ -268,7 +270,7 @@ def sft_program(cfg, mesh, *, rows: int, seq: int) -> Program:
     params = params_abstract(cfg, mesh)
     p_sh = jax.tree.map(lambda x: x.sharding, params)
     o_abs = jax.eval_shape(opt.init, params)
-    o_sh = ts.opt_state_shardings(opt, o_abs, p_sh, mesh)
+    o_sh = train_state.opt_state_shardings(opt, o_abs, p_sh, mesh)
     o_abs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), o_abs, o_sh)
     row = sharding.batch_sharding(mesh, 2, batch_size=rows)
     toks = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row)

@@ -34,6 +34,7 @@ from jaxagent.bench.devices import DeviceSpec
 from jaxagent.bench.timing import timed
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
+from jaxagent.rl.train_state import init_train_state
 from jaxagent.sampling import GREEDY, append, decode, generate, rollout_params
 
 
@@ -197,7 +198,6 @@ def train_step(cfg: Qwen3Config, params, arm_step, *, rows: int, seq: int, promp
     """The study's train step (`arm_step`, from `stages.make_arm_step`) on a GRPO batch of rows x seq tokens:
     step time, tokens/s, MFU (`roofline.train_flops`: 6 N per token plus attention, recompute not counted), the
     first step's loss, memory (`memory_fields`)."""
-    from jaxagent.rl.train_step import init_train_state
     state = init_train_state(cfg, arm_step.optimizer, jax.random.key(seed), mesh=mesh, params=params,
                              with_ref_params=arm_step.with_ref_params, value_settings=arm_step.value_settings,
                              critic_optimizer=arm_step.critic_optimizer)

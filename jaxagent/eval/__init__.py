@@ -11,12 +11,13 @@ successes [U, P, Z], per-task Pass@ [U, J, P], grids [U, J], p* [U, P].
 from jaxagent.eval import bounds, costs, dynamics, likelihood, passk, stats, step_quality
 from jaxagent.eval.bounds import pass_at_k_bound, pass_at_k_bound_per_task, success_prob_from_min_turns
 from jaxagent.eval.costs import cost_curves, cost_summary, status_histogram, turns_to_success
-from jaxagent.eval.drivers import (error_states, first_move_optimality, pass_kt, run_rollouts,
-                                   step_quality_matched, upper_bound)
+from jaxagent.eval.driver_common import run_rollouts
 from jaxagent.eval.dynamics import r_multi
 from jaxagent.eval.likelihood import action_nll, cumulative_llr, length_matched_pairs, matched_difference
+from jaxagent.eval.pass_drivers import pass_kt, upper_bound
 from jaxagent.eval.passk import (CI, bootstrap_ci, pass_at_k, pass_at_k_curve, pass_at_k_grid, pass_at_k_per_task,
                                  pass_at_t_curve, truncated_success)
+from jaxagent.eval.state_drivers import error_states, first_move_optimality, step_quality_matched
 from jaxagent.eval.stats import Estimate, cluster_bootstrap, seed_estimate, t_interval
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent import checks
-from jaxagent.eval import _checks
+from jaxagent.eval import value_checks
 
 
 def success_prob_from_min_turns(min_turns_P, budgets_U) -> jax.Array:
@@ -38,7 +38,7 @@ def pass_at_k_bound_per_task(p_star_UxP, ks_J) -> jax.Array:
     """
     checks.array("pass_at_k_bound", "p_star_UxP", p_star_UxP, "UP", "number")
     checks.array("pass_at_k_bound", "ks_J", ks_J, "J", "integer")
-    p = _checks.concrete(p_star_UxP)
+    p = value_checks.concrete(p_star_UxP)
     if p is not None and np.any((p < 0) | (p > 1)):
         raise ValueError("pass_at_k_bound: p_star_UxP must hold probabilities in [0, 1]")
     p_Ux1xP = jnp.asarray(p_star_UxP, jnp.float32)[:, None, :]

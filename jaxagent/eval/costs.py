@@ -1,26 +1,23 @@
-"""Episode status codes and cost curves (turns, generated tokens, env calls) from rollout outputs.
+"""Cost curves (turns, generated tokens, env calls) from rollout outputs, by episode status (the codes are the
+rollout's, `jaxagent.rollout.types`).
 
 Dimension legend (CONVENTIONS.md): B episodes (any leading shape is flattened into episodes),
-U budget tiers. The rollout imports the status codes below.
+U budget tiers.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from jaxagent.eval import _checks
-
-# Episode status codes: one source, the rollout's (running, success, failed, budget_exhausted,
-# context_exhausted).
-from jaxagent.rollout.types import (BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, RUNNING,  # noqa: E402,F401
-                                    STATUS_NAMES, SUCCESS)
+from jaxagent.eval import value_checks
+from jaxagent.rollout.types import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, STATUS_NAMES, SUCCESS
 
 N_STATUS = len(STATUS_NAMES)
 
 
 def status_histogram(status, mask=None) -> jax.Array:
     """Counts int32[N_STATUS] of each status code among the (masked) episodes; out-of-range codes count nowhere."""
-    _checks.require_integer(status, "status")
+    value_checks.require_integer(status, "status")
     status_B = jnp.asarray(status, jnp.int32).reshape(-1)
     mask_B = jnp.ones_like(status_B, bool) if mask is None else jnp.asarray(mask, bool).reshape(-1)
     onehot_BxS = jax.nn.one_hot(status_B, N_STATUS, dtype=jnp.int32)  # codes outside [0, N_STATUS) -> zero row
@@ -40,7 +37,7 @@ def cost_summary(status, turns, gen_tokens, env_calls, mask=None) -> dict[str, j
     context_exhausted_rate and failed_rate are shares of episodes; status_counts is `status_histogram`.
     """
     for name, x in (("turns", turns), ("gen_tokens", gen_tokens), ("env_calls", env_calls)):
-        _checks.require_same_shape(status, x, "status", name)
+        value_checks.require_same_shape(status, x, "status", name)
     status_B = jnp.asarray(status, jnp.int32).reshape(-1)
     mask_B = jnp.ones_like(status_B, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32).reshape(-1)
     n_episodes = mask_B.sum()
@@ -62,7 +59,7 @@ def cost_summary(status, turns, gen_tokens, env_calls, mask=None) -> dict[str, j
 
 def cost_curves(status_UxB, turns_UxB, gen_tokens_UxB, env_calls_UxB, mask_UxB=None) -> dict[str, jax.Array]:
     """`cost_summary` at every budget tier: each value gains a leading T axis."""
-    _checks.require_same_shape(status_UxB, turns_UxB, "status_UxB", "turns_UxB")
+    value_checks.require_same_shape(status_UxB, turns_UxB, "status_UxB", "turns_UxB")
     if mask_UxB is None:
         mask_UxB = jnp.ones(jnp.shape(status_UxB), bool)
     return jax.vmap(cost_summary)(status_UxB, turns_UxB, gen_tokens_UxB, env_calls_UxB, mask_UxB)

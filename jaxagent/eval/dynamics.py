@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.eval import _checks
+from jaxagent.eval import value_checks
 
 
 def r_multi(success_B, mask_B=None) -> jax.Array:
@@ -32,7 +32,7 @@ def r_multi(success_B, mask_B=None) -> jax.Array:
 
 def optimal_action_mask(q_IxA, valid_IxA=None, *, tol: float = 0.0) -> jax.Array:
     """Q*-optimal actions bool[I, A]: valid a with Q*(s, a) >= max_{a' valid} Q*(s, a') - tol."""
-    _checks.require_ndim(q_IxA, 2, "q_IxA")
+    value_checks.require_ndim(q_IxA, 2, "q_IxA")
     q_IxA = jnp.asarray(q_IxA, jnp.float32)
     valid_IxA = jnp.ones(q_IxA.shape, bool) if valid_IxA is None else jnp.asarray(valid_IxA, bool)
     best_Ix1 = jnp.max(jnp.where(valid_IxA, q_IxA, -jnp.inf), axis=-1, keepdims=True)
@@ -41,8 +41,8 @@ def optimal_action_mask(q_IxA, valid_IxA=None, *, tol: float = 0.0) -> jax.Array
 
 def optimal_action_mass(probs_IxA, optimal_IxA, state_mask_I=None) -> jax.Array:
     """mean_s sum_a pi(a | s) 1[a is Q*-optimal at s] over the (masked) held-out states."""
-    _checks.require_ndim(probs_IxA, 2, "probs_IxA")
-    _checks.require_same_shape(probs_IxA, optimal_IxA, "probs_IxA", "optimal_IxA")
+    value_checks.require_ndim(probs_IxA, 2, "probs_IxA")
+    value_checks.require_same_shape(probs_IxA, optimal_IxA, "probs_IxA", "optimal_IxA")
     mass_I = jnp.sum(jnp.asarray(probs_IxA, jnp.float32) * jnp.asarray(optimal_IxA, jnp.float32), axis=-1)
     mask_I = jnp.ones_like(mass_I) if state_mask_I is None else jnp.asarray(state_mask_I, jnp.float32)
     return jnp.sum(mass_I * mask_I) / mask_I.sum()

@@ -34,7 +34,6 @@ from collections.abc import Mapping
 
 from jaxagent.eval import stats
 
-VERDICT_RULE = stats.VERDICT_RULE
 SEI = "jaxagent's smallest effect of interest"
 LLR_THRESHOLD = 1.0  # nats: the LLR rows test "more than 1 nat above base" (module docstring)
 _PCT = "%"

@@ -15,19 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxagent.eval import _checks
+from jaxagent.eval import value_checks
 from jaxagent.eval.passk import CI, bootstrap_ci
 
 
 def _check_tokens(logp_BxT, turn_ids_BxT):
-    _checks.require_ndim(logp_BxT, 2, "logp_BxT")
-    _checks.require_same_shape(logp_BxT, turn_ids_BxT, "logp_BxT", "turn_ids_BxT")
-    _checks.require_integer(turn_ids_BxT, "turn_ids_BxT")
+    value_checks.require_ndim(logp_BxT, 2, "logp_BxT")
+    value_checks.require_same_shape(logp_BxT, turn_ids_BxT, "logp_BxT", "turn_ids_BxT")
+    value_checks.require_integer(turn_ids_BxT, "turn_ids_BxT")
 
 
 def policy_turn_ids(turn_index_BxT, policy_mask_BxT) -> jax.Array:
     """Turn ids of policy-generated tokens, -1 elsewhere: where(policy_mask, turn_index, -1)."""
-    _checks.require_same_shape(turn_index_BxT, policy_mask_BxT, "turn_index_BxT", "policy_mask_BxT")
+    value_checks.require_same_shape(turn_index_BxT, policy_mask_BxT, "turn_index_BxT", "policy_mask_BxT")
     return jnp.where(jnp.asarray(policy_mask_BxT, bool), jnp.asarray(turn_index_BxT, jnp.int32), -1)
 
 
@@ -40,7 +40,7 @@ def action_nll(logp_BxT, turn_ids_BxT, n_turns: int) -> dict[str, jax.Array]:
     Returns nll [B, N], action_mask [B, N], mean_nll [].
     """
     _check_tokens(logp_BxT, turn_ids_BxT)
-    ids = _checks.concrete(turn_ids_BxT)
+    ids = value_checks.concrete(turn_ids_BxT)
     if ids is not None and ids.size and ids.max() >= n_turns:
         raise ValueError(f"turn id {ids.max()} does not fit n_turns={n_turns}")
     b, _ = np.shape(logp_BxT)
@@ -68,7 +68,7 @@ def cumulative_llr(logp_rl_BxT, logp_base_BxT, turn_ids_BxT) -> jax.Array:
     log pi_base(tau) over the policy-generated tokens (docs/study.md, "jaxagent's definitions", Cumulative LLR).
     """
     _check_tokens(logp_rl_BxT, turn_ids_BxT)
-    _checks.require_same_shape(logp_rl_BxT, logp_base_BxT, "logp_rl_BxT", "logp_base_BxT")
+    value_checks.require_same_shape(logp_rl_BxT, logp_base_BxT, "logp_rl_BxT", "logp_base_BxT")
     diff_BxT = jnp.asarray(logp_rl_BxT, jnp.float32) - jnp.asarray(logp_base_BxT, jnp.float32)
     return jnp.sum(jnp.where(jnp.asarray(turn_ids_BxT) >= 0, diff_BxT, 0.0), axis=-1)
 
@@ -86,9 +86,9 @@ def length_matched_pairs(task_rl_Br, success_rl_Br, ntok_rl_Br, task_base_Bb, su
     """
     for name, x in (("task_rl_Br", task_rl_Br), ("success_rl_Br", success_rl_Br), ("ntok_rl_Br", ntok_rl_Br),
                     ("task_base_Bb", task_base_Bb), ("success_base_Bb", success_base_Bb), ("ntok_base_Bb", ntok_base_Bb)):
-        _checks.require_ndim(x, 1, name)
-    _checks.require_same_shape(task_rl_Br, ntok_rl_Br, "task_rl_Br", "ntok_rl_Br")
-    _checks.require_same_shape(task_base_Bb, ntok_base_Bb, "task_base_Bb", "ntok_base_Bb")
+        value_checks.require_ndim(x, 1, name)
+    value_checks.require_same_shape(task_rl_Br, ntok_rl_Br, "task_rl_Br", "ntok_rl_Br")
+    value_checks.require_same_shape(task_base_Bb, ntok_base_Bb, "task_base_Bb", "ntok_base_Bb")
     n_rl_R1 = jnp.asarray(ntok_rl_Br, jnp.float32)[:, None]
     n_base_1M = jnp.asarray(ntok_base_Bb, jnp.float32)[None, :]
     gap_BrxBb = jnp.abs(n_rl_R1 - n_base_1M)
@@ -117,7 +117,7 @@ def matched_difference(values_rl_Br, values_base_Bb, match_Br, key, *, n_boot: i
     """Mean paired difference values_rl[i] - values_base[match[i]] over matched pairs (match >= 0) with a
     percentile bootstrap CI over pairs (`passk.bootstrap_ci`); e.g. the length-matched cumulative LLR
     control of docs/study.md finding 5. No pair gives NaN."""
-    _checks.require_same_shape(values_rl_Br, match_Br, "values_rl_Br", "match_Br")
+    value_checks.require_same_shape(values_rl_Br, match_Br, "values_rl_Br", "match_Br")
     match_Br = jnp.asarray(match_Br, jnp.int32)
     base_Br = jnp.asarray(values_base_Bb, jnp.float32)[jnp.clip(match_Br, 0, None)]
     diff_Br = jnp.asarray(values_rl_Br, jnp.float32) - base_Br

@@ -103,7 +103,10 @@ def _pass_stats(success_UxPxZ, status_UxB, turns_UxB, tokens_UxB, ks_J, key, *, 
 
 
 @functools.partial(jax.jit, static_argnames=("horizon",))
-def _slippery_p_star(maps_PxLxL, success_rate, *, horizon):
+def slippery_p_star(maps_PxLxL, success_rate, *, horizon):
+    """p*(t) per map [P, horizon + 1]: the probability that the optimal policy reaches the goal within t turns
+    on a slippery map (each move goes where intended with probability `success_rate`), by dynamic programming
+    over the MDP (`envs.jax.frozenlake_solver.success_prob_within`)."""
     def one(map_LxL):
         mdp = fls.mdp_from_map(map_LxL, success_rate)
         within = fls.success_prob_within(mdp.P_XxAxX, mdp.goal_X, mdp.terminal_X, horizon)  # [horizon + 1, cells]
@@ -134,7 +137,7 @@ def upper_bound(world, tasks, *, tiers: Sequence[int], ks: Sequence[int], env_pa
         p_star = bounds.success_prob_from_min_turns(min_turns, tiers_U)
         out["min_turns"] = min_turns
     else:
-        p_star = _slippery_p_star(maps, rate, horizon=int(tiers_U.max()))[:, tiers_U].T  # [U, P]
+        p_star = slippery_p_star(maps, rate, horizon=int(tiers_U.max()))[:, tiers_U].T  # [U, P]
     per_task = bounds.pass_at_k_bound_per_task(p_star, ks_J)
     out.update(p_star=p_star, per_task=per_task, grid=jnp.mean(per_task, axis=-1))
     return to_host(out)

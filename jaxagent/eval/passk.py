@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from jaxagent import checks
-from jaxagent.eval import _checks
+from jaxagent.eval import value_checks
 
 
 def _pass_at_k_one(n, c, k):
@@ -62,7 +62,7 @@ _pass_at_k_vec = jax.jit(jnp.vectorize(_pass_at_k_one))
 
 def _check_ks(where, ks, n_samples: int) -> None:
     checks.array(where, "ks_J", ks, "J", "integer")
-    values = _checks.concrete(ks)
+    values = value_checks.concrete(ks)
     if values is None:
         return
     if values.size == 0:
@@ -177,7 +177,7 @@ def bootstrap_ci(per_task_values, key, n_boot: int = 1000, alpha: float = 0.05, 
         raise ValueError(f"per_task_values needs a last axis of tasks, got shape {values.shape}")
     if int(n_boot) < 1:
         raise ValueError(f"n_boot must be positive, got {n_boot}")
-    _checks.require_unit_interval(alpha, "alpha")
+    value_checks.require_unit_interval(alpha, "alpha")
     n = values.shape[-1]
     mask_P = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask).astype(bool)
     if mask_P.shape != (n,):

@@ -26,11 +26,9 @@ import os
 from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib
-from jaxagent.eval.findings import (DEFAULT_FINDINGS, LLR_THRESHOLD, PAPER_FIGURES, SEI, VERDICT_RULE,  # noqa: F401
-                                    Finding, Row, estimate_from_metrics, finding_title, finding_verdict,
-                                    metric_number, reference_effect, room_from_metrics, seeds_to_decide)
-from jaxagent.eval.stats import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNDERPOWERED,  # noqa: F401
-                                 UNTESTABLE)
+from jaxagent.eval.findings import (DEFAULT_FINDINGS, PAPER_FIGURES, Finding, estimate_from_metrics, finding_title,
+                                    finding_verdict, reference_effect, room_from_metrics, seeds_to_decide)
+from jaxagent.eval.stats import VERDICT_RULE
 
 
 def flatten_metrics(tree, prefix: str = "", *, keep_text: bool = False) -> dict:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent import xla_options
 from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.envs.jax.frozenlake import ACTION_STRINGS
 from jaxagent.eval import likelihood as lk
@@ -32,11 +33,8 @@ from jaxagent.eval import step_quality as sq
 from jaxagent.eval.driver_common import pad_index, row_placement, to_host
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rl.train_step import token_logprobs
+from jaxagent.rl.logprobs import token_logprobs
 from jaxagent.rollout import types
-from jaxagent import xla_options
-
-N_ACTIONS = fls.N_ACTIONS
 
 
 def canonical_replies(world) -> tuple[np.ndarray, np.ndarray]:
@@ -44,8 +42,8 @@ def canonical_replies(world) -> tuple[np.ndarray, np.ndarray]:
     token, as the rollout writes a forced action. Returns (replies int32[A, M] pad-filled, lengths int32[A])."""
     codec, layout = world.codec, world.layout
     table, lens = np.asarray(codec.action_tokens_AxPa), np.asarray(codec.action_lens_A)
-    out = np.full((N_ACTIONS, table.shape[1] + 1), layout.pad_id, np.int32)
-    out_len = np.zeros(N_ACTIONS, np.int32)
+    out = np.full((fls.N_ACTIONS, table.shape[1] + 1), layout.pad_id, np.int32)
+    out_len = np.zeros(fls.N_ACTIONS, np.int32)
     for a, text in enumerate(ACTION_STRINGS):
         k = codec.actions.index(text)
         out[a, :lens[k]] = table[k, :lens[k]]

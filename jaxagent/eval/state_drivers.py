@@ -24,8 +24,7 @@ from jaxagent.envs.jax import frozenlake_solver as fls
 from jaxagent.eval import dynamics
 from jaxagent.eval import step_quality as sq
 from jaxagent.eval.driver_common import check_rcfg, n_rows, run_rollouts, temperature_of, to_host
-from jaxagent.eval.scoring import N_ACTIONS, canonical_replies, expected_quality, next_action_probs, q_outcomes, \
-    sample_outcomes
+from jaxagent.eval.scoring import canonical_replies, expected_quality, next_action_probs, q_outcomes, sample_outcomes
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import types
 from jaxagent.rollout.episode import max_chunk, prompt_chunk, write_span
@@ -267,7 +266,7 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     scored = _score_pair(world, cfg, params_base, params_rl, sel["ctx"], ctx_len, q, k_g,
                          temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch,
                          mesh=mesh)
-    pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :N_ACTIONS]
+    pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :fls.N_ACTIONS]
 
     # (b) continuations from identical error states: replay the trajectory, force the error, let the policy act.
     episode = np.concatenate([b0, b1])
@@ -364,8 +363,8 @@ def first_move_optimality(world, cfg: Qwen3Config, params, heldout_tasks, *, t_m
                                                hide_budget=hide_budget)
     probs = next_action_probs(world, cfg, params, ctx, ctx_len, temperature=temperature_of(sampler),
                               score_batch=score_batch)
-    q = q_outcomes(world, states, jnp.full(ctx_len.shape, t_max, jnp.int32), env_params)[:, :N_ACTIONS]
+    q = q_outcomes(world, states, jnp.full(ctx_len.shape, t_max, jnp.int32), env_params)[:, :fls.N_ACTIONS]
     optimal = dynamics.optimal_action_mask(q, tol=tol)
-    return to_host({"optimal_mass": dynamics.optimal_action_mass(probs[:, :N_ACTIONS], optimal),
-                    "probs": probs[:, :N_ACTIONS],
-                     "invalid_mass": probs[:, N_ACTIONS], "optimal": optimal, "q": q})
+    return to_host({"optimal_mass": dynamics.optimal_action_mass(probs[:, :fls.N_ACTIONS], optimal),
+                    "probs": probs[:, :fls.N_ACTIONS],
+                     "invalid_mass": probs[:, fls.N_ACTIONS], "optimal": optimal, "q": q})

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.eval import _checks
+from jaxagent.eval import value_checks
 from jaxagent.eval.passk import bootstrap_ci
 
 
@@ -32,9 +32,9 @@ def score_outcomes(probs_IxO, q_IxA, draws_IxG, *, invalid_value: float = INVALI
       sampled[s, g] = q[s, draws[s, g]] (invalid_value for draws == A)
       invalid_share[s] = mean_g 1[draws[s, g] == A];  invalid_mass[s] = probs[s, A]
     """
-    _checks.require_ndim(q_IxA, 2, "q_IxA")
-    _checks.require_ndim(probs_IxO, 2, "probs_IxO")
-    _checks.require_ndim(draws_IxG, 2, "draws_IxG")
+    value_checks.require_ndim(q_IxA, 2, "q_IxA")
+    value_checks.require_ndim(probs_IxO, 2, "probs_IxO")
+    value_checks.require_ndim(draws_IxG, 2, "draws_IxG")
     q = jnp.asarray(q_IxA, jnp.float32)
     s, a = q.shape
     if np.shape(probs_IxO) != (s, a + 1):
@@ -64,10 +64,10 @@ def per_state_comparison(q_base_IxG, valid_base_IxG, q_rl_IxG, valid_rl_IxG, *, 
     better = diff > tol, worse = diff < -tol, equal otherwise. A state is used when both policies have at
     least one valid action (and state_mask allows it).
     """
-    _checks.require_ndim(q_base_IxG, 2, "q_base_IxG")
-    _checks.require_ndim(q_rl_IxG, 2, "q_rl_IxG")
-    _checks.require_same_shape(q_base_IxG, valid_base_IxG, "q_base_IxG", "valid_base_IxG")
-    _checks.require_same_shape(q_rl_IxG, valid_rl_IxG, "q_rl_IxG", "valid_rl_IxG")
+    value_checks.require_ndim(q_base_IxG, 2, "q_base_IxG")
+    value_checks.require_ndim(q_rl_IxG, 2, "q_rl_IxG")
+    value_checks.require_same_shape(q_base_IxG, valid_base_IxG, "q_base_IxG", "valid_base_IxG")
+    value_checks.require_same_shape(q_rl_IxG, valid_rl_IxG, "q_rl_IxG", "valid_rl_IxG")
     if np.shape(q_base_IxG)[0] != np.shape(q_rl_IxG)[0]:
         raise ValueError("q_base_IxG and q_rl_IxG must have the same number of states, got "
                          f"{np.shape(q_base_IxG)[0]} and {np.shape(q_rl_IxG)[0]}")
@@ -127,7 +127,7 @@ def step_quality_by_depth(q_base_IxG, valid_base_IxG, q_rl_IxG, valid_rl_IxG, de
         raise ValueError(f"n_bins must be positive, got {n_bins}")
     per_state = per_state_comparison(q_base_IxG, valid_base_IxG, q_rl_IxG, valid_rl_IxG, tol=tol,
                                      state_mask_I=state_mask_I)
-    _checks.require_same_shape(depth_I, per_state["used"], "depth_I", "states")
+    value_checks.require_same_shape(depth_I, per_state["used"], "depth_I", "states")
     onehot_IxDb = jax.nn.one_hot(depth_bins(depth_I, n_bins), n_bins) * per_state["used"][:, None]
     out = jax.vmap(lambda w_I: _summaries(per_state, w_I), in_axes=1)(onehot_IxDb)
     out["bin_edges"] = jnp.linspace(0.0, 1.0, n_bins + 1)
@@ -141,8 +141,8 @@ def choose_error_action(q_A, non_terminating_A, valid_A=None, *, tol: float = 0.
     Q*(s, a) < max_{a' valid} Q*(s, a') - tol, the one with the lowest Q* (lowest index on ties).
     vmap over states for a batch.
     """
-    _checks.require_ndim(q_A, 1, "q_A")
-    _checks.require_same_shape(q_A, non_terminating_A, "q_A", "non_terminating_A")
+    value_checks.require_ndim(q_A, 1, "q_A")
+    value_checks.require_same_shape(q_A, non_terminating_A, "q_A", "non_terminating_A")
     q_A = jnp.asarray(q_A, jnp.float32)
     valid_A = jnp.ones(q_A.shape, bool) if valid_A is None else jnp.asarray(valid_A, bool)
     best = jnp.max(jnp.where(valid_A, q_A, -jnp.inf))
@@ -164,8 +164,8 @@ def error_state_metrics(q_base_IxG, valid_base_IxG, q_rl_IxG, valid_rl_IxG, succ
     """
     per_state = per_state_comparison(q_base_IxG, valid_base_IxG, q_rl_IxG, valid_rl_IxG, tol=tol,
                                      state_mask_I=state_mask_I)
-    _checks.require_ndim(success_base_IxY, 2, "success_base_IxY")
-    _checks.require_ndim(success_rl_IxY, 2, "success_rl_IxY")
+    value_checks.require_ndim(success_base_IxY, 2, "success_base_IxY")
+    value_checks.require_ndim(success_rl_IxY, 2, "success_rl_IxY")
     rate_base_I = jnp.mean(jnp.asarray(success_base_IxY, jnp.float32), axis=-1)
     rate_rl_I = jnp.mean(jnp.asarray(success_rl_IxY, jnp.float32), axis=-1)
     stacked_5xS = jnp.stack([

@@ -10,7 +10,7 @@ ones, and attention over a KV cache becomes many tiny batched dots plus separate
   n_valid tokens (0 for the rest: right-padded appends and finished rows cost nothing), the weights
   pre-arranged by `pack_panels` into column panels of 16 ([n / 16, K, 16], contiguous), so a decode
   step streams each weight once. Packing copies the weights: callers pack once outside their token
-  loop (`qwen3.prepare`, which `jaxagent.models.ops_cpu` reads).
+  loop (`ops.prepare`, which `jaxagent.models.ops_cpu` reads).
 - `mlp(x, n_valid, gate_up_packed, down_packed)`: the SwiGLU block of many rows in one call; its
   [rows, 2F] intermediate stays in L2 instead of going through memory three times.
 - `norm_rope(qkv, n_valid, q_norm, k_norm, cos, sin, eps, heads)`: the q and k heads' RMS norms and

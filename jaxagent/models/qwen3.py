@@ -5,7 +5,7 @@ plain functions over `params` (a nested dict of arrays, the modules' state as a 
 `forward` composes with `jax.jit`, `jax.vmap`, `jax.grad`, `jax.checkpoint` and `lax.scan` like any
 pure function. The few platform-dependent operations go through the ops seam (`jaxagent.models.ops`),
 where programs lowered for CPU may use the compiled CPU kernels; every other program is plain XLA.
-`prepare(params, cfg)` gives params carrying what those kernels read besides the weights (the model's
+`ops.prepare(params, cfg)` gives params carrying what those kernels read besides the weights (the model's
 functions take them in place of `params`, same logits): built once outside a token loop.
 
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any, Optional, Union
 
 import jax
@@ -38,14 +37,10 @@ from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import ops
 from jaxagent.models.config import Qwen3Config
+from jaxagent.models.ops import KVWindows
 
 Params = dict[str, Any]
 Cache = dict[str, Any]
-
-# The numerics live in the ops seam (`jaxagent.models.ops`); these names stay importable from here.
-rms_norm, rope_tables, rope, dense, dense_transposed = ops.rms_norm, ops.rope_tables, ops.rope, ops.dense, \
-    ops.dense_transposed
-KVWindows, choose_window, prepare, attention = ops.KVWindows, ops.choose_window, ops.prepare, ops.attention
 
 # Per-block activation checkpointing (`jax.checkpoint`) policies by name, for `hidden_states(remat=)`.
 REMAT_POLICIES = {
@@ -280,7 +275,7 @@ def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cach
         raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
     embed = params.get("embed") if isinstance(params, dict) else None
     if embed is None:
-        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / qwen3.load); got "
+        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / weights.load); got "
                         f"{type(params).__name__}")
     if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{where}: params['embed'] is {list(embed.shape)} but cfg says [V={cfg.vocab_size}, "
@@ -308,10 +303,10 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     `kv_window` (static int, with a cache): attend only to the first kv_window slots; the caller
     guarantees length + T <= kv_window for every row whose outputs it uses (rows past it read a
     truncated history). Writes still go to the full cache. Saves attention work when the cache is
-    mostly empty (prefill, early turns). A `KVWindows` (see `choose_window`) picks one of a few static
+    mostly empty (prefill, early turns). A `KVWindows` (see `ops.choose_window`) picks one of a few static
     windows at run time: a `lax.switch` around each layer's attention core (the CPU kernel reads the
     window at run time instead).
-    `params` may be `prepare(params, cfg)`'s: a program lowered for CPU then runs the projections by
+    `params` may be `ops.prepare(params, cfg)`'s: a program lowered for CPU then runs the projections by
     the GEMM kernel, which (with a cache and `n_valid`) computes only each row's first n_valid tokens:
     their logits equal the XLA path's up to f32 rounding, the other positions' are unspecified (0
     there). Programs for other platforms compute the same as with `params`. Not differentiable.
@@ -326,18 +321,3 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     logits = ops.unembed(cfg, params, h, None if cache is None else n_valid)
     return shd.constrain(logits, LOGITS_AXES, mesh), cache
 
-
-def load(path: str | os.PathLike, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
-         check_finite: bool = True):
-    """(cfg, params) from a local HF Qwen3 checkpoint directory; see `jaxagent.models.weights`.
-
-    verify: check the checksum manifest `save` writes (when present); check_finite: ValueError naming
-    a tensor with NaN/Inf values."""
-    from jaxagent.models import weights
-    return weights.load(path, dtype=dtype, mesh=mesh, rules=rules, verify=verify, check_finite=check_finite)
-
-
-def save(path: str | os.PathLike, cfg: Qwen3Config, params: Params) -> None:
-    """Writes an HF-compatible directory (config.json + model.safetensors) transformers can load."""
-    from jaxagent.models import weights
-    weights.save(path, cfg, params)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
 
@@ -382,7 +383,6 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
     shapes = qwen3.param_shapes(cfg)
     shardings = None
     if mesh is not None:
-        from jaxagent import sharding as shd
         shardings = shd.shardings_for(qwen3.logical_axes(cfg), shapes, mesh, rules)
     params: dict = {}
     for key, (ours, to_ours, _) in layout.items():

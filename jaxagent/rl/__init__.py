@@ -16,9 +16,9 @@ from jaxagent.rl.loop import RLSettings, compute_advantages, rl_iteration
 from jaxagent.rl.losses import (AggMode, KLEstimator, aggregate, entropy_from_logits, exact_kl, kl_penalty,
                                 policy_loss, ppo_clip_objective, value_loss)
 from jaxagent.rl.optim import make_optimizer, make_schedule, nonfinite_count
-from jaxagent.rl.train_step import (LossSettings, TrainState, ValueSettings, abstract_train_state,
-                                    advance_data, init_train_state, make_ppo_train_step,
-                                    make_train_step, split_rng, state_shardings)
+from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, abstract_train_state, advance_data,
+                                     init_train_state, split_rng, state_shardings)
+from jaxagent.rl.train_step import make_ppo_train_step, make_train_step
 
 
 def __getattr__(name):

@@ -44,7 +44,7 @@ import orbax.checkpoint as ocp
 
 from jaxagent.models import weights
 from jaxagent.models.config import CheckpointError, Qwen3Config
-from jaxagent.rl.train_step import TrainState
+from jaxagent.rl.train_state import TrainState
 
 STATE_ITEM, META_ITEM = "state", "metadata"
 FORMAT_VERSION = 2   # 2: every step has a checksum manifest (1: older steps may lack one)

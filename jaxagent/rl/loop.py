@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.rl import advantages as adv_lib
-from jaxagent.rl.train_step import TrainState, split_rng, advance_data
+from jaxagent.rl.train_state import TrainState, advance_data, split_rng
 from jaxagent.rollout.episode import finished
 from jaxagent.rollout.types import Rollout
 

@@ -129,7 +129,7 @@ def state_shardings(cfg: Qwen3Config, optimizer, mesh: Mesh, *, with_ref_params:
     c_sh = co_sh = None
     if value_settings is not None:
         shared = value_settings.shared_backbone
-        ccfg = _critic_cfg(cfg, value_settings, critic_cfg)
+        ccfg = critic_config(cfg, value_settings, critic_cfg)
         c_shapes = critic_lib.param_shapes(ccfg, shared_backbone=shared)
         c_sh = sharding.shardings_for(critic_lib.logical_axes(ccfg, shared_backbone=shared),
                                       c_shapes, mesh)
@@ -140,7 +140,9 @@ def state_shardings(cfg: Qwen3Config, optimizer, mesh: Mesh, *, with_ref_params:
                       critic_opt_state=co_sh)
 
 
-def _critic_cfg(cfg, value_settings, critic_cfg):
+def critic_config(cfg, value_settings, critic_cfg):
+    """The critic's model config: the policy's `cfg` for a shared-backbone critic (a different `critic_cfg` is
+    a ValueError), else `critic_cfg` (default: `cfg`)."""
     if value_settings.shared_backbone:
         if critic_cfg is not None and critic_cfg != cfg:
             raise ValueError("a shared-backbone critic uses the policy config; do not pass a "
@@ -170,7 +172,7 @@ def init_train_state(cfg: Qwen3Config, optimizer, key: jax.Array, *, mesh: Optio
             params = qwen3.init(cfg, k_model)
         cp = co = None
         if value_settings is not None:
-            ccfg = _critic_cfg(cfg, value_settings, critic_cfg)
+            ccfg = critic_config(cfg, value_settings, critic_cfg)
             cp = critic_params
             if cp is None:
                 cp = critic_lib.init(ccfg, k_critic, shared_backbone=value_settings.shared_backbone)

@@ -45,13 +45,8 @@ from jaxagent import sharding, xla_options
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import losses, optim
-# Split by reason to change: log-probs (`rl.logprobs`), settings / state / shardings (`rl.train_state`);
-# their names stay importable from here.
-from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats,  # noqa: F401
-                                  token_logprobs)
-from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, _critic_cfg,  # noqa: F401
-                                     abstract_train_state, advance_data, opt_state_shardings,
-                                     init_train_state, split_rng, state_shardings)
+from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats, token_logprobs
+from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, critic_config, state_shardings
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
 PPO_KEYS = ("returns", "old_values")
@@ -135,7 +130,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     if not isinstance(ls, LossSettings):
         raise ValueError(f"loss_settings must be a LossSettings, got {type(ls).__name__}")
     copt = critic_optimizer if critic_optimizer is not None else optimizer
-    ccfg = None if vs is None else _critic_cfg(cfg, vs, critic_cfg)
+    ccfg = None if vs is None else critic_config(cfg, vs, critic_cfg)
     need = BATCH_KEYS + (PPO_KEYS if vs is not None else ())
     divisor = sharding.batch_divisor(mesh)
     shared = vs is not None and vs.shared_backbone

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.envs.jax import budgets as budgets_lib
-from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE, BudgetFormat, budget_text  # noqa: F401  (re-exported)
+from jaxagent.envs.jax.budgets import BudgetFormat
 from jaxagent.envs.jax.text_codec import concat, render
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import TOOL_RESPONSE, TOOL_RESPONSE_END, Tokenizer

@@ -105,20 +105,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.envs.host.base import host_cores, stable_hash
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout import episode, types
-from jaxagent.rollout.episode import (BUDGET_TEMPLATE, EpisodeConfig, action_text, budget_text,  # noqa: F401
-                                      observation_turn, text_reply)
-from jaxagent.rollout.host_policy import HostPolicy, Placement, append_jit, decode_jit, given_replies
+from jaxagent.rollout.episode import EpisodeConfig, action_text
+from jaxagent.rollout.host_policy import HostPolicy, Placement, given_replies
 from jaxagent.rollout.host_schedule import (EnvCalls, EnvShare, EnvSide, EnvTimeout, Group, HostTiming, InFlight,
                                             TurnClock, episode_groups, error_text, span)
-
-_append_jit, _decode_jit = append_jit, decode_jit  # the names tests/test_composable.py uses
-
-DEFAULT_BUDGET_TEMPLATE = BUDGET_TEMPLATE  # the one budget text (`episode`)
 
 # system_fn(env, task) -> (system content or None, tools list or None) for `chat.system_turn`.
 SystemFn = Callable[[Any, Any], tuple[Optional[str], Optional[list]]]

@@ -67,10 +67,10 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from jaxagent.envs.jax.budgets import budget_text
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout import episode
-from jaxagent.rollout.episode import budget_text
 
 
 def error_text(where: str, err: BaseException) -> str:
@@ -151,7 +151,7 @@ class RemoteEnvFailure(RuntimeError):
     infrastructure_error = True
 
 
-class _Raised(NamedTuple):
+class Raised(NamedTuple):
     """An exception that escaped an env call, held until every process knows of it."""
 
     error: BaseException
@@ -174,7 +174,7 @@ def allgather_bytes(blob: bytes) -> list:
 
 def _wire(res):
     """What crosses to the other processes for one result (never the env state, res[0])."""
-    if isinstance(res, _Raised):
+    if isinstance(res, Raised):
         err = res.error
         return ("raised", type(err).__name__, str(err), bool(getattr(err, "infrastructure_error", False)))
     if isinstance(res, EnvTimeout):
@@ -194,7 +194,7 @@ def _unwire(msg, process: int):
         return EnvError(msg[1], msg[2])
     failure = RemoteEnvFailure(f"process {process}: {msg[1]}: {msg[2]}")
     failure.infrastructure_error = msg[3]
-    return _Raised(failure)
+    return Raised(failure)
 
 
 class EnvShare:
@@ -231,9 +231,9 @@ class EnvShare:
                 for b, item in pickle.loads(blob):  # written by a process of this job: trusted
                     theirs[b] = _unwire(pickle.loads(item), p)
         out = [local[b] if self.owns(b) else theirs[int(b)] for b in idx]
-        raised = [r for r in out if isinstance(r, _Raised)]
+        raised = [r for r in out if isinstance(r, Raised)]
         if raised:  # the same first failure on every process: its own original where it happened
-            own = [r for b, r in zip(idx, out) if isinstance(r, _Raised) and self.owns(b)]
+            own = [r for b, r in zip(idx, out) if isinstance(r, Raised) and self.owns(b)]
             raise (own[0] if own and own[0] is raised[0] else raised[0]).error
         return out
 
@@ -323,7 +323,7 @@ class EnvCalls:
 
     def collect(self, calls: list, raise_errors: bool = True) -> list:
         """The calls' results in order (waited for), an `EnvTimeout` for each call past its limit; re-raises
-        the first exception a call raised (held as `_Raised` without `raise_errors`)."""
+        the first exception a call raised (held as `Raised` without `raise_errors`)."""
         self.first_done([calls])
         out = []
         for c in calls:
@@ -332,7 +332,7 @@ class EnvCalls:
             elif c.error is not None:
                 if raise_errors:
                     raise c.error
-                out.append(_Raised(c.error))
+                out.append(Raised(c.error))
             else:
                 out.append(c.result)
         return out

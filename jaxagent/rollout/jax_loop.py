@@ -26,18 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent import xla_options
 from jaxagent.envs.jax import base
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.envs.jax.budgets import BudgetFormat
 from jaxagent.envs.jax.text_codec import concat
-from jaxagent.models import qwen3
+from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import episode, types
 from jaxagent.rollout.episode import EpisodeConfig, max_chunk
 from jaxagent.rollout.layout import ChatLayout
 from jaxagent.sampling import append, decode
 from jaxagent.sampling.generate import bucket
-from jaxagent import xla_options
 
 # process_reward_fn(env, state_before, action_index, remaining_turns, env_params) -> f32 scalar
 ProcessRewardFn = Callable[[Any, Any, jax.Array, jax.Array, Any], jax.Array]
@@ -63,7 +63,7 @@ class RolloutConfig(EpisodeConfig):
     # canonical text (not policy tokens) and the model takes over afterwards (error-state evaluation).
     allow_forced: bool = False
     # Attention windows: each turn attends over the smallest of `kv_windows` evenly spaced cache
-    # prefixes that holds every active episode's history plus the turn (`qwen3.KVWindows`: one
+    # prefixes that holds every active episode's history plus the turn (`ops.KVWindows`: one
     # compiled attention branch per window). 1 = always the whole cache.
     kv_windows: int = 8
 
@@ -163,8 +163,8 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         jax.random.split(k_reset, n_ep), tasks, env_params)
     sys_len = len(layout.system)
     cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
-    # the weights prepared once per rollout (`qwen3.prepare`): appends then compute only the real tokens
-    params = params if scripted else qwen3.prepare(params, cfg)
+    # the weights prepared once per rollout (`ops.prepare`): appends then compute only the real tokens
+    params = params if scripted else ops.prepare(params, cfg)
     tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
     chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens
     carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
@@ -205,7 +205,7 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
             # Attention reads only the smallest cache prefix that holds every active episode this turn
             # (inactive rows' outputs are discarded, so they may see a truncated history).
             need = jnp.max(jnp.where(active, length, 0)) + chunk_w + m
-            window = qwen3.choose_window(rcfg.windows(), need)
+            window = ops.choose_window(rcfg.windows(), need)
             logits, cache = append(params, cfg, c["cache"], chunk, n_chunk, kv_window=window)
             gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
                          stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)

@@ -25,10 +25,10 @@ from jax.sharding import Mesh
 
 from jaxagent import checks
 from jaxagent import sharding as shd
-from jaxagent.models import qwen3
+from jaxagent import xla_options
+from jaxagent.models import ops, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.sampling.samplers import Sampler, sample
-from jaxagent import xla_options
 
 
 class Generation(NamedTuple):
@@ -72,7 +72,7 @@ def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=
     """Appends each row's first n_valid tokens to its cache; returns (next-token logits [B, V], cache).
 
     Rows with n_valid = 0 are left unchanged and return the logits of a stale slot (callers keep
-    their own last logits for such rows). `params` (or `qwen3.prepare`'s), `kv_window`, `mesh`: see
+    their own last logits for such rows). `params` (or `ops.prepare`'s), `kv_window`, `mesh`: see
     `qwen3.forward`.
     """
     last = jnp.maximum(n_valid_B - 1, 0)
@@ -89,11 +89,11 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     Every generated token, the stop token included, is written to the cache, so the next turn can
     append directly after it. Rows with active_B False generate nothing. `kv_window`: see
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
-    `params` are prepared for decoding here (`qwen3.prepare(decoding=True)`), once per call, outside
+    `params` are prepared for decoding here (`ops.prepare(decoding=True)`), once per call, outside
     the token loop; params the caller prepared pass through. `mesh`: see `qwen3.forward`.
     """
     b = logits_BxV.shape[0]
-    params = qwen3.prepare(params, cfg, decoding=True)
+    params = ops.prepare(params, cfg, decoding=True)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
     active = jnp.ones((b,), bool) if active_B is None else active_B
@@ -163,8 +163,10 @@ def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
 
 @functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "cache_len", "sampler", "stop_ids", "pad_id",
                                              "mesh", "rules"))
-def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
-              pad_id, mesh=None, rules=None):
+def generate_jit(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
+                 pad_id, mesh=None, rules=None):
+    """The jitted program `generate` runs (prefill of the right-aligned prompts into an empty cache of
+    `cache_len` slots, then `decode`); public for callers that lower it (the AOT analysis)."""
     rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
@@ -175,8 +177,6 @@ def _generate(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, c
     return decode(params, cfg, cache, logits, key, max_new_B, max_steps=max_steps, sampler=sampler,
                   stop_ids=stop_ids, pad_id=pad_id, mesh=act_mesh)
 
-
-generate_jit = _generate  # the jitted program `generate` runs, for callers that lower it (the AOT analysis)
 
 
 def _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key):
@@ -201,7 +201,7 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     prompt lengths and token limits reuse the compiled program.
 
     `mesh` (optional, with `rules`, default `sharding.RULES`): decodes on that mesh as the rollouts do.
-    The params (in any layout on the mesh, e.g. FSDP-sharded by `qwen3.load(path, mesh=mesh)`) are
+    The params (in any layout on the mesh, e.g. FSDP-sharded by `weights.load(path, mesh=mesh)`) are
     laid out for decoding first (`rollout_params`: per `sharding.ROLLOUT_RULES`, one gather per call,
     none per token); the batch is split over the rules' batch axes and the KV cache is pinned to its
     rule-table sharding instead of whatever the compiler propagates (with the default rules, the
@@ -259,9 +259,9 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         prompt, mask = (jax.device_put(x, shd.batch_sharding(mesh, 2, rules, batch_size=b)) for x in (prompt, mask))
         max_new = jax.device_put(max_new, shd.batch_sharding(mesh, 1, rules, batch_size=b))
         key = jax.device_put(key, shd.replicated(mesh))
-    return _generate(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
-                     sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
-                     rules=None if rules is None else tuple(sorted(rules.items())))
+    return generate_jit(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
+                        sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
+                        rules=None if rules is None else tuple(sorted(rules.items())))
 
 
 def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler, stop_ids,
@@ -285,6 +285,6 @@ def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_B
     pad = ((0, 0), (0, width - shape[1]))
     prompt = jnp.pad(jnp.asarray(prompt_BxL, jnp.int32), pad, constant_values=pad_id)
     max_new = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (shape[0],)), 0, max_steps)
-    return _generate(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
-                     cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
-                     mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))
+    return generate_jit(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
+                        cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
+                        mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))

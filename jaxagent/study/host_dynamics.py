@@ -12,7 +12,7 @@ test (the code env's `success`); the episode ends after it whatever its outcome 
     r_p = (1/Z) sum_z success_{p,z},    R_single = (1/P) sum_p r_p,
 the coding domain's single-turn pass rate on a fixed held-out state set. Every measurement uses the same key
 (`R_SINGLE_KEY`: the same reset seeds and sampling noise for base and every checkpoint, common random numbers) and
-the evaluation's rollout batches (`host_eval.run_pass_episodes`, one tier), so it reuses their compiled programs.
+the evaluation's rollout batches (`host_stages.run_pass_episodes`, one tier), so it reuses their compiled programs.
 Measured for the base (step -1), every `dynamics_every` iterations and at the last iteration
 (`should_measure`).
 
@@ -20,7 +20,7 @@ Log record (`record`; one JSON line of arms/<arm>/seed<s>/dynamics.jsonl): step 
 -1: the base has no training batch), n_multi (B), r_single, r_single_tasks ([P] r_p), n_samples (Z).
 
 Estimates (`dynamics_metrics`, GRPO seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity
-estimate, through `host_eval._put` and `stats.seed_estimate`):
+estimate, through `host_eval.put_estimate` and `stats.seed_estimate`):
   `<d>.f6_r_single.diff`: per seed s and held-out task p, delta_{s,p} = r_p(last logged iteration) - r_p(base);
       units = held-out tasks nested in seeds, so the estimate is the mean over seeds of R_single,last - R_single,base.
   `<d>.f6_r_multi.diff`: per seed, R_multi(last iteration) - R_multi(iteration 0, the base policy's batch);
@@ -56,6 +56,7 @@ import numpy as np
 from jaxagent.eval import stats
 from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
 from jaxagent.sampling import Sampler
+from jaxagent.study import host_stages
 from jaxagent.study.host_step_quality import StopAfter
 
 DOMAINS = ("code",)
@@ -86,8 +87,6 @@ def make_r_single(world, cfg, ts, *, n_samples: int, batch_size: int, compute_dt
     """measure(params) -> {"r_single": R_single, "r_single_tasks": [P] r_p, "n_samples": Z} on `world`'s held-out
     tasks (module docstring), in rollout batches of `batch_size` episodes (the evaluation's: the same compiled
     programs) with the budget T_max = ts.t_max announced; `world`, `ts` as `host_stages.make_host_rollout_fn`'s."""
-    from jaxagent.study import host_eval, host_stages  # host_eval imports this module
-
     if n_samples < 1:
         raise ValueError(f"R_single needs n_samples >= 1, got {n_samples}")
     one_turn = dataclasses.replace(world, env=FirstSubmission(world.env))
@@ -96,8 +95,8 @@ def make_r_single(world, cfg, ts, *, n_samples: int, batch_size: int, compute_dt
                                              mesh=mesh)
 
     def measure(params) -> dict:
-        raw = host_eval.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(world.heldout_tasks),
-                                          [ts.t_max], n_samples, jax.random.key(R_SINGLE_KEY), batch_size)
+        raw = host_stages.run_pass_episodes(lambda idx, b, k: ro_fn(params, idx, b, k), len(world.heldout_tasks),
+                                            [ts.t_max], n_samples, jax.random.key(R_SINGLE_KEY), batch_size)
         per_task = raw["success"][0].mean(-1)  # [P]
         return {"r_single": float(per_task.mean()), "r_single_tasks": per_task.tolist(), "n_samples": int(n_samples)}
 
@@ -158,8 +157,8 @@ def _batch(r: Mapping) -> np.ndarray:
 
 def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
                      put) -> dict:
-    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is `host_eval._put`.
-    No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
+    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is
+    `host_eval.put_estimate`. No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
     ends = {s: e for s, e in ((s, _ends(rows)) for s, rows in sorted(logs.items())) if e is not None}
     if not ends:
         return {f"{d}.note.f6_dynamics": NO_LOG_NOTE}

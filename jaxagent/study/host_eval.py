@@ -39,12 +39,10 @@ from __future__ import annotations
 import zlib
 from typing import Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
-from jaxagent.rollout.types import SUCCESS
 from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
 
 MAIN_ARM = "grpo"
@@ -54,39 +52,6 @@ NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fi
 
 
 # ----------------------------------------------------------------------------- measuring one policy
-def episode_grid(n_tiers: int, n_tasks: int, n_samples: int) -> np.ndarray:
-    """int32 [U*P*Z, 3]: (tier, task, sample) of every evaluation episode, tier-major."""
-    u, p, z = np.meshgrid(np.arange(n_tiers), np.arange(n_tasks), np.arange(n_samples), indexing="ij")
-    return np.stack([u.ravel(), p.ravel(), z.ravel()], axis=1).astype(np.int32)
-
-
-def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], n_samples: int, key,
-                      batch_size: int) -> dict:
-    """Every (tier, task, sample) episode of the announced-mode Pass@(K,T) grid, in rollout batches of
-    `batch_size` episodes (the last padded with copies of its first episode, dropped after).
-
-    rollout_fn(task_idx_B, budgets_B, key) -> Rollout. Returns numpy arrays [U, P, Z]: success (bool),
-    status (int32), turns (int32 turns used) and the tiers (int32 [U]): the raw log the grid is computed from.
-    """
-    if batch_size < 1 or n_samples < 1 or n_tasks < 1 or not tiers:
-        raise ValueError(f"need batch_size, n_samples, n_tasks >= 1 and some tiers, got {batch_size}, {n_samples}, "
-                         f"{n_tasks}, {list(tiers)}")
-    tiers_U = np.asarray(tiers, np.int32)
-    grid = episode_grid(len(tiers_U), n_tasks, n_samples)
-    shape = (len(tiers_U), n_tasks, n_samples)
-    status = np.zeros(len(grid), np.int32)
-    turns = np.zeros(len(grid), np.int32)
-    for i, start in enumerate(range(0, len(grid), batch_size)):
-        rows = grid[start:start + batch_size]
-        n = len(rows)
-        rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - n, axis=0)])
-        ro = rollout_fn(rows[:, 1], tiers_U[rows[:, 0]], jax.random.fold_in(key, i))
-        status[start:start + n] = np.asarray(ro.status)[:n]
-        turns[start:start + n] = np.asarray(ro.turns_used)[:n]
-    status, turns = status.reshape(shape), turns.reshape(shape)
-    return {"success": status == SUCCESS, "status": status, "turns": turns, "tiers": tiers_U}
-
-
 def pass_grid(success_UxPxZ, ks: Sequence[int]) -> np.ndarray:
     """Per-task Pass@(K,T) [U, J, P] (`passk.pass_at_k_grid`, Chen et al. 2021 eq. 1)."""
     return np.asarray(passk.pass_at_k_grid(np.asarray(success_UxPxZ, bool), np.asarray(ks, np.int32)), np.float64)
@@ -192,7 +157,7 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     )
 
 
-def _put(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
+def put_estimate(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
          arms: str = MAIN_ARM, stat: Callable = stats.mean_of_seed_means) -> stats.Estimate:
     """`stats.seed_estimate` (statistic `stat`) over the included seeds into `<key>.*` (+ `<key>.all.*` when some
     are excluded); `arms` names whose seeds they are in the `<key>.seeds` line."""
@@ -268,18 +233,18 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     m["meta.t_max"] = float(tiers[full])
     # 1. RL - base at full budget, K=1 (the headline) and at the largest K, on every held-out task
     for key, j in ((f"{d}.f1_pass1", k1), (f"{d}.f1_breadth", kmax)):
-        _put(m, f"{key}.diff", {s: gap[s][full, j] for s in seeds}, ok, n_boot)
+        put_estimate(m, f"{key}.diff", {s: gap[s][full, j] for s in seeds}, ok, n_boot)
         m[f"{key}.base"] = float(base[full, j].mean())
         m[f"{key}.rl"] = _mean(rl[s][full, j].mean() for s in ok)
         m[f"{key}.bound"] = float(bound["grid"][full, j])
         put_room(m, key, bounded(m[f"{key}.base"], m[f"{key}.bound"]))
     f1 = f"{d}.f1_breadth"
     for j, k in enumerate(ks):
-        m[f"{f1}.gap_k{k}"] = _put(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok, n_boot).mean
+        m[f"{f1}.gap_k{k}"] = put_estimate(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok, n_boot).mean
     # 2. K=1 on the held-out tasks solvable at the tightest tier: gap(tight) - gap(full) on those tasks
     f2 = f"{d}.f2_shrink"
     use = u_pt[tight] > 0
-    _put(m, f"{f2}.diff", {s: gap[s][tight, k1][use] - gap[s][full, k1][use] for s in seeds}, ok, n_boot)
+    put_estimate(m, f"{f2}.diff", {s: gap[s][tight, k1][use] - gap[s][full, k1][use] for s in seeds}, ok, n_boot)
     for name, u in (("full", full), ("tight", tight)):
         m[f"{f2}.base_{name}"] = _mean([base[u, k1][use].mean()] if use.any() else [])
         m[f"{f2}.rl_{name}"] = _mean(rl[s][u, k1][use].mean() for s in ok if use.any())
@@ -296,20 +261,20 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     else:
         m[f"{d}.note.f2_shrink"] = NO_SOLVABLE_NOTE.format(finding="2", t=tiers[tight])
     if step_quality is not None:
-        m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, n_boot, _put))
+        m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, n_boot, put_estimate))
     if error_prefixes is not None:
-        m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, _put))
+        m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, put_estimate))
     if likelihood is not None:
-        m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, _put))
+        m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, put_estimate))
     if dynamics is not None and d in host_dynamics.DOMAINS:
-        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, _put))
+        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, put_estimate))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, K=1 on the tasks solvable there
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))
         ok7 = [s for s in both if s in ok and s in included["gigpo"]]
         oth = {s: per_task[f"gigpo/seed{s}"] for s in both}
-        _put(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, n_boot,
-             arms=f"{MAIN_ARM} & gigpo")
+        put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, n_boot,
+                     arms=f"{MAIN_ARM} & gigpo")
         m[f"{f7}.grpo"] = _mean(rl[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.gigpo"] = _mean(oth[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib, stats
-from jaxagent.eval.findings import (VERDICT_RULE, Finding, estimate_from_metrics, finding_verdict, reference_effect,
+from jaxagent.eval.findings import (Finding, estimate_from_metrics, finding_verdict, reference_effect,
                                     room_from_metrics, seeds_to_decide)
 
 
@@ -159,8 +159,8 @@ def build_host_report(meta: Mapping[str, str], metrics: Mapping, sections: Seque
     """The whole report: meta lines, the interval method (`stats.INTERVAL_METHOD`), the verdict rule, seed health,
     then the domain sections."""
     lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", f"Intervals: {stats.INTERVAL_METHOD}", "", f"Verdict rule (the FrozenLake study's): {VERDICT_RULE}",
-              ""]
+    lines += ["", f"Intervals: {stats.INTERVAL_METHOD}", "",
+              f"Verdict rule (the FrozenLake study's): {stats.VERDICT_RULE}", ""]
     lines += health_lines(metrics)
     for s in sections:
         lines += s

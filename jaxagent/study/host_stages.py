@@ -52,13 +52,13 @@ from jax.sharding import Mesh
 
 from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
-from jaxagent.eval.driver_common import rollout_params
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
-from jaxagent.rollout.types import Rollout
+from jaxagent.rollout.types import SUCCESS, Rollout
 from jaxagent.sampling import Sampler
+from jaxagent.sampling.generate import rollout_params
 from jaxagent.study import stages
 
 HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle
@@ -292,7 +292,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
     to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
     (texts, errors, `trace.timing`)."""
     rcfg = ts.rollout_config(sampler)
-    cdt = stages._compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
+    cdt = stages.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
@@ -321,6 +321,39 @@ def trace_metrics(trace: HostTrace) -> dict:
 
 
 # ----------------------------------------------------------------------------- the RL stage
+def episode_grid(n_tiers: int, n_tasks: int, n_samples: int) -> np.ndarray:
+    """int32 [U*P*Z, 3]: (tier, task, sample) of every evaluation episode, tier-major."""
+    u, p, z = np.meshgrid(np.arange(n_tiers), np.arange(n_tasks), np.arange(n_samples), indexing="ij")
+    return np.stack([u.ravel(), p.ravel(), z.ravel()], axis=1).astype(np.int32)
+
+
+def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], n_samples: int, key,
+                      batch_size: int) -> dict:
+    """Every (tier, task, sample) episode of the announced-mode Pass@(K,T) grid, in rollout batches of
+    `batch_size` episodes (the last padded with copies of its first episode, dropped after).
+
+    rollout_fn(task_idx_B, budgets_B, key) -> Rollout. Returns numpy arrays [U, P, Z]: success (bool),
+    status (int32), turns (int32 turns used) and the tiers (int32 [U]): the raw log the grid is computed from.
+    """
+    if batch_size < 1 or n_samples < 1 or n_tasks < 1 or not tiers:
+        raise ValueError(f"need batch_size, n_samples, n_tasks >= 1 and some tiers, got {batch_size}, {n_samples}, "
+                         f"{n_tasks}, {list(tiers)}")
+    tiers_U = np.asarray(tiers, np.int32)
+    grid = episode_grid(len(tiers_U), n_tasks, n_samples)
+    shape = (len(tiers_U), n_tasks, n_samples)
+    status = np.zeros(len(grid), np.int32)
+    turns = np.zeros(len(grid), np.int32)
+    for i, start in enumerate(range(0, len(grid), batch_size)):
+        rows = grid[start:start + batch_size]
+        n = len(rows)
+        rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - n, axis=0)])
+        ro = rollout_fn(rows[:, 1], tiers_U[rows[:, 0]], jax.random.fold_in(key, i))
+        status[start:start + n] = np.asarray(ro.status)[:n]
+        turns[start:start + n] = np.asarray(ro.turns_used)[:n]
+    status, turns = status.reshape(shape), turns.reshape(shape)
+    return {"success": status == SUCCESS, "status": status, "turns": turns, "tiers": tiers_U}
+
+
 def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: stages.ArmSettings, *,
                           mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,

@@ -21,9 +21,9 @@ policies have at least one; delta_i = q_RL(i) - q_base(i); RL better on state i 
 delta_i = 0, worse iff delta_i < 0 ("RL better on X%" = share of used states with delta_i > 0, ties reported
 separately).
 
-Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` through `host_eval._put`; collapsed and
-diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds of the
-seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
+Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` through `host_eval.put_estimate`;
+collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds
+of the seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
 FrozenLake study's rule with direction -1 (the paper: RL's mean step quality slightly below base) and E = 0.05
 pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`), "untestable here (bound)"
 when base's mean pass rate is below E (RL cannot fall further below it than to 0). It would have been "not
@@ -52,9 +52,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxagent.eval.driver_common import rollout_params
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.sampling.generate import rollout_params
 from jaxagent.study.host_error_recovery import tier_episodes
 
 DOMAINS = ("code",)
@@ -252,7 +252,7 @@ def _summary(c: dict) -> dict:
 
 
 def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
-    """The finding-3 metrics (module docstring) from `record`'s dict per GRPO seed; `put` is `host_eval._put`.
+    """The finding-3 metrics (module docstring) from `record`'s dict per GRPO seed; `put` is `host_eval.put_estimate`.
     No used state in any seed: only `<d>.f3_step.n_states` = 0, `.g` and the note `<d>.note.f3_step`."""
     f3 = f"{d}.f3_step"
     m: dict = {}

@@ -30,9 +30,11 @@ from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
-from jaxagent.rl.train_step import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
-                                    make_train_step, state_shardings)
+from jaxagent.rl.train_state import LossSettings, ValueSettings, abstract_train_state, init_train_state, state_shardings
+from jaxagent.rl.train_step import make_train_step
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
+from jaxagent.sampling import Sampler
+from jaxagent.sampling.generate import rollout_params
 from jaxagent.study import plan_mode
 from jaxagent.study.toy import ToyWorld, expert_rollouts
 
@@ -253,8 +255,6 @@ def resolve_compute_dtype(dtype):
     return None if dt == jnp.float32 else dt
 
 
-_compute_dtype = resolve_compute_dtype  # the name host_stages and experiments/host_study call it by
-
 
 def shared_key(arm: ArmSettings):
     """What an arm's compiled pieces (`make_arm_step`, `make_arm_runtime`) depend on: arms with equal keys share
@@ -317,9 +317,6 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     PPO's critic values (memory only; same update); `tis_cap`: truncated importance sampling on the
     sampler's log-probs (`LossSettings`), with the trainer's pre-update log-probs as the ratio's
     pi_old when an iteration makes several updates (`rl_iteration(logprobs_fn=)`)."""
-    from jaxagent.sampling import Sampler
-    from jaxagent.sampling.generate import rollout_params
-
     env_params = ts.env_params()
     ppo = arm.rl.estimator == "ppo"
     cdt = resolve_compute_dtype(compute_dtype)

@@ -64,7 +64,9 @@ from jaxagent.envs.host.base import (HostEnv, coerce_action, host_cores, make_in
 from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host.datasets import DatasetReport
-from jaxagent.envs.host.sandbox import SandboxError, SandboxLimits, SandboxResult, run_calls  # noqa: F401
+from jaxagent.envs.host.deepcoder import load_deepcoder
+from jaxagent.envs.host.sandbox import SandboxLimits, SandboxResult, run_calls
+from jaxagent.envs.host.tasks import CodeTask
 
 STYLES = ("function", "call", "stdin")
 DRIVER_ENTRY = "_jaxagent_entry"  # the driver module's function the sandbox calls
@@ -74,18 +76,6 @@ CALL_PRELUDE = ("from typing import *\nimport bisect, collections, copy, functoo
                 "operator, re, string\nfrom collections import Counter, defaultdict, deque\n"
                 "from functools import lru_cache, reduce\nfrom heapq import heappop, heappush\n"
                 "from itertools import accumulate, combinations, permutations, product\n")
-
-
-@dataclasses.dataclass(frozen=True)
-class CodeTask:
-    id: str
-    entry_point: str                              # the function (or Solution method) tested; "" for stdin
-    prompt: str
-    reference: str                                # a solution that passes every test ("" if none is known)
-    tests: tuple = dataclasses.field(hash=False)  # ((args list, expected JSON value) | ([stdin text], stdout), ...)
-    style: str = "function"                       # "function" | "call" | "stdin" (module docstring)
-    lenient_list: bool = False                    # "call": an expected [v] also accepts v (TACO's outputs)
-    starter_code: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +252,6 @@ class CodeEnv(HostEnv):
         if data is not None:
             if tasks is not None:
                 raise ValueError("CodeEnv: give tasks or data, not both")
-            from jaxagent.envs.host.deepcoder import load_deepcoder  # the loader needs this module's evaluate
             self._splits, self.report = load_deepcoder(data, self, **data_kwargs)
             return
         if data_kwargs:

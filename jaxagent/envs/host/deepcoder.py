@@ -42,9 +42,9 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from jaxagent.envs.host.code_env import CodeTask
 from jaxagent.envs.host.datasets import (DatasetReport, cache_root, data_path, held_out_by_hash, read_records,
                                          record_files)
+from jaxagent.envs.host.tasks import CodeTask
 
 MAX_TESTS = 15
 _CALL_TYPES = ("functional", "function_call", "call", "fn_call")

@@ -145,7 +145,7 @@ def _id_ranges(path: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def _pick_uid() -> int | None:
+def pick_uid() -> int | None:
     """A random unprivileged uid, unused by accounts, that this namespace maps as uid and gid."""
     try:
         uids, gids = _id_ranges("/proc/self/uid_map"), _id_ranges("/proc/self/gid_map")
@@ -185,7 +185,7 @@ def strong_isolation_problem() -> str | None:
                                       (_CAP_SETGID, "CAP_SETGID")) if not caps >> bit & 1]
     if missing:
         return f"root lacks the capabilities {', '.join(missing)}"
-    if _pick_uid() is None:
+    if pick_uid() is None:
         return ("this user namespace maps no unprivileged uid/gid to run model code as (uid_map "
                 "lists only root, as under `unshare -Ur`)")
     return None
@@ -244,7 +244,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
         if problem is not None:
             raise SandboxUnavailable(f"the code sandbox refuses to run model code: {problem}. {_HOW_TO_GET_IT}")
     t0 = time.monotonic()
-    uid = _pick_uid()
+    uid = pick_uid()
     if uid is None:
         uid = 65_534  # weak mode only: a root caller's workers drop to nobody
     cfg = {"code": code, "entry_point": entry_point, "args_list": args_json, "uid": uid,

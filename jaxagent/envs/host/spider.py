@@ -31,7 +31,8 @@ from typing import Optional
 
 from jaxagent.envs.host.datasets import (DatasetReport, data_path, held_out_by_hash, read_records,
                                          record_files)
-from jaxagent.envs.host.sql_env import _ORDER_BY_RE, SQLTask, DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.sql_query import DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 SPIDER_FILES = {"train_spider.json": "train", "train_others.json": "train", "dev.json": "test", "test.json": "test"}
 _FIELDS = {"spider": ("db_id", "query", "question"), "intercode": ("db", "gold", "query")}  # (db, gold, question)
@@ -117,7 +118,7 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
             if truncated:
                 report.leave_out(f"gold result over {max_rows} rows", rid)
                 continue
-            task = SQLTask(id=rid, db=db, question=question, gold=sql, ordered=bool(_ORDER_BY_RE.search(sql)))
+            task = SQLTask(id=rid, db=db, question=question, gold=sql, ordered=bool(ORDER_BY_RE.search(sql)))
             splits[where].append(task)
             gold[rid] = rows
     for name in ("train", "test"):

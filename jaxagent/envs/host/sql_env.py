@@ -54,23 +54,12 @@ from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_to
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root
-from jaxagent.envs.host.sql_query import (ALLOWED_FUNCTIONS, DEFAULT_HEAP_LIMIT_BYTES,  # noqa: F401
-                                          DEFAULT_MAX_COLUMNS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN,
-                                          QueryError, QueryRunner, run_query)
+from jaxagent.envs.host.spider import load_spider
+from jaxagent.envs.host.sql_query import (DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError, QueryRunner,
+                                          run_query)
+from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"
-_ORDER_BY_RE = re.compile(r"\border\s+by\b", re.IGNORECASE)
-
-
-@dataclasses.dataclass(frozen=True)
-class SQLTask:
-    id: str
-    db: str
-    question: str
-    gold: str
-    ordered: bool
-
-
 @dataclasses.dataclass(frozen=True)
 class SQLState:
     task: SQLTask
@@ -217,7 +206,6 @@ class SQLEnv(HostEnv):
         self._gold_cache: dict[str, list[tuple]] = {}
         self._schema_cache: dict[str, str] = {}
         if data is not None:
-            from jaxagent.envs.host.spider import load_spider  # builds SQLTasks: imports this module
             loaded = load_spider(data, max_rows=max_fetch_rows, max_result_bytes=max_result_bytes, **data_kwargs)
             self._splits, self._paths, self.report = loaded.splits, loaded.db_paths, loaded.report
             self._gold_cache.update(loaded.gold_rows)
@@ -233,7 +221,7 @@ class SQLEnv(HostEnv):
         report = DatasetReport(source="built in", layout="jaxagent SQL (hand-written + generated, seed "
                                f"{seed})", split_rule="every 4th task of the list held out")
         tasks = [SQLTask(id=t["id"], db=t["db"], question=t["question"], gold=t["gold"],
-                         ordered=bool(t.get("ordered", _ORDER_BY_RE.search(t["gold"])))) for t in SQL_TASKS]
+                         ordered=bool(t.get("ordered", ORDER_BY_RE.search(t["gold"])))) for t in SQL_TASKS]
         paths = {db: build_database(db, self.cache_dir) for db in sorted({t.db for t in tasks})}
         scripts, generated = sql_gen.generate(seed)
         paths.update({db: build_script(db, script, self.cache_dir) for db, script in scripts.items()})

@@ -1,4 +1,5 @@
-"""Input checks shared by the eval metrics: clear ValueErrors on concrete inputs, silence under tracing."""
+"""Value checks shared by the eval metrics: clear ValueErrors on concrete inputs, silence under tracing (the
+shape and dtype checks of the public entry points are `jaxagent.checks`)."""
 from __future__ import annotations
 
 import jax
