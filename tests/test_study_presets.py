@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from experiments.presets import PRESETS, EvalSettings
+from jaxagent.study.frozenlake.presets import PRESETS, EvalSettings
 from jaxagent.envs.jax.budgets import budget_text, budget_tiers
 from jaxagent.study import plan_mode
 from jaxagent.study.toy import make_toy_world
