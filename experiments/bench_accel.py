@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--remat", default="full", help="per-layer remat policy (qwen3.REMAT_POLICIES or none; "
                    "default full, as the accelerator presets)")
     p.add_argument("--rl-preset", default="qwen3-0.6b-1gpu",
-                   help="a study preset (experiments/presets.py, experiments/host_presets.py) whose RL iteration is "
+                   help="a study preset (jaxagent/study/frozenlake/presets.py, experiments/host_presets.py) whose RL iteration is "
                    "timed, or none (default qwen3-0.6b-1gpu)")
     p.add_argument("--rl-iterations", default="1", help="timed RL iterations after one warm-up (default 1)")
     p.add_argument("--rl-base", default="random", choices=("random", "sft"),

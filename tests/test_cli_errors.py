@@ -14,10 +14,10 @@ import pytest
 from experiments import base, cli, host_study, progress, reproduce, rl, sweep
 from experiments import eval as eval_stage
 from experiments.host_presets import HOST_PRESETS
-from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.study.frozenlake.run import Run
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study import run_dir
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import Run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

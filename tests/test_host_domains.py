@@ -17,7 +17,6 @@ import pytest
 
 from experiments import host_study, reproduce
 from experiments.host_presets import HOST_PRESETS
-from jaxagent.study.frozenlake.run import Run, check_batches
 from jaxagent import sharding
 from jaxagent.envs.host import base as host
 from jaxagent.envs.jax import budgets as budgets_lib
@@ -29,6 +28,7 @@ from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_schedule import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import host_error_recovery, host_stages, stages
+from jaxagent.study.frozenlake.run import Run, check_batches
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
 from tests.test_host_step_quality import check_ci_code_finding3

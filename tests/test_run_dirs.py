@@ -17,13 +17,13 @@ import pytest
 
 from experiments import cli, host_study
 from experiments.host_presets import HOST_PRESETS
-from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.study.frozenlake.run import BASE_SEED, NonFiniteError, Run, save_policy
-from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import BASE_SEED, NonFiniteError, Run, save_policy
+from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
