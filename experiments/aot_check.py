@@ -24,12 +24,12 @@ from types import SimpleNamespace  # noqa: E402
 
 from experiments.host_presets import HOST_PRESETS  # noqa: E402
 from experiments.host_study import HostRun  # noqa: E402
-from experiments.presets import PRESETS  # noqa: E402
-from experiments.study import Run  # noqa: E402
 from jaxagent.aot import host, lowered_digest, programs, run_programs  # noqa: E402
 from jaxagent.aot.check import preset_target, recheck  # noqa: E402
 from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402
 from jaxagent.models.config import PRESETS as MODEL_PRESETS  # noqa: E402
+from jaxagent.study.frozenlake.presets import PRESETS  # noqa: E402
+from jaxagent.study.frozenlake.run import Run  # noqa: E402
 
 
 def table_line(rec: dict) -> str:

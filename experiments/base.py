@@ -5,14 +5,15 @@ knows the task's format and plays it imperfectly. Supervised learning on an epsi
 budget-aware optimal FrozenLake player gives exactly such a policy: valid answers, sensible moves,
 mistakes at a controlled rate and recoveries from them, and the budget text in every prompt.
 """
-from experiments import cli, study
+from experiments import cli, progress
+from jaxagent.study.frozenlake import train
 
 
 def main(argv=None):
     args = cli.parser(__doc__.splitlines()[0], prog="experiments.base", run_options=True).parse_args(argv)
     with cli.clear_errors():
         run = cli.make_run(args)
-        study.run_base(run)
+        train.run_base(run, log=print, progress=progress.bars())
     print(f"base policy in {run.dir}/base/policy")
 
 

@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--remat", default="full", help="per-layer remat policy (qwen3.REMAT_POLICIES or none; "
                    "default full, as the accelerator presets)")
     p.add_argument("--rl-preset", default="qwen3-0.6b-1gpu",
-                   help="a study preset (experiments/presets.py, experiments/host_presets.py) whose RL iteration is "
+                   help="a study preset (jaxagent/study/frozenlake/presets.py, experiments/host_presets.py) whose RL iteration is "
                    "timed, or none (default qwen3-0.6b-1gpu)")
     p.add_argument("--rl-iterations", default="1", help="timed RL iterations after one warm-up (default 1)")
     p.add_argument("--rl-base", default="random", choices=("random", "sft"),
@@ -200,7 +200,7 @@ def _float(text, flag: str, positive: bool = True) -> float:
 
 def rl_presets() -> dict:
     from experiments.host_presets import HOST_PRESETS
-    from experiments.presets import PRESETS
+    from jaxagent.study.frozenlake.presets import PRESETS
     return {**PRESETS, **HOST_PRESETS}
 
 
@@ -360,16 +360,16 @@ def _rl_setup(plan: Plan, mesh_override, tmp: str):
     the RL preset, as the study builds them (random base weights)."""
     import jax
 
-    from experiments import study
     from experiments.host_presets import HOST_PRESETS
     from jaxagent import sharding
     from jaxagent.bench.models import CONFIG_NAMES, model_config
     from jaxagent.models import qwen3
     from jaxagent.study import stages
+    from jaxagent.study.frozenlake.run import Run
 
     p = rl_presets()[plan.rl_preset]
     host = plan.rl_preset in HOST_PRESETS
-    arm = study.Run.arm_settings(types.SimpleNamespace(preset=p), "grpo")  # the study's GRPO arm of the preset
+    arm = Run.arm_settings(types.SimpleNamespace(preset=p), "grpo")  # the study's GRPO arm of the preset
     mesh_shape = tuple(mesh_override or p.mesh)
     mesh = None if mesh_shape == (1, 1, 1) else sharding.make_mesh(*mesh_shape)
     note = {"preset": p.name, "mesh": list(mesh_shape), "compute_dtype": p.compute_dtype,

@@ -569,7 +569,7 @@ def main(argv=None) -> int:
         p.error(f"--shapes takes 'default' and/or '1m', got {args.shapes!r}")
 
     import torch
-    from experiments.presets import PRESETS
+    from jaxagent.study.frozenlake.presets import PRESETS
 
     torch.set_num_threads(1)  # this process's torch work (the replay check) is untimed; the peer runs in workers
     preset = PRESETS["quick"]

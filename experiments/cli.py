@@ -11,25 +11,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import sys
 
 import jax
 
-from experiments import study
 from experiments.host_presets import HOST_PRESETS
-from experiments.presets import PRESETS
 from jaxagent.models.config import CheckpointError
+from jaxagent.study.frozenlake import presets as presets_lib
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
+from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
 from jaxagent.study.run_dir import RunError
 
-MAX_SEED = study.MAX_SEED - study.BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
-MAX_COUNT = study.MAX_ITERATIONS              # iterations, micro-batches, processes
+MAX_SEED = MAX_PRNG_SEED - BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
+MAX_COUNT = MAX_ITERATIONS             # iterations, micro-batches, processes
 USER_ERRORS = (RunError, CheckpointError)
 
 # What each FrozenLake preset is and how long it takes (the README's presets table says the same).
 PRESET_HELP = {
-    "quick": "the toy study, the README's; about 9 min on a quiet 2-core CPU (docs/study.md)",
+    "quick": "the toy study, the README's; 30-33 min wall on a 2-core CPU beside other jobs, 1,200-1,300 s of "
+             "CPU time (docs/study.md, Results on two seed sets)",
     "standard": "the toy study sized for power (5 seeds), a 2-core CPU, under an hour",
     "full": "5x5 maps, 200 iterations, hours on a CPU",
     "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
@@ -185,34 +187,23 @@ def init_distributed(args):
 
 
 def preset_from(args):
-    """The preset with the command line's overrides; calls `init_distributed` (call this before anything
-    touches the devices)."""
-    preset = PRESETS[args.preset]
-    changes = {}
-    if args.checkpoint:
-        changes["checkpoint"] = args.checkpoint
-    if args.iterations is not None:
-        changes["iterations"] = args.iterations
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    if getattr(args, "mesh", None):
-        changes["mesh"] = tuple(args.mesh)
-    if getattr(args, "compute_dtype", None):
-        changes["compute_dtype"] = args.compute_dtype
-    if getattr(args, "micro_batches", None):
-        changes["micro_batches"] = args.micro_batches
-    if getattr(args, "remat", None):
-        changes["remat"] = None if args.remat == "none" else args.remat
-    if preset.name.startswith("qwen3") and not (args.checkpoint or preset.checkpoint):
-        fail(f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
+    """The preset with the command line's overrides (`presets.with_overrides`); calls `init_distributed` (call
+    this before anything touches the devices)."""
+    try:
+        preset = presets_lib.with_overrides(
+            args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
+            mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
+            micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None))
+    except RunError as e:
+        fail(str(e))
     init_distributed(args)
-    return dataclasses.replace(preset, **changes)
+    return preset
 
 
 def make_run(args):
-    """The study.Run of the command line: preset_from(args) with --seed-offset and --force applied."""
-    return study.Run(preset_from(args), args.root, args.name, seed_offset=getattr(args, "seed_offset", 0),
-                     force=getattr(args, "force", False))
+    """The `Run` of the command line: preset_from(args) with --seed-offset and --force applied."""
+    return Run(preset_from(args), args.root, args.name, seed_offset=getattr(args, "seed_offset", 0),
+               force=getattr(args, "force", False))
 
 
 @contextlib.contextmanager
@@ -224,5 +215,5 @@ def clear_errors():
         yield
     except USER_ERRORS as e:
         fail(str(e), 2)
-    except study.NonFiniteError as e:
+    except NonFiniteError as e:
         fail(str(e), 1)

@@ -7,9 +7,9 @@ experiments.host_study with the same command line.
 """
 import time
 
-from experiments import cli, host_study, study
-from experiments import eval as eval_stage
+from experiments import cli, host_study, progress
 from jaxagent.study import run_dir
+from jaxagent.study.frozenlake import evaluate, report, train
 
 PROG = "experiments.reproduce"
 
@@ -21,12 +21,12 @@ def main(argv=None):
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)
-        base = study.run_base(run)
+        base = train.run_base(run, log=print, progress=progress.bars())
         t_base = time.time()
-        policies = study.run_all_arms(run, base)
+        policies = train.run_all_arms(run, base, log=print, progress=progress.bars())
         t_rl = time.time()
-        metrics, figures, evals, bound = eval_stage.evaluate(run, base, policies)
-        path, rep = eval_stage.write_report(run, metrics, figures, evals, bound)
+        metrics, figures, evals, bound = evaluate.evaluate(run, base, policies, progress=progress.bars())
+        path, rep = report.write_report(run, metrics, figures, evals, bound)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
     run_dir.write_json(f"{run.dir}/timing.json", timing)

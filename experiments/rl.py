@@ -3,7 +3,8 @@
 All arms use the same seeds, task distribution and number of updates; an interrupted arm resumes
 from its last orbax checkpoint.
 """
-from experiments import cli, study
+from experiments import cli, progress
+from jaxagent.study.frozenlake import train
 from jaxagent.study.stages import ARMS
 
 
@@ -14,8 +15,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     with cli.clear_errors():
         run = cli.make_run(args)
-        base = study.run_base(run)
-        study.run_all_arms(run, base, arms=args.arm)
+        base = train.run_base(run, log=print, progress=progress.bars())
+        train.run_all_arms(run, base, arms=args.arm, log=print, progress=progress.bars())
     print(f"policies in {run.dir}/arms")
 
 

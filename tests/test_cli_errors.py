@@ -11,12 +11,13 @@ import time
 
 import pytest
 
-from experiments import base, cli, host_study, reproduce, rl, study, sweep
+from experiments import base, cli, host_study, progress, reproduce, rl, sweep
 from experiments import eval as eval_stage
 from experiments.host_presets import HOST_PRESETS
-from experiments.presets import PRESETS
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study import run_dir
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import Run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -96,7 +97,7 @@ def test_a_missing_checkpoint_is_one_line_and_the_corrected_rerun_runs(capsys, t
 
 def test_a_garbage_done_marker_is_one_line(capsys, tmp_path):
     root = str(tmp_path)
-    run = study.Run(PRESETS["ci"], root)
+    run = Run(PRESETS["ci"], root)
     with open(os.path.join(run.path("base"), "DONE"), "w") as f:
         f.write("\x00garbage")
     run.close()
@@ -156,7 +157,7 @@ def test_a_script_run_as_a_module_names_itself(monkeypatch, capsys):
 # ---------------------------------------------------------------- compile time apart from the step rate
 def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
     lines = []
-    bar = study.ProgressBar(5, "base SFT", "step", log=lines.append)
+    bar = progress.ProgressBar(5, "base SFT", "step", log=lines.append)
     time.sleep(0.6)  # the first step: compiling
     bar.step(loss="1.0")
     assert bar.bar.n == 1 and len(lines) == 1
@@ -170,7 +171,7 @@ def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
     assert bar.bar.n == 5 and fmt["initial"] == 1
     assert fmt["elapsed"] < 0.5  # the bar's clock started after the first step: its rate is 4 steps in ~0.05 s
     bar.close()
-    resumed = study.ProgressBar(10, "grpo seed 0", "iteration", initial=3, log=lines.append)
+    resumed = progress.ProgressBar(10, "grpo seed 0", "iteration", initial=3, log=lines.append)
     resumed.step(success="0.50")
     assert lines[-1].startswith("[grpo seed 0] iteration 4 of 10: ") and resumed.bar.n == 4
     resumed.close()

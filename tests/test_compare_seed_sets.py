@@ -1,10 +1,10 @@
-"""experiments.compare_seed_sets: one row per measured finding (DEFAULT_FINDINGS order, real tier in the title),
+"""jaxagent.study.frozenlake.seed_sets: one row per measured finding (DEFAULT_FINDINGS order, real tier in the title),
 cells "value [CI] **verdict** (why)", verdicts from the same rule as the report."""
 import json
 
 import pytest
 
-from experiments import compare_seed_sets
+from jaxagent.study.frozenlake import seed_sets
 from jaxagent.eval import findings, stats
 
 
@@ -31,7 +31,7 @@ def test_table_rows_cells_and_agreement(tmp_path):
              _est(0.03, -0.05, 0.11, 0.20), 2)
     b = _run(tmp_path, "standard-s5", _est(0.18, 0.12, 0.24, 0.05), _est(0.02, -0.03, 0.07, 0.05),
              _est(0.04, -0.06, 0.12, 0.22), 2)
-    lines = compare_seed_sets.table([a, b]).splitlines()
+    lines = seed_sets.table([a, b]).splitlines()
     assert lines[0].endswith("| same verdict |") and "`standard-s5`" in lines[0]
     assert len(lines) == 5  # header, rule, f1_pass1, f1_breadth, f8 at 25%
     titles = {f.key: f.title for f in findings.DEFAULT_FINDINGS}
@@ -54,11 +54,11 @@ def test_a_row_the_bound_decides_is_untestable(tmp_path):
     m = json.loads((tmp_path / "a" / "metrics.json").read_text())
     m["f8_budgetmix_t25"]["room_hi"] = 0.05  # at most 5 points on the paper's side, E = 7.5
     (tmp_path / "a" / "metrics.json").write_text(json.dumps(m))
-    row = compare_seed_sets.table([a]).splitlines()[4]
+    row = seed_sets.table([a]).splitlines()[4]
     assert f"**{stats.UNTESTABLE}** (the bound allows at most 5 on the paper's side, less than E = 7.5)" in row
     assert "(T=3 of 8: 38% of T_max, not the nominal 25%)" in row
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the eval stage"):
-        compare_seed_sets.table([str(tmp_path)])
+        seed_sets.table([str(tmp_path)])

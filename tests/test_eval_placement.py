@@ -47,12 +47,12 @@ def params(cfg):
 
 
 TS = stages.TaskSettings(t_max=T_MAX, max_action_tokens=4, max_context=128)
-ENV_PARAMS = TS.env_params()  # as experiments/eval.py and the training rollout pass them
+ENV_PARAMS = TS.env_params()  # as the eval stage (jaxagent/study/frozenlake/measure.py) and the training rollout pass them
 
 
 @pytest.fixture(scope="module")
 def rcfg():
-    """experiments/eval.py's RolloutConfig, which equals the training rollout's (temperature 1)."""
+    """The eval stage's RolloutConfig (`measure.eval_setup`), which equals the training rollout's (temperature 1)."""
     return TS.rollout_config(sampler=Sampler(temperature=1.0), allow_forced=True)
 
 

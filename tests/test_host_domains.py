@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce, study
+from experiments import host_study, reproduce
 from experiments.host_presets import HOST_PRESETS
 from jaxagent import sharding
 from jaxagent.envs.host import base as host
@@ -28,6 +28,7 @@ from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import host_error_recovery, host_stages, stages
+from jaxagent.study.frozenlake.run import Run, check_batches
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
 from tests.test_host_step_quality import check_ci_code_finding3
@@ -95,7 +96,7 @@ def test_preset_sizes(name):
     p = HOST_PRESETS[name]
     host_stages.get_domain(p.task.domain)
     data, fsdp, tensor = p.mesh
-    study.check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
+    check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
     assert max(p.eval.ks) <= p.eval.n_samples and p.kl_estimator == "k2"
     tiers = budgets_lib.budget_tiers(p.task.t_max, p.eval.fractions)
     assert tiers[-1] == p.task.t_max and len(set(tiers)) == len(tiers)
@@ -120,9 +121,9 @@ def test_every_domain_has_every_scale():
 
 def test_check_batches_refuses_undividable():
     p = HOST_PRESETS["qwen3-8b-v5p-sql"]
-    study.check_batches(p, 32)
+    check_batches(p, 32)
     with pytest.raises(ValueError, match="micro_batches"):
-        study.check_batches(p, 64)
+        check_batches(p, 64)
 
 
 def test_arm_settings_match_the_frozenlake_study():
@@ -131,7 +132,7 @@ def test_arm_settings_match_the_frozenlake_study():
     for arm in p.arms:
         got = host_study.HostRun.arm_settings(run, arm)
         assert got.kl_estimator == "k2" and got.temperature == p.temperature and got.rl.n_tasks == p.n_tasks
-        assert got == study.Run.arm_settings(run, arm)  # the shared code (temperature 1.0 is the default)
+        assert got == Run.arm_settings(run, arm)  # the shared code (temperature 1.0 is the default)
     hot = pytypes.SimpleNamespace(preset=pytypes.SimpleNamespace(**{**vars(p), "temperature": 0.7}))
     assert host_study.HostRun.arm_settings(hot, "gigpo").temperature == 0.7
 

@@ -15,13 +15,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import cli, host_study, study
+from experiments import cli, host_study
 from experiments.host_presets import HOST_PRESETS
-from experiments.presets import PRESETS
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import BASE_SEED, NonFiniteError, Run, save_policy
+from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -82,9 +84,9 @@ def test_preset_numbers_are_validated_in_run(tmp_path):
                             ({"seeds": (-1,)}, "seeds must be one or more non-negative integers"),
                             ({"dynamics_every": 0}, "dynamics_every must be a positive integer")]:
         with pytest.raises(ValueError, match=message):
-            study.Run(dataclasses.replace(CI, **change), str(tmp_path))
+            Run(dataclasses.replace(CI, **change), str(tmp_path))
     with pytest.raises(ValueError, match="seed_offset must be a non-negative integer"):
-        study.Run(CI, str(tmp_path), seed_offset=-1)
+        Run(CI, str(tmp_path), seed_offset=-1)
 
 
 # ---------------------------------------------------------------- seed offset
@@ -93,17 +95,17 @@ def test_seed_offset_shifts_every_seed_into_its_own_directory(tmp_path, monkeypa
     run = cli.make_run(cli.parser("x", run_options=True).parse_args(
         ["--preset", "ci", "--root", root, "--seed-offset", "3"]))
     assert run.dir == os.path.join(root, "ci-s3")
-    assert run.preset.seeds == (3, 4) and run.seed_offset == 3 and run.base_seed == study.BASE_SEED + 3
+    assert run.preset.seeds == (3, 4) and run.seed_offset == 3 and run.base_seed == BASE_SEED + 3
     assert _config(run)["seed_offset"] == 3 and _config(run)["seeds"] == [3, 4]
     assert run.base_settings()["seed"] == 1003 and run.arm_stage_settings("grpo", 3)["seed"] == 3
     plain = cli.make_run(cli.parser("x", run_options=True).parse_args(["--preset", "ci", "--root", root]))
     assert plain.dir == os.path.join(root, "ci") and plain.preset.seeds == (0, 1) and plain.base_seed == 1000
     assert _config(plain)["seed_offset"] == 0 and _config(run)["seed_offset"] == 3  # both coexist
-    named = study.Run(dataclasses.replace(CI, seeds=(0,)), root, "mine", seed_offset=2)
+    named = Run(dataclasses.replace(CI, seeds=(0,)), root, "mine", seed_offset=2)
     assert named.dir == os.path.join(root, "mine") and named.preset.seeds == (2,)
     # the same directory with another offset: refused
     with pytest.raises(run_dir.SettingsMismatch, match=r"seed_offset: 3 vs 0"):
-        study.Run(CI, root, "ci-s3")
+        Run(CI, root, "ci-s3")
     # the base SFT draws from the shifted key
     seen = {}
 
@@ -113,28 +115,28 @@ def test_seed_offset_shifts_every_seed_into_its_own_directory(tmp_path, monkeypa
 
     monkeypatch.setattr(stages, "train_base", fake_train_base)
     with pytest.raises(Interrupted):
-        study.run_base(run, log=_quiet)
+        run_base(run, log=_quiet)
     assert (seen["key"] == jax.random.key_data(jax.random.key(1003))).all()
 
 
 # ---------------------------------------------------------------- run-level settings
 def test_other_preset_in_the_same_directory_is_refused_by_name(tmp_path):
     root = str(tmp_path)
-    study.Run(CI, root)
+    Run(CI, root)
     quick = dataclasses.replace(PRESETS["quick"], name="quick")
     with pytest.raises(run_dir.SettingsMismatch) as e:
-        study.Run(quick, root, "ci")
+        Run(quick, root, "ci")
     msg = str(e.value)
     assert "model.hidden_size: 32 vs 64" in msg and "name: 'ci' vs 'quick'" in msg and "--force" in msg
-    assert _config(study.Run(CI, root))["name"] == "ci"  # config.json not overwritten by the refused run
+    assert _config(Run(CI, root))["name"] == "ci"  # config.json not overwritten by the refused run
     with pytest.raises(run_dir.SettingsMismatch, match=r"\(1 differ.*\): iterations: 2 vs 3"):
-        study.Run(dataclasses.replace(CI, iterations=3), root)
+        Run(dataclasses.replace(CI, iterations=3), root)
     # where and which never count: mesh, seeds, arms
-    study.Run(dataclasses.replace(CI, seeds=(0, 1, 2), arms=("grpo",)), root)
+    Run(dataclasses.replace(CI, seeds=(0, 1, 2), arms=("grpo",)), root)
     # --force: accepted, recorded, and the cached evaluations of the old settings dropped
     os.makedirs(os.path.join(root, "ci", "eval"))
     open(os.path.join(root, "ci", "eval", "base.json"), "w").write("{}")
-    run = study.Run(dataclasses.replace(CI, iterations=3), root, force=True)
+    run = Run(dataclasses.replace(CI, iterations=3), root, force=True)
     assert _config(run)["iterations"] == 3 and not os.path.exists(os.path.join(root, "ci", "eval"))
 
 
@@ -142,10 +144,10 @@ def test_other_preset_in_the_same_directory_is_refused_by_name(tmp_path):
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("runs"))
-    run = study.Run(CI, root)
+    run = Run(CI, root)
     with open(os.path.join(run.path("base"), "metrics.jsonl"), "w") as f:  # of an SFT killed at step 2
         f.write('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
-    params = study.run_base(run, log=_quiet)
+    params = run_base(run, log=_quiet)
     return dict(root=root, run=run, params=params, out=os.path.join(run.dir, "base"))
 
 
@@ -162,7 +164,7 @@ def test_base_done_marker_records_its_settings(base_run):
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(CI.base.steps))
     before = os.path.getmtime(os.path.join(out, "DONE"))
     logs = []
-    study.run_base(study.Run(CI, base_run["root"]), log=logs.append)
+    run_base(Run(CI, base_run["root"]), log=logs.append)
     assert "done already" in logs[0] and os.path.getmtime(os.path.join(out, "DONE")) == before
 
 
@@ -172,13 +174,13 @@ def test_base_with_other_settings_refused_then_redone_with_force(base_run, tmp_p
     shutil.copytree(base_run["run"].dir, os.path.join(root, "ci"))
     out = os.path.join(root, "ci", "base")
     # config.json already says 5 steps (as an older version would have left it): the DONE marker still refuses
-    study.Run(_steps_changed(5), root, force=True)
+    Run(_steps_changed(5), root, force=True)
     with pytest.raises(run_dir.SettingsMismatch, match=r"stage base: .*base/DONE was made with other settings "
                                                        r"\(1 differ.*\): base\.steps: 4 vs 5.*--force"):
-        study.run_base(study.Run(_steps_changed(5), root), log=_quiet)
+        run_base(Run(_steps_changed(5), root), log=_quiet)
     assert len(_rows(os.path.join(out, "metrics.jsonl"), "step")) == CI.base.steps
-    run = study.Run(_steps_changed(5), root, force=True)
-    study.run_base(run, log=_quiet)
+    run = Run(_steps_changed(5), root, force=True)
+    run_base(run, log=_quiet)
     assert run_dir.done_settings(out)["base"]["steps"] == 5
     assert _rows(os.path.join(out, "metrics.jsonl"), "step") == list(range(5))  # redone, not appended
 
@@ -192,7 +194,7 @@ def test_policy_of_another_model_never_reaches_xla(base_run, tmp_path):
     os.remove(os.path.join(root, "ci", "config.json"))
     wider = dataclasses.replace(CI, model=dataclasses.replace(CI.model, hidden_size=64, intermediate_size=128))
     with pytest.raises(run_dir.SettingsMismatch, match=r"saved for another model config.*hidden_size: 32 vs 64"):
-        study.run_base(study.Run(wider, root, "ci"), log=_quiet)
+        run_base(Run(wider, root, "ci"), log=_quiet)
 
 
 # ---------------------------------------------------------------- RL stage: kills, settings, divergence
@@ -202,11 +204,11 @@ def arm_run(tmp_path_factory):
     checkpoint save of iteration 0 (no checkpoint yet), then of iteration 1 (checkpoint 0 on disk), then
     resumed to the end."""
     root = str(tmp_path_factory.mktemp("runs"))
-    run = study.Run(ONE_ARM, root)
-    study.save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
+    run = Run(ONE_ARM, root)
+    save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
     run_dir.mark_done(run.path("base"))
-    base = study.run_base(run, log=_quiet)
-    rt = study.make_runtime(run, run.arm_settings(ARM))
+    base = run_base(run, log=_quiet)
+    rt = make_runtime(run, run.arm_settings(ARM))
     out = os.path.join(run.dir, "arms", ARM, "seed0")
     real_save = ckpt_lib.save
     seen = {}
@@ -225,9 +227,9 @@ def arm_run(tmp_path_factory):
         for at in (0, 1):
             mp.setattr(ckpt_lib, "save", killed_before_save(at))
             with pytest.raises(Interrupted):
-                study.run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
+                run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
         mp.setattr(ckpt_lib, "save", real_save)
-        params = study.run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
+        params = run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
     return dict(root=root, run=run, base=base, rt=rt, out=out, seen=seen, logs=logs, params=params)
 
 
@@ -260,16 +262,16 @@ def test_arm_with_other_settings_refused_then_redone_with_force(arm_run, tmp_pat
     out = os.path.join(root, "ci", "arms", ARM, "seed0")
     three = dataclasses.replace(ONE_ARM, iterations=3)
     with pytest.raises(run_dir.SettingsMismatch, match=r"iterations: 2 vs 3"):
-        study.Run(three, root)  # the run directory first
-    study.Run(three, root, force=True)  # config.json now says 3 (an older version overwrote it so)
+        Run(three, root)  # the run directory first
+    Run(three, root, force=True)  # config.json now says 3 (an older version overwrote it so)
     rt = arm_run["rt"]
     with pytest.raises(run_dir.SettingsMismatch, match=rf"stage {ARM}/seed0: .*DONE was made with other settings "
                                                        r"\(1 differ.*\): arm\.iterations: 2 vs 3"):
-        study.run_arm(study.Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
+        run_arm(Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
     # an unfinished arm: its checkpoint's recorded settings refuse the same way
     os.remove(os.path.join(out, "DONE"))
     with pytest.raises(run_dir.SettingsMismatch, match=r"ckpt/1 was made with other settings.*arm\.iterations: 2 vs 3"):
-        study.run_arm(study.Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
+        run_arm(Run(three, root), ARM, 0, arm_run["base"], runtime=rt, log=_quiet)
     assert _rows(os.path.join(out, "metrics.jsonl"), "iteration") == [0, 1]  # untouched by the refusals
     # --force: the stage is redone from iteration 0 with the new settings; its cached evaluations go
     ev = os.path.join(root, "ci", "eval")
@@ -277,7 +279,7 @@ def test_arm_with_other_settings_refused_then_redone_with_force(arm_run, tmp_pat
     for f in (f"{ARM}_seed0.json", f"step_quality_{ARM}_seed0.json", "base.json"):
         open(os.path.join(ev, f), "w").write("{}")
     logs = []
-    study.run_arm(study.Run(three, root, force=True), ARM, 0, arm_run["base"], runtime=rt, log=logs.append)
+    run_arm(Run(three, root, force=True), ARM, 0, arm_run["base"], runtime=rt, log=logs.append)
     assert not any("resuming" in str(m) for m in logs)
     assert _rows(os.path.join(out, "metrics.jsonl"), "iteration") == [0, 1, 2]
     assert run_dir.done_settings(out)["arm"]["iterations"] == 3
@@ -301,10 +303,10 @@ def _diverging(rt, how):
     ("skipped", r"iteration 0 diverged: skipped=1 \(share of this iteration's updates the optimizer skipped"),
 ])
 def test_diverged_rl_stage_stops_with_a_clear_error(arm_run, tmp_path, how, message):
-    run = study.Run(ONE_ARM, str(tmp_path))
+    run = Run(ONE_ARM, str(tmp_path))
     shutil.copytree(os.path.join(arm_run["run"].dir, "base"), os.path.join(run.dir, "base"), dirs_exist_ok=True)
-    with pytest.raises(study.NonFiniteError, match=rf"\[{ARM}/seed0\] RL {message}"):
-        study.run_arm(run, ARM, 0, arm_run["base"], runtime=_diverging(arm_run["rt"], how), log=_quiet)
+    with pytest.raises(NonFiniteError, match=rf"\[{ARM}/seed0\] RL {message}"):
+        run_arm(run, ARM, 0, arm_run["base"], runtime=_diverging(arm_run["rt"], how), log=_quiet)
     out = os.path.join(run.dir, "arms", ARM, "seed0")
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))  # nothing of the bad iteration written
     assert ckpt_lib.all_steps(os.path.join(out, "ckpt")) == [] and not run_dir.done(out)
@@ -334,16 +336,16 @@ def test_a_run_directory_held_by_another_process_is_refused_naming_it(tmp_path):
         held = (rf"run directory {re.escape(ci)} is in use by pid {holder.pid} "
                 r"\(started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: ")
         with pytest.raises(run_dir.RunDirInUse, match=held + r"-c .*\); wait for it to end, or choose another"):
-            study.Run(CI, root)
+            Run(CI, root)
         with pytest.raises(run_dir.RunDirInUse, match=rf"run directory {re.escape(sql)} is in use by pid {holder.pid}"):
             host_study.HostRun(HOST_PRESETS["ci-sql"], root)
         assert sorted(os.listdir(ci)) == [".lock"] and sorted(os.listdir(sql)) == [".lock"]  # nothing written
     finally:
         holder.communicate(input="")
-    run = study.Run(CI, root)  # the holder ended: its lock went with it
+    run = Run(CI, root)  # the holder ended: its lock went with it
     assert os.path.isfile(os.path.join(ci, "config.json"))
     # in this process the directory's lock is shared by its Run objects and dropped with the last one
-    again = study.Run(CI, root)
+    again = Run(CI, root)
     run.close()
     assert run_dir.is_locked(ci)
     again.close()
@@ -391,7 +393,7 @@ def test_in_a_multi_process_job_process_0_locks_for_the_job(tmp_path):
 # ---------------------------------------------------------------- markers and checks before writing
 @pytest.mark.parametrize("content", ["garbage", "", "[1, 2]", '{"finished": "2026-'])
 def test_a_done_marker_that_is_not_a_json_object_is_an_error_not_a_finished_stage(tmp_path, content):
-    run = study.Run(CI, str(tmp_path))
+    run = Run(CI, str(tmp_path))
     out = run.path("base")
     with open(os.path.join(out, "DONE"), "w") as f:
         f.write(content)
@@ -400,7 +402,7 @@ def test_a_done_marker_that_is_not_a_json_object_is_an_error_not_a_finished_stag
         run.stage_done(out, run.base_settings(), "base")
     with pytest.raises(run_dir.InvalidMarker):
         run_dir.done(out)
-    forced = study.Run(CI, str(tmp_path), force=True)
+    forced = Run(CI, str(tmp_path), force=True)
     assert forced.stage_done(out, forced.base_settings(), "base") is False  # with --force: redone
     assert not os.path.exists(os.path.join(out, "DONE"))
     run_dir.mark_done(out, {"finished": "x"})  # an older version's marker (no settings) is still one
@@ -410,19 +412,19 @@ def test_a_done_marker_that_is_not_a_json_object_is_an_error_not_a_finished_stag
 def test_a_missing_or_bad_checkpoint_is_refused_before_the_run_directory_is_written(tmp_path):
     root = str(tmp_path / "runs")
     with pytest.raises(CheckpointError, match=r"checkpoint directory '/nonexistent' does not exist"):
-        study.Run(dataclasses.replace(CI, checkpoint="/nonexistent"), root, "x")
+        Run(dataclasses.replace(CI, checkpoint="/nonexistent"), root, "x")
     assert not os.path.exists(root)  # not even the run directory: the corrected rerun is not refused
     small = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     ckpt = host_study.write_tiny_checkpoint(str(tmp_path / "small"), small)  # the real tokenizer: 151,669 ids
     with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids but the model in \S*small has "
                                               r"vocab_size 40"):
-        study.Run(dataclasses.replace(CI, checkpoint=ckpt), root, "x")
+        Run(dataclasses.replace(CI, checkpoint=ckpt), root, "x")
     with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids"):
         host_study.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], checkpoint=ckpt), root, "h")
     assert not os.path.exists(root)
     good = host_study.write_tiny_checkpoint(str(tmp_path / "good"), dataclasses.replace(small, vocab_size=151936))
-    run = study.Run(dataclasses.replace(CI, checkpoint=good), root, "x")
+    run = Run(dataclasses.replace(CI, checkpoint=good), root, "x")
     assert run.cfg.vocab_size == 151936 and _config(run)["checkpoint"] == good
 
 
@@ -431,11 +433,11 @@ def test_a_root_that_is_a_file_or_read_only_is_one_clear_error(tmp_path):
     f.write_text("x")
     with pytest.raises(run_dir.InvalidRunDir, match=rf"cannot make run directory {re.escape(str(f))}/ci: "
                                                     rf"{re.escape(str(f))} is a file, not a directory"):
-        study.Run(CI, str(f))
+        Run(CI, str(f))
     with pytest.raises(run_dir.InvalidRunDir, match=r"is a file, not a directory"):
-        study.Run(CI, str(tmp_path), "passwd")
+        Run(CI, str(tmp_path), "passwd")
     if os.geteuid() != 0:  # root writes anywhere
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
         with pytest.raises(run_dir.InvalidRunDir, match="Permission denied"):
-            study.Run(CI, str(ro))
+            Run(CI, str(ro))

@@ -1,8 +1,8 @@
-"""`study.SavedPolicies`: the studies keep no trained policy on the device between uses; each is read from its
+"""`SavedPolicies`: the studies keep no trained policy on the device between uses; each is read from its
 run directory when asked for (an accelerator run's arms x seeds would not fit beside the train state)."""
 import pytest
 
-from experiments import study
+from jaxagent.study.frozenlake.train import SavedPolicies
 
 
 def test_saved_policies_load_on_demand_and_keep_nothing():
@@ -12,7 +12,7 @@ def test_saved_policies_load_on_demand_and_keep_nothing():
         calls.append((arm, seed))
         return {"w": (arm, seed)}
 
-    pol = study.SavedPolicies([("ppo", 1), ("grpo", 1), ("grpo", 0)], load)
+    pol = SavedPolicies([("ppo", 1), ("grpo", 1), ("grpo", 0)], load)
     assert list(pol) == [("grpo", 0), ("grpo", 1), ("ppo", 1)] and len(pol) == 3 and calls == []
     assert [s for a, s in pol if a == "grpo"] == [0, 1] and calls == []   # keys alone load nothing
     assert pol[("grpo", 1)] == {"w": ("grpo", 1)} and calls == [("grpo", 1)]

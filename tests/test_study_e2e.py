@@ -11,11 +11,12 @@ import os
 import numpy as np
 import pytest
 
-from experiments import eval as eval_stage
-from experiments import reproduce, study
-from experiments.presets import PRESETS
+from experiments import reproduce
 from jaxagent.eval import health, report, stats
 from jaxagent.eval import findings as findings_lib
+from jaxagent.study.frozenlake import evaluate, measure
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import Run
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def test_pass_at_k_gaps_come_from_the_eval_files(ci_run, outputs):
     assert metrics[f"{prefix}.mean"] == pytest.approx(gap, abs=1e-9)
     assert metrics[f"{prefix}.n_seeds"] == 2 and metrics[f"{prefix}.method"] == stats.T_SEEDS
     # the two seeds were evaluated on different held-out maps
-    maps = [eval_stage.heldout_tasks(study.Run(PRESETS["ci"], os.path.dirname(ci_run), "ci"), s) for s in (0, 1)]
+    maps = [measure.heldout_tasks(Run(PRESETS["ci"], os.path.dirname(ci_run), "ci"), s) for s in (0, 1)]
     assert not np.array_equal(np.asarray(maps[0]), np.asarray(maps[1]))
     # f2 prints the share of solvable tight-tier tasks, and the real tier in its title
     f2 = next(f for f in findings_lib.DEFAULT_FINDINGS if f.key == "f2_shrink_frozenlake")
@@ -192,9 +193,9 @@ def included(ci_run):
     mp.setattr(health, "classify_seed",
                lambda recs: dataclasses.replace(orig(recs), status=health.DEGRADED, reason="forced in by the test"))
     try:
-        run = study.Run(PRESETS["ci"], os.path.dirname(ci_run), "ci")
+        run = Run(PRESETS["ci"], os.path.dirname(ci_run), "ci")
         base = run.load_policy(os.path.join(run.dir, "base"))
-        metrics, figures, _, _ = eval_stage.evaluate(run, base, eval_stage.collect_policies(run))
+        metrics, figures, _, _ = evaluate.evaluate(run, base, measure.collect_policies(run))
     finally:
         mp.undo()
     return metrics, report.build_report(metrics, run.dir, figures=figures)
@@ -261,7 +262,7 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
 
 def _recomputed(ci_run):
     """Run numbers recomputed from the run's raw files (the training logs, the per-policy eval files, the bound
-    stored next to them), never read from metrics.json or computed by report.py / experiments.eval: key -> value."""
+    stored next to them), never read from metrics.json or computed by report.py / jaxagent.study.frozenlake: key -> value."""
     want = {}
     for arm in ("grpo", "budgetmix"):
         for s in (0, 1):

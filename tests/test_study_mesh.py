@@ -12,12 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import cli, study
-from experiments.presets import PRESETS
+from experiments import cli
 from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
+from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.run import Run, save_policy
+from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 MESH = (2, 2, 2)
 ITERATIONS = 2
@@ -39,12 +41,12 @@ def _preset(**kw):
 def mesh_run(tmp_path_factory):
     """Base (random init, saved and reloaded onto the mesh) -> RL arm killed after checkpoint 0 -> resumed."""
     root = str(tmp_path_factory.mktemp("runs"))
-    run = study.Run(_preset(), root)
+    run = Run(_preset(), root)
     assert run.mesh is not None and dict(run.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     # The base stage as for a checkpoint preset: a saved policy, loaded onto the mesh (skips the SFT compile).
-    study.save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
+    save_policy(os.path.join(run.path("base"), "policy"), run.cfg, qwen3.init(run.cfg, jax.random.key(3)))
     run_dir.mark_done(run.path("base"))
-    base = study.run_base(run, log=lambda *_: None)
+    base = run_base(run, log=lambda *_: None)
 
     seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}
     real_rollout, real_make_step, real_save = stages.rollout, stages.make_train_step, ckpt_lib.save
@@ -67,12 +69,12 @@ def mesh_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "rollout", spy_rollout)
         mp.setattr(stages, "make_train_step", spy_make_step)
-        rt = study.make_runtime(run, run.arm_settings(ARM))
+        rt = make_runtime(run, run.arm_settings(ARM))
         mp.setattr(ckpt_lib, "save", save_then_stop)
         with pytest.raises(Interrupted):
-            study.run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
+            run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
         mp.setattr(ckpt_lib, "save", real_save)
-        params = study.run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
+        params = run_arm(run, ARM, 0, base, runtime=rt, log=logs.append)
     return dict(run=run, base=base, params=params, rt=rt, seen=seen, logs=logs,
                 out=os.path.join(run.dir, "arms", ARM, "seed0"))
 
@@ -158,16 +160,16 @@ def test_checkpoint_restores_into_the_mesh_shardings(mesh_run):
 def test_mesh_that_does_not_fit_the_devices_is_a_clear_error(tmp_path):
     assert jax.device_count() == 8
     with pytest.raises(ValueError, match=r"\(2, 2, 1\).*jax\.device_count\(\) = 8"):
-        study.Run(_preset(mesh=(2, 2, 1)), str(tmp_path))
+        Run(_preset(mesh=(2, 2, 1)), str(tmp_path))
     with pytest.raises(ValueError, match="data x fsdp = 8"):
-        study.Run(_preset(mesh=(2, 4, 1), n_tasks=1), str(tmp_path))
+        Run(_preset(mesh=(2, 4, 1), n_tasks=1), str(tmp_path))
     with pytest.raises(ValueError, match="compute_dtype"):
-        study.Run(_preset(compute_dtype="bf17"), str(tmp_path))
+        Run(_preset(compute_dtype="bf17"), str(tmp_path))
     assert not os.listdir(tmp_path)  # nothing written before the checks
 
 
 def test_one_device_mesh_runs_unsharded(tmp_path):
-    run = study.Run(dataclasses.replace(PRESETS["ci"], mesh=(1, 1, 1)), str(tmp_path))
+    run = Run(dataclasses.replace(PRESETS["ci"], mesh=(1, 1, 1)), str(tmp_path))
     assert run.mesh is None and run.compute_dtype == jnp.float32
     assert stages.resolve_compute_dtype(run.compute_dtype) is None  # float32: nothing cast, the plain program
 

@@ -1,12 +1,14 @@
 """The toy presets: budget tiers at the exact fractions of T_max, contexts that hold every episode and the plan
-prompt, a base SFT at the full budget with plan episodes, and R_single's held-out sizes."""
+prompt, a base SFT at the full budget with plan episodes, and R_single's held-out sizes; a preset with a command line's overrides (`with_overrides`)."""
 from fractions import Fraction
 
 import pytest
 
-from experiments.presets import PRESETS, EvalSettings
 from jaxagent.envs.jax.budgets import budget_text, budget_tiers
 from jaxagent.study import plan_mode
+from jaxagent.study.frozenlake import presets
+from jaxagent.study.frozenlake.presets import PRESETS, EvalSettings
+from jaxagent.study.run_dir import InvalidSettings
 from jaxagent.study.toy import make_toy_world
 
 TOY = ("quick", "standard", "full", "ci")
@@ -64,3 +66,15 @@ def test_r_single_sizes():
     assert (EvalSettings().n_plan_tasks, EvalSettings().n_plan_samples) == (64, 8)
     assert (PRESETS["quick"].eval.n_plan_tasks, PRESETS["quick"].eval.n_plan_samples) == (32, 4)
     assert (PRESETS["ci"].eval.n_plan_tasks, PRESETS["ci"].eval.n_plan_samples) == (4, 2)
+
+
+def test_with_overrides():
+    p = presets.with_overrides("ci", iterations=3, seeds=[4, 5], mesh=[1, 1, 1], remat="none", micro_batches=2)
+    assert (p.iterations, p.seeds, p.mesh, p.remat, p.micro_batches) == (3, (4, 5), (1, 1, 1), None, 2)
+    assert presets.with_overrides(PRESETS["quick"]) == PRESETS["quick"]  # None / empty keep the preset's values
+    assert presets.with_overrides("ci", remat="dots").remat == "dots"
+    with pytest.raises(InvalidSettings, match="needs --checkpoint"):
+        presets.with_overrides("qwen3-0.6b-1gpu")
+    assert presets.with_overrides("qwen3-0.6b-1gpu", checkpoint="/ckpt").checkpoint == "/ckpt"
+    with pytest.raises(InvalidSettings, match="unknown preset 'nope'"):
+        presets.with_overrides("nope")

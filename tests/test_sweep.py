@@ -1,11 +1,13 @@
-"""experiments/sweep.py's base grid: each SFT setting trains a base and reports its held-out figures."""
+"""experiments/sweep.py's base grid (`jaxagent.study.frozenlake.sweep.sweep_base`): each SFT setting trains a base
+and reports its held-out figures."""
 import json
 
 from experiments import sweep
+from jaxagent.study.frozenlake import sweep as sweep_lib
 
 
 def test_base_grid_reports_each_setting(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sweep.BASE_GRIDS, "base", {"two_steps": dict(steps=2), "three_steps": dict(steps=3)})
+    monkeypatch.setitem(sweep_lib.BASE_GRIDS, "base", {"two_steps": dict(steps=2), "three_steps": dict(steps=3)})
     out = tmp_path / "rows.jsonl"
     sweep.main(["--preset", "ci", "--grid", "base", "--heldout-tasks", "2", "--heldout-samples", "2",
                 "--root", str(tmp_path), "--seed-offset", "3", "--out", str(out)])

@@ -122,7 +122,7 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
 
 def qwen3_world(preset) -> ToyWorld:
     """The FrozenLake world of an accelerator run (the real Qwen3 tokenizer and chat layout), as
-    `experiments.study.Run` builds it from a checkpoint."""
+    `jaxagent.study.frozenlake.run.Run` builds it from a checkpoint."""
     tok = qwen3_tokenizer()
     codec = env_codec(tok, FrozenLake.vocabulary(), FrozenLake.ACTION_STRINGS, word_level=False)
     return ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
@@ -138,7 +138,7 @@ def toy_world(preset) -> ToyWorld:
 
 def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0,
                     rules=None, mesh_context: bool = True) -> Program:
-    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn and experiments/eval.py's rollouts
+    """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn and the FrozenLake eval stage's rollouts (jaxagent/study/frozenlake)
     (`driver_common.run_rollouts(mesh=, compute_dtype=)`) call it (with rules=`sharding.ROLLOUT_RULES`):
     params (in `dtype`) on their shardings per `rules` (default `sharding.RULES`), tasks split over the
     batch axes, the rest replicated; with `mesh_context`, lowered under `jax.set_mesh(mesh)` (the model
@@ -166,7 +166,7 @@ def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, 
 
 
 def preset_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
-    """Every program a run of the FrozenLake study's `preset` (experiments/presets.py) executes on the
+    """Every program a run of the FrozenLake study's `preset` (jaxagent/study/frozenlake/presets.py) executes on the
     accelerator, for the model `cfg` on `mesh` (the preset's mesh over the topology's chips), its arms'
     settings `arms` (`stages.ArmSettings`, one per preset arm, as the study makes them); `only`: just these
     names (the others are not even built). What the run holds beside each program: `Resident`."""
@@ -202,7 +202,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
                              analytic_flops(cfg, b, seq, backward=False, unembed_positions=0),
                              f"{b} rows x {seq} tokens, {preset.micro_batches} row chunks "
                              "(stages.make_arm_runtime values_fn)"))
-    # evaluation (experiments/eval.py): rollouts in chunks of n_tasks x group_size placed as the training
+    # evaluation (jaxagent/study/frozenlake): rollouts in chunks of n_tasks x group_size placed as the training
     # rollout (compute dtype, `ROLLOUT_RULES`, under the mesh: `eval.placement`); scoring on the f32 params
     if want("rollout_eval"):
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_eval",
@@ -217,7 +217,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
 
 
 def eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
-    """The evaluation drivers' jits (`jaxagent.eval.scoring`) as experiments/eval.py runs them: likelihood
+    """The evaluation drivers' jits (`jaxagent.eval.scoring`) as the FrozenLake eval stage runs them: likelihood
     (`scoring.teacher_forced_logprobs`, chunks of b rows) and reply scoring (`scoring.reply_logprobs`, chunks
     of `eval.score_batch` states), f32 params on `sharding.RULES`, rows over the batch axes, under the mesh."""
     rep = sharding.replicated(mesh)
@@ -232,7 +232,7 @@ def eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
                          f"likelihood: teacher-forced, {b} rows x {seq} tokens"))
     replies, rlens = scoring.canonical_replies(world)
     split = sharding.batch_divisor(mesh)
-    sb = -(-16 // split) * split  # experiments/eval.py's score_batch
+    sb = -(-16 // split) * split  # jaxagent.study.frozenlake.measure.score_batch
     ctx = jax.ShapeDtypeStruct((sb, seq), jnp.int32, sharding=sharding.batch_sharding(mesh, 2, batch_size=sb))
     ctx_len = jax.ShapeDtypeStruct((sb,), jnp.int32, sharding=sharding.batch_sharding(mesh, 1, batch_size=sb))
     rep_abs = (jax.ShapeDtypeStruct(replies.shape, jnp.int32, sharding=rep),

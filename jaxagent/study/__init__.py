@@ -1,6 +1,7 @@
 """The study's stages as library functions (the experiments/ scripts are thin wrappers around them): the toy
 world (`make_toy_world`: word-level tokenizer, FrozenLake, chat layout), the SFT base (`train_base`), the RL
-arms (`train_rl`), and the host domains (SQL, BFCL, code: `make_host_world`, `train_host_rl`).
+arms (`train_rl`), and the host domains (SQL, BFCL, code: `make_host_world`, `train_host_rl`). The FrozenLake
+study itself (presets, run directory, training and eval stages, report, sweeps): `jaxagent.study.frozenlake`.
 
 The names below load their module on first use (the study pulls in every layer)."""
 import importlib

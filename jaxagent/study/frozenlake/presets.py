@@ -1,10 +1,12 @@
-"""Study presets: frozen dataclasses, one per scale. `quick` is the README's default (a 2-core CPU)."""
+"""The FrozenLake study's presets: frozen dataclasses, one per scale (`PRESETS`). `quick` is the README's
+default (a 2-core CPU). `with_overrides` gives a preset with a command line's changes applied."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
 from jaxagent.models.config import Qwen3Config
+from jaxagent.study.run_dir import InvalidSettings
 from jaxagent.study.stages import BaseSettings, TaskSettings
 
 
@@ -147,3 +149,38 @@ PRESETS: dict[str, Preset] = {
         eval=EvalSettings(n_tasks=4, n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_states=4, n_error_states=4,
                           n_boot=50, n_plan_tasks=4, n_plan_samples=2)),
 }
+
+
+def needs_checkpoint(preset: Preset) -> bool:
+    """Whether the preset runs a real Qwen3 (the accelerator presets) and so needs a checkpoint directory."""
+    return preset.name.startswith("qwen3") and not preset.checkpoint
+
+
+def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, iterations: Optional[int] = None,
+                   seeds=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
+                   remat: Optional[str] = None) -> Preset:
+    """`preset` (or `PRESETS[preset]`) with the given fields replaced; a None (or empty) argument keeps the
+    preset's value, and remat "none" means no activation checkpointing. InvalidSettings when an accelerator
+    preset is left without a checkpoint directory, or the name is unknown."""
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise InvalidSettings(f"unknown preset {preset!r}; the presets: {', '.join(sorted(PRESETS))}")
+        preset = PRESETS[preset]
+    changes = {}
+    if checkpoint:
+        changes["checkpoint"] = checkpoint
+    if iterations is not None:
+        changes["iterations"] = iterations
+    if seeds:
+        changes["seeds"] = tuple(seeds)
+    if mesh:
+        changes["mesh"] = tuple(mesh)
+    if compute_dtype:
+        changes["compute_dtype"] = compute_dtype
+    if micro_batches:
+        changes["micro_batches"] = micro_batches
+    if remat:
+        changes["remat"] = None if remat == "none" else remat
+    if needs_checkpoint(dataclasses.replace(preset, **{k: v for k, v in changes.items() if k == "checkpoint"})):
+        raise InvalidSettings(f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
+    return dataclasses.replace(preset, **changes)

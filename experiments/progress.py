@@ -1,0 +1,44 @@
+"""The study scripts' progress bars: the `progress` the training and eval stages of `jaxagent.study.frozenlake`
+report their steps to, shown with tqdm on process 0."""
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from jaxagent.study.run_dir import is_main_process
+
+
+class ProgressBar:
+    """A tqdm bar over a stage's steps that starts after the first step. The first one also compiles the
+    stage's programs, which on a CPU takes many times a later step (the `ci` preset's first SFT step: 25 s, the
+    next three: a fraction of a second), so it gets its own line with its seconds and the bar's rate and ETA count
+    only the steps after it. Process 0 only."""
+
+    def __init__(self, total: int, desc: str, unit: str, *, initial: int = 0, log=print):
+        self.total, self.desc, self.unit, self.initial, self.log = total, desc, unit, initial, log
+        self.t0, self.bar = time.time(), None
+
+    def step(self, **postfix) -> None:
+        if self.bar is None:
+            if is_main_process():
+                self.log(f"[{self.desc}] {self.unit} {self.initial + 1} of {self.total}: {time.time() - self.t0:.1f} s "
+                         f"(it compiles the programs the first time they run; the rate below counts the "
+                         f"{self.unit}s after it)")
+            self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit[:4], initial=self.initial + 1,
+                            disable=not is_main_process())
+        else:
+            self.bar.update(1)
+        self.bar.set_postfix(**postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+
+def bars(log=print):
+    """The `progress` argument of the library's stages: a `ProgressBar` per stage, its first-step line to `log`."""
+    def progress(total: int, desc: str, unit: str, *, initial: int = 0) -> ProgressBar:
+        return ProgressBar(total, desc, unit, initial=initial, log=log)
+    return progress

@@ -1,0 +1,118 @@
+"""The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts):
+1 (held-out Pass@1 at full budget, and the RL - base gap as K grows), 6's R_multi (the same final-minus-base
+change), 2 (the gap at the tightest tier minus the gap at full budget, on the tasks solvable there), 7 and 8
+(an arm against GRPO at K=1 on the tasks solvable at the tier, paired by seed index), and beyond the paper the
+announced vs hidden budget per arm.
+
+Every row is judged where a difference is possible: at K=1, at a tight tier on the held-out tasks the exact
+solver can solve there (p* > 0), with the room the structural bound allows the difference (`Estimator.room`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxagent.study.frozenlake.context import EvalContext
+from jaxagent.study.frozenlake.estimates import mean
+from jaxagent.study.frozenlake.measure import MAIN_ARM
+
+
+def pass_row(ctx: EvalContext, key, t_i, k_i, comparator, other, pair_arms, on_solvable=False):
+    """other - comparator Pass@K at tier t_i per seed (paired by task, optionally on the tasks solvable at
+    t_i), with rows .base (comparator), .rl (other), .bound and the room (-comparator, bound - comparator)."""
+    est, bound_pt, solvable = ctx.est, ctx.bound_per_task(), ctx.solvable()
+    units, lo, hi, cb, ob, ub = {}, {}, {}, {}, {}, {}
+    for s in comparator:
+        use = solvable[s][t_i] if on_solvable else np.ones(bound_pt[s].shape[-1], bool)
+        c, o, u = comparator[s][t_i, k_i][use], other[s][t_i, k_i][use], bound_pt[s][t_i, k_i][use]
+        units[s] = o - c
+        cb[s], ob[s], ub[s] = mean(c), mean(o), mean(u)
+        lo[s], hi[s] = -cb[s], ub[s] - cb[s]
+    est.put(f"{key}.diff", units, pair_arms)
+    est.mean(f"{key}.base", cb, pair_arms)
+    est.mean(f"{key}.rl", ob, pair_arms)
+    est.mean(f"{key}.bound", ub, pair_arms)
+    est.room(key, lo, hi, pair_arms)
+
+
+def main_arm_per_task(ctx: EvalContext) -> dict:
+    """seed -> MAIN_ARM's per_task on that seed's maps."""
+    return {s: ctx.per_task(f"{MAIN_ARM}/seed{s}") for s in ctx.arm_seeds(MAIN_ARM)}
+
+
+def headline_rows(ctx: EvalContext) -> None:
+    """Finding 1: held-out Pass@1 at full budget (and 6's R_multi, the same final-minus-base change); the RL -
+    base gap at full budget per K, judged at the largest K."""
+    seeds, main, rl, base_pt = ctx.arm_seeds(MAIN_ARM), [MAIN_ARM], main_arm_per_task(ctx), ctx.base_per_task()
+    base_by = {s: base_pt[s] for s in seeds}
+    full, k1_i = ctx.full, ctx.k1_i
+    pass_row(ctx, "f1_pass1", full, k1_i, base_by, rl, main)
+    pass_row(ctx, "f6_r_multi", full, k1_i, base_by, rl, main)
+    for k_i, k in enumerate(ctx.ks):
+        e = ctx.est.put(f"f1_breadth.k{k}", {s: rl[s][full, k_i] - base_pt[s][full, k_i] for s in seeds}, main)
+        ctx.m[f"f1_breadth.gap_k{k}"] = e.mean
+    pass_row(ctx, "f1_breadth", full, ctx.kmax_i, base_by, rl, main)
+
+
+def shrink_row(ctx: EvalContext) -> None:
+    """Finding 2: K=1 on the tasks solvable at the tightest tier, gap(tight) - gap(full) on those tasks; room:
+    RL(tight) in [0, U(tight)], so the difference lies in [-base(tight) - gap(full), U - base - gap(full)]."""
+    seeds, main, rl, base_pt = ctx.arm_seeds(MAIN_ARM), [MAIN_ARM], main_arm_per_task(ctx), ctx.base_per_task()
+    bound_pt, solvable = ctx.bound_per_task(), ctx.solvable()
+    full, tight, k1_i = ctx.full, ctx.tight, ctx.k1_i
+    key = "f2_shrink_frozenlake"
+    units, lo, hi, vals = {}, {}, {}, {n: {} for n in ("base_full", "rl_full", "base_tight", "rl_tight",
+                                                         "bound_tight", "gap_full", "gap_tight", "solvable")}
+    for s in seeds:
+        use = solvable[s][tight]
+        b_t, r_t = base_pt[s][tight, k1_i][use], rl[s][tight, k1_i][use]
+        b_f, r_f = base_pt[s][full, k1_i][use], rl[s][full, k1_i][use]
+        units[s] = (r_t - b_t) - (r_f - b_f)
+        for n, v in (("base_full", b_f), ("rl_full", r_f), ("base_tight", b_t), ("rl_tight", r_t),
+                     ("bound_tight", bound_pt[s][tight, k1_i][use]), ("gap_full", r_f - b_f),
+                     ("gap_tight", r_t - b_t), ("solvable", use)):
+            vals[n][s] = mean(v)
+        lo[s] = -vals["base_tight"][s] - vals["gap_full"][s]
+        hi[s] = vals["bound_tight"][s] - vals["base_tight"][s] - vals["gap_full"][s]
+    ctx.est.put(f"{key}.diff", units, main)
+    for n, v in vals.items():
+        ctx.est.mean(f"{key}.{n}" if n != "solvable" else f"{key}.solvable_tight", v, main)
+    ctx.est.room(key, lo, hi, main)
+    ctx.m[f"{key}.tier_turns"] = float(ctx.tiers[tight])
+
+
+def arm_rows(ctx: EvalContext) -> None:
+    """Findings 7 (grpo_oracle, tightest tier) and 8 (budgetmix, every tier at 25/50/75/100% of T_max): the arm
+    against GRPO at K=1 on the tasks solvable at the tier, paired by seed index (every arm starts seed s from the
+    same key and is evaluated on seed s's maps)."""
+    seeds, rl = ctx.arm_seeds(MAIN_ARM), main_arm_per_task(ctx)
+    for other, key, t_list in (("grpo_oracle", "f7_process_frozenlake", [(ctx.tight, None)]),
+                               ("budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)))):
+        if other not in ctx.arms:
+            continue
+        both = sorted(set(seeds) & set(ctx.arm_seeds(other)))
+        oth = {s: ctx.per_task(f"{other}/seed{s}") for s in both}
+        for t_i, frac in t_list:
+            if frac is not None:
+                pct = int(round(100 * frac))
+                if pct not in (25, 50, 75, 100):
+                    continue
+                name = f"{key}_t{pct}"
+            else:
+                name = key
+            pass_row(ctx, name, t_i, ctx.k1_i, {s: rl[s] for s in both}, oth, [MAIN_ARM, other], on_solvable=True)
+            ctx.m[f"{name}.tier_turns"] = float(ctx.tiers[t_i])
+
+
+def hidden_budget_rows(ctx: EvalContext) -> None:
+    """Beyond the paper: announced vs hidden budget per arm at the tightest tier (largest K), the base over every
+    seed's maps, an arm over its included seeds."""
+    tight, kmax_i = ctx.tight, ctx.kmax_i
+    for arm in ["base"] + ctx.arms:
+        if arm == "base":
+            base_pt = ctx.base_per_task()
+            a = np.mean([base_pt[s] for s in ctx.all_seeds], axis=0)
+            h = np.mean([ctx.per_task(f"base/seed{s}", "hidden") for s in ctx.all_seeds], axis=0)
+        else:
+            a, h = ctx.arm_per_task(arm), ctx.arm_per_task(arm, "hidden")
+        ctx.m[f"x_hidden.{arm}.announced_tight"] = float(a[tight, kmax_i].mean())
+        ctx.m[f"x_hidden.{arm}.hidden_tight"] = float(h[tight, kmax_i].mean())
