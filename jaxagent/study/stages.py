@@ -358,17 +358,17 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
         # rows over the mesh's batch axes and `micro_batches` row chunks (`critic.make_values_fn`)
         values_jit = critic_lib.make_values_fn(cfg, mesh=mesh, micro_batches=micro_batches, remat=remat,
                                                compute_dtype=cdt)
-        values_fn = values_jit
-        if mesh is not None:
-            def values_fn(cp, toks):
-                return values_jit(jax.device_put(cp, st_sh.critic_params), jax.device_put(toks, row_sh))
+
+        def placed_values(cp, toks):
+            return values_jit(jax.device_put(cp, st_sh.critic_params), jax.device_put(toks, row_sh))
+        values_fn = values_jit if mesh is None else placed_values
     logprobs_fn = None
     if tis_cap is not None:  # decoupled PPO + TIS over several updates (`rl_iteration`): pi_old from the trainer
         logprobs_jit = make_logprobs_fn(cfg, mesh=mesh, micro_batches=micro_batches, remat=remat, compute_dtype=cdt)
-        logprobs_fn = logprobs_jit
-        if mesh is not None:
-            def logprobs_fn(params, toks):
-                return logprobs_jit(jax.device_put(params, st_sh.params), jax.device_put(toks, row_sh))
+
+        def placed_logprobs(params, toks):
+            return logprobs_jit(jax.device_put(params, st_sh.params), jax.device_put(toks, row_sh))
+        logprobs_fn = logprobs_jit if mesh is None else placed_logprobs
     return ArmRuntime(rollout_fn, step, opt, copt, values_fn, vs, mesh, st_sh, with_ref, logprobs_fn)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import jax
 import numpy as np
 
 from jaxagent.envs.jax.budgets import BudgetFormat

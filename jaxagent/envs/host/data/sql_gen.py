@@ -205,7 +205,7 @@ def _sql_literal(v) -> str:
 
 def _script(world: World, parents: list[dict], children: list[dict]) -> str:
     def create(table: Table, extra: str = "") -> str:
-        cols = [f"    id INTEGER PRIMARY KEY", f"    {table.name_col} TEXT NOT NULL"]
+        cols = ["    id INTEGER PRIMARY KEY", f"    {table.name_col} TEXT NOT NULL"]
         cols += [f"    {c.name} TEXT NOT NULL" for c in table.cats]
         cols += [f"    {c.name} {'REAL' if c.real else 'INTEGER'} NOT NULL" for c in table.nums]
         if extra:
