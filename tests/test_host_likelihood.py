@@ -1,4 +1,4 @@
-"""Finding 5 on a host domain (`jaxagent.study.host_likelihood`): the episodes' token records in the eval log, the
+"""Finding 5 on a host domain (`jaxagent.study.host.likelihood`): the episodes' token records in the eval log, the
 teacher-forced scoring checked against a direct computation with the model, the length-matched pairing rule on
 hand-made numbers, the seed-aware metrics and the report section, and the ci-bfcl miniature end to end."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from jaxagent.eval import likelihood as lk, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study import host_eval, host_likelihood as hl, host_report, host_stages
+from jaxagent.study.host import metrics as host_metrics, likelihood as hl, report as host_report, stages as host_stages
 
 
 def _record(tokens, spans):
@@ -188,7 +188,7 @@ def _seed(shift):
 def test_likelihood_metrics_hand_made_numbers_and_report():
     m = {}
     scored = {0: _seed(10.0), 1: _seed(20.0), 2: _seed(30.0), 3: _seed(500.0)}
-    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_eval.put_estimate))
+    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_metrics.put_estimate))
     # pairs: rl0-base0 (task 0, 105 vs 100) and rl2-base2 (task 1, 58 vs 60); rl1 has no base partner of 70 tokens
     assert m["bfcl.f5_matched.seed0.n_pairs"] == 2 and m["bfcl.f5_matched.seed0.n_tasks"] == 2
     assert m["bfcl.f5_matched.n_pairs"] == 6 and m["bfcl.f5_matched.n_tasks"] == 2
@@ -216,11 +216,11 @@ def test_likelihood_metrics_hand_made_numbers_and_report():
     assert m["bfcl.f5_llr_success.base"] == pytest.approx(1.5)
     assert m["bfcl.f5_llr_success.all_base"] == pytest.approx(10 / 8)
     assert "bfcl.note.f5_matched" not in m
-    findings = host_eval.domain_findings("bfcl", "BFCL")
+    findings = host_metrics.domain_findings("bfcl", "BFCL")
     keys = [f.key for f in findings]
     assert {"bfcl.f5_nll", "bfcl.f5_llr_rl", "bfcl.f5_matched"} <= set(keys) and "bfcl.f5_llr_success" not in keys
     assert keys.index("bfcl.f4_correction") < keys.index("bfcl.f5_matched") < keys.index("bfcl.f7_gigpo")
-    assert not any(k.startswith("sql.f5") for k in (f.key for f in host_eval.domain_findings("sql", "SQL")))
+    assert not any(k.startswith("sql.f5") for k in (f.key for f in host_metrics.domain_findings("sql", "SQL")))
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
     verdicts = "|".join(map(re.escape, stats.VERDICTS))
@@ -249,7 +249,7 @@ def test_llr_rows_fail_below_the_threshold_and_pass_above():
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
     for gap, want in ((0.2, stats.NOT_REPRODUCED), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
-        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_eval.put_estimate)
+        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_metrics.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
         assert m["bfcl.f5_llr_success.jeffreys.lo"] > 0  # the contrast holds by definition, whatever the gap
         assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(gap - LLR_THRESHOLD, abs=0.05)
@@ -266,27 +266,27 @@ def test_no_pair_note_and_measured_rows_without_successes():
     seed = _seed(10.0)
     for side in ("base", "rl"):
         seed[side]["success"] = [False] * 8
-    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)
+    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)
     assert m["bfcl.f5_matched.n_pairs"] == 0 and math.isnan(m["bfcl.f5_matched.diff.mean"])
     assert "no RL and no base" in m["bfcl.note.f5_matched"]
     assert m["bfcl.f5_nll.diff.mean"] == pytest.approx(3.0) and m["bfcl.f5_llr_success.n_rl"] == 0
     assert m["bfcl.f5_llr_success.all_rl"] == pytest.approx(np.mean(seed["rl"]["llr"]))
-    findings = host_eval.domain_findings("bfcl", "BFCL")
+    findings = host_metrics.domain_findings("bfcl", "BFCL")
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
     assert m["bfcl.note.f5_matched"] in text and "| RL actions: mean NLL under base (nats) | 14.00 |" in text
     assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.2f} |" in text
     assert "| pairs (paper, BFCL: 283) | 0 |" in text and "bfcl.note.f5_seeds" not in m
     # every seed excluded by the health rule: no estimate, the rows over every seed with a note
-    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_eval.put_estimate)
+    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_metrics.put_estimate)
     assert ex["bfcl.f5_nll.rl"] == 14.0 and "over every seed (0)" in ex["bfcl.note.f5_seeds"]
     assert math.isnan(ex["bfcl.f5_nll.diff.mean"]) and ex["bfcl.f5_nll.diff.all.mean"] == pytest.approx(3.0)
     # successes on different tasks; then on one task but too far apart in length
     seed["rl"]["success"][0], seed["base"]["success"][2] = True, True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "no task has a successful episode of both" in note
     seed["rl"]["success"][3] = True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "within 10%" in note and "1 task(s)" in note
 
 
@@ -294,8 +294,8 @@ def test_no_pair_note_and_measured_rows_without_successes():
 def check_ci_bfcl_finding5(root: str) -> None:
     """Finding 5 in the ci-bfcl miniature's run under `root` (called by tests/test_host_domains.py's
     end-to-end test, which runs the miniature once for every check)."""
-    from experiments import host_study
-    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study.host import run as host_run
+    from jaxagent.study.host.presets import HOST_PRESETS
 
     run_dir = os.path.join(root, "ci-bfcl")
     p = HOST_PRESETS["ci-bfcl"]
@@ -310,7 +310,7 @@ def check_ci_bfcl_finding5(root: str) -> None:
     f5 = json.load(open(os.path.join(run_dir, "eval", "f5_grpo_seed0.json")))
     assert len(f5["base"]["llr"]) == len(f5["rl"]["llr"]) == n_full
     # one RL episode's LLR recomputed with the two models directly, at its policy tokens
-    run = host_study.HostRun(p, root)
+    run = host_run.HostRun(p, root)
     base = weights.load(run.checkpoint)[1]
     rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
     rec = logs["grpo_seed0"][hl.LOG_KEY]["episodes"][0]

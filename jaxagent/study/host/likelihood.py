@@ -14,7 +14,7 @@ Quantities per episode tau (PAPER.md, "jaxagent's definitions"):
     action NLL under base   nll(a) = - sum_{t in a} log pi_base(y_t | y_<t)   per action a (one reply of the policy)
     cumulative LLR          llr(tau) = sum_{t policy token of tau} [log pi_RL(y_t | y_<t) - log pi_base(y_t | y_<t)]
     policy-token count      n(tau) = number of policy tokens of tau.
-Per seed s (units nested in GRPO seeds, `stats.seed_estimate` through `host_eval.put_estimate`; collapsed and diverged
+Per seed s (units nested in GRPO seeds, `stats.seed_estimate` through `metrics.put_estimate`; collapsed and diverged
 seeds excluded, with an all-seeds sensitivity estimate):
     f5_nll          mean nll over RL's actions - mean nll over base's actions (`stats.mean_difference`; the paper:
                     12.20 vs 10.25, E = 19% of base's NLL as `findings.f5_nll`). Would have been "not reproduced"
@@ -362,7 +362,7 @@ def jeffreys_note(est: stats.Estimate) -> str:
 
 def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
     """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is
-    `host_eval.put_estimate` (with its `stat` argument). The rows (means, counts) are over the included seeds;
+    `metrics.put_estimate` (with its `stat` argument). The rows (means, counts) are over the included seeds;
     when the health rule excludes every seed (e.g. a CI miniature's collapsed policy) over every seed, with the
     note `<d>.note.f5_seeds`. No pair in those seeds: also the note `<d>.note.f5_matched`."""
     nll, llr, mat, judged = f"{d}.f5_nll", f"{d}.f5_llr_success", f"{d}.f5_matched", f"{d}.f5_llr_rl"

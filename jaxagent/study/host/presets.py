@@ -1,0 +1,252 @@
+"""Presets of the host-domain study (`pipeline.run_study`, `experiments.host_study`): one per domain and scale.
+
+Domains (`stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
+  ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
+                              (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
+                              5:55 wall on a 2-core machine shared with other jobs);
+  qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
+  qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
+                              FrozenLake preset), Qwen3-8B from --checkpoint.
+Memory arithmetic in the comments (bf16 KV cache per token and layer: 2 x K heads x E x 2 bytes): Qwen3-0.6B has 28
+layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV heads of 128, 144 KiB per token (split
+over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
+presets (experiments/presets.py).
+
+Tasks: the sql and code domains use their built-in sets (hand-written + generated: 687 / 228 and 676 / 225 train /
+held-out tasks, docs/host_study.md "Data") unless `data` (or `--data DIR`) names a local Spider / InterCode-SQL or
+DeepCoder-style directory (`data_env`). The real-scale presets evaluate 200 held-out tasks spread over the split.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from jaxagent.envs.host import base as host_envs
+from jaxagent.models.config import Qwen3Config
+from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEvalSettings:
+    n_samples: int = 16               # rollouts per held-out task and budget tier (n of the pass@k estimator)
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    n_boot: int = 1000
+    batch_size: int = 64              # episodes per evaluation rollout batch
+    step_samples: int = 16            # G: replies sampled per policy and matched state (finding 3, coding; the
+                                      # paper's 16), in the evaluation's rollout batches (`host_step_quality`)
+    step_states: int = 64             # matched states drawn from each policy's full-budget episodes per GRPO seed:
+                                      # 2 x 64 states x 16 replies x 2 policies = 4,096 rows of one sampled reply
+                                      # each per seed (64 batches of 64 at 0.6B; a prefix's env steps run once per
+                                      # state and policy, `host_step_quality.StopAfter`)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPreset:
+    name: str
+    task: HostTaskSettings
+    eval: HostEvalSettings = HostEvalSettings()
+    checkpoint: Optional[str] = None  # a local HF Qwen3 directory (with its tokenizer): the base policy
+    data: Optional[str] = None        # sql / code: a local dataset directory (`data_env`); None: the built-in tasks
+    tiny_model: Optional[Qwen3Config] = None  # CI: a random Qwen3 with the real Qwen3 tokenizer (no checkpoint)
+    arms: tuple[str, ...] = HOST_ARMS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    iterations: int = 100
+    n_tasks: int = 8                  # tasks per RL iteration (drawn with replacement from the train split)
+    group_size: int = 8               # rollouts per task (GRPO group)
+    lr: float = 1e-6
+    epochs: int = 1
+    minibatches: int = 1
+    kl_coef: float = 0.0
+    kl_estimator: str = "k2"          # the KL term's per-token estimator (`losses.kl_penalty`), as FrozenLake's
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    compute_dtype: str = "float32"
+    mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor); (1, 1, 1): the default device
+    micro_batches: int = 1
+    remat: Optional[str] = None
+    compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
+    # Finding 6 (coding only, `host_dynamics`): R_single on the held-out first turns (eval.n_samples per task, in the
+    # evaluation's rollout batches) at the base, every `dynamics_every` iterations and at the last. One measurement is
+    # P x n_samples one-turn episodes, e.g. 4 x 16 = 64 at 0.6B: about one training rollout's first turn, so every
+    # 10th of 100 iterations (11 points) costs a few percent of the arm.
+    dynamics_every: int = 10
+    # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the TPU
+    # topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
+    aot_model: Optional[str] = None
+    aot_topology: Optional[str] = None
+    aot_hbm_gib: Optional[float] = None
+
+
+DATA_ENVS = ("sql", "code")  # env registry names whose constructor reads a dataset directory (`data=`)
+
+
+def data_problem(preset: HostPreset) -> Optional[str]:
+    """Why the preset's `data` cannot be used (a domain whose env reads no dataset, a path that does not exist), or
+    None."""
+    if preset.data is None:
+        return None
+    if get_domain(preset.task.domain).env not in DATA_ENVS:
+        return (f"preset {preset.name!r}: --data is for the {' and '.join(DATA_ENVS)} domains, not "
+                f"{preset.task.domain!r}")
+    if not os.path.exists(preset.data):
+        return f"preset {preset.name!r}: --data {preset.data!r} does not exist (data is read from local files only)"
+    return None
+
+
+def preset_problem(preset: HostPreset) -> Optional[str]:
+    """Why the preset cannot run as given (`data_problem`, or no checkpoint for a preset without a tiny model),
+    or None."""
+    problem = data_problem(preset)
+    if problem is None and preset.checkpoint is None and preset.tiny_model is None:
+        problem = f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)"
+    return problem
+
+
+def data_env(preset: HostPreset):
+    """The env of the preset's domain built on `preset.data` (SQLEnv: Spider / InterCode-SQL, `spider.load_spider`;
+    CodeEnv: DeepCoder-style problems, `deepcoder.load_deepcoder`), or None without a data directory (the domain's
+    own env, with its built-in tasks). ValueError for unusable data (`data_problem`)."""
+    if preset.data is None:
+        return None
+    problem = data_problem(preset)
+    if problem is not None:
+        raise ValueError(problem)
+    domain = get_domain(preset.task.domain)
+    return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+
+
+def tiny_model() -> Qwen3Config:
+    """1 layer, width 32, with the real tokenizer's 151,936-row vocabulary: most of a miniature's time is the train
+    step's unembedding over that vocabulary at every position of the context."""
+    return Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+# The miniatures' train step at XLA:CPU's optimisation level 2, whatever XLA_FLAGS say: the tests set -O0, which
+# compiles a little faster but runs this step's unembedding and log-softmax over the 151,936-token vocabulary
+# several times slower, and each miniature runs the step at least once.
+_CI_COMPILE = (("xla_backend_optimization_level", 2),)
+
+
+def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, task_kw: dict,
+               **kw) -> HostPreset:
+    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples
+    (finding 3, coding: 2 matched states from each policy, 2 replies per policy and state),
+    1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`; finding 6's
+    R_single (coding) at the base and at every iteration (the last among them)."""
+    return HostPreset(name=name,
+                      task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
+                                            max_obs_tokens=24, workers=2, **task_kw),
+                      eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
+                                            batch_size=eval_batch, step_samples=2, step_states=2),
+                      tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
+                      dynamics_every=1, **kw)
+
+
+def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
+    """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
+    FrozenLake 0.6B preset), AOT-checked on one v5p chip as a proxy for 80 GB."""
+    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), lr=1e-6, compute_dtype="bfloat16",
+                      micro_batches=16, remat="full", aot_model="qwen3_0_6b", aot_topology="v5p:1x1x1",
+                      aot_hbm_gib=80.0, **kw)
+
+
+def _pod_8b(name: str, task: HostTaskSettings, eval: HostEvalSettings, *, n_tasks: int, micro_batches: int,
+            **kw) -> HostPreset:
+    """Qwen3-8B on a v5p 4x4x4 slice with the 8B FrozenLake preset's mesh (4, 8, 2): episodes over data x fsdp = 32
+    batch shards, so n_tasks x 8 / micro_batches is a multiple of 32 (one or more rows per shard per micro-batch);
+    bf16 forward passes, full remat, 200 iterations, R_single (coding) every 20th (11 points, as at 0.6B)."""
+    return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), iterations=200, dynamics_every=20,
+                      n_tasks=n_tasks, group_size=8,
+                      lr=1e-6, compute_dtype="bfloat16", mesh=(4, 8, 2), micro_batches=micro_batches, remat="full",
+                      aot_model="qwen3_8b", aot_topology="v5p:4x4x4", **kw)
+
+
+# Interaction limits per domain at the real scales (both model sizes), and why.
+# SQL: 10 turns (InterCode-SQL's limit), 256-token replies (a query or an answer), tool output capped at 512 tokens;
+#   10 x (256 + 512) worst case overruns 4096 slots, but a query's table is mostly short (the env shows 30 rows).
+_SQL = dict(domain="sql", t_max=10, max_action_tokens=256, max_context=4096, max_obs_tokens=512)
+# SQL and coding evaluate 200 held-out tasks spread evenly over the split (the built-in sets hold 228 and 225; a
+#   Spider dev set 1,034) x 4 tiers x 8 samples (K up to 8, the paper's K): 6,400 episodes per policy.
+_HELDOUT = dict(max_heldout_tasks=200, task_subset="spread")
+_EVAL_200 = dict(n_samples=8, ks=(1, 2, 4, 8))
+# BFCL: 16 turns, one above the longest reference solution (15; tiers 4/8/12/16 leave 9%, 60%, 97%, 100% of the
+#   held-out tasks structurally solvable); 256-token replies (a message of tool calls; each call ~30-80 tokens);
+#   tool output capped at 512 tokens (long_context's listings run to the env's 8,000-character clip). The system
+#   prompt (the tools' JSON) is 2,031-4,878 tokens, so the context is 12,288 slots at 0.6B (typical turns of
+#   ~300 tokens fit 16 of them; 16 maximal turns, ~800 each, do not and end context_exhausted) and 16,384 on the pod.
+_BFCL = dict(domain="bfcl", t_max=16, max_action_tokens=256, max_obs_tokens=512)
+# Coding: 4 submissions (tiers 1-4 turns; the bound is 1 turn for every task), 512-token replies (a solution
+#   without thinking), test feedback capped at 256 tokens (one failing test's call, expected and actual value):
+#   ~250 prompt tokens + 4 x ~800 fit 4,096 slots. Env steps overlap the decoding of the other episode group
+#   (overlap_groups 2; `host_schedule`: the sandboxed test runs take about as long as a turn's decoding). One env
+#   thread per core of the host (workers=None: `CodeEnv.max_parallel`, the sandbox's runs at once).
+_CODE = dict(domain="code", t_max=4, max_action_tokens=512, max_context=4096, max_obs_tokens=256, overlap_groups=2,
+             workers=None)
+
+HOST_PRESETS: dict[str, HostPreset] = {
+    # ---------------------------------------------------------------- CI miniatures (no checkpoint)
+    # Seconds-scale plumbing check: 2 turns of 4-token replies, the first 4 train and 5 held-out tasks (the
+    # hand-written ones). Tool output capped at 24 tokens so that the cap is exercised (the SQL env's format-error
+    # message is longer).
+    "ci-sql": _miniature("ci-sql", "sql", max_context=448, eval_batch=20,
+                         task_kw=dict(max_train_tasks=4, max_heldout_tasks=5), seeds=(0, 1), iterations=2),
+    # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
+    # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
+    # fewest steps that reach every stage: grpo (the findings' main arm) and gigpo (finding 7 compares them on BFCL),
+    # 1 seed, 1 iteration of 2 episodes.
+    # 1 train and 2 held-out tasks x 2 tiers x 2 samples in rollout batches of 2 (the training rollout's shape:
+    # one set of compiles). Tool output capped at 24 tokens (BFCL's error responses are longer).
+    "ci-bfcl": _miniature("ci-bfcl", "bfcl", max_context=2560, eval_batch=2,
+                          task_kw=dict(max_train_tasks=1, max_heldout_tasks=2, max_system_tokens=2200),
+                          arms=("grpo", "gigpo"), seeds=(0,), iterations=1),
+    # Coding in 448 slots (as ci-sql) with 2 overlapping episode groups (the real code presets' setting) of 1 row
+    # each; eval batches of 2, the training rollout's shape (one set of compiles). 1 arm, 1 seed, 1 iteration of 2
+    # episodes; the first 2 train and 2 held-out tasks (hand-written). Test feedback capped at 24 tokens.
+    "ci-code": _miniature("ci-code", "code", max_context=448, eval_batch=2,
+                          task_kw=dict(max_train_tasks=2, max_heldout_tasks=2, overlap_groups=2),
+                          arms=("grpo",), seeds=(0,), iterations=1),
+
+    # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
+    # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
+    # 128 x 2,048, in 2 episode groups of 32 (the AOT check: one append over all 64 rows needs 67.5 GiB, 76 with the
+    # train state and the base beside it; over 32 rows 25 GiB). 200 held-out tasks x 4 tiers x 8 samples.
+    "qwen3-0.6b-1gpu-sql": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-sql", HostTaskSettings(**_SQL, **_HELDOUT, workers=8, overlap_groups=2),
+        HostEvalSettings(**_EVAL_200, batch_size=64), iterations=100, n_tasks=8),
+    # 16 episodes per iteration (2 tasks x 8) for 200 iterations (3,200 training episodes, as SQL's and coding's 64
+    # x 100 would be 6,400): KV cache 16 x 12,288 slots = 21 GiB. At 32 episodes the rollout's programs do not fit
+    # 80 GB (docs/aot.md: the widest append holds the 42 GiB cache and 24 GiB of attention scores, 90 GiB in all).
+    # Evaluation: 48 held-out tasks spread over the 4 categories (12 each) x 4 tiers x 8 samples (K up to 8), 1,536
+    # episodes per policy in batches of 16 (the training rollout's programs).
+    "qwen3-0.6b-1gpu-bfcl": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-bfcl",
+        HostTaskSettings(**_BFCL, max_context=12288, max_heldout_tasks=48, task_subset="spread", workers=8),
+        HostEvalSettings(n_samples=8, ks=(1, 2, 4, 8), batch_size=16), iterations=200, n_tasks=2),
+    # 64 episodes per iteration (8 train tasks x 8): KV cache 64 x 4,096 slots = 28 GiB. 200 held-out tasks x 4 tiers
+    # x 8 samples. One thread per core for the sandboxed test runs.
+    "qwen3-0.6b-1gpu-code": _gpu_0_6b(
+        "qwen3-0.6b-1gpu-code", HostTaskSettings(**_CODE, **_HELDOUT),
+        HostEvalSettings(**_EVAL_200, batch_size=64), iterations=100, n_tasks=8),
+
+    # ---------------------------------------------------------------- v5p pod slice, Qwen3-8B
+    # 256 episodes per iteration (32 tasks x 8), 8 per batch shard: KV cache per chip 8 x 16,384 slots x 72 KiB
+    # = 9 GiB; the train step's 8 micro-batches hold one 16,384-token row per shard. Every held-out task (200) x 4
+    # tiers x 16 samples in batches of 256.
+    "qwen3-8b-v5p-bfcl": _pod_8b(
+        "qwen3-8b-v5p-bfcl", HostTaskSettings(**_BFCL, max_context=16384, workers=32),
+        HostEvalSettings(n_samples=16, ks=(1, 2, 4, 8, 16), batch_size=256), n_tasks=32, micro_batches=8),
+    # 128 episodes per iteration (16 tasks x 8), 4 per batch shard: KV cache per chip 4 x 4,096 x 72 KiB = 1.1 GiB;
+    # 4 micro-batches of one row per shard. 200 held-out tasks x 4 tiers x 8 samples. Each host steps the envs of its
+    # own episodes (`host_schedule.episode_owners`).
+    "qwen3-8b-v5p-sql": _pod_8b(
+        "qwen3-8b-v5p-sql", HostTaskSettings(**_SQL, **_HELDOUT, workers=16),
+        HostEvalSettings(**_EVAL_200, batch_size=128), n_tasks=16, micro_batches=4),
+    # 128 episodes per iteration (16 tasks x 8), in 2 overlapping groups; 4 micro-batches of one row per shard. 200
+    # held-out tasks x 4 tiers x 8 samples. One thread per core of each host for its episodes' sandboxed test runs.
+    "qwen3-8b-v5p-code": _pod_8b(
+        "qwen3-8b-v5p-code", HostTaskSettings(**_CODE, **_HELDOUT),
+        HostEvalSettings(**_EVAL_200, batch_size=128), n_tasks=16, micro_batches=4),
+}
