@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce, study
+from experiments import reproduce, study
 from jaxagent.study.host import run as host_run
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent import sharding

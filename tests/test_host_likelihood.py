@@ -19,7 +19,8 @@ from jaxagent.eval import likelihood as lk, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study.host import metrics as host_metrics, likelihood as hl, report as host_report, stages as host_stages
+from jaxagent.study.host import (likelihood as hl, likelihood_scoring as hls, metrics as host_metrics,
+                                 report as host_report, stages as host_stages)
 
 
 def _record(tokens, spans):
@@ -31,20 +32,20 @@ def _record(tokens, spans):
     for t, start, n in spans:
         pol[start:start + n] = True
         turn[start:start + n + 2] = t  # observation tokens of the turn carry its index too (not policy tokens)
-    return hl.token_record(tok, pol, turn, len(tokens))
+    return hls.token_record(tok, pol, turn, len(tokens))
 
 
 def test_token_record_round_trip_and_spans():
     toks = [151643, 5, 7, 151645, 9, 11, 13, 2, 151936 - 1, 4]
     rec = _record(toks, [(0, 2, 2), (1, 6, 3)])
-    assert hl.decode_tokens(rec["tokens"]).tolist() == toks
+    assert hls.decode_tokens(rec["tokens"]).tolist() == toks
     assert rec["spans"] == [[0, 2, 2], [1, 6, 3]]
-    assert hl.policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
+    assert hls.policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
     assert json.loads(json.dumps(rec)) == rec
     pol = np.zeros(10, bool)
     pol[[2, 4]] = True
     with pytest.raises(ValueError, match="not contiguous"):
-        hl.token_record(np.arange(10), pol, np.zeros(10, np.int32), 10)
+        hls.token_record(np.arange(10), pol, np.zeros(10, np.int32), 10)
 
 
 def test_token_log_keeps_the_full_tier_in_grid_order():
@@ -58,12 +59,12 @@ def test_token_log_keeps_the_full_tier_in_grid_order():
                                      length=np.full(b, 4, np.int32), status=np.zeros(b, np.int32),
                                      turns_used=np.ones(b, np.int32))
 
-    log = hl.TokenLog(keep_budget=2)
+    log = hls.TokenLog(keep_budget=2)
     raw = host_stages.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
     sizes = [5, 5, 2]
     entry = log.log_entry(sizes, raw["status"].shape)
     assert entry["tier"] == 1 and len(entry["episodes"]) == 6
-    dec = [hl.decode_tokens(e["tokens"]).tolist() for e in entry["episodes"]]
+    dec = [hls.decode_tokens(e["tokens"]).tolist() for e in entry["episodes"]]
     assert [d[0] for d in dec] == [0, 0, 1, 1, 2, 2] and all(d[1] == 2 and len(d) == 4 for d in dec)
     assert all(e["spans"] == [[0, 2, 2]] for e in entry["episodes"])
     with pytest.raises(ValueError, match="budget 2"):
@@ -92,34 +93,34 @@ def scored():
     rng = np.random.default_rng(0)
     recs = [_record(rng.integers(0, 64, n).tolist(), spans) for n, spans in
             ((20, [(0, 5, 4), (1, 12, 3)]), (9, [(0, 4, 5)]), (14, [(0, 3, 2), (1, 8, 1), (2, 11, 3)]))]
-    lp = {name: hl.score_records(p, CFG, recs, batch_size=2, max_width=40) for name, p in (("a", pa), ("b", pb))}
+    lp = {name: hls.score_records(p, CFG, recs, batch_size=2, max_width=40) for name, p in (("a", pa), ("b", pb))}
     return pa, pb, recs, lp
 
 
 def test_score_records_equal_a_direct_forward(scored):
     pa, pb, recs, lp = scored
     for r, la, lb in zip(recs, lp["a"], lp["b"]):
-        toks = hl.decode_tokens(r["tokens"])
-        pos = hl.policy_positions(r)
+        toks = hls.decode_tokens(r["tokens"])
+        pos = hls.policy_positions(r)
         da, db = _direct_logp(pa, toks)[pos], _direct_logp(pb, toks)[pos]
         assert la.shape == lb.shape == pos.shape
         np.testing.assert_allclose(la, da, atol=2e-5)
         # the per-token LLR of the trajectory and its sum, with b as pi_RL and a as pi_base
         np.testing.assert_allclose(lb - la, db - da, atol=4e-5)
-        nums = hl.episode_numbers(r, la, lb)
+        nums = hls.episode_numbers(r, la, lb)
         assert nums["llr"] == pytest.approx(float(np.sum(db - da)), abs=1e-4)
         assert nums["n_tokens"] == pos.size and len(nums["nll_actions"]) == len(r["spans"])
         cuts = np.cumsum([c for _, _, c in r["spans"]])[:-1]
         assert nums["nll_actions"] == pytest.approx([-x.sum() for x in np.split(da, cuts)], abs=1e-4)
         assert nums["logp_base"] - nums["logp_rl"] == pytest.approx(-nums["llr"], abs=1e-4)
     with pytest.raises(ValueError, match="max_width"):
-        hl.score_records(pa, CFG, recs, batch_size=2, max_width=16)
+        hls.score_records(pa, CFG, recs, batch_size=2, max_width=16)
 
 
 def test_score_records_on_a_mesh(scored):
     """Rows over the batch axes of a (2, 2, 2) mesh of the 8 fake CPU devices, params as the rollouts place them."""
     pa, _, recs, lp = scored
-    on_mesh = hl.score_records(pa, CFG, recs, batch_size=4, mesh=sharding.make_mesh(2, 2, 2), max_width=40)
+    on_mesh = hls.score_records(pa, CFG, recs, batch_size=4, mesh=sharding.make_mesh(2, 2, 2), max_width=40)
     for x, y in zip(on_mesh, lp["a"]):
         np.testing.assert_allclose(x, y, atol=2e-5)
 
@@ -127,22 +128,22 @@ def test_score_records_on_a_mesh(scored):
 def test_score_seed_sides_tiers_and_memo(scored):
     pa, pb, recs, lp = scored
     base_log = {"success": [[[False], [False], [False]], [[True], [False], [True]]],
-                hl.LOG_KEY: {"tier": 1, "episodes": recs}}
+                hls.LOG_KEY: {"tier": 1, "episodes": recs}}
     rl_log = {"success": [[[True], [True], [True]], [[False], [True], [False]]],
-              hl.LOG_KEY: {"tier": 1, "episodes": recs[::-1]}}
+              hls.LOG_KEY: {"tier": 1, "episodes": recs[::-1]}}
     memo = {}
-    out = hl.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
+    out = hls.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
     assert out["base"]["success"] == [True, False, True] and out["rl"]["success"] == [False, True, False]
     assert out["base"]["task"] == [0, 1, 2] and out["rl"]["tier"] == 1
     assert out["base"]["llr"] == pytest.approx([float(np.sum(b - a)) for a, b in zip(lp["a"], lp["b"])], abs=1e-4)
     assert out["rl"]["llr"] == pytest.approx(out["base"]["llr"][::-1], abs=1e-5)
     assert len(memo["base"]) == 3
     memo["base"] = [x + 1.0 for x in memo["base"]]  # the memo is reused, not recomputed
-    again = hl.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
+    again = hls.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
     assert again["base"]["llr"] == pytest.approx([x - n for x, n in zip(out["base"]["llr"], out["base"]["n_tokens"])],
                                                  abs=1e-4)
     with pytest.raises(ValueError, match="re-evaluate"):
-        hl.score_seed(pa, pb, CFG, {"success": base_log["success"]}, rl_log, batch_size=2)
+        hls.score_seed(pa, pb, CFG, {"success": base_log["success"]}, rl_log, batch_size=2)
 
 
 # ----------------------------------------------------------------------------- pairing and metrics
@@ -303,7 +304,7 @@ def check_ci_bfcl_finding5(root: str) -> None:
     logs = {}
     for label in ("base", "grpo_seed0"):
         logs[label] = json.load(open(os.path.join(run_dir, "eval", f"{label}.json")))
-        entry = logs[label][hl.LOG_KEY]
+        entry = logs[label][hls.LOG_KEY]
         assert entry["tier"] == len(p.eval.fractions) - 1 and len(entry["episodes"]) == n_full
         turns = np.asarray(logs[label]["turns"])[-1].reshape(-1)
         assert [len(e["spans"]) for e in entry["episodes"]] == turns.tolist()  # one policy span per reply
@@ -313,9 +314,9 @@ def check_ci_bfcl_finding5(root: str) -> None:
     run = host_run.HostRun(p, root)
     base = weights.load(run.checkpoint)[1]
     rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
-    rec = logs["grpo_seed0"][hl.LOG_KEY]["episodes"][0]
-    toks = hl.decode_tokens(rec["tokens"])
-    pos = hl.policy_positions(rec)
+    rec = logs["grpo_seed0"][hls.LOG_KEY]["episodes"][0]
+    toks = hls.decode_tokens(rec["tokens"])
+    pos = hls.policy_positions(rec)
     direct = {}
     for name, prm in (("base", base), ("rl", rl)):
         h = qwen3.hidden_states(prm, run.cfg, jnp.asarray(toks)[None])[0][0]

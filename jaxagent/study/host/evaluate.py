@@ -30,8 +30,8 @@ from jaxagent.eval import health
 from jaxagent.sampling import Sampler
 from jaxagent.study import run_dir, stages
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, metrics as host_metrics,
-                                 stages as host_stages, step_quality as host_step_quality)
+                                 likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
+                                 metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
 from jaxagent.study.host.run import HostRun
 
 
@@ -39,7 +39,7 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
     """Announced-mode Pass@(K,T) of the policy `load_params()` returns (called only when the evaluation is not
     cached) on the held-out tasks (cached in eval/<label>.json; on a finding-3
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
-    episode's tokens and policy-token spans (`host_likelihood.TokenLog`), and a cached log without them is
+    episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
     re-evaluated, with the same key)."""
     path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
     keep = run.world.domain.name in host_error_recovery.DOMAINS + host_step_quality.DOMAINS  # findings 3, 4
@@ -47,14 +47,14 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
-        if (not keep or "episodes" in cached) and (not f5 or host_likelihood.LOG_KEY in cached):
+        if (not keep or "episodes" in cached) and (not f5 or host_likelihood_scoring.LOG_KEY in cached):
             return cached
     p, w, params = run.preset, run.world, load_params()
     traces = []
     ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
                                              compute_dtype=p.compute_dtype, mesh=run.mesh,
                                              on_trace=traces.append if keep else None)
-    tok_log = host_likelihood.TokenLog(run.tiers[-1])
+    tok_log = host_likelihood_scoring.TokenLog(run.tiers[-1])
     rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
     raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
                                         p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
@@ -68,7 +68,7 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
     if f5:
         total = raw["status"].size
         sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
-        res[host_likelihood.LOG_KEY] = tok_log.log_entry(sizes, raw["status"].shape)
+        res[host_likelihood_scoring.LOG_KEY] = tok_log.log_entry(sizes, raw["status"].shape)
     run_dir.write_json(path, res)
     with open(path) as f:
         return json.load(f)
@@ -169,10 +169,10 @@ def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> di
 def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: dict | None = None) -> dict:
     """Finding 5 for GRPO seed `seed` (cached in eval/f5_grpo_seed<s>.json): every policy token of base's and the
     seed's full-budget held-out episodes scored under both policies, per episode its action NLLs under base, its
-    cumulative LLR and its policy-token count (`host_likelihood.score_seed`; rows per scoring batch: the train
+    cumulative LLR and its policy-token count (`host_likelihood_scoring.score_seed`; rows per scoring batch: the train
     step's micro-batch, n_tasks x group_size / micro_batches, on the run's mesh and compute dtype)."""
     p = run.preset
-    return seed_record(run, "f5", seed, lambda label: host_likelihood.score_seed(
+    return seed_record(run, "f5", seed, lambda label: host_likelihood_scoring.score_seed(
         base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
         mesh=run.mesh, compute_dtype=stages.resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
         memo=memo))
