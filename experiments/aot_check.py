@@ -22,8 +22,8 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from experiments.host_presets import HOST_PRESETS  # noqa: E402
-from experiments.host_study import HostRun  # noqa: E402
+from jaxagent.study.host.presets import HOST_PRESETS  # noqa: E402
+from jaxagent.study.host.run import HostRun  # noqa: E402
 from jaxagent.aot import host, lowered_digest, programs, run_programs  # noqa: E402
 from jaxagent.aot.check import preset_target, recheck  # noqa: E402
 from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402

@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--remat", default="full", help="per-layer remat policy (qwen3.REMAT_POLICIES or none; "
                    "default full, as the accelerator presets)")
     p.add_argument("--rl-preset", default="qwen3-0.6b-1gpu",
-                   help="a study preset (jaxagent/study/frozenlake/presets.py, experiments/host_presets.py) whose RL iteration is "
+                   help="a study preset (jaxagent/study/frozenlake/presets.py, jaxagent/study/host/presets.py) whose RL iteration is "
                    "timed, or none (default qwen3-0.6b-1gpu)")
     p.add_argument("--rl-iterations", default="1", help="timed RL iterations after one warm-up (default 1)")
     p.add_argument("--rl-base", default="random", choices=("random", "sft"),
@@ -199,8 +199,8 @@ def _float(text, flag: str, positive: bool = True) -> float:
 
 
 def rl_presets() -> dict:
-    from experiments.host_presets import HOST_PRESETS
     from jaxagent.study.frozenlake.presets import PRESETS
+    from jaxagent.study.host.presets import HOST_PRESETS
     return {**PRESETS, **HOST_PRESETS}
 
 
@@ -360,7 +360,7 @@ def _rl_setup(plan: Plan, mesh_override, tmp: str):
     the RL preset, as the study builds them (random base weights)."""
     import jax
 
-    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study.host.presets import HOST_PRESETS
     from jaxagent import sharding
     from jaxagent.bench.models import CONFIG_NAMES, model_config
     from jaxagent.models import qwen3
@@ -376,7 +376,7 @@ def _rl_setup(plan: Plan, mesh_override, tmp: str):
             "micro_batches": p.micro_batches, "remat": p.remat}
     if host:
         from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
-        from jaxagent.study import host_stages
+        from jaxagent.study.host import stages as host_stages
         arm = dataclasses.replace(arm, temperature=p.temperature)
         cfg = p.tiny_model if p.tiny_model is not None else model_config(CONFIG_NAMES[p.aot_model])
         world = host_stages.make_host_world(p.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))
@@ -702,7 +702,7 @@ def _min_turns(preset):
     key = (preset.task.domain, preset.task.max_train_tasks, preset.task.max_system_tokens)
     if key not in _MIN_TURNS:
         from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
-        from jaxagent.study import host_stages
+        from jaxagent.study.host import stages as host_stages
         world = host_stages.make_host_world(preset.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))
         _MIN_TURNS[key] = world.min_turns(world.train_tasks)
     return _MIN_TURNS[key]

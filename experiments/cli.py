@@ -16,7 +16,7 @@ import sys
 
 import jax
 
-from experiments.host_presets import HOST_PRESETS
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models.config import CheckpointError
 from jaxagent.study.frozenlake import presets as presets_lib
 from jaxagent.study.frozenlake.presets import PRESETS

@@ -96,9 +96,9 @@ def tok():
 @pytest.fixture(scope="session")
 def host_model():
     """(cfg, params) of the host-env tests' random Qwen3: the CI miniatures' 1-layer model with the real
-    tokenizer's vocabulary (`experiments.host_presets.tiny_model`)."""
+    tokenizer's vocabulary (`jaxagent.study.host.presets.tiny_model`)."""
     import jax
-    from experiments.host_presets import tiny_model
+    from jaxagent.study.host.presets import tiny_model
     from jaxagent.models import qwen3
     cfg = tiny_model()
     return cfg, qwen3.init(cfg, jax.random.key(0))

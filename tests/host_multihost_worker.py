@@ -155,12 +155,13 @@ def run() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study.host.presets import HOST_PRESETS
     from jaxagent import sharding
     from jaxagent.models import qwen3
     from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
     from jaxagent.sampling import Sampler
-    from jaxagent.study import host_stages, stages
+    from jaxagent.study import stages
+    from jaxagent.study.host import stages as host_stages
 
     preset = HOST_PRESETS["ci-sql"]
     cfg, ts = preset.tiny_model, preset.task

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.host_study import HostRun
+from jaxagent.study.host.run import HostRun
 from jaxagent import aot
 from jaxagent.aot import host as AH
 from jaxagent.aot import programs
@@ -25,7 +25,7 @@ def _arms(preset) -> list:
 def _tiny_host_preset(eval_batch: int = 8):
     """ci-sql's settings on CFG, mesh (1, 2, 2): 2 tasks x 4 rollouts (8 rows, 2 micro-batches of 4 = 2 per
     fsdp shard), 128 context slots, 8-token replies, bf16 forward passes, full remat."""
-    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study.host.presets import HOST_PRESETS
     base = HOST_PRESETS["ci-sql"]
     return dataclasses.replace(base, name="tiny-host", tiny_model=CFG, mesh=(1, 2, 2), n_tasks=2, group_size=4,
                                micro_batches=2, remat="full", compute_dtype="bfloat16", compiler_options=(),

@@ -13,7 +13,8 @@ import pytest
 
 from experiments import base, cli, host_study, progress, reproduce, rl, sweep
 from experiments import eval as eval_stage
-from experiments.host_presets import HOST_PRESETS
+from jaxagent.study.host import run as host_run
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study import run_dir
 from jaxagent.study.frozenlake.presets import PRESETS
@@ -81,7 +82,7 @@ def test_a_missing_checkpoint_is_one_line_and_the_corrected_rerun_runs(capsys, t
     line = _user_error(base.main, ["--preset", "ci", "--root", root, "--checkpoint", "/nonexistent"], capsys)
     assert line == "error: checkpoint directory '/nonexistent' does not exist"
     assert not os.path.exists(root)  # no config.json to refuse the rerun below
-    ckpt = host_study.write_tiny_checkpoint(str(tmp_path / "qwen3"), TINY)
+    ckpt = host_run.write_tiny_checkpoint(str(tmp_path / "qwen3"), TINY)
     os.remove(os.path.join(ckpt, "tokenizer.json"))
     line = _user_error(base.main, ["--preset", "ci", "--root", root, "--checkpoint", ckpt], capsys)
     assert line.startswith(f"error: tokenizer directory '{ckpt}' has no tokenizer.json")
@@ -89,7 +90,7 @@ def test_a_missing_checkpoint_is_one_line_and_the_corrected_rerun_runs(capsys, t
     assert line.startswith(f"error: tokenizer directory '{ckpt}' has no tokenizer.json")
     assert not os.path.exists(root)
     os.remove(os.path.join(ckpt, "DONE"))
-    ckpt = host_study.write_tiny_checkpoint(ckpt, TINY)
+    ckpt = host_run.write_tiny_checkpoint(ckpt, TINY)
     base.main(["--preset", "ci", "--root", root, "--checkpoint", ckpt])
     assert run_dir.done(os.path.join(root, "ci", "base"))
     assert f"base policy in {root}/ci/base/policy" in capsys.readouterr().out

@@ -314,8 +314,8 @@ def test_cache_root_and_data_path(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ presets
 def test_presets_miniatures_stay_small_and_real_scales_evaluate_200(tok):
-    from experiments.host_presets import HOST_PRESETS
-    from jaxagent.study import host_stages
+    from jaxagent.study.host.presets import HOST_PRESETS
+    from jaxagent.study.host import stages as host_stages
 
     from jaxagent.envs.host.data.code_tasks import CODE_TASKS
     from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
@@ -335,7 +335,7 @@ def test_data_option(spider_dir, deepcoder_dir, tmp_path, monkeypatch):
     import dataclasses
 
     from experiments import host_study
-    from experiments.host_presets import HOST_PRESETS, data_env, data_problem
+    from jaxagent.study.host.presets import HOST_PRESETS, data_env, data_problem
 
     monkeypatch.setenv("JAXAGENT_CACHE", str(tmp_path))
     env = data_env(dataclasses.replace(HOST_PRESETS["ci-sql"], data=str(spider_dir)))

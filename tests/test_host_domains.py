@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce
-from experiments.host_presets import HOST_PRESETS
+from experiments import reproduce
+from jaxagent.study.host import run as host_run
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent import sharding
 from jaxagent.envs.host import base as host
 from jaxagent.envs.jax import budgets as budgets_lib
@@ -27,8 +28,9 @@ from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
-from jaxagent.study import host_error_recovery, host_stages, stages
+from jaxagent.study import stages
 from jaxagent.study.frozenlake.run import Run, check_batches
+from jaxagent.study.host import error_recovery as host_error_recovery, stages as host_stages
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
 from tests.test_host_step_quality import check_ci_code_finding3
@@ -130,11 +132,11 @@ def test_arm_settings_match_the_frozenlake_study():
     p = HOST_PRESETS["qwen3-0.6b-1gpu-bfcl"]
     run = pytypes.SimpleNamespace(preset=p)
     for arm in p.arms:
-        got = host_study.HostRun.arm_settings(run, arm)
+        got = host_run.HostRun.arm_settings(run, arm)
         assert got.kl_estimator == "k2" and got.temperature == p.temperature and got.rl.n_tasks == p.n_tasks
         assert got == Run.arm_settings(run, arm)  # the shared code (temperature 1.0 is the default)
     hot = pytypes.SimpleNamespace(preset=pytypes.SimpleNamespace(**{**vars(p), "temperature": 0.7}))
-    assert host_study.HostRun.arm_settings(hot, "gigpo").temperature == 0.7
+    assert host_run.HostRun.arm_settings(hot, "gigpo").temperature == 0.7
 
 
 # ----------------------------------------------------------------------------- mesh and host numbers
@@ -317,7 +319,7 @@ def test_ci_bfcl_end_to_end(runs_root, tok):
     else:
         assert host_error_recovery.NO_PREFIX_NOTE in text
     # the continuation path on a forced tool-call error (the tiny model seldom makes one): one reply per prefix
-    run = host_study.HostRun(HOST_PRESETS["ci-bfcl"], runs_root)
+    run = host_run.HostRun(HOST_PRESETS["ci-bfcl"], runs_root)
     bad = '<tool_call>\n{"name": "no_such_function", "arguments": {}}\n</tool_call>'
     ep = {"actions": [bad], "tool_error": [True], "failure": [False], "done": [False], "seed": 0}
     log = {"status": np.zeros((1, 2, 1)), "episodes": [ep, ep]}

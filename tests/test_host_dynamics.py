@@ -13,7 +13,8 @@ import pytest
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
 from jaxagent.rollout import FAILED, SUCCESS, HostRolloutConfig, host_rollout
-from jaxagent.study import host_dynamics, host_eval, host_report, host_stages
+from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, report as host_report,
+                                 stages as host_stages)
 
 
 # ----------------------------------------------------------------------------- measuring R_single
@@ -94,7 +95,7 @@ def _logs():
 
 
 def test_dynamics_metrics_known_deltas_and_verdicts():
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_eval.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_metrics.put_estimate)
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.2)
     assert m["code.f6_r_single.diff.method"] == stats.T_SEEDS and m["code.f6_r_single.diff.n_units"] == 12
     assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 48
@@ -111,7 +112,7 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
     assert finding_verdict(f_multi, m)[0] == stats.REPRODUCED
     assert finding_verdict(f_single, m)[0] == stats.UNDERPOWERED
     # seed 2 excluded (collapsed): the estimate over seeds 0, 1 and an all-seeds sensitivity line
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_eval.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_metrics.put_estimate)
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.15)
     assert m["code.f6_r_single.diff.all.mean"] == pytest.approx(-0.2) and "excluded: 2" in m["code.f6_r_single.diff.seeds"]
     assert m["code.f6_r_multi.last"] == pytest.approx(4.5 / 8)
@@ -119,9 +120,9 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
 
 def test_dynamics_metrics_without_usable_logs():
     only_base = {0: _log([0.5], [0.5], 0.0, 0.0)[:1]}
-    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_eval.put_estimate) == {
+    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_metrics.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
-    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_eval.put_estimate) == {
+    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_metrics.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
 
 
@@ -129,10 +130,10 @@ def test_report_rows_on_coding_and_note_elsewhere():
     ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
     per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(3)}}
     hl = {("grpo", s): ok for s in range(3)}
-    bound = host_eval.structural_bound([1] * 4, [1, 2], [1])
+    bound = host_metrics.structural_bound([1] * 4, [1, 2], [1])
     kw = dict(n_train=12, n_heldout=4, n_boot=50)
-    code = host_eval.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
-    findings = host_eval.domain_findings("code", "Multi-turn coding")
+    code = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
+    findings = host_metrics.domain_findings("code", "Multi-turn coding")
     assert [f.key for f in findings if ".f6_" in f.key] == ["code.f6_r_multi", "code.f6_r_single"]
     text = "\n".join(host_report.domain_section("code", "Multi-turn coding", code, findings, policies=["base", "grpo"],
                                                tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])
@@ -141,9 +142,9 @@ def test_report_rows_on_coding_and_note_elsewhere():
                      text)
     assert re.search(rf"\| Multi-turn coding: 6\. single-turn reward R_single .*\| -0\.200 \| .*\| ({verdicts}) \|", text)
     assert "| last - base, 95% CI | -0.200" in text and host_dynamics.OTHER_DOMAIN_NOTE not in text
-    sql = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
+    sql = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
     assert not any(k.startswith("sql.f6") for k in sql) and sql["sql.note.f6_dynamics"] == host_dynamics.OTHER_DOMAIN_NOTE
-    sql_findings = host_eval.domain_findings("sql", "SQL")
+    sql_findings = host_metrics.domain_findings("sql", "SQL")
     assert not any(".f6_" in f.key for f in sql_findings)
     text = "\n".join(host_report.domain_section("sql", "SQL", sql, sql_findings, policies=["base", "grpo"],
                                                tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))[0])

@@ -13,14 +13,15 @@ import pytest
 
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict, reference_effect, room_from_metrics
-from jaxagent.study import host_dynamics, host_error_recovery, host_eval, host_report, host_step_quality
+from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
+                                 metrics as host_metrics, report as host_report, step_quality as host_step_quality)
 
 DOMAINS = (("sql", "SQL"), ("bfcl", "BFCL"), ("code", "Coding"))
 OK = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
 
 
 def _all_findings():
-    return [f for d, t in DOMAINS for f in host_eval.domain_findings(d, t)]
+    return [f for d, t in DOMAINS for f in host_metrics.domain_findings(d, t)]
 
 
 def _wide(f, room=None) -> dict:
@@ -89,15 +90,15 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
     side (untestable). f7_gigpo: on the solvable tasks U = 1, so its room always exceeds the margin."""
     rng = np.random.default_rng(0)
     n = 20
-    bound = host_eval.structural_bound([1] * 10 + [2] * 10, [1, 2], [1])  # half the tasks fit the tightest tier
-    f = {x.key: x for x in host_eval.domain_findings("sql", "SQL")}
+    bound = host_metrics.structural_bound([1] * 10 + [2] * 10, [1, 2], [1])  # half the tasks fit the tightest tier
+    f = {x.key: x for x in host_metrics.domain_findings("sql", "SQL")}
     for base_v, want in ((0.95, stats.UNTESTABLE), (0.3, stats.REPRODUCED)):
         base = _grid([base_v] * n)
         rl = {s: np.clip(base + 0.4 + 0.01 * rng.normal(size=base.shape), 0, 1) for s in range(3)}
         per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()},
                     **{f"gigpo/seed{s}": r + 0.01 * rng.normal(size=r.shape) for s, r in rl.items()}}
         hl = {(a, s): OK for a in ("grpo", "gigpo") for s in rl}
-        m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
+        m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
         for key in ("sql.f1_pass1", "sql.f1_breadth"):
             assert room_from_metrics(f[key], m) == pytest.approx((-base_v, 1.0 - base_v))
             assert finding_verdict(f[key], m)[0] == want, (key, finding_verdict(f[key], m))
@@ -117,25 +118,25 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
         r[1] += 0.03
         rl[s] = r
     per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()}}
-    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
+    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
                                  n_heldout=n, n_boot=50)
     lo, hi = room_from_metrics(f["sql.f2_shrink"], m)
     assert lo == pytest.approx(-0.0 - 0.03) and hi == pytest.approx(1.0 - 0.0 - 0.03)
     assert finding_verdict(f["sql.f2_shrink"], m)[0] == stats.UNTESTABLE
     # the same gaps on a base at 40%: decided on the interval (the tight gap is smaller: the advantage shrinks)
     per_task = {"base": base + 0.4, **{f"grpo/seed{s}": r + 0.4 for s, r in rl.items()}}
-    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
+    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
                                  n_heldout=n, n_boot=50)
     assert finding_verdict(f["sql.f2_shrink"], m)[0] not in (stats.UNTESTABLE,)
     assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.021 - 0.03)
 
 
 def test_no_task_solvable_at_the_tightest_tier_is_stated():
-    bound = host_eval.structural_bound([2] * 4, [1, 2], [1])
+    bound = host_metrics.structural_bound([2] * 4, [1, 2], [1])
     per_task = {"base": _grid([0.0] * 4), "grpo/seed0": _grid([0.5] * 4), "grpo/seed1": _grid([0.5] * 4),
                 "gigpo/seed0": _grid([0.5] * 4), "gigpo/seed1": _grid([0.5] * 4)}
     hl = {(a, s): OK for a in ("grpo", "gigpo") for s in (0, 1)}
-    m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50)
+    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50)
     assert m["bfcl.f2_shrink.n_tasks"] == 0 and math.isnan(m["bfcl.f2_shrink.diff.mean"])
     assert "bfcl.f2_shrink.room_lo" not in m and "T = 1 turns" in m["bfcl.note.f2_shrink"]
     assert "bfcl.f7_gigpo.room_lo" not in m and "Finding 7" in m["bfcl.note.f7_gigpo"]
@@ -150,7 +151,8 @@ def test_rate_rows_rooms_and_verdicts():
         scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + 0.1 + 0.01 * s] * 2] * 4,
                       "source": ["base"] * 4, "turn": [0] * 4, "task_id": ["t"] * 4, "episode": [0] * 4}
                   for s in range(3)}
-        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50, host_eval.put_estimate)
+        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50,
+                                       host_metrics.put_estimate)
         assert room_from_metrics(f3, m) == pytest.approx((-q_base, 1 - q_base))
         assert finding_verdict(f3, m)[0] == want  # RL above base: the paper's "slightly below" fails
     f4 = host_error_recovery.finding("bfcl", "BFCL")
@@ -159,7 +161,7 @@ def test_rate_rows_rooms_and_verdicts():
                       "rl": [True] * min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))
                       + [False] * (20 - min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))),
                       "source": ["base"] * 20} for s in range(4)}
-        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_eval.put_estimate)
+        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_metrics.put_estimate)
         assert room_from_metrics(f4, m) == pytest.approx((-n_base / 20, 1 - n_base / 20))
         assert finding_verdict(f4, m)[0] == want, finding_verdict(f4, m)
     f_multi, f_single = host_dynamics.finding("code", "Coding")
@@ -171,25 +173,27 @@ def test_rate_rows_rooms_and_verdicts():
                     host_dynamics.record(9, last_multi + s / 16, 16, rs(np.maximum(base_single - 0.01 * s, 0)))]
                 for s in range(3)}
 
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50, host_eval.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50,
+                                       host_metrics.put_estimate)
     assert room_from_metrics(f_single, m) == pytest.approx((-0.05, 0.95))
     assert room_from_metrics(f_multi, m) == pytest.approx((-0.75, 0.25))
     assert finding_verdict(f_single, m)[0] == stats.UNTESTABLE  # 0.05 < E = 0.097: R_single cannot fall by E
     assert finding_verdict(f_multi, m)[0] == stats.UNTESTABLE   # 0.25 < E = 0.331: R_multi cannot rise by E
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50, host_eval.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50,
+                                       host_metrics.put_estimate)
     assert finding_verdict(f_single, m)[0] not in (stats.UNTESTABLE,)
     assert finding_verdict(f_multi, m)[0] == stats.NOT_REPRODUCED  # no rise: the CI's upper end is below E
 
 
 def test_report_prints_the_room_and_what_would_have_failed_each_row():
     rng = np.random.default_rng(1)
-    bound = host_eval.structural_bound([1] * 8, [1, 2], [1, 2])
+    bound = host_metrics.structural_bound([1] * 8, [1, 2], [1, 2])
     base = np.broadcast_to(np.full(8, 0.95), (2, 2, 8)).copy()
     per_task = {"base": base, **{f"grpo/seed{s}": np.clip(base + 0.02 * rng.normal(size=base.shape), 0, 1)
                                  for s in range(3)}}
-    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1, 2], {("grpo", s): OK for s in range(3)},
+    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1, 2], {("grpo", s): OK for s in range(3)},
                                  n_train=8, n_heldout=8, n_boot=50)
-    findings = host_eval.domain_findings("sql", "SQL")
+    findings = host_metrics.domain_findings("sql", "SQL")
     lines, verdicts = host_report.domain_section("sql", "SQL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                  ks=[1, 2], t_max=2, splits=("train", "test"))
     text = "\n".join(lines)

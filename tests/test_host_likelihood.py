@@ -1,4 +1,4 @@
-"""Finding 5 on a host domain (`jaxagent.study.host_likelihood`): the episodes' token records in the eval log, the
+"""Finding 5 on a host domain (`jaxagent.study.host.likelihood`): the episodes' token records in the eval log, the
 teacher-forced scoring checked against a direct computation with the model, the length-matched pairing rule on
 hand-made numbers, the seed-aware metrics and the report section, and the ci-bfcl miniature end to end."""
 from __future__ import annotations
@@ -19,7 +19,8 @@ from jaxagent.eval import likelihood as lk, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study import host_eval, host_likelihood as hl, host_report, host_stages
+from jaxagent.study.host import (likelihood as hl, likelihood_scoring as hls, metrics as host_metrics,
+                                 report as host_report, stages as host_stages)
 
 
 def _record(tokens, spans):
@@ -31,20 +32,20 @@ def _record(tokens, spans):
     for t, start, n in spans:
         pol[start:start + n] = True
         turn[start:start + n + 2] = t  # observation tokens of the turn carry its index too (not policy tokens)
-    return hl.token_record(tok, pol, turn, len(tokens))
+    return hls.token_record(tok, pol, turn, len(tokens))
 
 
 def test_token_record_round_trip_and_spans():
     toks = [151643, 5, 7, 151645, 9, 11, 13, 2, 151936 - 1, 4]
     rec = _record(toks, [(0, 2, 2), (1, 6, 3)])
-    assert hl.decode_tokens(rec["tokens"]).tolist() == toks
+    assert hls.decode_tokens(rec["tokens"]).tolist() == toks
     assert rec["spans"] == [[0, 2, 2], [1, 6, 3]]
-    assert hl.policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
+    assert hls.policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
     assert json.loads(json.dumps(rec)) == rec
     pol = np.zeros(10, bool)
     pol[[2, 4]] = True
     with pytest.raises(ValueError, match="not contiguous"):
-        hl.token_record(np.arange(10), pol, np.zeros(10, np.int32), 10)
+        hls.token_record(np.arange(10), pol, np.zeros(10, np.int32), 10)
 
 
 def test_token_log_keeps_the_full_tier_in_grid_order():
@@ -58,12 +59,12 @@ def test_token_log_keeps_the_full_tier_in_grid_order():
                                      length=np.full(b, 4, np.int32), status=np.zeros(b, np.int32),
                                      turns_used=np.ones(b, np.int32))
 
-    log = hl.TokenLog(keep_budget=2)
+    log = hls.TokenLog(keep_budget=2)
     raw = host_stages.run_pass_episodes(log.wrap(rollout_fn), 3, [1, 2], 2, jax.random.key(0), batch_size=5)
     sizes = [5, 5, 2]
     entry = log.log_entry(sizes, raw["status"].shape)
     assert entry["tier"] == 1 and len(entry["episodes"]) == 6
-    dec = [hl.decode_tokens(e["tokens"]).tolist() for e in entry["episodes"]]
+    dec = [hls.decode_tokens(e["tokens"]).tolist() for e in entry["episodes"]]
     assert [d[0] for d in dec] == [0, 0, 1, 1, 2, 2] and all(d[1] == 2 and len(d) == 4 for d in dec)
     assert all(e["spans"] == [[0, 2, 2]] for e in entry["episodes"])
     with pytest.raises(ValueError, match="budget 2"):
@@ -92,34 +93,34 @@ def scored():
     rng = np.random.default_rng(0)
     recs = [_record(rng.integers(0, 64, n).tolist(), spans) for n, spans in
             ((20, [(0, 5, 4), (1, 12, 3)]), (9, [(0, 4, 5)]), (14, [(0, 3, 2), (1, 8, 1), (2, 11, 3)]))]
-    lp = {name: hl.score_records(p, CFG, recs, batch_size=2, max_width=40) for name, p in (("a", pa), ("b", pb))}
+    lp = {name: hls.score_records(p, CFG, recs, batch_size=2, max_width=40) for name, p in (("a", pa), ("b", pb))}
     return pa, pb, recs, lp
 
 
 def test_score_records_equal_a_direct_forward(scored):
     pa, pb, recs, lp = scored
     for r, la, lb in zip(recs, lp["a"], lp["b"]):
-        toks = hl.decode_tokens(r["tokens"])
-        pos = hl.policy_positions(r)
+        toks = hls.decode_tokens(r["tokens"])
+        pos = hls.policy_positions(r)
         da, db = _direct_logp(pa, toks)[pos], _direct_logp(pb, toks)[pos]
         assert la.shape == lb.shape == pos.shape
         np.testing.assert_allclose(la, da, atol=2e-5)
         # the per-token LLR of the trajectory and its sum, with b as pi_RL and a as pi_base
         np.testing.assert_allclose(lb - la, db - da, atol=4e-5)
-        nums = hl.episode_numbers(r, la, lb)
+        nums = hls.episode_numbers(r, la, lb)
         assert nums["llr"] == pytest.approx(float(np.sum(db - da)), abs=1e-4)
         assert nums["n_tokens"] == pos.size and len(nums["nll_actions"]) == len(r["spans"])
         cuts = np.cumsum([c for _, _, c in r["spans"]])[:-1]
         assert nums["nll_actions"] == pytest.approx([-x.sum() for x in np.split(da, cuts)], abs=1e-4)
         assert nums["logp_base"] - nums["logp_rl"] == pytest.approx(-nums["llr"], abs=1e-4)
     with pytest.raises(ValueError, match="max_width"):
-        hl.score_records(pa, CFG, recs, batch_size=2, max_width=16)
+        hls.score_records(pa, CFG, recs, batch_size=2, max_width=16)
 
 
 def test_score_records_on_a_mesh(scored):
     """Rows over the batch axes of a (2, 2, 2) mesh of the 8 fake CPU devices, params as the rollouts place them."""
     pa, _, recs, lp = scored
-    on_mesh = hl.score_records(pa, CFG, recs, batch_size=4, mesh=sharding.make_mesh(2, 2, 2), max_width=40)
+    on_mesh = hls.score_records(pa, CFG, recs, batch_size=4, mesh=sharding.make_mesh(2, 2, 2), max_width=40)
     for x, y in zip(on_mesh, lp["a"]):
         np.testing.assert_allclose(x, y, atol=2e-5)
 
@@ -127,22 +128,22 @@ def test_score_records_on_a_mesh(scored):
 def test_score_seed_sides_tiers_and_memo(scored):
     pa, pb, recs, lp = scored
     base_log = {"success": [[[False], [False], [False]], [[True], [False], [True]]],
-                hl.LOG_KEY: {"tier": 1, "episodes": recs}}
+                hls.LOG_KEY: {"tier": 1, "episodes": recs}}
     rl_log = {"success": [[[True], [True], [True]], [[False], [True], [False]]],
-              hl.LOG_KEY: {"tier": 1, "episodes": recs[::-1]}}
+              hls.LOG_KEY: {"tier": 1, "episodes": recs[::-1]}}
     memo = {}
-    out = hl.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
+    out = hls.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
     assert out["base"]["success"] == [True, False, True] and out["rl"]["success"] == [False, True, False]
     assert out["base"]["task"] == [0, 1, 2] and out["rl"]["tier"] == 1
     assert out["base"]["llr"] == pytest.approx([float(np.sum(b - a)) for a, b in zip(lp["a"], lp["b"])], abs=1e-4)
     assert out["rl"]["llr"] == pytest.approx(out["base"]["llr"][::-1], abs=1e-5)
     assert len(memo["base"]) == 3
     memo["base"] = [x + 1.0 for x in memo["base"]]  # the memo is reused, not recomputed
-    again = hl.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
+    again = hls.score_seed(pa, pb, CFG, base_log, rl_log, batch_size=2, max_width=40, memo=memo)
     assert again["base"]["llr"] == pytest.approx([x - n for x, n in zip(out["base"]["llr"], out["base"]["n_tokens"])],
                                                  abs=1e-4)
     with pytest.raises(ValueError, match="re-evaluate"):
-        hl.score_seed(pa, pb, CFG, {"success": base_log["success"]}, rl_log, batch_size=2)
+        hls.score_seed(pa, pb, CFG, {"success": base_log["success"]}, rl_log, batch_size=2)
 
 
 # ----------------------------------------------------------------------------- pairing and metrics
@@ -188,7 +189,7 @@ def _seed(shift):
 def test_likelihood_metrics_hand_made_numbers_and_report():
     m = {}
     scored = {0: _seed(10.0), 1: _seed(20.0), 2: _seed(30.0), 3: _seed(500.0)}
-    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_eval.put_estimate))
+    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_metrics.put_estimate))
     # pairs: rl0-base0 (task 0, 105 vs 100) and rl2-base2 (task 1, 58 vs 60); rl1 has no base partner of 70 tokens
     assert m["bfcl.f5_matched.seed0.n_pairs"] == 2 and m["bfcl.f5_matched.seed0.n_tasks"] == 2
     assert m["bfcl.f5_matched.n_pairs"] == 6 and m["bfcl.f5_matched.n_tasks"] == 2
@@ -216,11 +217,11 @@ def test_likelihood_metrics_hand_made_numbers_and_report():
     assert m["bfcl.f5_llr_success.base"] == pytest.approx(1.5)
     assert m["bfcl.f5_llr_success.all_base"] == pytest.approx(10 / 8)
     assert "bfcl.note.f5_matched" not in m
-    findings = host_eval.domain_findings("bfcl", "BFCL")
+    findings = host_metrics.domain_findings("bfcl", "BFCL")
     keys = [f.key for f in findings]
     assert {"bfcl.f5_nll", "bfcl.f5_llr_rl", "bfcl.f5_matched"} <= set(keys) and "bfcl.f5_llr_success" not in keys
     assert keys.index("bfcl.f4_correction") < keys.index("bfcl.f5_matched") < keys.index("bfcl.f7_gigpo")
-    assert not any(k.startswith("sql.f5") for k in (f.key for f in host_eval.domain_findings("sql", "SQL")))
+    assert not any(k.startswith("sql.f5") for k in (f.key for f in host_metrics.domain_findings("sql", "SQL")))
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
     verdicts = "|".join(map(re.escape, stats.VERDICTS))
@@ -249,7 +250,7 @@ def test_llr_rows_fail_below_the_threshold_and_pass_above():
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
     for gap, want in ((0.2, stats.NOT_REPRODUCED), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
-        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_eval.put_estimate)
+        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_metrics.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
         assert m["bfcl.f5_llr_success.jeffreys.lo"] > 0  # the contrast holds by definition, whatever the gap
         assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(gap - LLR_THRESHOLD, abs=0.05)
@@ -266,27 +267,27 @@ def test_no_pair_note_and_measured_rows_without_successes():
     seed = _seed(10.0)
     for side in ("base", "rl"):
         seed[side]["success"] = [False] * 8
-    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)
+    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)
     assert m["bfcl.f5_matched.n_pairs"] == 0 and math.isnan(m["bfcl.f5_matched.diff.mean"])
     assert "no RL and no base" in m["bfcl.note.f5_matched"]
     assert m["bfcl.f5_nll.diff.mean"] == pytest.approx(3.0) and m["bfcl.f5_llr_success.n_rl"] == 0
     assert m["bfcl.f5_llr_success.all_rl"] == pytest.approx(np.mean(seed["rl"]["llr"]))
-    findings = host_eval.domain_findings("bfcl", "BFCL")
+    findings = host_metrics.domain_findings("bfcl", "BFCL")
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                 ks=[1], t_max=2, splits=("train", "test"))[0])
     assert m["bfcl.note.f5_matched"] in text and "| RL actions: mean NLL under base (nats) | 14.00 |" in text
     assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.2f} |" in text
     assert "| pairs (paper, BFCL: 283) | 0 |" in text and "bfcl.note.f5_seeds" not in m
     # every seed excluded by the health rule: no estimate, the rows over every seed with a note
-    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_eval.put_estimate)
+    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_metrics.put_estimate)
     assert ex["bfcl.f5_nll.rl"] == 14.0 and "over every seed (0)" in ex["bfcl.note.f5_seeds"]
     assert math.isnan(ex["bfcl.f5_nll.diff.mean"]) and ex["bfcl.f5_nll.diff.all.mean"] == pytest.approx(3.0)
     # successes on different tasks; then on one task but too far apart in length
     seed["rl"]["success"][0], seed["base"]["success"][2] = True, True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "no task has a successful episode of both" in note
     seed["rl"]["success"][3] = True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_eval.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "within 10%" in note and "1 task(s)" in note
 
 
@@ -294,8 +295,8 @@ def test_no_pair_note_and_measured_rows_without_successes():
 def check_ci_bfcl_finding5(root: str) -> None:
     """Finding 5 in the ci-bfcl miniature's run under `root` (called by tests/test_host_domains.py's
     end-to-end test, which runs the miniature once for every check)."""
-    from experiments import host_study
-    from experiments.host_presets import HOST_PRESETS
+    from jaxagent.study.host import run as host_run
+    from jaxagent.study.host.presets import HOST_PRESETS
 
     run_dir = os.path.join(root, "ci-bfcl")
     p = HOST_PRESETS["ci-bfcl"]
@@ -303,19 +304,19 @@ def check_ci_bfcl_finding5(root: str) -> None:
     logs = {}
     for label in ("base", "grpo_seed0"):
         logs[label] = json.load(open(os.path.join(run_dir, "eval", f"{label}.json")))
-        entry = logs[label][hl.LOG_KEY]
+        entry = logs[label][hls.LOG_KEY]
         assert entry["tier"] == len(p.eval.fractions) - 1 and len(entry["episodes"]) == n_full
         turns = np.asarray(logs[label]["turns"])[-1].reshape(-1)
         assert [len(e["spans"]) for e in entry["episodes"]] == turns.tolist()  # one policy span per reply
     f5 = json.load(open(os.path.join(run_dir, "eval", "f5_grpo_seed0.json")))
     assert len(f5["base"]["llr"]) == len(f5["rl"]["llr"]) == n_full
     # one RL episode's LLR recomputed with the two models directly, at its policy tokens
-    run = host_study.HostRun(p, root)
+    run = host_run.HostRun(p, root)
     base = weights.load(run.checkpoint)[1]
     rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
-    rec = logs["grpo_seed0"][hl.LOG_KEY]["episodes"][0]
-    toks = hl.decode_tokens(rec["tokens"])
-    pos = hl.policy_positions(rec)
+    rec = logs["grpo_seed0"][hls.LOG_KEY]["episodes"][0]
+    toks = hls.decode_tokens(rec["tokens"])
+    pos = hls.policy_positions(rec)
     direct = {}
     for name, prm in (("base", base), ("rl", rl)):
         h = qwen3.hidden_states(prm, run.cfg, jnp.asarray(toks)[None])[0][0]

@@ -10,13 +10,13 @@ import re
 import numpy as np
 import pytest
 
-from experiments.host_presets import HOST_PRESETS
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.envs.host import sandbox
 from jaxagent.envs.host.code_env import CodeEnv
 from jaxagent.envs.host.sandbox import SandboxLimits
 from jaxagent.eval import stats
 from jaxagent.eval.findings import finding_verdict
-from jaxagent.study import host_eval, host_report, host_step_quality as hsq
+from jaxagent.study.host import metrics as host_metrics, report as host_report, step_quality as hsq
 
 MODE = "namespaces" if sandbox.strong_isolation_problem() is None else "unsafe-rlimits-only"  # as test_code_env
 
@@ -127,7 +127,7 @@ def test_step_quality_metrics_seed_aware_and_report():
                 ["base", "base", "grpo/seed1"]),                                             # diffs -0.5, 0.5, 0
         2: _rec([[0.0, 0.0]], [[1.0, 1.0]], ["base"]),                                        # excluded seed
     }
-    m = hsq.step_quality_metrics("code", scored, [0, 1], 200, host_eval.put_estimate)
+    m = hsq.step_quality_metrics("code", scored, [0, 1], 200, host_metrics.put_estimate)
     f3 = "code.f3_step"
     assert m[f"{f3}.g"] == 2 and m[f"{f3}.n_states"] == 6
     assert m[f"{f3}.diff.mean"] == pytest.approx((0.5 + 0.0) / 2)         # mean of the seeds' mean differences
@@ -140,11 +140,11 @@ def test_step_quality_metrics_seed_aware_and_report():
     assert m[f"{f3}.all.share_rl_better"] == pytest.approx((1 / 2 + 1 / 3 + 1) / 3)
     assert (m[f"{f3}.seed1.n_states"], m[f"{f3}.seed1.n_from_base"], m[f"{f3}.seed2.share_rl_better"]) == (3, 2, 1.0)
     assert "excluded: 2" in m[f"{f3}.diff.seeds"]
-    (f,) = [f for f in host_eval.domain_findings("code", "Coding") if f.key == f3]
+    (f,) = [f for f in host_metrics.domain_findings("code", "Coding") if f.key == f3]
     assert f.direction == -1 and f.effect == pytest.approx(0.05)
     assert finding_verdict(f, m)[0] in stats.VERDICTS
-    assert all(g.key != "sql.f3_step" for g in host_eval.domain_findings("sql", "SQL"))
-    findings = host_eval.domain_findings("code", "Coding")
+    assert all(g.key != "sql.f3_step" for g in host_metrics.domain_findings("sql", "SQL"))
+    findings = host_metrics.domain_findings("code", "Coding")
     section = lambda metrics: "\n".join(host_report.domain_section(  # noqa: E731
         "code", "Coding", metrics, findings, policies=["base", "grpo"], tiers=[1, 2], ks=[1], t_max=2,
         splits=("train", "test"))[0])
@@ -154,7 +154,7 @@ def test_step_quality_metrics_seed_aware_and_report():
     assert "| RL better (%) | 41.7 |" in text and "| RL better (%), every seed | 61.1 |" in text
     # no state in any seed: a stated note instead of an estimate
     empty = {"g": 2, "base": [], "rl": [], "source": [], "turn": [], "task_id": [], "episode": []}
-    none = hsq.step_quality_metrics("code", {0: empty}, [0], 200, host_eval.put_estimate)
+    none = hsq.step_quality_metrics("code", {0: empty}, [0], 200, host_metrics.put_estimate)
     assert none[f"{f3}.n_states"] == 0 and f"{f3}.diff.mean" not in none
     assert hsq.NO_STATE_NOTE in section(none)
 

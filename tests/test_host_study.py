@@ -15,15 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import host_study, reproduce
-from experiments.host_presets import HOST_PRESETS
+from experiments import reproduce
+from jaxagent.study.host import run as host_run
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
 from jaxagent.eval import health, stats
 from jaxagent.eval.findings import finding_verdict
 from jaxagent.models import weights
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
-from jaxagent.study import host_error_recovery, host_eval, host_report, host_stages
+from jaxagent.study.host import (error_recovery as host_error_recovery, metrics as host_metrics, report as host_report,
+                                 stages as host_stages)
 from tests.passk_reference import comb_pass
 from jaxagent.study import run_dir
 
@@ -101,7 +103,7 @@ def test_capped_env_cuts_step_observations_only(world):
 
 # ----------------------------------------------------------------------------- Pass@(K,T) and the bound
 def test_structural_bound_synthetic():
-    b = host_eval.structural_bound([1, 3, 5, -1], [1, 2, 4, 6], [1, 2, 4])
+    b = host_metrics.structural_bound([1, 3, 5, -1], [1, 2, 4, 6], [1, 2, 4])
     np.testing.assert_allclose(b["share"], [0.25, 0.25, 0.5, 0.75])
     np.testing.assert_allclose(b["grid"], np.repeat(b["share"][:, None], 3, axis=1))  # p* in {0, 1}: K-free
     assert b["p_star"].shape == (4, 4) and b["p_star"][:, 3].tolist() == [0, 0, 0, 0]  # [U, P]: task 3 unsolvable
@@ -123,7 +125,7 @@ def test_run_pass_episodes_synthetic_pads_and_counts():
     raw = host_stages.run_pass_episodes(fake, 3, [1, 3], 4, jax.random.key(0), batch_size=7)
     assert calls == [7] * 4 and raw["success"].shape == (2, 3, 4)
     assert not raw["success"][0, 1:].any() and raw["success"][1].any()
-    grid = host_eval.pass_grid(raw["success"], [1, 2, 4])
+    grid = host_metrics.pass_grid(raw["success"], [1, 2, 4])
     for u in range(2):
         for j, k in enumerate([1, 2, 4]):
             assert grid[u, j].mean() == pytest.approx(comb_pass(raw["success"][u], k), abs=1e-6)
@@ -145,7 +147,7 @@ def test_run_pass_episodes_scripted_sql(tok, world):
     raw = host_stages.run_pass_episodes(rollout_fn, len(tasks), [1, 2], 2, jax.random.key(1), batch_size=8)
     want = np.asarray([i % 2 == 0 for i in range(len(tasks))])
     assert (raw["success"] == want[None, :, None]).all() and (raw["turns"] == 1).all()
-    grid = host_eval.pass_grid(raw["success"], [1, 2])
+    grid = host_metrics.pass_grid(raw["success"], [1, 2])
     np.testing.assert_allclose(grid, np.broadcast_to(want.astype(float), grid.shape))
 
 
@@ -159,8 +161,8 @@ def test_domain_metrics_synthetic_gaps_and_verdict():
     ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
     bad = health.SeedHealth(health.COLLAPSED, "", 2, 0.0, 0.0, 0.0)
     hl = {("grpo", 0): ok, ("grpo", 1): ok, ("grpo", 2): bad}
-    bound = host_eval.structural_bound([1, 1, 1, 2], [1, 2], [1])
-    m = host_eval.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=18, n_heldout=4, n_boot=50)
+    bound = host_metrics.structural_bound([1, 1, 1, 2], [1, 2], [1])
+    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=18, n_heldout=4, n_boot=50)
     assert m["sql.f1_breadth.diff.mean"] == pytest.approx(0.4)
     assert m["sql.f1_breadth.diff.method"] == stats.T_SEEDS and m["sql.f1_breadth.diff.n_seeds"] == 2
     assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.1 - 0.4)
@@ -168,7 +170,7 @@ def test_domain_metrics_synthetic_gaps_and_verdict():
     assert "excluded: 2" in m["sql.f1_breadth.diff.seeds"]
     assert m["sql.pass.grpo.t2.k1"] == pytest.approx(0.4) and m["sql.pass.grpo.seed2.t2.k1"] == 0.0
     assert m["sql.bound.t1"] == 0.75 and m["sql.bound.t2"] == 1.0 and m["sql.split.train"] == 18
-    f1p, f1, f2, f7 = host_eval.domain_findings("sql", "SQL")
+    f1p, f1, f2, f7 = host_metrics.domain_findings("sql", "SQL")
     assert all(finding_verdict(f, m)[0] in stats.VERDICTS for f in (f1p, f1, f2))
     assert m["sql.f1_pass1.diff.mean"] == pytest.approx(0.4)  # K=1 is the only K here
     assert "sql.f7_gigpo.diff.mean" not in m  # no gigpo arm: finding 7 not measured
@@ -181,13 +183,13 @@ def test_domain_metrics_gigpo_vs_grpo_parity():
     rng = np.random.default_rng(0)
     grpo = {s: base + 0.4 + 0.01 * rng.normal(size=base.shape) for s in range(5)}
     ok = health.SeedHealth(health.HEALTHY, "", 2, 1.0, 1.0, 0.5)
-    bound = host_eval.structural_bound([1] * 8, [1, 2], [1])
-    f7 = next(f for f in host_eval.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f7_gigpo")
+    bound = host_metrics.structural_bound([1] * 8, [1, 2], [1])
+    f7 = next(f for f in host_metrics.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f7_gigpo")
     for shift, want in ((0.0, stats.REPRODUCED), (-0.3, stats.NOT_REPRODUCED)):
         per_task = {"base": base, **{f"grpo/seed{s}": g for s, g in grpo.items()},
                     **{f"gigpo/seed{s}": g + shift + 0.01 * rng.normal(size=g.shape) for s, g in grpo.items()}}
         hl = {(a, s): ok for a in ("grpo", "gigpo") for s in grpo}
-        m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=8, n_boot=200)
+        m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=8, n_boot=200)
         assert m["bfcl.f7_gigpo.diff.mean"] == pytest.approx(shift, abs=0.02)
         assert m["bfcl.f7_gigpo.diff.seeds"].startswith("grpo & gigpo seeds 0, 1, 2, 3, 4")
         assert m["bfcl.f7_gigpo.grpo"] == pytest.approx(0.4, abs=0.01) and m["bfcl.f7_gigpo.bound"] == 1.0
@@ -242,23 +244,23 @@ def test_error_recovery_metrics_known_rates_and_report():
                   "source": ["base"] * 4 + [f"grpo/seed{s}"] * 6} for s in range(5)}
     per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(5)}}
     hl = {("grpo", s): (bad if s == 4 else ok) for s in range(5)}
-    bound = host_eval.structural_bound([1] * 4, [1, 2], [1])
-    m = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=200,
+    bound = host_metrics.structural_bound([1] * 4, [1, 2], [1])
+    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=200,
                                  error_prefixes=judged)
     assert m["bfcl.f4_correction.diff.mean"] == pytest.approx(0.2)
     assert m["bfcl.f4_correction.diff.all.mean"] == pytest.approx(0.22)
     assert m["bfcl.f4_correction.base"] == pytest.approx(0.3) and m["bfcl.f4_correction.rl"] == pytest.approx(0.5)
     assert m["bfcl.f4_correction.n_prefixes"] == 50 and m["bfcl.f4_correction.seed1.n_from_base"] == 4
     assert "excluded: 4" in m["bfcl.f4_correction.diff.seeds"]
-    f4 = next(f for f in host_eval.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f4_correction")
+    f4 = next(f for f in host_metrics.domain_findings("bfcl", "BFCL") if f.key == "bfcl.f4_correction")
     assert f4.direction == 1 and f4.effect == pytest.approx(0.142)
     assert finding_verdict(f4, m)[0] in stats.VERDICTS
-    assert all(f.key != "sql.f4_correction" for f in host_eval.domain_findings("sql", "SQL"))
-    findings = host_eval.domain_findings("bfcl", "BFCL")
+    assert all(f.key != "sql.f4_correction" for f in host_metrics.domain_findings("sql", "SQL"))
+    findings = host_metrics.domain_findings("bfcl", "BFCL")
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                ks=[1], t_max=2, splits=("train", "test"))[0])
     assert re.search(r"\| BFCL: 4\. tool-call error correction .*\| 20\.0 \|", text)
-    none = host_eval.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50,
+    none = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50,
                                     error_prefixes={s: {"base": [], "rl": [], "source": []} for s in range(5)})
     assert none["bfcl.f4_correction.n_prefixes"] == 0 and "bfcl.f4_correction.diff.mean" not in none
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", none, findings, policies=["base", "grpo"],
@@ -350,9 +352,9 @@ def resumed(ci_run, tmp_path_factory):
     """ci-sql's grpo/seed0 (2 iterations) again in a new run directory: stopped after iteration 1's metrics line
     was written but before its checkpoint (iteration 0's on disk), refused with other settings, then rerun to the
     end with the same runtime (one train-step compile)."""
-    run = host_study.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], arms=("grpo",), seeds=(0,)),
+    run = host_run.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], arms=("grpo",), seeds=(0,)),
                              str(tmp_path_factory.mktemp("resume")))
-    base = host_study.run_base(run)
+    base = host_run.run_base(run)
     out = os.path.join(run.dir, "arms", "grpo", "seed0")
     real_save, seen, logs, runtimes = ckpt_lib.save, {}, [], {}
 
@@ -366,13 +368,13 @@ def resumed(ci_run, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ckpt_lib, "save", save)
         with pytest.raises(Interrupted):
-            host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)
-    recorded = host_study.arm_stage_settings(run, "grpo", 0)
+            host_run.run_arms(run, base, log=logs.append, runtimes=runtimes)
+    recorded = host_run.arm_stage_settings(run, "grpo", 0)
     with pytest.raises(run_dir.SettingsMismatch, match=r"stage grpo/seed0: the checkpoint \S*ckpt/0 was saved with "
                                                        r"other settings \(1 differ.*\): task\.t_max: 2 vs 3"):
-        host_study.resume_arm(run, "grpo/seed0", out, {**recorded, "task": {**recorded["task"], "t_max": 3}},
+        host_run.resume_arm(run, "grpo/seed0", out, {**recorded, "task": {**recorded["task"], "t_max": 3}},
                               None, 0, base)
-    params = host_study.run_arms(run, base, log=logs.append, runtimes=runtimes)[("grpo", 0)]
+    params = host_run.run_arms(run, base, log=logs.append, runtimes=runtimes)[("grpo", 0)]
     return dict(run=run, out=out, seen=seen, logs=logs, params=params, recorded=recorded,
                 ref=os.path.join(ci_run, "arms", "grpo", "seed0"))
 
@@ -406,7 +408,7 @@ def test_arm_checkpoints_and_done_record_the_settings(resumed):
     meta = ckpt_lib.read_metadata(ckpt_lib.make_manager(os.path.join(out, "ckpt"), read_only=True))
     assert meta["extra"]["settings"] == want and meta["step"] == 1
     logs = []  # a rerun of the finished arm loads its policy and trains nothing
-    again = host_study.run_arms(resumed["run"], None, log=logs.append)[("grpo", 0)]
+    again = host_run.run_arms(resumed["run"], None, log=logs.append)[("grpo", 0)]
     assert not logs
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(resumed["params"]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

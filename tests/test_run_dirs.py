@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import cli, host_study
-from experiments.host_presets import HOST_PRESETS
+from experiments import cli
+from jaxagent.study.host import run as host_run
+from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl import checkpoint as ckpt_lib
@@ -338,7 +339,7 @@ def test_a_run_directory_held_by_another_process_is_refused_naming_it(tmp_path):
         with pytest.raises(run_dir.RunDirInUse, match=held + r"-c .*\); wait for it to end, or choose another"):
             Run(CI, root)
         with pytest.raises(run_dir.RunDirInUse, match=rf"run directory {re.escape(sql)} is in use by pid {holder.pid}"):
-            host_study.HostRun(HOST_PRESETS["ci-sql"], root)
+            host_run.HostRun(HOST_PRESETS["ci-sql"], root)
         assert sorted(os.listdir(ci)) == [".lock"] and sorted(os.listdir(sql)) == [".lock"]  # nothing written
     finally:
         holder.communicate(input="")
@@ -416,14 +417,14 @@ def test_a_missing_or_bad_checkpoint_is_refused_before_the_run_directory_is_writ
     assert not os.path.exists(root)  # not even the run directory: the corrected rerun is not refused
     small = Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    ckpt = host_study.write_tiny_checkpoint(str(tmp_path / "small"), small)  # the real tokenizer: 151,669 ids
+    ckpt = host_run.write_tiny_checkpoint(str(tmp_path / "small"), small)  # the real tokenizer: 151,669 ids
     with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids but the model in \S*small has "
                                               r"vocab_size 40"):
         Run(dataclasses.replace(CI, checkpoint=ckpt), root, "x")
     with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids"):
-        host_study.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], checkpoint=ckpt), root, "h")
+        host_run.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], checkpoint=ckpt), root, "h")
     assert not os.path.exists(root)
-    good = host_study.write_tiny_checkpoint(str(tmp_path / "good"), dataclasses.replace(small, vocab_size=151936))
+    good = host_run.write_tiny_checkpoint(str(tmp_path / "good"), dataclasses.replace(small, vocab_size=151936))
     run = Run(dataclasses.replace(CI, checkpoint=good), root, "x")
     assert run.cfg.vocab_size == 151936 and _config(run)["checkpoint"] == good
 

@@ -1,6 +1,6 @@
 """A preset's compile target (topology, mesh, HBM to fit) and the re-check of stored records.
 
-A preset (jaxagent/study/frozenlake/presets.py or experiments/host_presets.py) names its mesh (data, fsdp, tensor), the TPU
+A preset (jaxagent/study/frozenlake/presets.py or jaxagent/study/host/presets.py) names its mesh (data, fsdp, tensor), the TPU
 topology it is compiled for (`aot_topology`) and, for a GPU preset compiled on a TPU topology of the same
 chip count as its proxy, the GPU's HBM (`aot_hbm_gib`): the fit is checked against min(chip, GPU) HBM.
 """

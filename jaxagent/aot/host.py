@@ -1,9 +1,8 @@
 """The host-domain presets' accelerator programs (`python -m experiments.aot_check --preset <host preset>`).
 
-A host preset's run (`experiments/host_study.py`, presets in `experiments/host_presets.py`) executes on the
-accelerator:
+A host preset's run (`study.host.pipeline`, presets in `study.host.presets`) executes on the accelerator:
   host_train_step   the RL train step of its arms (`host_stages.make_host_arm_runtime`: arms whose optimisation
-                    settings are equal share one program, as `host_study.run_arms` shares one runtime; the
+                    settings are equal share one program, as `study.host.run.run_arms` shares one runtime; the
                     reference model is in the state when kl_coef > 0), n_tasks x group_size / minibatches rows
                     of max_context tokens;
   the host rollout's model calls (`rollout/host_policy.py`), per episode group of ceil(B / overlap_groups)
@@ -21,7 +20,7 @@ finding 4's continuations (`_f4`: `host_error_recovery.continue_prefixes`, eval.
 temperature 1; domains in `host_error_recovery.DOMAINS`, only when they differ from the evaluation's).
 Finding 3's step samples (`host_step_quality.sample_scores`) and finding 6's R_single rollouts
 (`host_dynamics.make_r_single`) on the coding domain run the evaluation's batches (its records say so).
-  host_f5_logprobs  finding 5's scoring (`host_likelihood.score_records`, domains in `host_likelihood.DOMAINS`):
+  host_f5_logprobs  finding 5's scoring (`likelihood_scoring.score_records`, domains in `host_likelihood.DOMAINS`):
                     `scoring.token_logprobs_jit` over n_tasks x group_size / micro_batches episodes of up to
                     max_context tokens (the widest scoring batch), on the params as the evaluation rollouts use
                     them, rows over the batch axes.
@@ -60,7 +59,8 @@ from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.rollout.host_policy import append_jit, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler, bucket
-from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
+from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
+                                 likelihood as host_likelihood, step_quality as host_step_quality)
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
@@ -123,14 +123,14 @@ def decode_args(cfg, mesh, *, rows: int, slots: int, dtype) -> tuple:
 
 def host_train_programs(preset, cfg, mesh, run_mesh, arms: list) -> list[Program]:
     """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`programs.train_step_programs`
-    with the arms' settings `arms`, as `host_study.HostRun.arm_settings` makes them, and the preset's XLA options),
+    with the arms' settings `arms`, as `study.host.run.HostRun.arm_settings` makes them, and the preset's XLA options),
     one per distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
     return train_step_programs(cfg, mesh, run_mesh, arms, seq=preset.task.max_context,
                                name=lambda arm: "host_train_step", **step_options(preset))
 
 
 def step_options(preset) -> dict:
-    """`stages.make_arm_step`'s options as `host_study.run_arms` passes them."""
+    """`stages.make_arm_step`'s options as `study.host.run.run_arms` passes them."""
     return dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
                 compiler_options=dict(preset.compiler_options) or None)
 
@@ -181,7 +181,7 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
 
 
 def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> Program:
-    """Finding 5's scoring (`host_likelihood.score_records` -> `scoring.teacher_forced_logprobs`): the jitted
+    """Finding 5's scoring (`likelihood_scoring.score_records` -> `scoring.teacher_forced_logprobs`): the jitted
     `token_logprobs` over chunks of `rows` episodes of `width` tokens, on the params as the evaluation rollouts
     use them (`rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`), the rows over the batch axes, under
     `jax.set_mesh` (`driver_common.row_placement`)."""
@@ -198,9 +198,9 @@ def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> 
 
 
 def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
-    """Every program a run of the host preset `preset` (experiments/host_presets.py) executes on the accelerator
+    """Every program a run of the host preset `preset` (`study.host.presets`) executes on the accelerator
     (module docstring), for the model `cfg` on `mesh` (the preset's mesh over the topology's chips) and its arms'
-    settings `arms` (`stages.ArmSettings`, as `host_study.HostRun.arm_settings` makes them); `only`: just these
+    settings `arms` (`stages.ArmSettings`, as `study.host.run.HostRun.arm_settings` makes them); `only`: just these
     names (the others are not even built). With the default (only=None): the train step and each rollout phase
     at the widest append, per distinct batch."""
     want = lambda name: only is None or name in only  # noqa: E731

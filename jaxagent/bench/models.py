@@ -1,5 +1,5 @@
 """The model shapes the accelerator benchmark runs, by the study's names (`jaxagent/study/frozenlake/presets.py` and
-`experiments/host_presets.py` call them qwen3-0.6b, qwen3-4b, qwen3-8b; 1.7B is the size between), and `tiny`
+`jaxagent/study/host/presets.py` call them qwen3-0.6b, qwen3-4b, qwen3-8b; 1.7B is the size between), and `tiny`
 for smoke tests. Architectures as the Qwen3 checkpoints' config.json: widths, layers, query and key/value heads of
 128 dims, the 151,936-token vocabulary; the embeddings are tied except at 8B."""
 from __future__ import annotations

@@ -6,7 +6,7 @@ It logged records (iterations).
 docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
 batch; R_single = the single-turn success on fixed held-out tasks: on FrozenLake the plan-mode success
 (`study.plan_mode`: every move in one reply, no feedback), on the host domains the first reply's success
-(`study.host_dynamics`). The log below stores both per logged iteration. `optimal_action_mass` (the mass
+(`study.host.dynamics`). The log below stores both per logged iteration. `optimal_action_mass` (the mass
 on Q*-optimal actions) is a step-quality diagnostic, not R_single: it rises with trajectory success by
 construction.
 """

@@ -3,7 +3,7 @@
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples (rollouts) per task and budget,
 J values of k, R bootstrap replicates.
 
-Axis order, one for every Pass@ array of jaxagent (here, `bounds`, `pass_drivers`, `study.host_eval`): the
+Axis order, one for every Pass@ array of jaxagent (here, `bounds`, `pass_drivers`, `study.host.metrics`): the
 budget tier first, then k, then the task, then the sample: successes [U, P, Z] (one tier: [P, Z]), per-task
 Pass@ [U, J, P] (one tier: [J, P]), grids [U, J], curves [U] or [J], optimal success probabilities p* [U, P].
 Means over tasks are over the last axis of the per-task arrays.

@@ -68,7 +68,7 @@ the job and the env work per host falls with the number of hosts:
   - `trace.timing`'s env_s counts this process's env calls;
   - the returned Rollout's arrays are replicated on the params' mesh (one process: host arrays), so the
     RL step and the metrics read them on every process; `trace` is complete on every process but for
-    the env states (results files are written by process 0: `experiments/host_study.py`).
+    the env states (results files are written by process 0: `study.host.run`).
 The results equal a one-process run on a mesh of the same shape, each env call made once
 (tests/test_host_multihost.py).
 

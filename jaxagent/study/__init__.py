@@ -10,7 +10,7 @@ _EXPORTS = {
     "toy": ("ToyWorld", "make_toy_world", "expert_rollouts"),
     "stages": ("TaskSettings", "BaseSettings", "ArmSettings", "train_base", "train_rl", "make_arm_runtime",
                "init_arm_state"),
-    "host_stages": ("HostDomain", "register_domain", "get_domain", "HostTaskSettings", "make_host_world",
+    "host.stages": ("HostDomain", "register_domain", "get_domain", "HostTaskSettings", "make_host_world",
                     "train_host_rl"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -1,7 +1,7 @@
 """Run directories of the studies: one writer at a time, settings records, DONE markers, JSON files.
 
 A study writes everything it measures under one run directory (`<root>/<name>/`). This module is the part
-both studies (FrozenLake, `jaxagent.study.frozenlake.run`; the host domains, `experiments/host_study.py`) share:
+both studies (FrozenLake, `jaxagent.study.frozenlake.run`; the host domains, `jaxagent.study.host.run`) share:
 
 - `RunDir(path)` creates the directory and takes its lock, an exclusive `fcntl.flock` on `<path>/.lock`, held
   until `release()` or the end of the process. A second writer (another process, or another job on a shared

@@ -21,7 +21,7 @@ policies have at least one; delta_i = q_RL(i) - q_base(i); RL better on state i 
 delta_i = 0, worse iff delta_i < 0 ("RL better on X%" = share of used states with delta_i > 0, ties reported
 separately).
 
-Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` through `host_eval.put_estimate`;
+Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` through `metrics.put_estimate`;
 collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds
 of the seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
 FrozenLake study's rule with direction -1 (the paper: RL's mean step quality slightly below base) and E = 0.05
@@ -55,7 +55,7 @@ import numpy as np
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.sampling.generate import rollout_params
-from jaxagent.study.host_error_recovery import tier_episodes
+from jaxagent.study.host.error_recovery import tier_episodes
 
 DOMAINS = ("code",)
 EFFECT = 0.05  # jaxagent's smallest effect of interest in pass rate (`findings.f3_step_deepcoder`)
@@ -252,7 +252,7 @@ def _summary(c: dict) -> dict:
 
 
 def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
-    """The finding-3 metrics (module docstring) from `record`'s dict per GRPO seed; `put` is `host_eval.put_estimate`.
+    """The finding-3 metrics (module docstring) from `record`'s dict per GRPO seed; `put` is `metrics.put_estimate`.
     No used state in any seed: only `<d>.f3_step.n_states` = 0, `.g` and the note `<d>.note.f3_step`."""
     f3 = f"{d}.f3_step"
     m: dict = {}

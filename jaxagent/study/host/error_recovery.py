@@ -12,7 +12,7 @@ formed, at least one tool call, no failing call).
 
 Estimate: c_pol(i) = 1[policy pol corrects prefix i]; per prefix the paired difference
     delta_i = c_RL(i) - c_base(i),
-units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `host_eval.put_estimate`; collapsed and diverged
+units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `metrics.put_estimate`; collapsed and diverged
 seeds excluded, with an all-seeds sensitivity estimate), so the estimate is the mean over seeds of
 rate_RL,s - rate_base,s. Verdict: the FrozenLake study's rule with direction +1 and E = 0.142 (the paper's gap,
 41.4 - 27.2 points; `findings.f4_correction_bfcl`); "untestable here (bound)" when base's rate is above
@@ -155,7 +155,7 @@ def judge(env, prefixes: Sequence[error_prefix.ErrorPrefix], base_actions: Seque
 # ----------------------------------------------------------------------------- the metrics
 def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequence[int], n_boot: int,
                            put) -> dict:
-    """The finding-4 metrics (module docstring) from `judge`'s record per GRPO seed; `put` is `host_eval.put_estimate`.
+    """The finding-4 metrics (module docstring) from `judge`'s record per GRPO seed; `put` is `metrics.put_estimate`.
     No prefix in any seed: only `<d>.f4_correction.n_prefixes` = 0 and the note `<d>.note.f4_correction`."""
     f4 = f"{d}.f4_correction"
     m: dict = {}

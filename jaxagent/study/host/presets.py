@@ -1,6 +1,6 @@
-"""Presets of the host-domain study (`experiments.host_study`): one per domain and scale.
+"""Presets of the host-domain study (`pipeline.run_study`, `experiments.host_study`): one per domain and scale.
 
-Domains (`jaxagent.study.host_stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
+Domains (`stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
   ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
                               (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
                               5:55 wall on a 2-core machine shared with other jobs);
@@ -10,7 +10,7 @@ Domains (`jaxagent.study.host_stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), 
 Memory arithmetic in the comments (bf16 KV cache per token and layer: 2 x K heads x E x 2 bytes): Qwen3-0.6B has 28
 layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV heads of 128, 144 KiB per token (split
 over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
-presets (experiments/presets.py).
+presets (jaxagent/study/frozenlake/presets.py).
 
 Tasks: the sql and code domains use their built-in sets (hand-written + generated: 687 / 228 and 676 / 225 train /
 held-out tasks, docs/host_study.md "Data") unless `data` (or `--data DIR`) names a local Spider / InterCode-SQL or
@@ -24,7 +24,7 @@ from typing import Optional
 
 from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
-from jaxagent.study.host_stages import HOST_ARMS, HostTaskSettings, get_domain
+from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +93,15 @@ def data_problem(preset: HostPreset) -> Optional[str]:
     if not os.path.exists(preset.data):
         return f"preset {preset.name!r}: --data {preset.data!r} does not exist (data is read from local files only)"
     return None
+
+
+def preset_problem(preset: HostPreset) -> Optional[str]:
+    """Why the preset cannot run as given (`data_problem`, or no checkpoint for a preset without a tiny model),
+    or None."""
+    problem = data_problem(preset)
+    if problem is None and preset.checkpoint is None and preset.tiny_model is None:
+        problem = f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)"
+    return problem
 
 
 def data_env(preset: HostPreset):

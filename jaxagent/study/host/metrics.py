@@ -43,7 +43,8 @@ import numpy as np
 
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
-from jaxagent.study import host_dynamics, host_error_recovery, host_likelihood, host_step_quality
+from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
+                                 likelihood as host_likelihood, step_quality as host_step_quality)
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")

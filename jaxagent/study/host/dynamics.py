@@ -20,7 +20,7 @@ Log record (`record`; one JSON line of arms/<arm>/seed<s>/dynamics.jsonl): step 
 -1: the base has no training batch), n_multi (B), r_single, r_single_tasks ([P] r_p), n_samples (Z).
 
 Estimates (`dynamics_metrics`, GRPO seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity
-estimate, through `host_eval.put_estimate` and `stats.seed_estimate`):
+estimate, through `metrics.put_estimate` and `stats.seed_estimate`):
   `<d>.f6_r_single.diff`: per seed s and held-out task p, delta_{s,p} = r_p(last logged iteration) - r_p(base);
       units = held-out tasks nested in seeds, so the estimate is the mean over seeds of R_single,last - R_single,base.
   `<d>.f6_r_multi.diff`: per seed, R_multi(last iteration) - R_multi(iteration 0, the base policy's batch);
@@ -56,8 +56,8 @@ import numpy as np
 from jaxagent.eval import stats
 from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
 from jaxagent.sampling import Sampler
-from jaxagent.study import host_stages
-from jaxagent.study.host_step_quality import StopAfter
+from jaxagent.study.host import stages as host_stages
+from jaxagent.study.host.step_quality import StopAfter
 
 DOMAINS = ("code",)
 R_SINGLE_KEY = 777
@@ -158,7 +158,7 @@ def _batch(r: Mapping) -> np.ndarray:
 def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
                      put) -> dict:
     """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is
-    `host_eval.put_estimate`. No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
+    `metrics.put_estimate`. No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
     ends = {s: e for s, e in ((s, _ends(rows)) for s, rows in sorted(logs.items())) if e is not None}
     if not ends:
         return {f"{d}.note.f6_dynamics": NO_LOG_NOTE}

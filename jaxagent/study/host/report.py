@@ -5,7 +5,7 @@ the structural bound allows, `findings.room_from_metrics`, printed as "bound all
 about how many seeds would decide it (`findings.seeds_to_decide`) and every row says which result would have
 made it "not reproduced" (`Finding.falsified_by`). A finding the run could not measure says why in a note
 (`<d>.note.<finding>`, e.g. no matched state for finding 3, no error prefixes for finding 4, finding 6 outside
-the coding domain). Metric keys as `host_eval` writes them.
+the coding domain). Metric keys as `host_metrics` writes them.
 No dimension legend: host-side text.
 """
 from __future__ import annotations

@@ -1,0 +1,16 @@
+"""The host-domain study (SQL, BFCL multi-turn, multi-turn coding) as library stages over a run directory
+(docs/host_study.md):
+
+  presets         `HostPreset` and `HOST_PRESETS`: one per domain and scale
+  stages          domains, the host world, the RL arms' runtime and training on host envs, Pass episodes
+  run             `HostRun` (the run directory), stage 'base' (`run_base`), stage 'rl' (`run_arms`, resumable)
+  evaluate        stage 'eval': Pass@(K,T) per policy, the bound, the findings' per-seed records (cached in eval/)
+  metrics         Pass@(K,T), the structural bound and the seed-aware estimates of findings 1, 2, 7 (and the
+                  domain's 3-6 through the modules below)
+  step_quality    finding 3 (coding): step quality on matched states
+  error_recovery  finding 4 (BFCL): tool-call error correction
+  likelihood      finding 5 (BFCL): likelihood of RL's and base's trajectories under both policies
+  dynamics        finding 6 (coding): R_multi vs R_single over training
+  report          the Markdown report's text
+  pipeline        stage 'report' (`write_report`) and the whole study in order (`run_study`)
+"""

@@ -1,0 +1,180 @@
+"""The host-domain study's evaluation stage over a run directory (`run.HostRun`): held-out Pass@(K,T) of the base
+and of every trained arm x seed with the structural bound, and the findings measured on the GRPO seeds' policies,
+each cached in eval/ and reused on a rerun.
+
+runs/<name>/eval/
+  <policy>.json             raw per-episode log (success, status, turns [U, P, Z]; `episodes`: per episode,
+                            tier-major, the replies and per-step tool_error / failure / done flags, on finding-3 and
+                            finding-4 domains; `f5_tokens`: the full-budget episodes' tokens and policy-token spans,
+                            on finding-5 domains) and Pass@(K,T)
+  f3_grpo_seed<s>.json      finding 3 (coding): matched states of base's and seed s's full-budget episodes, G replies
+                            of each policy per state, their unit-test pass rates (`host_step_quality`)
+  f4_grpo_seed<s>.json      finding 4 (BFCL): the error prefixes of base's and seed s's full-budget episodes, each
+                            continued once by each policy, judged (`host_error_recovery`)
+  f5_grpo_seed<s>.json      finding 5 (BFCL): base's and seed s's full-budget episodes (their tokens kept in the eval
+                            logs' `f5_tokens`), every policy token scored under both policies: per episode action NLLs
+                            under base, LLR, policy tokens (`host_likelihood`)
+  bound.json                reference turns per held-out task and the bound per tier
+
+Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from jaxagent.eval import health
+from jaxagent.sampling import Sampler
+from jaxagent.study import run_dir, stages
+from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
+                                 likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
+                                 metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
+from jaxagent.study.host.run import HostRun
+
+
+def eval_policy(run: HostRun, load_params, label: str) -> dict:
+    """Announced-mode Pass@(K,T) of the policy `load_params()` returns (called only when the evaluation is not
+    cached) on the held-out tasks (cached in eval/<label>.json; on a finding-3
+    or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
+    episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
+    re-evaluated, with the same key)."""
+    path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
+    keep = run.world.domain.name in host_error_recovery.DOMAINS + host_step_quality.DOMAINS  # findings 3, 4
+    f5 = run.world.domain.name in host_likelihood.DOMAINS  # finding 5: the full-budget episodes' tokens are kept
+    if os.path.isfile(path):
+        with open(path) as f:
+            cached = json.load(f)
+        if (not keep or "episodes" in cached) and (not f5 or host_likelihood_scoring.LOG_KEY in cached):
+            return cached
+    p, w, params = run.preset, run.world, load_params()
+    traces = []
+    ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
+                                             compute_dtype=p.compute_dtype, mesh=run.mesh,
+                                             on_trace=traces.append if keep else None)
+    tok_log = host_likelihood_scoring.TokenLog(run.tiers[-1])
+    rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
+    raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
+                                        p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
+    per_task = host_metrics.pass_grid(raw["success"], p.eval.ks)
+    res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
+           "per_task": per_task, "mean": per_task.mean(-1)}
+    if keep:
+        total = raw["status"].size
+        sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
+        res["episodes"] = host_error_recovery.episode_records(traces, sizes)
+    if f5:
+        total = raw["status"].size
+        sizes = [min(p.eval.batch_size, total - start) for start in range(0, total, p.eval.batch_size)]
+        res[host_likelihood_scoring.LOG_KEY] = tok_log.log_entry(sizes, raw["status"].shape)
+    run_dir.write_json(path, res)
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_dynamics(run: HostRun, policies) -> dict | None:
+    """Finding 6's records per GRPO seed (arms/grpo/seed<s>/dynamics.jsonl, `host_dynamics.record`); None outside
+    `host_dynamics.DOMAINS`."""
+    if run.world.domain.name not in host_dynamics.DOMAINS:
+        return None
+    paths = {s: os.path.join(run.dir, "arms", a, f"seed{s}", "dynamics.jsonl") for a, s in policies
+             if a == host_metrics.MAIN_ARM}
+    return {s: health.read_log(path) for s, path in sorted(paths.items()) if os.path.isfile(path)}
+
+
+def evaluate(run: HostRun, base, policies: dict) -> dict:
+    """Stage 'eval': every policy's Pass@(K,T) (`eval_policy`; `policies` maps (arm, seed) to a trained policy,
+    loaded one at a time), eval/bound.json, each arm seed's training health, the domain's findings on the GRPO
+    seeds (3: `step_quality_seed`, 4: `error_prefixes`, 5: `likelihood_seed`, 6: `read_dynamics`); returns the
+    domain's flat metrics (`host_metrics.domain_metrics`)."""
+    p, w, d = run.preset, run.world, run.world.domain.name
+    evals = {"base": eval_policy(run, lambda: base, "base")}
+    for a, s in policies:  # one policy loaded at a time (`study.SavedPolicies`)
+        evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}")
+    bound = host_metrics.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
+    run_dir.write_json(os.path.join(run.path("eval"), "bound.json"),
+                       {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
+                        "task_ids": evals["base"]["task_ids"]})
+    hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
+          for a, s in policies}
+    per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
+    # the findings' GRPO seeds, each seed's policy loaded only when its record is not cached
+    seeds = [s for a, s in policies if a == host_metrics.MAIN_ARM]
+    rl = lambda s: lambda: policies[(host_metrics.MAIN_ARM, s)]  # noqa: E731
+    judged = stepq = lik = None
+    if d in host_error_recovery.DOMAINS and seeds:
+        judged = {s: error_prefixes(run, base, rl(s), evals, s) for s in seeds}
+    if d in host_step_quality.DOMAINS and seeds:
+        stepq = {s: step_quality_seed(run, base, rl(s), evals, s) for s in seeds}
+    if d in host_likelihood.DOMAINS and seeds:
+        memo = {}  # base's episodes scored under base, shared by the seeds
+        lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
+    return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
+                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
+                                    likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq)
+
+
+def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
+    """Finding 4 for GRPO seed `seed` (cached in eval/f4_grpo_seed<s>.json): the error prefixes of base's and the
+    seed's full-budget held-out episodes, one continuation each by base and by the seed, judged per prefix
+    (`host_error_recovery`)."""
+    def compute(label):
+        p, w = run.preset, run.world
+        prefixes = host_error_recovery.prefixes_from_log(evals, ["base", label], w.heldout_tasks, p.task.t_max)
+        key = jax.random.fold_in(jax.random.key(404), seed)
+        acts = {}
+        for i, (name, prm) in enumerate((("base", base), ("rl", load_rl()))):
+            acts[name] = host_error_recovery.continue_prefixes(
+                prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
+                sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+                mesh=run.mesh)
+        return {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
+    return seed_record(run, "f4", seed, compute)
+
+
+def seed_record(run: HostRun, tag: str, seed: int, compute) -> dict:
+    """A finding's record for GRPO seed `seed`, eval/<tag>_grpo_seed<s>.json: read when it exists, else
+    `compute(label)` (label = 'grpo/seed<s>') and written (by process 0, `run_dir.write_json`)."""
+    label = f"{host_metrics.MAIN_ARM}/seed{seed}"
+    path = os.path.join(run.path("eval"), f"{tag}_{label.replace('/', '_')}.json")
+    if not os.path.isfile(path):
+        res = compute(label)
+        run_dir.write_json(path, res)
+        return res
+    with open(path) as f:
+        return json.load(f)
+
+
+def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
+    """Finding 3 for GRPO seed `seed` (cached in eval/f3_grpo_seed<s>.json): matched states drawn in equal numbers
+    (at most eval.step_states each) from base's and the seed's full-budget held-out episodes, G = eval.step_samples
+    replies of each policy per state (the same key for both: common random numbers), each scored by its unit-test
+    pass rate (`host_step_quality`)."""
+    def compute(label):
+        p, w = run.preset, run.world
+        states = host_step_quality.states_from_log(evals, "base", label, w.heldout_tasks, seed=303 + seed,
+                                                   n_states=p.eval.step_states)
+        key = jax.random.fold_in(jax.random.key(303), seed)
+        scores = {name: host_step_quality.sample_scores(
+            prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
+            sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+            mesh=run.mesh)
+            for name, prm in (("base", base), ("rl", load_rl()))}
+        return host_step_quality.record(states, scores["base"], scores["rl"])
+    return seed_record(run, "f3", seed, compute)
+
+
+def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: dict | None = None) -> dict:
+    """Finding 5 for GRPO seed `seed` (cached in eval/f5_grpo_seed<s>.json): every policy token of base's and the
+    seed's full-budget held-out episodes scored under both policies, per episode its action NLLs under base, its
+    cumulative LLR and its policy-token count (`host_likelihood_scoring.score_seed`; rows per scoring batch: the train
+    step's micro-batch, n_tasks x group_size / micro_batches, on the run's mesh and compute dtype)."""
+    p = run.preset
+    return seed_record(run, "f5", seed, lambda label: host_likelihood_scoring.score_seed(
+        base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
+        mesh=run.mesh, compute_dtype=stages.resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
+        memo=memo))
+
+

@@ -1,0 +1,82 @@
+"""The host-domain study (SQL, BFCL multi-turn, multi-turn coding; the preset names the domain) in order, over one
+run directory: base checkpoint (`run.run_base`) -> RL arms x seeds (`run.run_arms`) -> held-out Pass@(K,T) with the
+structural bound and the findings (`evaluate.evaluate`) -> runs/<name>/report.md (`write_report`); docs/host_study.md.
+
+runs/<name>/
+  config.json, tiny_checkpoint/, base/, arms/   `run` (module docstring)
+  eval/                                         `evaluate` (module docstring)
+  metrics.json, report.md                       `write_report`
+  timing.json                                   `run_study`: wall seconds of the base, RL and eval stages
+Every stage is reused when finished (DONE markers, cached evaluations); a rerun resumes where the last one stopped.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from jaxagent.study import run_dir
+from jaxagent.study.host import (error_recovery as host_error_recovery, likelihood as host_likelihood,
+                                 metrics as host_metrics, report as host_report, step_quality as host_step_quality)
+from jaxagent.study.host.evaluate import evaluate
+from jaxagent.study.host.presets import HostPreset
+from jaxagent.study.host.run import HostRun, no_log, run_arms, run_base
+
+
+def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
+    """Stage 'report': report.md (the run's settings, then the domain's section, `host_report.domain_section`) and
+    metrics.json, written by process 0; returns (report path, verdicts {finding key: verdict})."""
+    p, dom = run.preset, run.world.domain
+    findings = host_metrics.domain_findings(dom.name, dom.title)
+    section, verdicts = host_report.domain_section(
+        dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
+        t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
+        notes=(dom.split_note, dom.bound_note))
+    meta = {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
+            "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
+            "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
+            "domain": f"{dom.name} ({dom.title}; env '{dom.env}')",
+            "T_max": str(p.task.t_max), "tool-output cap (tokens per turn)": str(p.task.max_obs_tokens),
+            "Pass@(K,T) mode": "announced", "samples per task and tier": str(p.eval.n_samples)}
+    if dom.name in host_error_recovery.DOMAINS:
+        meta["finding 4 error prefixes"] = ("base's and each GRPO seed's full-budget held-out episodes, steps with "
+                                            "a tool-call error that did not end the episode; one reply per policy")
+    if dom.name in host_step_quality.DOMAINS:
+        meta["finding 3 matched states"] = (f"up to {p.eval.step_states} from each of base's and each GRPO seed's "
+                                            "full-budget held-out episodes (equal numbers); "
+                                            f"{p.eval.step_samples} replies per policy and state, each scored by its "
+                                            "unit-test pass rate")
+    if dom.name in host_likelihood.DOMAINS:
+        meta["finding 5 likelihood"] = ("base's and each GRPO seed's full-budget held-out episodes, every policy "
+                                        f"token scored teacher-forced under both policies ({p.compute_dtype})")
+    text = host_report.build_host_report(meta, metrics, [section])
+    path = os.path.join(run.dir, "report.md")
+    if run_dir.is_main_process():  # several processes: process 0 writes the report
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        run_dir.write_json(os.path.join(run.dir, "metrics.json"), metrics)
+    run_dir.sync_processes(f"report:{run.dir}")
+    return path, verdicts
+
+
+
+
+def run_study(preset: HostPreset, root: str = "runs", name: str | None = None, *, force: bool = False,
+              log: Callable[[str], None] = no_log) -> tuple[str, dict, dict]:
+    """Every stage of `preset`'s study in <root>/<name or preset.name> (`HostRun`: checked, created and locked;
+    `force` empties a run directory made with other settings); `log` receives the arms' progress lines. Returns
+    (report path, verdicts {finding key: verdict}, timing {base_s, rl_s, eval_s, total_s}: wall seconds, also
+    written to timing.json by process 0)."""
+    t0 = time.time()
+    run = HostRun(preset, root, name, force=force)
+    base = run_base(run)
+    t_base = time.time()
+    policies = run_arms(run, base, log=log)
+    t_rl = time.time()
+    metrics = evaluate(run, base, policies)
+    path, verdicts = write_report(run, metrics)
+    t_end = time.time()
+    timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
+    if run_dir.is_main_process():
+        run_dir.write_json(os.path.join(run.dir, "timing.json"), timing)
+    return path, verdicts, timing

@@ -1,0 +1,214 @@
+"""The host-domain study's run directory and its first two stages: the base checkpoint (`run_base`) and the RL arms
+x seeds (`run_arms`), resumable from their checkpoints.
+
+runs/<name>/
+  config.json                          the preset (+ the checkpoint used)
+  tiny_checkpoint/                     CI presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout)
+  base/DONE                            the checkpoint the arms start from
+  arms/<arm>/seed<k>/  metrics.jsonl, ckpt/ (orbax, the 2 newest iterations: resumable), policy/ (HF layout), DONE;
+                       dynamics.jsonl on the coding domain (finding 6: R_multi and R_single, `host_dynamics`)
+(the evaluation stage's files: `evaluate`; the report's: `report.write_report`).
+
+One run writes a run directory at a time (`run_dir.RunDir`: a second gets RunDirInUse, naming the first's pid); the
+checkpoint, its tokenizer and the settings are checked before the directory is created. A finished arm/seed (DONE)
+is reused on a rerun; an interrupted arm resumes from its latest checkpoint (its logs cut back to it), unless that
+checkpoint was saved with other settings (refused, naming them). A rerun with other settings refuses unless
+`force` (which empties the run directory); the mesh, the seeds and the arms may change (`frozenlake_run.RESULT_NEUTRAL`).
+Device mesh: a preset's `mesh` other than (1, 1, 1) runs the train step and the rollouts sharded on a mesh over
+every device of the job (`frozenlake_run.make_run_mesh`). Several processes (a multi-host job, e.g. the v5p pod presets:
+every process runs the same program): every process runs every rollout and steps every episode's env (`host_loop`
+module docstring, multi-process); process 0 writes the run directory, the metrics, checkpoints and the report,
+the others waiting where they read them (DONE markers and eval logs, the same on every process, are written
+atomically by each).
+Each arm iteration's metrics record adds the rollout's host numbers (`host_stages.trace_metrics`: model vs env
+wall seconds, episodes ended by an env error or time-out).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from typing import Callable, Optional
+
+import jax
+
+from jaxagent.study.frozenlake import run as frozenlake_run
+from jaxagent.study.frozenlake.train import SavedPolicies
+from jaxagent import sharding
+from jaxagent.envs.jax import budgets as budgets_lib
+from jaxagent.models import qwen3, weights
+from jaxagent.models.tokenizer import qwen3_tokenizer_dir
+from jaxagent.rl import checkpoint as ckpt_lib
+from jaxagent.study import run_dir, stages
+from jaxagent.study.host import dynamics as host_dynamics, stages as host_stages
+from jaxagent.study.host.presets import HostPreset, data_env
+
+
+def no_log(_message: str) -> None:
+    """The default `log`: progress lines are dropped."""
+
+
+def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
+    """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it."""
+    if not os.path.isfile(os.path.join(path, "DONE")):
+        weights.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+        src = qwen3_tokenizer_dir()
+        for name in os.listdir(src):
+            shutil.copy(os.path.join(src, name), os.path.join(path, name))
+        run_dir.mark_done(path)
+    return path
+
+
+class HostRun:
+    """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
+
+    def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
+        # Everything that can be checked is checked before the run directory is touched (`frozenlake_run.Run`).
+        self.preset = preset
+        frozenlake_run.check_preset(preset)
+        self.mesh = frozenlake_run.make_run_mesh(preset)  # InvalidSettings unless the mesh covers every device of the job
+        if self.mesh is None and jax.process_count() > 1:
+            raise run_dir.InvalidSettings(
+                f"preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has {jax.process_count()} "
+                f"processes; a multi-process run needs a preset whose mesh covers all {jax.device_count()} devices")
+        frozenlake_run.check_batches(preset, sharding.batch_divisor(self.mesh))  # InvalidSettings
+        if preset.checkpoint:
+            self.checkpoint = preset.checkpoint
+            self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
+        self.dir = os.path.abspath(os.path.join(root, name or preset.name))
+        self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
+        record = run_dir.plain(preset)
+        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL)
+        if diff and not force:
+            raise run_dir.SettingsMismatch(
+                f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
+                f"{run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or pass --force "
+                "to empty it and start again")
+        if diff:
+            self.run_dir.empty()
+        self.run_dir.write_config(record)
+        if not preset.checkpoint:
+            self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
+            if run_dir.is_main_process():  # process 0 writes the run directory; the others wait for it
+                write_tiny_checkpoint(self.checkpoint, preset.tiny_model)
+            run_dir.sync_processes(f"host-run-dir:{self.dir}")
+            self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
+        self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=data_env(preset))
+        self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
+
+    def path(self, *parts) -> str:
+        p = os.path.join(self.dir, *parts)
+        os.makedirs(p, exist_ok=True)
+        return p
+
+    def arm_settings(self, arm: str) -> stages.ArmSettings:
+        """The FrozenLake study's arm settings from the same preset fields (`frozenlake_run.Run.arm_settings`: estimator,
+        batch, epochs, lr, KL coefficient and estimator, entropy), with the preset's sampling temperature."""
+        return dataclasses.replace(frozenlake_run.Run.arm_settings(self, arm), temperature=self.preset.temperature)
+
+
+def run_base(run: HostRun):
+    """Stage 'base': the checkpoint's params (on the run's mesh); base/DONE names the checkpoint."""
+    _, params = weights.load(run.checkpoint, mesh=run.mesh)
+    out = run.path("base")
+    if not run_dir.done(out):
+        run_dir.mark_done(out, {"source": run.checkpoint})
+    return params
+
+
+def arm_stage_settings(run: HostRun, arm: str, seed: int) -> dict:
+    """What determines an arm/seed's policy and logs (recorded in its checkpoints' extra and its DONE; a resume
+    from a checkpoint saved with other settings is refused)."""
+    p = run.preset
+    return run_dir.plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
+                          "seed": int(seed), "task": p.task, "compute_dtype": p.compute_dtype,
+                          "dynamics_every": p.dynamics_every,
+                          "r_single": {"n_samples": p.eval.n_samples, "batch_size": p.eval.batch_size}})
+
+
+def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed: int, base_params):
+    """(checkpoint manager of <out>/ckpt (keeps 2), the latest checkpoint's TrainState or None); SettingsMismatch
+    when that checkpoint was saved with other settings than `recorded` (or without any)."""
+    manager = ckpt_lib.make_manager(os.path.join(out, "ckpt"), max_to_keep=2)
+    if manager.latest_step() is not None:
+        saved = (ckpt_lib.read_metadata(manager).get("extra") or {}).get("settings")
+        diff = ["settings: not recorded"] if saved is None else ckpt_lib.settings_diff(saved, recorded)
+        if diff:
+            where = ckpt_lib.step_directory(manager, manager.latest_step())
+            raise run_dir.SettingsMismatch(
+                f"stage {label}: the checkpoint {where} was saved with other settings ({len(diff)} differ, as saved "
+                f"vs now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or "
+                f"delete {out} to redo this arm from iteration 0")
+    # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
+    abstract = stages.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)
+    return manager, ckpt_lib.restore_latest(manager, abstract, cfg=run.cfg, expect_extra={"settings": recorded})
+
+
+def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, runtimes: Optional[dict] = None):
+    """Stage 'rl': every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile;
+    `runtimes`: a cache of them a caller keeps across calls, e.g. to resume arms in the same process without
+    recompiling). Each iteration checkpoints the train state (arms/<arm>/seed<s>/ckpt, the 2 newest) after writing
+    its logs; an interrupted arm resumes from its latest checkpoint, its logs cut back to the iterations before it.
+    On the coding domain each arm also logs finding 6's R_multi and R_single (`host_dynamics`) into dynamics.jsonl:
+    the base at step -1, then every `dynamics_every` iterations and the last. Returns the trained policies
+    (`SavedPolicies`: (arm, seed) -> params, read from arms/<arm>/seed<s>/policy when asked for)."""
+    p, done = run.preset, []
+    runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
+    r_single, base_rs = None, []
+    if run.world.domain.name in host_dynamics.DOMAINS:
+        host_dynamics.should_measure(0, p.dynamics_every, p.iterations)  # a bad dynamics_every fails before training
+        r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,
+                                               batch_size=p.eval.batch_size, compute_dtype=p.compute_dtype,
+                                               mesh=run.mesh)
+    for arm in p.arms:
+        settings = run.arm_settings(arm)
+        key = stages.shared_key(settings)
+        for seed in p.seeds:
+            out = run.path("arms", arm, f"seed{seed}")
+            done.append((arm, seed))
+            if run_dir.done(out):
+                continue
+            if key not in runtimes:
+                host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its record
+                runtimes[key] = (host_stages.make_host_arm_runtime(
+                    run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
+                    micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
+                    on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace))), host)
+            runtime, host = runtimes[key]
+            label, recorded = f"{arm}/seed{seed}", arm_stage_settings(run, arm, seed)
+            manager, state = resume_arm(run, label, out, recorded, runtime, seed, base_params)
+            metrics_path, dyn_path = os.path.join(out, "metrics.jsonl"), os.path.join(out, "dynamics.jsonl")
+            if state is not None:
+                start = int(state.data_pos) // settings.rl.n_tasks
+                log(f"[{label}] resuming at iteration {start}")
+                # lines of iterations after the restored checkpoint (a kill between append and save) go
+                run_dir.cut_jsonl(metrics_path, lambda r, start=start: r.get("iteration", start) < start)
+                run_dir.cut_jsonl(dyn_path, lambda r, start=start: r.get("step", start) < start)
+            else:
+                for f in (metrics_path, dyn_path):
+                    if run_dir.is_main_process() and os.path.isfile(f):  # the logs are process 0's
+                        os.remove(f)  # of a run killed before its first checkpoint: it restarts from iteration 0
+                if r_single is not None:
+                    if not base_rs:  # the base's R_single is the same for every arm and seed (one fixed key)
+                        base_rs.append(r_single(base_params))
+                    run_dir.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
+
+            def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
+                   recorded=recorded, settings=settings, host=host):
+                frozenlake_run.check_update(label, it, m, st)  # before anything of this iteration is written
+                run_dir.append_jsonl(metrics_path, {**m, **host})
+                if r_single is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
+                    run_dir.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
+                                                                        r_single(st.params)))
+                ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
+                log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
+
+            state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
+                                                 settings, runtime, callback=cb, state=state)
+            ckpt_lib.wait_until_finished(manager)
+            frozenlake_run.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
+            run_dir.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
+            del state  # the trained params are read back from <out>/policy when evaluated (`SavedPolicies`)
+    return SavedPolicies(done, lambda arm, seed: weights.load(
+        os.path.join(run.path("arms", arm, f"seed{seed}"), "policy"), mesh=run.mesh)[1])
