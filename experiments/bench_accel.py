@@ -5,8 +5,9 @@ train step and one RL iteration of a preset, each against its roofline and PyTor
     python -m experiments.bench_accel --tiny --no-peer --peak-tflops 1 --hbm-gbps 10   # seconds, on CPU
     python -m experiments.bench_accel --estimates     # the roofline estimate tables; no device is used
 
-What it measures, its output and its rules: `jaxagent.bench.accel` (the run), `jaxagent.bench.accel_rl` (the RL
-iteration), `jaxagent.bench.estimates` (the tables); the PyTorch peer: `experiments.peers.torch_accel`.
+What it measures, its output and its rules: `jaxagent.bench.accel` (the run), `jaxagent.bench.accel_plan` (the
+checks of the arguments), `jaxagent.bench.accel_rl` (the RL iteration), `jaxagent.bench.estimates` (the tables); the
+PyTorch peer: `experiments.peers.torch_accel`.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import time
 import types
 
 from experiments.peers.torch_accel import run_peer
-from jaxagent.bench import accel, accel_rl, estimates
-from jaxagent.bench.accel import PARTS, UsageError
+from jaxagent.bench import accel, accel_plan, accel_rl, estimates
+from jaxagent.bench.accel_plan import PARTS, UsageError
 
 AOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "aot_records")
 
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
             except ValueError as err:
                 raise UsageError(str(err)) from None
             return 0
-        plan = accel.plan_from(a, {k: p.get_default(k) for k in accel.TINY}, rl_presets())
+        plan = accel_plan.plan_from(a, {k: p.get_default(k) for k in accel_plan.TINY}, rl_presets())
     except UsageError as err:
         print(f"bench_accel: error: {err}", file=sys.stderr)
         return 2
