@@ -116,7 +116,7 @@ def test_setting_labels_and_table_order():
 
 def test_pick_best_takes_fastest_with_tie_breaks():
     t1, t2, t2p = PeerSetting(1), PeerSetting(2), PeerSetting(2, PASSIVE)
-    # the case: default spin-waiting at 2 threads on a loaded machine loses to 1 thread
+    # default spin-waiting at 2 threads on a loaded machine loses to 1 thread
     assert bc.pick_best({t1: 0.015, t2: 0.489, t2p: 0.021}) == t1
     assert bc.pick_best({t1: 0.015, t2: 0.009, t2p: 0.010}) == t2
     assert bc.pick_best({t2p: 0.01, t2: 0.01, t1: 0.02}) == t2      # tie: the default policy

@@ -12,7 +12,7 @@ from jaxagent.bench.longtail import (decode_slots_per_turn, finished_share_mixtu
 from jaxagent.envs.host import base as host
 from jaxagent.rollout import RolloutConfig
 from jaxagent.rollout.host_loop import host_rollout
-from jaxagent.rollout.host_schedule import HostTiming, decode_shares, decode_slot_counts
+from jaxagent.rollout.host_timing import HostTiming, decode_shares, decode_slot_counts
 from jaxagent.sampling import Sampler
 
 

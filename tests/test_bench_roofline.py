@@ -63,7 +63,7 @@ def test_fractions_and_roofline_bound():
 
 def test_qwen3_8b_decode_roofline_matches_the_issues_target():
     """Batch 1 on an H200: ~15.3 GB of bf16 matmul weights read per token -> ~314 tokens/s at the roofline, 75% of it
-    ~235 tokens/s (the issue's 'about 220')."""
+    ~235 tokens/s (the decode target's 'about 220')."""
     rows = estimates.model_rows("qwen3-8b", MODELS["qwen3-8b"], DEVICES["H200 SXM"], decode_batches=(1,))
     dec = next(r for r in rows if r["bench"] == "decode")
     assert dec["bound"] == "memory" and 300 < dec["roofline_tokens_per_s"] < 330

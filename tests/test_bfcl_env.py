@@ -285,7 +285,7 @@ def test_every_solvable_task_replays_to_reward_one(env):
 
 
 # ------------------------------------------------------------------------------------------------
-# Hostile actions (issue 17): numbers out of range, deep nesting, deep directory trees
+# Hostile actions: numbers out of range, deep nesting, deep directory trees
 # ------------------------------------------------------------------------------------------------
 _BIG_INT = "1" + "0" * 400  # an integer literal beyond the float range
 

@@ -140,7 +140,7 @@ def test_hidden_equals_truncated(passes):
 
 
 def test_announced_equals_truncated_when_budget_text_is_ignored(passes):
-    """The issue's property: a policy blind to the budget text gives the same Pass@(K,T) in both modes."""
+    """A policy blind to the budget text gives the same Pass@(K,T) in both modes."""
     ann, trunc = passes["blind", "announced"], passes["blind", "truncated"]
     np.testing.assert_array_equal(ann["success"], trunc["success"])
     np.testing.assert_array_equal(ann["grid"], trunc["grid"])

@@ -86,7 +86,7 @@ def test_identical_policies_tie_everywhere(q_table):
 
 def test_invalid_reply_is_scored_as_invalid_not_as_staying_put():
     """A policy whose replies are all invalid gets the worst value (0) at every state, exactly and sampled,
-    even where staying put would have kept a positive gamma V* (the issue's collapsed seed)."""
+    even where staying put would have kept a positive gamma V* (a collapsed seed)."""
     q = np.asarray([[0.9, 0.5, 0.7, 0.6], [0.2, 0.0, 0.1, 0.0]], np.float32)
     collapsed = np.asarray([[0, 0, 0, 0, 1.0], [0, 0, 0, 0, 1.0]], np.float32)
     mixed = np.asarray([[0.5, 0, 0, 0, 0.5], [0, 0, 1.0, 0, 0]], np.float32)

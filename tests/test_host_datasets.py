@@ -322,7 +322,7 @@ def test_presets_miniatures_stay_small_and_real_scales_evaluate_200(tok):
 
     for name, hand, n_train, n_held in (("ci-sql", SQL_TASKS, 4, 5), ("ci-code", CODE_TASKS, 2, 2)):
         w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
-        ids = [t["id"] for t in hand]  # the hand-written tasks, as before the sets grew
+        ids = [t["id"] for t in hand]  # the hand-written tasks come first, in order
         assert [t.id for t in w.train_tasks] == [i for k, i in enumerate(ids) if k % 4 != 3][:n_train], name
         assert [t.id for t in w.heldout_tasks] == ids[3::4][:n_held], name
     for name in ("qwen3-0.6b-1gpu-sql", "qwen3-8b-v5p-code"):

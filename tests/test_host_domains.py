@@ -25,7 +25,7 @@ from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
-from jaxagent.rollout.host_schedule import HostTiming
+from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import host_error_recovery, host_stages, stages
 from tests.passk_reference import comb_pass

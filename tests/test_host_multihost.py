@@ -22,8 +22,9 @@ import pytest
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.rollout import FAILED, host_loop
 from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
-from jaxagent.rollout.host_schedule import (EnvCalls, EnvError, EnvShare, EnvTimeout, Raised, RemoteEnvFailure,
-                                            episode_owners, error_text)
+from jaxagent.rollout.host_env_calls import (EnvCalls, EnvError, EnvShare, EnvTimeout, Raised, RemoteEnvFailure,
+                                             episode_owners)
+from jaxagent.rollout.host_schedule import error_text
 from tests import host_multihost_worker as worker
 from tests.multiprocess import start_workers, wait_workers
 

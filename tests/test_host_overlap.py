@@ -1,5 +1,5 @@
-"""The host rollout's schedule (`rollout/host_schedule.py`): env steps of one episode group overlap the
-model's decoding of another, the result is the same with and without overlap, a hung env call ends only
+"""The host rollout's schedule (`rollout/host_schedule.py`, `rollout/host_env_calls.py`): env steps of one
+episode group overlap the model's decoding of another, the result is the same with and without overlap, a hung env call ends only
 its own episode (the rollout returns after about the time limit), and each turn's seconds are split
 into model vs env."""
 import dataclasses
@@ -14,7 +14,8 @@ from jaxagent.envs.host.base import HostEnv, make_info
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED, SUCCESS
 from jaxagent.rollout.host_loop import HostRolloutConfig, host_rollout
-from jaxagent.rollout.host_schedule import EnvCalls, EnvTimeout, episode_groups
+from jaxagent.rollout.host_env_calls import EnvCalls, EnvTimeout
+from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler
 
 RCFG = HostRolloutConfig(t_max=3, max_action_tokens=128, max_context=4096)

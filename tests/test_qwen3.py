@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.models import ops, ops_cpu, qwen3, weights
+from jaxagent.models import ops, ops_cpu, qwen3, safetensors_io, weights
 from jaxagent.models.config import Qwen3Config
 from tests.hf_reference import hf_logits, make_hf_qwen3
 
@@ -294,11 +294,11 @@ def good_dir(tmp_path):
 
 
 def _rewrite(d, fn):
-    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    f = safetensors_io.SafetensorsFile(str(d / "model.safetensors"))
     tensors = {k: np.array(f.get(k)) for k in f.keys()}
     del f
     fn(tensors)
-    weights.write_safetensors(str(d / "model.safetensors"), tensors)
+    safetensors_io.write_safetensors(str(d / "model.safetensors"), tensors)
 
 
 def test_missing_tensor_is_named(good_dir):

@@ -183,7 +183,7 @@ def test_context_exhausted(setup):
 
 @pytest.mark.parametrize("value", [4, 5, -2, 99])
 def test_forced_actions_out_of_range_are_an_error(setup, value, monkeypatch):
-    """Forced actions are -1 or an action index in [0, A): anything else used to be clipped to a valid
+    """Forced actions are -1 or an action index in [0, A): anything else is an error, never clipped to a valid
     action silently. Valid ones reach the jitted rollout unchanged (stubbed: only the check is tested)."""
     import dataclasses
     from jaxagent.rollout import jax_loop

@@ -376,7 +376,7 @@ _UNDER_UNSHARE = textwrap.dedent("""\
 @pytest.mark.skipif(not _can_unshare_ur(), reason="`unshare -Ur` does not work here")
 @pytest.mark.parametrize("how", ["probe", "bypass-probe"])
 def test_under_unshare_ur_the_run_raises_instead_of_scoring(how):
-    # The issue's case: root in a user namespace that maps only uid 0. The probe refuses; and if a
+    # Root in a user namespace that maps only uid 0. The probe refuses; and if a
     # probe missed it, the failing setup raises instead of reporting the reference solution as a crash.
     out = subprocess.run(["unshare", "-Ur", sys.executable, "-c", _UNDER_UNSHARE, how], capture_output=True,
                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

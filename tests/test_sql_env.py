@@ -212,7 +212,7 @@ def test_registry(tmp_path):
 
 _ROWS_100 = "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) SELECT x FROM c)"
 HUGE_RESULTS = [
-    # issue 17: ~1900 zeroblob columns (30 per CTE row, cross-joined 64 times) in a 750-character query
+    # a hostile query: ~1900 zeroblob columns (30 per CTE row, cross-joined 64 times) in a 750-character query
     "WITH z AS (SELECT " + ", ".join(f"zeroblob(100000) c{i}" for i in range(30)) + ") SELECT * FROM "
     + ", ".join(["z"] * 64),
     "SELECT " + ", ".join(["zeroblob(30000)"] * 200),

@@ -174,7 +174,7 @@ def test_classify_seed_rules():
     assert h.status == health.HEALTHY and h.included and h.min_valid == 0.97
     h = health.classify_seed(_log([0.98, 0.90, 0.97, 1.0]))
     assert h.status == health.DEGRADED and h.included and "iteration 1" in h.reason
-    # the collapse: 0.98 -> 0.16 -> 0.0
+    # a collapsed seed: 0.98 -> 0.16 -> 0.0
     h = health.classify_seed(_log([0.98, 0.16, 0.02, 0.0, 0.0], [0.3, 0.1, 0.0, 0.0, 0.0]))
     assert h.status == health.COLLAPSED and not h.included and "valid-action rate" in h.reason
     h = health.classify_seed(_log([0.98, 0.97, 0.99, 0.99], [0.4, 0.0, 0.0, 0.0]))

@@ -451,7 +451,7 @@ def test_ppo_step_shared_backbone(reference):
     new, m = step(state, batch)
     np.testing.assert_allclose(float(m["vf_loss"]), float(want), **TOL)
     np.testing.assert_allclose(float(m["loss"]), ref_m["loss"], **TOL)
-    # the value loss now also shapes the policy backbone's gradient
+    # the value loss also shapes the policy backbone's gradient
     diff = np.abs(np.asarray(grads_of(new)["layers"][0]["mlp"]["up_proj"])
                   - grads_of(ref)["layers"][0]["mlp"]["up_proj"])
     assert diff.max() > 1e-6

@@ -1,5 +1,5 @@
 """Saved models (`weights.save`): the checksum manifest names a flipped, truncated, missing or unlisted file;
-directories without one (Hugging Face) load as before; malformed safetensors headers and non-finite
+directories without one (Hugging Face) load unverified; malformed safetensors headers and non-finite
 weights give errors naming the file and the tensor; a checkpoint that is not what it claims (another activation,
 integer weights, overlapping or gapped tensor data, absurd dimensions, a tokenizer larger than the model's
 vocabulary) is refused naming the file and the field."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.models import qwen3, weights
+from jaxagent.models import qwen3, safetensors_io, weights
 from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.models.tokenizer import build_word_tokenizer
 from jaxagent.study import run_dir
@@ -89,7 +89,7 @@ def test_truncated_missing_and_unlisted_files_are_named(params, tmp_path):
     with pytest.raises(ValueError, match=r"file config\.json does not match its checksum"):
         weights.load(d)
     d = _save(params, tmp_path / "m3")
-    weights.write_safetensors(str(d / "extra.safetensors"), {"x": np.zeros(2, np.float32)})
+    safetensors_io.write_safetensors(str(d / "extra.safetensors"), {"x": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match=r"file extra\.safetensors is not covered by its checksum manifest"):
         weights.load(d)
     os.remove(d / "extra.safetensors")
@@ -135,16 +135,16 @@ def test_malformed_safetensors_header_names_file_and_tensor(tmp_path, entry, mes
     path = tmp_path / "model.safetensors"
     _write_raw(path, {"w": entry}, b"\0" * 8)
     with pytest.raises(ValueError, match=r"model\.safetensors: corrupt safetensors header: " + message):
-        weights.read_safetensors_header(str(path))
+        safetensors_io.read_safetensors_header(str(path))
     _write_raw(path, [1, 2], b"")
     with pytest.raises(ValueError, match=r"model\.safetensors: corrupt safetensors header \(a JSON list"):
-        weights.read_safetensors_header(str(path))
+        safetensors_io.read_safetensors_header(str(path))
 
 
 def test_header_without_data_offsets_through_load(params, tmp_path):
     d = _save(params, tmp_path / "m")
     os.remove(d / weights.MANIFEST_NAME)
-    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    f = safetensors_io.SafetensorsFile(str(d / "model.safetensors"))
     header = {k: dict(v) for k, v in f.header.items()}
     data = (d / "model.safetensors").read_bytes()[f._base:]
     del f
@@ -207,11 +207,11 @@ def test_config_that_is_not_this_model_is_refused_naming_file_and_field(params, 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_])
 def test_non_float_weights_are_refused_not_cast(params, tmp_path, dtype):
     d = _hf_dir(params, tmp_path / "m")
-    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    f = safetensors_io.SafetensorsFile(str(d / "model.safetensors"))
     tensors = {k: np.array(f.get(k)) for k in f.keys()}
     del f
     tensors[UP0] = np.ones(tensors[UP0].shape, dtype)
-    weights.write_safetensors(str(d / "model.safetensors"), tensors)
+    safetensors_io.write_safetensors(str(d / "model.safetensors"), tensors)
     name = {np.int32: "I32", np.bool_: "BOOL"}[dtype]
     with pytest.raises(CheckpointError, match=rf"model\.safetensors: tensor '{UP0}' has dtype {name}; a Qwen3 "
                                               r"weight is floating point"):
@@ -231,12 +231,12 @@ def test_overlapping_or_gapped_data_offsets_are_refused(tmp_path, offsets, data_
     _write_raw(path, {k: {"dtype": "F32", "shape": [2], "data_offsets": v} for k, v in offsets.items()},
                b"\1" * data_bytes)
     with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt safetensors header: " + message):
-        weights.read_safetensors_header(str(path))
+        safetensors_io.read_safetensors_header(str(path))
 
 
 def test_overlapping_tensors_in_a_checkpoint_never_load_the_wrong_bytes(params, tmp_path):
     d = _hf_dir(params, tmp_path / "m")
-    f = weights.SafetensorsFile(str(d / "model.safetensors"))
+    f = safetensors_io.SafetensorsFile(str(d / "model.safetensors"))
     header = {k: dict(v) for k, v in f.header.items()}
     data = (d / "model.safetensors").read_bytes()[f._base:]
     del f
@@ -252,7 +252,7 @@ def test_absurd_dimension_in_a_header_is_refused(tmp_path):
     _write_raw(path, {"w": {"dtype": "F32", "shape": [10**30], "data_offsets": [0, 8]}}, b"\0" * 8)
     with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'w' is truncated or corrupt \(offsets "
                                               r"0\.\.8, shape \[1000000000000000000000000000000\]"):
-        weights.read_safetensors_header(str(path))
+        safetensors_io.read_safetensors_header(str(path))
 
 
 def test_tokenizer_larger_than_the_model_vocabulary_is_refused(params, tmp_path):

@@ -17,6 +17,8 @@ pad ids.
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from typing import Callable, Optional
 
 import jax
@@ -42,7 +44,7 @@ from jaxagent.rollout.jax_loop import rollout_jit
 from jaxagent.sampling import Sampler, bucket
 from jaxagent.sampling.generate import generate_jit
 from jaxagent.study import stages
-from jaxagent.study.toy import ToyWorld
+from jaxagent.study.toy import ToyWorld, make_toy_world
 
 PROGRAM_NAMES = ("sft_step", "rollout_train", "train_step_grpo", "train_step_ppo", "critic_values", "rollout_eval",
                  "eval_token_logprobs", "eval_reply_logprobs", "generate")
@@ -127,6 +129,13 @@ def qwen3_world(preset) -> ToyWorld:
                     chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
 
 
+def toy_world(preset) -> ToyWorld:
+    """The FrozenLake world of a toy run (the word-level tokenizer, built in a scratch directory), as
+    the study builds it without a checkpoint (`make_toy_world`): the toy presets' action budgets fit it."""
+    with tempfile.TemporaryDirectory() as d:
+        return make_toy_world(os.path.join(d, "tokenizer"), size=preset.task.size)
+
+
 def rollout_program(cfg, mesh, world, ts_settings, n: int, *, dtype, name: str, temperature: float = 1.0,
                     rules=None, mesh_context: bool = True) -> Program:
     """`rollout_jit` as `stages.make_arm_runtime`'s rollout_fn and experiments/eval.py's rollouts
@@ -170,7 +179,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     want = lambda name: only is None or name in only  # noqa: E731
     if preset.base.steps > 0 and not preset.checkpoint and want("sft_step"):  # the toy SFT (no SFT with a checkpoint)
         progs.append(sft_program(cfg, mesh, rows=preset.base.batch_size, seq=seq))
-    world = qwen3_world(preset)
+    world = qwen3_world(preset) if preset.checkpoint or preset.aot_model else toy_world(preset)
     arm_names = set(preset.arms)
     if want("rollout_train"):
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train",
@@ -201,8 +210,9 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     if want("eval_token_logprobs") or want("eval_reply_logprobs"):
         progs += eval_programs(cfg, mesh, world, b, seq, want)
     if want("generate"):
-        progs.append(generate_program(cfg, mesh, rows=b, prompt_len=512, new_tokens=preset.task.max_action_tokens,
-                                      dtype=cdt, stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id))
+        # generate runs max_new_tokens as its bucket (`generate.bucket(n, 8)`): the program it compiles
+        progs.append(generate_program(cfg, mesh, rows=b, prompt_len=512,
+                                      new_tokens=bucket(preset.task.max_action_tokens, 8), dtype=cdt, stop_ids=tuple(world.layout.stop_ids), pad_id=world.layout.pad_id))
     return Resident.of(cfg, mesh, run_mesh, arms, **step_kw).apply(progs, TRAIN_STEPS)
 
 

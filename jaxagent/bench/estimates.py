@@ -1,5 +1,5 @@
 """Roofline estimates (not measurements) of the benchmark's figures and of the study's presets on a chip of the
-device table: what 100% of the chip would give, and the issue's targets as fractions of it.
+device table: what 100% of the chip would give, and the performance targets (docs/performance.md) as fractions of it.
 
 Dimension legend (CONVENTIONS.md): B episodes or rows, S context slots, N turns (T_max), M reply tokens.
 

@@ -6,7 +6,7 @@ Dimension legend (CONVENTIONS.md): B episodes, N turns (T_max).
 Each turn, each episode group decodes once over all its policy rows, and the token loop runs until its longest
 sampled reply ends (`sampling.decode`: a `while_loop` on "some row not done"). So turn t of group g costs
 rows_g x steps_{t,g} slots, steps_{t,g} = max over the rows sampled at t (active and not forced) of
-`turns.span_len`, and the slots split as `host_schedule.decode_slot_counts` defines (generated, tail, finished,
+`turns.span_len`, and the slots split as `host_timing.decode_slot_counts` defines (generated, tail, finished,
 padding; the host loop records the same counts while it runs, `HostTiming.decode`). The JAX loop decodes the whole
 batch as one group; the host loop's groups are `host_schedule.episode_groups(B, overlap_groups)`.
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxagent.rollout.host_schedule import DECODE_KINDS, decode_shares, decode_slot_counts, episode_groups
+from jaxagent.rollout.host_schedule import episode_groups
+from jaxagent.rollout.host_timing import DECODE_KINDS, decode_shares, decode_slot_counts
 from jaxagent.rollout.types import Rollout
 
 
@@ -34,7 +35,7 @@ def decode_slots_per_turn(ro: Rollout, n_groups: int = 1) -> dict:
 
 
 def long_tail(ro: Rollout, n_groups: int = 1) -> dict:
-    """Totals and shares of the rollout's decode slots (`host_schedule.decode_shares`), and per turn the fraction
+    """Totals and shares of the rollout's decode slots (`host_timing.decode_shares`), and per turn the fraction
     of episodes still playing (`active_fraction_per_turn`) and the slots (`decode_slots_per_turn`)."""
     per_turn = decode_slots_per_turn(ro, n_groups)
     out = decode_shares(per_turn)

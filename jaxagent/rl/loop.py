@@ -143,7 +143,7 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
     weight of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
     Training" (TIS; `losses.truncated_is_weights`). With one update the train step's own first
     forward is pi_old (exact, no extra forward) and `logprobs_fn` is not called; without it the
-    sampler's log-probs are pi_old in every update, as before.
+    sampler's log-probs are pi_old in every update.
     """
     state, key = split_rng(state)
     k_task, k_budget, k_roll, k_shuffle = jax.random.split(key, 4)

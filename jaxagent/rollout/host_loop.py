@@ -16,7 +16,7 @@ as BFCL does; otherwise the observation is wrapped in one block). Chunks are tok
 with `chat.system_turn`, `chat.user_turn` and `chat.turn_pieces`, whose pieces start at, or end right
 before, a control token, so the ids equal Qwen3's template (no BPE merge across a piece boundary).
 
-Each turn (`host_rollout`'s named steps), for the active episodes of one group at once:
+Each turn (`host_rollout` runs the named steps of `host_turn`), for the active episodes of one group at once:
   1. an episode is active if it is running and t < budget_b; an active episode whose chunk plus a full
      reply (`max_action_tokens`) does not fit into `max_context` slots ends context_exhausted instead;
   2. the chunks, right-padded to one bucketed width (`sampling.bucket`, capped at `max_append_width`:
@@ -38,10 +38,10 @@ the same for every G. A sampled one draws other noise of the same distribution p
 (k_reset, k_loop) = split(key) (k_reset draws the reset seeds), group g samples with
 `fold_in(k_loop, g)` (`k_loop` itself when G = 1), split once per decode call of that group.
 Time limit (`step_timeout_s`): an env reset or step (with its process-reward hook) still running that
-long after it started is abandoned (`host_schedule.EnvCalls`): its episode fails with
+long after it started is abandoned (`host_env_calls.EnvCalls`): its episode fails with
 `trace.errors[b]` naming `EnvTimeout` and the step's `trace.infos[b][t]` {"timeout": True, ...}; its
 env state is dropped (`trace.final_states[b]` None: the abandoned thread may still hold it). Nothing
-else waits on it. `trace.timing` (`host_schedule.HostTiming`) splits each turn's seconds into model
+else waits on it. `trace.timing` (`host_timing.HostTiming`) splits each turn's seconds into model
 vs env, with the env time the model did not hide and the wall clock, and counts each turn's decode slots
 (generated, waiting for the longest reply, spent on finished episodes).
 
@@ -50,13 +50,13 @@ arguments, the params on one device mesh over all of them). Every process keeps 
 buffers, so every loop decision (who plays turn t, how many append calls of which width, which group
 decodes next, when all episodes are done) is taken from data every process holds alike, and the
 processes issue the same jitted calls in the same order; but each process steps only its own episodes'
-envs (`host_schedule.episode_owners`: contiguous blocks of the batch), so each env call is made once in
+envs (`host_env_calls.episode_owners`: contiguous blocks of the batch), so each env call is made once in
 the job and the env work per host falls with the number of hosts:
   - the model's inputs (token rows, counts, active masks, key, a fresh KV cache) are placed on the
     params' mesh from the host copies every process holds, and each decode's replies come back fully
     replicated to every process (`host_policy.Placement`);
   - after each batch of env calls (the resets, a group's turn) the processes exchange the results
-    (`host_schedule.EnvShare.exchange`: the observation, info, reward and flags, and the next chunk's
+    (`host_env_calls.EnvShare.exchange`: the observation, info, reward and flags, and the next chunk's
     token ids, gathered with `process_allgather`), so every process writes every episode's chunk and
     record; an env state stays on its process (`trace.final_states[b]` is None on the others). A call
     that times out fails its episode on every process (`EnvTimeout`, decided where it ran); an
@@ -105,16 +105,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.envs.host.base import host_cores, stable_hash
+from jaxagent.envs.host.base import host_cores
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE
 from jaxagent.models import chat
 from jaxagent.models.tokenizer import Tokenizer
-from jaxagent.rollout import episode, types
-from jaxagent.rollout.episode import EpisodeConfig, action_text
-from jaxagent.rollout.host_policy import HostPolicy, Placement, given_replies
-from jaxagent.rollout.host_schedule import (EnvCalls, EnvShare, EnvSide, EnvTimeout, Group, HostTiming, InFlight,
-                                            TurnClock, episode_groups, error_text, span)
+from jaxagent.rollout import types
+from jaxagent.rollout.episode import EpisodeConfig
+from jaxagent.rollout.host_env_calls import EnvCalls, EnvShare
+from jaxagent.rollout.host_policy import HostPolicy, Placement
+from jaxagent.rollout.host_schedule import EnvSide, Group, episode_groups
+from jaxagent.rollout.host_timing import HostTiming, TurnClock
+from jaxagent.rollout.host_turn import (EpisodeBuffers, finish_steps, group_replies, reset_all, submit_steps,
+                                        write_chunks, write_replies)
 
 # system_fn(env, task) -> (system content or None, tools list or None) for `chat.system_turn`.
 SystemFn = Callable[[Any, Any], tuple[Optional[str], Optional[list]]]
@@ -171,7 +174,15 @@ class HostTrace:
     dones: list                 # [b][t] the env's done flag of each step
     final_states: list          # env state after the last step (None if the reset failed or a call timed out, and
                                 # on the processes that did not step the episode)
-    timing: Optional[HostTiming] = None  # per-turn model vs env seconds (`host_schedule`)
+    timing: Optional[HostTiming] = None  # per-turn model vs env seconds (`host_timing`)
+
+    @classmethod
+    def empty(cls, tasks: list, seeds: list) -> "HostTrace":
+        """The trace of len(tasks) episodes before their resets: every per-episode list empty."""
+        n_ep = len(tasks)
+        return cls(tasks=tasks, seeds=seeds, errors=[None] * n_ep, actions=[[] for _ in range(n_ep)],
+                   observations=[[] for _ in range(n_ep)], infos=[[] for _ in range(n_ep)],
+                   dones=[[] for _ in range(n_ep)], final_states=[None] * n_ep)
 
     def trajectories(self, policy: str = "") -> list[dict]:
         """Per episode {task, seed, actions, infos, dones, policy}: the input of
@@ -185,56 +196,7 @@ class HostRollout(NamedTuple):
     trace: HostTrace            # texts, infos, errors and final states, on the host
 
 
-# ----------------------------------------------------------------------------- the episodes' buffers
-@dataclasses.dataclass
-class _Buffers:
-    """The Rollout's arrays, built on the host, and per-episode bookkeeping."""
-
-    tokens: np.ndarray          # int32 [B, S]
-    policy: np.ndarray          # bool [B, S]
-    turn_index: np.ndarray      # int32 [B, S]
-    logp: np.ndarray            # f32 [B, S]
-    length: np.ndarray          # int32 [B]
-    status: np.ndarray          # int32 [B]
-    rec: dict                   # Turns fields, [B, N] each
-    trace: HostTrace
-    states: list                # env state per episode
-    pending: list               # ids of each episode's next chunk
-    n_system: np.ndarray        # int32 [B] system-turn tokens at the head of chunk 0
-
-    @classmethod
-    def empty(cls, hcfg: HostRolloutConfig, pad_id: int, tasks: list, seeds: list) -> "_Buffers":
-        n_ep, s, n_turns = len(tasks), hcfg.max_context, hcfg.t_max
-        rec = {name: np.zeros((n_ep, n_turns), dtype) for name, dtype in (
-            ("active", bool), ("reward", np.float32), ("process_reward", np.float32), ("valid", bool),
-            ("span_start", np.int32), ("span_len", np.int32), ("stopped", bool), ("remaining", np.int32),
-            ("forced", bool))}
-        rec["action"] = np.full((n_ep, n_turns), -1, np.int32)
-        rec["anchor"] = np.full((n_ep, n_turns), -1, np.int32)
-        trace = HostTrace(tasks=tasks, seeds=seeds, errors=[None] * n_ep, actions=[[] for _ in range(n_ep)],
-                          observations=[[] for _ in range(n_ep)], infos=[[] for _ in range(n_ep)],
-                          dones=[[] for _ in range(n_ep)], final_states=[None] * n_ep)
-        return cls(tokens=np.full((n_ep, s), pad_id, np.int32), policy=np.zeros((n_ep, s), bool),
-                   turn_index=np.full((n_ep, s), -1, np.int32), logp=np.zeros((n_ep, s), np.float32),
-                   length=np.zeros((n_ep,), np.int32), status=np.full((n_ep,), types.RUNNING, np.int32), rec=rec,
-                   trace=trace, states=[None] * n_ep, pending=[[] for _ in range(n_ep)],
-                   n_system=np.zeros((n_ep,), np.int32))
-
-    def to_rollout(self, budget_B, put: Callable = jnp.asarray) -> types.Rollout:
-        """The Rollout, each host array turned into a jax array by `put` (several processes: replicated on
-        the mesh)."""
-        rec, status = self.rec, self.status
-        ret = episode.episode_return(status, rec["reward"]).astype(np.float32)
-        return types.Rollout(
-            tokens=put(self.tokens), policy_mask=put(self.policy),
-            turn_index=put(self.turn_index), logprobs=put(self.logp), length=put(self.length),
-            turns=types.Turns(**{k: put(v) for k, v in rec.items()}), env_states=None, final_state=None,
-            episode_return=put(ret), success=put(status == types.SUCCESS),
-            turns_used=put(rec["active"].sum(1).astype(np.int32)), budget=put(np.asarray(budget_B)),
-            status=put(status), generated_tokens=put(self.policy.sum(1).astype(np.int32)))
-
-
-# ----------------------------------------------------------------------------- the named steps
+# ----------------------------------------------------------------------------- the checks
 def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions, overlap_groups,
                   step_timeout_s):
     """Host-side checks; returns (HostRolloutConfig, tasks list, budgets int32[B])."""
@@ -257,126 +219,6 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
     if forced_actions is not None and len(forced_actions) != len(tasks):
         raise ValueError(f"forced_actions has {len(forced_actions)} rows for {len(tasks)} tasks")
     return hcfg, tasks, budget_B
-
-
-def _reset_all(buf: _Buffers, envs: EnvSide, calls: EnvCalls, hcfg: HostRolloutConfig):
-    """Reset every episode (this process's: `EnvCalls.submit_for`): its first chunk (system turn + first user
-    turn) becomes pending."""
-    idx = range(len(envs.tasks))
-    for b, res in enumerate(calls.results(idx, [calls.submit_for(b, envs.reset, b) for b in idx])):
-        if isinstance(res, Exception):
-            buf.status[b], buf.trace.errors[b] = types.FAILED, error_text("reset", res)
-            continue
-        buf.states[b], obs, sys_ids, first = res
-        buf.trace.observations[b].append(obs)
-        buf.pending[b], buf.n_system[b] = sys_ids + first, len(sys_ids)
-    need = [len(p) + hcfg.max_action_tokens for b, p in enumerate(buf.pending) if buf.status[b] == types.RUNNING]
-    if need and min(need) > hcfg.max_context:
-        raise ValueError(f"max_context={hcfg.max_context} cannot hold even one turn of any episode (the shortest "
-                         f"needs {min(need)} tokens: system prompt, first observation and a full reply)")
-
-
-def _write_chunks(buf: _Buffers, t: int, budget_B, hcfg: HostRolloutConfig, member_B):
-    """Step 1: who of the group (member_B) plays turn t (`episode.turn_start`); the players' pending chunks
-    written into their rows. Returns (active [B], first reply slot [B])."""
-    chunk_len = np.asarray([len(p) for p in buf.pending], np.int32)
-    fits = buf.length + chunk_len + hcfg.max_action_tokens <= hcfg.max_context
-    status, active = episode.turn_start(buf.status, t, budget_B, fits)
-    buf.status, active = np.where(member_B, status, buf.status).astype(np.int32), active & member_B
-    for b in np.flatnonzero(active):
-        sl = slice(buf.length[b], buf.length[b] + chunk_len[b])
-        buf.tokens[b, sl] = buf.pending[b]
-        buf.turn_index[b, buf.length[b] + (buf.n_system[b] if t == 0 else 0):sl.stop] = t
-    return active, buf.length + np.where(active, chunk_len, 0)
-
-
-def _replies(buf: _Buffers, group: Group, t: int, active, start_slot, given: dict,
-             generate_fn: Optional[GenerateFn], tokenizer: Tokenizer, hcfg: HostRolloutConfig):
-    """Step 2: the group's replies of turn t, given (`forced_actions`), scripted (`generate_fn`) or sampled
-    by the group's policy: numpy (tokens [B, M], logprobs [B, M], lengths [B], stopped [B])."""
-    n_ep, m, pad = buf.tokens.shape[0], hcfg.max_action_tokens, tokenizer.pad_id
-    idx = np.flatnonzero(active)
-    if generate_fn is not None:
-        script = list(generate_fn(t, active.copy(), [buf.tokens[b, :start_slot[b]] for b in range(n_ep)]))
-        if len(script) != n_ep:
-            raise ValueError(f"generate_fn returned {len(script)} replies for {n_ep} episodes")
-        return given_replies({b: given.get(b, script[b]) for b in idx}, n_ep, tokenizer, m, pad)
-    rows, live = group.rows, group.rows >= 0  # the policy's rows: episode ids, -1 for padding
-    act_rows = np.zeros(rows.shape, bool)
-    act_rows[live] = active[rows[live]]
-    out_rows = group.policy.turn([buf.pending[b] if b >= 0 and active[b] else [] for b in rows], act_rows,
-                                 {i: given[b] for i, b in enumerate(rows) if b in given}, tokenizer)
-    out = given_replies({}, n_ep, tokenizer, m, pad)
-    for x, x_rows in zip(out, out_rows):
-        x[rows[live]] = x_rows[live]
-    return out
-
-
-def _write_replies(buf: _Buffers, t: int, active, start_slot, replies, trains, tokenizer: Tokenizer) -> dict:
-    """Step 2b: the replies written into the rows; returns their texts {b: text} (stop token dropped)."""
-    r_tok, r_lp, r_len, r_stop = replies
-    buf.length = start_slot + r_len
-    texts = {}
-    for b in np.flatnonzero(active):
-        sl = slice(start_slot[b], start_slot[b] + r_len[b])
-        buf.tokens[b, sl] = r_tok[b, :r_len[b]]
-        buf.policy[b, sl] = trains[b]
-        buf.turn_index[b, sl] = t
-        buf.logp[b, sl] = r_lp[b, :r_len[b]]
-        texts[b] = action_text(tokenizer, r_tok[b, :r_len[b]], bool(r_stop[b]))
-    return texts
-
-
-def _submit_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, t: int, active, start_slot, replies, texts: dict,
-                  is_forced, tokenizer: Tokenizer) -> InFlight:
-    """Step 3: the envs' steps on the replies' texts, submitted to the worker threads (this process's episodes)."""
-    r_tok, _, r_len, _ = replies
-    idx = np.flatnonzero(active)
-    closed = [bool(episode.reply_closed(r_tok[b], r_len[b], tokenizer.im_end_id)) for b in idx]  # the shared rule
-    steps = [calls.submit_for(b, envs.step, b, t, buf.states[b], texts[b], c) for b, c in zip(idx, closed)]
-    return InFlight(t, idx, steps, start_slot, replies, texts, is_forced)
-
-
-def _finish_steps(buf: _Buffers, envs: EnvSide, calls: EnvCalls, turn: InFlight, clock: TurnClock):
-    """Step 3b: the steps' results (all returned or timed out); the turn recorded and the statuses moved
-    on (`episode.after_step`); an env exception or time-out fails its own episode."""
-    t, (_, _, r_len, r_stop) = turn.t, turn.replies
-    results = calls.results(turn.idx, turn.calls)
-    clock.add_env(t, span(turn.calls))
-    rec, trace, active = buf.rec, buf.trace, np.isin(np.arange(buf.status.shape[0]), turn.idx)
-    stepped, done_B, success_B, errors = np.zeros_like(active), np.zeros_like(active), np.zeros_like(active), {}
-    for b, res in zip(turn.idx, results):
-        rec["active"][b, t], rec["forced"][b, t] = True, turn.is_forced[b]
-        rec["span_start"][b, t], rec["span_len"][b, t] = turn.start_slot[b], r_len[b]
-        rec["stopped"][b, t] = bool(r_stop[b])
-        rec["remaining"][b, t] = envs.budget_B[b] - t
-        trace.actions[b].append(turn.texts[b])
-        buf.pending[b] = []
-        if isinstance(res, Exception):
-            errors[b] = error_text(f"step {t}", res)
-            info = {"valid": False, "success": False, "error": errors[b]}
-            if isinstance(res, EnvTimeout):  # the abandoned call may still change the state: drop it
-                info.update(timeout=True, timeout_s=calls.timeout_s)
-                buf.states[b] = None
-            else:
-                info["env_exception"] = True
-            trace.infos[b].append(info)
-            trace.dones[b].append(True)
-            continue
-        buf.states[b], obs, info, (reward, done, valid, success, anchor, proc), chunk = res
-        trace.observations[b].append(obs)
-        trace.infos[b].append(info)
-        trace.dones[b].append(done)
-        rec["reward"][b, t], rec["process_reward"][b, t], rec["valid"][b, t] = reward, proc, valid
-        rec["action"][b, t] = stable_hash(turn.texts[b]) if valid else -1
-        rec["anchor"][b, t] = anchor
-        stepped[b], done_B[b], success_B[b] = True, done, success
-        if chunk is not None:
-            buf.pending[b] = chunk
-    buf.status = episode.after_step(buf.status, stepped, done_B, success_B, episode.out_of_budget(t, envs.budget_B))
-    for b, err in errors.items():
-        buf.status[b], trace.errors[b] = types.FAILED, err
-    clock.lap("host_s", t)
 
 
 def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budgets, key, rcfg: EpisodeConfig, *,
@@ -426,7 +268,7 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
     seeds = [int(x) for x in np.asarray(jax.random.randint(k_reset, (n_ep,), 0, 2**31 - 1))]
     envs = EnvSide(env, tokenizer, pieces, tasks, seeds, budget_B, hide_budget, budget_template,
                    default_system if system_fn is None else system_fn, process_reward_fn)
-    buf = _Buffers.empty(hcfg, tokenizer.pad_id, tasks, seeds)
+    buf = EpisodeBuffers.empty(hcfg, tokenizer.pad_id, HostTrace.empty(tasks, seeds))
     all_rows = episode_groups(n_ep, overlap_groups)
     groups = [Group(rows, np.isin(np.arange(n_ep), rows), None if generate_fn is not None else HostPolicy(
         params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, max_append_width,
@@ -441,7 +283,7 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
         workers = getattr(env, "max_parallel", None) or host_cores()
     calls = EnvCalls(workers, step_timeout_s, share=EnvShare(n_ep) if spmd else None)
     try:
-        _reset_all(buf, envs, calls, hcfg)
+        reset_all(buf, envs, calls, hcfg)
         for group in groups:
             if group.policy is not None:
                 group.policy.start(len(group.rows))
@@ -458,31 +300,31 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
                     break
                 group = running.pop(i)
                 clock.lap("env_wait_s", group.inflight.t)
-                _finish_steps(buf, envs, calls, group.inflight, clock)
+                finish_steps(buf, envs, calls, group.inflight, clock)
                 group.inflight, group.t = None, group.t + 1
                 ready.append(group)
             group = ready.popleft()
             t = group.t
             if t >= hcfg.t_max:
                 continue
-            active, start_slot = _write_chunks(buf, t, budget_B, hcfg, group.member)
+            active, start_slot = write_chunks(buf, t, budget_B, hcfg, group.member)
             if not active.any():
                 continue
             given = {b: forced_text(b, t) for b in np.flatnonzero(active)}
             given = {b: x for b, x in given.items() if x is not None}
             is_given = np.isin(np.arange(n_ep), list(given))
             clock.lap("host_s", t)
-            r_tok, r_lp, r_len, r_stop = _replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
-                                                  hcfg)
+            r_tok, r_lp, r_len, r_stop = group_replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
+                                                       hcfg)
             clock.lap("model_s", t)
-            if generate_fn is None:  # the group's decode call, its slots counted (`host_schedule.decode_slot_counts`)
+            if generate_fn is None:  # the group's decode call, its slots counted (`host_timing.decode_slot_counts`)
                 clock.timing.add_decode(t, len(group.rows), int(np.sum(group.rows < 0)), r_len[active & ~is_given])
             replies = (r_tok, r_lp, np.where(active, r_len, 0).astype(np.int32), r_stop)
             is_forced = active & (is_given | (generate_fn is not None))
             trains = active & ~is_given  # a scripted policy's replies are its SFT targets
-            texts = _write_replies(buf, t, active, start_slot, replies, trains, tokenizer)
-            group.inflight = _submit_steps(buf, envs, calls, t, active, start_slot, replies, texts, is_forced,
-                                           tokenizer)
+            texts = write_replies(buf, t, active, start_slot, replies, trains, tokenizer)
+            group.inflight = submit_steps(buf, envs, calls, t, active, start_slot, replies, texts, is_forced,
+                                          tokenizer)
             clock.lap("host_s", t)
             running.append(group)
     finally:

@@ -64,7 +64,7 @@ def deep_copy(obj: Any, memo: dict | None = None) -> Any:
     while pending:
         x, y = pending.pop()
         if type(x) is dict:
-            for k, v in x.items():  # keys are hashed now, so they are copied whole
+            for k, v in x.items():  # keys are hashed too, so they are copied whole
                 y[k if type(k) in _ATOMIC else copy.deepcopy(k, memo)] = shell(v)
         elif type(x) is list:
             y.extend(shell(v) for v in x)

@@ -11,7 +11,7 @@ default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a ha
 build is atomic). With `data=DIR`: Spider or InterCode-SQL questions and Spider's SQLite databases read
 from a local directory (`spider.load_spider`; its splits and the questions it leaves out, e.g. a gold
 query that fails, are in `self.report`). The model's queries run in query processes
-(`sql_query.QueryRunner`), each opening the database read-only per query (`sql_query.run_query`: URI
+(`sql_query_pool.QueryRunner`), each opening the database read-only per query (`sql_query.run_query`: URI
 `mode=ro`, `PRAGMA query_only`, an authorizer that allows only reading and the functions in
 ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_columns` columns,
 `max_result_bytes` bytes converted in all, a larger result being an error, not a truncation; rows:
@@ -55,8 +55,8 @@ from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root
 from jaxagent.envs.host.spider import load_spider
-from jaxagent.envs.host.sql_query import (DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError, QueryRunner,
-                                          run_query)
+from jaxagent.envs.host.sql_query import DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.sql_query_pool import QueryRunner
 from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 _SCRIPT_DIR = Path(__file__).parent / "data" / "sql"
