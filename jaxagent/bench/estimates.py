@@ -145,7 +145,7 @@ def tables(chip: str, presets: Mapping, aot_dir: str) -> str:
     min_turns_memo: dict = {}
     spec = DEVICES[chip]
     rows = [r for name, cfg in MODELS.items() if name != "tiny" for r in model_rows(name, cfg, spec)]
-    for r in rows:  # the targets as fractions of the roofline
+    for r in rows:  # the performance targets as fractions of the roofline
         r["at_target"] = r["roofline_tokens_per_s"] * {"prefill": 0.5, "decode": 0.75, "train_step": 0.4}[r["bench"]]
     out = [f"Model shapes on {chip} ({spec.peak_flops / 1e12:.0f} TFLOP/s bf16, {spec.hbm_bytes_per_s / 1e12:.2f} TB/s)"
            ": tokens/s at the roofline and at the targets (prefill 50% MFU, decode 75% of the HBM roofline, train "
