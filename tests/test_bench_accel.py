@@ -7,6 +7,7 @@ import math
 import pytest
 
 from experiments import bench_accel
+from jaxagent.bench import accel
 
 PEAK_TFLOPS, HBM_GBPS = 2.0, 50.0
 TINY = dict(V=512, D=64, F=128, L=2, H=4, K=2, E=16)
@@ -173,3 +174,44 @@ def test_on_a_mesh(capsys):
     assert rc == 0 and dev["devices"] == 8 and dev["mesh"] == [2, 2, 2]
     assert "error" not in dec and "error" not in train, (dec, train)
     assert dec["tokens_per_s"] > 0 and math.isfinite(train["first_loss"]) and train["rows"] == 8
+
+
+# ------------------------------------------------------------------ no throughput from a bad time or a missing count
+GOOD = {"decode": dict(bench="decode", model="tiny", batch=2, ms_per_step=2.5, tokens_per_s=800.0,
+                       hbm_roofline_frac=None),
+        "prefill": dict(bench="prefill", model="tiny", batch=2, context=16, tokens_per_s=5000.0, mfu=None),
+        "train_step": dict(bench="train_step", model="tiny", step_s=0.5, tokens_per_s=128.0, mfu=None),
+        "rl_iteration": dict(bench="rl_iteration", rl_preset="ci", iteration_s=2.0, rollout_share=0.5,
+                             decode_finished_share=None)}
+
+
+@pytest.mark.parametrize("bench", sorted(GOOD))
+def test_progress_line_prints_the_figures(bench):
+    line = accel.summary(GOOD[bench])
+    assert "no throughput" not in line and len(line.splitlines()) == 1
+
+
+@pytest.mark.parametrize("bench, key, value", [
+    ("decode", "ms_per_step", 0.0), ("decode", "tokens_per_s", -800.0), ("decode", "tokens_per_s", None),
+    ("prefill", "tokens_per_s", 0), ("prefill", "tokens_per_s", math.nan), ("train_step", "step_s", -0.5),
+    ("train_step", "tokens_per_s", math.inf), ("rl_iteration", "iteration_s", 0.0), ("decode", "ms_per_step", "x"),
+])
+def test_progress_line_says_no_throughput_instead_of_a_number(bench, key, value):
+    rec = {**GOOD[bench], key: value}
+    line = accel.summary(rec)
+    assert len(line.splitlines()) == 1 and "no throughput" in line and key in line, line
+    assert "-800" not in line and "nan" not in line and "inf" not in line
+
+
+def test_missing_count_says_no_throughput():
+    rec = dict(GOOD["prefill"])
+    del rec["tokens_per_s"]
+    assert "no throughput (tokens_per_s missing or not > 0)" in accel.summary(rec)
+
+
+@pytest.mark.parametrize("theirs", [0.0, -5.0, None, math.nan])
+def test_peer_ratio_only_from_positive_figures(theirs):
+    peer = {"decode/tiny/2": {"tokens_per_s": theirs, "best": "dynamic", "settings": {}}}
+    assert accel.peer_fields(peer, "decode/tiny/2", 100.0)["ratio"] is None
+    assert accel.peer_fields({"decode/tiny/2": {"tokens_per_s": 50.0}}, "decode/tiny/2", -1.0)["ratio"] is None
+    assert accel.peer_fields({"decode/tiny/2": {"tokens_per_s": 50.0}}, "decode/tiny/2", 100.0)["ratio"] == 2.0

@@ -30,11 +30,14 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from experiments.peers.torch_grpo import ppo_clip_terms
+from experiments.peers.workers import REPO_ROOT
 from jaxagent.bench.data import prompts, train_batch
 
 LR, WEIGHT_DECAY, MAX_NORM = 1e-6, 0.01, 1.0  # `stages.make_arm_step`'s optimizer (optim.make_optimizer)
@@ -306,6 +309,44 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     run(spec, argv[1])
     return 0
+
+
+# ----------------------------------------------------------------------------- the launcher (JAX side's process)
+PEER_GRACE_S = 150.0
+
+
+def run_peer(items: list, budget_s: float, log: Callable) -> dict:
+    """{id: the peer's result} from a fresh process (`experiments.peers.torch_accel`); {} with a note when it
+    cannot run (no torch, a crash)."""
+    if not items:
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        spec, out = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
+        with open(spec, "w") as f:
+            json.dump({"budget_s": budget_s, "items": items}, f)
+        env = dict(os.environ, JAX_PLATFORMS="cpu",  # the peer's numpy-only imports must not claim the chip
+                   PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+        try:
+            # the budget bounds when the peer starts its last item; that item gets PEER_GRACE_S more at most
+            proc = subprocess.run([sys.executable, "-m", "experiments.peers.torch_accel", spec, out], env=env,
+                                  cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  timeout=budget_s + PEER_GRACE_S)
+            for line in (proc.stderr or "").splitlines()[-len(items) - 2:]:
+                log(line)
+            failed = None if proc.returncode == 0 else f"the peer failed (exit {proc.returncode}): " + (
+                ((proc.stderr or "").strip().splitlines() or ["no output"])[-1][:300])
+        except subprocess.TimeoutExpired:
+            failed = f"the peer was stopped after {budget_s + PEER_GRACE_S:.0f} s"
+            log(f"peer: {failed}")
+        if not os.path.isfile(out):
+            return {"_note": failed or "the peer wrote no result"}
+        with open(out) as f:  # the items done before a failure or a stop are kept
+            res = json.load(f)
+    got = {r["id"]: r for r in res["items"]}
+    if failed:
+        got["_note"] = failed
+    got["_info"] = {k: res[k] for k in ("device", "torch", "transformers")}
+    return got
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""The accelerator benchmark's library (`experiments/bench_accel.py` is its command line): the device table
-(`devices`), analytic FLOP and byte counts and roofline fractions (`roofline`), timing (`timing`), the model shapes
-by the study's names (`models`), inputs (`data`), the measurements (`measure`), a timed RL iteration (`rl`), the
-decode slots a rollout spends on finished episodes (`longtail`) and the roofline estimate tables (`estimates`)."""
+"""The benchmarks' library (`experiments/bench_*.py` are their command lines, `experiments/peers/` the PyTorch and
+gymnasium peers): what every benchmark shares (`harness`: the machine load and busy rule, the peer's settings, the
+matmul peak, a checked throughput), the CPU comparisons (`model`, `train`, `rollout`) and the accelerator benchmark
+(`accel`, `accel_plan`, `accel_rl`) with its device table (`devices`), analytic FLOP and byte counts and roofline
+fractions (`roofline`), timing (`timing`), the model shapes by the study's names (`models`), inputs (`data`), the
+measurements (`measure`), a timed RL iteration (`rl`), the decode slots a rollout spends on finished episodes
+(`longtail`) and the roofline estimate tables (`estimates`)."""

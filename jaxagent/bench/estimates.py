@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from jaxagent.bench import roofline
 from jaxagent.bench.devices import DeviceSpec
@@ -119,3 +119,93 @@ def markdown(rows: list[dict], columns: list[tuple]) -> str:
             cells.append("-" if v is None else format(v, fmt) if fmt else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the tables
+def preset_shape(p):
+    """(cfg, chip spec name, episodes, t_max, reply tokens, context, mesh, decode groups) of an accelerator preset."""
+    from jaxagent.bench.models import CONFIG_NAMES, model_config
+    groups = getattr(p.task, "overlap_groups", 1)
+    chip = "H200 SXM" if p.aot_hbm_gib else "TPU v5p"  # the GPU presets' target chip; the pods' TPU
+    return (model_config(CONFIG_NAMES[p.aot_model]), chip, p.n_tasks * p.group_size, p.task.t_max,
+            p.task.max_action_tokens, p.task.max_context, tuple(p.mesh), groups)
+
+
+def tables(chip: str, presets: Mapping, aot_dir: str) -> str:
+    """The Markdown estimate tables of the models on `chip` (a `devices.DEVICES` name), of the accelerator presets
+    among `presets` (the study's, by name) from their AOT records in `aot_dir`, and of the host presets' long-tail
+    shares (`longtail.finished_share_mixture`). ValueError for an unknown chip."""
+    import glob
+
+    from jaxagent.bench.devices import DEVICES
+    from jaxagent.bench.longtail import finished_share_mixture
+    from jaxagent.bench.models import MODELS
+    if chip not in DEVICES:
+        raise ValueError(f"--estimate-chip: unknown chip {chip!r}; valid: {', '.join(DEVICES)}")
+    min_turns_memo: dict = {}
+    spec = DEVICES[chip]
+    rows = [r for name, cfg in MODELS.items() if name != "tiny" for r in model_rows(name, cfg, spec)]
+    for r in rows:  # the performance targets as fractions of the roofline
+        r["at_target"] = r["roofline_tokens_per_s"] * {"prefill": 0.5, "decode": 0.75, "train_step": 0.4}[r["bench"]]
+    out = [f"Model shapes on {chip} ({spec.peak_flops / 1e12:.0f} TFLOP/s bf16, {spec.hbm_bytes_per_s / 1e12:.2f} TB/s)"
+           ": tokens/s at the roofline and at the targets (prefill 50% MFU, decode 75% of the HBM roofline, train "
+           "step 40% MFU). ESTIMATES, not measurements.", "",
+           markdown(rows, [("model", "model", ""), ("measurement", "bench", ""), ("shape", "shape", ""),
+                               ("bound", "bound", ""), ("tokens/s at roofline", "roofline_tokens_per_s", ",.0f"),
+                               ("tokens/s at target", "at_target", ",.0f"),
+                               ("ms/step at roofline", "roofline_ms_per_step", ".2f"),
+                               ("train state GB (18 B/param)", "state_gb", ".0f")])]
+    records = read_records(sorted(glob.glob(os.path.join(aot_dir, "*.jsonl"))))
+    prow = []
+    for name, p in presets.items():
+        if not getattr(p, "aot_model", None):
+            continue
+        cfg, chip_name, eps, t_max, m, ctx, mesh, groups = preset_shape(p)
+        r = preset_row(name, cfg, DEVICES[chip_name], train_record(records, name), episodes=eps // groups,
+                           t_max=t_max * groups, reply_tokens=m, context=ctx, mesh=mesh)
+        r["episodes"], r["groups"] = eps, groups
+        prow.append(r)
+    out += ["", "One RL iteration of each accelerator preset at the roofline: the GRPO train step from its AOT record's "
+            "per-chip FLOPs, the rollout's decoding from the bytes it must read (weights and the half-full cache per "
+            "step, N x M steps per episode group). GPU presets on an H200, the pods on TPU v5p. ESTIMATES.", "",
+            markdown(prow, [("preset", "preset", ""), ("chip", "chip", ""), ("chips", "chips", "d"),
+                                ("episodes", "episodes", "d"), ("groups", "groups", "d"),
+                                ("train step at roofline s", "train_roofline_s", ".2f"),
+                                ("at 40% MFU s", "train_at_target_s", ".2f"),
+                                ("decode steps", "decode_steps", "d"),
+                                ("GB read per step per chip", "decode_gb_per_step_per_chip", ".2f"),
+                                ("rollout decode at roofline s", "rollout_roofline_s", ".2f"),
+                                ("at 75% HBM s", "rollout_at_target_s", ".2f"),
+                                ("rollout share at targets", "rollout_share_at_targets", ".2f")])]
+    out += ["", "Decode slots spent on finished episodes, host presets (`longtail.finished_share_mixture`): an "
+            "episode ends at its task's reference turn count with probability p, else plays all T_max turns. "
+            "ESTIMATES from the tasks' reference solutions.", ""]
+    trows = []
+    for name, p in presets.items():
+        if not getattr(p, "aot_model", None) or not hasattr(p.task, "domain"):
+            continue
+        try:
+            m = min_turns(p, min_turns_memo)
+        except Exception as err:  # noqa: BLE001 -- a domain's data missing here
+            trows.append({"preset": name, "note": f"{type(err).__name__}: {err}"[:80]})
+            continue
+        trows.append({"preset": name, "t_max": p.task.t_max, "tasks": len(m), "mean_min_turns": float(m.mean()),
+                      **{f"p{int(q * 100)}": finished_share_mixture(m, p.task.t_max, q) for q in (0.25, 0.5, 0.75, 1.0)}})
+    out.append(markdown(trows, [("preset", "preset", ""), ("T_max", "t_max", "d"), ("train tasks", "tasks", "d"),
+                                    ("mean reference turns", "mean_min_turns", ".2f"), ("p = 0.25", "p25", ".2f"),
+                                    ("p = 0.5", "p50", ".2f"), ("p = 0.75", "p75", ".2f"), ("p = 1", "p100", ".2f"),
+                                    ("note", "note", "")]))
+    return "\n".join(out)
+
+
+
+def min_turns(preset, memo: dict):
+    """The reference solutions' turn counts of a host preset's train tasks (`HostWorld.min_turns`); `memo`
+    keeps them per (domain, tasks, system tokens) across presets."""
+    key = (preset.task.domain, preset.task.max_train_tasks, preset.task.max_system_tokens)
+    if key not in memo:
+        from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
+        from jaxagent.study import host_stages
+        world = host_stages.make_host_world(preset.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))
+        memo[key] = world.min_turns(world.train_tasks)
+    return memo[key]

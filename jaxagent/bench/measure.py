@@ -31,6 +31,7 @@ from jaxagent import xla_options
 from jaxagent.bench import roofline
 from jaxagent.bench.data import prompts, train_batch
 from jaxagent.bench.devices import DeviceSpec
+from jaxagent.bench.harness import rate
 from jaxagent.bench.timing import timed
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
@@ -84,7 +85,7 @@ def prefill(params, cfg: Qwen3Config, *, batch: int, context: int, repeats: int,
     flops = roofline.forward_flops(cfg, batch, context, 0, logit_tokens=1)
     n = batch * context
     return {"bench": "prefill", "batch": batch, "context": context, "tokens": n, **t.fields(),
-            "tokens_per_s": n / t.median_s, "model_flops": flops, "tflops_per_s": flops / t.median_s / 1e12,
+            "tokens_per_s": rate(n, t.median_s), "model_flops": flops, "tflops_per_s": flops / t.median_s / 1e12,
             "mfu": roofline.fraction(flops, t.median_s, spec.peak_flops if spec else None)}
 
 
@@ -144,7 +145,7 @@ def decode_steps(params, cfg: Qwen3Config, *, batch: int, context: int, steps: i
     b = roofline.decode_step_bytes(cfg, batch, mean_ctx, _itemsize(params), _itemsize(gen.cache))
     flops = roofline.decode_step_flops(cfg, batch, mean_ctx)
     out = {"bench": "decode", "batch": batch, "context": context, "steps": steps, **t.fields("loop"),
-           "ms_per_step": step_s * 1e3, "tokens_per_s": batch / step_s, **b,
+           "ms_per_step": step_s * 1e3, "tokens_per_s": rate(batch, step_s), **b,
            "hbm_roofline_frac": roofline.fraction(b["bytes"], step_s, spec.hbm_bytes_per_s if spec else None),
            "mfu": roofline.fraction(flops, step_s, spec.peak_flops if spec else None)}
     if spec is not None:
@@ -217,7 +218,7 @@ def train_step(cfg: Qwen3Config, params, arm_step, *, rows: int, seq: int, promp
     flops = roofline.train_flops(cfg, rows, seq)
     n = rows * seq
     return {"bench": "train_step", "rows": rows, "seq": seq, "prompt": prompt, "tokens": n, "compile_s": compile_s,
-            **t.fields("step"), "tokens_per_s": n / t.median_s, "model_flops": flops,
+            **t.fields("step"), "tokens_per_s": rate(n, t.median_s), "model_flops": flops,
             "tflops_per_s": flops / t.median_s / 1e12,
             "mfu": roofline.fraction(flops, t.median_s, spec.peak_flops if spec else None),
             "first_loss": float(losses[0]), "skipped_total": float(metrics["skipped_total"]), **memory_fields(compiled)}

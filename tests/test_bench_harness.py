@@ -1,12 +1,13 @@
-"""Unit tests of experiments.bench_common: the busy rule, load arithmetic, peer-setting selection and
-the worker plumbing, on synthetic inputs (no benchmark runs)."""
+"""Unit tests of jaxagent.bench.harness (the busy rule, load arithmetic, peer-setting selection, the checked
+throughput) and of the peers' worker plumbing (experiments.peers.workers), on synthetic inputs (no benchmark runs)."""
 import math
 import os
 
 import pytest
 
-from experiments import bench_common as bc
-from experiments.bench_common import DEFAULT_POLICY, PASSIVE, PeerSetting
+from experiments.peers import workers
+from jaxagent.bench import harness as bc
+from jaxagent.bench.harness import DEFAULT_POLICY, PASSIVE, PeerSetting
 
 PROC_STAT = """cpu  900 90 300 5000 40 0 7 3 0 0
 cpu0 100 10 50 2000 20 0 2 1 0 0
@@ -128,16 +129,16 @@ def test_pick_best_takes_fastest_with_tie_breaks():
 # ------------------------------------------------------------------ workers
 def test_worker_env_sets_or_removes_the_policy():
     base = {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "7", "PATH": "/bin"}
-    assert bc.worker_env(PASSIVE, base)["OMP_WAIT_POLICY"] == PASSIVE
-    env = bc.worker_env(DEFAULT_POLICY, base)
+    assert workers.worker_env(PASSIVE, base)["OMP_WAIT_POLICY"] == PASSIVE
+    env = workers.worker_env(DEFAULT_POLICY, base)
     assert "OMP_WAIT_POLICY" not in env and "OMP_NUM_THREADS" not in env and env["PATH"] == "/bin"
     assert env["JAX_PLATFORMS"] == "cpu"
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == bc._REPO_ROOT
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == workers.REPO_ROOT
 
 
 def test_run_peer_workers_gives_each_policy_its_process():
     settings = bc.peer_settings(2, threads=0) + [PeerSetting(3, PASSIVE)]
-    got = bc.run_peer_workers("tests.test_bench_common", {"tag": "x"}, settings, timeout_s=120)
+    got = workers.run_peer_workers("tests.test_bench_harness", {"tag": "x"}, settings, timeout_s=120)
     assert set(got) == set(settings)
     for s, r in got.items():
         assert r == {"policy": None if s.wait_policy == DEFAULT_POLICY else PASSIVE, "threads": s.threads, "tag": "x"}
@@ -145,4 +146,20 @@ def test_run_peer_workers_gives_each_policy_its_process():
 
 def test_run_peer_workers_reports_a_failing_worker():
     with pytest.raises(RuntimeError, match="peer worker"):
-        bc.run_peer_workers("experiments.bench_common", {}, [PeerSetting(1)], timeout_s=120)
+        workers.run_peer_workers("experiments.peers.workers", {}, [PeerSetting(1)], timeout_s=120)
+
+
+# ------------------------------------------------------------------ checked throughput
+def test_rate_divides_a_positive_time():
+    assert bc.rate(64, 0.5) == 128.0 and bc.rate(0, 2.0) == 0.0
+
+
+@pytest.mark.parametrize("count, seconds, says", [
+    (10, 0.0, "not > 0"), (10, -1e-3, "not > 0"), (10, math.nan, "not > 0"), (10, math.inf, "not > 0"),
+    (None, 1.0, "count is missing"), (10, None, "time is missing"), (-1, 1.0, "non-negative"),
+    (math.nan, 1.0, "non-negative"),
+])
+def test_rate_refuses_what_is_no_measurement(count, seconds, says):
+    with pytest.raises(ValueError, match=says) as err:
+        bc.rate(count, seconds)
+    assert str(err.value).startswith("no throughput") and "\n" not in str(err.value)

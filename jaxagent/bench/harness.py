@@ -1,5 +1,6 @@
-"""Shared helpers of the CPU benchmarks (bench_model, bench_rollout, bench_train): the machine load
-during a run, the PyTorch peer at its best thread setting, and the busy flag.
+"""What every benchmark shares: the machine load during a run and the busy flag, the PyTorch peer's
+settings and the best of them, the square-matmul peak, median timing, a checked throughput (`rate`)
+and the JSON output (`dump`).
 
 Busy rule (`busy_verdict`). A run is *busy* when either holds:
   (a) processes other than the benchmark (its own process and its reaped peer workers) used more than
@@ -20,29 +21,25 @@ Peer setting (`peer_settings`, `pick_best`). The PyTorch peer runs at every torc
 count 1..N (N = the cores this process may use) under OMP_WAIT_POLICY unset (the OpenMP runtime's
 default: idle threads spin before sleeping) and PASSIVE (idle threads sleep at once); with one thread
 there is no pool to wait, so the policy is tried once. OpenMP reads the variable when torch starts its
-runtime, so each policy gets its own worker process (`run_peer_workers`, which runs
-`python -m experiments.bench_common MODULE SPEC THREADS`); the worker tries its thread counts in
+runtime, so each policy gets its own worker process (`experiments.peers.workers.run_peer_workers`,
+which runs `python -m experiments.peers.workers MODULE SPEC THREADS`); the worker tries its thread counts in
 ascending order. The fastest setting wins (ties: fewer threads, then the default policy) and the JSON
 names it (`torch_threads`, `omp_wait_policy`) next to every setting's time (`torch_settings`).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
+import statistics
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 MAX_OTHER_CORES = 0.3
 MAX_LOAD_FRAC = 0.5
 PASSIVE = "PASSIVE"
 DEFAULT_POLICY = "default"  # OMP_WAIT_POLICY removed from the worker's environment
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------ machine load
@@ -194,63 +191,51 @@ def setting_fields(best: PeerSetting, threads_key: str = "torch_threads",
     return {threads_key: best.threads, policy_key: best.wait_policy}
 
 
-# ------------------------------------------------------------------ peer workers
-def worker_env(policy: str, base: Mapping[str, str] | None = None) -> dict:
-    """The environment of a peer worker: OMP_WAIT_POLICY set to `policy` or removed for the default."""
-    env = dict(os.environ if base is None else base)
-    env.pop("OMP_NUM_THREADS", None)  # torch.set_num_threads decides
-    env["JAX_PLATFORMS"] = "cpu"  # the worker's incidental jax use (building inputs) must not probe accelerators
-    if policy == DEFAULT_POLICY:
-        env.pop("OMP_WAIT_POLICY", None)
-    else:
-        env["OMP_WAIT_POLICY"] = policy
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
-    return env
+# ------------------------------------------------------------------ timing and rates
+def time_call(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call of `fn`, by `time.perf_counter` (monotonic: never negative)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def run_peer_workers(module: str, spec: dict, settings: Sequence[PeerSetting], *,
-                     timeout_s: float = 3600.0) -> dict[PeerSetting, dict]:
-    """Runs `module.peer_worker(spec, threads)` once per wait policy in a fresh process and returns
-    each setting's result dict. `spec` must be JSON-serialisable."""
-    by_policy: dict[str, list[int]] = {}
-    for s in settings:
-        by_policy.setdefault(s.wait_policy, []).append(s.threads)
-    results = {}
-    with tempfile.TemporaryDirectory() as d:
-        spec_path = os.path.join(d, "spec.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        for policy, threads in by_policy.items():
-            cmd = [sys.executable, "-m", "experiments.bench_common", module, spec_path,
-                   ",".join(str(t) for t in sorted(threads))]
-            proc = subprocess.run(cmd, env=worker_env(policy), cwd=_REPO_ROOT, capture_output=True, text=True,
-                                  timeout=timeout_s)
-            lines = proc.stdout.strip().splitlines()
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"peer worker {module} (OMP_WAIT_POLICY={policy}, threads {threads}) failed "
-                                   f"with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
-            reply = json.loads(lines[-1])
-            seen = reply["omp_wait_policy"] or DEFAULT_POLICY
-            if seen != policy:
-                raise RuntimeError(f"peer worker saw OMP_WAIT_POLICY={seen}, expected {policy}")
-            for t, r in reply["results"].items():
-                results[PeerSetting(int(t), policy)] = r
-    return results
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of `fn`."""
+    return statistics.median(time_call(fn) for _ in range(repeats))
 
 
-def _worker_main(argv: Sequence[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m experiments.bench_common MODULE SPEC.json THREADS(csv)", file=sys.stderr)
-        return 2
-    module, spec_path, threads = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    counts = sorted(int(t) for t in threads.split(","))
-    results = importlib.import_module(module).peer_worker(spec, counts)
-    print(json.dumps({"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                      "results": {str(t): r for t, r in results.items()}}))
-    return 0
+def rate(count, seconds) -> float:
+    """count / seconds (a throughput), refusing what would be no measurement: a missing count or time, a time
+    <= 0 or not finite, a negative count. ValueError with one line naming what is wrong."""
+    if count is None or seconds is None:
+        raise ValueError(f"no throughput: the {'count' if count is None else 'time'} is missing")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"no throughput: measured time {seconds!r} s is not > 0")
+    if not math.isfinite(count) or count < 0:
+        raise ValueError(f"no throughput: count {count!r} is not a non-negative number")
+    return count / seconds
 
 
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))
+def matmul_peak_gflops(n: int, repeats: int, dtype=None, compiler_options=None) -> float:
+    """Best-of-`repeats` GFLOP/s of a jitted n x n @ n x n matmul (2 n^3 FLOPs), f32 unless `dtype`."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.float32 if dtype is None else dtype
+    k1, k2 = jax.random.split(jax.random.key(0))
+    a, b = jax.random.normal(k1, (n, n), dtype), jax.random.normal(k2, (n, n), dtype)
+    mm = jax.jit(jnp.matmul, compiler_options=compiler_options)
+    mm(a, b).block_until_ready()
+    best = min(median_time(lambda: mm(a, b).block_until_ready(), 1) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def jax_matmul_gflops(n: int, repeats: int) -> float:
+    """Best f32 n x n matmul GFLOP/s through XLA, with its default options and with jaxagent's."""
+    from jaxagent.xla_options import COMPILER_OPTIONS
+    return max(matmul_peak_gflops(n, repeats, compiler_options=o) for o in (None, COMPILER_OPTIONS))
+
+
+def dump(result: dict, one_line: bool) -> str:
+    """The result as JSON: one line (`--json`) or indented."""
+    return json.dumps(result) if one_line else json.dumps(result, indent=1)

@@ -1,0 +1,144 @@
+"""The accelerator benchmark's plan (`jaxagent.bench.accel` runs it): its parts, the --tiny shapes, and the checks
+of the command line's values, each bad one a `UsageError` of one line (`python -m experiments.bench_accel` prints it
+and exits 2)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+PARTS = ("check", "decode", "prefill", "train", "rl")
+TINY = dict(models="tiny", decode_batches="1,2", decode_context="16", decode_steps="4", prefill_contexts="16,32",
+            prefill_tokens="32", train_model="tiny", train_rows="2", train_seq="32", train_prompt="8",
+            micro_batches="2", rl_preset="ci", check_model="tiny", repeats="2")
+
+
+class UsageError(ValueError):
+    """A bad argument: one line on stderr, exit status 2."""
+
+
+def ints(text: str, flag: str, lo: int = 1) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if not vals or any(v < lo for v in vals):
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers >= {lo}, e.g. {flag} 1,16,64")
+    return vals
+
+
+def names(text: str, flag: str, valid, allow_none: bool = False) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    if allow_none and names == ("none",):
+        return ()
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise UsageError(f"{flag}: unknown name {bad[0] if bad else text!r}; valid: {', '.join(valid)}"
+                         + (", none" if allow_none else ""))
+    if len(set(names)) != len(names):
+        raise UsageError(f"{flag} {text!r}: a name is given twice")
+    return names
+
+
+@dataclasses.dataclass
+class Plan:
+    models: tuple
+    decode_batches: tuple
+    decode_context: int
+    decode_steps: int
+    prefill_contexts: tuple
+    prefill_tokens: int
+    train_model: Optional[str]
+    train_rows: int
+    train_seq: int
+    train_prompt: int
+    micro_batches: int
+    remat: Optional[str]
+    rl_preset: Optional[str]
+    rl_iterations: int
+    rl_world: str
+    rl_base: str
+    check_model: Optional[str]
+    parts: tuple
+    mesh: Optional[tuple]
+    repeats: int
+    warmup: int
+    budget_s: float
+    peer_budget_s: float
+    peer: bool
+    peak_tflops: Optional[float]
+    hbm_gbps: Optional[float]
+    checkpoint: Optional[str]
+    seed: int
+
+
+def one(text: str, flag: str, lo: int = 1) -> int:
+    vals = ints(text, flag, lo)
+    if len(vals) != 1:
+        raise UsageError(f"{flag} {text!r}: expected one integer >= {lo}")
+    return vals[0]
+
+
+def number(text, flag: str, positive: bool = True) -> float:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not (v > 0 if positive else v >= 0) or v != v or v == float("inf"):
+        raise UsageError(f"{flag} {text!r}: expected a {'positive' if positive else 'non-negative'} number")
+    return v
+
+
+def plan_from(a, defaults: Mapping, presets: Mapping) -> Plan:
+    """The run's plan from the parsed command line `a` (strings as typed; `defaults`: the parser's defaults, for
+    --tiny; `presets`: the study presets by name, for --rl-preset); UsageError (one line) for a bad argument."""
+    from jaxagent.bench.models import MODELS
+    from jaxagent.models.qwen3 import REMAT_POLICIES
+    if a.tiny:  # tiny shapes wherever the command line kept the default
+        for k, v in TINY.items():
+            if getattr(a, k) == defaults[k]:
+                setattr(a, k, v)
+    parts = names(a.only, "--only", PARTS)
+    train_model = names(a.train_model, "--train-model", list(MODELS), allow_none=True)
+    check_model = names(a.check_model, "--check-model", list(MODELS), allow_none=True)
+    rl = names(a.rl_preset, "--rl-preset", list(presets), allow_none=True)
+    if a.rl_base == "sft" and rl:
+        p_rl = presets[rl[0]]
+        if getattr(p_rl, "aot_model", None) or not hasattr(p_rl, "base") or p_rl.base.steps == 0:
+            raise UsageError(f"--rl-base sft: preset {rl[0]!r} has no SFT base stage (it starts from a checkpoint); "
+                             "the toy FrozenLake presets (quick, standard, full, ci) do")
+    remat = None if a.remat == "none" else a.remat
+    if remat is not None and remat not in REMAT_POLICIES:
+        raise UsageError(f"--remat: unknown policy {a.remat!r}; valid: {', '.join(sorted(REMAT_POLICIES))}, none")
+    rows, seq, prompt, mb = (one(a.train_rows, "--train-rows"), one(a.train_seq, "--train-seq", 2),
+                             one(a.train_prompt, "--train-prompt", 0), one(a.micro_batches, "--micro-batches"))
+    if prompt >= seq:
+        raise UsageError(f"--train-prompt {prompt} must be below --train-seq {seq} (no policy token is left)")
+    if rows % mb:
+        raise UsageError(f"--micro-batches {mb} must divide --train-rows {rows}")
+    mesh = None if a.mesh is None else ints(a.mesh, "--mesh")
+    if mesh is not None and len(mesh) != 3:
+        raise UsageError(f"--mesh {a.mesh!r}: expected three integers (data, fsdp, tensor), e.g. 1,8,1")
+    if mesh is not None and (rows // mb) % (mesh[0] * mesh[1]):
+        raise UsageError(f"--mesh {a.mesh}: the train step's micro-batches of {rows // mb} rows (--train-rows / "
+                         f"--micro-batches) must divide over data x fsdp = {mesh[0] * mesh[1]} shards")
+    if (a.peak_tflops is None) != (a.hbm_gbps is None):
+        raise UsageError("--peak-tflops and --hbm-gbps go together (a device's peak FLOP/s and its HBM bandwidth)")
+    if a.checkpoint is not None and not os.path.isfile(os.path.join(a.checkpoint, "config.json")):
+        raise UsageError(f"--checkpoint {a.checkpoint!r}: no config.json there (a local HF Qwen3 directory)")
+    if a.checkpoint is not None and len(a.models.split(",")) != 1:
+        raise UsageError("--checkpoint gives one model's weights: --models names one model (its label)")
+    return Plan(
+        models=names(a.models, "--models", list(MODELS)), decode_batches=ints(a.decode_batches, "--decode-batches"),
+        decode_context=one(a.decode_context, "--decode-context"), decode_steps=one(a.decode_steps, "--decode-steps", 2),
+        prefill_contexts=ints(a.prefill_contexts, "--prefill-contexts"),
+        prefill_tokens=one(a.prefill_tokens, "--prefill-tokens"), train_model=train_model[0] if train_model else None,
+        train_rows=rows, train_seq=seq, train_prompt=prompt, micro_batches=mb, remat=remat,
+        rl_preset=rl[0] if rl else None, rl_iterations=one(a.rl_iterations, "--rl-iterations"), rl_world=a.rl_world, rl_base=a.rl_base,
+        check_model=check_model[0] if check_model else None, parts=parts,
+        mesh=mesh,
+        repeats=one(a.repeats, "--repeats"), warmup=one(a.warmup, "--warmup", 0),
+        budget_s=number(a.budget_s, "--budget-s"), peer_budget_s=number(a.peer_budget_s, "--peer-budget-s"),
+        peer=not a.no_peer, peak_tflops=None if a.peak_tflops is None else number(a.peak_tflops, "--peak-tflops"),
+        hbm_gbps=None if a.hbm_gbps is None else number(a.hbm_gbps, "--hbm-gbps"), checkpoint=a.checkpoint,
+        seed=one(a.seed, "--seed", 0))
