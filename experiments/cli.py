@@ -19,7 +19,7 @@ import jax
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models.config import CheckpointError
 from jaxagent.study.frozenlake import presets as presets_lib
-from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.frozenlake.presets import PRESET_NOTES, PRESETS
 from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
 from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
 from jaxagent.study.run_dir import RunError
@@ -27,16 +27,6 @@ from jaxagent.study.run_dir import RunError
 MAX_SEED = MAX_PRNG_SEED - BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
 MAX_COUNT = MAX_ITERATIONS             # iterations, micro-batches, processes
 USER_ERRORS = (RunError, CheckpointError)
-
-# What each FrozenLake preset is and how long it takes (the README's presets table says the same).
-PRESET_HELP = {
-    "quick": "the toy study, the README's; 30-33 min wall on a 2-core CPU beside other jobs, 1,200-1,300 s of "
-             "CPU time (docs/study.md, Results on two seed sets)",
-    "standard": "the toy study sized for power (5 seeds), a 2-core CPU, under an hour",
-    "full": "5x5 maps, 200 iterations, hours on a CPU",
-    "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
-}
-
 
 class UserExit(SystemExit):
     """The end of a script on a user error: exit status `code`; str() is the message (already printed)."""
@@ -104,8 +94,8 @@ class _Distinct(argparse.Action):
 
 
 def preset_help(host: bool) -> str:
-    lines = [f"{n} ({PRESET_HELP[n]})" for n in PRESET_HELP if n in PRESETS]
-    accel = sorted(n for n in PRESETS if n not in PRESET_HELP)
+    lines = [f"{n} ({PRESET_NOTES[n]})" for n in PRESET_NOTES if n in PRESETS]
+    accel = sorted(n for n in PRESETS if n not in PRESET_NOTES)
     lines.append(", ".join(accel) + " (a real Qwen3 from --checkpoint; GPUs, TPU pods)")
     if host:
         lines.append(", ".join(sorted(HOST_PRESETS)) + " (the host-domain study, experiments.host_study: ci-* a "

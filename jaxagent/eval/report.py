@@ -87,7 +87,7 @@ class Report:
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-class _Printer:
+class Printer:
     """Formats numbers and records where each came from."""
 
     def __init__(self, metrics: Mapping):
@@ -124,7 +124,7 @@ class _Printer:
 _DIRECTION_WORDS = {1: "positive", -1: "negative", 0: "parity"}
 
 
-def _ci_text(f: Finding, p: _Printer, prefix: str) -> str:
+def ci_text(f: Finding, p: Printer, prefix: str) -> str:
     est = estimate_from_metrics(p.metrics, prefix)
     if est is None:
         return "—"
@@ -134,7 +134,7 @@ def _ci_text(f: Finding, p: _Printer, prefix: str) -> str:
             f"{p.run(f'{prefix}.hi', f.diff_scale, f.diff_fmt)}]")
 
 
-def _mde_text(f: Finding, p: _Printer, prefix: str) -> str:
+def _mde_text(f: Finding, p: Printer, prefix: str) -> str:
     mde = p.run(f"{prefix}.mde", f.diff_scale, f.diff_fmt)
     if f.direction == 0:
         ref = f"margin ±{p.rule(f'{f.key}.margin', f.margin, f.diff_scale, f.diff_fmt)}"
@@ -143,11 +143,11 @@ def _mde_text(f: Finding, p: _Printer, prefix: str) -> str:
     return f"{mde} ({ref})"
 
 
-def _paper_text(f: Finding, p: _Printer) -> str:
+def _paper_text(f: Finding, p: Printer) -> str:
     return p.paper(f.diff_paper) if f.diff_paper else _DIRECTION_WORDS[f.direction]
 
 
-def _room_text(f: Finding, p: _Printer) -> str:
+def room_text(f: Finding, p: Printer) -> str:
     """"[lo, hi]" of the difference the structural bound allows (scaled as the difference), or "—" (no bound)."""
     if room_from_metrics(f, p.metrics) is None:
         return "—"
@@ -155,48 +155,48 @@ def _room_text(f: Finding, p: _Printer) -> str:
             f"{p.run(f'{f.key}.room_hi', f.diff_scale, f.diff_fmt)}]")
 
 
-def _why_text(f: Finding, metrics: Mapping, reason: str, prefix: str | None = None) -> str:
+def why_text(f: Finding, metrics: Mapping, reason: str, prefix: str | None = None) -> str:
     """The verdict's reason, plus "about N seeds would decide it" for an underpowered row."""
     n = seeds_to_decide(f, metrics, prefix)
     return reason + (f"; about {n} seeds would decide it" if n is not None else "")
 
 
-def _summary_table(findings, p: _Printer, verdicts, reasons) -> list[str]:
+def _summary_table(findings, p: Printer, verdicts, reasons) -> list[str]:
     lines = ["## Summary: one row per finding", "",
              "| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |",
              "|---|---|---|---|---|---|---|---|---|"]
     for f in findings:
         if f.key not in verdicts:
             continue
-        why = _why_text(f, p.metrics, reasons[f.key]).replace("|", "/")
+        why = why_text(f, p.metrics, reasons[f.key]).replace("|", "/")
         lines.append(f"| {finding_title(f, p.metrics)} | {p.run(f'{f.diff}.mean', f.diff_scale, f.diff_fmt)} | "
-                     f"{_paper_text(f, p)} | {_ci_text(f, p, f.diff)} | {_mde_text(f, p, f.diff)} | "
-                     f"{_room_text(f, p)} | {verdicts[f.key]} | {why} | {p.text(f'{f.diff}.seeds')} |")
+                     f"{_paper_text(f, p)} | {ci_text(f, p, f.diff)} | {_mde_text(f, p, f.diff)} | "
+                     f"{room_text(f, p)} | {verdicts[f.key]} | {why} | {p.text(f'{f.diff}.seeds')} |")
     return lines + [""]
 
 
-def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
+def _finding_section(f: Finding, p: Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
     lines = [f"## {finding_title(f, p.metrics)}", "", "| quantity | measured | paper |", "|---|---|---|"]
     for row in f.rows:
         if row.optional and row.measured not in p.metrics:
             continue
         lines.append(f"| {row.label} | {p.run(row.measured, row.scale, row.fmt)} | {p.paper(row.paper)} |")
     mean = p.run(f"{f.diff}.mean", f.diff_scale, f.diff_fmt)
-    lines.append(f"| {f.diff_label}, 95% CI | {mean} {_ci_text(f, p, f.diff)} | {_paper_text(f, p)} |")
+    lines.append(f"| {f.diff_label}, 95% CI | {mean} {ci_text(f, p, f.diff)} | {_paper_text(f, p)} |")
     lines.append(f"| minimum detectable effect (80% power) | {p.run(f'{f.diff}.mde', f.diff_scale, f.diff_fmt)} | — |")
     if room_from_metrics(f, p.metrics) is not None:
-        lines.append(f"| differences the structural bound allows | {_room_text(f, p)} | — |")
+        lines.append(f"| differences the structural bound allows | {room_text(f, p)} | — |")
     result, reason = finding_verdict(f, p.metrics)
     method = p.text(f"{f.diff}.method", "as given in the metrics")
     ref = (f"Equivalence margin ±{p.rule(f'{f.key}.margin', f.margin, f.diff_scale, f.diff_fmt)}"
            if f.direction == 0 else
            f"Reference effect E = {p.rule(f'{f.key}.effect', reference_effect(f, p.metrics), f.diff_scale, f.diff_fmt)}")
-    lines += ["", f"**Verdict: {result}**: {_why_text(f, p.metrics, reason)}. "
+    lines += ["", f"**Verdict: {result}**: {why_text(f, p.metrics, reason)}. "
                   f"Seeds: {p.text(f'{f.diff}.seeds', 'not recorded')}. "
                   f"Interval: {method}. {ref} ({f.effect_source or 'none stated'}); "
                   f"paper's direction: {_DIRECTION_WORDS[f.direction]}.", ""]
     if room_from_metrics(f, p.metrics) is not None:
-        lines += [f"The bound allows differences in {_room_text(f, p)}"
+        lines += [f"The bound allows differences in {room_text(f, p)}"
                   f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the difference "
                   "cannot leave this range.", ""]
     elif f.room:
@@ -206,7 +206,7 @@ def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report
     if f"{f.diff}.all.mean" in p.metrics:
         all_result, _ = finding_verdict(f, p.metrics, f"{f.diff}.all")
         lines += [f"Sensitivity, every seed (collapsed and diverged included; {p.text(f'{f.diff}.all.seeds')}): "
-                  f"{p.run(f'{f.diff}.all.mean', f.diff_scale, f.diff_fmt)} {_ci_text(f, p, f'{f.diff}.all')}, "
+                  f"{p.run(f'{f.diff}.all.mean', f.diff_scale, f.diff_fmt)} {ci_text(f, p, f'{f.diff}.all')}, "
                   f"MDE {p.run(f'{f.diff}.all.mde', f.diff_scale, f.diff_fmt)}: {all_result}.", ""]
     if f.note:
         lines += [f.note, ""]
@@ -217,7 +217,7 @@ def _finding_section(f: Finding, p: _Printer, figures: Mapping[str, str], report
     return lines
 
 
-def _health_section(p: _Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
+def _health_section(p: Printer, figures: Mapping[str, str], report_dir: str) -> list[str]:
     def order(prefix):
         _, arm, seed = prefix.split(".", 2)
         return arm, int(seed.removeprefix("seed")) if seed.removeprefix("seed").isdigit() else 0, seed
@@ -254,7 +254,7 @@ def build_report(metrics: Mapping, report_dir: str | os.PathLike, *, figures: Ma
     section per finding that has at least one measured metric; figures are embedded by paths relative to
     report_dir; meta (e.g. {"Pass@(K,T) mode": "truncated"}) is listed verbatim."""
     figures, meta = dict(figures or {}), dict(meta or {})
-    p = _Printer(metrics)
+    p = Printer(metrics)
     verdicts, reasons, missing, measured = {}, {}, [], []
     for f in findings:
         keys = [r.measured for r in f.rows if r.measured] + [f"{f.diff}.mean"]

@@ -151,6 +151,16 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# What each toy preset is and how long it takes, as measured (the README's presets table says the same).
+PRESET_NOTES = {
+    "quick": "the toy study, the README's; 30-33 min wall on a 2-core CPU beside other jobs, 1,200-1,300 s of "
+             "CPU time (docs/study.md, Results on two seed sets)",
+    "standard": "the toy study sized for power (5 seeds), a 2-core CPU: about 3x quick's training and 4x its "
+                "evaluation (not yet timed at T_max 8)",
+    "full": "5x5 maps, 200 iterations, hours on a CPU",
+    "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
+}
+
 def needs_checkpoint(preset: Preset) -> bool:
     """Whether the preset runs a real Qwen3 (the accelerator presets) and so needs a checkpoint directory."""
     return preset.name.startswith("qwen3") and not preset.checkpoint

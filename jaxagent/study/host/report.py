@@ -10,68 +10,33 @@ No dimension legend: host-side text.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib, stats
-from jaxagent.eval.findings import (Finding, estimate_from_metrics, finding_verdict, reference_effect,
-                                    room_from_metrics, seeds_to_decide)
-
-
-def _num(metrics: Mapping, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
-    v = metrics.get(key)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        return "—"
-    return format(v * scale, fmt)
-
-
-def _text(metrics: Mapping, key: str, default: str = "—") -> str:
-    v = metrics.get(key)
-    return v.replace("|", "/") if isinstance(v, str) and v else default
-
-
-def _ci(f: Finding, m: Mapping, prefix: str) -> str:
-    est = estimate_from_metrics(m, prefix)
-    if est is None:
-        return "—"
-    if not est.available:
-        return f"n/a ({est.reason})"
-    return f"[{_num(m, prefix + '.lo', f.diff_scale, f.diff_fmt)}, {_num(m, prefix + '.hi', f.diff_scale, f.diff_fmt)}]"
+from jaxagent.eval.findings import Finding, finding_verdict, reference_effect, room_from_metrics
+from jaxagent.eval.report import Printer, ci_text, room_text, why_text
 
 
 def pass_table(d: str, metrics: Mapping, policies: Sequence[str], tiers: Sequence[int], ks: Sequence[int],
                t_max: int) -> list[str]:
     """Rows per (tier, K): task-mean Pass@K in % of each policy (arms: mean over their included seeds) and the
     structural upper bound."""
+    pr = Printer(metrics)
     lines = ["| T (turns) | budget | K | " + " | ".join(policies) + " | upper bound |",
              "|---|---|---|" + "---|" * len(policies) + "---|"]
     for t in tiers:
         for k in ks:
-            cells = [_num(metrics, f"{d}.pass.{p}.t{t}.k{k}", 100.0) for p in policies]
+            cells = [pr.run(f"{d}.pass.{p}.t{t}.k{k}", 100.0) for p in policies]
             lines.append(f"| {t} | {100 * t / t_max:.0f}% | {k} | " + " | ".join(cells) +
-                         f" | {_num(metrics, f'{d}.bound.t{t}', 100.0)} |")
+                         f" | {pr.run(f'{d}.bound.t{t}', 100.0)} |")
     return lines
-
-
-def room_text(f: Finding, m: Mapping) -> str:
-    """"[lo, hi]" of the difference the structural bound allows (`findings.room_from_metrics`, scaled as the
-    difference), or "—" when the row has no bound."""
-    room = room_from_metrics(f, m)
-    if room is None:
-        return "—"
-    return f"[{format(room[0] * f.diff_scale, f.diff_fmt)}, {format(room[1] * f.diff_scale, f.diff_fmt)}]"
-
-
-def why_text(f: Finding, m: Mapping, reason: str, prefix: str | None = None) -> str:
-    """The verdict's reason, plus "about N seeds would decide it" for an underpowered row."""
-    n = seeds_to_decide(f, m, prefix)
-    return reason + (f"; about {n} seeds would decide it" if n is not None else "")
 
 
 def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[str], dict, dict]:
     """A summary table of the measured findings (measured, CI, MDE beside E, the range the bound allows, verdict
     and why) and one detail table each, with the result that would have made the row "not reproduced"; returns
     (lines, verdicts, reasons)."""
+    pr = Printer(metrics)
     verdicts, reasons = {}, {}
     lines = ["| finding | measured | 95% CI | MDE (reference E) | bound allows | verdict | why | seeds |",
              "|---|---|---|---|---|---|---|---|"]
@@ -88,23 +53,23 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
             e_text = "—" if e is None else format(e * f.diff_scale, f.diff_fmt)
             ref = f"Reference effect E = {e_text}"
         why = why_text(f, metrics, reasons[f.key])
-        lines.append(f"| {f.title} | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} | "
-                     f"{_ci(f, metrics, f.diff)} | {_num(metrics, f.diff + '.mde', f.diff_scale, f.diff_fmt)} "
-                     f"({e_text}) | {room_text(f, metrics)} | {verdicts[f.key]} | {why.replace('|', '/')} | "
-                     f"{_text(metrics, f.diff + '.seeds')} |")
+        lines.append(f"| {f.title} | {pr.run(f.diff + '.mean', f.diff_scale, f.diff_fmt)} | "
+                     f"{ci_text(f, pr, f.diff)} | {pr.run(f.diff + '.mde', f.diff_scale, f.diff_fmt)} "
+                     f"({e_text}) | {room_text(f, pr)} | {verdicts[f.key]} | {why.replace('|', '/')} | "
+                     f"{pr.text(f.diff + '.seeds')} |")
         detail += ["", f"**{f.title}**", "", "| quantity | measured |", "|---|---|"]
         for row in f.rows:
             if row.optional and row.measured not in metrics:
                 continue
-            detail.append(f"| {row.label} | {_num(metrics, row.measured, row.scale, row.fmt)} |")
-        detail.append(f"| {f.diff_label}, 95% CI | {_num(metrics, f.diff + '.mean', f.diff_scale, f.diff_fmt)} "
-                      f"{_ci(f, metrics, f.diff)} |")
+            detail.append(f"| {row.label} | {pr.run(row.measured, row.scale, row.fmt)} |")
+        detail.append(f"| {f.diff_label}, 95% CI | {pr.run(f.diff + '.mean', f.diff_scale, f.diff_fmt)} "
+                      f"{ci_text(f, pr, f.diff)} |")
         if room_from_metrics(f, metrics) is not None:
-            detail.append(f"| differences the structural bound allows | {room_text(f, metrics)} |")
+            detail.append(f"| differences the structural bound allows | {room_text(f, pr)} |")
         detail += ["", f"Verdict: **{verdicts[f.key]}**: {why}. Interval: "
-                       f"{_text(metrics, f.diff + '.method')}. {ref} ({f.effect_source})."]
+                       f"{pr.text(f.diff + '.method')}. {ref} ({f.effect_source})."]
         if room_from_metrics(f, metrics) is not None:
-            detail += ["", f"The bound allows differences in {room_text(f, metrics)}"
+            detail += ["", f"The bound allows differences in {room_text(f, pr)}"
                            f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the "
                            "difference cannot leave this range."]
         elif f.room:
@@ -115,9 +80,9 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
             detail += ["", f.note]
         if f"{f.diff}.all.mean" in metrics:
             all_v, _ = finding_verdict(f, metrics, f"{f.diff}.all")
-            detail += ["", f"Sensitivity, every seed ({_text(metrics, f.diff + '.all.seeds')}): "
-                           f"{_num(metrics, f.diff + '.all.mean', f.diff_scale, f.diff_fmt)} "
-                           f"{_ci(f, metrics, f.diff + '.all')}: {all_v}."]
+            detail += ["", f"Sensitivity, every seed ({pr.text(f.diff + '.all.seeds')}): "
+                           f"{pr.run(f.diff + '.all.mean', f.diff_scale, f.diff_fmt)} "
+                           f"{ci_text(f, pr, f.diff + '.all')}: {all_v}."]
     return lines + detail, verdicts, reasons
 
 
@@ -127,9 +92,10 @@ def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Find
     """The `## <title>` section of one domain; `notes` = (how the env makes the splits, what the reference
     solution's turns are), each printed when given. Returns (lines, verdicts)."""
     split_note, bound_note = notes
+    pr = Printer(metrics)
     lines = [f"## {title}", "",
-             f"Tasks: {_num(metrics, f'{d}.split.train', 1.0, '.0f')} train (split '{splits[0]}'), "
-             f"{_num(metrics, f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}')"
+             f"Tasks: {pr.run(f'{d}.split.train', 1.0, '.0f')} train (split '{splits[0]}'), "
+             f"{pr.run(f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}')"
              + (f" ({split_note})" if split_note else "") + "; RL trains on the "
              "train split only, every number below is on the held-out tasks. Pass@(K,T) mode: announced (the "
              "budget is in the prompt; separate rollouts per tier). Upper bound: share of tasks whose reference "
@@ -138,7 +104,7 @@ def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Find
     lines += pass_table(d, metrics, policies, tiers, ks, t_max)
     lines += ["", "### Findings", ""]
     body, verdicts, _ = findings_lines(findings, metrics)
-    notes_ = [f"- {_text(metrics, k)}" for k in sorted(metrics) if k.startswith(f"{d}.note.")]
+    notes_ = [f"- {pr.text(k)}" for k in sorted(metrics) if k.startswith(f"{d}.note.")]
     return lines + body + ([""] + notes_ if notes_ else []) + [""], verdicts
 
 
@@ -146,11 +112,12 @@ def health_lines(metrics: Mapping) -> list[str]:
     seeds = sorted({k.rsplit(".", 1)[0] for k in metrics if k.startswith("health.") and k.endswith(".status")})
     if not seeds:
         return []
+    pr = Printer(metrics)
     lines = ["## Seed health", "", f"Rule: {health_lib.HEALTH_RULE}", "",
              "| arm / seed | status | reason | min valid-action rate | last success |", "|---|---|---|---|---|"]
     for p in seeds:
-        lines.append(f"| {p.removeprefix('health.')} | {_text(metrics, p + '.status')} | {_text(metrics, p + '.reason')}"
-                     f" | {_num(metrics, p + '.min_valid', 1.0, '.2f')} | {_num(metrics, p + '.last_success', 1.0, '.2f')} |")
+        lines.append(f"| {p.removeprefix('health.')} | {pr.text(p + '.status')} | {pr.text(p + '.reason')}"
+                     f" | {pr.run(p + '.min_valid', 1.0, '.2f')} | {pr.run(p + '.last_success', 1.0, '.2f')} |")
     return lines + [""]
 
 
