@@ -87,3 +87,34 @@ def test_train_record_peer_best_and_busy_ratio(train_record):
     assert r["peak_gflops"] == 1e6 and r["first_loss_abs_diff"] == pytest.approx(abs(0.125 - r["jax_first_loss"]))
     assert r["train_ratio"] is None and r["train_ratio_busy"] == pytest.approx(1.0 / r["jax_step_s"])
     assert r["jax_tokens_per_s"] == pytest.approx(64 / r["jax_step_s"])
+
+
+def test_rollout_replay_through_the_torch_loop_is_the_same_episode(tmp_path):
+    """JAX's sampled replies fed through the PyTorch + gymnasium loop give the same token stream, actions,
+    statuses and log-probabilities, truncated replies included (the next chunk opens with <|im_end|>)."""
+    import dataclasses
+
+    import jax
+
+    from experiments.peers import torch_rollout
+    from jaxagent.models import qwen3, weights
+    from jaxagent.models.config import Qwen3Config
+    from jaxagent.study.frozenlake.presets import PRESETS as STUDY_PRESETS
+    from jaxagent.study.toy import make_toy_world
+
+    ts = dataclasses.replace(STUDY_PRESETS["quick"].task, t_max=2)
+    world = make_toy_world(str(tmp_path / "tok"), size=ts.size)
+    cfg = Qwen3Config(vocab_size=world.tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    params = qwen3.init(cfg, jax.random.key(0))
+    weights.save(str(tmp_path / "m"), cfg, params)
+    rcfg = rollout.RolloutConfig(t_max=ts.t_max, max_action_tokens=ts.max_action_tokens, max_context=ts.max_context,
+                                 sampler=rollout.Sampler(temperature=1.0))
+    tasks, budgets = ts.sample(jax.random.key(1), 4), np.full((4,), ts.t_max, np.int32)
+    jx = rollout.rollout(params, cfg, world.env, world.layout, world.fmt, tasks, budgets, jax.random.key(1000),
+                         ts.env_params(), rcfg)
+    truncated = np.asarray(jx.turns.span_len)[:, 0] == ts.max_action_tokens
+    assert truncated.any()  # the case that needs the closing token
+    check = torch_rollout.replay(str(tmp_path / "m"), world, tasks, budgets, jx, rcfg, 1.0)
+    assert check["replay_tokens_equal"] and check["replay_actions_equal"] and check["replay_status_equal"], check
+    assert check["replay_logprob_max_abs_diff"] < 1e-3, check

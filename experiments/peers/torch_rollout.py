@@ -39,6 +39,7 @@ class HostText:
         lay = world.layout
         self.system, self.first_open, self.next_open = list(lay.system), list(lay.first_open), list(lay.next_open)
         self.close, self.stop_ids, self.pad_id = list(lay.close), tuple(lay.stop_ids), lay.pad_id
+        self.end_of_turn = lay.end_of_turn
         self.backend = world.tokenizer.hf.backend_tokenizer  # tokenizers.Tokenizer: batch encode / decode
         self.template = " ".join(DEFAULT_TEMPLATE)
         if world.fmt.template != DEFAULT_TEMPLATE:
@@ -52,11 +53,18 @@ class HostText:
         grid = " | ".join(rows)
         return f"{self.MESSAGES[msg]} {grid}" if msg else grid
 
-    def chunks(self, t: int, budgets, texts: list[str]) -> list[list[int]]:
-        """Per episode: [turn opener] + tokens(budget text + observation) + [close]."""
-        opener = self.first_open if t == 0 else self.next_open
+    def chunks(self, t: int, budgets, texts: list[str], closed: list[bool]) -> list[list[int]]:
+        """Per episode: [turn opener] + tokens(budget text + observation) + [close]; after a reply that did not
+        end with <|im_end|> (`closed` False: cut at max_action_tokens) the opener starts with it, as jaxagent's
+        `episode.prompt_chunk` does."""
         full = [self.template.format(turn=t + 1, budget=b, remaining=b - t) + " " + o for b, o in zip(budgets, texts)]
-        return [opener + e.ids + self.close for e in self.backend.encode_batch(full, add_special_tokens=False)]
+        encoded = self.backend.encode_batch(full, add_special_tokens=False)
+        return [self.opener(t, c) + e.ids + self.close for e, c in zip(encoded, closed)]
+
+    def opener(self, t: int, closed: bool) -> list[int]:
+        if t == 0:
+            return self.first_open
+        return self.next_open if closed else [self.end_of_turn] + self.next_open
 
     def parse(self, replies: list[list[int]]) -> list[int]:
         """Env action index of the last <answer>Move</answer> in each reply's text, -1 if none."""
@@ -91,6 +99,7 @@ def torch_rollout(model, host: HostText, envs, budgets, *, t_max: int, max_actio
     pos = [int(e.reset()[0]) for e in envs]
     msg = [fl.MSG_NONE] * n_ep
     status = [types.RUNNING] * n_ep
+    closed = [True] * n_ep  # the last reply ended with <|im_end|> (else the next chunk starts with it)
     tokens = [list(host.system) for _ in range(n_ep)]
     logps = [[0.0] * len(host.system) for _ in range(n_ep)]
     actions = np.full((n_ep, t_max), -1, np.int32)
@@ -105,7 +114,7 @@ def torch_rollout(model, host: HostText, envs, budgets, *, t_max: int, max_actio
         for t in range(t_max):
             cand = [b for b in rows if status[b] == types.RUNNING and t < budgets[b]]
             chunks = host.chunks(t, [budgets[b] for b in cand],
-                                 [host.observation(descs[b], pos[b], msg[b]) for b in cand])
+                                 [host.observation(descs[b], pos[b], msg[b]) for b in cand], [closed[b] for b in cand])
             act, act_chunks = [], []
             for b, c in zip(cand, chunks):
                 if len(tokens[b]) + len(c) + m <= max_context:
@@ -164,6 +173,7 @@ def torch_rollout(model, host: HostText, envs, budgets, *, t_max: int, max_actio
 
             for b, r, a in zip(act, replies, host.parse(replies)):  # the environment, on the host
                 tokens[b].extend(r)
+                closed[b] = bool(r) and r[-1] == host.end_of_turn
                 actions[b, t] = a
                 if a < 0:
                     msg[b], rewards[b, t] = fl.MSG_INVALID, -format_penalty
