@@ -175,8 +175,8 @@ def logical_axes(cfg: Qwen3Config) -> Params:
 def untied(params: Params, cfg: Qwen3Config) -> tuple[Params, Qwen3Config]:
     """(params, cfg) with a tied LM head made explicit: lm_head = embed^T, a [D, V] copy.
 
-    Same logits; for loops that unembed many times (decoding), where XLA:CPU's dot with the
-    transposed [V, D] embedding ran ~2x slower than with a [D, V] matrix. Untied models pass through.
+    Same logits; the head then has its own parameter (to fine-tune or shard apart from the embeddings).
+    Untied models pass through.
     """
     if not cfg.tie_word_embeddings:
         return params, cfg
