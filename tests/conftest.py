@@ -1,7 +1,5 @@
 """Test-wide setup: 8 fake CPU devices so sharding tests can build meshes in any test process."""
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -21,26 +19,6 @@ def pytest_collection_modifyitems(config, items):
     `--dist loadfile`), a long file started last would leave the other workers idle at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: order within a file is kept
-
-
-def pytest_configure(config):
-    """One XLA compilation cache for the whole test run, shared by the xdist workers and every subprocess the
-    tests start (they inherit the environment): many files build the same tiny models and presets, and the
-    multi-process tests compile the same programs in each process. An entry is keyed by the program's HLO, the
-    compile options, the devices and the jax/XLA versions, so a hit returns the executable the same compile would
-    produce. The directory is new for each run and removed at its end (nothing carries over between runs); a set
-    JAX_COMPILATION_CACHE_DIR is kept as is. Every compile is cached (the tests' programs compile in well under
-    jax's default 1 s threshold), and a size limit turns on jax's file lock, so that two processes never read an
-    entry while another writes it. Programs compiled for TPU topologies are written too but cannot be loaded back
-    by a compile-only client: jax then compiles them again (pyproject.toml silences that warning).
-    JAX_ENABLE_COMPILATION_CACHE=false turns the cache off."""
-    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return  # an xdist worker: the controller set it up before starting the workers
-    path = tempfile.mkdtemp(prefix="jaxagent-xla-cache-")
-    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 
 # Compiling for TPU topologies on this host (tests/test_platform_dispatch.py) may share libtpu with
