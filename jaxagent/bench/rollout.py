@@ -277,7 +277,7 @@ def run(args, preset, peer, meter: LoadMeter) -> dict:
         jax_peak = jax_matmul_gflops(args.matmul_n, 5)
         result = {"batch": args.batch, "t_max": ts.t_max, "max_action_tokens": ts.max_action_tokens,
                   "max_context": ts.max_context, "map_size": ts.size, "temperature": args.temperature,
-                  "repeats": args.repeats, "jax_backend": jax.default_backend(),
+                  "repeats": args.repeats, "jax_backend": jax.devices()[0].platform,  # recorded, not a path choice
                   "loadavg_start": list(meter.start_sample.loadavg), "jax_matmul_peak_gflops": jax_peak}
         if not args.skip_env:
             result.update(bench_env(world, ts, args, peer))

@@ -104,7 +104,7 @@ def run_cpu(args, run_peer: Optional[Callable] = None) -> dict:
     batch_np["old_logprobs"] = (np.asarray(logp) + 0.05 * rng.normal(size=(b, t))).astype(np.float32)
     flops = train_flops(cfg, b, t)
     peak_jax = jax_matmul_gflops(args.matmul_n, args.matmul_repeats)
-    out = {"bench": "train_step", "device": "cpu", "backend": jax.default_backend(),
+    out = {"bench": "train_step", "device": "cpu", "backend": jax.devices()[0].platform,
            "preset": "tiny" if args.tiny else (args.preset or "bench_10m"),
            "params": cfg.num_params(), "batch": b, "seq": t, "prompt": prompt,
            "policy_tokens": int(batch_np["policy_mask"].sum()), "threads": args.threads or len(args.meter.cpus),
