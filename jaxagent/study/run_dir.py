@@ -216,15 +216,21 @@ def open_checkpoint(path) -> tuple[Qwen3Config, Tokenizer]:
 _HELD: dict[str, list] = {}  # real path of a directory this process has locked -> [its open lock file, holders]
 
 
-def _holder(lock_path: str) -> str:
-    """'pid P (started ...)' from a lock file's record, or what is known when it has none yet."""
-    try:
-        with open(lock_path, encoding="utf-8") as f:
-            rec = json.load(f)
-        where = "" if rec.get("host") == socket.gethostname() else f" on host {rec.get('host')}"
-        return f"pid {rec['pid']}{where} (started {rec['started']}: {rec['command']})"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return "another process (it has not recorded its pid yet)"
+def _holder(lock_path: str, wait_s: float = 2.0) -> str:
+    """'pid P (started ...)' from a lock file's record, or what is known when it has none yet. The holder writes
+    its record just after taking the lock, so a record still missing (or half written) is read again for up to
+    `wait_s` seconds: two runs started at once name each other instead of racing to the message."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(lock_path, encoding="utf-8") as f:
+                rec = json.load(f)
+            where = "" if rec.get("host") == socket.gethostname() else f" on host {rec.get('host')}"
+            return f"pid {rec['pid']}{where} (started {rec['started']}: {rec['command']})"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            if time.monotonic() >= deadline:
+                return "another process (it has not recorded its pid yet)"
+            time.sleep(0.05)
 
 
 def _acquire(directory: str) -> str:
