@@ -89,6 +89,19 @@ def _pass_room_text(what: str) -> str:
             "difference lies in [-comparator, U - comparator].")
 
 
+def _rl_above_base(key: str, title: str, rows: tuple, at: str, bound_at: str, diff_label: str, subject: str,
+                   falsified_by: str) -> Finding:
+    """A finding-1 row: RL - base Pass@ at full budget, direction +1 with E 10 points (`_SEI`), the room the bound
+    allows; `rows` go before base, RL and the bound "<at>"; it fails on a CI below 0, or holding 0 with its upper
+    end below +10 points (`falsified_by`), a result the bound's room leaves possible whenever it reaches +10."""
+    return Finding(key, title,
+                   rows + (Row(f"base {at} (%)", f"{key}.base", None, 100.0),
+                           Row(f"RL {at} (%)", f"{key}.rl", None, 100.0),
+                           Row(f"structural upper bound{bound_at} (%)", f"{key}.bound", None, 100.0)),
+                   f"{key}.diff", diff_label, +1, None, 100.0, ".1f", **_SEI, note=_pass_room_text(subject), room=True,
+                   falsified_by=falsified_by)
+
+
 def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     """The findings of domain `d` with the FrozenLake study's directions, reference effects and margins, each
     judged where a difference of E is possible and saying which result would have failed it (docs/host_study.md,
@@ -107,22 +120,14 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     f3 = (host_step_quality.finding(d, title),) if d in host_step_quality.DOMAINS else ()
     f4 = (host_error_recovery.finding(d, title),) if d in host_error_recovery.DOMAINS else ()
     return (
-        Finding(f1p, f"{title}: 1. held-out Pass@1 at full budget (K=1): RL above base",
-                (Row("base Pass@1 (%)", f"{f1p}.base", None, 100.0),
-                 Row("RL Pass@1 (%)", f"{f1p}.rl", None, 100.0),
-                 Row("structural upper bound (%)", f"{f1p}.bound", None, 100.0)),
-                f"{f1p}.diff", "RL - base Pass@1 (points)", +1, None, 100.0, ".1f", **_SEI,
-                note=_pass_room_text("RL's Pass@1"), room=True,
-                falsified_by=("a 95% CI of RL - base held-out Pass@1 at full budget below 0, or holding 0 with its "
-                              "upper end below +10 points")),
-        Finding(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base (largest K)",
-                ks_rows + (Row("base at the largest K (%)", f"{f1}.base", None, 100.0),
-                           Row("RL at the largest K (%)", f"{f1}.rl", None, 100.0),
-                           Row("structural upper bound at the largest K (%)", f"{f1}.bound", None, 100.0)),
-                f"{f1}.diff", "RL - base at the largest K (points)", +1, None, 100.0, ".1f", **_SEI,
-                note=_pass_room_text("RL's Pass@K"), room=True,
-                falsified_by=("a 95% CI of RL - base Pass@K at the largest K below 0, or holding 0 with its upper "
-                              "end below +10 points (RL's edge gone once base gets K tries)")),
+        _rl_above_base(f1p, f"{title}: 1. held-out Pass@1 at full budget (K=1): RL above base", (), "Pass@1", "",
+                       "RL - base Pass@1 (points)", "RL's Pass@1",
+                       "a 95% CI of RL - base held-out Pass@1 at full budget below 0, or holding 0 with its upper end "
+                       "below +10 points"),
+        _rl_above_base(f1, f"{title}: 1. Pass@K at full budget as K grows: RL stays above base (largest K)", ks_rows,
+                       "at the largest K", " at the largest K", "RL - base at the largest K (points)", "RL's Pass@K",
+                       "a 95% CI of RL - base Pass@K at the largest K below 0, or holding 0 with its upper end below "
+                       "+10 points (RL's edge gone once base gets K tries)"),
         Finding(f2, f"{title}: 2. the RL advantage shrinks from full to tightest tier (K=1, tasks solvable there)",
                 (Row("base, full budget (%)", f"{f2}.base_full", None, 100.0),
                  Row("RL, full budget (%)", f"{f2}.rl_full", None, 100.0),
