@@ -79,6 +79,9 @@ def main(argv=None) -> int:
         args.programs = sorted({r["program"] for r in records})
     is_host = args.preset in HOST_PRESETS
     preset = HOST_PRESETS[args.preset] if is_host else PRESETS[args.preset]
+    if getattr(preset, "pruned_vocabulary", False):
+        raise SystemExit(f"--preset {args.preset}: its model's vocabulary is its pruned tokenizer's, made when the "
+                         "study runs (a CPU toy); the AOT check is for the GPU and TPU presets")
     changes = {}
     if args.micro_batches:
         changes["micro_batches"] = args.micro_batches

@@ -14,6 +14,11 @@ RECORDS = os.path.join(os.path.dirname(__file__), "..", "docs", "aot_records")
 
 
 @needs_libtpu
+def test_aot_check_refuses_a_toy_preset_with_a_pruned_vocabulary():
+    with pytest.raises(SystemExit, match="vocabulary is its pruned tokenizer's"):
+        aot_check.main(["--preset", "sql-toy"])
+
+
 def test_aot_check_cli_takes_host_presets():
     with pytest.raises(SystemExit, match="unknown programs"):
         aot_check.main(["--preset", "qwen3-0.6b-1gpu-sql", "--programs", "host_nope"])

@@ -142,6 +142,31 @@ def test_no_task_solvable_at_the_tightest_tier_is_stated():
     assert "bfcl.f7_gigpo.room_lo" not in m and "Finding 7" in m["bfcl.note.f7_gigpo"]
 
 
+def test_gigpo_parity_is_not_judged_when_every_training_episode_took_one_turn():
+    """One-turn episodes make GiGPO's step groups its episode groups (a rescaled GRPO advantage): finding 7 then
+    has no estimate and says why; a single longer episode makes the comparison possible again, and the share of
+    longer episodes is a row of the finding."""
+    bound = host_metrics.structural_bound([1] * 6, [1, 2], [1])
+    rng = np.random.default_rng(1)
+    per_task = {"base": _grid([0.3] * 6), **{f"{a}/seed{s}": _grid(0.5 + 0.1 * rng.random(6))
+                                              for a in ("grpo", "gigpo") for s in (0, 1)}}
+    hl = {(a, s): OK for a in ("grpo", "gigpo") for s in (0, 1)}
+    f7 = next(x for x in host_metrics.domain_findings("sql", "SQL") if x.key == "sql.f7_gigpo")
+    one = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6, n_boot=50,
+                                      gigpo_turns={0: [1.0] * 5, 1: [1.0] * 5})
+    assert not any(k.startswith("sql.f7_gigpo.diff") for k in one) and "sql.f7_gigpo.room_lo" not in one
+    assert "took one turn" in one["sql.note.f7_gigpo"] and one["sql.f7_gigpo.multi_turn_share"] == 0.0
+    assert finding_verdict(f7, one)[0] != stats.REPRODUCED
+    mixed = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6, n_boot=50,
+                                        gigpo_turns={0: [1.0, 1.25], 1: [1.0, 1.0]})
+    assert "sql.note.f7_gigpo" not in mixed and np.isfinite(mixed["sql.f7_gigpo.diff.mean"])
+    assert mixed["sql.f7_gigpo.multi_turn_share"] == pytest.approx(0.25 / 4)
+    lines, _ = host_report.domain_section("sql", "SQL", mixed, (f7,), policies=["base", "grpo", "gigpo"],
+                                          tiers=[1, 2], ks=[1], t_max=2, splits=("train", "test"))
+    assert "longer than one turn (%, at least) | 6.2" in "\n".join(lines)
+    assert host_metrics.multi_turn_share([1.0, 2.0, 3.0], 3) == pytest.approx(0.5)
+
+
 def test_rate_rows_rooms_and_verdicts():
     """f3 (pass rate), f4 (correction rate), f6 (success rates): room (-base, 1 - base) from the metric
     functions; a base pass rate of 2% leaves f3 (RL below base) less than E = 0.05: untestable; a base correction

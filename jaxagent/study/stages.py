@@ -169,29 +169,44 @@ def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: Bas
     toks, mask, width = data["tokens"], data["mask"], data["width"]
     multi = ~data["is_plan"]
     params = place_params(qwen3.init(cfg, k_init), cfg, mesh)
-    row_sh = None if mesh is None else sharding.batch_sharding(mesh, 2, batch_size=bs.batch_size)
-    warmup = min(bs.warmup, bs.steps // 5)
-    sched = optax.warmup_cosine_decay_schedule(0.0, bs.lr, warmup, max(bs.steps, warmup + 1), bs.lr * 0.1)
-    opt = optax.adamw(sched, weight_decay=0.0)
-    opt_state = opt.init(params)
-    step = make_sft_step(cfg, opt)
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(k_batch)).ravel()[-1])
     success = data["expert_success"]
     history = [{"expert_success_rate": float(np.mean(success[multi])) if multi.any() else None,
                 "expert_plan_success_rate": float(np.mean(success[~multi])) if (~multi).any() else None,
                 "plan_episodes": int((~multi).sum()), "sft_sequence_width": width}]
-    for i in range(bs.steps):
-        idx = rng.integers(0, bs.n_episodes, bs.batch_size)
-        tb, mb = toks[idx], mask[idx]
+    params, records = fit_sft(params, cfg, toks, mask, k_batch, steps=bs.steps, batch_size=bs.batch_size,
+                              lr=bs.lr, warmup=bs.warmup, callback=callback, mesh=mesh)
+    return params, history + records
+
+
+def fit_sft(params, cfg: Qwen3Config, toks_ExS, mask_ExS, k_batch, *, steps: int, batch_size: int, lr: float,
+            warmup: int, callback: Optional[Callable[[int, dict], None]] = None, mesh=None,
+            targets: Optional[int] = None):
+    """(params, records): `steps` AdamW updates of `rl.sft` on batches of `batch_size` rows drawn with
+    replacement from the E rows (toks_ExS, mask_ExS: the targets), learning rate warmed up linearly over
+    min(warmup, steps // 5) steps to `lr`, then cosine-decayed to lr / 10. `targets`: the loss's target
+    positions per row (`rl.sft.make_sft_step`). With a `mesh` each batch is split over its batch axes (when they
+    divide batch_size; else replicated). A record {step, loss, token_accuracy, grad_norm} per step when there is
+    a `callback` (which gets each), else the last step's only."""
+    row_sh = None if mesh is None else sharding.batch_sharding(mesh, 2, batch_size=batch_size)
+    warmup = min(warmup, steps // 5)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
+    opt = optax.adamw(sched, weight_decay=0.0)
+    opt_state = opt.init(params)
+    step = make_sft_step(cfg, opt, targets)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(k_batch)).ravel()[-1])
+    records = []
+    for i in range(steps):
+        idx = rng.integers(0, len(toks_ExS), batch_size)
+        tb, mb = toks_ExS[idx], mask_ExS[idx]
         if row_sh is not None:
             tb, mb = jax.device_put(tb, row_sh), jax.device_put(mb, row_sh)
         params, opt_state, m = step(params, opt_state, tb, mb)
-        if callback is not None or i == bs.steps - 1:
+        if callback is not None or i == steps - 1:
             rec = {"step": i, **{k: float(v) for k, v in m.items()}}
-            history.append(rec)
+            records.append(rec)
             if callback is not None:
                 callback(i, rec)
-    return params, history
+    return params, records
 
 
 @dataclasses.dataclass(frozen=True)

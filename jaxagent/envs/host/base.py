@@ -9,6 +9,8 @@ Interface. A host env is a Python object with `jittable = False` and
                                           are deterministic: they ignore the seed)
   step(state, action_text) -> (state, obs, reward, done, info)
   upper_bound_turns(task) -> int          turns of the reference solution: the structural upper bound
+  ground_truth_actions(task) -> [str]     where defined, the reference solution's replies (the SFT targets
+                                          of the host study's toy base, `study.host.sft`)
                                           (docs/study.md, "Structural upper bound": T >= this is solvable)
   step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
   anchor(state) -> int                    GiGPO anchor of a state (below)
@@ -116,6 +118,9 @@ class HostEnv:
 
     def step_quality(self, state, action_text: str) -> float:
         raise NotImplementedError(f"{type(self).__name__} defines no step quality")
+
+    def ground_truth_actions(self, task) -> list[str]:
+        raise NotImplementedError(f"{type(self).__name__} defines no reference solution")
 
     def clone(self, state):
         return copy.deepcopy(state)

@@ -301,6 +301,10 @@ class CodeEnv(HostEnv):
     def upper_bound_turns(self, task: CodeTask) -> int:
         return 1
 
+    def ground_truth_actions(self, task: CodeTask) -> list[str]:
+        """The reference solution as assistant messages: the reference program in one python block."""
+        return [f"```python\n{task.reference.rstrip()}\n```"]
+
     def reset(self, seed: int, task: CodeTask) -> tuple[CodeState, str]:
         if not isinstance(task, CodeTask):
             raise ValueError(f"CodeEnv.reset needs a CodeTask, got {type(task).__name__}")

@@ -289,6 +289,10 @@ class SQLEnv(HostEnv):
     def upper_bound_turns(self, task: SQLTask) -> int:
         return 1
 
+    def ground_truth_actions(self, task: SQLTask) -> list[str]:
+        """The reference solution as assistant messages: the gold query submitted at once."""
+        return [f"<answer>{task.gold}</answer>"]
+
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int, task: SQLTask) -> tuple[SQLState, str]:
         if not isinstance(task, SQLTask):

@@ -111,9 +111,13 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     if d in host_likelihood.DOMAINS and seeds:
         memo = {}  # base's episodes scored under base, shared by the seeds
         lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
+    gigpo_turns = {s: [r["mean_turns"] for r in health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}",
+                                                                             "metrics.jsonl")) if "mean_turns" in r]
+                   for a, s in policies if a == "gigpo"}
     return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
-                                    likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq)
+                                    likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,
+                                    gigpo_turns=gigpo_turns or None)
 
 
 def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:

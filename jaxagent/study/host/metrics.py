@@ -48,6 +48,10 @@ from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as ho
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
+ONE_TURN_NOTE = ("Finding 7: every GiGPO training episode took one turn, so each of its step groups (the first "
+                 "state, shared by the group) is its episode group and its advantage A_E + omega A_S = (1 + omega) "
+                 "A_E rescales GRPO's; with Adam (its updates do not depend on that scale) and no KL or entropy term, "
+                 "GiGPO trained as GRPO by construction and parity could not have failed: no estimate in this run.")
 NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fits the tightest tier (T = {t} turns), "
                     "so no policy can solve any task there and the finding has no estimate in this run.")
 
@@ -154,7 +158,9 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                  Row("GiGPO, tightest tier (%)", f"{f7}.gigpo", None, 100.0),
                  Row("structural upper bound on these tasks (%)", f"{f7}.bound", None, 100.0),
                  Row("tasks compared (solvable at the tightest tier)", f"{f7}.n_tasks", None, 1.0, ".0f"),
-                 Row("tightest tier (turns)", f"{f7}.tier_turns", None, 1.0, ".0f")),
+                 Row("tightest tier (turns)", f"{f7}.tier_turns", None, 1.0, ".0f"),
+                 Row("GiGPO training episodes longer than one turn (%, at least)", f"{f7}.multi_turn_share", None,
+                     100.0, optional=True)),
                 f"{f7}.diff", "GiGPO - GRPO (points)", 0, None, 100.0, ".1f", margin=0.05,
                 effect_source="equivalence margin 5 points (jaxagent's choice, as FrozenLake's f7_gigpo_bfcl)",
                 note=("Room: GiGPO's Pass@1 lies in [0, U], so GiGPO - GRPO lies in [-GRPO, U - GRPO]; parity is "
@@ -194,7 +200,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                    n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
                    dynamics: Mapping[int, Sequence[Mapping]] | None = None,
                    likelihood: Mapping[int, Mapping] | None = None,
-                   step_quality: Mapping[int, Mapping] | None = None) -> dict:
+                   step_quality: Mapping[int, Mapping] | None = None,
+                   gigpo_turns: Mapping[int, Sequence[float]] | None = None) -> dict:
     """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
     '<arm>/seed<s>'), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by
     task; every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO seeds; collapsed
@@ -203,7 +210,9 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside
     `host_dynamics.DOMAINS` gets its note instead). `likelihood`: finding 5's scored episodes per GRPO seed
     (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
-    matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured)."""
+    matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured). `gigpo_turns`: each
+    GiGPO seed's mean turns per training iteration (finding 7: the share of its training episodes longer than one
+    turn, `multi_turn_share`; all one turn: no estimate, `ONE_TURN_NOTE`)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     if d not in host_dynamics.DOMAINS:
@@ -286,8 +295,24 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")
         m[f"{f7}.n_tasks"] = int(use.sum())
         m[f"{f7}.tier_turns"] = float(tiers[tight])
-        if use.any():
+        one_turn = False
+        if gigpo_turns is not None:
+            turns = [float(x) for s in both for x in gigpo_turns.get(s, ()) if np.isfinite(x)]
+            if turns:
+                m[f"{f7}.multi_turn_share"] = multi_turn_share(turns, max(tiers))
+                one_turn = max(turns) <= 1.0
+        if one_turn:  # every GiGPO training episode took one turn: the comparison cannot fail
+            for key in [k for k in m if k.startswith(f"{f7}.diff")]:
+                del m[key]
+            m[f"{d}.note.f7_gigpo"] = ONE_TURN_NOTE
+        elif use.any():
             put_room(m, f7, bounded(_mean(rl[s][tight, k1][use].mean() for s in ok7 or both), m[f"{f7}.bound"]))
         else:
             m[f"{d}.note.f7_gigpo"] = NO_SOLVABLE_NOTE.format(finding="7", t=tiers[tight])
     return m
+
+
+def multi_turn_share(mean_turns: Sequence[float], t_max: int) -> float:
+    """A lower bound on the share of training episodes longer than one turn, from each iteration's mean turns
+    t_i (episodes of 1..T_max turns): share >= mean_i (t_i - 1) / (T_max - 1), exact for T_max = 2."""
+    return float(np.mean([(t - 1.0) / max(t_max - 1, 1) for t in mean_turns]))

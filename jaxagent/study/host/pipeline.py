@@ -38,6 +38,18 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
             "domain": f"{dom.name} ({dom.title}; env '{dom.env}')",
             "T_max": str(p.task.t_max), "tool-output cap (tokens per turn)": str(p.task.max_obs_tokens),
             "Pass@(K,T) mode": "announced", "samples per task and tier": str(p.eval.n_samples)}
+    if p.sft is not None:
+        done = run_dir.read_done(os.path.join(run.dir, "base")) or {}
+        sft = done.get("sft") or {}
+        last = sft.get("last") or {}
+        meta["base policy"] = (
+            f"the tiny random Qwen3 ({run.cfg.num_hidden_layers} layers, width {run.cfg.hidden_size}, vocabulary "
+            f"{run.cfg.vocab_size}"
+            + (": Qwen3's tokenizer pruned to the domain's texts" if p.pruned_vocabulary else "")
+            + f") after SFT on the train split's reference solutions: {p.sft.steps} steps of {p.sft.batch_size} "
+            f"episodes, {sft.get('rows', '?')} reference episodes ({sft.get('left_out', '?')} left out: not solved "
+            f"within the limits); last loss {last.get('loss', float('nan')):.3f}, token accuracy "
+            f"{last.get('token_accuracy', float('nan')):.3f}")
     if dom.name in host_error_recovery.DOMAINS:
         meta["finding 4 error prefixes"] = ("base's and each GRPO seed's full-budget held-out episodes, steps with "
                                             "a tool-call error that did not end the episode; one reply per policy")
@@ -69,7 +81,7 @@ def run_study(preset: HostPreset, root: str = "runs", name: str | None = None, *
     written to timing.json by process 0)."""
     t0 = time.time()
     run = HostRun(preset, root, name, force=force)
-    base = run_base(run)
+    base = run_base(run, log=log)
     t_base = time.time()
     policies = run_arms(run, base, log=log)
     t_rl = time.time()

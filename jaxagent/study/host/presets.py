@@ -24,6 +24,7 @@ from typing import Optional
 
 from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
+from jaxagent.study.host.sft import HostSFTSettings
 from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
 
 
@@ -50,6 +51,10 @@ class HostPreset:
     checkpoint: Optional[str] = None  # a local HF Qwen3 directory (with its tokenizer): the base policy
     data: Optional[str] = None        # sql / code: a local dataset directory (`data_env`); None: the built-in tasks
     tiny_model: Optional[Qwen3Config] = None  # CI: a random Qwen3 with the real Qwen3 tokenizer (no checkpoint)
+    # toy: the tiny model's tokenizer is Qwen3's pruned to the domain's texts (`host_sft.tokenizer_corpus`), its
+    # vocabulary that size (the tiny_model's vocab_size is replaced), and the base is SFT on reference solutions
+    pruned_vocabulary: bool = False
+    sft: Optional[HostSFTSettings] = None
     arms: tuple[str, ...] = HOST_ARMS
     seeds: tuple[int, ...] = (0, 1, 2)
     iterations: int = 100
@@ -101,6 +106,9 @@ def preset_problem(preset: HostPreset) -> Optional[str]:
     problem = data_problem(preset)
     if problem is None and preset.checkpoint is None and preset.tiny_model is None:
         problem = f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)"
+    if problem is None and preset.pruned_vocabulary and (preset.checkpoint is not None or preset.tiny_model is None):
+        problem = (f"preset {preset.name}: pruned_vocabulary is for a tiny random model (tiny_model, no checkpoint): "
+                   "a checkpoint's embedding rows belong to its own tokenizer's ids")
     return problem
 
 
@@ -143,6 +151,29 @@ def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, tas
                                             batch_size=eval_batch, step_samples=2, step_states=2),
                       tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
                       dynamics_every=1, **kw)
+
+
+def toy_model() -> Qwen3Config:
+    """2 layers, width 64, as the FrozenLake toy study's model; the vocabulary (here Qwen3's) is replaced by the
+    pruned tokenizer's size at run time (`HostPreset.pruned_vocabulary`)."""
+    return Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_context: int, sft: HostSFTSettings,
+         fractions: tuple = (0.5, 1.0), **kw) -> HostPreset:
+    """A toy study that learns on a CPU (docs/host_study.md, "Toy presets"): the toy model with Qwen3's tokenizer
+    pruned to the domain's texts, SFT on the train split's reference solutions, then grpo and gigpo (findings 1, 2,
+    7 and the domain's own) x 3 seeds; 120 held-out tasks spread over the split x 2 tiers x 4 samples (K up to
+    4). Tool output capped at 64 tokens."""
+    task = HostTaskSettings(domain=domain, t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
+                            max_obs_tokens=64, max_heldout_tasks=120, task_subset="spread", workers=2,
+                            slot_bucket=64)
+    return HostPreset(name=name, task=task,
+                      eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions, n_boot=1000,
+                                            batch_size=64, step_samples=4, step_states=16),
+                      tiny_model=toy_model(), pruned_vocabulary=True, sft=sft, arms=("grpo", "gigpo"),
+                      seeds=(0, 1, 2), **kw)
 
 
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
@@ -208,6 +239,14 @@ HOST_PRESETS: dict[str, HostPreset] = {
     "ci-code": _miniature("ci-code", "code", max_context=448, eval_batch=2,
                           task_kw=dict(max_train_tasks=2, max_heldout_tasks=2, overlap_groups=2),
                           arms=("grpo",), seeds=(0,), iterations=1),
+
+    # ---------------------------------------------------------------- toy studies that learn on a CPU
+    "sql-toy": _toy("sql-toy", "sql", t_max=2, max_action_tokens=64, max_context=640,
+                    sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3), iterations=30, n_tasks=8, group_size=8,
+                    lr=5e-4, epochs=2, minibatches=2),
+    "code-toy": _toy("code-toy", "code", t_max=3, max_action_tokens=128, max_context=896, fractions=(1 / 3, 1.0),
+                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3), iterations=30, n_tasks=8, group_size=8,
+                     lr=1e-4, dynamics_every=10),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's

@@ -3,8 +3,10 @@ x seeds (`run_arms`), resumable from their checkpoints.
 
 runs/<name>/
   config.json                          the preset (+ the checkpoint used)
-  tiny_checkpoint/                     CI presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout)
-  base/DONE                            the checkpoint the arms start from
+  tiny_checkpoint/                     CI and toy presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout;
+                                       toy presets: Qwen3's tokenizer pruned to the domain's texts)
+  base/DONE                            the checkpoint the arms start from; toy presets (`sft`): the SFT summary,
+                                       with base/policy/ (HF layout) and base/sft.jsonl (every SFT step's record)
   arms/<arm>/seed<k>/  metrics.jsonl, ckpt/ (orbax, the 2 newest iterations: resumable), policy/ (HF layout), DONE;
                        dynamics.jsonl on the coding domain (finding 6: R_multi and R_single, `host_dynamics`)
 (the evaluation stage's files: `evaluate`; the report's: `report.write_report`).
@@ -37,25 +39,33 @@ from jaxagent.study.frozenlake import run as frozenlake_run
 from jaxagent.study.frozenlake.train import SavedPolicies
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
-from jaxagent.models import qwen3, weights
-from jaxagent.models.tokenizer import qwen3_tokenizer_dir
+from jaxagent.models import pruned_tokenizer, qwen3, weights
+from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
-from jaxagent.study.host import dynamics as host_dynamics, stages as host_stages
+from jaxagent.study.host import dynamics as host_dynamics, sft as host_sft, stages as host_stages
 from jaxagent.study.host.presets import HostPreset, data_env
+from jaxagent.study.host.stages import get_domain
 
 
 def no_log(_message: str) -> None:
     """The default `log`: progress lines are dropped."""
 
 
-def write_tiny_checkpoint(path: str, cfg, seed: int = 0) -> str:
-    """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it."""
+def write_tiny_checkpoint(path: str, cfg, seed: int = 0, corpus: Optional[Callable[[], list]] = None) -> str:
+    """A random Qwen3 of `cfg` saved in HF layout with the real Qwen3 tokenizer's files beside it; with `corpus`
+    (a function returning texts) the tokenizer is Qwen3's pruned to the tokens of those texts
+    (`pruned_tokenizer.prune_tokenizer`) and the model's vocabulary is its size rounded up to a multiple of 64."""
     if not os.path.isfile(os.path.join(path, "DONE")):
-        weights.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+        os.makedirs(path, exist_ok=True)
         src = qwen3_tokenizer_dir()
-        for name in os.listdir(src):
-            shutil.copy(os.path.join(src, name), os.path.join(path, name))
+        if corpus is None:
+            for name in os.listdir(src):
+                shutil.copy(os.path.join(src, name), os.path.join(path, name))
+        else:
+            tok = pruned_tokenizer.prune_tokenizer(Tokenizer.from_dir(src), corpus(), path)
+            cfg = dataclasses.replace(cfg, vocab_size=-(-tok.vocab_size // 64) * 64)
+        weights.save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
         run_dir.mark_done(path)
     return path
 
@@ -88,13 +98,20 @@ class HostRun:
         if diff:
             self.run_dir.empty()
         self.run_dir.write_config(record)
+        env = data_env(preset)
         if not preset.checkpoint:
             self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
+            corpus = None
+            if preset.pruned_vocabulary:
+                domain = get_domain(preset.task.domain)
+                env = domain.make_env() if env is None else env
+                corpus = lambda: host_sft.tokenizer_corpus(env, env.tasks(domain.train_split),  # noqa: E731
+                                                           env.tasks(domain.heldout_split), preset.task.t_max)
             if run_dir.is_main_process():  # process 0 writes the run directory; the others wait for it
-                write_tiny_checkpoint(self.checkpoint, preset.tiny_model)
+                write_tiny_checkpoint(self.checkpoint, preset.tiny_model, corpus=corpus)
             run_dir.sync_processes(f"host-run-dir:{self.dir}")
             self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
-        self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=data_env(preset))
+        self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=env)
         self.tiers = budgets_lib.budget_tiers(preset.task.t_max, preset.eval.fractions)
 
     def path(self, *parts) -> str:
@@ -108,12 +125,30 @@ class HostRun:
         return dataclasses.replace(frozenlake_run.Run.arm_settings(self, arm), temperature=self.preset.temperature)
 
 
-def run_base(run: HostRun):
-    """Stage 'base': the checkpoint's params (on the run's mesh); base/DONE names the checkpoint."""
+def run_base(run: HostRun, log: Callable[[str], None] = no_log):
+    """Stage 'base': the checkpoint's params (on the run's mesh); base/DONE names the checkpoint. A preset with
+    `sft` fine-tunes them on the train split's reference solutions first (`host_sft.train_sft_base`): the base is
+    then base/policy (HF layout), base/sft.jsonl has every SFT step's record and base/DONE the summary."""
     _, params = weights.load(run.checkpoint, mesh=run.mesh)
-    out = run.path("base")
-    if not run_dir.done(out):
-        run_dir.mark_done(out, {"source": run.checkpoint})
+    out, p = run.path("base"), run.preset
+    if p.sft is None:
+        if not run_dir.done(out):
+            run_dir.mark_done(out, {"source": run.checkpoint})
+        return params
+    policy, log_path = os.path.join(out, "policy"), os.path.join(out, "sft.jsonl")
+    if run_dir.done(out):
+        return weights.load(policy, mesh=run.mesh)[1]
+    if run_dir.is_main_process() and os.path.isfile(log_path):
+        os.remove(log_path)  # of an SFT killed before its DONE: it restarts
+
+    def cb(i, rec):
+        run_dir.append_jsonl(log_path, rec)
+        if i % 50 == 0 or i == p.sft.steps - 1:
+            log(f"[base] SFT step {i}: loss {rec['loss']:.3f}, token accuracy {rec['token_accuracy']:.3f}")
+
+    params, summary = host_sft.train_sft_base(run.world, run.cfg, params, p.task, p.sft, callback=cb, mesh=run.mesh)
+    frozenlake_run.save_policy(policy, run.cfg, params)
+    run_dir.mark_done(out, {"source": run.checkpoint, "sft": summary})
     return params
 
 
@@ -121,7 +156,8 @@ def arm_stage_settings(run: HostRun, arm: str, seed: int) -> dict:
     """What determines an arm/seed's policy and logs (recorded in its checkpoints' extra and its DONE; a resume
     from a checkpoint saved with other settings is refused)."""
     p = run.preset
-    return run_dir.plain({"base": p.checkpoint, "tiny_model": p.tiny_model, "arm": run.arm_settings(arm),
+    sft = {} if p.sft is None else {"sft": p.sft, "pruned_vocabulary": p.pruned_vocabulary}
+    return run_dir.plain({"base": p.checkpoint, "tiny_model": p.tiny_model, **sft, "arm": run.arm_settings(arm),
                           "seed": int(seed), "task": p.task, "compute_dtype": p.compute_dtype,
                           "dynamics_every": p.dynamics_every,
                           "r_single": {"n_samples": p.eval.n_samples, "batch_size": p.eval.batch_size}})

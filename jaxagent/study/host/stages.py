@@ -1,6 +1,7 @@
 """The study's RL stage on host (Python) environments: SQL, BFCL multi-turn and multi-turn coding.
 
-No SFT: the base policy is a checkpoint. The RL arms (grpo, budgetmix, gigpo; `stages.ARMS`) run through the
+The base policy is a checkpoint (the toy presets: a tiny random Qwen3 after SFT on reference solutions,
+`study.host.sft`). The RL arms (grpo, budgetmix, gigpo; `stages.ARMS`) run through the
 same `rl.loop.rl_iteration` and `stages.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
 
 Tasks as indices. `rl_iteration` samples tasks with `sample_tasks_fn(key, n)` and repeats them G times with
@@ -136,6 +137,10 @@ class HostTaskSettings:
     workers: int = 4                 # threads stepping the envs
     overlap_groups: int = 1          # episode groups whose env steps overlap the others' decoding (`host_rollout`)
     step_timeout_s: Optional[float] = 60.0   # an env call running longer fails its episode (`host_rollout`)
+    # Each rollout's [B, S] arrays cut to the smallest multiple of slot_bucket slots holding every episode
+    # (`trim_slots`), so the train step computes over the slots used, one compile per width; None: all
+    # max_context slots (one compile)
+    slot_bucket: Optional[int] = None
 
     def __post_init__(self):
         if self.max_obs_tokens < 1:
@@ -148,6 +153,9 @@ class HostTaskSettings:
             raise ValueError(f"task_subset must be 'first' or 'spread', got {self.task_subset!r}")
         if self.overlap_groups < 1:
             raise ValueError(f"overlap_groups must be >= 1, got {self.overlap_groups}")
+        if self.slot_bucket is not None and not 1 <= self.slot_bucket <= self.max_context:
+            raise ValueError(f"slot_bucket must be in [1, max_context = {self.max_context}] or None, got "
+                             f"{self.slot_bucket}")
 
     def rollout_config(self, sampler: Sampler = Sampler()) -> HostRolloutConfig:
         return HostRolloutConfig(t_max=self.t_max, max_action_tokens=self.max_action_tokens,
@@ -305,9 +313,22 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
                                overlap_groups=ts.overlap_groups, step_timeout_s=ts.step_timeout_s)
         if on_trace is not None:
             on_trace(out.trace)
-        return out.rollout
+        return out.rollout if ts.slot_bucket is None else trim_slots(out.rollout, ts.slot_bucket)
 
     return rollout_fn
+
+
+def trim_slots(rollout: Rollout, multiple: int) -> Rollout:
+    """`rollout` with its [B, S] arrays (tokens, policy_mask, turn_index, logprobs) cut to W = the smallest multiple
+    of `multiple` (at most S) holding every episode's `length`: the slots past an episode's length hold padding
+    that no policy token attends to (causal) and no loss reads (policy_mask False), so per-token values on the kept
+    slots are those of the full width."""
+    s = int(rollout.tokens.shape[1])
+    w = min(s, -(-int(np.max(Placement().fetch(rollout.length))) // multiple) * multiple)
+    if w == s:
+        return rollout
+    return rollout._replace(tokens=rollout.tokens[:, :w], policy_mask=rollout.policy_mask[:, :w],
+                            turn_index=rollout.turn_index[:, :w], logprobs=rollout.logprobs[:, :w])
 
 
 def trace_metrics(trace: HostTrace) -> dict:

@@ -1,0 +1,146 @@
+"""The host study's SFT base (the `*-toy` presets): a tiny random Qwen3 with the real Qwen3 tokenizer, fine-tuned
+on the train split's reference solutions so that the base solves some tasks before the RL arms start from it, as
+the FrozenLake toy study's base is fine-tuned on its expert's episodes (`study.stages.train_base`).
+
+Rows (`sft_rows`): each train task's reference episode, played through the env by the host rollout itself with
+the reference replies as a scripted policy (`host_rollout(generate_fn=...)`; the env's `ground_truth_actions`:
+SQL the gold query submitted, coding the reference program, BFCL the ground-truth calls turn by turn), so a row's
+tokens are exactly the context the policy sees when it plays (chat template, budget text, capped tool output)
+and its targets are the reply tokens (`policy_mask`). The budget announced in each row's prompt is T_max or a
+BudgetMix draw (`HostSFTSettings.budget_mode`), so the base has read every budget text the evaluation's tiers
+show. A reference episode that does not end solved (a reply cut at `max_action_tokens`, a context that does not
+fit, a reference the env does not accept) is left out and counted.
+
+Training (`train_sft_base`): `study.stages.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
+replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
+
+Dimension legend (CONVENTIONS.md): E rows, S slots.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import jax
+import numpy as np
+
+from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE
+from jaxagent.models.chat import render_chat
+from jaxagent.models.config import Qwen3Config
+from jaxagent.models.tokenizer import IM_END
+from jaxagent.rl.sft import max_targets
+from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.study import stages
+from jaxagent.study.host.stages import HostTaskSettings, HostWorld
+
+BUDGET_MODES = ("full", "budgetmix")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSFTSettings:
+    """The SFT base of a toy preset: `steps` updates of `batch_size` rows at peak learning rate `lr` (warm-up
+    `warmup` steps), on the reference episodes of the first `max_rows` train tasks (None: every train task),
+    each prompt announcing T_max ("full") or a BudgetMix draw ("budgetmix")."""
+
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 30
+    max_rows: Optional[int] = None
+    budget_mode: str = "budgetmix"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"HostSFTSettings.{name} must be an integer >= 1, got {v!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"HostSFTSettings.warmup must be an integer >= 0, got {self.warmup!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < 1:
+            raise ValueError(f"HostSFTSettings.lr must be a number in (0, 1), got {self.lr!r}")
+        if self.max_rows is not None and (isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int)
+                                          or self.max_rows < 1):
+            raise ValueError(f"HostSFTSettings.max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
+        if self.budget_mode not in BUDGET_MODES:
+            raise ValueError(f"HostSFTSettings.budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
+
+
+def reference_script(env, tasks: Sequence) -> Callable:
+    """generate_fn(t, active_B, contexts) of `host_rollout`: episode b replies its task's t-th reference reply
+    (`env.ground_truth_actions`; an empty reply past its end)."""
+    refs = [list(env.ground_truth_actions(task)) for task in tasks]
+
+    def generate(t: int, active_B, _contexts) -> list:
+        return [refs[b][t] if active_B[b] and t < len(refs[b]) else "" for b in range(len(refs))]
+
+    return generate
+
+
+def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E, *, batch: int = 64) -> dict:
+    """The reference episodes of `tasks` with budgets_E announced, played through the world's env (module
+    docstring), in rollouts of `batch` episodes. Returns tokens int32[E', S], mask bool[E', S] (the reply
+    tokens), the E' solved episodes' task ids, `left_out` {task id: status or error} of the others, and
+    `width` S (the longest kept row, a multiple of 16)."""
+    rcfg = ts.rollout_config()
+    toks, masks, kept, left_out = [], [], [], {}
+    budgets_E = np.asarray(budgets_E, np.int32)
+    for lo in range(0, len(tasks), batch):
+        chunk = list(tasks[lo:lo + batch])
+        out = host_rollout(None, None, world.env, world.tokenizer, chunk, budgets_E[lo:lo + batch],
+                           jax.random.key(0), rcfg, enable_thinking=ts.enable_thinking, workers=ts.workers,
+                           generate_fn=reference_script(world.env, chunk), step_timeout_s=ts.step_timeout_s)
+        r, trace = out.rollout, out.trace
+        success, length = np.asarray(r.success), np.asarray(r.length)
+        for b, task in enumerate(chunk):
+            if success[b]:
+                toks.append(np.asarray(r.tokens[b, :length[b]]))
+                masks.append(np.asarray(r.policy_mask[b, :length[b]]))
+                kept.append(task.id)
+            else:
+                left_out[task.id] = trace.errors[b] or f"status {int(np.asarray(r.status)[b])} unsolved"
+    if not kept:
+        raise ValueError(f"domain {world.domain.name!r}: no reference episode ended solved with these settings "
+                         f"(t_max {ts.t_max}, max_action_tokens {ts.max_action_tokens}, max_context "
+                         f"{ts.max_context}); e.g. {next(iter(left_out.items()))}")
+    width = int(-(-max(len(t) for t in toks) // 16) * 16)
+    tokens = np.full((len(toks), width), world.tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(toks), width), bool)
+    for e, (t, m) in enumerate(zip(toks, masks)):
+        tokens[e, :len(t)], mask[e, :len(m)] = t, m
+    return {"tokens": tokens, "mask": mask, "task_ids": kept, "left_out": left_out, "width": width}
+
+
+def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSettings, s: HostSFTSettings, *,
+                   callback: Optional[Callable[[int, dict], None]] = None, mesh=None):
+    """(params, summary): `params` fine-tuned on the reference episodes of the first `s.max_rows` train tasks
+    (`sft_rows`; module docstring). summary: rows kept and left out (with up to 5 reasons), the row width, the
+    targets per row and the last step's record (loss, token accuracy, gradient norm)."""
+    k_budget, k_batch = jax.random.split(jax.random.key(s.seed))
+    tasks = list(world.train_tasks[:s.max_rows])
+    budgets = stages.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
+    rows = sft_rows(world, ts, tasks, budgets)
+    m = max_targets(rows["mask"])
+    params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
+                                     batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, callback=callback,
+                                     mesh=mesh, targets=m)
+    summary = {"rows": len(rows["task_ids"]), "left_out": len(rows["left_out"]),
+               "left_out_examples": dict(list(rows["left_out"].items())[:5]), "width": rows["width"],
+               "targets_per_row": m, "last": records[-1]}
+    return params, summary
+
+
+def tokenizer_corpus(env, train_tasks: Sequence, heldout_tasks: Sequence, t_max: int) -> list[str]:
+    """The texts a toy preset's pruned tokenizer keeps the tokens of (`models.pruned_tokenizer`): every task's
+    system prompt and first user message as the chat template renders them (with each budget text up to T_max), and
+    the train tasks' reference replies. Held-out references are not read: the vocabulary is what the policy is shown
+    and trained on."""
+    frame = [render_chat([{"role": "user", "content": BUDGET_TEMPLATE.format(turn=t, budget=b, remaining=b - t + 1)}],
+                         add_generation_prompt=True)[0] for b in range(1, t_max + 1) for t in range(1, b + 1)]
+    texts = list(frame)
+    for task in [*train_tasks, *heldout_tasks]:
+        texts.append(render_chat([{"role": "system", "content": env.system_prompt(task)},
+                                  {"role": "user", "content": env.reset(0, task)[1]}], add_generation_prompt=True)[0])
+    for task in train_tasks:
+        texts.extend(f"{reply}{IM_END}" for reply in env.ground_truth_actions(task))
+    return texts
