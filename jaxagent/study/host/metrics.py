@@ -116,7 +116,14 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     3 (`host_step_quality.DOMAINS`), 4 (`host_error_recovery.DOMAINS`), 5 (`host_likelihood.DOMAINS`), 6
     (`host_dynamics.DOMAINS`);
     7. `<d>.f7_gigpo`: GiGPO - GRPO at K=1 on the tasks solvable at the tightest tier, a parity finding with a
-       5-point equivalence margin.
+       5-point equivalence margin. What would have failed it: a 90% CI of the difference reaching past -5 or +5
+       points (TOST, t over seeds), which the room [-GRPO, U - GRPO] allows whenever GRPO's Pass@1 there is
+       above 5% and below U - 5%. That result is possible only if GiGPO trains differently from GRPO, i.e. some of
+       its training episodes take more than one turn: when every one takes one turn, each step group is the
+       episode group, A = (1 + omega) A_E, and with Adam and no KL or entropy term the two arms make the same
+       updates, so parity holds by construction. Then the finding has no estimate (`ONE_TURN_NOTE`); otherwise
+       the row `multi_turn_share` (a lower bound on the share of longer episodes, `multi_turn_share`) says how
+       far from that case the run was (near 0: parity is still likely by construction, not by the data).
     Every Pass@ row writes the room the structural bound allows (`bounded`, `put_room`)."""
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
