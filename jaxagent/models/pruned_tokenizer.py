@@ -35,11 +35,16 @@ def _merge_pairs(merges: list) -> list[tuple[str, str]]:
     return [tuple(m.split(" ", 1)) if isinstance(m, str) else (m[0], m[1]) for m in merges]
 
 
-def kept_tokens(source: Tokenizer, texts: Iterable[str]) -> set[str]:
-    """The source vocabulary entries `prune_tokenizer` keeps for `texts` (module docstring), added tokens excluded."""
+def _source_json(source: Tokenizer) -> dict:
+    return json.loads(source.hf.backend_tokenizer.to_str())
+
+
+def kept_tokens(source: Tokenizer, texts: Iterable[str], model: dict | None = None) -> set[str]:
+    """The source vocabulary entries `prune_tokenizer` keeps for `texts` (module docstring), added tokens excluded.
+    `model`: the source's tokenizer.json "model" section, when the caller has parsed it already."""
     from tokenizers import pre_tokenizers
 
-    model = json.loads(source.hf.backend_tokenizer.to_str())["model"]
+    model = _source_json(source)["model"] if model is None else model
     vocab = model["vocab"]
     made_by = {a + b: (a, b) for a, b in _merge_pairs(model["merges"])}
     keep = {t for t in pre_tokenizers.ByteLevel.alphabet() if t in vocab}
@@ -60,8 +65,8 @@ def kept_tokens(source: Tokenizer, texts: Iterable[str]) -> set[str]:
 
 def prune_tokenizer(source: Tokenizer, texts: Iterable[str], out_dir: str | os.PathLike) -> Tokenizer:
     """Write the source tokenizer pruned to `texts` (module docstring) into `out_dir` and load it."""
-    raw = json.loads(source.hf.backend_tokenizer.to_str())
-    keep = kept_tokens(source, texts)
+    raw = _source_json(source)
+    keep = kept_tokens(source, texts, raw["model"])
     old_vocab = raw["model"]["vocab"]
     order = sorted(keep, key=old_vocab.__getitem__)
     vocab = {tok: i for i, tok in enumerate(order)}

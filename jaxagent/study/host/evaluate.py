@@ -97,8 +97,8 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     run_dir.write_json(os.path.join(run.path("eval"), "bound.json"),
                        {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),
                         "task_ids": evals["base"]["task_ids"]})
-    hl = {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")))
-          for a, s in policies}
+    logs = {(a, s): health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}", "metrics.jsonl")) for a, s in policies}
+    hl = {key: health.classify_seed(log) for key, log in logs.items()}
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
     # the findings' GRPO seeds, each seed's policy loaded only when its record is not cached
     seeds = [s for a, s in policies if a == host_metrics.MAIN_ARM]
@@ -111,9 +111,8 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     if d in host_likelihood.DOMAINS and seeds:
         memo = {}  # base's episodes scored under base, shared by the seeds
         lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
-    gigpo_turns = {s: [r["mean_turns"] for r in health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}",
-                                                                             "metrics.jsonl")) if "mean_turns" in r]
-                   for a, s in policies if a == "gigpo"}
+    gigpo_turns = {s: [r["mean_turns"] for r in log if "mean_turns" in r]
+                   for (a, s), log in logs.items() if a == "gigpo"}
     return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,

@@ -295,22 +295,19 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         both = sorted(set(seeds) & set(arms["gigpo"]))
         ok7 = [s for s in both if s in ok and s in included["gigpo"]]
         oth = {s: per_task[f"gigpo/seed{s}"] for s in both}
-        put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, n_boot,
-                     arms=f"{MAIN_ARM} & gigpo")
+        turns = [float(x) for s in both for x in (gigpo_turns or {}).get(s, ()) if np.isfinite(x)]
+        one_turn = bool(turns) and max(turns) <= 1.0  # every GiGPO training episode took one turn
+        if turns:
+            m[f"{f7}.multi_turn_share"] = multi_turn_share(turns, max(tiers))
+        if not one_turn:
+            put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7,
+                         n_boot, arms=f"{MAIN_ARM} & gigpo")
         m[f"{f7}.grpo"] = _mean(rl[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.gigpo"] = _mean(oth[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")
         m[f"{f7}.n_tasks"] = int(use.sum())
         m[f"{f7}.tier_turns"] = float(tiers[tight])
-        one_turn = False
-        if gigpo_turns is not None:
-            turns = [float(x) for s in both for x in gigpo_turns.get(s, ()) if np.isfinite(x)]
-            if turns:
-                m[f"{f7}.multi_turn_share"] = multi_turn_share(turns, max(tiers))
-                one_turn = max(turns) <= 1.0
-        if one_turn:  # every GiGPO training episode took one turn: the comparison cannot fail
-            for key in [k for k in m if k.startswith(f"{f7}.diff")]:
-                del m[key]
+        if one_turn:  # the comparison could not fail: no estimate, and why
             m[f"{d}.note.f7_gigpo"] = ONE_TURN_NOTE
         elif use.any():
             put_room(m, f7, bounded(_mean(rl[s][tight, k1][use].mean() for s in ok7 or both), m[f"{f7}.bound"]))
