@@ -131,6 +131,31 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
     assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.021 - 0.03)
 
 
+def test_each_seed_is_compared_with_its_own_base_draw():
+    """RL - base per seed uses the base's draw sampled with that seed's key ('base/seed<s>'), so the base's
+    sampling error varies over seeds and widens the interval: with one shared draw that happened to come out 10
+    points low, three RL seeds equal to the true base read as a gain with a tight CI (reproduced); with a draw
+    per seed (one low, two on target) the same RL seeds give a wide interval holding 0."""
+    n = 20
+    bound = host_metrics.structural_bound([1] * n, [1, 2], [1])
+    f = {x.key: x for x in host_metrics.domain_findings("sql", "SQL")}
+    true = _grid([0.5] * n)
+    rl = {s: true + 0.001 * s for s in range(3)}
+    hl = {("grpo", s): OK for s in rl}
+    shared = {"base": true - 0.1, **{f"grpo/seed{s}": r for s, r in rl.items()}}
+    m = host_metrics.domain_metrics("sql", shared, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
+    assert m["sql.f1_pass1.diff.lo"] > 0.09 and finding_verdict(f["sql.f1_pass1"], m)[0] == stats.REPRODUCED
+    draws = {"base/seed0": true - 0.1, "base/seed1": true, "base/seed2": true}
+    m = host_metrics.domain_metrics("sql", {**shared, **draws}, bound, [1, 2], [1], hl, n_train=8, n_heldout=n,
+                                    n_boot=50)
+    assert m["sql.f1_pass1.diff.mean"] == pytest.approx((0.1 + 0.0 + 0.001 + 0.002) / 3)
+    assert m["sql.f1_pass1.diff.lo"] < 0 < m["sql.f1_pass1.diff.hi"]
+    assert finding_verdict(f["sql.f1_pass1"], m)[0] != stats.REPRODUCED
+    # the base's rows are the mean of its draws, not the unpaired draw
+    assert m["sql.f1_pass1.base"] == pytest.approx(0.5 - 0.1 / 3)
+    assert m["sql.pass.base.t2.k1"] == pytest.approx(0.5 - 0.1 / 3)
+
+
 def test_no_task_solvable_at_the_tightest_tier_is_stated():
     bound = host_metrics.structural_bound([2] * 4, [1, 2], [1])
     per_task = {"base": _grid([0.0] * 4), "grpo/seed0": _grid([0.5] * 4), "grpo/seed1": _grid([0.5] * 4),

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxagent.envs.host.base import HostEnv
 from jaxagent.models import pruned_tokenizer, qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import IM_END, IM_START
 from jaxagent.rl import sft as sft_lib
 from jaxagent.study import run_dir
-from jaxagent.study.host import run as host_run, sft as host_sft, stages as host_stages
+from jaxagent.study.host import run as host_run, sft as host_sft, sql_mistakes, stages as host_stages
 from jaxagent.study.host.presets import HOST_PRESETS, preset_problem
 
 
@@ -106,9 +107,95 @@ def test_reference_rows_are_the_rollouts_context_with_the_reply_as_target(sql_wo
     assert mixed["task_ids"] == [tasks[0].id] and list(mixed["left_out"]) == [long_task.id]
 
 
+def test_slipped_queries_make_one_generic_mistake_outside_literals():
+    from jaxagent.envs.host.sql_env import SLIP_KINDS, slip_query
+    q = "SELECT AVG(age) FROM animals WHERE species = 'MAX( WHERE x > 1'"
+    kinds = {slip_query(q, seed)[0] for seed in range(40)}
+    assert kinds == {"drop_condition", "swap_aggregate"}  # the literal's words are not the query's
+    for seed in range(40):
+        kind, slipped = slip_query(q, seed)
+        if kind == "drop_condition":
+            assert slipped == "SELECT AVG(age) FROM animals"
+        else:
+            assert slipped.endswith(" FROM animals WHERE species = 'MAX( WHERE x > 1'")
+            assert slipped[7:10] in ("SUM", "MIN", "MAX")
+    assert slip_query("SELECT name FROM t WHERE n >= 2 ORDER BY name", 3)[1] in (
+        "SELECT name FROM t WHERE n <= 2 ORDER BY name", "SELECT name FROM t ORDER BY name")
+    # a subquery keeps its WHERE (cutting it would leave a broken query); no slip applies to a bare count
+    assert {slip_query("SELECT a FROM t WHERE b > (SELECT AVG(b) FROM t)", s)[0] for s in range(40)} == {
+        "flip_comparison", "swap_aggregate"}
+    assert slip_query("SELECT COUNT(*) FROM t", 0) is None
+    assert set(SLIP_KINDS) == {"drop_condition", "swap_aggregate", "flip_comparison"}
+    assert slip_query(q, 7) == slip_query(q, 7)  # the seed decides
+
+
+def test_submissions_are_sorted_by_what_is_wrong_with_them():
+    from jaxagent.envs.host.sql_env import query_slips, slip_query, submission_mistake
+    gold = "SELECT AVG(age) FROM animals WHERE species = 'zebra' AND age > 3"
+    assert {slip_query(gold, s)[1] for s in range(60)} == query_slips(gold)  # every slip the expert can make
+    ans = lambda q: f"<answer>{q}</answer>"  # noqa: E731
+    assert submission_mistake(gold, [ans(gold)], True) == "solved"
+    assert submission_mistake(gold, [ans("SELECT AVG(age) FROM animals")], False) == "slip"
+    assert submission_mistake(gold, [ans(gold.replace("> 3", "< 3"))], False) == "slip"
+    assert submission_mistake(gold, [ans(gold.replace("AVG", "SUM").replace("zebra", "otter"))],
+                              False) == "slip and value"
+    assert submission_mistake(gold, [ans(gold.replace("> 3", "> 4"))], False) == "value"
+    assert submission_mistake(gold, [ans(gold.replace("zebra", "ze'bra"))], False) == "other"
+    assert submission_mistake(gold, [ans("SELECT name FROM keepers")], False) == "other"
+    # the last submission counts; a query only run is not one
+    assert submission_mistake(gold, [f"```sql\n{gold}\n```"], False) == "no submission"
+    assert submission_mistake(gold, [ans("SELECT 1"), ans("SELECT AVG(age) FROM animals")], False) == "slip"
+
+
+def test_noisy_expert_rows_keep_the_slipped_failures_at_the_drawn_rate(sql_world, tok):
+    ts, world = sql_world
+    distinct = [t for t in world.train_tasks if world.env.slipped_actions(t, 0) is not None][:3]
+    assert len(distinct) >= 2
+    tasks = distinct * 20
+    replies, slipped, checked = host_sft.expert_replies(world.env, tasks, [2] * len(tasks), 0.5, 0.0, seed=1)
+    assert not checked.any()
+    assert 0.3 < slipped.mean() < 0.7  # drawn per row, not per task: a task has slipped and clean rows
+    n = len(distinct)
+    assert all(slipped[i::n].any() and not slipped[i::n].all() for i in range(n))
+    for task, reply, slip in zip(tasks, replies, slipped):
+        assert (reply != world.env.ground_truth_actions(task)) == slip
+    assert host_sft.expert_replies(world.env, tasks, [2] * len(tasks), 0.0, 0.0, seed=1)[1].sum() == 0
+    rows = host_sft.sft_rows(world, ts, tasks[:6], [2] * 6, replies=replies[:6], slipped_E=slipped[:6])
+    assert len(rows["task_ids"]) == 6 and rows["n_left_out"] == 0  # a slipped submission is kept, solved or not
+    np.testing.assert_array_equal(rows["slipped"], slipped[:6])
+    assert rows["solved"][~slipped[:6]].all()
+    for e in range(6):
+        assert tok.decode(rows["tokens"][e][rows["mask"][e]]) == replies[e][0] + IM_END
+    with pytest.raises(NotImplementedError, match="no slipped reference"):
+        host_sft.expert_replies(object.__new__(type("Bare", (HostEnv,), {})), tasks[:1], [2], 0.999, 0.0, 0)
+    with pytest.raises(NotImplementedError, match="no checked reference"):
+        host_sft.expert_replies(object.__new__(type("Bare", (HostEnv,), {})), tasks[:1], [2], 0.0, 0.999, 0)
+
+
+def test_checking_expert_runs_a_query_then_submits_the_reference(sql_world, tok):
+    ts, world = sql_world
+    tasks = [t for t in world.train_tasks if world.env.slipped_actions(t, 0) is not None][:2] * 30
+    budgets = np.array([1, 2] * 30)
+    replies, slipped, checked = host_sft.expert_replies(world.env, tasks, budgets, 0.5, 0.5, seed=2)
+    assert not checked[budgets == 1].any() and 0.3 < checked[budgets == 2].mean() < 0.7  # only with 2 turns
+    assert not (slipped & checked).any()
+    for task, reply, c in zip(tasks, replies, checked):
+        gold = world.env.ground_truth_actions(task)
+        if c:  # a query run first (the gold one or a slip of it), then the reference submitted
+            assert len(reply) == 2 and reply[1] == gold[0] and reply[0].startswith("```sql\n")
+    first = {r[0] for r, c in zip(replies, checked) if c}
+    assert any(task.gold in f for f in first for task in tasks[:2])
+    assert any(all(task.gold not in f for task in tasks[:2]) for f in first)  # some checks run a slipped query
+    rows = host_sft.sft_rows(world, ts, tasks[:8], budgets[:8], replies=replies[:8], slipped_E=slipped[:8])
+    assert len(rows["task_ids"]) == 8 and rows["solved"][~slipped[:8]].all()
+    for e in np.flatnonzero(checked[:8]):  # both replies are targets, the query's result between them is not
+        targets = tok.decode(rows["tokens"][e][rows["mask"][e]])
+        assert targets == replies[e][0] + IM_END + replies[e][1] + IM_END
+
+
 def test_sft_settings_and_toy_presets_are_checked():
     for bad in (dict(steps=0), dict(batch_size=1.5), dict(lr=0), dict(warmup=-1), dict(max_rows=0),
-                dict(budget_mode="tiers")):
+                dict(budget_mode="tiers"), dict(noise=1.0), dict(noise=-0.1), dict(copies=0), dict(check=1)):
         with pytest.raises(ValueError, match="HostSFTSettings"):
             host_sft.HostSFTSettings(**bad)
     for name in ("sql-toy", "code-toy"):
@@ -141,6 +228,12 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
         np.testing.assert_array_equal(a, b)
     with open(os.path.join(run.dir, "base", "sft.jsonl")) as f:
         assert len(f.readlines()) == 3
+    # what the base's held-out submissions get wrong: every episode sorted once
+    shares = sql_mistakes.mistake_shares(run, params, budget=1, n_samples=2)
+    assert shares["episodes"] == 2 * len(run.world.heldout_tasks)
+    assert sum(shares[k] for k in sql_mistakes.MISTAKE_KINDS) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="budget must be in"):
+        sql_mistakes.mistake_shares(run, params, budget=3, n_samples=1)
 
 
 # ----------------------------------------------------------------------------- trimmed rollouts

@@ -283,8 +283,15 @@ def test_ci_sql_files_and_report(ci_run, tok):
                  "eval/base.json", "eval/bound.json", "metrics.json", "report.md", "timing.json"] + [
                  f"arms/{a}/seed{s}/{f}" for a in p.arms for s in p.seeds
                  for f in ("DONE", "metrics.jsonl", "policy/model.safetensors")] + [
-                 f"eval/{a}_seed{s}.json" for a in p.arms for s in p.seeds]:
+                 f"eval/{a}_seed{s}.json" for a in p.arms for s in p.seeds] + [
+                 f"eval/base_seed{s}.json" for s in p.seeds]:
         assert os.path.exists(os.path.join(ci_run, part)), part
+    # each seed's policies and the base's draw for that seed share a sampling key; the seeds' keys differ
+    key_seed = {f: json.load(open(os.path.join(ci_run, "eval", f)))["key_seed"]
+                for f in os.listdir(os.path.join(ci_run, "eval")) if f.endswith(".json") and "_seed" in f
+                and not f.startswith(("likelihood", "step_quality", "error"))}
+    assert key_seed == {f"{a}_seed{s}.json": s for a in ("base", *p.arms) for s in p.seeds}, key_seed
+    assert json.load(open(os.path.join(ci_run, "eval", "base.json")))["key_seed"] is None
     for a in p.arms:
         for s in p.seeds:
             recs = health.read_log(os.path.join(ci_run, "arms", a, f"seed{s}", "metrics.jsonl"))

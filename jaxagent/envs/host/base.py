@@ -9,9 +9,14 @@ Interface. A host env is a Python object with `jittable = False` and
                                           are deterministic: they ignore the seed)
   step(state, action_text) -> (state, obs, reward, done, info)
   upper_bound_turns(task) -> int          turns of the reference solution: the structural upper bound
+                                          (docs/study.md, "Structural upper bound": T >= this is solvable)
   ground_truth_actions(task) -> [str]     where defined, the reference solution's replies (the SFT targets
                                           of the host study's toy base, `study.host.sft`)
-                                          (docs/study.md, "Structural upper bound": T >= this is solvable)
+  slipped_actions(task, seed) -> [str] | None   where defined, the reference with one generic mistake (a
+                                          noisy expert's slip; None where none applies): the toy base's noise
+  checked_actions(task, seed, slip) -> [str]   where defined, a reference that checks before it answers
+                                          (its first turn a tool call, slipped with `slip`; the toy base's
+                                          multi-turn episodes)
   step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
   anchor(state) -> int                    GiGPO anchor of a state (below)
   clone(state) -> state                   an independent copy, to branch (error states, matched states)
@@ -121,6 +126,12 @@ class HostEnv:
 
     def ground_truth_actions(self, task) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__} defines no reference solution")
+
+    def slipped_actions(self, task, seed: int) -> list[str] | None:
+        raise NotImplementedError(f"{type(self).__name__} defines no slipped reference solution")
+
+    def checked_actions(self, task, seed: int, slip: bool) -> list[str]:
+        raise NotImplementedError(f"{type(self).__name__} defines no checked reference solution")
 
     def clone(self, state):
         return copy.deepcopy(state)

@@ -3,6 +3,7 @@
 
   presets         `HostPreset` and `HOST_PRESETS`: one per domain and scale
   stages          domains, the host world, the RL arms' runtime and training on host envs, Pass episodes
+  sft             the toy presets' base: SFT on reference solutions, the noisy expert (`train_sft_base`)
   run             `HostRun` (the run directory), stage 'base' (`run_base`), stage 'rl' (`run_arms`, resumable)
   evaluate        stage 'eval': Pass@(K,T) per policy, the bound, the findings' per-seed records (cached in eval/)
   metrics         Pass@(K,T), the structural bound and the seed-aware estimates of findings 1, 2, 7 (and the
@@ -13,4 +14,5 @@
   dynamics        finding 6 (coding): R_multi vs R_single over training
   report          the Markdown report's text
   pipeline        stage 'report' (`write_report`) and the whole study in order (`run_study`)
+  sql_mistakes    what RL changed in a SQL run's held-out submissions (`mistake_table`; experiments.sql_mistakes)
 """

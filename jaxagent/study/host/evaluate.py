@@ -35,9 +35,21 @@ from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as ho
 from jaxagent.study.host.run import HostRun
 
 
-def eval_policy(run: HostRun, load_params, label: str) -> dict:
+EVAL_KEY = 99  # the held-out episodes' sampling key (`seed_key`)
+
+
+def seed_key(seed: int | None):
+    """The sampling key of the held-out episodes paired with arm seed `seed` (None: the base's unpaired evaluation,
+    `EVAL_KEY`): seed s's policies and the base draw `base/seed<s>` use the same key, so a per-seed difference
+    RL - base is paired on the same random numbers and the seeds' differences are independent draws, each with its
+    own base sample (the base's sampling error is then in the spread over seeds that the intervals use)."""
+    return jax.random.key(EVAL_KEY) if seed is None else jax.random.fold_in(jax.random.key(EVAL_KEY), seed)
+
+
+def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) -> dict:
     """Announced-mode Pass@(K,T) of the policy `load_params()` returns (called only when the evaluation is not
-    cached) on the held-out tasks (cached in eval/<label>.json; on a finding-3
+    cached) on the held-out tasks, sampled with `seed_key(seed)` (cached in eval/<label>.json with that seed as
+    "key_seed"; a cache made with another key is re-evaluated; on a finding-3
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
     episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
     re-evaluated, with the same key)."""
@@ -47,7 +59,8 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
-        if (not keep or "episodes" in cached) and (not f5 or host_likelihood_scoring.LOG_KEY in cached):
+        if ((not keep or "episodes" in cached) and (not f5 or host_likelihood_scoring.LOG_KEY in cached)
+                and cached.get("key_seed") == seed):
             return cached
     p, w, params = run.preset, run.world, load_params()
     traces = []
@@ -57,9 +70,10 @@ def eval_policy(run: HostRun, load_params, label: str) -> dict:
     tok_log = host_likelihood_scoring.TokenLog(run.tiers[-1])
     rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
     raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
-                                        p.eval.n_samples, jax.random.key(99), p.eval.batch_size)
+                                        p.eval.n_samples, seed_key(seed), p.eval.batch_size)
     per_task = host_metrics.pass_grid(raw["success"], p.eval.ks)
-    res = {**raw, "ks": list(p.eval.ks), "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
+    res = {**raw, "key_seed": seed, "ks": list(p.eval.ks),
+           "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
            "per_task": per_task, "mean": per_task.mean(-1)}
     if keep:
         total = raw["status"].size
@@ -91,8 +105,10 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     domain's flat metrics (`host_metrics.domain_metrics`)."""
     p, w, d = run.preset, run.world, run.world.domain.name
     evals = {"base": eval_policy(run, lambda: base, "base")}
+    for s in sorted({s for _, s in policies}):  # the base's draw paired with each seed (`seed_key`)
+        evals[f"base/seed{s}"] = eval_policy(run, lambda: base, f"base/seed{s}", s)
     for a, s in policies:  # one policy loaded at a time (`study.SavedPolicies`)
-        evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}")
+        evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}", s)
     bound = host_metrics.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
     run_dir.write_json(os.path.join(run.path("eval"), "bound.json"),
                        {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),

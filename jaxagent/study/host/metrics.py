@@ -210,10 +210,13 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                    step_quality: Mapping[int, Mapping] | None = None,
                    gigpo_turns: Mapping[int, Sequence[float]] | None = None) -> dict:
     """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
-    '<arm>/seed<s>'), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by
-    task; every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO seeds; collapsed
-    and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`: finding 4's judged
-    prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
+    '<arm>/seed<s>', and 'base/seed<s>': the base's draw sampled with seed s's key, `evaluate.seed_key`), the
+    structural bound and each arm seed's health. Gaps are RL - base per task, paired by task and, where the base
+    has a draw for the seed, by sampling key (each seed's difference then carries its own base sample, so the
+    base's sampling error is in the spread over seeds); the base's values (the Pass table, f1's and f2's rows) are
+    the mean of its draws. Every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO
+    seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`:
+    finding 4's judged prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
     dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside
     `host_dynamics.DOMAINS` gets its note instead). `likelihood`: finding 5's scored episodes per GRPO seed
     (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
@@ -231,14 +234,16 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
     arms: dict[str, list[int]] = {}
     for label in per_task:
-        if label != "base":
+        if not label.startswith("base"):
             a, s = label.split("/seed")
             arms.setdefault(a, []).append(int(s))
     included = {a: [s for s in sorted(ss) if (a, s) not in health or health[(a, s)].included] for a, ss in arms.items()}
+    draws = [v for label, v in per_task.items() if label.startswith("base/seed")]
+    base_table = np.mean(draws, axis=0) if draws else per_task["base"]  # the base's draws, as the arms' seeds
     for u, t in enumerate(tiers):
         m[f"{d}.bound.t{t}"] = float(bound["share"][u])
         for j, k in enumerate(ks):
-            m[f"{d}.pass.base.t{t}.k{k}"] = float(per_task["base"][u, j].mean())
+            m[f"{d}.pass.base.t{t}.k{k}"] = float(base_table[u, j].mean())
             for a, ss in arms.items():
                 for s in ss:
                     m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] = float(per_task[f"{a}/seed{s}"][u, j].mean())
@@ -246,11 +251,13 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     if MAIN_ARM not in arms:
         return m
     full, tight, kmax, k1 = len(tiers) - 1, 0, int(np.argmax(ks)), int(np.argmin(ks))
-    base = per_task["base"]
     seeds = sorted(arms[MAIN_ARM])
     rl = {s: per_task[f"{MAIN_ARM}/seed{s}"] for s in seeds}
-    gap = {s: rl[s] - base for s in seeds}
+    # each seed's own base draw when there is one (`evaluate.seed_key`: same key as the seed's policies)
+    base_for = {s: per_task.get(f"base/seed{s}", per_task["base"]) for s in seeds}
+    gap = {s: rl[s] - base_for[s] for s in seeds}
     ok = included[MAIN_ARM]
+    base = np.mean([base_for[s] for s in (ok or seeds)], axis=0)  # [U, J, P]: over the seeds compared
     u_pt = np.asarray(bound["p_star"], np.float64)  # [U, P]: p* in {0, 1}, so the Pass@K bound per task for any K
     m["meta.t_max"] = float(tiers[full])
     # 1. RL - base at full budget, K=1 (the headline) and at the largest K, on every held-out task

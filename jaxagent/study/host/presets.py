@@ -161,14 +161,15 @@ def toy_model() -> Qwen3Config:
 
 
 def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_context: int, sft: HostSFTSettings,
-         fractions: tuple = (0.5, 1.0), task_kw: Optional[dict] = None, **kw) -> HostPreset:
+         fractions: tuple = (0.5, 1.0), heldout: Optional[int] = 120, task_kw: Optional[dict] = None,
+         **kw) -> HostPreset:
     """A toy study sized for a CPU (docs/host_study.md, "Toy presets"): the toy model with Qwen3's tokenizer
     pruned to the domain's texts, SFT on the train split's reference solutions, then grpo and gigpo (findings 1, 2,
-    7 and the domain's own) x 3 seeds; 120 held-out tasks spread over the split x 2 tiers x 4 samples (K up to
-    4). Tool output capped at 64 tokens; the train step runs over the slots the rollout used, in multiples of 64
+    7 and the domain's own) x 3 seeds; `heldout` tasks spread over the held-out split (None: all of them) x 2
+    tiers x 4 samples (K up to 4). Tool output capped at 64 tokens; the train step runs over the slots the rollout used, in multiples of 64
     (`slot_bucket`)."""
     task = HostTaskSettings(domain=domain, t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
-                            max_obs_tokens=64, max_heldout_tasks=120, task_subset="spread", workers=2,
+                            max_obs_tokens=64, max_heldout_tasks=heldout, task_subset="spread", workers=2,
                             slot_bucket=64, **(task_kw or {}))
     return HostPreset(name=name, task=task,
                       eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions, n_boot=1000,
@@ -242,9 +243,14 @@ HOST_PRESETS: dict[str, HostPreset] = {
                           arms=("grpo",), seeds=(0,), iterations=1),
 
     # ---------------------------------------------------------------- toy studies that learn on a CPU
-    "sql-toy": _toy("sql-toy", "sql", t_max=2, max_action_tokens=64, max_context=640,
-                    sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3), iterations=30, n_tasks=8, group_size=8,
-                    lr=1e-4, epochs=2, minibatches=2),
+    # SQL: the base imitates a noisy expert (docs/host_study.md, "Toy presets"): 3 rows per train task, each
+    # slipping with probability 0.5 (`sql_env.slip_query`) and, where its budget is 2 turns, checking first
+    # with probability 0.5 (a query run, then the reference submitted). RL at 2e-4 with an exact KL term to the
+    # base (0.5) over the pruned vocabulary, 2 epochs x 2 minibatches; every held-out task (228).
+    "sql-toy": _toy("sql-toy", "sql", t_max=2, max_action_tokens=64, max_context=640, heldout=None,
+                    sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, check=0.5, copies=3),
+                    iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                    minibatches=2),
     "code-toy": _toy("code-toy", "code", t_max=3, max_action_tokens=128, max_context=896, fractions=(1 / 3, 1.0),
                      sft=HostSFTSettings(steps=1200, batch_size=16, lr=3e-3), iterations=30, n_tasks=8, group_size=8,
                      lr=1e-4, epochs=2, minibatches=2, dynamics_every=10, task_kw=dict(overlap_groups=2)),

@@ -11,6 +11,14 @@ BudgetMix draw (`HostSFTSettings.budget_mode`), so the base has read every budge
 show. A reference episode that does not end solved (a reply cut at `max_action_tokens`, a context that does not
 fit, a reference the env does not accept) is left out and counted.
 
+The noisy expert (`HostSFTSettings.noise`, `check`, `copies`; `expert_replies`): a base fine-tuned on clean
+references alone fails mostly by task-specific mistakes (on SQL, copying the wrong value from the question: a
+2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
+As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
+reference with one generic mistake, the same kinds on every task: `sql_env.slip_query`) and, where the budget
+allows, checks first (runs a query, slipped or not, then submits the reference). With several rows per task,
+each with its own draws, the base learns the rates rather than which task slipped.
+
 Training (`train_sft_base`): `study.stages.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
 replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
 
@@ -29,6 +37,7 @@ from jaxagent.models.chat import render_chat
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import IM_END
 from jaxagent.rl.sft import max_targets
+from jaxagent.rollout import FAILED
 from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.study import stages
 from jaxagent.study.host.stages import HostTaskSettings, HostWorld
@@ -49,9 +58,12 @@ class HostSFTSettings:
     max_rows: Optional[int] = None
     budget_mode: str = "budgetmix"
     seed: int = 0
+    noise: float = 0.0                # the share of rows with a slip (`expert_replies`)
+    check: float = 0.0                # the share of rows (with a budget of 2 turns or more) that check first
+    copies: int = 1                   # rows per task, each with its own budget and slip draw
 
     def __post_init__(self):
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "copies"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"HostSFTSettings.{name} must be an integer >= 1, got {v!r}")
@@ -62,14 +74,44 @@ class HostSFTSettings:
         if self.max_rows is not None and (isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int)
                                           or self.max_rows < 1):
             raise ValueError(f"HostSFTSettings.max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
+        for name in ("noise", "check"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise ValueError(f"HostSFTSettings.{name} must be a number in [0, 1), got {v!r}")
         if self.budget_mode not in BUDGET_MODES:
             raise ValueError(f"HostSFTSettings.budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
 
 
-def reference_script(env, tasks: Sequence) -> Callable:
-    """generate_fn(t, active_B, contexts) of `host_rollout`: episode b replies its task's t-th reference reply
-    (`env.ground_truth_actions`; an empty reply past its end)."""
-    refs = [list(env.ground_truth_actions(task)) for task in tasks]
+def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, seed: int
+                   ) -> tuple[list, np.ndarray, np.ndarray]:
+    """(replies [E][turn], slipped bool[E], checked bool[E]): the noisy expert of the toy base. Row e draws (with
+    `seed`) whether it slips (probability `noise`) and whether it checks (probability `check`, only where its
+    announced budget budgets_E[e] allows two turns). A checking row runs a query first, slipped or not, and then
+    submits the reference (`env.checked_actions`); a slipping row that does not check submits the reference with
+    one generic mistake (`env.slipped_actions`) where one applies; every other row is the reference
+    (`env.ground_truth_actions`). As FrozenLake's epsilon-noisy expert (`study.stages.BaseSettings.epsilon`), the
+    mistakes are the same on every task, so the base imitates them at about that rate and RL has something it can
+    unlearn; checking gives the base multi-turn episodes whose second turn corrects the first."""
+    rng = np.random.default_rng(seed)
+    slip_draw, check_draw = rng.random(len(tasks)) < noise, rng.random(len(tasks)) < check
+    budgets_E = np.asarray(budgets_E)
+    replies, slipped, checked = [], np.zeros(len(tasks), bool), np.zeros(len(tasks), bool)
+    for e, task in enumerate(tasks):
+        row_seed = seed * 1_000_003 + e
+        if check_draw[e] and budgets_E[e] >= 2:
+            checked[e] = True
+            replies.append(list(env.checked_actions(task, row_seed, bool(slip_draw[e]))))
+            continue
+        slip = env.slipped_actions(task, row_seed) if slip_draw[e] else None
+        slipped[e] = slip is not None
+        replies.append(list(slip) if slip is not None else list(env.ground_truth_actions(task)))
+    return replies, slipped, checked
+
+
+def reference_script(env, tasks: Sequence, replies: Optional[Sequence] = None) -> Callable:
+    """generate_fn(t, active_B, contexts) of `host_rollout`: episode b replies its t-th reply of `replies[b]`
+    (default: its task's reference, `env.ground_truth_actions`; an empty reply past its end)."""
+    refs = [list(env.ground_truth_actions(task)) for task in tasks] if replies is None else [list(r) for r in replies]
 
     def generate(t: int, active_B, _contexts) -> list:
         return [refs[b][t] if active_B[b] and t < len(refs[b]) else "" for b in range(len(refs))]
@@ -77,27 +119,36 @@ def reference_script(env, tasks: Sequence) -> Callable:
     return generate
 
 
-def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E, *, batch: int = 64) -> dict:
+def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E, *, batch: int = 64,
+             replies: Optional[Sequence] = None, slipped_E=None) -> dict:
     """The reference episodes of `tasks` with budgets_E announced, played through the world's env (module
-    docstring), in rollouts of `batch` episodes. Returns tokens int32[E', S], mask bool[E', S] (the reply
-    tokens), the E' solved episodes' task ids, `left_out` {task id: status or error} of the others, and
+    docstring), in rollouts of `batch` episodes; `replies` [E][turn] replaces the references (`expert_replies`),
+    and a row with slipped_E[e] is kept when the env ended it, solved or not (the noisy expert's slip). Returns
+    tokens int32[E', S], mask bool[E', S] (the reply tokens), the E' kept episodes' task ids and their
+    `slipped` and `solved` flags, `left_out` {task id: status or error} of the others (`n_left_out` rows), and
     `width` S (the longest kept row, a multiple of 16)."""
     rcfg = ts.rollout_config()
-    toks, masks, kept, left_out = [], [], [], {}
+    toks, masks, kept, left_out, slipped, solved, n_left_out = [], [], [], {}, [], [], 0
     budgets_E = np.asarray(budgets_E, np.int32)
+    slipped_E = np.zeros(len(tasks), bool) if slipped_E is None else np.asarray(slipped_E, bool)
     for lo in range(0, len(tasks), batch):
         chunk = list(tasks[lo:lo + batch])
+        script = reference_script(world.env, chunk, None if replies is None else replies[lo:lo + batch])
         out = host_rollout(None, None, world.env, world.tokenizer, chunk, budgets_E[lo:lo + batch],
                            jax.random.key(0), rcfg, enable_thinking=ts.enable_thinking, workers=ts.workers,
-                           generate_fn=reference_script(world.env, chunk), step_timeout_s=ts.step_timeout_s)
+                           generate_fn=script, step_timeout_s=ts.step_timeout_s)
         r, trace = out.rollout, out.trace
-        success, length = np.asarray(r.success), np.asarray(r.length)
+        success, length, status = np.asarray(r.success), np.asarray(r.length), np.asarray(r.status)
         for b, task in enumerate(chunk):
-            if success[b]:
+            slip = bool(slipped_E[lo + b])
+            if success[b] or (slip and status[b] == FAILED and trace.errors[b] is None):
                 toks.append(np.asarray(r.tokens[b, :length[b]]))
                 masks.append(np.asarray(r.policy_mask[b, :length[b]]))
                 kept.append(task.id)
+                slipped.append(slip)
+                solved.append(bool(success[b]))
             else:
+                n_left_out += 1
                 left_out[task.id] = trace.errors[b] or f"status {int(np.asarray(r.status)[b])} unsolved"
     if not kept:
         raise ValueError(f"domain {world.domain.name!r}: no reference episode ended solved with these settings "
@@ -108,24 +159,30 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
     mask = np.zeros((len(toks), width), bool)
     for e, (t, m) in enumerate(zip(toks, masks)):
         tokens[e, :len(t)], mask[e, :len(m)] = t, m
-    return {"tokens": tokens, "mask": mask, "task_ids": kept, "left_out": left_out, "width": width}
+    return {"tokens": tokens, "mask": mask, "task_ids": kept, "slipped": np.asarray(slipped, bool),
+            "solved": np.asarray(solved, bool), "left_out": left_out, "n_left_out": n_left_out, "width": width}
 
 
 def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSettings, s: HostSFTSettings, *,
                    callback: Optional[Callable[[int, dict], None]] = None, mesh=None):
     """(params, summary): `params` fine-tuned on the reference episodes of the first `s.max_rows` train tasks
-    (`sft_rows`; module docstring). summary: rows kept and left out (with up to 5 reasons), the row width, the
-    targets per row and the last step's record (loss, token accuracy, gradient norm)."""
+    (`sft_rows`; module docstring), a share `s.noise` of them the noisy expert's (`expert_replies`). summary: rows
+    kept (slipped, and solved) and left out (with up to 5 reasons), the row width, the targets per row and the
+    last step's record (loss, token accuracy, gradient norm)."""
     k_budget, k_batch = jax.random.split(jax.random.key(s.seed))
-    tasks = list(world.train_tasks[:s.max_rows])
+    tasks = [task for task in world.train_tasks[:s.max_rows] for _ in range(s.copies)]
     budgets = stages.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
-    rows = sft_rows(world, ts, tasks, budgets)
+    replies, slipped, checked = (expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed)
+                                 if s.noise or s.check else (None, None, np.zeros(len(tasks), bool)))
+    rows = sft_rows(world, ts, tasks, budgets, replies=replies, slipped_E=slipped)
     m = max_targets(rows["mask"])
     params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
                                      batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, callback=callback,
                                      mesh=mesh, targets=m)
-    summary = {"rows": len(rows["task_ids"]), "left_out": len(rows["left_out"]),
+    summary = {"rows": len(rows["task_ids"]), "left_out": rows["n_left_out"],
                "left_out_examples": dict(list(rows["left_out"].items())[:5]), "width": rows["width"],
+               "slipped": int(rows["slipped"].sum()), "checked": int(checked.sum()),
+               "solved": int(rows["solved"].sum()),
                "targets_per_row": m, "last": records[-1]}
     return params, summary
 

@@ -1,0 +1,44 @@
+"""What RL changed in a finished SQL study's held-out submissions: the share of solved episodes, slips of the gold
+query, wrong values and other mistakes, for the base and every trained policy (`jaxagent.study.host.sql_mistakes`).
+
+  python -m experiments.sql_mistakes --preset sql-toy --budget 1
+"""
+from __future__ import annotations
+
+from experiments import cli
+from experiments.host_study import preset_from
+from jaxagent.study.host import sql_mistakes
+from jaxagent.study.host.presets import HOST_PRESETS
+from jaxagent.study.host.run import HostRun
+
+
+def main(argv=None):
+    p = cli.Parser(prog=cli.script_prog("experiments.sql_mistakes"), description=__doc__.splitlines()[0],
+                   formatter_class=cli.HelpFormatter)
+    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
+                   help="the SQL preset the run was made with (e.g. sql-toy)")
+    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--root", default="runs", help="directory holding run directories")
+    p.add_argument("--budget", type=cli.positive_int, default=1, help="announced budget (turns), at most T_max")
+    p.add_argument("--samples", type=cli.positive_int, default=4, help="episodes per held-out task")
+    p.add_argument("--arms", nargs="+", default=None, help="these arms only (default: the preset's)")
+    p.add_argument("--out", default=None, help="also write the table here")
+    for name in ("checkpoint", "data", "iterations", "seeds"):
+        p.set_defaults(**{name: None})
+    args = p.parse_args(argv)
+    preset = preset_from(args)
+    if preset.task.domain != "sql":
+        cli.fail(f"--preset {args.preset}: its domain is {preset.task.domain!r}; this script sorts SQL submissions")
+    if args.budget > preset.task.t_max:
+        cli.fail(f"--budget {args.budget}: the preset's T_max is {preset.task.t_max}")
+    with cli.clear_errors():
+        run = HostRun(preset, args.root, args.name)
+        text = sql_mistakes.mistake_table(run, args.budget, args.samples, arms=args.arms)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

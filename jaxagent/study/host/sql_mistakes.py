@@ -1,0 +1,73 @@
+"""What RL changed in a SQL run's submissions: the held-out episodes of the base and of each trained policy at one
+announced budget, each final submission sorted by what is wrong with it (`sql_env.submission_mistake`: solved, a
+slip of the gold query, a slip with other values, other values only, another query, no submission).
+
+It answers the question a toy SQL study's verdicts raise (docs/host_study.md, "Toy presets"): did RL unlearn the
+noisy expert's slips, copy values better, or something else? `mistake_table` runs it on a finished run directory
+(`experiments.sql_mistakes`). The episodes are sampled afresh (key `MISTAKE_KEY`), not read from the evaluation's
+cache, which keeps no replies on SQL.
+
+Dimension legend (CONVENTIONS.md): B episodes.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxagent.envs.host.sql_env import MISTAKE_KINDS, submission_mistake
+from jaxagent.models import weights
+from jaxagent.sampling import Sampler
+from jaxagent.study.host import stages as host_stages
+from jaxagent.study.host.run import HostRun
+
+MISTAKE_KEY = 2024
+
+
+def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) -> dict:
+    """{kind: share of episodes} over MISTAKE_KINDS, and "episodes": the count, for `params` on every held-out task
+    x `n_samples` at the announced `budget`, in rollout batches of the preset's evaluation batch size."""
+    if run.world.domain.env != "sql":
+        raise ValueError(f"mistake_shares sorts SQL submissions; run {run.dir} is on {run.world.domain.name!r}")
+    if not 1 <= budget <= run.preset.task.t_max:
+        raise ValueError(f"budget must be in [1, T_max = {run.preset.task.t_max}], got {budget}")
+    p, tasks, traces = run.preset, run.world.heldout_tasks, []
+    fn = host_stages.make_host_rollout_fn(run.world, run.cfg, p.task, tasks, sampler=Sampler(temperature=1.0),
+                                          compute_dtype=p.compute_dtype, mesh=run.mesh, on_trace=traces.append)
+    idx_B = np.repeat(np.arange(len(tasks)), n_samples)
+    key = jax.random.key(MISTAKE_KEY) if key is None else key
+    counts = collections.Counter()
+    for lo in range(0, len(idx_B), p.eval.batch_size):
+        idx = idx_B[lo:lo + p.eval.batch_size]
+        ro = fn(params, idx, np.full(len(idx), budget, np.int32), jax.random.fold_in(key, lo))
+        solved, trace = np.asarray(ro.success), traces[-1]
+        for b in range(len(idx)):
+            counts[submission_mistake(trace.tasks[b].gold, trace.actions[b], bool(solved[b]))] += 1
+    n = sum(counts.values())
+    return {**{kind: counts[kind] / n for kind in MISTAKE_KINDS}, "episodes": n}
+
+
+def mistake_table(run: HostRun, budget: int, n_samples: int, arms=None,
+                  progress: Callable[[str], None] = lambda _: None) -> str:
+    """A markdown table of `mistake_shares` (%) for the base (base/policy, or the checkpoint) and every finished
+    arm/seed policy of the run (`arms`: these arms only), at `budget` with `n_samples` per held-out task."""
+    policies = [("base", os.path.join(run.dir, "base", "policy"))]
+    if not os.path.isdir(policies[0][1]):
+        policies = [("base", run.checkpoint)]
+    for arm in arms or run.preset.arms:
+        for seed in run.preset.seeds:
+            path = os.path.join(run.dir, "arms", arm, f"seed{seed}", "policy")
+            if os.path.isdir(path):
+                policies.append((f"{arm} seed {seed}", path))
+    lines = [f"Held-out submissions at an announced budget of {budget} turn(s), {n_samples} per task (% of episodes)",
+             "", "| policy | " + " | ".join(MISTAKE_KINDS) + " | episodes |",
+             "|---|" + "---|" * (len(MISTAKE_KINDS) + 1)]
+    for label, path in policies:
+        shares = mistake_shares(run, weights.load(path, mesh=run.mesh)[1], budget, n_samples)
+        lines.append(f"| {label} | " + " | ".join(f"{100 * shares[k]:.1f}" for k in MISTAKE_KINDS)
+                     + f" | {shares['episodes']} |")
+        progress(lines[-1])
+    return "\n".join(lines) + "\n"
