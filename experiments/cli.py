@@ -39,6 +39,14 @@ class UserExit(SystemExit):
         return self.message
 
 
+def emit(text: str, out: str | None = None) -> None:
+    """Prints a script's result text and, with `out` (its --out), also writes it there."""
+    if out:
+        with open(out, "w") as fh:
+            fh.write(text)
+    print(text, end="")
+
+
 def fail(message: str, code: int = 2):
     """Ends the script: `error: message` as one line on stderr, exit code `code` (2: a user error)."""
     line = " ".join(str(message).split())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from experiments import cli
 from jaxagent.study.frozenlake import seed_sets
 
 
@@ -17,10 +18,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the table here")
     args = p.parse_args(argv)
     text = seed_sets.table(args.run_dirs)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    print(text, end="")
+    cli.emit(text, args.out)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,7 @@ def main(argv=None):
     with cli.clear_errors():
         run = HostRun(preset, args.root, args.name)
         text = sql_mistakes.mistake_table(run, args.budget, args.samples, arms=args.arms)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    print(text, end="")
+    cli.emit(text, args.out)
 
 
 if __name__ == "__main__":
