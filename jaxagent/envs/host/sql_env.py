@@ -49,6 +49,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
                                      stable_hash, strip_think)
@@ -122,13 +123,9 @@ _CONDITION_RE = re.compile(r" WHERE .*?(?= GROUP BY | ORDER BY |$)")
 SLIP_KINDS = ("drop_condition", "swap_aggregate", "flip_comparison")
 
 
-def slip_query(query: str, seed: int) -> tuple[str, str] | None:
-    """(kind, query'): the query with one generic mistake a noisy expert makes, chosen by `seed` among those
-    that apply (SLIP_KINDS): drop_condition cuts the top-level WHERE clause (not in a query with a subquery),
-    swap_aggregate replaces the first AVG/SUM/MIN/MAX with another of them, flip_comparison turns the first
-    comparison around (< and >, <= and >=). String literals are left as they are. None where no slip applies.
-    The toy host base imitates these slips at a rate (`study.host.sft.HostSFTSettings.noise`), as the FrozenLake
-    toy base imitates an epsilon-noisy expert: a mistake that is the same on every task, which RL can unlearn."""
+def _slip_options(query: str) -> tuple[list, Callable[[str], str]]:
+    """([(kind, [candidate text, ...]), ...] in SLIP_KINDS order for the slips that apply to `query`, with its
+    string literals hidden; and the function that puts them back)."""
     literals: list[str] = []
 
     def hide(m):
@@ -138,42 +135,36 @@ def slip_query(query: str, seed: int) -> tuple[str, str] | None:
     text = _LITERAL_RE.sub(hide, query)
     options = []
     if "(SELECT" not in text.upper() and _CONDITION_RE.search(text):
-        options.append(("drop_condition", lambda r: _CONDITION_RE.sub("", text, count=1)))
-    if _AGGREGATE_RE.search(text):
-        def swap(r):
-            m = _AGGREGATE_RE.search(text)
-            other = r.choice([a for a in _AGGREGATES if a != m.group(1)])
-            return text[:m.start(1)] + other + text[m.end(1):]
-        options.append(("swap_aggregate", swap))
+        options.append(("drop_condition", [_CONDITION_RE.sub("", text, count=1)]))
+    m = _AGGREGATE_RE.search(text)
+    if m:
+        options.append(("swap_aggregate", [text[:m.start(1)] + a + text[m.end(1):]
+                                           for a in _AGGREGATES if a != m.group(1)]))
     if _COMPARISON_RE.search(text):
         options.append(("flip_comparison",
-                        lambda r: _COMPARISON_RE.sub(lambda m: f" {_FLIPPED[m.group(1)]} ", text, count=1)))
+                        [_COMPARISON_RE.sub(lambda c: f" {_FLIPPED[c.group(1)]} ", text, count=1)]))
+    return options, lambda t: re.sub(r"\x00(\d+)\x00", lambda g: literals[int(g.group(1))], t)
+
+
+def slip_query(query: str, seed: int) -> tuple[str, str] | None:
+    """(kind, query'): the query with one generic mistake a noisy expert makes, chosen by `seed` among those
+    that apply (SLIP_KINDS): drop_condition cuts the top-level WHERE clause (not in a query with a subquery),
+    swap_aggregate replaces the first AVG/SUM/MIN/MAX with another of them, flip_comparison turns the first
+    comparison around (< and >, <= and >=). String literals are left as they are. None where no slip applies.
+    The toy host base imitates these slips at a rate (`study.host.sft.HostSFTSettings.noise`), as the FrozenLake
+    toy base imitates an epsilon-noisy expert: a mistake that is the same on every task, which RL can unlearn."""
+    options, restore = _slip_options(query)
     if not options:
         return None
     rng = random.Random(seed)
-    kind, make = options[rng.randrange(len(options))]
-    slipped = re.sub(r"\x00(\d+)\x00", lambda m: literals[int(m.group(1))], make(rng))
-    return kind, slipped
+    kind, candidates = options[rng.randrange(len(options))]
+    return kind, restore(rng.choice(candidates) if len(candidates) > 1 else candidates[0])
 
 
 def query_slips(query: str) -> set[str]:
     """Every query `slip_query` can make of `query` (each kind, each other aggregate), literals left as they are."""
-    literals: list[str] = []
-
-    def hide(m):
-        literals.append(m.group(0))
-        return f"\x00{len(literals) - 1}\x00"
-
-    text = _LITERAL_RE.sub(hide, query)
-    out = set()
-    if "(SELECT" not in text.upper() and _CONDITION_RE.search(text):
-        out.add(_CONDITION_RE.sub("", text, count=1))
-    m = _AGGREGATE_RE.search(text)
-    if m:
-        out.update(text[:m.start(1)] + a + text[m.end(1):] for a in _AGGREGATES if a != m.group(1))
-    if _COMPARISON_RE.search(text):
-        out.add(_COMPARISON_RE.sub(lambda c: f" {_FLIPPED[c.group(1)]} ", text, count=1))
-    return {re.sub(r"\x00(\d+)\x00", lambda g: literals[int(g.group(1))], q) for q in out}
+    options, restore = _slip_options(query)
+    return {restore(c) for _, candidates in options for c in candidates}
 
 
 MISTAKE_KINDS = ("solved", "slip", "slip and value", "value", "other", "no submission")

@@ -166,8 +166,8 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
     """A toy study sized for a CPU (docs/host_study.md, "Toy presets"): the toy model with Qwen3's tokenizer
     pruned to the domain's texts, SFT on the train split's reference solutions, then grpo and gigpo (findings 1, 2,
     7 and the domain's own) x 3 seeds; `heldout` tasks spread over the held-out split (None: all of them) x 2
-    tiers x 4 samples (K up to 4). Tool output capped at 64 tokens; the train step runs over the slots the rollout used, in multiples of 64
-    (`slot_bucket`)."""
+    tiers x 4 samples (K up to 4). Tool output capped at 64 tokens; the train step runs over the slots the rollout
+    used, in multiples of 64 (`slot_bucket`)."""
     task = HostTaskSettings(domain=domain, t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
                             max_obs_tokens=64, max_heldout_tasks=heldout, task_subset="spread", workers=2,
                             slot_bucket=64, **(task_kw or {}))

@@ -149,7 +149,7 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
                 solved.append(bool(success[b]))
             else:
                 n_left_out += 1
-                left_out[task.id] = trace.errors[b] or f"status {int(np.asarray(r.status)[b])} unsolved"
+                left_out[task.id] = trace.errors[b] or f"status {int(status[b])} unsolved"
     if not kept:
         raise ValueError(f"domain {world.domain.name!r}: no reference episode ended solved with these settings "
                          f"(t_max {ts.t_max}, max_action_tokens {ts.max_action_tokens}, max_context "
@@ -172,8 +172,7 @@ def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSetti
     k_budget, k_batch = jax.random.split(jax.random.key(s.seed))
     tasks = [task for task in world.train_tasks[:s.max_rows] for _ in range(s.copies)]
     budgets = stages.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
-    replies, slipped, checked = (expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed)
-                                 if s.noise or s.check else (None, None, np.zeros(len(tasks), bool)))
+    replies, slipped, checked = expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed)
     rows = sft_rows(world, ts, tasks, budgets, replies=replies, slipped_E=slipped)
     m = max_targets(rows["mask"])
     params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
