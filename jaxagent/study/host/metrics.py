@@ -124,7 +124,25 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
        updates, so parity holds by construction. Then the finding has no estimate (`ONE_TURN_NOTE`); otherwise
        the row `multi_turn_share` (a lower bound on the share of longer episodes, `multi_turn_share`) says how
        far from that case the run was (near 0: parity is still likely by construction, not by the data).
-    Every Pass@ row writes the room the structural bound allows (`bounded`, `put_room`)."""
+    Every Pass@ row writes the room the structural bound allows (`bounded`, `put_room`).
+
+    Sampling keys (`evaluate.seed_key`; f1, f2 and f7): seed s's RL policies and a base draw made for seed s are
+    sampled with key s, so each seed's difference is paired on its own random numbers and carries its own base
+    sample. What would have failed each row, and whether the data could produce it:
+    - f1 (both rows): a 95% CI below 0, or holding 0 with its upper end below +10 points. The row is judged only
+      where the room [-base, U - base] reaches +10, so both that result and a CI above 0 are possible; the interval
+      (t over seeds) can produce it because the seeds' differences vary with the base's sampling error. With one
+      base draw shared by the seeds, that error is a common offset: a draw that comes out a few points low reads as
+      a gain on every seed with a tight interval, so "reproduced" can come from the base's sample alone
+      (tests/test_host_findings.py, `test_each_seed_is_compared_with_its_own_base_draw`; on sql-toy a shared draw
+      gave +3.7 [1.4, 5.9], the per-seed draws +3.7 [-0.5, 7.8]).
+    - f2: a 95% CI above 0, or holding 0 with its lower end above -10 points; judged only where the room [-b_t -
+      g_f, U - b_t - g_f] reaches -10 on the paper's side (b_t + g_f >= 10 points), so both are possible. The base's
+      tight and full tiers are separate samples, so a shared draw's error does not cancel in gap(tight) - gap(full)
+      either; with per-seed draws it is in the spread.
+    - f7: a 90% CI reaching past +-5 points (or a 95% CI excluding 0 without equivalence). GiGPO and GRPO seed s
+      share key s, and the seeds' keys differ, so the sampling noise is in the spread over seeds (one key for
+      every policy would make it a pattern shared by every seed); the room condition is as above."""
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
