@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from experiments import base, cli, host_study, progress, reproduce, rl, sql_mistakes, sweep
+from experiments import base, cli, host_study, mistakes, progress, reproduce, rl, sweep
 from experiments import eval as eval_stage
 from jaxagent.study.host import run as host_run
 from jaxagent.study.host.presets import HOST_PRESETS
@@ -132,7 +132,7 @@ def _help(main, argv, capsys) -> str:
     (rl.main, "experiments.rl", []),
     (sweep.main, "experiments.sweep", []),
     (host_study.main, "experiments.host_study", []),
-    (sql_mistakes.main, "experiments.sql_mistakes", []),
+    (mistakes.main, "experiments.mistakes", []),
     (reproduce.main, "experiments.reproduce", ["--preset", "ci-sql"]),
 ])
 def test_help_names_the_command_and_shows_only_real_defaults(main, module, argv, capsys):
@@ -143,13 +143,13 @@ def test_help_names_the_command_and_shows_only_real_defaults(main, module, argv,
     assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split()))  # never two in a row
 
 
-def test_sql_mistakes_errors_are_one_line(capsys, tmp_path):
-    assert "invalid choice: 'sql-huge'" in _user_error(sql_mistakes.main, ["--preset", "sql-huge"], capsys)
-    assert "--budget" in _user_error(sql_mistakes.main, ["--preset", "ci-sql", "--budget", "0"], capsys)
-    err = _user_error(sql_mistakes.main, ["--preset", "ci-code", "--root", str(tmp_path)], capsys)
-    assert "its domain is 'code'" in err
-    assert "T_max is 2" in _user_error(sql_mistakes.main, ["--preset", "ci-sql", "--root", str(tmp_path),
-                                                            "--budget", "3"], capsys)
+def test_mistakes_errors_are_one_line(capsys, tmp_path):
+    assert "invalid choice: 'sql-huge'" in _user_error(mistakes.main, ["--preset", "sql-huge"], capsys)
+    assert "--budget" in _user_error(mistakes.main, ["--preset", "ci-sql", "--budget", "0"], capsys)
+    err = _user_error(mistakes.main, ["--preset", "ci-bfcl", "--root", str(tmp_path)], capsys)
+    assert "its domain is 'bfcl'" in err
+    assert "T_max is 2" in _user_error(mistakes.main, ["--preset", "ci-sql", "--root", str(tmp_path),
+                                                        "--budget", "3"], capsys)
     assert os.listdir(tmp_path) == []  # refused before any run directory is made
 
 

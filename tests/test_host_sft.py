@@ -17,7 +17,7 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import IM_END, IM_START
 from jaxagent.rl import sft as sft_lib
 from jaxagent.study import run_dir
-from jaxagent.study.host import run as host_run, sft as host_sft, sql_mistakes, stages as host_stages
+from jaxagent.study.host import mistakes, run as host_run, sft as host_sft, stages as host_stages
 from jaxagent.study.host.presets import HOST_PRESETS, preset_problem
 
 
@@ -193,6 +193,38 @@ def test_checking_expert_runs_a_query_then_submits_the_reference(sql_world, tok)
         assert targets == replies[e][0] + IM_END + replies[e][1] + IM_END
 
 
+def test_coding_expert_slips_then_fixes_after_the_feedback(tok):
+    from jaxagent.envs.host import sandbox
+    from jaxagent.envs.host.code_env import CodeEnv, extract_code
+    mode = "namespaces" if sandbox.strong_isolation_problem() is None else "unsafe-rlimits-only"
+    ts = host_stages.HostTaskSettings(domain="code", t_max=2, max_action_tokens=128, max_context=768,
+                                      max_obs_tokens=64, max_train_tasks=4, max_heldout_tasks=1, workers=2)
+    world = host_stages.make_host_world(ts, tok, env=CodeEnv(limits=sandbox.SandboxLimits(mode=mode)))
+    def every_slip_fails(t):  # so that each slipped row below fails its first submission
+        slips = {world.env.slipped_actions(t, s)[0] for s in range(20)} if world.env.slipped_actions(t, 0) else ()
+        return slips and not any(all(world.env.evaluate(t, extract_code(x))[0]) for x in slips)
+
+    task = next(t for t in world.train_tasks if every_slip_fails(t))
+    tasks, budgets = [task] * 16, np.array([1, 2] * 8)
+    replies, slipped, checked = host_sft.expert_replies(world.env, tasks, budgets, 0.5, 0.0, seed=3)
+    assert not checked.any() and 0 < slipped.sum() < 16
+    picked = [e for e in range(16) if slipped[e] and budgets[e] == 1][:1] + \
+        [e for e in range(16) if slipped[e] and budgets[e] == 2][:1] + [e for e in range(16) if not slipped[e]][:1]
+    assert len(picked) == 3
+    rows = host_sft.sft_rows(world, ts, [tasks[e] for e in picked], budgets[picked],
+                             replies=[replies[e] for e in picked], slipped_E=slipped[picked])
+    assert rows["n_left_out"] == 0 and list(rows["slipped"]) == [True, True, False]
+    for i, e in enumerate(picked):
+        targets = tok.decode(rows["tokens"][i][rows["mask"][i]])
+        if budgets[e] == 1 and slipped[e]:  # one turn: the slip is the whole episode, failed or not
+            assert targets == replies[e][0] + IM_END and not rows["solved"][i]
+        elif slipped[e]:  # two turns: the slip, the test feedback (not a target), then the reference
+            assert targets == replies[e][0] + IM_END + replies[e][1] + IM_END and rows["solved"][i]
+            assert "Passed " in tok.decode(rows["tokens"][i][~rows["mask"][i]])
+        else:
+            assert targets == world.env.ground_truth_actions(task)[0] + IM_END and rows["solved"][i]
+
+
 def test_sft_settings_and_toy_presets_are_checked():
     for bad in (dict(steps=0), dict(batch_size=1.5), dict(lr=0), dict(warmup=-1), dict(max_rows=0),
                 dict(budget_mode="tiers"), dict(noise=1.0), dict(noise=-0.1), dict(copies=0), dict(check=1)):
@@ -229,11 +261,11 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
     with open(os.path.join(run.dir, "base", "sft.jsonl")) as f:
         assert len(f.readlines()) == 3
     # what the base's held-out submissions get wrong: every episode sorted once
-    shares = sql_mistakes.mistake_shares(run, params, budget=1, n_samples=2)
+    shares = mistakes.mistake_shares(run, params, budget=1, n_samples=2)
     assert shares["episodes"] == 2 * len(run.world.heldout_tasks)
-    assert sum(shares[k] for k in sql_mistakes.MISTAKE_KINDS) == pytest.approx(1.0)
+    assert sum(shares[k] for k in run.world.env.mistake_kinds) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="budget must be in"):
-        sql_mistakes.mistake_shares(run, params, budget=3, n_samples=1)
+        mistakes.mistake_shares(run, params, budget=3, n_samples=1)
 
 
 # ----------------------------------------------------------------------------- trimmed rollouts

@@ -13,10 +13,13 @@ Interface. A host env is a Python object with `jittable = False` and
   ground_truth_actions(task) -> [str]     where defined, the reference solution's replies (the SFT targets
                                           of the host study's toy base, `study.host.sft`)
   slipped_actions(task, seed) -> [str] | None   where defined, the reference with one generic mistake (a
-                                          noisy expert's slip; None where none applies): the toy base's noise
+                                          noisy expert's slip; None where none applies): the toy base's noise;
+                                          on coding followed by the reference (the fix after the feedback)
   checked_actions(task, seed, slip) -> [str]   where defined, a reference that checks before it answers
                                           (its first turn a tool call, slipped with `slip`; the toy base's
                                           multi-turn episodes)
+  submission_mistake(task, actions, solved) -> str   where defined, what is wrong with an episode's final
+                                          submission, one of `mistake_kinds` (the toy studies' mistake tables)
   step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
   anchor(state) -> int                    GiGPO anchor of a state (below)
   clone(state) -> state                   an independent copy, to branch (error states, matched states)
@@ -132,6 +135,11 @@ class HostEnv:
 
     def checked_actions(self, task, seed: int, slip: bool) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__} defines no checked reference solution")
+
+    mistake_kinds: tuple = ()  # what `submission_mistake` can return; () where the env sorts no submissions
+
+    def submission_mistake(self, task, actions: list, solved: bool) -> str:
+        raise NotImplementedError(f"{type(self).__name__} does not sort submissions by mistake")
 
     def clone(self, state):
         return copy.deepcopy(state)

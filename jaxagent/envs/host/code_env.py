@@ -54,9 +54,12 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import io
 import math
+import random
 import re
 import threading
+import tokenize
 from typing import Optional
 
 from jaxagent.envs.host.base import (HostEnv, coerce_action, host_cores, make_info, split_tasks, stable_hash,
@@ -94,6 +97,70 @@ def extract_code(text: str) -> str | None:
     blocks = [m.group(2) for m in _BLOCK_RE.finditer(strip_think(text))]
     blocks = [b for b in blocks if b.strip()]
     return blocks[-1] if blocks else None
+
+
+CODE_SLIP_KINDS = ("flip_comparison", "off_by_one", "swap_builtin")
+_FLIPPED = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
+_SWAPPED = {"min": "max", "max": "min", "any": "all", "all": "any"}
+
+
+def _first_sites(source: str) -> dict:
+    """{kind: (start, end, replacement)} at the first place each of CODE_SLIP_KINDS applies to `source`, found
+    on Python's own tokens (so strings and comments are never changed): flip_comparison the first comparison
+    operator, off_by_one the first integer literal, swap_builtin the first call of min/max/any/all. {} when the
+    source does not tokenize."""
+    starts = [0]
+    for line in io.StringIO(source).readlines():  # the lines tokenize reads (split at "\n" only)
+        starts.append(starts[-1] + len(line))
+    sites: dict = {}
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return {}
+    for tok, nxt in zip(toks, toks[1:] + [None]):
+        at = starts[tok.start[0] - 1] + tok.start[1], starts[tok.end[0] - 1] + tok.end[1]
+        if tok.type == tokenize.OP and tok.string in _FLIPPED:
+            sites.setdefault("flip_comparison", (*at, _FLIPPED[tok.string]))
+        elif tok.type == tokenize.NUMBER and tok.string.isdigit():
+            sites.setdefault("off_by_one", (*at, str(int(tok.string) + 1)))
+        elif tok.type == tokenize.NAME and tok.string in _SWAPPED and nxt is not None and nxt.string == "(":
+            sites.setdefault("swap_builtin", (*at, _SWAPPED[tok.string]))
+    return sites
+
+
+def slip_program(source: str, seed: int) -> tuple[str, str] | None:
+    """(kind, source'): the program with one generic mistake a noisy expert makes, chosen by `seed` among the
+    kinds that apply (CODE_SLIP_KINDS, each at its first site: a comparison turned around, an integer literal one
+    too large, min/max or any/all swapped). None where none applies. As `sql_env.slip_query`, the mistakes are the
+    same kinds on every task, so a base that imitates them at a rate (`study.host.sft.HostSFTSettings.noise`) has
+    a behaviour shared by all tasks for RL to unlearn. A slip need not change every output: one that passes
+    every test is a correct program."""
+    sites = _first_sites(source)
+    if not sites:
+        return None
+    kind = [k for k in CODE_SLIP_KINDS if k in sites][random.Random(seed).randrange(len(sites))]
+    lo, hi, text = sites[kind]
+    return kind, source[:lo] + text + source[hi:]
+
+
+def program_slips(source: str) -> set[str]:
+    """Every program `slip_program` can make of `source` (one per kind that applies)."""
+    return {source[:lo] + text + source[hi:] for lo, hi, text in _first_sites(source).values()}
+
+
+CODE_MISTAKE_KINDS = ("solved", "slip", "other", "no submission")
+
+
+def program_mistake(reference: str, actions: list[str], solved: bool) -> str:
+    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS): 'solved'; 'no submission' (no code
+    block in its replies); 'slip' (the reference with one of `program_slips`' mistakes, surrounding whitespace
+    aside); 'other'."""
+    if solved:
+        return "solved"
+    codes = [c for c in (extract_code(a) if isinstance(a, str) else None for a in actions) if c is not None]
+    if not codes:
+        return "no submission"
+    return "slip" if codes[-1].strip() in {p.strip() for p in program_slips(reference)} else "other"
 
 
 def values_equal(got, expected, rel: float = 1e-6, abs_tol: float = 1e-9) -> bool:
@@ -234,6 +301,7 @@ class CodeEnv(HostEnv):
     """Multi-turn coding against unit tests in a sandbox (module docstring)."""
 
     name = "code"
+    mistake_kinds = CODE_MISTAKE_KINDS
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), tasks: tuple | None = None, data=None,
                  max_parallel: Optional[int] = None, seed: int = code_gen.SEED, **data_kwargs):
@@ -304,6 +372,19 @@ class CodeEnv(HostEnv):
     def ground_truth_actions(self, task: CodeTask) -> list[str]:
         """The reference solution as assistant messages: the reference program in one python block."""
         return [f"```python\n{task.reference.rstrip()}\n```"]
+
+    def slipped_actions(self, task: CodeTask, seed: int) -> list[str] | None:
+        """A noisy expert's episode: the reference with one generic mistake (`slip_program`), then, after the
+        test feedback, the reference itself (an episode with a budget of one turn ends at the slip). None where
+        no slip applies or the task has no reference."""
+        slipped = slip_program(task.reference, seed) if task.reference.strip() else None
+        if slipped is None:
+            return None
+        return [f"```python\n{slipped[1].rstrip()}\n```", *self.ground_truth_actions(task)]
+
+    def submission_mistake(self, task: CodeTask, actions: list, solved: bool) -> str:
+        """`program_mistake` of the task's reference."""
+        return program_mistake(task.reference, actions, solved)
 
     def reset(self, seed: int, task: CodeTask) -> tuple[CodeState, str]:
         if not isinstance(task, CodeTask):

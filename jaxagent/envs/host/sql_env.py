@@ -270,6 +270,7 @@ class SQLEnv(HostEnv):
     """Multi-turn SQL question answering over read-only SQLite databases (module docstring)."""
 
     name = "sql"
+    mistake_kinds = MISTAKE_KINDS
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, time_limit_s: float = 2.0,
                  max_obs_rows: int = 30, max_fetch_rows: int = 10_000, max_query_chars: int = 4000,
@@ -389,6 +390,10 @@ class SQLEnv(HostEnv):
         slipped = slip_query(task.gold, seed) if slip else None
         first = task.gold if slipped is None else slipped[1]
         return [f"```sql\n{first}\n```", f"<answer>{task.gold}</answer>"]
+
+    def submission_mistake(self, task: SQLTask, actions: list, solved: bool) -> str:
+        """`submission_mistake` of the task's gold query (module function)."""
+        return submission_mistake(task.gold, actions, solved)
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int, task: SQLTask) -> tuple[SQLState, str]:

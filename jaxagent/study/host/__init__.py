@@ -14,5 +14,5 @@
   dynamics        finding 6 (coding): R_multi vs R_single over training
   report          the Markdown report's text
   pipeline        stage 'report' (`write_report`) and the whole study in order (`run_study`)
-  sql_mistakes    what RL changed in a SQL run's held-out submissions (`mistake_table`; experiments.sql_mistakes)
+  mistakes        what RL changed in a toy run's held-out submissions (`mistake_table`; experiments.mistakes)
 """

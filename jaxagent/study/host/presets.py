@@ -251,9 +251,14 @@ HOST_PRESETS: dict[str, HostPreset] = {
                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, check=0.5, copies=3),
                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
                     minibatches=2),
-    "code-toy": _toy("code-toy", "code", t_max=3, max_action_tokens=128, max_context=896, fractions=(1 / 3, 1.0),
-                     sft=HostSFTSettings(steps=1200, batch_size=16, lr=3e-3), iterations=30, n_tasks=8, group_size=8,
-                     lr=1e-4, epochs=2, minibatches=2, dynamics_every=10, task_kw=dict(overlap_groups=2)),
+    # Coding: the same recipe; the noisy expert's slip (`code_env.slip_program`: a comparison turned around, an
+    # integer one too large, min/max or any/all swapped) fails its first submission, and where the budget is 2
+    # turns the expert then submits the reference after the test feedback. 2 turns of 128-token replies in 768
+    # slots; R_single (finding 6) at the first and last iterations only (480 one-turn episodes each).
+    "code-toy": _toy("code-toy", "code", t_max=2, max_action_tokens=128, max_context=768,
+                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, copies=3),
+                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                     minibatches=2, dynamics_every=30, task_kw=dict(overlap_groups=2)),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's

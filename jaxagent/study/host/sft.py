@@ -15,8 +15,9 @@ The noisy expert (`HostSFTSettings.noise`, `check`, `copies`; `expert_replies`):
 references alone fails mostly by task-specific mistakes (on SQL, copying the wrong value from the question: a
 2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
 As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
-reference with one generic mistake, the same kinds on every task: `sql_env.slip_query`) and, where the budget
-allows, checks first (runs a query, slipped or not, then submits the reference). With several rows per task,
+reference with one generic mistake, the same kinds on every task: `sql_env.slip_query`, `code_env.slip_program`)
+and, where the budget allows, checks first (SQL: runs a query, slipped or not, then submits the reference) or
+fixes its slip (coding: the test feedback, then the reference). With several rows per task,
 each with its own draws, the base learns the rates rather than which task slipped.
 
 Training (`train_sft_base`): `study.stages.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
@@ -37,7 +38,7 @@ from jaxagent.models.chat import render_chat
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import IM_END
 from jaxagent.rl.sft import max_targets
-from jaxagent.rollout import FAILED
+from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED
 from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.study import stages
 from jaxagent.study.host.stages import HostTaskSettings, HostWorld
@@ -87,8 +88,9 @@ def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, 
     """(replies [E][turn], slipped bool[E], checked bool[E]): the noisy expert of the toy base. Row e draws (with
     `seed`) whether it slips (probability `noise`) and whether it checks (probability `check`, only where its
     announced budget budgets_E[e] allows two turns). A checking row runs a query first, slipped or not, and then
-    submits the reference (`env.checked_actions`); a slipping row that does not check submits the reference with
-    one generic mistake (`env.slipped_actions`) where one applies; every other row is the reference
+    submits the reference (`env.checked_actions`); a slipping row that does not check plays `env.slipped_actions`
+    where a slip applies (SQL: the reference with one generic mistake, submitted; coding: that, then the reference
+    after the test feedback, which a one-turn budget never reaches); every other row is the reference
     (`env.ground_truth_actions`). As FrozenLake's epsilon-noisy expert (`study.stages.BaseSettings.epsilon`), the
     mistakes are the same on every task, so the base imitates them at about that rate and RL has something it can
     unlearn; checking gives the base multi-turn episodes whose second turn corrects the first."""
@@ -123,7 +125,8 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
              replies: Optional[Sequence] = None, slipped_E=None) -> dict:
     """The reference episodes of `tasks` with budgets_E announced, played through the world's env (module
     docstring), in rollouts of `batch` episodes; `replies` [E][turn] replaces the references (`expert_replies`),
-    and a row with slipped_E[e] is kept when the env ended it, solved or not (the noisy expert's slip). Returns
+    and a row with slipped_E[e] is kept when the env or its budget ended it, solved or not (the noisy expert's
+    slip; on coding a failed submission ends the episode only at the budget). Returns
     tokens int32[E', S], mask bool[E', S] (the reply tokens), the E' kept episodes' task ids and their
     `slipped` and `solved` flags, `left_out` {task id: status or error} of the others (`n_left_out` rows), and
     `width` S (the longest kept row, a multiple of 16)."""
@@ -141,7 +144,7 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
         success, length, status = np.asarray(r.success), np.asarray(r.length), np.asarray(r.status)
         for b, task in enumerate(chunk):
             slip = bool(slipped_E[lo + b])
-            if success[b] or (slip and status[b] == FAILED and trace.errors[b] is None):
+            if success[b] or (slip and status[b] in (FAILED, BUDGET_EXHAUSTED) and trace.errors[b] is None):
                 toks.append(np.asarray(r.tokens[b, :length[b]]))
                 masks.append(np.asarray(r.policy_mask[b, :length[b]]))
                 kept.append(task.id)

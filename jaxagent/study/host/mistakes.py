@@ -1,11 +1,13 @@
-"""What RL changed in a SQL run's submissions: the held-out episodes of the base and of each trained policy at one
-announced budget, each final submission sorted by what is wrong with it (`sql_env.submission_mistake`: solved, a
-slip of the gold query, a slip with other values, other values only, another query, no submission).
+"""What RL changed in a toy host run's submissions: the held-out episodes of the base and of each trained policy at
+one announced budget, each final submission sorted by what is wrong with it (the env's `submission_mistake`, one of
+its `mistake_kinds`). SQL (`sql_env.submission_mistake`): solved, a slip of the gold query, a slip with other
+values, other values only, another query, no submission. Coding (`code_env.program_mistake`): solved, a slip of
+the reference program, another program, no code.
 
-It answers the question a toy SQL study's verdicts raise (docs/host_study.md, "Toy presets"): did RL unlearn the
-noisy expert's slips, copy values better, or something else? `mistake_table` runs it on a finished run directory
-(`experiments.sql_mistakes`). The episodes are sampled afresh (key `MISTAKE_KEY`), not read from the evaluation's
-cache, which keeps no replies on SQL.
+It answers the question a toy study's verdicts raise (docs/host_study.md, "Toy presets"): did RL unlearn the noisy
+expert's slips, or change something else? `mistake_table` runs it on a finished run directory
+(`experiments.mistakes`). The episodes are sampled afresh (key `MISTAKE_KEY`), not read from the evaluation's
+cache, which keeps no replies.
 
 Dimension legend (CONVENTIONS.md): B episodes.
 """
@@ -18,7 +20,6 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jaxagent.envs.host.sql_env import MISTAKE_KINDS, submission_mistake
 from jaxagent.models import weights
 from jaxagent.sampling import Sampler
 from jaxagent.study.host import stages as host_stages
@@ -28,10 +29,12 @@ MISTAKE_KEY = 2024
 
 
 def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) -> dict:
-    """{kind: share of episodes} over MISTAKE_KINDS, and "episodes": the count, for `params` on every held-out task
-    x `n_samples` at the announced `budget`, in rollout batches of the preset's evaluation batch size."""
-    if run.world.domain.env != "sql":
-        raise ValueError(f"mistake_shares sorts SQL submissions; run {run.dir} is on {run.world.domain.name!r}")
+    """{kind: share of episodes} over the env's `mistake_kinds`, and "episodes": the count, for `params` on every
+    held-out task x `n_samples` at the announced `budget`, in rollout batches of the preset's evaluation batch
+    size."""
+    env = run.world.env
+    if not env.mistake_kinds:
+        raise ValueError(f"the {run.world.domain.name!r} env does not sort submissions by mistake (SQL and coding do)")
     if not 1 <= budget <= run.preset.task.t_max:
         raise ValueError(f"budget must be in [1, T_max = {run.preset.task.t_max}], got {budget}")
     p, tasks, traces = run.preset, run.world.heldout_tasks, []
@@ -45,9 +48,9 @@ def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) 
         ro = fn(params, idx, np.full(len(idx), budget, np.int32), jax.random.fold_in(key, lo))
         solved, trace = np.asarray(ro.success), traces[-1]
         for b in range(len(idx)):
-            counts[submission_mistake(trace.tasks[b].gold, trace.actions[b], bool(solved[b]))] += 1
+            counts[env.submission_mistake(trace.tasks[b], trace.actions[b], bool(solved[b]))] += 1
     n = sum(counts.values())
-    return {**{kind: counts[kind] / n for kind in MISTAKE_KINDS}, "episodes": n}
+    return {**{kind: counts[kind] / n for kind in env.mistake_kinds}, "episodes": n}
 
 
 def mistake_table(run: HostRun, budget: int, n_samples: int, arms=None,
@@ -62,12 +65,12 @@ def mistake_table(run: HostRun, budget: int, n_samples: int, arms=None,
             path = os.path.join(run.dir, "arms", arm, f"seed{seed}", "policy")
             if os.path.isdir(path):
                 policies.append((f"{arm} seed {seed}", path))
+    kinds = run.world.env.mistake_kinds
     lines = [f"Held-out submissions at an announced budget of {budget} turn(s), {n_samples} per task (% of episodes)",
-             "", "| policy | " + " | ".join(MISTAKE_KINDS) + " | episodes |",
-             "|---|" + "---|" * (len(MISTAKE_KINDS) + 1)]
+             "", "| policy | " + " | ".join(kinds) + " | episodes |", "|---|" + "---|" * (len(kinds) + 1)]
     for label, path in policies:
         shares = mistake_shares(run, weights.load(path, mesh=run.mesh)[1], budget, n_samples)
-        lines.append(f"| {label} | " + " | ".join(f"{100 * shares[k]:.1f}" for k in MISTAKE_KINDS)
+        lines.append(f"| {label} | " + " | ".join(f"{100 * shares[k]:.1f}" for k in kinds)
                      + f" | {shares['episodes']} |")
         progress(lines[-1])
     return "\n".join(lines) + "\n"

@@ -1,22 +1,23 @@
-"""What RL changed in a finished SQL study's held-out submissions: the share of solved episodes, slips of the gold
-query, wrong values and other mistakes, for the base and every trained policy (`jaxagent.study.host.sql_mistakes`).
+"""What RL changed in a finished toy host study's held-out submissions: the share of solved episodes, slips of the
+reference, wrong values and other mistakes, for the base and every trained policy (`jaxagent.study.host.mistakes`).
 
-  python -m experiments.sql_mistakes --preset sql-toy --budget 1
+  python -m experiments.mistakes --preset sql-toy --budget 1
+  python -m experiments.mistakes --preset code-toy --budget 2
 """
 from __future__ import annotations
 
 from experiments import cli
 from experiments.host_study import preset_from
-from jaxagent.study.host import sql_mistakes
+from jaxagent.study.host import mistakes
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.study.host.run import HostRun
 
 
 def main(argv=None):
-    p = cli.Parser(prog=cli.script_prog("experiments.sql_mistakes"), description=__doc__.splitlines()[0],
+    p = cli.Parser(prog=cli.script_prog("experiments.mistakes"), description=__doc__.splitlines()[0],
                    formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
-                   help="the SQL preset the run was made with (e.g. sql-toy)")
+                   help="the preset the run was made with (sql-toy, code-toy)")
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--budget", type=cli.positive_int, default=1, help="announced budget (turns), at most T_max")
@@ -27,13 +28,14 @@ def main(argv=None):
         p.set_defaults(**{name: None})
     args = p.parse_args(argv)
     preset = preset_from(args)
-    if preset.task.domain != "sql":
-        cli.fail(f"--preset {args.preset}: its domain is {preset.task.domain!r}; this script sorts SQL submissions")
+    if preset.task.domain not in ("sql", "code"):
+        cli.fail(f"--preset {args.preset}: its domain is {preset.task.domain!r}; this script sorts SQL and coding "
+                 "submissions")
     if args.budget > preset.task.t_max:
         cli.fail(f"--budget {args.budget}: the preset's T_max is {preset.task.t_max}")
     with cli.clear_errors():
         run = HostRun(preset, args.root, args.name)
-        text = sql_mistakes.mistake_table(run, args.budget, args.samples, arms=args.arms)
+        text = mistakes.mistake_table(run, args.budget, args.samples, arms=args.arms)
     cli.emit(text, args.out)
 
 
