@@ -305,8 +305,11 @@ def test_submissions_are_sorted_by_what_is_wrong_with_them(env):
     assert program_mistake(ref, [_block(ref)], True) == "solved"
     assert program_mistake(ref, [_block(slip + "\n\n")], False) == "slip"  # surrounding whitespace aside
     assert program_mistake(ref, [_block(slip), "no code here"], False) == "slip"  # the last submission counts
-    assert program_mistake(ref, [_block(slip), _block(ref.replace("3", "5"))], False) == "other"
+    assert program_mistake(ref, [_block(slip), _block(ref.replace("3", "5"))], False) == "value"  # the last one
+    assert program_mistake(ref, [_block(slip.replace("3", "5") + "# a comment\n")], False) == "slip and value"
+    assert program_mistake(ref, [_block(ref.replace("x < 3", "x + 1 < 3"))], False) == "other"
+    assert program_mistake(ref, [_block("def f(:\n    return (")], False) == "other"
     assert program_mistake(ref, ["I think the answer is 3", ""], False) == "no submission"
     task = env.tasks("train")[0]
     assert env.submission_mistake(task, [_block(task.reference)], True) == "solved"
-    assert set(env.mistake_kinds) == {"solved", "slip", "other", "no submission"}
+    assert env.mistake_kinds == ("solved", "slip", "slip and value", "value", "other", "no submission")

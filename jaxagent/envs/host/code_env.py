@@ -148,19 +148,40 @@ def program_slips(source: str) -> set[str]:
     return {source[:lo] + text + source[hi:] for lo, hi, text in _first_sites(source).values()}
 
 
-CODE_MISTAKE_KINDS = ("solved", "slip", "other", "no submission")
+CODE_MISTAKE_KINDS = ("solved", "slip", "slip and value", "value", "other", "no submission")
+
+
+def _form(source: str) -> tuple | None:
+    """The program's tokens with every number and string literal replaced by '?' (comments and blank lines
+    dropped), or None where it does not tokenize."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(source.strip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    return tuple("?" if t.type in (tokenize.NUMBER, tokenize.STRING) else t.string for t in toks
+                 if t.type not in (tokenize.COMMENT, tokenize.NL))
 
 
 def program_mistake(reference: str, actions: list[str], solved: bool) -> str:
-    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS): 'solved'; 'no submission' (no code
-    block in its replies); 'slip' (the reference with one of `program_slips`' mistakes, surrounding whitespace
-    aside); 'other'."""
+    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS), as `sql_env.submission_mistake`:
+    'solved'; 'no submission' (no code block in its replies); 'slip' (the reference with one of `program_slips`'
+    mistakes, surrounding whitespace aside); 'slip and value' (a comparison or min/max/any/all slip with other
+    number or string literals as well); 'value' (the reference's form with other literals: a constant copied
+    wrong, an off-by-one slip included); 'other'."""
     if solved:
         return "solved"
     codes = [c for c in (extract_code(a) if isinstance(a, str) else None for a in actions) if c is not None]
     if not codes:
         return "no submission"
-    return "slip" if codes[-1].strip() in {p.strip() for p in program_slips(reference)} else "other"
+    slips = program_slips(reference)
+    if codes[-1].strip() in {p.strip() for p in slips}:
+        return "slip"
+    form, ref_form = _form(codes[-1]), _form(reference)
+    if form is None:
+        return "other"
+    if form in {_form(p) for p in slips} - {ref_form}:
+        return "slip and value"
+    return "value" if form == ref_form else "other"
 
 
 def values_equal(got, expected, rel: float = 1e-6, abs_tol: float = 1e-9) -> bool:
