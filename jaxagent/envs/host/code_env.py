@@ -398,7 +398,7 @@ class CodeEnv(HostEnv):
         """A noisy expert's episode: the reference with one generic mistake (`slip_program`), then, after the
         test feedback, the reference itself (an episode with a budget of one turn ends at the slip). None where
         no slip applies or the task has no reference."""
-        slipped = slip_program(task.reference, seed) if task.reference.strip() else None
+        slipped = slip_program(task.reference, seed)  # None for an empty reference: nothing to slip
         if slipped is None:
             return None
         return [f"```python\n{slipped[1].rstrip()}\n```", *self.ground_truth_actions(task)]

@@ -142,7 +142,13 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
       either; with per-seed draws it is in the spread.
     - f7: a 90% CI reaching past +-5 points (or a 95% CI excluding 0 without equivalence). GiGPO and GRPO seed s
       share key s, and the seeds' keys differ, so the sampling noise is in the spread over seeds (one key for
-      every policy would make it a pattern shared by every seed); the room condition is as above."""
+      every policy would make it a pattern shared by every seed); the room condition is as above.
+    Noisy-expert toy bases (`study.host.sft`; SQL and coding): the slips are drawn on train tasks only and no
+    held-out task enters SFT, so the base's held-out rates are measured, not set. The slip rate bounds how much
+    RL can gain by unlearning slips, not the sign: f1 fails if RL forgets more than it unlearns (measured on
+    code-toy: +1.1 [-4.0, 6.2], not reproduced), f2 if RL's edge at one turn is as large as at two (the coding
+    expert fixes its slips at two turns, yet code-toy's f2 is +0.6 [-6.1, 7.2], not reproduced), f7 if GiGPO and
+    GRPO unlearn at different speeds (on sql-toy at 5 seeds GiGPO is ahead by +1.5 [0.5, 2.4], inside the margin)."""
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))

@@ -1,8 +1,8 @@
 """What RL changed in a toy host run's submissions: the held-out episodes of the base and of each trained policy at
 one announced budget, each final submission sorted by what is wrong with it (the env's `submission_mistake`, one of
 its `mistake_kinds`). SQL (`sql_env.submission_mistake`): solved, a slip of the gold query, a slip with other
-values, other values only, another query, no submission. Coding (`code_env.program_mistake`): solved, a slip of
-the reference program, another program, no code.
+values, other values only, another query, no submission. Coding (`code_env.program_mistake`): the same kinds for
+the reference program (its literals for values).
 
 It answers the question a toy study's verdicts raise (docs/host_study.md, "Toy presets"): did RL unlearn the noisy
 expert's slips, or change something else? `mistake_table` runs it on a finished run directory
