@@ -3,6 +3,7 @@ reference, wrong values and other mistakes, for the base and every trained polic
 
   python -m experiments.mistakes --preset sql-toy --budget 1
   python -m experiments.mistakes --preset code-toy --budget 2
+  python -m experiments.mistakes --preset bfcl-toy --budget 2
 """
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from experiments.host_study import preset_from
 from jaxagent.study.host import mistakes
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.study.host.run import HostRun
+from jaxagent.study.host.stages import get_domain
 
 
 def main(argv=None):
     p = cli.Parser(prog=cli.script_prog("experiments.mistakes"), description=__doc__.splitlines()[0],
                    formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
-                   help="the preset the run was made with (sql-toy, code-toy)")
+                   help="the preset the run was made with (sql-toy, code-toy, bfcl-toy)")
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--budget", type=cli.positive_int, default=1, help="announced budget (turns), at most T_max")
@@ -28,9 +30,10 @@ def main(argv=None):
         p.set_defaults(**{name: None})
     args = p.parse_args(argv)
     preset = preset_from(args)
-    if preset.task.domain not in ("sql", "code"):
-        cli.fail(f"--preset {args.preset}: its domain is {preset.task.domain!r}; this script sorts SQL and coding "
-                 "submissions")
+    env = get_domain(preset.task.domain).env
+    if env not in mistakes.ENVS:
+        cli.fail(f"--preset {args.preset}: its domain's env is {env!r}; this script sorts the submissions of "
+                 f"{', '.join(mistakes.ENVS)}")
     if args.budget > preset.task.t_max:
         cli.fail(f"--budget {args.budget}: the preset's T_max is {preset.task.t_max}")
     with cli.clear_errors():

@@ -423,3 +423,95 @@ def test_lone_surrogates_are_escaped_and_the_episode_goes_on(env, tok, action):
     assert tok.decode(chunk).count("<tool_response>") == 1
     state, obs, _, done, info = env.step(state, _call("pwd"))  # the episode continues normally
     assert info["valid"] and not info["tool_error"] and not done
+
+
+# ----------------------------------------------------------------------------- the toy variant (bfcl-first)
+@pytest.fixture(scope="module")
+def first():
+    return BFCLEnv(user_turns=1, tool_docs="signatures")
+
+
+def test_signatures_name_every_available_function_without_descriptions(env, first):
+    from jaxagent.envs.host.bfcl_env import signature
+    doc = {"name": "f", "description": "long words", "parameters": {
+        "type": "dict", "required": ["a"], "properties": {"a": {"type": "float"}, "b": {"type": "dict"},
+                                                          "c": {"type": "boolean", "default": False}}}}
+    assert signature(doc) == "f(a: number, b: object = null, c: boolean = false)"
+    task = first.task("multi_turn_miss_func_0")
+    prompt = first.system_prompt(task)
+    lines = prompt.split("<tools>\n")[1].split("\n</tools>")[0].split("\n")
+    names = {t["function"]["name"] for t in env.tools(env.task("multi_turn_miss_func_0"), 0)}
+    assert {line.split("(")[0] for line in lines} == names and "sort" not in names  # announced at a cut turn
+    state, _ = first.reset(0, task)
+    assert "unknown function 'sort'" in first.step(state, _call("sort", file_name="final_report.pdf"))[1]
+    assert "description" not in prompt and len(prompt) < len(env.system_prompt(env.task("multi_turn_miss_func_0"))) / 4
+    for bad in (dict(user_turns=0), dict(user_turns=True), dict(user_turns=1.0), dict(tool_docs="yaml")):
+        with pytest.raises(ValueError, match="user_turns|tool_docs"):
+            BFCLEnv(**bad)
+
+
+def test_first_requests_are_cut_tasks_and_tasks_without_calls_are_counted(env, first):
+    full = {t.id: t for t in env.tasks("all")}
+    kept = first.tasks("train")
+    assert (len(kept), first.no_call_tasks) == (470, 130)
+    assert (len(first.tasks("test")), first.no_call_tasks) == (155, 45)
+    for t in kept + first.tasks("test"):
+        whole = full.get(t.id) or BFCLEnv(exclude_unsolvable=False).task(t.id)
+        assert t.turns == whole.turns[:1] and t.ground_truth == whole.ground_truth[:1] and t.ground_truth[0]
+        assert t.missed_function == whole.missed_function  # announced after the cut: held out throughout
+    # a task whose first request has no call (a miss_param request missing its value) is left out, not solved free
+    no_call = [t for t in env.tasks("train") if not t.ground_truth[0]]
+    assert len(no_call) > 100 and not {t.id for t in no_call} & {t.id for t in kept}
+
+
+def test_first_request_reference_solves_in_two_steps(first):
+    rng = random.Random(1)
+    for task in rng.sample(first.tasks("all"), 24):
+        actions = first.ground_truth_actions(task)
+        assert len(actions) == first.upper_bound_turns(task) == 2
+        state, steps = _play(first, task, actions)
+        assert [r for _, r, _, _ in steps] == [0.0, 1.0] and state.success, task.id
+        state, steps = _play(first, task, actions[1:])  # closing at once: the request's calls were never made
+        assert steps[-1][2] and not state.success and "empty_turn" in state.failure
+
+
+def test_the_slip_gets_a_schema_error_executes_nothing_and_the_reference_then_solves(first):
+    slipped = 0
+    for task in first.tasks("train")[::7]:
+        actions = first.slipped_actions(task, seed=3)
+        if actions is None:  # no call of the request takes a required argument
+            docs = first._docs(task)
+            assert not any(set(docs[n][1]["parameters"].get("required", ())) & set(kw)
+                           for n, kw in first.ground_truth_calls(task)[0])
+            continue
+        slipped += 1
+        assert actions == first.slipped_actions(task, seed=3) and actions[1:] == first.ground_truth_actions(task)
+        state, obs = first.reset(0, task)
+        before = first.anchor(state)
+        state, obs, reward, done, info = first.step(state, actions[0])
+        assert not info["valid"] and info["tool_error"] and "missing" in obs.lower() and not done
+        assert first.anchor(state) == before and state.all_results == [] and state.turn_calls == 0
+        for a in actions[1:]:
+            state, obs, reward, done, info = first.step(state, a)
+        assert (reward, done, state.success) == (1.0, True, True), task.id
+    assert slipped > 50
+
+
+def test_episodes_are_sorted_by_mistake_on_replay(first):
+    from jaxagent.envs.host.bfcl_env import BFCL_MISTAKE_KINDS
+    task = first.task("multi_turn_base_0")
+    ref = first.ground_truth_actions(task)
+    slip = first.slipped_actions(task, seed=3)
+    assert first.is_slip(task, slip[0]) and not first.is_slip(task, ref[0]) and not first.is_slip(task, "Done.")
+    assert not first.is_slip(task, _call("cd") + "\n" + _call("cd"))  # two calls: not the slip's form
+    assert not first.is_slip(task, _call("nope"))
+    (name, kwargs), *rest = first.ground_truth_calls(task)[0]
+    wrong = "\n".join([_call(name, **{k: "elsewhere" for k in kwargs})] + [_call(n, **a) for n, a in rest])
+    cases = {"solved": (ref, True), "slip": (slip[:2], False), "wrong calls": ([wrong, "Done."], False),
+             "no call": (["Done."], False), "out of budget": (ref[:1], False)}
+    for kind, (actions, solved) in cases.items():
+        assert first.submission_mistake(task, actions, solved) == kind
+        if kind != "solved":  # the replay agrees with the episode: unsolved
+            state, steps = _play(first, task, actions)
+            assert not state.success
+    assert set(cases) < set(BFCL_MISTAKE_KINDS) == set(first.mistake_kinds)

@@ -143,11 +143,13 @@ def test_help_names_the_command_and_shows_only_real_defaults(main, module, argv,
     assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split()))  # never two in a row
 
 
-def test_mistakes_errors_are_one_line(capsys, tmp_path):
+def test_mistakes_errors_are_one_line(capsys, tmp_path, monkeypatch):
+    from jaxagent.study.host import mistakes as host_mistakes
     assert "invalid choice: 'sql-huge'" in _user_error(mistakes.main, ["--preset", "sql-huge"], capsys)
     assert "--budget" in _user_error(mistakes.main, ["--preset", "ci-sql", "--budget", "0"], capsys)
+    monkeypatch.setattr(host_mistakes, "ENVS", ("sql", "code"))  # an env that does not sort its submissions
     err = _user_error(mistakes.main, ["--preset", "ci-bfcl", "--root", str(tmp_path)], capsys)
-    assert "its domain is 'bfcl'" in err
+    assert "its domain's env is 'bfcl'" in err
     assert "T_max is 2" in _user_error(mistakes.main, ["--preset", "ci-sql", "--root", str(tmp_path),
                                                         "--budget", "3"], capsys)
     assert os.listdir(tmp_path) == []  # refused before any run directory is made

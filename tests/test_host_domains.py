@@ -30,7 +30,7 @@ from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
 from jaxagent.study.frozenlake.run import Run, check_batches
-from jaxagent.study.host import error_recovery as host_error_recovery, stages as host_stages
+from jaxagent.study.host import error_recovery as host_error_recovery, metrics as host_metrics, stages as host_stages
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
 from tests.test_host_step_quality import check_ci_code_finding3
@@ -77,6 +77,25 @@ def test_bfcl_domain_splits_and_bound(tok):
 
 
 @needs_bfcl
+def test_bfcl_first_domain_is_bfcl_cut_to_first_requests_with_bfcl_findings(tok):
+    """The bfcl-toy preset's domain: BFCLEnv's tasks cut to their first request (those with a ground-truth call),
+    tools as signatures; the same split; bound 2 turns; BFCL's env-specific findings (4, 5) apply to it."""
+    d = host_stages.get_domain("bfcl-first")
+    assert d.env == "bfcl" and dict(d.env_kwargs) == {"user_turns": 1, "tool_docs": "signatures"}
+    w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-first"), tok)
+    assert (len(w.train_tasks), len(w.heldout_tasks)) == (470, 155)
+    assert all(t.index % 4 == 3 for t in w.heldout_tasks) and all(t.index % 4 != 3 for t in w.train_tasks)
+    assert (w.min_turns(w.train_tasks + w.heldout_tasks) == 2).all()
+    assert max(len(tok.encode(w.env.system_prompt(t))) for t in w.heldout_tasks) < 800  # BFCL's JSON: >= 2,031
+    assert host_stages.uses_env("bfcl-first", ("bfcl",)) and not host_stages.uses_env("bfcl-first", ("code",))
+    keys = {f.key for f in host_metrics.domain_findings("bfcl-first", d.title)}
+    assert {"bfcl-first.f4_correction", "bfcl-first.f1_pass1", "bfcl-first.f7_gigpo"} <= keys
+    assert any(k.startswith("bfcl-first.f5_") for k in keys) and not any(".f3_" in k or ".f6_" in k for k in keys)
+    with pytest.raises(ValueError, match="unknown host domain"):
+        host_stages.uses_env("bfcl-last", ("bfcl",))
+
+
+@needs_bfcl
 def test_task_subsets_spread_and_prompt_filter(tok):
     tasks = list(range(10))
     assert host_stages.pick_tasks(tasks, 3) == [0, 1, 2]
@@ -119,6 +138,8 @@ def test_every_domain_has_every_scale():
     for d in ("bfcl", "sql", "code"):
         for scale in ("ci-{}", "qwen3-0.6b-1gpu-{}", "qwen3-8b-v5p-{}"):
             assert HOST_PRESETS[scale.format(d)].task.domain == d
+    for d, domain in (("sql", "sql"), ("code", "code"), ("bfcl", "bfcl-first")):
+        assert HOST_PRESETS[f"{d}-toy"].task.domain == domain
     pod = HOST_PRESETS["qwen3-8b-v5p-bfcl"]
     assert pod.mesh == (4, 8, 2) and pod.aot_model == "qwen3_8b" and pod.aot_topology == "v5p:4x4x4"
 

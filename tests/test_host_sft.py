@@ -230,7 +230,7 @@ def test_sft_settings_and_toy_presets_are_checked():
                 dict(budget_mode="tiers"), dict(noise=1.0), dict(noise=-0.1), dict(copies=0), dict(check=1)):
         with pytest.raises(ValueError, match="HostSFTSettings"):
             host_sft.HostSFTSettings(**bad)
-    for name in ("sql-toy", "code-toy"):
+    for name in ("sql-toy", "code-toy", "bfcl-toy"):
         p = HOST_PRESETS[name]
         assert p.sft is not None and p.pruned_vocabulary and p.tiny_model is not None
         assert preset_problem(p) is None
@@ -290,3 +290,30 @@ def test_trimmed_rollout_keeps_every_used_slot_and_its_logprobs(sql_world):
     np.testing.assert_allclose(np.asarray(lp_cut)[m], np.asarray(lp_full)[:, :w][m], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="slot_bucket"):
         dataclasses.replace(ts, slot_bucket=0)
+
+
+def test_sft_batches_cut_to_their_rows_train_as_the_full_width():
+    """`fit_sft(width_bucket=...)`: each batch cut to the slots up to its rows' last target (in multiples of the
+    bucket) gives the same updates as the full width, to float rounding: the slots cut hold no target, and the
+    attention is causal. A wrong cut (one that dropped a target) would change the loss and the parameters."""
+    from jaxagent.study import stages
+    cfg = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    params = qwen3.init(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    toks = rng.integers(1, 128, (6, 96)).astype(np.int32)
+    mask = np.zeros((6, 96), bool)
+    for e, end in enumerate((10, 20, 33, 40, 70, 90)):  # targets end at different slots; pad after them
+        mask[e, end - 5:end] = True
+        toks[e, end:] = 0
+    runs = [stages.fit_sft(jax.tree.map(jnp.copy, params), cfg, toks, mask, jax.random.key(1), steps=3, batch_size=2, lr=1e-2, warmup=0,
+                           targets=5, width_bucket=w, callback=lambda i, r: None) for w in (None, 16)]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["token_accuracy"] == b["token_accuracy"]
+    for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    with pytest.raises(ValueError, match="width_bucket"):
+        stages.fit_sft(jax.tree.map(jnp.copy, params), cfg, toks, mask, jax.random.key(1), steps=1, batch_size=2,
+                       lr=1e-2, warmup=0, width_bucket=0)
+    with pytest.raises(ValueError, match="width_bucket"):
+        host_sft.HostSFTSettings(width_bucket=0)

@@ -220,11 +220,11 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     eval_batch = (*group_shape(n_eval, task.overlap_groups), Sampler(temperature=1.0))
     batches.append(("_eval", "evaluation rollout", *eval_batch))
     # finding 3's step samples and finding 6's R_single (coding) run the evaluation's batches and groups
-    if task.domain in host_step_quality.DOMAINS:
+    if host_stages.uses_env(task.domain, host_step_quality.DOMAINS):
         batches.append(("_eval", "finding 3 step-sample rollout", *eval_batch))
-    if task.domain in host_dynamics.DOMAINS:
+    if host_stages.uses_env(task.domain, host_dynamics.DOMAINS):
         batches.append(("_eval", "finding 6 R_single rollout", *eval_batch))
-    if task.domain in host_error_recovery.DOMAINS:  # one group of eval.batch_size rows
+    if host_stages.uses_env(task.domain, host_error_recovery.DOMAINS):  # one group of eval.batch_size rows
         batches.append(("_f4", "finding 4 continuation", 1, n_eval, Sampler(temperature=1.0)))
     seen, built = {}, set()
     for suffix, label, n_groups, rows, sampler in batches:
@@ -248,7 +248,7 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
                 pr.resident_bytes += others
                 pr.resident_note = f"the other {n_groups - 1} episode group(s)' KV cache and logits"
         progs += batch
-    if task.domain in host_likelihood.DOMAINS and want("host_f5_logprobs"):
+    if host_stages.uses_env(task.domain, host_likelihood.DOMAINS) and want("host_f5_logprobs"):
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
                                         rows=preset.n_tasks * preset.group_size // preset.micro_batches))

@@ -44,12 +44,25 @@ Anchor (`anchor(state)`): hash of (user-turn index, the public state of every to
 GorillaFileSystem's current directory); the same state reached by different histories shares it.
 upper_bound_turns = sum over user turns of (1 if the turn's ground truth is non-empty: one message
 with all its calls) + 1 (the closing text message): the replayed reference solution.
+
+Smaller variants (constructor options; the toy study's `bfcl-first` domain uses both):
+  user_turns=N   every task cut to its first N user turns (requests and ground truth; a miss_func function
+                 announced at a later turn stays held out throughout); a cut task whose kept turns have no
+                 ground-truth call is left out of `tasks()` (any closing message would solve it) and counted in
+                 `no_call_tasks` (of the last list `tasks()` returned).
+  tool_docs="signatures"   the system prompt lists each tool as one line, `name(arg: type, opt: type = default)`
+                 (BFCL's JSON names for types, defaults as JSON), without descriptions: 176-485 tokens for a
+                 task's tools instead of 2,031-4,878. The same form announces miss_func's added functions.
+The noisy expert of the toy base (`slipped_actions`): in the first user turn with ground-truth calls, one call
+with one required argument left out, alone in its message, then the reference: the env answers the slip with a
+schema error and executes nothing, so the reference that follows solves the task one step later.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+import random
 from typing import Any, Mapping, Sequence
 
 from jaxagent.envs.host.base import HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, strip_think
@@ -59,6 +72,9 @@ from jaxagent.envs.host.bfcl_calls import (MAX_CALLS_PER_MESSAGE, STATELESS, bfc
 from jaxagent.envs.host.bfcl_state import deep_copy, results_contained, state_anchor, states_equal
 
 CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+TOOL_DOCS = ("json", "signatures")
+# What is wrong with an unsolved episode (`submission_mistake`), in this order of precedence
+BFCL_MISTAKE_KINDS = ("solved", "slip", "wrong calls", "no call", "out of budget", "other")
 _MAX_OBS_RESULT_CHARS = 8000
 
 
@@ -91,6 +107,21 @@ class BFCLState:
 # ------------------------------------------------------------------------------------------------
 # The environment
 # ------------------------------------------------------------------------------------------------
+def signature(doc: Mapping) -> str:
+    """One function as `name(arg: type, opt: type = default)` (`tool_docs="signatures"`): its parameters in the
+    doc's order, required ones bare, optional ones with their JSON default (null where the doc gives none)."""
+    params = doc.get("parameters", {}) or {}
+    required = set(params.get("required", ()))
+    args = []
+    for name, schema in (params.get("properties", {}) or {}).items():
+        kind = _json_schema({"type": schema.get("type", "any")}).get("type", "any")
+        arg = f"{name}: {kind}"
+        if name not in required:
+            arg += " = " + json.dumps(schema.get("default"), ensure_ascii=False)
+        args.append(arg)
+    return f"{doc['name']}({', '.join(args)})"
+
+
 def _json_schema(schema: Any) -> Any:
     """BFCL parameter schema -> JSON Schema names (dict->object, float->number, tuple->array)."""
     if isinstance(schema, Mapping):
@@ -111,14 +142,24 @@ class BFCLEnv(HostEnv):
     """BFCL v4 multi-turn categories as a host environment (module docstring)."""
 
     name = "bfcl"
+    mistake_kinds = BFCL_MISTAKE_KINDS
 
     def __init__(self, categories: Sequence[str] = CATEGORIES, max_steps_per_turn: int = 20,
-                 test_every: int = 4, exclude_unsolvable: bool = True):
+                 test_every: int = 4, exclude_unsolvable: bool = True, user_turns: int | None = None,
+                 tool_docs: str = "json"):
         bad = [c for c in categories if c not in CATEGORIES]
         if bad:
             raise ValueError(f"unknown BFCL categories {bad}; expected a subset of {CATEGORIES}")
         if max_steps_per_turn < 1:
             raise ValueError("max_steps_per_turn must be >= 1")
+        if user_turns is not None and (isinstance(user_turns, bool) or not isinstance(user_turns, int)
+                                       or user_turns < 1):
+            raise ValueError(f"user_turns must be an integer >= 1 or None, got {user_turns!r}")
+        if tool_docs not in TOOL_DOCS:
+            raise ValueError(f"tool_docs must be one of {TOOL_DOCS}, got {tool_docs!r}")
+        self.user_turns = user_turns
+        self.tool_docs = tool_docs
+        self.no_call_tasks = 0  # tasks of the last `tasks()` list left out for having no ground-truth call
         self.categories = tuple(categories)
         self.max_steps_per_turn = int(max_steps_per_turn)
         self.test_every = int(test_every)
@@ -134,13 +175,17 @@ class BFCLEnv(HostEnv):
             answers = {a["id"]: a["ground_truth"] for a in read_jsonl(
                 root / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")}
             tasks = []
+            n = self.user_turns
             for e in entries:
                 turns = tuple(" ".join(m["content"] for m in t if m.get("role") == "user") for t in e["question"])
+                truth = tuple(tuple(g) for g in answers[e["id"]])
+                missed = {int(k): tuple(v) for k, v in e.get("missed_function", {}).items()}
+                if n is not None:  # a function announced at a cut turn stays held out (never announced)
+                    turns, truth = turns[:n], truth[:n]
                 tasks.append(BFCLTask(
                     id=e["id"], category=category, index=int(e["id"].rsplit("_", 1)[1]), turns=turns,
                     initial_config=e.get("initial_config", {}), involved_classes=tuple(e["involved_classes"]),
-                    ground_truth=tuple(tuple(g) for g in answers[e["id"]]),
-                    missed_function={int(k): tuple(v) for k, v in e.get("missed_function", {}).items()}))
+                    ground_truth=truth, missed_function=missed))
             self._tasks[category] = tasks
         return self._tasks[category]
 
@@ -163,6 +208,10 @@ class BFCLEnv(HostEnv):
             out = [t for t in out if t.index % k != k - 1]
         elif part == "test":
             out = [t for t in out if t.index % k == k - 1]
+        if self.user_turns is not None:
+            n = len(out)
+            out = [t for t in out if any(t.ground_truth)]
+            self.no_call_tasks = n - len(out)
         return out
 
     def task(self, task_id: str) -> BFCLTask:
@@ -190,8 +239,23 @@ class BFCLEnv(HostEnv):
         return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
                                                  "parameters": _json_schema(doc.get("parameters", {}))}}
 
+    def _tool_text(self, docs: Sequence[Mapping]) -> str:
+        if self.tool_docs == "signatures":
+            return "\n".join(signature(d) for d in docs)
+        return "\n".join(json.dumps(self._tool_entry(d), ensure_ascii=False) for d in docs)
+
     def system_prompt(self, task: BFCLTask) -> str:
-        tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools(task, 0))
+        held = self._held_out(task, 0)
+        tools = self._tool_text([d for _, (_, d) in self._docs(task).items() if d["name"] not in held])
+        if self.tool_docs == "signatures":
+            return (
+                "You are an assistant that carries out the user's requests by calling functions. For each "
+                "request, call the functions needed to complete it; you may make several calls in one "
+                "message and you will see their results. When the request is done, or cannot be done, reply with "
+                "a short plain message without any function call: that ends your turn.\n\n"
+                f"# Tools\n<tools>\n{tools}\n</tools>\n\n"
+                "To call a function, write one block per call:\n<tool_call>\n{\"name\": <function-name>, "
+                "\"arguments\": <args-json-object>}\n</tool_call>")
         return (
             "You are an assistant that carries out the user's requests by calling functions. For each "
             "request, call the functions needed to complete it; you may make several calls in one "
@@ -241,6 +305,61 @@ class BFCLEnv(HostEnv):
             actions.append("Done.")
         return actions
 
+    def slipped_actions(self, task: BFCLTask, seed: int) -> list[str] | None:
+        """The noisy expert's episode (module docstring): the reference, with one message inserted before the
+        first user turn's calls that has ground-truth calls: its call with a required argument, that argument
+        left out (call and argument drawn with `seed`). None when no call of that turn has a required argument."""
+        calls_per_turn = self.ground_truth_calls(task)
+        docs = self._docs(task)
+        turn = next((i for i, c in enumerate(calls_per_turn) if c), None)
+        if turn is None:
+            return None
+        rng = random.Random(seed)
+        options = [(name, kwargs, [a for a in docs[name][1].get("parameters", {}).get("required", ())
+                                   if a in kwargs]) for name, kwargs in calls_per_turn[turn]]
+        options = [o for o in options if o[2]]
+        if not options:
+            return None
+        name, kwargs, required = rng.choice(options)
+        drop = rng.choice(required)
+        slip = format_tool_call(name, {k: v for k, v in kwargs.items() if k != drop})
+        actions = self.ground_truth_actions(task)
+        at = sum(1 + bool(c) for c in calls_per_turn[:turn])  # the reference's message of that turn
+        return actions[:at] + [slip] + actions[at:]
+
+    def is_slip(self, task: BFCLTask, action: Any) -> bool:
+        """Whether `action` has the noisy expert's slip form (`slipped_actions`): one call of a known function with
+        a required argument missing."""
+        text, err = coerce_action(action)
+        calls = parse_tool_calls(strip_think(text), MAX_CALLS_PER_MESSAGE) if err is None else []
+        docs = self._docs(task)
+        if len(calls) != 1 or calls[0].error is not None or calls[0].name not in docs:
+            return False
+        _, problem = validate_call(docs[calls[0].name][1], calls[0].arguments)
+        return problem is not None and "missing the required argument" in problem
+
+    def submission_mistake(self, task: BFCLTask, actions: list, solved: bool) -> str:
+        """What is wrong with an episode (BFCL_MISTAKE_KINDS), found by replaying `actions` in a fresh episode:
+        'solved'; 'slip' (some message has the slip form, `is_slip`); 'wrong calls' (a user turn closed with
+        calls whose state or results differ from the ground truth's); 'no call' (a turn closed without the calls
+        its ground truth makes); 'out of budget' (the replies ran out before every turn closed); 'other' (e.g. the
+        20-step force-quit)."""
+        if solved:
+            return "solved"
+        if any(self.is_slip(task, a) for a in actions):
+            return "slip"
+        state, _ = self.reset(0, task)
+        for a in actions:
+            if state.done:
+                break
+            state = self.step(state, a)[0]
+        failure = state.failure or ""
+        if "mismatch" in failure:
+            return "wrong calls"
+        if "empty_turn" in failure:
+            return "no call"
+        return "out of budget" if not state.done else "other"
+
     def upper_bound_turns(self, task: BFCLTask) -> int:
         return sum(1 + (len(g) > 0) for g in task.ground_truth)
 
@@ -258,8 +377,7 @@ class BFCLEnv(HostEnv):
     def _user_message(self, task: BFCLTask, turn: int) -> str:
         if turn in task.missed_function:
             docs = self._docs(task)
-            added = "\n".join(json.dumps(self._tool_entry(docs[f][1]), ensure_ascii=False)
-                              for f in task.missed_function[turn] if f in docs)
+            added = self._tool_text([docs[f][1] for f in task.missed_function[turn] if f in docs])
             text = task.turns[turn].strip()
             return (f"These functions are now available as well:\n<tools>\n{added}\n</tools>\n"
                     + (text if text else "Please continue with my earlier request."))

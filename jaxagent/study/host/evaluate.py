@@ -54,8 +54,9 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) 
     episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
     re-evaluated, with the same key)."""
     path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
-    keep = run.world.domain.name in host_error_recovery.DOMAINS + host_step_quality.DOMAINS  # findings 3, 4
-    f5 = run.world.domain.name in host_likelihood.DOMAINS  # finding 5: the full-budget episodes' tokens are kept
+    d = run.world.domain.name
+    keep = host_stages.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)  # findings 3, 4
+    f5 = host_stages.uses_env(d, host_likelihood.DOMAINS)  # finding 5: the full-budget episodes' tokens are kept
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
@@ -91,7 +92,7 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) 
 def read_dynamics(run: HostRun, policies) -> dict | None:
     """Finding 6's records per GRPO seed (arms/grpo/seed<s>/dynamics.jsonl, `host_dynamics.record`); None outside
     `host_dynamics.DOMAINS`."""
-    if run.world.domain.name not in host_dynamics.DOMAINS:
+    if not host_stages.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
         return None
     paths = {s: os.path.join(run.dir, "arms", a, f"seed{s}", "dynamics.jsonl") for a, s in policies
              if a == host_metrics.MAIN_ARM}
@@ -120,11 +121,11 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     seeds = [s for a, s in policies if a == host_metrics.MAIN_ARM]
     rl = lambda s: lambda: policies[(host_metrics.MAIN_ARM, s)]  # noqa: E731
     judged = stepq = lik = None
-    if d in host_error_recovery.DOMAINS and seeds:
+    if host_stages.uses_env(d, host_error_recovery.DOMAINS) and seeds:
         judged = {s: error_prefixes(run, base, rl(s), evals, s) for s in seeds}
-    if d in host_step_quality.DOMAINS and seeds:
+    if host_stages.uses_env(d, host_step_quality.DOMAINS) and seeds:
         stepq = {s: step_quality_seed(run, base, rl(s), evals, s) for s in seeds}
-    if d in host_likelihood.DOMAINS and seeds:
+    if host_stages.uses_env(d, host_likelihood.DOMAINS) and seeds:
         memo = {}  # base's episodes scored under base, shared by the seeds
         lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
     gigpo_turns = {s: [r["mean_turns"] for r in log if "mean_turns" in r]

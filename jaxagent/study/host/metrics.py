@@ -44,7 +44,8 @@ import numpy as np
 from jaxagent.eval import bounds, health as health_lib, passk, stats
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, step_quality as host_step_quality)
+                                 likelihood as host_likelihood, stages as host_stages,
+                                 step_quality as host_step_quality)
 
 MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
@@ -152,8 +153,8 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
-    f3 = (host_step_quality.finding(d, title),) if d in host_step_quality.DOMAINS else ()
-    f4 = (host_error_recovery.finding(d, title),) if d in host_error_recovery.DOMAINS else ()
+    f3 = (host_step_quality.finding(d, title),) if host_stages.uses_env(d, host_step_quality.DOMAINS) else ()
+    f4 = (host_error_recovery.finding(d, title),) if host_stages.uses_env(d, host_error_recovery.DOMAINS) else ()
     return (
         _rl_above_base(f1p, f"{title}: 1. held-out Pass@1 at full budget (K=1): RL above base", (), "Pass@1", "",
                        "RL - base Pass@1 (points)", "RL's Pass@1",
@@ -181,8 +182,9 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                 falsified_by=("a 95% CI of gap(tight) - gap(full) above 0, or holding 0 with its lower end above -10 "
                               "points (RL's advantage on the tasks still solvable at the tightest tier as large as "
                               "at full budget)")),
-    ) + f3 + f4 + (host_likelihood.findings(d, title) if d in host_likelihood.DOMAINS else ()) + (
-        host_dynamics.finding(d, title) if d in host_dynamics.DOMAINS else ()) + (
+    ) + f3 + f4 + (host_likelihood.findings(d, title) if host_stages.uses_env(d, host_likelihood.DOMAINS)
+                   else ()) + (
+        host_dynamics.finding(d, title) if host_stages.uses_env(d, host_dynamics.DOMAINS) else ()) + (
         Finding(f7, f"{title}: 7. GiGPO vs GRPO at the tightest tier, K=1 on the tasks solvable there (the paper, "
                     "on BFCL: no gain)",
                 (Row("GRPO, tightest tier (%)", f"{f7}.grpo", None, 100.0),
@@ -249,7 +251,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     turn, `multi_turn_share`; all one turn: no estimate, `ONE_TURN_NOTE`)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
-    if d not in host_dynamics.DOMAINS:
+    if not host_stages.uses_env(d, host_dynamics.DOMAINS):
         m[f"{d}.note.f6_dynamics"] = host_dynamics.OTHER_DOMAIN_NOTE
     for (a, s), h in sorted(health.items()):
         prefix = f"health.{a}.seed{s}"
@@ -319,7 +321,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, put_estimate))
     if likelihood is not None:
         m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, put_estimate))
-    if dynamics is not None and d in host_dynamics.DOMAINS:
+    if dynamics is not None and host_stages.uses_env(d, host_dynamics.DOMAINS):
         m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, put_estimate))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, K=1 on the tasks solvable there
         f7 = f"{d}.f7_gigpo"

@@ -2,7 +2,8 @@
 one announced budget, each final submission sorted by what is wrong with it (the env's `submission_mistake`, one of
 its `mistake_kinds`). SQL (`sql_env.submission_mistake`): solved, a slip of the gold query, a slip with other
 values, other values only, another query, no submission. Coding (`code_env.program_mistake`): the same kinds for
-the reference program (its literals for values).
+the reference program (its literals for values). BFCL (`bfcl_env.BFCLEnv.submission_mistake`, the episode
+replayed): solved, a slip (a call with a required argument left out), wrong calls, no call, out of budget, other.
 
 It answers the question a toy study's verdicts raise (docs/host_study.md, "Toy presets"): did RL unlearn the noisy
 expert's slips, or change something else? `mistake_table` runs it on a finished run directory
@@ -26,6 +27,7 @@ from jaxagent.study.host import stages as host_stages
 from jaxagent.study.host.run import HostRun
 
 MISTAKE_KEY = 2024
+ENVS = ("sql", "code", "bfcl")  # env registry names whose envs sort their submissions (`mistake_kinds`)
 
 
 def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) -> dict:
@@ -34,7 +36,7 @@ def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) 
     size."""
     env = run.world.env
     if not env.mistake_kinds:
-        raise ValueError(f"the {run.world.domain.name!r} env does not sort submissions by mistake (SQL and coding do)")
+        raise ValueError(f"the {run.world.domain.name!r} env does not sort submissions by mistake ({', '.join(ENVS)} do)")
     if not 1 <= budget <= run.preset.task.t_max:
         raise ValueError(f"budget must be in [1, T_max = {run.preset.task.t_max}], got {budget}")
     p, tasks, traces = run.preset, run.world.heldout_tasks, []

@@ -192,7 +192,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
     p, done = run.preset, []
     runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
     r_single, base_rs = None, []
-    if run.world.domain.name in host_dynamics.DOMAINS:
+    if host_stages.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
         host_dynamics.should_measure(0, p.dynamics_every, p.iterations)  # a bad dynamics_every fails before training
         r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,
                                                batch_size=p.eval.batch_size, compute_dtype=p.compute_dtype,

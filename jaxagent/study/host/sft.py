@@ -62,6 +62,7 @@ class HostSFTSettings:
     noise: float = 0.0                # the share of rows with a slip (`expert_replies`)
     check: float = 0.0                # the share of rows (with a budget of 2 turns or more) that check first
     copies: int = 1                   # rows per task, each with its own budget and slip draw
+    width_bucket: Optional[int] = None  # each batch cut to its rows' slots in multiples of this (`fit_sft`)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "copies"):
@@ -79,6 +80,9 @@ class HostSFTSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"HostSFTSettings.{name} must be a number in [0, 1), got {v!r}")
+        if self.width_bucket is not None and (isinstance(self.width_bucket, bool)
+                                              or not isinstance(self.width_bucket, int) or self.width_bucket < 1):
+            raise ValueError(f"HostSFTSettings.width_bucket must be an integer >= 1 or None, got {self.width_bucket!r}")
         if self.budget_mode not in BUDGET_MODES:
             raise ValueError(f"HostSFTSettings.budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
 
@@ -180,7 +184,7 @@ def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSetti
     m = max_targets(rows["mask"])
     params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
                                      batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, callback=callback,
-                                     mesh=mesh, targets=m)
+                                     mesh=mesh, targets=m, width_bucket=s.width_bucket)
     summary = {"rows": len(rows["task_ids"]), "left_out": rows["n_left_out"],
                "left_out_examples": dict(list(rows["left_out"].items())[:5]), "width": rows["width"],
                "slipped": int(rows["slipped"].sum()), "checked": int(checked.sum()),

@@ -26,6 +26,9 @@ trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
         the same scenarios in every category (595 train, 200 held-out, 50 per category); the 5 tasks whose
         ground truth cannot replay are left out (`BFCLEnv.ground_truth_problems`). Bound: per user turn one
         message with all its ground-truth calls (when it has any) plus one closing message (2 to 15 turns).
+  bfcl-first  the bfcl-toy preset's: BFCLEnv with each task cut to its first request and the tools as one-line
+        signatures; the same split, less the tasks whose first request has no ground-truth call (470 train, 155
+        held-out); bound 2 turns.
   code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 901 built-in tasks (hand-written +
         generated), every 4th held out (676 train, 225 held-out), or DeepCoder-style problems from a data
         directory; bound 1 turn (the reference passes in one submission).
@@ -102,6 +105,15 @@ DOMAINS: dict[str, HostDomain] = {
     "code": HostDomain("code", "Multi-turn coding", "code",
                        split_note="every 4th task of the env's list held out",
                        bound_note="1 turn for every task (the reference solution passes in one submission)"),
+    # The bfcl-toy preset's domain: BFCL's tasks cut to their first request, the tools as one-line signatures
+    # (`BFCLEnv` user_turns, tool_docs): prompts of 176-485 tool tokens instead of 2,031-4,878, so a 2-core CPU
+    # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions.
+    "bfcl-first": HostDomain(
+        "bfcl-first", "BFCL first requests", "bfcl", env_kwargs=(("user_turns", 1), ("tool_docs", "signatures")),
+        split_note="BFCL v4 multi-turn base, long_context, miss_func and miss_param cut to their first user request, "
+                   "tools as one-line signatures; scenario index % 4 == 3 held out; the tasks whose ground truth "
+                   "cannot replay, and those whose first request has no ground-truth call, left out",
+        bound_note="one message with the request's ground-truth calls plus one closing message (2 turns)"),
 }
 
 
@@ -111,6 +123,12 @@ def register_domain(domain: HostDomain, *, overwrite: bool = False) -> None:
     if domain.name in DOMAINS and not overwrite:
         raise ValueError(f"domain {domain.name!r} is already registered (pass overwrite=True to replace)")
     DOMAINS[domain.name] = domain
+
+
+def uses_env(domain: str, envs: Sequence[str]) -> bool:
+    """Whether the registered `domain` runs one of `envs` (env registry names): an env-specific finding (3-6,
+    each module's `DOMAINS`) applies to every domain on its env, e.g. finding 4 to bfcl and bfcl-first."""
+    return get_domain(domain).env in envs
 
 
 def get_domain(name: str) -> HostDomain:
