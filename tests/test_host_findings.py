@@ -167,6 +167,45 @@ def test_no_task_solvable_at_the_tightest_tier_is_stated():
     assert "bfcl.f7_gigpo.room_lo" not in m and "Finding 7" in m["bfcl.note.f7_gigpo"]
 
 
+def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
+    """A noisy expert that recovers from its slips given more turns tilts finding 2 towards "not reproduced"
+    (`RECOVERING_EXPERT_NOTE`): the run says so beside the row, which is still estimated; the toy presets' bases
+    all recover (SQL checks first; coding and BFCL fix the slip), a base without a noisy expert does not."""
+    import dataclasses
+    import types
+    from jaxagent.study.host import evaluate as host_evaluate
+    from jaxagent.study.host.presets import HOST_PRESETS
+    n = 6
+    bound = host_metrics.structural_bound([1] * n, [1, 2], [1])
+    per_task = {"base": _grid([0.3] * n), **{f"grpo/seed{s}": _grid([0.4 + 0.01 * s] * n) for s in range(3)}}
+    hl = {("grpo", s): OK for s in range(3)}
+    for recovering in (False, True):
+        m = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50,
+                                        recovering_expert=recovering)
+        assert not math.isnan(m["code.f2_shrink.diff.mean"])
+        assert (m.get("code.note.f2_shrink") == host_metrics.RECOVERING_EXPERT_NOTE) is recovering
+
+    class Env:  # the slipped episode: the slip, then the reference (coding, BFCL) or the slip alone (SQL)
+        def __init__(self, fixes):
+            self.fixes = fixes
+
+        def slipped_actions(self, task, seed):
+            return None if task == "no slip" else ["slip", "ref"] if self.fixes else ["slip"]
+
+        def ground_truth_actions(self, task):
+            return ["ref"]
+
+    sft = HOST_PRESETS["code-toy"].sft
+    for settings, fixes, expect in ((sft, True, True), (sft, False, False),
+                                    (dataclasses.replace(sft, check=0.5), False, True),
+                                    (dataclasses.replace(sft, noise=0.0), True, False), (None, True, False)):
+        run = types.SimpleNamespace(preset=types.SimpleNamespace(sft=settings),
+                                    world=types.SimpleNamespace(env=Env(fixes), train_tasks=["no slip", "t"]))
+        assert host_evaluate.recovering_expert(run) is expect
+    assert all(HOST_PRESETS[p].sft.noise > 0 for p in ("sql-toy", "code-toy", "bfcl-toy"))
+    assert HOST_PRESETS["sql-toy"].sft.check > 0
+
+
 def test_gigpo_parity_is_not_judged_when_every_training_episode_took_one_turn():
     """One-turn episodes make GiGPO's step groups its episode groups (a rescaled GRPO advantage): finding 7 then
     has no estimate and says why; a single longer episode makes the comparison possible again, and the share of

@@ -133,7 +133,24 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,
-                                    gigpo_turns=gigpo_turns or None)
+                                    gigpo_turns=gigpo_turns or None, recovering_expert=recovering_expert(run))
+
+
+def recovering_expert(run: HostRun) -> bool:
+    """Whether the run's SFT base imitates a noisy expert that recovers from its slips given more turns
+    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or its slipped episode on a
+    train task is longer than the reference (the slip, then the fix: coding, BFCL)."""
+    s = run.preset.sft
+    if s is None or s.noise == 0:
+        return False
+    if s.check > 0:
+        return True
+    env = run.world.env
+    for task in run.world.train_tasks:
+        slipped = env.slipped_actions(task, s.seed)
+        if slipped is not None:
+            return len(slipped) > len(env.ground_truth_actions(task))
+    return False
 
 
 def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:

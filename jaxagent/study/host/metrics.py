@@ -53,6 +53,12 @@ ONE_TURN_NOTE = ("Finding 7: every GiGPO training episode took one turn, so each
                  "state, shared by the group) is its episode group and its advantage A_E + omega A_S = (1 + omega) "
                  "A_E rescales GRPO's; with Adam (its updates do not depend on that scale) and no KL or entropy term, "
                  "GiGPO trained as GRPO by construction and parity could not have failed: no estimate in this run.")
+RECOVERING_EXPERT_NOTE = (
+    "Finding 2: the base imitates a noisy expert that recovers from its slips when it has more turns (it checks "
+    "first, or fixes the slip after the env's feedback), while at the tightest tier a slip costs the task. RL that "
+    "unlearns the slips therefore gains more at the tightest tier than at the full budget, the side that fails "
+    "this row: the base's design tilts it towards \"not reproduced\" (it does not decide it; RL can gain at the full "
+    "budget by other means).")
 NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fits the tightest tier (T = {t} turns), "
                     "so no policy can solve any task there and the finding has no estimate in this run.")
 
@@ -144,12 +150,18 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     - f7: a 90% CI reaching past +-5 points (or a 95% CI excluding 0 without equivalence). GiGPO and GRPO seed s
       share key s, and the seeds' keys differ, so the sampling noise is in the spread over seeds (one key for
       every policy would make it a pattern shared by every seed); the room condition is as above.
-    Noisy-expert toy bases (`study.host.sft`; SQL and coding): the slips are drawn on train tasks only and no
-    held-out task enters SFT, so the base's held-out rates are measured, not set. The slip rate bounds how much
-    RL can gain by unlearning slips, not the sign: f1 fails if RL forgets more than it unlearns (measured on
-    code-toy: +1.1 [-4.0, 6.2], not reproduced), f2 if RL's edge at one turn is as large as at two (the coding
-    expert fixes its slips at two turns, yet code-toy's f2 is +0.6 [-6.1, 7.2], not reproduced), f7 if GiGPO and
-    GRPO unlearn at different speeds (on sql-toy at 5 seeds GiGPO is ahead by +1.5 [0.5, 2.4], inside the margin)."""
+    Noisy-expert toy bases (`study.host.sft`; SQL, coding and BFCL first requests): the slips are drawn on train
+    tasks only and no held-out task enters SFT, so the base's held-out rates are measured, not set. The slip rate
+    bounds how much RL can gain by unlearning slips, not the sign: f1 fails if RL forgets more than it unlearns
+    (measured on code-toy: +1.1 [-4.0, 6.2], not reproduced); f7 fails if GiGPO and GRPO unlearn at different
+    speeds (on sql-toy at 5 seeds GiGPO is ahead by +1.5 [0.5, 2.4], inside the margin). f2 is tilted by the
+    base's design: each of these experts recovers from its slip when it has more turns (SQL's checks first and
+    then submits the reference; coding's and BFCL's fix the slip after the env's feedback), while at the tightest
+    tier a slip costs the task. RL that unlearns slips therefore gains more at the tightest tier than at the full
+    budget, which is f2's failing side (code-toy +0.6 [-6.1, 7.2], sql-toy at 5 seeds +1.6 [-0.5, 3.6], both not
+    reproduced). The row is still decided by the data (RL can gain at the full budget by other means), but a "not
+    reproduced" there is what the design predicts, so the report puts `RECOVERING_EXPERT_NOTE` beside it
+    (`domain_metrics(recovering_expert=True)`)."""
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))
@@ -234,7 +246,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                    dynamics: Mapping[int, Sequence[Mapping]] | None = None,
                    likelihood: Mapping[int, Mapping] | None = None,
                    step_quality: Mapping[int, Mapping] | None = None,
-                   gigpo_turns: Mapping[int, Sequence[float]] | None = None) -> dict:
+                   gigpo_turns: Mapping[int, Sequence[float]] | None = None,
+                   recovering_expert: bool = False) -> dict:
     """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
     '<arm>/seed<s>', and 'base/seed<s>': the base's draw sampled with seed s's key, `evaluate.seed_key`), the
     structural bound and each arm seed's health. Gaps are RL - base per task, paired by task and, where the base
@@ -248,7 +261,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
     matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured). `gigpo_turns`: each
     GiGPO seed's mean turns per training iteration (finding 7: the share of its training episodes longer than one
-    turn, `multi_turn_share`; all one turn: no estimate, `ONE_TURN_NOTE`)."""
+    turn, `multi_turn_share`; all one turn: no estimate, `ONE_TURN_NOTE`). `recovering_expert`: the base imitates
+    a noisy expert that recovers from its slips given more turns (finding 2 gets `RECOVERING_EXPERT_NOTE`)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     if not host_stages.uses_env(d, host_dynamics.DOMAINS):
@@ -313,6 +327,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         g_f = _mean(gap[s][full, k1][use].mean() for s in ok or seeds)
         lo, hi = bounded(m[f"{f2}.base_tight"], float(u_pt[tight][use].mean()))
         put_room(m, f2, (lo - g_f, hi - g_f))
+        if recovering_expert:
+            m[f"{d}.note.f2_shrink"] = RECOVERING_EXPERT_NOTE
     else:
         m[f"{d}.note.f2_shrink"] = NO_SOLVABLE_NOTE.format(finding="2", t=tiers[tight])
     if step_quality is not None:

@@ -4,6 +4,9 @@ Domains (`stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn cod
   ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
                               (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
                               5:55 wall on a 2-core machine shared with other jobs);
+  <domain>-toy                a study that learns on a 2-core CPU: a toy Qwen3 fine-tuned on a noisy expert's
+                              reference solutions, then RL (sql-toy, code-toy; bfcl-toy on the bfcl-first domain,
+                              BFCL cut to first requests; docs/host_study.md "Toy presets");
   qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
   qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
                               FrozenLake preset), Qwen3-8B from --checkpoint.
