@@ -89,3 +89,12 @@ def test_model_names_are_the_studys():
     assert abs(MODELS["qwen3-1.7b"].num_params() / 1e9 - 1.72) < 0.01
     with pytest.raises(ValueError, match="valid: tiny, qwen3-0.6b"):
         model_config("qwen3_9b")
+
+
+def test_host_presets_reference_turns_come_from_their_world():
+    """The long-tail table's reference turns: the host world's train split (SQL: 1 turn for each of its 687 tasks);
+    a broken import here was reported as a table note, not raised."""
+    from jaxagent.study.host.presets import HOST_PRESETS
+    memo = {}
+    m = estimates.min_turns(HOST_PRESETS["qwen3-0.6b-1gpu-sql"], memo)
+    assert len(m) == 687 and (m == 1).all() and len(memo) == 1

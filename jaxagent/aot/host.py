@@ -60,7 +60,8 @@ from jaxagent.rollout.host_policy import append_jit, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler, bucket
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, step_quality as host_step_quality)
+                                 likelihood as host_likelihood, stages as host_stages,
+                                 step_quality as host_step_quality)
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))

@@ -28,7 +28,7 @@ def rl_setup(plan, mesh_override, tmp: str, preset, host: bool, arm):
             "micro_batches": p.micro_batches, "remat": p.remat}
     if host:
         from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
-        from jaxagent.study import host_stages
+        from jaxagent.study.host import stages as host_stages
         arm = dataclasses.replace(arm, temperature=p.temperature)
         cfg = p.tiny_model if p.tiny_model is not None else model_config(CONFIG_NAMES[p.aot_model])
         world = host_stages.make_host_world(p.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))

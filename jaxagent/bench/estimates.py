@@ -205,7 +205,7 @@ def min_turns(preset, memo: dict):
     key = (preset.task.domain, preset.task.max_train_tasks, preset.task.max_system_tokens)
     if key not in memo:
         from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
-        from jaxagent.study import host_stages
+        from jaxagent.study.host import stages as host_stages
         world = host_stages.make_host_world(preset.task, Tokenizer.from_dir(qwen3_tokenizer_dir()))
         memo[key] = world.min_turns(world.train_tasks)
     return memo[key]

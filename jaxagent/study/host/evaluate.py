@@ -138,8 +138,8 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
 
 def recovering_expert(run: HostRun) -> bool:
     """Whether the run's SFT base imitates a noisy expert that recovers from its slips given more turns
-    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or its slipped episode on a
-    train task is longer than the reference (the slip, then the fix: coding, BFCL)."""
+    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or its slipped episode on
+    some train task is longer than the reference (the slip, then the fix: coding, BFCL)."""
     s = run.preset.sft
     if s is None or s.noise == 0:
         return False
@@ -148,8 +148,8 @@ def recovering_expert(run: HostRun) -> bool:
     env = run.world.env
     for task in run.world.train_tasks:
         slipped = env.slipped_actions(task, s.seed)
-        if slipped is not None:
-            return len(slipped) > len(env.ground_truth_actions(task))
+        if slipped is not None and len(slipped) > len(env.ground_truth_actions(task)):
+            return True
     return False
 
 

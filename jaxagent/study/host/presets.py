@@ -265,14 +265,15 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # BFCL: the tasks cut to their first request, the tools as one-line signatures (domain bfcl-first, 470 / 155
     # tasks): prompts of about 250-750 tokens in 1,024 slots, where BFCL's JSON tool docs alone are 2,031-4,878
     # tokens. 3 turns (tiers 2, 3: the reference is the request's calls and a closing message); the noisy expert's
-    # slip (`BFCLEnv.slipped_actions`: one call with a required argument left out) gets a schema error, and the
-    # reference follows, a turn later. 128-token replies (longer reference messages are left out of SFT); SFT
-    # batches cut to their rows' slots in multiples of 128 (rows of 200-950 slots); RL as sql-toy; every held-out
-    # task.
+    # slip (`BFCLEnv.slipped_actions`: one call with a required argument left out) gets a schema error, after which
+    # the expert sends the reference (half the time) or gives up. 128-token replies (longer reference messages are
+    # left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950 slots); RL as
+    # sql-toy but 20 iterations (a train step over ~1,000 slots and a 4,416-token vocabulary takes about 20 s per
+    # iteration); every held-out task.
     "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
                      fractions=(0.5, 1.0),
                      sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, width_bucket=128),
-                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                     iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
                      minibatches=2),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B

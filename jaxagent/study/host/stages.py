@@ -107,9 +107,11 @@ DOMAINS: dict[str, HostDomain] = {
                        bound_note="1 turn for every task (the reference solution passes in one submission)"),
     # The bfcl-toy preset's domain: BFCL's tasks cut to their first request, the tools as one-line signatures
     # (`BFCLEnv` user_turns, tool_docs): prompts of 176-485 tool tokens instead of 2,031-4,878, so a 2-core CPU
-    # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions.
+    # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions. The
+    # toy base's noisy expert fixes half its slips and gives up on the others (`BFCLEnv.slip_fix`).
     "bfcl-first": HostDomain(
-        "bfcl-first", "BFCL first requests", "bfcl", env_kwargs=(("user_turns", 1), ("tool_docs", "signatures")),
+        "bfcl-first", "BFCL first requests", "bfcl",
+        env_kwargs=(("user_turns", 1), ("tool_docs", "signatures"), ("slip_fix", 0.5)),
         split_note="BFCL v4 multi-turn base, long_context, miss_func and miss_param cut to their first user request, "
                    "tools as one-line signatures; scenario index % 4 == 3 held out; the tasks whose ground truth "
                    "cannot replay, and those whose first request has no ground-truth call, left out",
