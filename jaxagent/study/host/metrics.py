@@ -161,7 +161,14 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     budget, which is f2's failing side (code-toy +0.6 [-6.1, 7.2], sql-toy at 5 seeds +1.6 [-0.5, 3.6], both not
     reproduced). The row is still decided by the data (RL can gain at the full budget by other means), but a "not
     reproduced" there is what the design predicts, so the report puts `RECOVERING_EXPERT_NOTE` beside it
-    (`domain_metrics(recovering_expert=True)`)."""
+    (`domain_metrics(recovering_expert=True)`). The note changes no verdict; what would have failed f2 there is the
+    row's own (a 95% CI above 0, or holding 0 with its lower end above -10 points), and it is possible whenever the
+    room reaches -10 (on bfcl-toy the base's 3.4% left 4.4 points: untestable, said by the row).
+    Env-specific findings follow the env (`host_stages.uses_env`): bfcl-first (bfcl-toy) gets BFCL's 4 and 5 with
+    their own failing results, both possible there: f4 a 95% CI of the correction-rate gap below 0 or holding 0
+    with its upper end below 14.2 points (room [-4.3, 95.7] on bfcl-toy; measured +2.0 [-0.1, 4.0], not
+    reproduced); f5's LLR rows a CI below the 1-nat threshold (log-likelihoods are unbounded; measured -0.53
+    [-0.74, -0.32], not reproduced, RL having stayed within a KL of about 0.01 of its base)."""
     f1p, f1, f2, f7 = f"{d}.f1_pass1", f"{d}.f1_breadth", f"{d}.f2_shrink", f"{d}.f7_gigpo"
     ks_rows = tuple(Row(f"RL - base at K={k} (points)", f"{f1}.gap_k{k}", None, 100.0, ".1f", optional=True)
                     for k in (1, 2, 4, 8, 16, 32))

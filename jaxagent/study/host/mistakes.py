@@ -36,7 +36,8 @@ def mistake_shares(run: HostRun, params, budget: int, n_samples: int, key=None) 
     size."""
     env = run.world.env
     if not env.mistake_kinds:
-        raise ValueError(f"the {run.world.domain.name!r} env does not sort submissions by mistake ({', '.join(ENVS)} do)")
+        raise ValueError(f"the {run.world.domain.name!r} env does not sort submissions by mistake "
+                         f"({', '.join(ENVS)} do)")
     if not 1 <= budget <= run.preset.task.t_max:
         raise ValueError(f"budget must be in [1, T_max = {run.preset.task.t_max}], got {budget}")
     p, tasks, traces = run.preset, run.world.heldout_tasks, []
