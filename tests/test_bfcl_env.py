@@ -495,19 +495,17 @@ def test_the_slip_gets_a_schema_error_executes_nothing_and_the_reference_then_so
             state, obs, reward, done, info = first.step(state, a)
         assert (reward, done, state.success) == (1.0, True, True), task.id
     assert slipped > 50
-    # slip_fix: the expert fixes its slip with that probability, else it closes the turn after the error and fails
-    half = BFCLEnv(user_turns=1, tool_docs="signatures", slip_fix=0.5)
-    episodes = [half.slipped_actions(t, seed=i) for i, t in enumerate(half.tasks("train")[:80])]
+    # fix: the expert fixes its slip with that probability, else it closes the turn after the error and fails
+    episodes = [first.slipped_actions(t, seed=i, fix=0.5) for i, t in enumerate(first.tasks("train")[:80])]
     gave_up = [e for e in episodes if e is not None and e[1:] == ["Done."]]
     fixed = [e for e in episodes if e is not None and e[1:] != ["Done."]]
     assert len(gave_up) > 15 and len(fixed) > 15
-    never = BFCLEnv(user_turns=1, tool_docs="signatures", slip_fix=0.0)
-    task = next(t for t in never.tasks("train") if never.slipped_actions(t, 0) is not None)
-    state, steps = _play(never, task, never.slipped_actions(task, 0))
+    task = next(t for t in first.tasks("train") if first.slipped_actions(t, 0) is not None)
+    state, steps = _play(first, task, first.slipped_actions(task, 0, fix=0.0))
     assert len(steps) == 2 and not state.success and "empty_turn" in state.failure
     for bad in (-0.1, 1.5, True, "half"):
-        with pytest.raises(ValueError, match="slip_fix"):
-            BFCLEnv(slip_fix=bad)
+        with pytest.raises(ValueError, match="slip fix"):
+            first.slipped_actions(task, 0, fix=bad)
 
 
 def test_episodes_are_sorted_by_mistake_on_replay(first):

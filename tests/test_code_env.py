@@ -293,6 +293,20 @@ def test_slipped_programs_make_one_generic_mistake_outside_strings(env):
     assert info["valid"] and not done and obs.startswith("Passed ")
     state, obs, reward, done, info = env.step(state, fixed)
     assert done and reward == 1.0
+    # fix: with that probability the reference follows the feedback, else the slip once more (the episode fails)
+    episodes = [env.slipped_actions(task, s, fix=0.5) for s in range(60)]
+    gave_up = [e for e in episodes if e[1] == e[0]]
+    assert 15 < len(gave_up) < 45 and all(e[1] == fixed for e in episodes if e[1] != e[0])
+    assert [e[0] for e in episodes] == [env.slipped_actions(task, s)[0] for s in range(60)]  # the same slips
+    assert all(env.slipped_actions(task, s, fix=0.0)[1] == env.slipped_actions(task, s)[0] for s in range(10))
+    again = env.slipped_actions(task, seed, fix=0.0)
+    state, _ = env.reset(0, task)
+    for a in again:
+        state, obs, reward, done, info = env.step(state, a)
+    assert reward == 0.0 and not state.done and state.turn == 2
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(ValueError, match="slip fix"):
+            env.slipped_actions(task, seed, fix=bad)
     bare = CodeEnv(tasks=[dict(id="t", entry_point="f", prompt="p", reference="def f(s):\n    return s\n",
                                 tests=[[["a"], "a"]])], limits=env.limits)
     assert bare.slipped_actions(bare.tasks("all")[0], 0) is None

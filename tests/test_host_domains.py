@@ -81,7 +81,7 @@ def test_bfcl_first_domain_is_bfcl_cut_to_first_requests_with_bfcl_findings(tok)
     """The bfcl-toy preset's domain: BFCLEnv's tasks cut to their first request (those with a ground-truth call),
     tools as signatures; the same split; bound 2 turns; BFCL's env-specific findings (4, 5) apply to it."""
     d = host_stages.get_domain("bfcl-first")
-    assert d.env == "bfcl" and dict(d.env_kwargs) == {"user_turns": 1, "tool_docs": "signatures", "slip_fix": 0.5}
+    assert d.env == "bfcl" and dict(d.env_kwargs) == {"user_turns": 1, "tool_docs": "signatures"}
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-first"), tok)
     assert (len(w.train_tasks), len(w.heldout_tasks)) == (470, 155)
     assert all(t.index % 4 == 3 for t in w.heldout_tasks) and all(t.index % 4 != 3 for t in w.train_tasks)

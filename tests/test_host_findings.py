@@ -189,8 +189,8 @@ def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
         def __init__(self, fixes):
             self.fixes = fixes
 
-        def slipped_actions(self, task, seed):
-            return None if task == "no slip" else ["slip", "ref"] if self.fixes else ["slip"]
+        def slipped_actions(self, task, seed, fix=1.0):
+            return None if task == "no slip" else ["slip", "ref"] if self.fixes and fix > 0 else ["slip"]
 
         def ground_truth_actions(self, task):
             return ["ref"]
@@ -198,7 +198,8 @@ def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
     sft = HOST_PRESETS["code-toy"].sft
     for settings, fixes, expect in ((sft, True, True), (sft, False, False),
                                     (dataclasses.replace(sft, check=0.5), False, True),
-                                    (dataclasses.replace(sft, noise=0.0), True, False), (None, True, False)):
+                                    (dataclasses.replace(sft, noise=0.0), True, False), (None, True, False),
+                                    (dataclasses.replace(sft, slip_fix=0.0), True, False)):
         run = types.SimpleNamespace(preset=types.SimpleNamespace(sft=settings),
                                     world=types.SimpleNamespace(env=Env(fixes), train_tasks=["no slip", "t"]))
         assert host_evaluate.recovering_expert(run) is expect

@@ -223,11 +223,18 @@ def test_coding_expert_slips_then_fixes_after_the_feedback(tok):
             assert "Passed " in tok.decode(rows["tokens"][i][~rows["mask"][i]])
         else:
             assert targets == world.env.ground_truth_actions(task)[0] + IM_END and rows["solved"][i]
+    # an expert that never fixes (slip_fix 0) submits the slip again after the feedback: kept, failed at 2 turns
+    replies, slipped, _ = host_sft.expert_replies(world.env, tasks, budgets, 0.5, 0.0, seed=3, slip_fix=0.0)
+    e = next(e for e in range(16) if slipped[e] and budgets[e] == 2)
+    rows = host_sft.sft_rows(world, ts, [task], budgets[[e]], replies=[replies[e]], slipped_E=slipped[[e]])
+    assert rows["n_left_out"] == 0 and rows["slipped"][0] and not rows["solved"][0]
+    assert tok.decode(rows["tokens"][0][rows["mask"][0]]) == 2 * (replies[e][0] + IM_END)
 
 
 def test_sft_settings_and_toy_presets_are_checked():
     for bad in (dict(steps=0), dict(batch_size=1.5), dict(lr=0), dict(warmup=-1), dict(max_rows=0),
-                dict(budget_mode="tiers"), dict(noise=1.0), dict(noise=-0.1), dict(copies=0), dict(check=1)):
+                dict(budget_mode="tiers"), dict(noise=1.0), dict(noise=-0.1), dict(copies=0), dict(check=1),
+                dict(slip_fix=1.5), dict(slip_fix=-0.1), dict(slip_fix=True)):
         with pytest.raises(ValueError, match="HostSFTSettings"):
             host_sft.HostSFTSettings(**bad)
     for name in ("sql-toy", "code-toy", "bfcl-toy"):

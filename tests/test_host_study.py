@@ -75,6 +75,30 @@ def test_host_arm_runtime_refuses_critic_arms(world):
         host_stages.make_host_arm_runtime(world, None, host_stages.HostTaskSettings(), arm)
 
 
+def test_host_arm_step_refuses_rows_beyond_policy_tokens(world):
+    """With policy_tokens the step projects at each row's policy tokens only; a batch holding more (whose extra
+    log-probs would read 0) raises after the step instead of training on them. Within the bound it trains."""
+    from jaxagent.models.config import Qwen3Config
+    from jaxagent.models import qwen3
+    from jaxagent.study import stages
+    cfg = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], kl_coef=0.1, kl_estimator="exact")
+    rt = host_stages.make_host_arm_runtime(world, cfg, host_stages.HostTaskSettings(), arm, policy_tokens=3,
+                                           compiler_options={"xla_backend_optimization_level": 0})
+    params = qwen3.init(cfg, jax.random.key(0))
+    mask = np.zeros((2, 8), bool)
+    mask[:, 2:5] = True
+    batch = {"tokens": jnp.ones((2, 8), jnp.int32), "policy_mask": jnp.asarray(mask),
+             "advantages": jnp.ones((2, 8), jnp.float32), "old_logprobs": jnp.full((2, 8), -4.0, jnp.float32)}
+    _, m = rt.train_step(stages.init_arm_state(rt, cfg, jax.random.key(1), params), batch)
+    assert float(m["policy_tokens_over"]) == 0 and float(m["tokens"]) == 6
+    mask[1, 5] = True
+    with pytest.raises(ValueError, match="1 policy tokens beyond policy_tokens = 3"):
+        rt.train_step(stages.init_arm_state(rt, cfg, jax.random.key(1), params),
+                      dict(batch, policy_mask=jnp.asarray(mask)))
+
+
 # ----------------------------------------------------------------------------- the tool-output cap
 def test_cap_observation_text_and_tool_blocks(tok):
     text = " ".join(f"row{i}" for i in range(200))

@@ -328,19 +328,21 @@ def test_kl_entropy_and_seq_mean_weighting_match_full_batch_loss(estimator):
     assert float(m["kl"]) > 1e-3
 
 
-@pytest.mark.parametrize("logits_chunk", [5, None])
-def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
+@pytest.mark.parametrize("logits_chunk,policy_tokens", [(5, None), (None, None), (4, 5)])
+def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_tokens):
     """kl_estimator='exact': the step's loss and gradient equal those of the policy loss with the full-vocabulary
     KL(pi || pi_ref) at every policy token's state, computed from whole [B, S, V] logits of both models; the
     reference (a different model here) gets no gradient. Two micro-batches; logits in chunks of 5 positions
-    (S = 12) or in one pass."""
+    (S = 12) or in one pass; with policy_tokens 5 (the most policy tokens of a row here) the logits only at those."""
     ls = train_state.LossSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.5, kl_estimator="exact")
     batch = make_batch(2)
     params, ref_params = np_params(CFG), np_params(CFG, 7)
     state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
     step = ts.make_train_step(CFG, TX, ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
-                              compiler_options=FAST)
+                              compiler_options=FAST, policy_tokens=policy_tokens)
     new, m = step(state, batch)
+    if policy_tokens is not None:
+        assert int(np.asarray(batch["policy_mask"]).sum(1).max()) == policy_tokens and m["policy_tokens_over"] == 0
 
     def full_logits(p):
         return qwen3.forward(p, CFG, batch["tokens"])[0]
@@ -363,6 +365,24 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk):
     assert float(m["kl_exact"]) > 1e-2
     assert_tree_close(grads_of(new), g, atol=2e-5, rtol=2e-4)
     assert_tree_close(new.ref_params, ref_params, atol=0, rtol=0)
+
+
+def test_policy_positions_and_tokens_beyond_the_bound_are_counted():
+    """`policy_positions`: each row's policy positions in order, padded with 0; the train step's
+    policy_tokens_over counts the tokens past the bound (their log-probs would read 0), and a bad bound raises."""
+    mask = np.zeros((3, 10), bool)
+    mask[0, [2, 3, 7]] = True
+    mask[2, 1:9] = True
+    pos, over = logprobs_lib.policy_positions(jnp.asarray(mask), 4)
+    assert pos.tolist() == [[2, 3, 7, 0], [0, 0, 0, 0], [1, 2, 3, 4]] and int(over) == 4
+    batch = make_batch(3)
+    n = np.asarray(batch["policy_mask"]).sum(1)
+    step = make_step(LS, policy_tokens=4)
+    _, m = step(fresh_state(), batch)
+    assert float(m["policy_tokens_over"]) == np.maximum(n - 4, 0).sum() > 0
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="policy_tokens"):
+            make_step(LS, policy_tokens=bad)
 
 
 def test_exact_kl_needs_the_reference_model_in_the_step():

@@ -133,7 +133,7 @@ def host_train_programs(preset, cfg, mesh, run_mesh, arms: list) -> list[Program
 def step_options(preset) -> dict:
     """`stages.make_arm_step`'s options as `study.host.run.run_arms` passes them."""
     return dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
-                compiler_options=dict(preset.compiler_options) or None)
+                compiler_options=dict(preset.compiler_options) or None, policy_tokens=preset.policy_tokens)
 
 
 def resident(preset, cfg, mesh, run_mesh, arms: list) -> Resident:

@@ -81,14 +81,17 @@ def qwen3_tokenizer() -> Tokenizer:
 
 def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, compute_dtype=None,
                         micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
-                        compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = None) -> list[Program]:
+                        compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = None,
+                        policy_tokens: Optional[int] = None) -> list[Program]:
     """The RL train steps of a run's `arms` (`stages.ArmSettings`) as the study builds them
     (`stages.make_arm_step` on the run's mesh `run_mesh`, None for one device): one program per distinct
     step (arms whose loss and optimiser settings and rows are equal share one, as the study's runtimes do),
     named `name(arm)`, lowered on `ArmStep.abstract_state` (placed on `mesh`) and a batch of
     rl.batch_size / rl.minibatches rows (one update) of `seq` tokens on the rows' sharding. Analytic
     FLOPs: the policy's forward and backward (+ the recomputed forward under remat), a PPO critic's the
-    same without the unembedding, and the reference's forward when the state carries it (kl_coef > 0)."""
+    same without the unembedding, and the reference's forward when the state carries it (kl_coef > 0). With
+    `policy_tokens` (`make_train_step`'s) the unembedding runs at min(policy_tokens, seq) positions per row (the
+    reference's too with the exact KL)."""
     groups: dict = {}
     for arm in arms:
         rows = arm.rl.batch_size // arm.rl.minibatches
@@ -100,21 +103,26 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
         arm = group[0]
         step = stages.make_arm_step(cfg, arm, mesh=run_mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
                                     remat=remat, tis_cap=tis_cap, compiler_options=compiler_options,
-                                    logits_chunk=chunk)
+                                    logits_chunk=chunk, policy_tokens=policy_tokens)
         state = step.abstract_state(cfg, mesh)
         dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
         row = sharding.row_sharding(mesh)
         batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32), sharding=row)
                  for k in ts.BATCH_KEYS + (ts.PPO_KEYS if ppo else ())}
-        fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=seq > chunk)
+        at = seq if policy_tokens is None else min(policy_tokens, seq)  # unembedded positions per row
+        fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=at > chunk,
+                            unembed_positions=rows * at)
         if ppo:  # a separate critic of the same shape: its layers trained too, no unembedding
             fl += analytic_flops(cfg, rows, seq, backward=True, remat=remat, unembed_positions=0)
         if step.with_ref_params:  # the reference's forward (no gradient): its log-probs, or its logits (exact KL)
-            fl += analytic_flops(cfg, rows, seq, backward=False)
+            fl += analytic_flops(cfg, rows, seq, backward=False,
+                                 unembed_positions=rows * (at if arm.kl_estimator == "exact" else seq))
         cdt = compute_dtype_of(compute_dtype)
         progs.append(Program(prog_name, lambda jit=step.jit, state=state, batch=batch: jit.lower(state, batch), fl,
                              f"arms {', '.join(a.name for a in group)}: {rows} rows x {seq} tokens, {micro_batches} "
-                             f"micro-batches, remat={remat}, logits chunk {chunk}, {jnp.dtype(cdt).name} forward, "
+                             f"micro-batches, remat={remat}, logits chunk {chunk}"
+                             f"{'' if policy_tokens is None else f' at <= {policy_tokens} policy tokens per row'}, "
+                             f"{jnp.dtype(cdt).name} forward, "
                              f"kl_coef {arm.kl_coef} ({arm.kl_estimator}"
                              f"{', reference in the state' if step.with_ref_params else ''})"))
     return progs

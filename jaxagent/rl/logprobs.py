@@ -43,9 +43,19 @@ def _unembed_f32(head, cfg: Qwen3Config, h_BxCxD):
                       preferred_element_type=jnp.float32)
 
 
+def policy_positions(mask_BxT, m: int):
+    """(positions [B, M] int32, over scalar int32): the indices of each row's first M nonzero entries of
+    `mask_BxT` (a policy mask) in order, padded with 0 (position 0 is never a policy token: it has no prefix),
+    and the count of nonzero entries beyond the first M over all rows (0 when M bounds every row)."""
+    mask = mask_BxT.astype(bool)
+    pos = jax.vmap(lambda r: jnp.nonzero(r, size=m, fill_value=0)[0])(mask).astype(jnp.int32)
+    over = jnp.sum(jnp.maximum(jnp.sum(mask, axis=1) - m, 0)).astype(jnp.int32)
+    return pos, over
+
+
 def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
                      logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None,
-                     ref: Optional[tuple] = None):
+                     ref: Optional[tuple] = None, positions_BxM=None):
     """(logp, entropy) [B, T] from final hidden states, aligned as `token_logprobs`.
 
     logp[:, t] = z_{t-1}[tokens[t]] - logsumexp(z_{t-1}) and H[:, t] = logsumexp(z_{t-1}) -
@@ -60,6 +70,10 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     KL(pi(. | tokens[:t]) || pi_ref(. | tokens[:t])) over the whole vocabulary (`losses.exact_kl`),
     computed chunk by chunk beside the policy's logits (0 at t = 0). Gradients flow through the
     policy's arguments; stop the reference's yourself.
+
+    `positions_BxM` (int [B, M], e.g. `policy_positions` of a policy mask): the stats only at those positions
+    (those of position 0, the padding, are 0), every other entry of the [B, T] outputs 0: the vocabulary is
+    projected at B x M states instead of B x T, each the same as in the full pass.
     """
     b, t, _ = h_BxTxD.shape
     # targets: the next token; the last position's (out of range) target is dropped below
@@ -83,18 +97,31 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     heads, hs = ((head,), (h_BxTxD,)) if ref is None else ((head, ref[0]), (h_BxTxD, ref[1]))
     if logits_chunk is not None and logits_chunk < 1:
         raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
-    if logits_chunk is None or logits_chunk >= t:
-        outs = stats(heads, hs, tgt_BxT)
-    else:
+
+    def over_positions(hs_, tgt_BxL):  # the stats at each of L states, chunked over L
+        n_l = tgt_BxL.shape[1]
+        if logits_chunk is None or logits_chunk >= n_l:
+            return stats(heads, hs_, tgt_BxL)
         c = int(logits_chunk)
-        n = -(-t // c)
-        pad = ((0, 0), (0, n * c - t))
+        n = -(-n_l // c)
+        pad = ((0, 0), (0, n * c - n_l))
         chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
-        tg = jnp.pad(tgt_BxT, pad).reshape(b, n, c).swapaxes(0, 1)
+        tg = jnp.pad(tgt_BxL, pad).reshape(b, n, c).swapaxes(0, 1)
         chunk_fn = jax.checkpoint(stats, prevent_cse=False)
-        _, outs = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None,
-                               (tuple(chunks(h) for h in hs), tg))
-        outs = tuple(o.swapaxes(0, 1).reshape(b, n * c)[:, :t] for o in outs)
+        _, outs_ = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None,
+                                (tuple(chunks(h) for h in hs_), tg))
+        return tuple(o.swapaxes(0, 1).reshape(b, n * c)[:, :n_l] for o in outs_)
+
+    if positions_BxM is not None:
+        if positions_BxM.ndim != 2 or positions_BxM.shape[0] != b:
+            raise ValueError(f"positions must be [B, M] with B = {b}, got shape {positions_BxM.shape}")
+        pos = positions_BxM.astype(jnp.int32)
+        prev = jnp.maximum(pos - 1, 0)[..., None]  # the state each position's token is drawn from
+        outs = over_positions(tuple(jnp.take_along_axis(h, prev, axis=1) for h in hs),
+                              jnp.take_along_axis(tokens_BxT.astype(jnp.int32), pos, axis=1))
+        rows = jnp.arange(b)[:, None]
+        return tuple(jnp.zeros((b, t), o.dtype).at[rows, pos].add(jnp.where(pos > 0, o, 0)) for o in outs)
+    outs = over_positions(hs, tgt_BxT)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
     return tuple(shift(o) for o in outs)
 

@@ -45,7 +45,8 @@ from jaxagent import sharding, xla_options
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import losses, optim
-from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats, token_logprobs
+from jaxagent.rl.logprobs import (DEFAULT_LOGITS_CHUNK, head_matrix, hidden, next_token_stats, policy_positions,
+                                  token_logprobs)
 from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, critic_config, state_shardings
 
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
@@ -93,7 +94,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                     critic_optimizer: Optional[optax.GradientTransformation] = None,
                     compute_dtype=None, remat: Optional[str] = None,
                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK,
-                    compiler_options: Optional[dict] = None):
+                    compiler_options: Optional[dict] = None, policy_tokens: Optional[int] = None):
     """`step(state, batch) -> (state, metrics)`: one jax.jit, state donated.
 
     Objective (minimised): L_pi = policy_loss(logp, old_logp, A, mask; clip_low, clip_high,
@@ -110,7 +111,12 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     `compute_dtype` (e.g. jnp.bfloat16) casts params for the forward pass (mixed precision; the
     master params and Adam moments stay in their own dtype). `remat`: the model's per-layer
     checkpoint policy (policy, reference and critic forwards; None keeps every activation);
-    `logits_chunk`: positions per unembedding chunk (module doc; None: no chunking). `compiler_options` go to jax.jit on top
+    `logits_chunk`: positions per unembedding chunk (module doc; None: no chunking). `policy_tokens`: the most
+    policy tokens a row holds (e.g. t_max x max_action_tokens of a rollout): the policy's (and with the exact KL
+    the reference's) logits are computed at each row's policy positions only (`logprobs.policy_positions`), the
+    same values as over every position, since the loss reads no other; metric policy_tokens_over counts the
+    batch's policy tokens beyond that bound (their log-probs would read 0: a caller must stop on a nonzero
+    count). None: every position. `compiler_options` go to jax.jit on top
     of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0}: tests trade the CPU
     step's run time for a shorter compile).
 
@@ -126,6 +132,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    if policy_tokens is not None and (isinstance(policy_tokens, bool) or not isinstance(policy_tokens, int)
+                                      or policy_tokens < 1):
+        raise ValueError(f"policy_tokens must be an integer >= 1 or None, got {policy_tokens!r}")
     ls, vs = loss_settings, value_settings
     if not isinstance(ls, LossSettings):
         raise ValueError(f"loss_settings must be a LossSettings, got {type(ls).__name__}")
@@ -160,14 +169,18 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         p = cast(params)
         h = hidden(p, cfg, tokens, remat, mesh)
         ref_logp, kl_exact = mb.get("ref_logprobs"), None
+        pos = None
+        if policy_tokens is not None and policy_tokens < tokens.shape[1]:
+            pos, _ = policy_positions(mask, policy_tokens)
         if exact_kl:  # the reference's logits beside the policy's, chunk by chunk (`next_token_stats`)
             rp = jax.lax.stop_gradient(cast(ref_params))
             ref = (head_matrix(rp, cfg), jax.lax.stop_gradient(hidden(rp, cfg, tokens, remat, mesh)))
             logp, ent, ref_logp, kl_exact = next_token_stats(head_matrix(p, cfg), cfg, h, tokens,
-                                                             logits_chunk=logits_chunk, mesh=mesh, ref=ref)
+                                                             logits_chunk=logits_chunk, mesh=mesh, ref=ref,
+                                                             positions_BxM=pos)
         else:
             logp, ent = next_token_stats(head_matrix(p, cfg), cfg, h, tokens, logits_chunk=logits_chunk,
-                                         mesh=mesh)
+                                         mesh=mesh, positions_BxM=pos)
         if ref_logp is None and ref_params is not None:
             ref_logp = jax.lax.stop_gradient(token_logprobs(
                 cast(ref_params), cfg, tokens, logits_chunk=logits_chunk, remat=remat, mesh=mesh))
@@ -281,6 +294,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         metrics["skipped"] = optim.last_step_skipped(opt_state).astype(jnp.float32)
         metrics["skipped_total"] = optim.nonfinite_count(opt_state).astype(jnp.float32)
         metrics["tokens"] = denoms["tokens"]
+        if policy_tokens is not None:
+            metrics["policy_tokens_over"] = jnp.sum(jnp.maximum(jnp.sum(mask.astype(jnp.int32), 1) - policy_tokens, 0))
         if vs is not None:
             metrics["critic_grad_norm"] = optax.tree.norm(cgrads)
             cupd, copt_state = copt.update(cgrads, state.critic_opt_state, cparams)

@@ -12,9 +12,10 @@ Interface. A host env is a Python object with `jittable = False` and
                                           (docs/study.md, "Structural upper bound": T >= this is solvable)
   ground_truth_actions(task) -> [str]     where defined, the reference solution's replies (the SFT targets
                                           of the host study's toy base, `study.host.sft`)
-  slipped_actions(task, seed) -> [str] | None   where defined, the reference with one generic mistake (a
-                                          noisy expert's slip; None where none applies): the toy base's noise;
-                                          on coding followed by the reference (the fix after the feedback)
+  slipped_actions(task, seed, fix=1.0) -> [str] | None   where defined, the reference with one generic
+                                          mistake (a noisy expert's slip; None where none applies): the toy
+                                          base's noise; on coding and BFCL followed, with probability `fix`
+                                          (drawn with seed), by the reference, else by giving up
   checked_actions(task, seed, slip) -> [str]   where defined, a reference that checks before it answers
                                           (its first turn a tool call, slipped with `slip`; the toy base's
                                           multi-turn episodes)
@@ -130,7 +131,7 @@ class HostEnv:
     def ground_truth_actions(self, task) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__} defines no reference solution")
 
-    def slipped_actions(self, task, seed: int) -> list[str] | None:
+    def slipped_actions(self, task, seed: int, fix: float = 1.0) -> list[str] | None:
         raise NotImplementedError(f"{type(self).__name__} defines no slipped reference solution")
 
     def checked_actions(self, task, seed: int, slip: bool) -> list[str]:
@@ -143,6 +144,14 @@ class HostEnv:
 
     def clone(self, state):
         return copy.deepcopy(state)
+
+
+def check_slip_fix(fix) -> float:
+    """`fix` of `slipped_actions` (the probability that the noisy expert fixes its slip) as a float; ValueError
+    unless it is a number in [0, 1]."""
+    if isinstance(fix, bool) or not isinstance(fix, (int, float)) or not 0 <= fix <= 1:
+        raise ValueError(f"slip fix probability must be a number in [0, 1], got {fix!r}")
+    return float(fix)
 
 
 def host_cores() -> int:

@@ -55,7 +55,7 @@ Smaller variants (constructor options; the toy study's `bfcl-first` domain uses 
                  task's tools instead of 2,031-4,878. The same form announces miss_func's added functions.
 The noisy expert of the toy base (`slipped_actions`): in the first user turn with ground-truth calls, one call
 with one required argument left out, alone in its message; the env answers it with a schema error and executes
-nothing. With probability `slip_fix` the expert then sends the reference (which solves the task one step later),
+nothing. With probability `fix` the expert then sends the reference (which solves the task one step later),
 otherwise it closes the turn ("Done.": it gives up, and the turn fails). A slip it always fixed would cost nothing
 at the full budget, so RL trained there would have nothing to unlearn.
 """
@@ -67,7 +67,8 @@ import json
 import random
 from typing import Any, Mapping, Sequence
 
-from jaxagent.envs.host.base import HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, strip_think
+from jaxagent.envs.host.base import (HostEnv, ToolCall, check_slip_fix, coerce_action, make_info, parse_tool_calls,
+                                     strip_think)
 from jaxagent.envs.host.bfcl_calls import (MAX_CALLS_PER_MESSAGE, STATELESS, bfcl_data_dir, docs_for, execute_call,
                                            format_tool_call, is_error_result, parse_call_string, read_jsonl,
                                            tool_class, validate_call)
@@ -148,7 +149,7 @@ class BFCLEnv(HostEnv):
 
     def __init__(self, categories: Sequence[str] = CATEGORIES, max_steps_per_turn: int = 20,
                  test_every: int = 4, exclude_unsolvable: bool = True, user_turns: int | None = None,
-                 tool_docs: str = "json", slip_fix: float = 1.0):
+                 tool_docs: str = "json"):
         bad = [c for c in categories if c not in CATEGORIES]
         if bad:
             raise ValueError(f"unknown BFCL categories {bad}; expected a subset of {CATEGORIES}")
@@ -159,9 +160,6 @@ class BFCLEnv(HostEnv):
             raise ValueError(f"user_turns must be an integer >= 1 or None, got {user_turns!r}")
         if tool_docs not in TOOL_DOCS:
             raise ValueError(f"tool_docs must be one of {TOOL_DOCS}, got {tool_docs!r}")
-        if isinstance(slip_fix, bool) or not isinstance(slip_fix, (int, float)) or not 0 <= slip_fix <= 1:
-            raise ValueError(f"slip_fix must be a number in [0, 1], got {slip_fix!r}")
-        self.slip_fix = float(slip_fix)
         self.user_turns = user_turns
         self.tool_docs = tool_docs
         self.no_call_tasks = 0  # tasks of the last `tasks()` list left out for having no ground-truth call
@@ -310,12 +308,13 @@ class BFCLEnv(HostEnv):
             actions.append("Done.")
         return actions
 
-    def slipped_actions(self, task: BFCLTask, seed: int) -> list[str] | None:
+    def slipped_actions(self, task: BFCLTask, seed: int, fix: float = 1.0) -> list[str] | None:
         """The noisy expert's episode (module docstring): the reference, with one message inserted before the
         first user turn's calls that has ground-truth calls: its call with a required argument, that argument
-        left out (call and argument drawn with `seed`); with probability 1 - slip_fix (drawn with `seed`) the
+        left out (call and argument drawn with `seed`); with probability 1 - fix (drawn with `seed`) the
         expert then gives up: the slip and a closing message. None when no call of that turn has a required
         argument."""
+        check_slip_fix(fix)
         calls_per_turn = self.ground_truth_calls(task)
         docs = self._docs(task)
         turn = next((i for i, c in enumerate(calls_per_turn) if c), None)
@@ -330,10 +329,10 @@ class BFCLEnv(HostEnv):
         name, kwargs, required = rng.choice(options)
         drop = rng.choice(required)
         slip = format_tool_call(name, {k: v for k, v in kwargs.items() if k != drop})
-        fix = rng.random() < self.slip_fix
+        fixes = rng.random() < fix
         actions = self.ground_truth_actions(task)
         at = sum(1 + bool(c) for c in calls_per_turn[:turn])  # the reference's message of that turn
-        return actions[:at] + [slip] + (actions[at:] if fix else ["Done."])
+        return actions[:at] + [slip] + (actions[at:] if fixes else ["Done."])
 
     def is_slip(self, task: BFCLTask, action: Any) -> bool:
         """Whether `action` has the noisy expert's slip form (`slipped_actions`): one call of a known function with

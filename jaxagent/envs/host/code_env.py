@@ -62,8 +62,8 @@ import threading
 import tokenize
 from typing import Optional
 
-from jaxagent.envs.host.base import (HostEnv, coerce_action, host_cores, make_info, split_tasks, stable_hash,
-                                     strip_think)
+from jaxagent.envs.host.base import (HostEnv, check_slip_fix, coerce_action, host_cores, make_info, split_tasks,
+                                     stable_hash, strip_think)
 from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host.datasets import DatasetReport
@@ -394,14 +394,19 @@ class CodeEnv(HostEnv):
         """The reference solution as assistant messages: the reference program in one python block."""
         return [f"```python\n{task.reference.rstrip()}\n```"]
 
-    def slipped_actions(self, task: CodeTask, seed: int) -> list[str] | None:
+    def slipped_actions(self, task: CodeTask, seed: int, fix: float = 1.0) -> list[str] | None:
         """A noisy expert's episode: the reference with one generic mistake (`slip_program`), then, after the
-        test feedback, the reference itself (an episode with a budget of one turn ends at the slip). None where
-        no slip applies or the task has no reference."""
+        test feedback, with probability `fix` the reference itself, else the slipped program once more (the
+        expert gives up on finding its mistake; the episode fails). An episode with a budget of one turn ends at
+        the slip. The draw uses its own stream of `seed`, apart from the slip's. None where no slip applies or the
+        task has no reference."""
+        check_slip_fix(fix)
         slipped = slip_program(task.reference, seed)  # None for an empty reference: nothing to slip
         if slipped is None:
             return None
-        return [f"```python\n{slipped[1].rstrip()}\n```", *self.ground_truth_actions(task)]
+        first = f"```python\n{slipped[1].rstrip()}\n```"
+        fixes = random.Random(f"fix {seed}").random() < fix
+        return [first, *(self.ground_truth_actions(task) if fixes else [first])]
 
     def submission_mistake(self, task: CodeTask, actions: list, solved: bool) -> str:
         """`program_mistake` of the task's reference."""

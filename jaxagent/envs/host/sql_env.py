@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from jaxagent.envs.host.base import (HostEnv, coerce_action, make_info, parse_tool_calls, split_tasks,
+from jaxagent.envs.host.base import (HostEnv, check_slip_fix, coerce_action, make_info, parse_tool_calls, split_tasks,
                                      stable_hash, strip_think)
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
@@ -378,9 +378,10 @@ class SQLEnv(HostEnv):
         """The reference solution as assistant messages: the gold query submitted at once."""
         return [f"<answer>{task.gold}</answer>"]
 
-    def slipped_actions(self, task: SQLTask, seed: int) -> list[str] | None:
+    def slipped_actions(self, task: SQLTask, seed: int, fix: float = 1.0) -> list[str] | None:
         """A noisy expert's slip on the reference (`slip_query` of the gold query, submitted at once), or None
-        where no slip applies to it."""
+        where no slip applies to it. `fix` plays no part: the submission ends the episode."""
+        check_slip_fix(fix)
         slipped = slip_query(task.gold, seed)
         return None if slipped is None else [f"<answer>{slipped[1]}</answer>"]
 

@@ -138,16 +138,19 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
 
 def recovering_expert(run: HostRun) -> bool:
     """Whether the run's SFT base imitates a noisy expert that recovers from its slips given more turns
-    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or its slipped episode on
-    some train task is longer than the reference (the slip, then the fix: coding, BFCL)."""
+    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or it fixes some slips
+    (`HostSFTSettings.slip_fix` > 0) and a fixed slip on some train task takes more turns than the reference (the
+    slip, then the fix: coding, BFCL)."""
     s = run.preset.sft
     if s is None or s.noise == 0:
         return False
     if s.check > 0:
         return True
+    if s.slip_fix == 0:
+        return False
     env = run.world.env
     for task in run.world.train_tasks:
-        slipped = env.slipped_actions(task, s.seed)
+        slipped = env.slipped_actions(task, s.seed, fix=1.0)
         if slipped is not None and len(slipped) > len(env.ground_truth_actions(task)):
             return True
     return False

@@ -155,10 +155,10 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     bounds how much RL can gain by unlearning slips, not the sign: f1 fails if RL forgets more than it unlearns
     (measured on code-toy: +1.1 [-4.0, 6.2], not reproduced); f7 fails if GiGPO and GRPO unlearn at different
     speeds (on sql-toy at 5 seeds GiGPO is ahead by +1.5 [0.5, 2.4], inside the margin). f2 is tilted by the
-    base's design: each of these experts recovers from its slip when it has more turns (SQL's checks first and
-    then submits the reference; coding's and BFCL's fix the slip after the env's feedback), while at the tightest
-    tier a slip costs the task. RL that unlearns slips therefore gains more at the tightest tier than at the full
-    budget, which is f2's failing side (code-toy +0.6 [-6.1, 7.2], sql-toy at 5 seeds +1.6 [-0.5, 3.6], both not
+    base's design: each of these experts recovers from some of its slips when it has more turns (SQL's checks
+    first and then submits the reference; coding's and BFCL's fix half their slips after the env's feedback), while
+    at the tightest tier a slip costs the task. RL that unlearns slips therefore gains more at the tightest tier
+    than at the full budget, which is f2's failing side (code-toy +0.6 [-6.1, 7.2], sql-toy at 5 seeds +1.6 [-0.5, 3.6], both not
     reproduced). The row is still decided by the data (RL can gain at the full budget by other means), but a "not
     reproduced" there is what the design predicts, so the report puts `RECOVERING_EXPERT_NOTE` beside it
     (`domain_metrics(recovering_expert=True)`). The note changes no verdict; what would have failed f2 there is the

@@ -75,6 +75,10 @@ class HostPreset:
     micro_batches: int = 1
     remat: Optional[str] = None
     compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
+    # The train step projects onto the vocabulary at each row's policy tokens only (at most t_max x max_action_tokens:
+    # `host_stages.make_host_arm_runtime(policy_tokens=)`), the same loss and gradient to float rounding. The toy
+    # presets set it; the GPU and pod presets' programs (docs/aot_records) are checked without it.
+    policy_positions: bool = False
     # Finding 6 (coding only, `host_dynamics`): R_single on the held-out first turns (eval.n_samples per task, in the
     # evaluation's rollout batches) at the base, every `dynamics_every` iterations and at the last. One measurement is
     # P x n_samples one-turn episodes, e.g. 4 x 16 = 64 at 0.6B: about one training rollout's first turn, so every
@@ -85,6 +89,11 @@ class HostPreset:
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
+
+    @property
+    def policy_tokens(self) -> Optional[int]:
+        """The train step's `policy_tokens` (`policy_positions`): t_max x max_action_tokens, or None."""
+        return self.task.t_max * self.task.max_action_tokens if self.policy_positions else None
 
 
 DATA_ENVS = ("sql", "code")  # env registry names whose constructor reads a dataset directory (`data=`)
@@ -170,7 +179,8 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
     pruned to the domain's texts, SFT on the train split's reference solutions, then grpo and gigpo (findings 1, 2,
     7 and the domain's own) x 3 seeds; `heldout` tasks spread over the held-out split (None: all of them) x 2
     tiers x 4 samples (K up to 4). Tool output capped at 64 tokens; the train step runs over the slots the rollout
-    used, in multiples of 64 (`slot_bucket`)."""
+    used, in multiples of 64 (`slot_bucket`), and projects onto the vocabulary at the policy tokens only
+    (`policy_positions`)."""
     task = HostTaskSettings(domain=domain, t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
                             max_obs_tokens=64, max_heldout_tasks=heldout, task_subset="spread", workers=2,
                             slot_bucket=64, **(task_kw or {}))
@@ -178,7 +188,7 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
                       eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions, n_boot=1000,
                                             batch_size=64, step_samples=4, step_states=16),
                       tiny_model=toy_model(), pruned_vocabulary=True, sft=sft, arms=("grpo", "gigpo"),
-                      seeds=(0, 1, 2), **kw)
+                      seeds=(0, 1, 2), policy_positions=True, **kw)
 
 
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
@@ -226,9 +236,10 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # ---------------------------------------------------------------- CI miniatures (no checkpoint)
     # Seconds-scale plumbing check: 2 turns of 4-token replies, the first 4 train and 5 held-out tasks (the
     # hand-written ones). Tool output capped at 24 tokens so that the cap is exercised (the SQL env's format-error
-    # message is longer).
+    # message is longer). The train step at the policy tokens only, as the toy presets' (`policy_positions`).
     "ci-sql": _miniature("ci-sql", "sql", max_context=448, eval_batch=20,
-                         task_kw=dict(max_train_tasks=4, max_heldout_tasks=5), seeds=(0, 1), iterations=2),
+                         task_kw=dict(max_train_tasks=4, max_heldout_tasks=5), seeds=(0, 1), iterations=2,
+                         policy_positions=True),
     # BFCL's system prompt alone is >= 2,031 tokens and the train step's cost grows with the context, so the
     # miniature keeps tasks whose prompt is <= 2,200 tokens (TradingBot scenarios) in 2,560 slots, and trains the
     # fewest steps that reach every stage: grpo (the findings' main arm) and gigpo (finding 7 compares them on BFCL),
@@ -256,23 +267,27 @@ HOST_PRESETS: dict[str, HostPreset] = {
                     minibatches=2),
     # Coding: the same recipe; the noisy expert's slip (`code_env.slip_program`: a comparison turned around, an
     # integer one too large, min/max or any/all swapped) fails its first submission, and where the budget is 2
-    # turns the expert then submits the reference after the test feedback. 2 turns of 128-token replies in 768
-    # slots; R_single (finding 6) at the first and last iterations only (480 one-turn episodes each).
+    # turns the expert then reads the test feedback and submits the reference half the time, the slipped program
+    # again otherwise (`slip_fix`: an expert that always fixed its slip lost nothing to it at the training budget).
+    # 2 turns of 128-token replies in 768 slots; SFT batches cut to their rows' slots in multiples of 128; R_single
+    # (finding 6) at the first and last iterations only (480 one-turn episodes each).
     "code-toy": _toy("code-toy", "code", t_max=2, max_action_tokens=128, max_context=768,
-                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, copies=3),
+                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
+                                         width_bucket=128),
                      iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
                      minibatches=2, dynamics_every=30, task_kw=dict(overlap_groups=2)),
     # BFCL: the tasks cut to their first request, the tools as one-line signatures (domain bfcl-first, 470 / 155
     # tasks): prompts of about 250-750 tokens in 1,024 slots, where BFCL's JSON tool docs alone are 2,031-4,878
     # tokens. 3 turns (tiers 2, 3: the reference is the request's calls and a closing message); the noisy expert's
     # slip (`BFCLEnv.slipped_actions`: one call with a required argument left out) gets a schema error, after which
-    # the expert sends the reference (half the time) or gives up. 128-token replies (longer reference messages are
-    # left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950 slots); RL as
-    # sql-toy but 20 iterations (the train step over ~1,000 slots and a 4,416-token vocabulary takes about 23 of the
-    # 25 s per iteration: 90 min in all on 2 cores, docs/host_study.md); every held-out task.
+    # the expert sends the reference (half the time, `slip_fix`) or gives up. 128-token replies (longer reference
+    # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
+    # slots); RL as sql-toy but 20 iterations (the train step over ~1,000 slots and a 4,416-token vocabulary takes
+    # about 23 of the 25 s per iteration: 90 min in all on 2 cores, docs/host_study.md); every held-out task.
     "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
                      fractions=(0.5, 1.0),
-                     sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, width_bucket=128),
+                     sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
+                                         width_bucket=128),
                      iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
                      minibatches=2),
 

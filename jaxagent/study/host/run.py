@@ -210,7 +210,8 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                 runtimes[key] = (host_stages.make_host_arm_runtime(
                     run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
                     micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
-                    on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace))), host)
+                    on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace)),
+                    policy_tokens=p.policy_tokens), host)
             runtime, host = runtimes[key]
             label, recorded = f"{arm}/seed{seed}", arm_stage_settings(run, arm, seed)
             manager, state = resume_arm(run, label, out, recorded, runtime, seed, base_params)

@@ -16,9 +16,11 @@ references alone fails mostly by task-specific mistakes (on SQL, copying the wro
 2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
 As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
 reference with one generic mistake, the same kinds on every task: `sql_env.slip_query`, `code_env.slip_program`)
-and, where the budget allows, checks first (SQL: runs a query, slipped or not, then submits the reference) or
-fixes its slip (coding: the test feedback, then the reference). With several rows per task,
-each with its own draws, the base learns the rates rather than which task slipped.
+and, where the budget allows, checks first (SQL: runs a query, slipped or not, then submits the reference) or,
+with probability `slip_fix`, fixes its slip (coding and BFCL: the env's feedback, then the reference; otherwise
+it gives up and the episode fails: a slip it always fixed would cost nothing at the training budget, so RL there
+would have nothing to unlearn). With several rows per task, each with its own draws, the base learns the rates
+rather than which task slipped.
 
 Training (`train_sft_base`): `study.stages.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
 replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
@@ -62,6 +64,7 @@ class HostSFTSettings:
     noise: float = 0.0                # the share of rows with a slip (`expert_replies`)
     check: float = 0.0                # the share of rows (with a budget of 2 turns or more) that check first
     copies: int = 1                   # rows per task, each with its own budget and slip draw
+    slip_fix: float = 1.0             # the chance that a slip is fixed after the feedback (`env.slipped_actions`)
     width_bucket: Optional[int] = None  # each batch cut to its rows' slots in multiples of this (`fit_sft`)
 
     def __post_init__(self):
@@ -80,6 +83,9 @@ class HostSFTSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"HostSFTSettings.{name} must be a number in [0, 1), got {v!r}")
+        fix = self.slip_fix
+        if isinstance(fix, bool) or not isinstance(fix, (int, float)) or not 0 <= fix <= 1:
+            raise ValueError(f"HostSFTSettings.slip_fix must be a number in [0, 1], got {self.slip_fix!r}")
         if self.width_bucket is not None and (isinstance(self.width_bucket, bool)
                                               or not isinstance(self.width_bucket, int) or self.width_bucket < 1):
             raise ValueError(f"HostSFTSettings.width_bucket must be an integer >= 1 or None, got {self.width_bucket!r}")
@@ -87,14 +93,15 @@ class HostSFTSettings:
             raise ValueError(f"HostSFTSettings.budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
 
 
-def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, seed: int
+def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, seed: int, slip_fix: float = 1.0
                    ) -> tuple[list, np.ndarray, np.ndarray]:
     """(replies [E][turn], slipped bool[E], checked bool[E]): the noisy expert of the toy base. Row e draws (with
     `seed`) whether it slips (probability `noise`) and whether it checks (probability `check`, only where its
     announced budget budgets_E[e] allows two turns). A checking row runs a query first, slipped or not, and then
     submits the reference (`env.checked_actions`); a slipping row that does not check plays `env.slipped_actions`
-    where a slip applies (SQL: the reference with one generic mistake, submitted; coding: that, then the reference
-    after the test feedback, which a one-turn budget never reaches); every other row is the reference
+    where a slip applies (SQL: the reference with one generic mistake, submitted; coding and BFCL: that, then,
+    after the feedback and with probability `slip_fix`, the reference, else giving up; a one-turn budget never
+    reaches the fix); every other row is the reference
     (`env.ground_truth_actions`). As FrozenLake's epsilon-noisy expert (`study.stages.BaseSettings.epsilon`), the
     mistakes are the same on every task, so the base imitates them at about that rate and RL has something it can
     unlearn; checking gives the base multi-turn episodes whose second turn corrects the first."""
@@ -108,7 +115,7 @@ def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, 
             checked[e] = True
             replies.append(list(env.checked_actions(task, row_seed, bool(slip_draw[e]))))
             continue
-        slip = env.slipped_actions(task, row_seed) if slip_draw[e] else None
+        slip = env.slipped_actions(task, row_seed, slip_fix) if slip_draw[e] else None
         slipped[e] = slip is not None
         replies.append(list(slip) if slip is not None else list(env.ground_truth_actions(task)))
     return replies, slipped, checked
@@ -179,7 +186,7 @@ def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSetti
     k_budget, k_batch = jax.random.split(jax.random.key(s.seed))
     tasks = [task for task in world.train_tasks[:s.max_rows] for _ in range(s.copies)]
     budgets = stages.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
-    replies, slipped, checked = expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed)
+    replies, slipped, checked = expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed, s.slip_fix)
     rows = sft_rows(world, ts, tasks, budgets, replies=replies, slipped_E=slipped)
     m = max_targets(rows["mask"])
     params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,

@@ -107,11 +107,10 @@ DOMAINS: dict[str, HostDomain] = {
                        bound_note="1 turn for every task (the reference solution passes in one submission)"),
     # The bfcl-toy preset's domain: BFCL's tasks cut to their first request, the tools as one-line signatures
     # (`BFCLEnv` user_turns, tool_docs): prompts of 176-485 tool tokens instead of 2,031-4,878, so a 2-core CPU
-    # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions. The
-    # toy base's noisy expert fixes half its slips and gives up on the others (`BFCLEnv.slip_fix`).
+    # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions.
     "bfcl-first": HostDomain(
         "bfcl-first", "BFCL first requests", "bfcl",
-        env_kwargs=(("user_turns", 1), ("tool_docs", "signatures"), ("slip_fix", 0.5)),
+        env_kwargs=(("user_turns", 1), ("tool_docs", "signatures")),
         split_note="BFCL v4 multi-turn base, long_context, miss_func and miss_param cut to their first user request, "
                    "tools as one-line signatures; scenario index % 4 == 3 held out; the tasks whose ground truth "
                    "cannot replay, and those whose first request has no ground-truth call, left out",
@@ -398,23 +397,32 @@ def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], 
 def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: stages.ArmSettings, *,
                           mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,
-                          on_trace: Optional[Callable[[HostTrace], None]] = None) -> stages.ArmRuntime:
+                          on_trace: Optional[Callable[[HostTrace], None]] = None,
+                          policy_tokens: Optional[int] = None) -> stages.ArmRuntime:
     """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
     (`stages.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`),
-    sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`."""
+    sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`.
+    `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens): the step projects onto
+    the vocabulary at each row's policy tokens only (`make_train_step(policy_tokens=)`); a batch with more raises."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
     arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
-                                    remat=remat, compiler_options=compiler_options)
-    step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
+                                    remat=remat, compiler_options=compiler_options, policy_tokens=policy_tokens)
+    jit_step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
     st_sh = None
     if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
         st_sh = arm_step.state_shardings(cfg, mesh)
-        row_sh, sharded_step = sharding.row_sharding(mesh), step
+        row_sh = sharding.row_sharding(mesh)
 
-        def step(state, batch):
-            return sharded_step(jax.device_put(state, st_sh), jax.device_put(batch, row_sh))
+    def step(state, batch):
+        if mesh is not None:
+            state, batch = jax.device_put(state, st_sh), jax.device_put(batch, row_sh)
+        state, metrics = jit_step(state, batch)
+        if policy_tokens is not None and int(metrics["policy_tokens_over"]):
+            raise ValueError(f"the rollout's rows hold {int(metrics['policy_tokens_over'])} policy tokens beyond "
+                             f"policy_tokens = {policy_tokens}: their log-probs were not computed")
+        return state, metrics
 
     rollout_fn = make_host_rollout_fn(world, cfg, ts, world.train_tasks, sampler=Sampler(temperature=arm.temperature),
                                       compute_dtype=compute_dtype, mesh=mesh, on_trace=on_trace)
