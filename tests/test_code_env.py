@@ -132,6 +132,54 @@ def test_sandbox_runs_are_bounded_by_the_hosts_cores(monkeypatch):
     assert peak[0] == 2
 
 
+def test_resubmitted_programs_reuse_their_result_unless_a_limit_was_hit(monkeypatch):
+    """The same program on the same tests runs once (`CodeEnv.cache_size` distinct programs kept, least recently
+    used out first); a run that timed out, hit its CPU quota or left a test not run is not kept; 0 keeps none."""
+    runs = []
+
+    def fake_run_calls(code, entry, args_list, limits):
+        runs.append(code)
+        status = "timeout" if "slow" in code else "not_run" if "die" in code else "ok"
+        return sandbox.SandboxResult(outcomes=tuple(sandbox.CallOutcome(status, value=1) for _ in args_list),
+                                     load_error=None, timed_out=False, isolation=MODE, exit_info="", wall_s=0.01,
+                                     cpu_exceeded="spin" in code)
+
+    monkeypatch.setattr("jaxagent.envs.host.code_env.run_calls", fake_run_calls)
+    env = CodeEnv(cache_size=2)
+    task, other = env.tasks("all")[:2]
+    first = env.evaluate(task, "def f(): pass")
+    assert env.evaluate(task, "def f(): pass") == first and len(runs) == 1
+    env.evaluate(other, "def f(): pass")  # other tests: another run
+    env.evaluate(task, "def g(): pass")   # the cache holds 2: the least recently used goes
+    assert len(runs) == 3 and (env.sandbox_runs, env.cache_hits) == (3, 1)
+    env.evaluate(task, "def g(): pass")
+    env.evaluate(task, "def f(): pass")   # evicted: runs again
+    assert len(runs) == 4 and (env.sandbox_runs, env.cache_hits) == (4, 2)
+    for limited in ("slow = 1", "spin = 1", "die = 1"):
+        env.evaluate(task, limited)
+        env.evaluate(task, limited)
+    assert len(runs) == 10
+    none = CodeEnv(cache_size=0)
+    none.evaluate(task, "def f(): pass")
+    none.evaluate(task, "def f(): pass")
+    assert len(runs) == 12 and none.cache_hits == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="cache_size"):
+            CodeEnv(cache_size=bad)
+
+
+def test_a_kept_result_equals_a_fresh_run(env):
+    task = env.tasks("train")[0]
+    fresh = CodeEnv(limits=env.limits, cache_size=0)
+    kept = CodeEnv(limits=env.limits)
+    for code in (task.reference, "def nope(:"):
+        a, b = kept.evaluate(task, code), kept.evaluate(task, code)
+        c = fresh.evaluate(task, code)
+        assert a is not None and b[1] is a[1] and a[0] == c[0] and a[1].outcomes == c[1].outcomes
+        assert a[1].load_error == c[1].load_error
+    assert (kept.sandbox_runs, kept.cache_hits) == (2, 2)
+
+
 BROKEN = {
     "pair-sum": ("seen[target - x], j]", "seen[target - x], j + 1]"),
     "palindrome": ("c.lower()", "c"),

@@ -41,6 +41,12 @@ Anchor (`anchor(state)`): hash of (task id, pass/fail vector of the latest submi
 the first); an invalid action keeps the previous vector (the env state did not change).
 upper_bound_turns = 1 (the reference solution passes in one submission; loaded tasks without a reference,
 kept with `require_reference=False`, are assumed solvable in one).
+Repeated submissions: the result of a run is kept (the last `cache_size` distinct programs) and reused when the
+same program is submitted on the same tests, which a sampled policy does often (docs/host_study.md: most
+submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs only. A
+program that reads randomness or the clock gets its first run's outcome each time; a run that hit the wall-clock
+or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission runs again). `sandbox_runs` and
+`cache_hits` count both.
 Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
 may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
 needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.
@@ -52,9 +58,12 @@ the episode.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import decimal
+import hashlib
 import io
+import json
 import math
 import random
 import re
@@ -325,11 +334,19 @@ class CodeEnv(HostEnv):
     mistake_kinds = CODE_MISTAKE_KINDS
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), tasks: tuple | None = None, data=None,
-                 max_parallel: Optional[int] = None, seed: int = code_gen.SEED, **data_kwargs):
+                 max_parallel: Optional[int] = None, seed: int = code_gen.SEED, cache_size: int = 16384,
+                 **data_kwargs):
         """limits: the sandbox's limits per submission. tasks: task dicts replacing the built-in set (the
         hand-written and generated problems, every 4th held out). data: a local directory (or file) of
         DeepCoder-style problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to). max_parallel:
-        sandbox runs at once (default `host_cores()`). seed: the generated families' seed."""
+        sandbox runs at once (default `host_cores()`). seed: the generated families' seed. cache_size: distinct
+        programs whose results are kept for resubmissions (module docstring; 0: every submission runs)."""
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"CodeEnv: cache_size must be an integer >= 0, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cache_lock = threading.Lock()
+        self.sandbox_runs = self.cache_hits = 0
         self.limits = limits
         if max_parallel is None:
             max_parallel = host_cores()
@@ -430,11 +447,41 @@ class CodeEnv(HostEnv):
         the raw sandbox result. Raises `SandboxError` when the sandbox itself fails (never a score for the
         model)."""
         program, entry = driver(task, code)
-        with self._slots:
-            result = run_calls(program, entry, [a for a, _ in task.tests], self.limits)
+        args = [a for a, _ in task.tests]
+        key = hashlib.sha256(json.dumps([program, entry, args]).encode()).hexdigest() if self.cache_size else None
+        result = self._cached(key)
+        if result is None:
+            with self._slots:
+                result = self._cached(key)  # a run of the same program may have finished while this one waited
+                if result is None:
+                    result = run_calls(program, entry, args, self.limits)
+                    self._keep(key, result)
         passed = [o.status == "ok" and outcome_matches(task, o.value, e)
                   for o, (_, e) in zip(result.outcomes, task.tests)]
         return passed, result
+
+    def _cached(self, key):
+        """The kept result of `key`'s program, or None (module docstring, "Repeated submissions")."""
+        if key is None:
+            return None
+        with self._cache_lock:
+            result = self._cache.get(key)
+            if result is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+            return result
+
+    def _keep(self, key, result: SandboxResult) -> None:
+        with self._cache_lock:
+            self.sandbox_runs += 1
+            died = result.load_error is None and any(o.status == "not_run" for o in result.outcomes)
+            limited = died or result.timed_out or result.cpu_exceeded or any(o.status == "timeout"
+                                                                             for o in result.outcomes)
+            if key is None or limited:
+                return
+            self._cache[key] = result
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
     def feedback(self, task: CodeTask, passed: list[bool], result: SandboxResult) -> str:
         n, k = len(passed), sum(passed)
