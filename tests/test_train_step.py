@@ -367,6 +367,20 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_to
     assert_tree_close(new.ref_params, ref_params, atol=0, rtol=0)
 
 
+def test_policy_tokens_give_the_same_update(reference):
+    """With policy_tokens bounding every row's policy tokens (here the batch's most), the step projects at those
+    positions only and gives the full step's metrics, gradients and update (to float rounding)."""
+    _, ref, ref_m = reference
+    batch = make_batch()
+    step = make_step(LS, policy_tokens=int(np.asarray(batch["policy_mask"]).sum(1).max()))
+    new, metrics = step(fresh_state(), batch)
+    for k in ("loss", "pg_loss", "clip_frac", "drift", "entropy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(float(metrics[k]), ref_m[k], err_msg=k, **TOL)
+    assert float(metrics["policy_tokens_over"]) == 0
+    assert_tree_close(grads_of(new), grads_of(ref))
+    assert_tree_close(new.params, ref.params)
+
+
 def test_policy_positions_and_tokens_beyond_the_bound_are_counted():
     """`policy_positions`: each row's policy positions in order, padded with 0; the train step's
     policy_tokens_over counts the tokens past the bound (their log-probs would read 0), and a bad bound raises."""

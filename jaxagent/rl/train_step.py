@@ -295,7 +295,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         metrics["skipped_total"] = optim.nonfinite_count(opt_state).astype(jnp.float32)
         metrics["tokens"] = denoms["tokens"]
         if policy_tokens is not None:
-            metrics["policy_tokens_over"] = jnp.sum(jnp.maximum(jnp.sum(mask.astype(jnp.int32), 1) - policy_tokens, 0))
+            per_row = jnp.sum(mask.astype(jnp.int32), axis=1)
+            metrics["policy_tokens_over"] = jnp.sum(jnp.maximum(per_row - policy_tokens, 0))
         if vs is not None:
             metrics["critic_grad_norm"] = optax.tree.norm(cgrads)
             cupd, copt_state = copt.update(cgrads, state.critic_opt_state, cparams)
