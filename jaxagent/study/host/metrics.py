@@ -54,9 +54,9 @@ ONE_TURN_NOTE = ("Finding 7: every GiGPO training episode took one turn, so each
                  "A_E rescales GRPO's; with Adam (its updates do not depend on that scale) and no KL or entropy term, "
                  "GiGPO trained as GRPO by construction and parity could not have failed: no estimate in this run.")
 RECOVERING_EXPERT_NOTE = (
-    "Finding 2: the base imitates a noisy expert that recovers from its slips when it has more turns (it checks "
-    "first, or fixes the slip after the env's feedback), while at the tightest tier a slip costs the task. RL that "
-    "unlearns the slips therefore gains more at the tightest tier than at the full budget, the side that fails "
+    "Finding 2: the base imitates a noisy expert that recovers from some of its slips when it has more turns (it "
+    "checks first, or fixes the slip after the env's feedback), while at the tightest tier a slip costs the task. RL "
+    "that unlearns the slips therefore gains more at the tightest tier than at the full budget, the side that fails "
     "this row: the base's design tilts it towards \"not reproduced\" (it does not decide it; RL can gain at the full "
     "budget by other means).")
 NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fits the tightest tier (T = {t} turns), "
@@ -153,15 +153,15 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     Noisy-expert toy bases (`study.host.sft`; SQL, coding and BFCL first requests): the slips are drawn on train
     tasks only and no held-out task enters SFT, so the base's held-out rates are measured, not set. The slip rate
     bounds how much RL can gain by unlearning slips, not the sign: f1 fails if RL forgets more than it unlearns
-    (measured on code-toy: +1.1 [-4.0, 6.2], not reproduced); f7 fails if GiGPO and GRPO unlearn at different
+    (measured on code-toy: +0.6 [-1.8, 2.9], not reproduced); f7 fails if GiGPO and GRPO unlearn at different
     speeds (on sql-toy at 5 seeds GiGPO is ahead by +1.5 [0.5, 2.4], inside the margin). f2 is tilted by the
     base's design: each of these experts recovers from some of its slips when it has more turns (SQL's checks
     first and then submits the reference; coding's and BFCL's fix half their slips after the env's feedback), while
     at the tightest tier a slip costs the task. RL that unlearns slips therefore gains more at the tightest tier
-    than at the full budget, which is f2's failing side (code-toy +0.6 [-6.1, 7.2], sql-toy at 5 seeds +1.6 [-0.5, 3.6], both not
-    reproduced). The row is still decided by the data (RL can gain at the full budget by other means), but a "not
-    reproduced" there is what the design predicts, so the report puts `RECOVERING_EXPERT_NOTE` beside it
-    (`domain_metrics(recovering_expert=True)`). The note changes no verdict; what would have failed f2 there is the
+    than at the full budget, which is f2's failing side (code-toy +3.7 [1.1, 6.3], sql-toy at 5 seeds +1.6
+    [-0.5, 3.6], both not reproduced). The row is still decided by the data (RL can gain at the full budget by
+    other means), but a "not reproduced" there is what the design predicts, so the report puts
+    `RECOVERING_EXPERT_NOTE` beside it (`domain_metrics(recovering_expert=True)`). The note changes no verdict; what would have failed f2 there is the
     row's own (a 95% CI above 0, or holding 0 with its lower end above -10 points), and it is possible whenever the
     room reaches -10 (on bfcl-toy the base's 3.4% left 4.4 points: untestable, said by the row).
     Env-specific findings follow the env (`host_stages.uses_env`): bfcl-first (bfcl-toy) gets BFCL's 4 and 5 with
