@@ -295,8 +295,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         metrics["skipped_total"] = optim.nonfinite_count(opt_state).astype(jnp.float32)
         metrics["tokens"] = denoms["tokens"]
         if policy_tokens is not None:
-            per_row = jnp.sum(mask.astype(jnp.int32), axis=1)
-            metrics["policy_tokens_over"] = jnp.sum(jnp.maximum(per_row - policy_tokens, 0))
+            metrics["policy_tokens_over"] = policy_positions(mask, policy_tokens)[1]  # positions unused: dropped
         if vs is not None:
             metrics["critic_grad_norm"] = optax.tree.norm(cgrads)
             cupd, copt_state = copt.update(cgrads, state.critic_opt_state, cparams)

@@ -146,11 +146,11 @@ class HostEnv:
         return copy.deepcopy(state)
 
 
-def check_slip_fix(fix) -> float:
+def check_slip_fix(fix, what: str = "slip fix probability") -> float:
     """`fix` of `slipped_actions` (the probability that the noisy expert fixes its slip) as a float; ValueError
-    unless it is a number in [0, 1]."""
+    (naming it `what`) unless it is a number in [0, 1]."""
     if isinstance(fix, bool) or not isinstance(fix, (int, float)) or not 0 <= fix <= 1:
-        raise ValueError(f"slip fix probability must be a number in [0, 1], got {fix!r}")
+        raise ValueError(f"{what} must be a number in [0, 1], got {fix!r}")
     return float(fix)
 
 

@@ -43,10 +43,10 @@ upper_bound_turns = 1 (the reference solution passes in one submission; loaded t
 kept with `require_reference=False`, are assumed solvable in one).
 Repeated submissions: the result of a run is kept (the last `cache_size` distinct programs) and reused when the
 same program is submitted on the same tests, which a sampled policy does often (docs/host_study.md: most
-submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs only. A
-program that reads randomness or the clock gets its first run's outcome each time; a run that hit the wall-clock
-or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission runs again). `sandbox_runs` and
-`cache_hits` count both.
+submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs
+only. A program that reads randomness or the clock gets its first run's outcome each time; a run that hit the
+wall-clock or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission
+runs again). `sandbox_runs` and `cache_hits` count both.
 Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
 may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
 needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.

@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from jaxagent.envs.host.base import (HostEnv, check_slip_fix, coerce_action, make_info, parse_tool_calls, split_tasks,
-                                     stable_hash, strip_think)
+from jaxagent.envs.host.base import (HostEnv, check_slip_fix, coerce_action, make_info, parse_tool_calls,
+                                     split_tasks, stable_hash, strip_think)
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root

@@ -161,9 +161,14 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     than at the full budget, which is f2's failing side (code-toy +3.7 [1.1, 6.3], sql-toy at 5 seeds +1.6
     [-0.5, 3.6], both not reproduced). The row is still decided by the data (RL can gain at the full budget by
     other means), but a "not reproduced" there is what the design predicts, so the report puts
-    `RECOVERING_EXPERT_NOTE` beside it (`domain_metrics(recovering_expert=True)`). The note changes no verdict; what would have failed f2 there is the
+    `RECOVERING_EXPERT_NOTE` beside it (`domain_metrics(recovering_expert=True)`; not for an expert with
+    `slip_fix` 0, which recovers from nothing). The note changes no verdict; what would have failed f2 there is the
     row's own (a 95% CI above 0, or holding 0 with its lower end above -10 points), and it is possible whenever the
-    room reaches -10 (on bfcl-toy the base's 3.4% left 4.4 points: untestable, said by the row).
+    room reaches -10 (on bfcl-toy the base's 3.4% left 4.4 points: untestable, said by the row). The other way,
+    "reproduced" (a CI below 0), was possible on code-toy with its expert fixing half its slips: room [-22.0,
+    78.0]; measured +3.7 [1.1, 6.3]. Its f1 could have come out "reproduced" (a CI above 0, room [-28.4, 71.6]);
+    measured +0.6 [-1.8, 2.9], decided "not reproduced" by the upper end below E = 10. Its f7 would have failed on a
+    95% CI excluding 0; measured +1.9 [-0.7, 4.5], parity.
     Env-specific findings follow the env (`host_stages.uses_env`): bfcl-first (bfcl-toy) gets BFCL's 4 and 5 with
     their own failing results, both possible there: f4 a 95% CI of the correction-rate gap below 0 or holding 0
     with its upper end below 14.2 points (room [-4.3, 95.7] on bfcl-toy; measured +2.0 [-0.1, 4.0], not

@@ -35,6 +35,7 @@ from typing import Callable, Optional, Sequence
 import jax
 import numpy as np
 
+from jaxagent.envs.host.base import check_slip_fix
 from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE
 from jaxagent.models.chat import render_chat
 from jaxagent.models.config import Qwen3Config
@@ -83,9 +84,7 @@ class HostSFTSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"HostSFTSettings.{name} must be a number in [0, 1), got {v!r}")
-        fix = self.slip_fix
-        if isinstance(fix, bool) or not isinstance(fix, (int, float)) or not 0 <= fix <= 1:
-            raise ValueError(f"HostSFTSettings.slip_fix must be a number in [0, 1], got {self.slip_fix!r}")
+        check_slip_fix(self.slip_fix, "HostSFTSettings.slip_fix")
         if self.width_bucket is not None and (isinstance(self.width_bucket, bool)
                                               or not isinstance(self.width_bucket, int) or self.width_bucket < 1):
             raise ValueError(f"HostSFTSettings.width_bucket must be an integer >= 1 or None, got {self.width_bucket!r}")
