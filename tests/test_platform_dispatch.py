@@ -176,6 +176,24 @@ def test_decode_attention_is_dots_on_accelerators_and_multiply_adds_on_cpu():
     assert _attention_dots("cpu", 8, 40) == _attention_dots("tpu", 8, 40) == 2
 
 
+def test_causal_attention_is_one_dense_block_on_accelerators_and_query_blocks_on_cpu():
+    """The training forward (no cache) over T = 2 x CAUSAL_BLOCK tokens: scores and p.V are one dot_general each
+    per layer in programs for TPU and GPU; a CPU program runs them per query block (2 blocks: 4 per layer). Up to
+    CAUSAL_BLOCK tokens both are dense."""
+    params = jax.eval_shape(lambda: qwen3.init(CFG, jax.random.key(0)))
+
+    def dots(platform, t):
+        toks = jax.ShapeDtypeStruct((2, t), jnp.int32)
+        lowered = jax.jit(lambda p, x: qwen3.hidden_states(p, CFG, x)[0]).trace(params, toks).lower(
+            lowering_platforms=(platform,))
+        return lowered.as_text().count("stablehlo.dot_general")
+
+    t = 2 * ops.CAUSAL_BLOCK
+    layers = CFG.num_hidden_layers
+    assert dots("tpu", t) == dots("cuda", t) and dots("cpu", t) - dots("tpu", t) == 2 * layers
+    assert dots("cpu", ops.CAUSAL_BLOCK) == dots("tpu", ops.CAUSAL_BLOCK)
+
+
 def test_no_default_backend_in_the_package():
     """The path is never chosen from the host's backend (`jax.default_backend()`), which is 'cpu' on a
     host that compiles for TPU."""

@@ -88,6 +88,34 @@ def test_batched_left_padding_matches_transformers(ckpt, fwd):
         assert np.abs(alone[0] - ours[b, valid[b]]).max() < TOL
 
 
+def test_long_causal_forward_matches_transformers_and_both_branches(ckpt, fwd):
+    """Sequences longer than `ops.CAUSAL_BLOCK` (a CPU program's queries in blocks, each over the keys up to its
+    block's end), left-padded: the logits equal PyTorch's, and the loss gradient equals the dense branch's
+    (the one GPUs and TPUs lower), run here on CPU."""
+    from tests.conftest import seam_mode
+    _, model, cfg, params = ckpt
+    t = 2 * ops.CAUSAL_BLOCK + 37
+    rng = np.random.default_rng(5)
+    toks = rng.integers(0, cfg.vocab_size, (2, t))
+    mask = np.ones_like(toks)
+    mask[1, :50] = 0
+    pos = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+    args = (jnp.asarray(toks), cfg, jnp.asarray(pos), jnp.asarray(mask))
+    ours = np.asarray(fwd(params, *args))
+    ref = hf_logits(model, toks, attention_mask=mask, position_ids=pos)
+    valid = mask.astype(bool)
+    assert np.abs(ours[valid] - ref[valid]).max() < TOL
+    r = jnp.asarray(rng.normal(size=ours.shape).astype(np.float32) * valid[..., None])
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(qwen3.forward(p, cfg, args[0], positions=args[2],
+                                                            attention_mask=args[3])[0] * r)))
+    blocked = grad(params)
+    with seam_mode("accelerator"):
+        dense = jax.jit(jax.grad(lambda p: jnp.sum(qwen3.forward(p, cfg, args[0], positions=args[2],
+                                                                 attention_mask=args[3])[0] * r)))(params)
+    for g, d in zip(jax.tree.leaves(blocked), jax.tree.leaves(dense)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(d), rtol=1e-4, atol=1e-5 * float(np.abs(d).max()))
+
+
 def test_save_then_transformers_load(ckpt, tmp_path):
     from transformers import Qwen3ForCausalLM
     _, _, cfg, params = ckpt

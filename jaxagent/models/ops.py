@@ -1,7 +1,8 @@
 """The model's compute seam: the operations of `qwen3` whose best implementation depends on the platform.
 
 `qwen3` is one XLA model written against these functions: `rope_tables`, `qkv` (projections, q/k norms,
-RoPE), `attention` / `attend_cached` (attention, over a KV cache), `out_proj`, `mlp` and `unembed`.
+RoPE), `attention` / `causal_attention` / `attend_cached` (attention; over a sequence's own tokens; over a KV
+cache), `out_proj`, `mlp` and `unembed`.
 Each is the plain XLA computation (`primitives`) on every platform; a program lowered for CPU runs the
 CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are built), chosen
 by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): both branches have the same
@@ -140,6 +141,31 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
     out = out.transpose(0, 3, 1, 2, 4)
     out = (out / denom.transpose(0, 3, 1, 2)[..., None]).astype(v_all.dtype)
     return out.reshape(b, t, cfg.num_attention_heads, e)
+
+
+CAUSAL_BLOCK = 128  # queries per block of `causal_attention`'s CPU branch
+
+
+def causal_attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxT):
+    """`attention` of T queries over the same T tokens (keys kt [B, K, E, T], values v [B, K, T, E]) whose mask
+    is causal: query t sees no key after t (`mask_BxTxT` may hide more, e.g. padding). Returns [B, T, H, E].
+
+    A program lowered for CPU runs the queries in blocks of `CAUSAL_BLOCK`, each over the keys up to its block's
+    end only: every later key is masked for the whole block, so its weight is exactly 0 in the dense softmax and
+    leaving it out changes only the f32 rounding of the sums. The score tensors (and their exp, max and sum, the
+    backward's too, which XLA:CPU streams through memory) shrink from T x T to about T x (T + CAUSAL_BLOCK) / 2
+    per head. Other platforms' programs run the dense `attention`."""
+    t = q_BxTxHxE.shape[1]
+    dense_fn = functools.partial(attention, cfg)
+    if t <= CAUSAL_BLOCK:
+        return dense_fn(q_BxTxHxE, kt_all, v_all, mask_BxTxT)
+
+    def blocked(q, kt, v, mask):
+        return jnp.concatenate([attention(cfg, q[:, s:s + CAUSAL_BLOCK], kt[..., :s + CAUSAL_BLOCK],
+                                          v[:, :, :s + CAUSAL_BLOCK], mask[:, s:s + CAUSAL_BLOCK, :s + CAUSAL_BLOCK])
+                                for s in range(0, t, CAUSAL_BLOCK)], axis=1)
+
+    return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxT, cpu=blocked, default=dense_fn)
 
 
 def qkv(cfg, p_attn, x_BxTxD, tok: Tokens, query_index=None):

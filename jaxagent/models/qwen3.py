@@ -134,7 +134,7 @@ def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, tok, mask_BxTxS, writ
         kv_cache = (k_cache, v_cache)
         out = ops.attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window, tok_q)
     else:
-        out = ops.attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
+        out = ops.causal_attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
     # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
     # the whole o_proj weight into that order on every decode step.
     b, t = out.shape[:2]
