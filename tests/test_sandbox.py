@@ -86,6 +86,25 @@ def test_values_round_trip_and_errors(limits):
     assert r.isolation == ("namespaces" if limits.strong else "unsafe-rlimits-only")
 
 
+def test_a_run_preloads_the_modules_its_program_names():
+    """`sandbox.preloads`: the PRELOAD modules named in the program's text (whole words), nothing else."""
+    code = "import math\nfrom collections import Counter\n# heapq would be nice\ndef f(x):\n    return x\n"
+    assert sandbox.preloads(code) == ["collections", "heapq", "math"]
+    assert sandbox.preloads("def f(x):\n    return x + 1\n") == []
+    assert sandbox.preloads("import mathematics, recollections\n") == []
+
+
+@pytest.mark.parametrize("limits", MODES)
+def test_modules_the_program_does_not_name_still_import(limits):
+    """A module the run did not preload (its name built at run time, so no word of the program names it) is
+    imported inside the call, with the preloaded ones beside it."""
+    code = ("import math\ndef f(x):\n    m = __import__('stat' + 'istics')\n    c = __import__('coll' + 'ections')\n"
+            "    return [m.median([x, 3, 5]), c.Counter('aab')['a'], math.isqrt(x)]\n")
+    assert sandbox.preloads(code) == ["math"]
+    r, _ = _run(code, [[4], [9]], limits)
+    assert r.load_error is None and [o.value for o in r.outcomes] == [[4, 2, 2], [5, 2, 3]]
+
+
 @pytest.mark.parametrize("limits", MODES)
 def test_load_errors_are_reported(limits):
     r, _ = _run("def f(:\n    pass\n", limits=limits)

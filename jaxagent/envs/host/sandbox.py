@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from jaxagent.envs.host.sandbox_child.common import PRELOAD
 from jaxagent.envs.host.sandbox_child.seccomp import TABLES as SECCOMP_TABLES
 
 _MARK = b"@@jaxagent-sbx "
@@ -224,6 +226,15 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
+def preloads(code: str) -> list[str]:
+    """The modules of `PRELOAD` that `code` names (as a whole word anywhere in its text): a strong-mode run imports
+    them once, before its calls' workers fork, instead of once per call (weak mode imports all of them). Naming one
+    in a comment only costs its import; a module imported without being named (e.g. by `__import__` of a built
+    string) is imported inside the call, as any other module is. Importing all of them took about 25 ms per run, a
+    third of a short run's time (docs/sandbox.md)."""
+    return [m for m in PRELOAD if re.search(r"\b%s\b" % m, code)]
+
+
 def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
               limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run `code` in the sandbox and call `entry_point(*args)` for each args in `args_list`.
@@ -250,7 +261,9 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
     cfg = {"code": code, "entry_point": entry_point, "args_list": args_json, "uid": uid,
            "mode": "namespaces" if limits.strong else "unsafe-rlimits-only", "parent_pid": os.getpid(),
            "tmp_root": tempfile.gettempdir(), "cgroup": bool(limits.cgroup), "hide": _hidden_paths(),
-           "limits": dataclasses.asdict(limits)}
+           "limits": dataclasses.asdict(limits),
+           # weak mode: a root caller's workers run as nobody, who may not read the interpreter's own files
+           "preload": preloads(code) if limits.strong else list(PRELOAD)}
     killed = False
     proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},

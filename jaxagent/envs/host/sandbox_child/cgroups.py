@@ -126,11 +126,11 @@ def cgroup_remove(made):
         except OSError:
             pass
     for d, _ in made:
-        for _ in range(200):
+        for _ in range(2000):  # up to 2 s; the run's last processes are usually gone within a few ms
             try:
                 os.rmdir(d)
                 break
             except FileNotFoundError:
                 break
             except OSError:
-                time.sleep(0.01)
+                time.sleep(0.001)

@@ -10,6 +10,8 @@ import resource
 
 MARK = "@@jaxagent-sbx "
 CAP_VALUE_DEPTH = 60  # deeper answers from a worker are refused (the worker's own encoder stops at 50)
+# Standard-library modules imported once per run, before the calls' workers fork from the process that imported
+# them: those of them the program names (`sandbox.preloads`); any other import works as usual, inside the call.
 PRELOAD = ("collections", "heapq", "bisect", "itertools", "functools", "math", "re", "string", "typing",
            "dataclasses", "fractions", "decimal", "statistics", "random", "operator", "copy", "array",
            "datetime", "enum", "io", "traceback", "cmath", "numbers", "textwrap", "unicodedata")

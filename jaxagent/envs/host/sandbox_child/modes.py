@@ -14,7 +14,7 @@ import time
 
 from . import seccomp
 from .cgroups import cgroup_create, cgroup_remove
-from .common import (PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PRELOAD, SetupError, die_with_parent,
+from .common import (PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, SetupError, die_with_parent,
                      emit, err_text, libc, prctl, set_limits)
 from .harness import harness
 from .rootfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, build_root, mount
@@ -169,7 +169,7 @@ def init(cfg, out, lib):
             try:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
-                for name in PRELOAD:  # harmless imports, while the new root is fresh
+                for name in cfg["preload"]:  # harmless imports, while the new root is fresh
                     try:
                         __import__(name)
                     except ImportError:
@@ -251,7 +251,7 @@ def weak_mode(cfg, out):
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.setsid()
-            for name in PRELOAD:
+            for name in cfg["preload"]:
                 try:
                     __import__(name)
                 except ImportError:

@@ -3,7 +3,11 @@
 No dimension legend: host-side Python, no arrays.
 """
 
+import builtins
+import copy
+import io
 import json
+import math
 import os
 import signal
 import sys
@@ -12,8 +16,6 @@ from .common import WEAK_BLOCKED_MODULES, err_text, set_limits
 
 
 def jsonable(v, depth=0):
-    import math
-
     if depth > 50:
         raise ValueError("return value nested too deeply")
     if v is None or isinstance(v, (bool, int, str)):
@@ -142,10 +144,6 @@ def emit_worker(w, obj):
 
 
 def run_one(cfg, i, w):
-    import builtins
-    import copy
-    import io
-
     class Timeout(BaseException):
         pass
 
