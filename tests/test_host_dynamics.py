@@ -19,8 +19,9 @@ from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metr
 
 # ----------------------------------------------------------------------------- measuring R_single
 def test_should_measure_every_and_last():
-    assert [i for i in range(7) if host_dynamics.should_measure(i, 3, 7)] == [0, 3, 6]
-    assert [i for i in range(7) if host_dynamics.should_measure(i, 5, 7)] == [0, 5, 6]
+    assert [i for i in range(7) if host_dynamics.should_measure(i, 3, 7)] == [2, 5, 6]
+    assert [i for i in range(7) if host_dynamics.should_measure(i, 5, 7)] == [4, 6]
+    assert [i for i in range(20) if host_dynamics.should_measure(i, 20, 20)] == [19]
     assert [i for i in range(2) if host_dynamics.should_measure(i, 1, 2)] == [0, 1]
     with pytest.raises(ValueError, match="dynamics_every"):
         host_dynamics.should_measure(0, 0, 7)
@@ -94,14 +95,57 @@ def _logs():
     return {s: _log(base, base - 0.1 * (s + 1), 0.25, (4 + s) / 8) for s in range(3)}
 
 
+def _batches():
+    """Each seed's training success per iteration (10 iterations of 8 episodes, as `_logs`): 2/8 at the first five,
+    (4 + s)/8 at the last five."""
+    return {s: [0.25] * 5 + [(4 + s) / 8] * 5 for s in range(3)}
+
+
+def test_r_multi_windows_average_each_end():
+    """W = min(R_MULTI_WINDOW, n // 2) iterations at each end, B episodes each, round(rate x B) successes per batch."""
+    last, first, w = host_dynamics.r_multi_windows([0.0, 0.5, 1.0, 0.25, 0.75], 4)
+    assert w == 2 and first.tolist() == [0, 0, 0, 0, 1, 1, 0, 0] and last.tolist() == [1, 0, 0, 0, 1, 1, 1, 0]
+    rates = [0.0] * 12 + [1.0] * 12
+    last, first, w = host_dynamics.r_multi_windows(rates, 8)
+    assert w == host_dynamics.R_MULTI_WINDOW and first.size == last.size == 8 * w
+    assert host_dynamics.r_multi_windows([0.5], 8) is None and host_dynamics.r_multi_windows([], 8) is None
+
+
+def test_one_batch_per_end_could_not_decide_and_windows_can():
+    """Finding 6's R_multi on simulated training logs like code-toy's: 20 iterations of 8 tasks x 8 episodes, each
+    task's success chance uniform in [0, 1] (batches vary by their tasks far more than by their episodes), rising by
+    0.05 over training, 3 seeds, 100 replications. With one batch at each end the median interval is about 0.7 wide
+    and most verdicts are 'underpowered' (the interval holds both 0 and E = 0.331); with windows of R_MULTI_WINDOW
+    batches it is about half as wide and most verdicts are 'not reproduced' (its upper end below E), a verdict the data
+    decide."""
+    rng = np.random.default_rng(1)
+    f_multi, _ = host_dynamics.finding("code", "Multi-turn coding")
+    verdicts, widths = {1: [], 5: []}, {1: [], 5: []}
+    for _ in range(100):
+        batches = {s: [rng.binomial(8, np.clip(rng.uniform(0, 1, 8) + rise, 0, 1)).sum() / 64
+                       for rise in np.linspace(0, 0.05, 20)] for s in range(3)}
+        logs = {s: _log(np.asarray([0.5] * 4), np.asarray([0.5] * 4), b[0], b[-1], n=64, last_step=19)
+                for s, b in batches.items()}
+        for w, given in ((1, {s: [b[0], b[-1]] for s, b in batches.items()}), (5, batches)):
+            m = host_dynamics.dynamics_metrics("code", logs, [0, 1, 2], 50, host_metrics.put_estimate, given)
+            assert m["code.f6.r_multi_window"] == w and m["code.f6.n_multi"] == 64
+            verdicts[w].append(finding_verdict(f_multi, m)[0])
+            widths[w].append(m["code.f6_r_multi.diff.hi"] - m["code.f6_r_multi.diff.lo"])
+    assert host_dynamics.R_MULTI_WINDOW == 5
+    assert np.median(widths[1]) > 0.6 and np.median(widths[5]) < 0.6 * np.median(widths[1])
+    assert verdicts[1].count(stats.UNDERPOWERED) > 50 and verdicts[1].count(stats.NOT_REPRODUCED) < 40
+    assert verdicts[5].count(stats.NOT_REPRODUCED) > 80
+
+
 def test_dynamics_metrics_known_deltas_and_verdicts():
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_metrics.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_metrics.put_estimate, _batches())
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.2)
     assert m["code.f6_r_single.diff.method"] == stats.T_SEEDS and m["code.f6_r_single.diff.n_units"] == 12
-    assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 48
+    assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 3 * 80
     assert m["code.f6_r_single.first"] == pytest.approx(0.5) and m["code.f6_r_single.last"] == pytest.approx(0.3)
     assert m["code.f6_r_multi.first"] == pytest.approx(0.25) and m["code.f6_r_multi.last"] == pytest.approx(0.625)
     assert (m["code.f6.first_step_r_single"], m["code.f6.first_step_r_multi"], m["code.f6.last_step"]) == (-1, 0, 9)
+    assert (m["code.f6.last_step_r_multi"], m["code.f6.r_multi_window"], m["code.f6.n_multi"]) == (9, 5, 8)
     assert (m["code.f6.n_heldout"], m["code.f6.n_samples"]) == (4, 4)
     f_multi, f_single = host_dynamics.finding("code", "Multi-turn coding")
     assert (f_multi.direction, f_single.direction) == (1, -1)
@@ -112,7 +156,7 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
     assert finding_verdict(f_multi, m)[0] == stats.REPRODUCED
     assert finding_verdict(f_single, m)[0] == stats.UNDERPOWERED
     # seed 2 excluded (collapsed): the estimate over seeds 0, 1 and an all-seeds sensitivity line
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_metrics.put_estimate)
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_metrics.put_estimate, _batches())
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.15)
     assert m["code.f6_r_single.diff.all.mean"] == pytest.approx(-0.2) and "excluded: 2" in m["code.f6_r_single.diff.seeds"]
     assert m["code.f6_r_multi.last"] == pytest.approx(4.5 / 8)
@@ -132,7 +176,8 @@ def test_report_rows_on_coding_and_note_elsewhere():
     hl = {("grpo", s): ok for s in range(3)}
     bound = host_metrics.structural_bound([1] * 4, [1, 2], [1])
     kw = dict(n_train=12, n_heldout=4, n_boot=50)
-    code = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), **kw)
+    code = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), batches=_batches(),
+                                       **kw)
     findings = host_metrics.domain_findings("code", "Multi-turn coding")
     assert [f.key for f in findings if ".f6_" in f.key] == ["code.f6_r_multi", "code.f6_r_single"]
     text = "\n".join(host_report.domain_section("code", "Multi-turn coding", code, findings, policies=["base", "grpo"],

@@ -263,14 +263,17 @@ def test_rate_rows_rooms_and_verdicts():
                     host_dynamics.record(9, last_multi + s / 16, 16, rs(np.maximum(base_single - 0.01 * s, 0)))]
                 for s in range(3)}
 
+    def batches(first_multi, last_multi):  # 10 iterations of 16 episodes: the first 5 at first_multi, the last 5 higher
+        return {s: [first_multi] * 5 + [last_multi + s / 16] * 5 for s in range(3)}
+
     m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50,
-                                       host_metrics.put_estimate)
+                                       host_metrics.put_estimate, batches(0.75, 0.8))
     assert room_from_metrics(f_single, m) == pytest.approx((-0.05, 0.95))
     assert room_from_metrics(f_multi, m) == pytest.approx((-0.75, 0.25))
     assert finding_verdict(f_single, m)[0] == stats.UNTESTABLE  # 0.05 < E = 0.097: R_single cannot fall by E
     assert finding_verdict(f_multi, m)[0] == stats.UNTESTABLE   # 0.25 < E = 0.331: R_multi cannot rise by E
     m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50,
-                                       host_metrics.put_estimate)
+                                       host_metrics.put_estimate, batches(0.25, 0.25))
     assert finding_verdict(f_single, m)[0] not in (stats.UNTESTABLE,)
     assert finding_verdict(f_multi, m)[0] == stats.NOT_REPRODUCED  # no rise: the CI's upper end is below E
 

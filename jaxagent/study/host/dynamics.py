@@ -4,7 +4,11 @@ docs/study.md finding 6 and "jaxagent's definitions").
 
 R_multi at iteration i: the mean trajectory success of that iteration's training batch (`rl.loop.rollout_metrics`
 success_rate, B = n_tasks x G episodes, rolled out with the params before the iteration's update; iteration 0's
-batch is the base policy's).
+batch is the base policy's). Its change over training compares the first and the last W = min(R_MULTI_WINDOW, n // 2)
+of the n logged iterations' batches (the training log, metrics.jsonl), so that each end is W x B episodes: one
+batch of 64 episodes at each end left an interval of about +/-0.43 at 3 seeds, wider than the paper's 0.331, so
+the finding could only come out "underpowered". Averaging over a window biases the change toward 0 (the window's
+policies lie between the ends), against the paper's direction.
 
 R_single (`make_r_single`): the held-out tasks' initial states, Z samples each; per sample ONE reply to the episode's
 first prompt, with the full budget T_max announced in it, and success = that first submission passes every unit
@@ -13,7 +17,7 @@ test (the code env's `success`); the episode ends after it whatever its outcome 
 the coding domain's single-turn pass rate on a fixed held-out state set. Every measurement uses the same key
 (`R_SINGLE_KEY`: the same reset seeds and sampling noise for base and every checkpoint, common random numbers) and
 the evaluation's rollout batches (`host_stages.run_pass_episodes`, one tier), so it reuses their compiled programs.
-Measured for the base (step -1), every `dynamics_every` iterations and at the last iteration
+Measured for the base (step -1), after every `dynamics_every` updates and after the last iteration
 (`should_measure`).
 
 Log record (`record`; one JSON line of arms/<arm>/seed<s>/dynamics.jsonl): step (-1: base), r_multi (NaN at step
@@ -23,23 +27,27 @@ Estimates (`dynamics_metrics`, GRPO seeds; collapsed and diverged seeds excluded
 estimate, through `metrics.put_estimate` and `stats.seed_estimate`):
   `<d>.f6_r_single.diff`: per seed s and held-out task p, delta_{s,p} = r_p(last logged iteration) - r_p(base);
       units = held-out tasks nested in seeds, so the estimate is the mean over seeds of R_single,last - R_single,base.
-  `<d>.f6_r_multi.diff`: per seed, R_multi(last iteration) - R_multi(iteration 0, the base policy's batch);
-      units = the two batches' episodes (success 0/1), each batch resampled within its seed (stat
-      `stats.mean_difference`), since the two batches draw their tasks independently and do not pair.
+  `<d>.f6_r_multi.diff`: per seed, mean success of the last W iterations' batches - of the first W (iteration 0's
+      batch is the base policy's); units = the two windows' episodes (success 0/1), each window resampled within
+      its seed (stat `stats.mean_difference`), since the batches draw their tasks independently and do not pair.
+      Needs >= 2 logged iterations (else the seed has no R_multi value).
 Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
 DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta). Room (`<d>.f6_<r>.room_lo/hi`):
 both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; R_multi is "untestable here (bound)"
-when iteration 0 already succeeds above 1 - 0.331, R_single when the base's single-turn pass rate is below 0.097.
+when the first iterations already succeed above 1 - 0.331, R_single when the base's single-turn pass rate is below
+0.097.
 R_multi would have been "not reproduced" with a CI below 0 or one holding 0 whose upper end is below 0.331;
 R_single with a CI above 0 (multi-turn RL also raised the single-turn pass rate) or one holding 0 whose lower end
 is above -0.097.
 
 Domains: `DOMAINS` (coding). Another domain gets the note `<d>.note.f6_dynamics` (`OTHER_DOMAIN_NOTE`) instead; a
-coding run without a usable log gets `NO_LOG_NOTE`.
+coding run without a usable log gets `NO_LOG_NOTE`, one without 2 logged iterations `<d>.note.f6_r_multi`
+(`ONE_ITERATION_NOTE`) in place of R_multi's estimate.
 
 Metric keys: `<d>.f6_<r>.diff.*` (the estimate; r in r_multi, r_single), `.first`, `.last` (means over the
-included seeds; over every seed when none is included), `.seed<s>.first`, `.seed<s>.last`, `<d>.f6.first_step_<r>`, `<d>.f6.last_step` (the iterations
-compared, when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`, `<d>.f6_<r>.room_lo`,
+included seeds; over every seed when none is included), `.seed<s>.first`, `.seed<s>.last`, `<d>.f6.first_step_<r>`,
+`<d>.f6.last_step` (R_single's), `<d>.f6.last_step_r_multi`, `<d>.f6.r_multi_window` (W), `<d>.f6.n_multi` (B)
+(each when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`, `<d>.f6_<r>.room_lo`,
 `.room_hi`.
 
 Dimension legend (CONVENTIONS.md): P tasks, Z samples per task, B episodes of one batch.
@@ -61,17 +69,21 @@ from jaxagent.study.host.step_quality import StopAfter
 
 DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
 R_SINGLE_KEY = 777
+R_MULTI_WINDOW = 5  # training iterations averaged at each end of R_multi's change (module docstring)
 OTHER_DOMAIN_NOTE = ("Finding 6 (R_multi vs R_single over training) is defined on the multi-turn coding domain only "
                      "(R_single is the paper's DeepCoder-MT single-turn pass rate); this domain has no R_single.")
+ONE_ITERATION_NOTE = ("Finding 6's R_multi (its change over training) needs >= 2 logged training iterations per GRPO "
+                      "seed; this run has fewer, so it has no R_multi estimate.")
 NO_LOG_NOTE = ("Finding 6 (R_multi vs R_single over training): no GRPO seed has a dynamics.jsonl with the base "
                "(step -1) and a training iteration, so this run has no estimate for it.")
 
 
 def should_measure(it: int, every: int, iterations: int) -> bool:
-    """Whether iteration `it` logs R_single: every `every` iterations (0, every, 2 every, ...) and the last one."""
+    """Whether iteration `it` (0-based, logged after its update) logs R_single: after every `every` updates
+    (iterations every - 1, 2 every - 1, ...) and after the last. The base (no update) is logged once, as step -1."""
     if every < 1:
         raise ValueError(f"dynamics_every must be >= 1, got {every}")
-    return it % every == 0 or it == iterations - 1
+    return (it + 1) % every == 0 or it == iterations - 1
 
 
 class FirstSubmission(StopAfter):
@@ -114,18 +126,24 @@ def finding(d: str, title: str) -> tuple[Finding, ...]:
     """Finding 6 on domain `d`: the change of R_multi (direction +1) and of R_single (direction -1) over training,
     with the paper's DeepCoder-MT changes as the reference effects."""
     out = []
-    for r, what, first, direction in (("r_multi", "trajectory reward R_multi (training batch)", "iteration 0", +1),
+    for r, what, first, direction in (("r_multi", "trajectory reward R_multi (training batches)", "first iterations",
+                                       +1),
                                       ("r_single", "single-turn reward R_single (held-out first turns)", "base", -1)):
         key, paper = f"{d}.f6_{r}", f"f6_{r}_delta"
         rows = (Row(f"{first} (mean over seeds)", f"{key}.first", None, 1.0, ".3f"),
-                Row("last iteration (mean over seeds)", f"{key}.last", None, 1.0, ".3f"),
+                Row(f"last iteration{'s' if r == 'r_multi' else ''} (mean over seeds)", f"{key}.last", None, 1.0,
+                    ".3f"),
                 Row("first logged iteration (-1: base)", f"{d}.f6.first_step_{r}", None, 1.0, ".0f"),
-                Row("last logged iteration", f"{d}.f6.last_step", None, 1.0, ".0f"))
+                Row("last logged iteration", f"{d}.f6.last_step" + ("_r_multi" if r == "r_multi" else ""), None,
+                    1.0, ".0f"))
+        if r == "r_multi":
+            rows += (Row("iterations averaged at each end (W)", f"{d}.f6.r_multi_window", None, 1.0, ".0f"),
+                     Row("episodes per training batch (B)", f"{d}.f6.n_multi", None, 1.0, ".0f"))
         if r == "r_single":
             rows += (Row("held-out tasks", f"{d}.f6.n_heldout", None, 1.0, ".0f"),
                      Row("samples per task", f"{d}.f6.n_samples", None, 1.0, ".0f"))
         e = abs(PAPER_FIGURES[paper]["value"])
-        falsifier = (f"a 95% CI of R_multi last - iteration 0 below 0, or holding 0 with its upper end below the "
+        falsifier = (f"a 95% CI of R_multi last - first iterations below 0, or holding 0 with its upper end below the "
                      f"paper's +{e:g}" if direction > 0 else
                      f"a 95% CI of R_single last - base above 0 (multi-turn RL also raised the single-turn pass "
                      f"rate), or holding 0 with its lower end above the paper's -{e:g}")
@@ -137,51 +155,77 @@ def finding(d: str, title: str) -> tuple[Finding, ...]:
     return tuple(out)
 
 
-def _ends(rows: Sequence[Mapping]) -> Optional[tuple[Mapping, Mapping, Mapping]]:
-    """(base record, first training record, last training record) of one seed's log, or None without both a base
-    record and a training record."""
+def _ends(rows: Sequence[Mapping]) -> Optional[tuple[Mapping, Mapping]]:
+    """(base record, last training record) of one seed's dynamics log, or None without both."""
     base = [r for r in rows if int(r["step"]) == -1]
     train = sorted((r for r in rows if int(r["step"]) >= 0), key=lambda r: int(r["step"]))
     if not base or not train:
         return None
-    return base[-1], train[0], train[-1]
+    return base[-1], train[-1]
 
 
-def _batch(r: Mapping) -> np.ndarray:
-    """The 0/1 successes of a record's training batch: round(R_multi x B) ones among B episodes (R_multi is the
-    batch's mean success, so this is the batch up to order)."""
-    n = int(r["n_multi"])
-    k = int(round(float(r["r_multi"]) * n))
-    return np.concatenate([np.ones(k), np.zeros(n - k)])
+def _window_episodes(rates: Sequence[float], n: int) -> np.ndarray:
+    """The 0/1 successes of training batches of n episodes with these success rates: round(rate x n) ones per
+    batch (a rate is its batch's mean success, so this is each batch up to order), concatenated."""
+    ks = [int(round(float(r) * n)) for r in rates]
+    return np.concatenate([np.concatenate([np.ones(k), np.zeros(n - k)]) for k in ks])
+
+
+def r_multi_windows(rates: Sequence[float], n: int) -> Optional[tuple[np.ndarray, np.ndarray, int]]:
+    """(last window's episodes, first window's, W) from one seed's per-iteration training success rates (in
+    iteration order) and its batch size n; None with fewer than 2 iterations (no change to measure)."""
+    rates = [float(r) for r in rates]
+    if len(rates) < 2 or n < 1:
+        return None
+    w = min(R_MULTI_WINDOW, len(rates) // 2)
+    return _window_episodes(rates[-w:], n), _window_episodes(rates[:w], n), w
 
 
 def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
-                     put) -> dict:
-    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records; `put` is
-    `metrics.put_estimate`. No seed with a usable log: only the note `<d>.note.f6_dynamics` (`NO_LOG_NOTE`)."""
+                     put, batches: Mapping[int, Sequence[float]] | None = None) -> dict:
+    """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records (R_single, and B: the records'
+    n_multi) and its per-iteration training success rates `batches` (metrics.jsonl's success_rate in iteration
+    order; R_multi); `put` is `metrics.put_estimate`. No seed with a usable log: only the note
+    `<d>.note.f6_dynamics` (`NO_LOG_NOTE`); a seed without >= 2 logged iterations has no R_multi value."""
     ends = {s: e for s, e in ((s, _ends(rows)) for s, rows in sorted(logs.items())) if e is not None}
     if not ends:
         return {f"{d}.note.f6_dynamics": NO_LOG_NOTE}
     m: dict = {}
     ok = [s for s in ends if s in included] or list(ends)
     single = {s: np.asarray(last["r_single_tasks"], np.float64) - np.asarray(base["r_single_tasks"], np.float64)
-              for s, (base, _, last) in ends.items()}
-    multi = {s: (_batch(last), _batch(first)) for s, (_, first, last) in ends.items()}
+              for s, (base, last) in ends.items()}
     put(m, f"{d}.f6_r_single.diff", single, included, n_boot)
-    put(m, f"{d}.f6_r_multi.diff", multi, included, n_boot, stat=stats.mean_difference)
-    for r, first_of in (("r_single", lambda e: e[0]), ("r_multi", lambda e: e[1])):
-        for s, e in ends.items():
-            m[f"{d}.f6_{r}.seed{s}.first"] = float(first_of(e)[r])
-            m[f"{d}.f6_{r}.seed{s}.last"] = float(e[2][r])
-        m[f"{d}.f6_{r}.first"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.first"] for s in ok]))
-        m[f"{d}.f6_{r}.last"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.last"] for s in ok]))
+    for s, (base, last) in ends.items():
+        m[f"{d}.f6_r_single.seed{s}.first"], m[f"{d}.f6_r_single.seed{s}.last"] = base["r_single"], last["r_single"]
+    n_multi = {s: int(last["n_multi"]) for s, (_, last) in ends.items()}
+    windows = {s: w for s, w in ((s, r_multi_windows((batches or {}).get(s, ()), n_multi[s])) for s in ends)
+               if w is not None}
+    if windows:
+        put(m, f"{d}.f6_r_multi.diff", {s: (last, first) for s, (last, first, _) in windows.items()}, included,
+            n_boot, stat=stats.mean_difference)
+        for s, (last, first, _) in windows.items():
+            m[f"{d}.f6_r_multi.seed{s}.first"], m[f"{d}.f6_r_multi.seed{s}.last"] = first.mean(), last.mean()
+    else:
+        m[f"{d}.note.f6_r_multi"] = ONE_ITERATION_NOTE
+    for r, seeds in (("r_single", ok), ("r_multi", [s for s in ok if s in windows] or list(windows))):
+        if not seeds:
+            continue
+        m[f"{d}.f6_{r}.first"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.first"] for s in seeds]))
+        m[f"{d}.f6_{r}.last"] = float(np.mean([m[f"{d}.f6_{r}.seed{s}.last"] for s in seeds]))
         # room: the last value lies in [0, 1], so last - first lies in [-first, 1 - first] (first: the mean over
         # the seeds of the estimate, as the difference is a mean over seeds)
         m[f"{d}.f6_{r}.room_lo"], m[f"{d}.f6_{r}.room_hi"] = -m[f"{d}.f6_{r}.first"], 1.0 - m[f"{d}.f6_{r}.first"]
-        steps = {int(first_of(ends[s])["step"]) for s in ok}
-        m[f"{d}.f6.first_step_{r}"] = float(steps.pop()) if len(steps) == 1 else math.nan
-    last_steps = {int(ends[s][2]["step"]) for s in ok}
+    m[f"{d}.f6.first_step_r_single"] = -1.0
+    last_steps = {int(ends[s][1]["step"]) for s in ok}
     m[f"{d}.f6.last_step"] = float(last_steps.pop()) if len(last_steps) == 1 else math.nan
+    if windows:
+        used = [s for s in ok if s in windows] or list(windows)
+        m[f"{d}.f6.first_step_r_multi"] = 0.0
+        lasts = {len(batches[s]) - 1 for s in used}
+        m[f"{d}.f6.last_step_r_multi"] = float(lasts.pop()) if len(lasts) == 1 else math.nan
+        ws, ns = {windows[s][2] for s in used}, {n_multi[s] for s in used}
+        m[f"{d}.f6.r_multi_window"] = float(ws.pop()) if len(ws) == 1 else math.nan
+        m[f"{d}.f6.n_multi"] = float(ns.pop()) if len(ns) == 1 else math.nan
     m[f"{d}.f6.n_heldout"] = float(len(ends[ok[0]][0]["r_single_tasks"]))
     m[f"{d}.f6.n_samples"] = float(ends[ok[0]][0]["n_samples"])
     return m

@@ -133,6 +133,8 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,
+                                    batches={s: [r["success_rate"] for r in log if "success_rate" in r]
+                                             for (a, s), log in logs.items() if a == host_metrics.MAIN_ARM},
                                     gigpo_turns=gigpo_turns or None, recovering_expert=recovering_expert(run))
 
 

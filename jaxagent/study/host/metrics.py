@@ -256,6 +256,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
                    n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
                    dynamics: Mapping[int, Sequence[Mapping]] | None = None,
+                   batches: Mapping[int, Sequence[float]] | None = None,
                    likelihood: Mapping[int, Mapping] | None = None,
                    step_quality: Mapping[int, Mapping] | None = None,
                    gigpo_turns: Mapping[int, Sequence[float]] | None = None,
@@ -269,7 +270,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`:
     finding 4's judged prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
     dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside
-    `host_dynamics.DOMAINS` gets its note instead). `likelihood`: finding 5's scored episodes per GRPO seed
+    `host_dynamics.DOMAINS` gets its note instead); `batches`: each GRPO seed's training success rate per iteration
+    (finding 6's R_multi). `likelihood`: finding 5's scored episodes per GRPO seed
     (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
     matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured). `gigpo_turns`: each
     GiGPO seed's mean turns per training iteration (finding 7: the share of its training episodes longer than one
@@ -350,7 +352,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     if likelihood is not None:
         m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, put_estimate))
     if dynamics is not None and host_stages.uses_env(d, host_dynamics.DOMAINS):
-        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, put_estimate))
+        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, put_estimate, batches))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, K=1 on the tasks solvable there
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))

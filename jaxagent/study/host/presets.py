@@ -80,9 +80,10 @@ class HostPreset:
     # presets set it; the GPU and pod presets' programs (docs/aot_records) are checked without it.
     policy_positions: bool = False
     # Finding 6 (coding only, `host_dynamics`): R_single on the held-out first turns (eval.n_samples per task, in the
-    # evaluation's rollout batches) at the base, every `dynamics_every` iterations and at the last. One measurement is
-    # P x n_samples one-turn episodes, e.g. 4 x 16 = 64 at 0.6B: about one training rollout's first turn, so every
-    # 10th of 100 iterations (11 points) costs a few percent of the arm.
+    # evaluation's rollout batches) at the base, after every `dynamics_every` updates and after the last, for the main
+    # arm's (grpo's) seeds. One measurement is P x n_samples one-turn episodes, e.g. 4 x 16 = 64 at 0.6B: about one
+    # training rollout's first turn, so every 10th of 100 iterations (11 points with the base's) costs a few percent
+    # of the arm.
     dynamics_every: int = 10
     # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the TPU
     # topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
@@ -269,21 +270,23 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # integer one too large, min/max or any/all swapped) fails its first submission, and where the budget is 2
     # turns the expert then reads the test feedback and submits the reference half the time, the slipped program
     # again otherwise (`slip_fix`: an expert that always fixed its slip lost nothing to it at the training budget).
-    # 2 turns of 128-token replies in 768 slots; SFT batches cut to their rows' slots in multiples of 128; R_single
-    # (finding 6) at the first and last iterations only (480 one-turn episodes each).
+    # 2 turns of 128-token replies in 768 slots; SFT batches cut to their rows' slots in multiples of 128. RL as
+    # sql-toy but 20 iterations: with 30, the training batches' success rose over the first 20 and not after
+    # (docs/host_study.md). R_single (finding 6) of the base and after the last iteration only (480 one-turn episodes
+    # each).
     "code-toy": _toy("code-toy", "code", t_max=2, max_action_tokens=128, max_context=768,
                      sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
                                          width_bucket=128),
-                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
-                     minibatches=2, dynamics_every=30, task_kw=dict(overlap_groups=2)),
+                     iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                     minibatches=2, dynamics_every=20, task_kw=dict(overlap_groups=2)),
     # BFCL: the tasks cut to their first request, the tools as one-line signatures (domain bfcl-first, 470 / 155
     # tasks): prompts of about 250-750 tokens in 1,024 slots, where BFCL's JSON tool docs alone are 2,031-4,878
     # tokens. 3 turns (tiers 2, 3: the reference is the request's calls and a closing message); the noisy expert's
     # slip (`BFCLEnv.slipped_actions`: one call with a required argument left out) gets a schema error, after which
     # the expert sends the reference (half the time, `slip_fix`) or gives up. 128-token replies (longer reference
     # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
-    # slots); RL as sql-toy but 20 iterations (the train step over ~1,000 slots and a 4,416-token vocabulary takes
-    # about 23 of the 25 s per iteration: 90 min in all on 2 cores, docs/host_study.md); every held-out task.
+    # slots); RL as sql-toy but 20 iterations (the train step over ~1,000 slots takes about 10 of the 12 s per
+    # iteration: 45 min in all on 2 cores, docs/host_study.md); every held-out task.
     "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
                      fractions=(0.5, 1.0),
                      sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,

@@ -43,7 +43,8 @@ from jaxagent.models import pruned_tokenizer, qwen3, weights
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
-from jaxagent.study.host import dynamics as host_dynamics, sft as host_sft, stages as host_stages
+from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, sft as host_sft,
+                                 stages as host_stages)
 from jaxagent.study.host.presets import HostPreset, data_env
 from jaxagent.study.host.stages import get_domain
 
@@ -186,8 +187,9 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
     `runtimes`: a cache of them a caller keeps across calls, e.g. to resume arms in the same process without
     recompiling). Each iteration checkpoints the train state (arms/<arm>/seed<s>/ckpt, the 2 newest) after writing
     its logs; an interrupted arm resumes from its latest checkpoint, its logs cut back to the iterations before it.
-    On the coding domain each arm also logs finding 6's R_multi and R_single (`host_dynamics`) into dynamics.jsonl:
-    the base at step -1, then every `dynamics_every` iterations and the last. Returns the trained policies
+    On the coding domain each seed of the main arm (grpo, the one finding 6 reads) also logs its R_multi and R_single
+    (`host_dynamics`) into dynamics.jsonl:
+    the base at step -1, then after every `dynamics_every` updates and the last. Returns the trained policies
     (`SavedPolicies`: (arm, seed) -> params, read from arms/<arm>/seed<s>/policy when asked for)."""
     p, done = run.preset, []
     runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
@@ -214,6 +216,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                     policy_tokens=p.policy_tokens), host)
             runtime, host = runtimes[key]
             label, recorded = f"{arm}/seed{seed}", arm_stage_settings(run, arm, seed)
+            dyn = r_single if arm == host_metrics.MAIN_ARM else None  # finding 6 reads the main arm's seeds only
             manager, state = resume_arm(run, label, out, recorded, runtime, seed, base_params)
             metrics_path, dyn_path = os.path.join(out, "metrics.jsonl"), os.path.join(out, "dynamics.jsonl")
             if state is not None:
@@ -226,18 +229,18 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                 for f in (metrics_path, dyn_path):
                     if run_dir.is_main_process() and os.path.isfile(f):  # the logs are process 0's
                         os.remove(f)  # of a run killed before its first checkpoint: it restarts from iteration 0
-                if r_single is not None:
+                if dyn is not None:
                     if not base_rs:  # the base's R_single is the same for every arm and seed (one fixed key)
                         base_rs.append(r_single(base_params))
                     run_dir.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
 
             def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
-                   recorded=recorded, settings=settings, host=host):
+                   recorded=recorded, settings=settings, host=host, dyn=dyn):
                 frozenlake_run.check_update(label, it, m, st)  # before anything of this iteration is written
                 run_dir.append_jsonl(metrics_path, {**m, **host})
-                if r_single is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
+                if dyn is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
                     run_dir.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
-                                                                        r_single(st.params)))
+                                                                        dyn(st.params)))
                 ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
                 log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
 
