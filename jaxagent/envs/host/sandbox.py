@@ -232,7 +232,8 @@ def preloads(code: str) -> list[str]:
     in a comment only costs its import; a module imported without being named (e.g. by `__import__` of a built
     string) is imported inside the call, as any other module is. Importing all of them took about 25 ms per run, a
     third of a short run's time (docs/sandbox.md)."""
-    return [m for m in PRELOAD if re.search(r"\b%s\b" % m, code)]
+    words = set(re.findall(r"\w+", code))
+    return [m for m in PRELOAD if m in words]
 
 
 def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],

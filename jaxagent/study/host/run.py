@@ -196,9 +196,10 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
     r_single, base_rs = None, []
     if host_stages.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
         host_dynamics.should_measure(0, p.dynamics_every, p.iterations)  # a bad dynamics_every fails before training
-        r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,
-                                               batch_size=p.eval.batch_size, compute_dtype=p.compute_dtype,
-                                               mesh=run.mesh)
+        if host_metrics.MAIN_ARM in p.arms:  # only the main arm's seeds measure it (finding 6 reads those)
+            r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,
+                                                   batch_size=p.eval.batch_size, compute_dtype=p.compute_dtype,
+                                                   mesh=run.mesh)
     for arm in p.arms:
         settings = run.arm_settings(arm)
         key = stages.shared_key(settings)
