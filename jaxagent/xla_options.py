@@ -9,12 +9,20 @@ inside a user's `jax.jit`, `jax.eval_shape`, `jax.make_jaxpr` or `vmap`. So the 
 with `jit` below: called at top level they compile with the options; called under any transformation
 they are plain nested jits, and the outermost boundary (the user's) decides the options.
 
+Two kinds of program, two option sets:
+- decoding-shaped programs (generation, rollouts, cache scoring): `COMPILER_OPTIONS`;
+- programs over whole sequences (train steps, SFT steps, log-probs and values of full rows, likelihood
+  scoring), `jit(..., sequence=True)`: `SEQUENCE_COMPILER_OPTIONS`, XLA's defaults.
+
 Why each option:
-- ``xla_cpu_experimental_ynn_fusion_type = ""``: XLA:CPU routes dots through YNNPACK by default, which
-  runs decoding's small-batch products with weights that do not fit in cache far below XLA's Eigen
-  path; an empty list disables that fusion pass. The field belongs to XLA's backend-independent
-  DebugOptions, so GPU and TPU compiles accept and ignore it.
-Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks).
+- ``xla_cpu_experimental_ynn_fusion_type = ""`` (decoding only): XLA:CPU routes dots through YNNPACK by
+  default, which runs decoding's small-batch products with weights that do not fit in cache far below
+  XLA's Eigen path; an empty list disables that fusion pass. Over whole sequences the products are tall
+  and YNNPACK is the faster path: the bfcl-toy RL train step (32 x 896 tokens, width 64) 2.45 -> 1.95 s,
+  `bench_train` (10M, 8 x 256) 0.84 -> 0.80 s, on a 2-core Intel Xeon. The field belongs to XLA's
+  backend-independent DebugOptions, so GPU and TPU compiles accept and ignore it.
+Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks) and
+`python -m experiments.bench_train --json --no-torch` (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -26,11 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+SEQUENCE_COMPILER_OPTIONS: dict[str, str] = {}
 
 
-def compiler_options(extra: dict | None = None) -> dict:
-    """A fresh copy of `COMPILER_OPTIONS`, updated with `extra` (which wins on conflicts)."""
-    return {**COMPILER_OPTIONS, **(extra or {})}
+def compiler_options(extra: dict | None = None, *, sequence: bool = False) -> dict:
+    """A fresh copy of `COMPILER_OPTIONS` (`SEQUENCE_COMPILER_OPTIONS` with `sequence`), updated with `extra`
+    (which wins on conflicts)."""
+    return {**(SEQUENCE_COMPILER_OPTIONS if sequence else COMPILER_OPTIONS), **(extra or {})}
 
 
 _merged = compiler_options  # `jit` below takes a keyword of the same name
@@ -70,11 +80,13 @@ class _Jitted:
         return self if obj is None else functools.partial(self, obj)
 
 
-def jit(fun: Optional[Callable] = None, *, compiler_options: Optional[dict] = None, **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` with `COMPILER_OPTIONS` (updated with `compiler_options`) at top
-    level, and a plain nested jit when called under a transformation (see the module docstring).
+def jit(fun: Optional[Callable] = None, *, compiler_options: Optional[dict] = None, sequence: bool = False,
+        **jit_kwargs):
+    """`jax.jit(fun, **jit_kwargs)` with `COMPILER_OPTIONS` (`sequence`: `SEQUENCE_COMPILER_OPTIONS`, a program
+    over whole sequences; module docstring), updated with `compiler_options`, at top level, and a plain nested
+    jit when called under a transformation (see the module docstring).
     Usable as `jit(f, ...)` or as a decorator `@functools.partial(jit, static_argnames=...)`."""
-    options = _merged(compiler_options)
+    options = _merged(compiler_options, sequence=sequence)
     if fun is None:
         return lambda f: _Jitted(f, options, jit_kwargs)
     return _Jitted(fun, options, jit_kwargs)

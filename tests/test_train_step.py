@@ -328,19 +328,25 @@ def test_kl_entropy_and_seq_mean_weighting_match_full_batch_loss(estimator):
     assert float(m["kl"]) > 1e-3
 
 
-@pytest.mark.parametrize("logits_chunk,policy_tokens", [(5, None), (None, None), (4, 5)])
-def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_tokens):
+@pytest.mark.parametrize("logits_chunk,policy_tokens,packed", [(5, None, False), (None, None, False), (4, 5, False),
+                                                        (3, None, True)])
+def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_tokens, packed):
     """kl_estimator='exact': the step's loss and gradient equal those of the policy loss with the full-vocabulary
     KL(pi || pi_ref) at every policy token's state, computed from whole [B, S, V] logits of both models; the
     reference (a different model here) gets no gradient. Two micro-batches; logits in chunks of 5 positions
-    (S = 12) or in one pass; with policy_tokens 5 (the most policy tokens of a row here) the logits only at those."""
+    (S = 12) or in one pass; with policy_tokens 5 (the most policy tokens of a row here) the logits only at those;
+    packed: each micro-batch's policy positions in one list (in chunks of 3 positions)."""
     ls = train_state.LossSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.5, kl_estimator="exact")
     batch = make_batch(2)
     params, ref_params = np_params(CFG), np_params(CFG, 7)
     state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
     step = ts.make_train_step(CFG, TX, ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
-                              compiler_options=FAST, policy_tokens=policy_tokens)
+                              compiler_options=FAST, policy_tokens=policy_tokens, packed_policy=packed)
+    if packed:
+        batch = {**batch, "policy_index": logprobs_lib.packed_policy_positions(batch["policy_mask"], 8, 2)}
     new, m = step(state, batch)
+    if packed:
+        assert batch["policy_index"].shape[1] % 8 == 0 and m["policy_tokens_over"] == 0
     if policy_tokens is not None:
         assert int(np.asarray(batch["policy_mask"]).sum(1).max()) == policy_tokens and m["policy_tokens_over"] == 0
 
@@ -379,6 +385,67 @@ def test_policy_tokens_give_the_same_update(reference):
     assert float(metrics["policy_tokens_over"]) == 0
     assert_tree_close(grads_of(new), grads_of(ref))
     assert_tree_close(new.params, ref.params)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_packed_policy_positions_give_the_same_update(reference, micro_batches):
+    """packed_policy: the step projects at the batch's policy positions, one flat list per micro-batch padded to a
+    bucket, and gives the full step's metrics, gradients and update (to float rounding), with one micro-batch or
+    two (each its own list, rows j, j + 2, ...)."""
+    _, ref, ref_m = reference
+    batch = make_batch()
+    index = logprobs_lib.packed_policy_positions(batch["policy_mask"], 16, micro_batches)
+    n = int(np.asarray(batch["policy_mask"]).sum())
+    assert index.shape == (micro_batches, -(-max(np.asarray(batch["policy_mask"])[j::micro_batches].sum()
+                                                 for j in range(micro_batches)) // 16) * 16)
+    assert (index > 0).sum() == n  # every policy token once, the rest padding
+    step = make_step(LS, packed_policy=True, micro_batches=micro_batches)
+    new, metrics = step(fresh_state(), {**batch, "policy_index": index})
+    for k in ("loss", "pg_loss", "clip_frac", "drift", "entropy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(float(metrics[k]), ref_m[k], err_msg=k, **TOL)
+    assert float(metrics["policy_tokens_over"]) == 0
+    assert_tree_close(grads_of(new), grads_of(ref))
+    assert_tree_close(new.params, ref.params)
+    # a list that misses tokens is counted (here the last real entry of micro-batch 0 dropped)
+    short = index.copy()
+    short[0, (short[0] > 0).sum() - 1] = 0
+    _, m = step(fresh_state(), {**batch, "policy_index": short})
+    assert float(m["policy_tokens_over"]) == 1
+
+
+def test_packed_policy_positions_layout_and_refusals():
+    """`packed_policy_positions`: flat indices r x T + t of each micro-batch's policy tokens (rows j, j + Mb, ...),
+    row-major, padded with 0 to a multiple of the bucket; bad masks and settings raise; the step refuses a packed
+    batch without its list (or with a wrong one), a list without packed_policy, and packed with policy_tokens."""
+    mask = np.zeros((4, 5), bool)
+    mask[0, [1, 3]] = True
+    mask[1, 4] = True
+    mask[3, [2, 3, 4]] = True
+    np.testing.assert_array_equal(logprobs_lib.packed_policy_positions(mask, 4),
+                                  [[1, 3, 9, 17, 18, 19, 0, 0]])
+    # micro-batch 0: rows 0, 2 -> [1, 3]; micro-batch 1: rows 1, 3 -> [4, 7, 8, 9]
+    np.testing.assert_array_equal(logprobs_lib.packed_policy_positions(mask, 4, 2), [[1, 3, 0, 0], [4, 7, 8, 9]])
+    assert logprobs_lib.packed_policy_positions(np.zeros((2, 3), bool), 4).tolist() == [[0, 0, 0, 0]]
+    bad = mask.copy()
+    bad[2, 0] = True
+    with pytest.raises(ValueError, match="position 0"):
+        logprobs_lib.packed_policy_positions(bad, 4)
+    with pytest.raises(ValueError, match="multiple of micro_batches"):
+        logprobs_lib.packed_policy_positions(mask, 4, 3)
+    with pytest.raises(ValueError, match="bucket"):
+        logprobs_lib.packed_policy_positions(mask, 0)
+    with pytest.raises(ValueError, match="give one"):
+        make_step(LS, packed_policy=True, policy_tokens=4)
+    with pytest.raises(ValueError, match="one batch shard"):
+        make_step(LS, sharding.make_mesh(8, 1, 1), packed_policy=True)
+    batch = make_batch()
+    step = make_step(LS, packed_policy=True)
+    with pytest.raises(ValueError, match="lacks keys"):
+        step(fresh_state(), batch)
+    with pytest.raises(ValueError, match="micro_batches = 1, N"):
+        step(fresh_state(), {**batch, "policy_index": jnp.zeros((2, 8), jnp.int32)})
+    with pytest.raises(ValueError, match="packed_policy=True"):
+        make_step(LS)(fresh_state(), {**batch, "policy_index": jnp.zeros((1, 8), jnp.int32)})
 
 
 def test_policy_positions_and_tokens_beyond_the_bound_are_counted():

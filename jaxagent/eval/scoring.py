@@ -138,7 +138,7 @@ def sample_outcomes(u_IxG, probs_IxO) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- teacher-forced log-probs
-token_logprobs_jit = xla_options.jit(token_logprobs, static_argnums=1)
+token_logprobs_jit = xla_options.jit(token_logprobs, static_argnums=1, sequence=True)
 
 
 def teacher_forced_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, batch_size: Optional[int] = None,

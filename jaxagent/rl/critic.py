@@ -107,7 +107,7 @@ def make_values_fn(cfg: Qwen3Config, *, mesh=None, micro_batches: int = 1, remat
         return values(cp, cfg, tokens_BxT, remat=remat, mesh=mesh, micro_batches=micro_batches)
 
     if mesh is None:
-        return xla_options.jit(fn)
+        return xla_options.jit(fn, sequence=True)
     p_sh = sharding.shardings_for(logical_axes(cfg), param_shapes(cfg), mesh)
     row = sharding.row_sharding(mesh)
-    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row)
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row, sequence=True)

@@ -18,6 +18,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from jaxagent import sharding, xla_options
@@ -53,9 +54,28 @@ def policy_positions(mask_BxT, m: int):
     return pos, over
 
 
+def packed_policy_positions(mask_BxT, bucket: int, micro_batches: int = 1) -> np.ndarray:
+    """int32 [Mb, N] (host numpy): for each micro-batch j (rows j, j + Mb, ..., as the train step splits a batch),
+    the flat indices r x T + t into its [B / Mb, T] grid of every nonzero entry of `mask_BxT` (a policy mask;
+    position 0 of a row is never one: it has no prefix), row-major, padded with 0 to N, the smallest multiple of
+    `bucket` >= the largest micro-batch's count (at least `bucket`): N takes few values, so a jitted step compiles
+    few shapes."""
+    if bucket < 1 or micro_batches < 1:
+        raise ValueError(f"bucket and micro_batches must be >= 1, got {bucket}, {micro_batches}")
+    mask = np.asarray(mask_BxT).astype(bool)
+    if mask.ndim != 2 or mask.shape[0] % micro_batches:
+        raise ValueError(f"the policy mask must be [B, T] with B a multiple of micro_batches = {micro_batches}, "
+                         f"got shape {mask.shape}")
+    if mask[:, 0].any():
+        raise ValueError("a policy mask with a token at position 0 (no prefix to draw it from)")
+    flats = [np.flatnonzero(mask[j::micro_batches].reshape(-1)) for j in range(micro_batches)]
+    n = max(1, -(-max(len(f) for f in flats) // bucket)) * bucket
+    return np.stack([np.pad(f, (0, n - len(f))) for f in flats]).astype(np.int32)
+
+
 def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
                      logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None,
-                     ref: Optional[tuple] = None, positions_BxM=None):
+                     ref: Optional[tuple] = None, positions_BxM=None, flat_positions_N=None):
     """(logp, entropy) [B, T] from final hidden states, aligned as `token_logprobs`.
 
     logp[:, t] = z_{t-1}[tokens[t]] - logsumexp(z_{t-1}) and H[:, t] = logsumexp(z_{t-1}) -
@@ -74,6 +94,10 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     `positions_BxM` (int [B, M], e.g. `policy_positions` of a policy mask): the stats only at those positions
     (those of position 0, the padding, are 0), every other entry of the [B, T] outputs 0: the vocabulary is
     projected at B x M states instead of B x T, each the same as in the full pass.
+
+    `flat_positions_N` (int [N], e.g. `packed_policy_positions` of a policy mask): the same with the positions of
+    every row in one list, as flat indices b x T + t into the [B, T] grid (those with t = 0, the padding, give 0):
+    the vocabulary is projected at N states, however the policy tokens are spread over the rows.
     """
     b, t, _ = h_BxTxD.shape
     # targets: the next token; the last position's (out of range) target is dropped below
@@ -99,19 +123,30 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
         raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
 
     def over_positions(hs_, tgt_BxL):  # the stats at each of L states, chunked over L
-        n_l = tgt_BxL.shape[1]
+        rows, n_l = tgt_BxL.shape
         if logits_chunk is None or logits_chunk >= n_l:
             return stats(heads, hs_, tgt_BxL)
         c = int(logits_chunk)
         n = -(-n_l // c)
         pad = ((0, 0), (0, n * c - n_l))
-        chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(b, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
-        tg = jnp.pad(tgt_BxL, pad).reshape(b, n, c).swapaxes(0, 1)
+        chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(rows, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
+        tg = jnp.pad(tgt_BxL, pad).reshape(rows, n, c).swapaxes(0, 1)
         chunk_fn = jax.checkpoint(stats, prevent_cse=False)
         _, outs_ = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None,
                                 (tuple(chunks(h) for h in hs_), tg))
-        return tuple(o.swapaxes(0, 1).reshape(b, n * c)[:, :n_l] for o in outs_)
+        return tuple(o.swapaxes(0, 1).reshape(rows, n * c)[:, :n_l] for o in outs_)
 
+    if flat_positions_N is not None:
+        if positions_BxM is not None or flat_positions_N.ndim != 1:
+            raise ValueError(f"flat positions must be [N] and alone (no positions_BxM), got shape "
+                             f"{flat_positions_N.shape}")
+        flat = flat_positions_N.astype(jnp.int32)
+        real = flat % t > 0  # t = 0 has no state before it: the padding's entries
+        prev = jnp.where(real, flat - 1, 0)  # the state each position's token is drawn from, in the same row
+        outs = over_positions(tuple(h.reshape(b * t, -1)[prev][None] for h in hs),
+                              tokens_BxT.astype(jnp.int32).reshape(b * t)[flat][None])
+        return tuple(jnp.zeros((b * t,), o.dtype).at[flat].add(jnp.where(real, o[0], 0)).reshape(b, t)
+                     for o in outs)
     if positions_BxM is not None:
         if positions_BxM.ndim != 2 or positions_BxM.shape[0] != b:
             raise ValueError(f"positions must be [B, M] with B = {b}, got shape {positions_BxM.shape}")
@@ -165,7 +200,7 @@ def make_logprobs_fn(cfg: Qwen3Config, *, mesh: Optional[Mesh] = None, micro_bat
             tokens_BxT, micro_batches, mesh)
 
     if mesh is None:
-        return xla_options.jit(fn)
+        return xla_options.jit(fn, sequence=True)
     p_sh = sharding.shardings_for(qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh)
     row = sharding.row_sharding(mesh)
-    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row)
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row, sequence=True)

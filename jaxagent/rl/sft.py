@@ -67,7 +67,7 @@ def make_sft_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation, tar
     vocabulary at M target positions per row only (`sft_loss_at_targets`); None: at every position (`sft_loss`)."""
     loss_fn = sft_loss if targets is None else functools.partial(sft_loss_at_targets, m=targets)
 
-    @functools.partial(xla_options.jit, donate_argnums=(0, 1))
+    @functools.partial(xla_options.jit, donate_argnums=(0, 1), sequence=True)
     def step(params, opt_state, tokens_BxS, mask_BxS):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, tokens_BxS, mask_BxS)
         updates, opt_state = optimizer.update(grads, opt_state, params)

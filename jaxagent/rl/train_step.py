@@ -52,6 +52,7 @@ from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, cri
 BATCH_KEYS = ("tokens", "policy_mask", "advantages", "old_logprobs")
 PPO_KEYS = ("returns", "old_values")
 OPTIONAL_KEYS = ("ref_logprobs", "sampler_logprobs")
+PACKED_KEY = "policy_index"  # int32 [Mb, N]: each micro-batch's policy positions in one list (`packed_policy`)
 
 
 # ----------------------------------------------------------------------------- the step
@@ -63,19 +64,27 @@ def _agg_denominator(mask_BxT, mode):
     return jnp.sum((jnp.sum(valid, axis=-1) > 0).astype(jnp.float32))
 
 
-def _validate_batch(batch, need, micro_batches, divisor):
+def _validate_batch(batch, need, micro_batches, divisor, packed):
     if not isinstance(batch, dict):
         raise ValueError(f"batch must be a dict of arrays, got {type(batch).__name__}")
     missing = [k for k in need if k not in batch]
     if missing:
         raise ValueError(f"batch lacks keys {missing} (needs {list(need)})")
-    unknown = [k for k in batch if k not in BATCH_KEYS + PPO_KEYS + OPTIONAL_KEYS]
+    unknown = [k for k in batch if k not in BATCH_KEYS + PPO_KEYS + OPTIONAL_KEYS + ((PACKED_KEY,) if packed else ())]
     if unknown:
-        raise ValueError(f"batch has unknown keys {unknown}")
+        raise ValueError(f"batch has unknown keys {unknown}"
+                         f"{' (policy_index is for a step built with packed_policy=True)' if PACKED_KEY in unknown else ''}")
     shape = batch["tokens"].shape
     if len(shape) != 2:
         raise ValueError(f"batch['tokens'] must be [B, S], got shape {shape}")
+    if packed:
+        index = batch[PACKED_KEY]
+        if index.ndim != 2 or index.shape[0] != micro_batches or not jnp.issubdtype(index.dtype, jnp.integer):
+            raise ValueError(f"batch['{PACKED_KEY}'] must be integer [micro_batches = {micro_batches}, N] "
+                             f"(`logprobs.packed_policy_positions`), got {index.dtype} {index.shape}")
     for k, v in batch.items():
+        if k == PACKED_KEY:
+            continue
         if v.shape != shape:
             raise ValueError(f"batch[{k!r}] has shape {v.shape}, expected {shape} like tokens")
     b = shape[0]
@@ -94,7 +103,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                     critic_optimizer: Optional[optax.GradientTransformation] = None,
                     compute_dtype=None, remat: Optional[str] = None,
                     logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK,
-                    compiler_options: Optional[dict] = None, policy_tokens: Optional[int] = None):
+                    compiler_options: Optional[dict] = None, policy_tokens: Optional[int] = None,
+                    packed_policy: bool = False):
     """`step(state, batch) -> (state, metrics)`: one jax.jit, state donated.
 
     Objective (minimised): L_pi = policy_loss(logp, old_logp, A, mask; clip_low, clip_high,
@@ -116,8 +126,13 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     the reference's) logits are computed at each row's policy positions only (`logprobs.policy_positions`), the
     same values as over every position, since the loss reads no other; metric policy_tokens_over counts the
     batch's policy tokens beyond that bound (their log-probs would read 0: a caller must stop on a nonzero
-    count). None: every position. `compiler_options` go to jax.jit on top
-    of `xla_options.COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0}: tests trade the CPU
+    count). None: every position. `packed_policy`: the batch carries `policy_index` int32 [micro_batches, N], each
+    micro-batch's policy positions as flat indices into its [B / Mb, S] grid (micro-batch j holds rows j, j + Mb,
+    ...; `logprobs.packed_policy_positions`), padded with 0: the logits are computed at those N states only (the
+    same values again), however the policy tokens are spread over the rows; policy_tokens_over counts the policy
+    tokens the lists miss. One device or a mesh without batch shards only (the list crosses rows).
+    `compiler_options` go to jax.jit on top
+    of `xla_options.SEQUENCE_COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0}: tests trade the CPU
     step's run time for a shorter compile).
 
     metrics (f32 scalars): loss (L_pi), pg_loss, kl (token-mean k3 estimate of KL(pi || pi_ref) on
@@ -135,12 +150,17 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     if policy_tokens is not None and (isinstance(policy_tokens, bool) or not isinstance(policy_tokens, int)
                                       or policy_tokens < 1):
         raise ValueError(f"policy_tokens must be an integer >= 1 or None, got {policy_tokens!r}")
+    if packed_policy and policy_tokens is not None:
+        raise ValueError("packed_policy and policy_tokens are two ways to choose the unembedded positions: give one")
+    if packed_policy and sharding.batch_divisor(mesh) > 1:
+        raise ValueError(f"packed_policy needs one batch shard (the list crosses rows); this mesh has "
+                         f"{sharding.batch_divisor(mesh)}: use policy_tokens")
     ls, vs = loss_settings, value_settings
     if not isinstance(ls, LossSettings):
         raise ValueError(f"loss_settings must be a LossSettings, got {type(ls).__name__}")
     copt = critic_optimizer if critic_optimizer is not None else optimizer
     ccfg = None if vs is None else critic_config(cfg, vs, critic_cfg)
-    need = BATCH_KEYS + (PPO_KEYS if vs is not None else ())
+    need = BATCH_KEYS + (PPO_KEYS if vs is not None else ()) + ((PACKED_KEY,) if packed_policy else ())
     divisor = sharding.batch_divisor(mesh)
     shared = vs is not None and vs.shared_backbone
     # the full-vocabulary KL needs the reference's logits, so the reference's forward runs in the step
@@ -169,18 +189,20 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         p = cast(params)
         h = hidden(p, cfg, tokens, remat, mesh)
         ref_logp, kl_exact = mb.get("ref_logprobs"), None
-        pos = None
+        pos = flat = None
         if policy_tokens is not None and policy_tokens < tokens.shape[1]:
             pos, _ = policy_positions(mask, policy_tokens)
+        if packed_policy:
+            flat = mb[PACKED_KEY]
         if exact_kl:  # the reference's logits beside the policy's, chunk by chunk (`next_token_stats`)
             rp = jax.lax.stop_gradient(cast(ref_params))
             ref = (head_matrix(rp, cfg), jax.lax.stop_gradient(hidden(rp, cfg, tokens, remat, mesh)))
             logp, ent, ref_logp, kl_exact = next_token_stats(head_matrix(p, cfg), cfg, h, tokens,
                                                              logits_chunk=logits_chunk, mesh=mesh, ref=ref,
-                                                             positions_BxM=pos)
+                                                             positions_BxM=pos, flat_positions_N=flat)
         else:
             logp, ent = next_token_stats(head_matrix(p, cfg), cfg, h, tokens, logits_chunk=logits_chunk,
-                                         mesh=mesh, positions_BxM=pos)
+                                         mesh=mesh, positions_BxM=pos, flat_positions_N=flat)
         if ref_logp is None and ref_params is not None:
             ref_logp = jax.lax.stop_gradient(token_logprobs(
                 cast(ref_params), cfg, tokens, logits_chunk=logits_chunk, remat=remat, mesh=mesh))
@@ -212,6 +234,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
              "drift": w_tok * aux["approx_kl_old_abs"],
              "mismatch_mean": w_tok * losses.aggregate(gap, mask, "token-mean"),
              "mismatch_max": jnp.max(gap)}
+        if packed_policy:  # policy tokens the list misses (the list's padding reads position 0: never one)
+            m["policy_tokens_over"] = (jnp.sum(mask.astype(jnp.int32))
+                                       - jnp.sum(mask.reshape(-1)[flat].astype(jnp.int32))).astype(jnp.float32)
         if exact_kl:
             m["kl_exact"] = w_tok * losses.aggregate(jax.lax.stop_gradient(kl_exact), mask, "token-mean")
         if ls.tis_cap is not None:
@@ -240,7 +265,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         return tree if mesh is None else jax.lax.with_sharding_constraint(tree, shardings)
 
     def step(state: TrainState, batch: dict):
-        _validate_batch(batch, need, micro_batches, divisor)
+        _validate_batch(batch, need, micro_batches, divisor, packed_policy)
         if ls.kl_coef and "ref_logprobs" not in batch and not with_ref_params:
             raise ValueError("kl_coef is nonzero: give batch['ref_logprobs'] or build the step "
                              "with_ref_params=True (and a state with ref_params)")
@@ -249,6 +274,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         if vs is not None and state.critic_params is None:
             raise ValueError("PPO step (value_settings given) needs state.critic_params")
         batch = dict(batch)
+        index = batch.pop(PACKED_KEY, None)  # [Mb, N]: split already, one list per micro-batch
         mask = batch["policy_mask"]
         denoms = {"agg": _agg_denominator(mask, ls.agg_mode),
                   "tokens": jnp.sum(mask.astype(jnp.float32))}
@@ -262,6 +288,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         params, cparams = state.params, state.critic_params
         zeros = lambda t: jax.tree.map(jnp.zeros_like, t)  # noqa: E731
         if micro_batches == 1:
+            if index is not None:
+                batch[PACKED_KEY] = index[0]
             (_, metrics), (grads, cgrads) = grad_fn(params, cparams, ref_params, batch, denoms)
         else:
             def split(x):  # [B, ...] -> [Mb, B/Mb, ...], row i -> micro-batch i mod Mb
@@ -270,6 +298,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
                 return x if mesh is None else jax.lax.with_sharding_constraint(x, micro_sh)
 
             mbs = jax.tree.map(split, batch)
+            if index is not None:
+                mbs[PACKED_KEY] = index
 
             def body(carry, mb):
                 g_acc, cg_acc, m_acc = carry
@@ -306,9 +336,9 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         return new, metrics
 
     if mesh is None:
-        return xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
+        return xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options, sequence=True)
     return xla_options.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),
-                           donate_argnums=(0,), compiler_options=compiler_options)
+                           donate_argnums=(0,), compiler_options=compiler_options, sequence=True)
 
 
 def make_ppo_train_step(cfg: Qwen3Config, optimizer, loss_settings: LossSettings,

@@ -312,12 +312,12 @@ class ArmStep:
 def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = None, compute_dtype=None,
                   micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
                   compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK,
-                  policy_tokens: Optional[int] = None) -> ArmStep:
+                  policy_tokens: Optional[int] = None, packed_policy: bool = False) -> ArmStep:
     """The train step of `arm`: PPO-clip with the arm's clip / KL (`arm.kl_estimator`, the reference params in
     the state when kl_coef > 0) / entropy settings, AdamW at `arm.lr` with gradient clipping at 1.0, and with
     estimator 'ppo' a critic (`ValueSettings()`, AdamW at `arm.critic_lr`). `compute_dtype`, `micro_batches`,
-    `remat`, `tis_cap`: see `make_arm_runtime`; `compiler_options`, `logits_chunk`, `policy_tokens`:
-    `make_train_step`'s."""
+    `remat`, `tis_cap`: see `make_arm_runtime`; `compiler_options`, `logits_chunk`, `policy_tokens`,
+    `packed_policy`: `make_train_step`'s."""
     ppo = arm.rl.estimator == "ppo"
     opt = make_optimizer(arm.lr, max_grad_norm=1.0)
     vs = ValueSettings() if ppo else None
@@ -328,7 +328,8 @@ def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = 
                                                  entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
                           mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
                           critic_optimizer=copt, compute_dtype=resolve_compute_dtype(compute_dtype), remat=remat,
-                          compiler_options=compiler_options, logits_chunk=logits_chunk, policy_tokens=policy_tokens)
+                          compiler_options=compiler_options, logits_chunk=logits_chunk, policy_tokens=policy_tokens,
+                          packed_policy=packed_policy)
     return ArmStep(jit, opt, copt, vs, with_ref)
 
 

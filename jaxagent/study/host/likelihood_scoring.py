@@ -106,7 +106,7 @@ class TokenLog:
 
 
 # ----------------------------------------------------------------------------- scoring
-@functools.partial(xla_options.jit, static_argnames=("cfg",))
+@functools.partial(xla_options.jit, static_argnames=("cfg",), sequence=True)
 def policy_logprobs_jit(params, tokens_BxT, pos_BxM, *, cfg):
     """logp [B, M], logp[b, j] = log pi(tokens[b, pos[b, j]] | tokens[b, :pos[b, j]]) (temperature 1): the hidden
     states of every position (`logprobs.hidden`), unembedded only at the positions pos - 1 that predict the policy

@@ -75,9 +75,9 @@ class HostPreset:
     micro_batches: int = 1
     remat: Optional[str] = None
     compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
-    # The train step projects onto the vocabulary at each row's policy tokens only (at most t_max x max_action_tokens:
-    # `host_stages.make_host_arm_runtime(policy_tokens=)`), the same loss and gradient to float rounding. The toy
-    # presets set it; the GPU and pod presets' programs (docs/aot_records) are checked without it.
+    # The train step projects onto the vocabulary at the batch's policy tokens only, packed into one list per
+    # micro-batch (`host_stages.make_host_arm_runtime(packed_policy=)`), the same loss and gradient to float rounding.
+    # The toy presets and ci-sql set it; the GPU and pod presets' programs (docs/aot_records) are checked without it.
     policy_positions: bool = False
     # Finding 6 (coding only, `host_dynamics`): R_single on the held-out first turns (eval.n_samples per task, in the
     # evaluation's rollout batches) at the base, after every `dynamics_every` updates and after the last, for the main
@@ -93,7 +93,9 @@ class HostPreset:
 
     @property
     def policy_tokens(self) -> Optional[int]:
-        """The train step's `policy_tokens` (`policy_positions`): t_max x max_action_tokens, or None."""
+        """With `policy_positions`, the most policy tokens a row can hold (t_max x max_action_tokens: a reply is cut
+        at max_action_tokens), the per-row bound an AOT check lowers the step with (`make_train_step(policy_tokens=)`,
+        an upper bound of the packed lists' work); else None."""
         return self.task.t_max * self.task.max_action_tokens if self.policy_positions else None
 
 

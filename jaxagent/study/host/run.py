@@ -214,7 +214,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                     run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
                     micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
                     on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace)),
-                    policy_tokens=p.policy_tokens), host)
+                    packed_policy=p.policy_positions), host)
             runtime, host = runtimes[key]
             label, recorded = f"{arm}/seed{seed}", arm_stage_settings(run, arm, seed)
             dyn = r_single if arm == host_metrics.MAIN_ARM else None  # finding 6 reads the main arm's seeds only

@@ -58,6 +58,8 @@ from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
+from jaxagent.rl.logprobs import packed_policy_positions
+from jaxagent.rl.train_step import PACKED_KEY
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import SUCCESS, Rollout
@@ -66,6 +68,11 @@ from jaxagent.sampling.generate import rollout_params
 from jaxagent.study import stages
 
 HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle
+# Packed policy positions per train step in multiples of this (`make_host_arm_runtime(packed_policy=)`): each value
+# of N is one more compile of the step (about 6 s for the toy model). bfcl-toy's minibatches of 32 rows hold about
+# 1,400-2,100 policy tokens (N = 2,048, sometimes 4,096); its step over 32 x 896 slots takes 1.29 s at N = 2,048,
+# 1.46 s at 4,096 and 1.86 s at 384 positions per row (2-core Intel Xeon).
+PACK_BUCKET = 2048
 
 
 # ----------------------------------------------------------------------------- domains
@@ -398,17 +405,21 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
                           mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,
                           on_trace: Optional[Callable[[HostTrace], None]] = None,
-                          policy_tokens: Optional[int] = None) -> stages.ArmRuntime:
+                          policy_tokens: Optional[int] = None, packed_policy: bool = False) -> stages.ArmRuntime:
     """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
     (`stages.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`),
     sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`.
     `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens): the step projects onto
-    the vocabulary at each row's policy tokens only (`make_train_step(policy_tokens=)`); a batch with more raises."""
+    the vocabulary at each row's policy tokens only (`make_train_step(policy_tokens=)`); a batch with more raises.
+    `packed_policy`: the same at the batch's policy tokens packed into one list per micro-batch, in multiples of
+    `PACK_BUCKET` positions (`make_train_step(packed_policy=)`, `logprobs.packed_policy_positions`): the
+    unembedding's work follows the tokens the policy wrote, not the most a row could hold."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
     arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
-                                    remat=remat, compiler_options=compiler_options, policy_tokens=policy_tokens)
+                                    remat=remat, compiler_options=compiler_options, policy_tokens=policy_tokens,
+                                    packed_policy=packed_policy)
     jit_step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
     st_sh = None
     if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
@@ -416,9 +427,13 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
         row_sh = sharding.row_sharding(mesh)
 
     def step(state, batch):
+        if packed_policy:
+            batch = {**batch, PACKED_KEY: packed_policy_positions(batch["policy_mask"], PACK_BUCKET, micro_batches)}
         if mesh is not None:
             state, batch = jax.device_put(state, st_sh), jax.device_put(batch, row_sh)
         state, metrics = jit_step(state, batch)
+        if packed_policy and int(metrics["policy_tokens_over"]):  # a defect of the lists, never the data
+            raise RuntimeError(f"the packed policy positions missed {int(metrics['policy_tokens_over'])} tokens")
         if policy_tokens is not None and int(metrics["policy_tokens_over"]):
             raise ValueError(f"the rollout's rows hold {int(metrics['policy_tokens_over'])} policy tokens beyond "
                              f"policy_tokens = {policy_tokens}: their log-probs were not computed")
