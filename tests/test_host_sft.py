@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxagent.bench import host_step
 from jaxagent.envs.host.base import HostEnv
 from jaxagent.models import pruned_tokenizer, qwen3
 from jaxagent.models.config import Qwen3Config
@@ -273,6 +274,13 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
     assert sum(shares[k] for k in run.world.env.mistake_kinds) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="budget must be in"):
         mistakes.mistake_shares(run, params, budget=3, n_samples=1)
+    # the train-step benchmark on this base (`experiments.bench_host_step`): the three settings give one update
+    out = host_step.run_bench(run, steps=1, seed=0)
+    assert out["rows"] == preset.n_tasks * preset.group_size and out["packed_positions"] == host_stages.PACK_BUCKET
+    assert out["policy_tokens"] > 0 and out["speedup"] > 0
+    for name in ("rows", "rows_decode_options"):
+        assert out[f"{name}_loss"] == pytest.approx(out["packed_loss"], rel=1e-4, abs=1e-6)
+        assert out[f"{name}_max_param_diff"] <= 2 * preset.lr * 1.001  # AdamW's first step moves each entry <= lr
 
 
 # ----------------------------------------------------------------------------- trimmed rollouts
