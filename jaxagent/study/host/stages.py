@@ -69,9 +69,10 @@ from jaxagent.study import stages
 
 HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle
 # Packed policy positions per train step in multiples of this (`make_host_arm_runtime(packed_policy=)`): each value
-# of N is one more compile of the step (about 6 s for the toy model). bfcl-toy's minibatches of 32 rows hold about
-# 1,400-2,100 policy tokens (N = 2,048, sometimes 4,096); its step over 32 x 896 slots takes 1.29 s at N = 2,048,
-# 1.46 s at 4,096 and 1.86 s at 384 positions per row (2-core Intel Xeon).
+# of N is one more compile of the step (about 6 s for the toy model), and a few unused positions cost less: bfcl-toy's
+# minibatches of 32 rows hold about 1,400-2,200 policy tokens (N = 2,048 or 4,096), and its step on one of them
+# (32 x 960 slots, 2,166 tokens) took 1.53 s packed into 4,096 positions and 1.54 s into 3,072
+# (`python -m experiments.bench_host_step --preset bfcl-toy`, 2-core Intel Xeon).
 PACK_BUCKET = 2048
 
 
