@@ -276,7 +276,8 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
         mistakes.mistake_shares(run, params, budget=3, n_samples=1)
     # the train-step benchmark on this base (`experiments.bench_host_step`): the three settings give one update
     out = host_step.run_bench(run, steps=1, seed=0)
-    assert out["rows"] == preset.n_tasks * preset.group_size and out["packed_positions"] == host_stages.PACK_BUCKET
+    assert out["rows"] == preset.n_tasks * preset.group_size
+    assert out["policy_tokens"] <= out["packed_positions"] <= max(16, 2 * out["policy_tokens"])
     assert out["policy_tokens"] > 0 and out["speedup"] > 0
     for name in ("rows", "rows_decode_options"):
         assert out[f"{name}_loss"] == pytest.approx(out["packed_loss"], rel=1e-4, abs=1e-6)

@@ -423,6 +423,10 @@ def test_a_missing_or_bad_checkpoint_is_refused_before_the_run_directory_is_writ
         Run(dataclasses.replace(CI, checkpoint=ckpt), root, "x")
     with pytest.raises(CheckpointError, match=r"tokenizer at \S*small has 151669 ids"):
         host_run.HostRun(dataclasses.replace(HOST_PRESETS["ci-sql"], checkpoint=ckpt), root, "h")
+    # packed policy positions need one batch shard: refused before the run directory is made
+    sharded = dataclasses.replace(HOST_PRESETS["ci-sql"], mesh=(8, 1, 1), n_tasks=4, group_size=2)
+    with pytest.raises(run_dir.InvalidSettings, match=r"policy_positions packs .* data x fsdp = 8"):
+        host_run.HostRun(sharded, root, "p")
     assert not os.path.exists(root)
     good = host_run.write_tiny_checkpoint(str(tmp_path / "good"), dataclasses.replace(small, vocab_size=151936))
     run = Run(dataclasses.replace(CI, checkpoint=good), root, "x")

@@ -426,6 +426,13 @@ def test_packed_policy_positions_layout_and_refusals():
     # micro-batch 0: rows 0, 2 -> [1, 3]; micro-batch 1: rows 1, 3 -> [4, 7, 8, 9]
     np.testing.assert_array_equal(logprobs_lib.packed_policy_positions(mask, 4, 2), [[1, 3, 0, 0], [4, 7, 8, 9]])
     assert logprobs_lib.packed_policy_positions(np.zeros((2, 3), bool), 4).tolist() == [[0, 0, 0, 0]]
+    # a small count is padded to the next power of two (at least 16), not to a whole bucket
+    few = np.zeros((2, 40), bool)
+    few[:, 1:11] = True
+    assert logprobs_lib.packed_policy_positions(few, 2048).shape == (1, 32)
+    many = np.zeros((8, 600), bool)
+    many[:, 1:301] = True
+    assert logprobs_lib.packed_policy_positions(many, 2048).shape == (1, 4096)  # 2,400: a multiple of the bucket
     bad = mask.copy()
     bad[2, 0] = True
     with pytest.raises(ValueError, match="position 0"):

@@ -58,8 +58,8 @@ def packed_policy_positions(mask_BxT, bucket: int, micro_batches: int = 1) -> np
     """int32 [Mb, N] (host numpy): for each micro-batch j (rows j, j + Mb, ..., as the train step splits a batch),
     the flat indices r x T + t into its [B / Mb, T] grid of every nonzero entry of `mask_BxT` (a policy mask;
     position 0 of a row is never one: it has no prefix), row-major, padded with 0 to N, the smallest multiple of
-    `bucket` >= the largest micro-batch's count (at least `bucket`): N takes few values, so a jitted step compiles
-    few shapes."""
+    min(`bucket`, the next power of two >= the largest micro-batch's count, at least 16) that holds that count: N
+    takes few values, so a jitted step compiles few shapes, and a small batch is not padded to a whole bucket."""
     if bucket < 1 or micro_batches < 1:
         raise ValueError(f"bucket and micro_batches must be >= 1, got {bucket}, {micro_batches}")
     mask = np.asarray(mask_BxT).astype(bool)
@@ -69,7 +69,9 @@ def packed_policy_positions(mask_BxT, bucket: int, micro_batches: int = 1) -> np
     if mask[:, 0].any():
         raise ValueError("a policy mask with a token at position 0 (no prefix to draw it from)")
     flats = [np.flatnonzero(mask[j::micro_batches].reshape(-1)) for j in range(micro_batches)]
-    n = max(1, -(-max(len(f) for f in flats) // bucket)) * bucket
+    most = max(len(f) for f in flats)
+    step = min(bucket, max(16, 1 << max(most - 1, 0).bit_length()))
+    n = max(1, -(-most // step)) * step
     return np.stack([np.pad(f, (0, n - len(f))) for f in flats]).astype(np.int32)
 
 

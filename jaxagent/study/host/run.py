@@ -84,6 +84,11 @@ class HostRun:
                 f"preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has {jax.process_count()} "
                 f"processes; a multi-process run needs a preset whose mesh covers all {jax.device_count()} devices")
         frozenlake_run.check_batches(preset, sharding.batch_divisor(self.mesh))  # InvalidSettings
+        if preset.policy_positions and sharding.batch_divisor(self.mesh) > 1:
+            raise run_dir.InvalidSettings(
+                f"preset {preset.name!r}: policy_positions packs each update's policy tokens into one list, which "
+                f"needs one batch shard; mesh {tuple(preset.mesh)} has data x fsdp = "
+                f"{sharding.batch_divisor(self.mesh)} (use a mesh (1, 1, tensor), or policy_positions=False)")
         if preset.checkpoint:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
