@@ -413,8 +413,9 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
     `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens): the step projects onto
     the vocabulary at each row's policy tokens only (`make_train_step(policy_tokens=)`); a batch with more raises.
     `packed_policy`: the same at the batch's policy tokens packed into one list per micro-batch, in multiples of
-    `PACK_BUCKET` positions (a smaller count: the next power of two; `make_train_step(packed_policy=)`, `logprobs.packed_policy_positions`): the
-    unembedding's work follows the tokens the policy wrote, not the most a row could hold."""
+    `PACK_BUCKET` positions (a smaller count: the next power of two; `make_train_step(packed_policy=)`,
+    `logprobs.packed_policy_positions`): the unembedding's work follows the tokens the policy wrote, not the most a
+    row could hold."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
