@@ -72,8 +72,8 @@ def _validate_batch(batch, need, micro_batches, divisor, packed):
         raise ValueError(f"batch lacks keys {missing} (needs {list(need)})")
     unknown = [k for k in batch if k not in BATCH_KEYS + PPO_KEYS + OPTIONAL_KEYS + ((PACKED_KEY,) if packed else ())]
     if unknown:
-        raise ValueError(f"batch has unknown keys {unknown}"
-                         f"{' (policy_index is for a step built with packed_policy=True)' if PACKED_KEY in unknown else ''}")
+        hint = " (policy_index is for a step built with packed_policy=True)" if PACKED_KEY in unknown else ""
+        raise ValueError(f"batch has unknown keys {unknown}{hint}")
     shape = batch["tokens"].shape
     if len(shape) != 2:
         raise ValueError(f"batch['tokens'] must be [B, S], got shape {shape}")
