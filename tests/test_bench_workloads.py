@@ -118,3 +118,17 @@ def test_rollout_replay_through_the_torch_loop_is_the_same_episode(tmp_path):
     check = torch_rollout.replay(str(tmp_path / "m"), world, tasks, budgets, jx, rcfg, 1.0)
     assert check["replay_tokens_equal"] and check["replay_actions_equal"] and check["replay_status_equal"], check
     assert check["replay_logprob_max_abs_diff"] < 1e-3, check
+
+
+def test_mesh_options_record_on_a_tiny_model():
+    """`bench.mesh_options` on 2 host devices: both settings run the same step (equal first losses), the ratios are
+    the record's own figures, the peaks cover the resident set before each setting."""
+    from jaxagent.bench import mesh_options
+    rec = mesh_options.run_bench(PRESETS["tiny"], (2, 1, 1), batch=2, seq=16, prompt=4, micro_batches=1, steps=1,
+                                 extra_options={"xla_backend_optimization_level": 0})
+    assert rec["devices"] == 2 and rec["mesh"] == [2, 1, 1]
+    assert rec["decode_options_loss"] == pytest.approx(rec["sequence_options_loss"], rel=1e-5, abs=1e-6)
+    assert rec["slowdown"] == rec["sequence_options_step_s"] / rec["decode_options_step_s"]
+    assert rec["peak_ratio"] == rec["sequence_options_peak_rss_mb"] / rec["decode_options_peak_rss_mb"]
+    for name in mesh_options.SETTINGS:
+        assert rec[f"{name}_peak_rss_mb"] >= rec[f"{name}_rss_before_mb"] > 0 and rec[f"{name}_step_s"] > 0

@@ -104,6 +104,48 @@ def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params
                     jax.block_until_ready(run())
 
 
+def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkeypatch, params):
+    """Partitioned over several devices the sequence programs compile with `COMPILER_OPTIONS` (YNNPACK ran the
+    ci-sql step there slower, at twice the peak memory): the builders given a mesh of 2 devices, and the SFT step
+    and teacher-forced scoring (built without a mesh) called on arguments sharded over 2 devices; on one device the
+    same SFT step reads `SEQUENCE_COMPILER_OPTIONS`."""
+    from jaxagent import sharding
+    from jaxagent.eval import scoring
+    from jaxagent.rl import logprobs, sft, train_step
+    mesh = sharding.make_mesh(2, 1, 1, devices=jax.devices()[:2])
+    assert xla_options.sequence_program(None) and not xla_options.sequence_program(mesh)
+    bogus = {"xla_cpu_experimental_ynn_fusion_type": "not-a-fusion"}
+    tokens = jnp.asarray(np.random.default_rng(3).integers(1, CFG.vocab_size, (2, 8)), jnp.int32)
+    mask = jnp.zeros((2, 8), bool).at[:, 4:].set(True)
+    rows = sharding.row_sharding(mesh)
+    batch = {"tokens": tokens, "policy_mask": mask, "advantages": jnp.ones((2, 8)), "old_logprobs": jnp.zeros((2, 8))}
+    batch = {k: jax.device_put(v, rows) for k, v in batch.items()}
+    tx = optax.sgd(1e-3)
+    placed = jax.device_put(params, sharding.replicated(mesh))
+
+    def programs():
+        scoring_jit = xla_options.jit(scoring.token_logprobs, static_argnums=1, sequence=True)  # as the module's
+        state = train_state.init_train_state(CFG, tx, jax.random.key(0), mesh=mesh)
+        yield "train", lambda: train_step.make_train_step(CFG, tx, train_state.LossSettings(), mesh)(state, batch)
+        yield "logprobs", lambda: logprobs.make_logprobs_fn(CFG, mesh=mesh)(placed, batch["tokens"])
+        yield "sft", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, placed), tx.init(placed),
+                                                        batch["tokens"], batch["policy_mask"])
+        yield "scoring", lambda: scoring_jit(placed, CFG, batch["tokens"])
+        yield "sft_one_device", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, params), tx.init(params),
+                                                                   tokens, mask)
+
+    for patched, failing in (("SEQUENCE_COMPILER_OPTIONS", {"sft_one_device"}),
+                             ("COMPILER_OPTIONS", {"train", "logprobs", "sft", "scoring"})):
+        with monkeypatch.context() as m:
+            m.setattr(xla_options, patched, bogus)
+            for name, run in programs():
+                if name in failing:
+                    with pytest.raises(Exception, match="not-a-fusion|not a valid enum"):
+                        jax.block_until_ready(run())
+                else:
+                    jax.block_until_ready(run())
+
+
 def test_generate_nests_in_jit_eval_shape_make_jaxpr_and_vmap(params, prompt):
     toks, mask = prompt
     key = jax.random.key(3)

@@ -338,7 +338,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     if mesh is None:
         return xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options, sequence=True)
     return xla_options.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),
-                           donate_argnums=(0,), compiler_options=compiler_options, sequence=True)
+                           donate_argnums=(0,), compiler_options=compiler_options,
+                           sequence=xla_options.sequence_program(mesh))
 
 
 def make_ppo_train_step(cfg: Qwen3Config, optimizer, loss_settings: LossSettings,
