@@ -21,9 +21,9 @@ Why each option:
   and YNNPACK is the faster path on one device: the bfcl-toy RL train step (32 x 896 tokens, width 64)
   2.45 -> 1.95 s, `bench_train` (10M, 8 x 256) 0.84 -> 0.80 s, on a 2-core Intel Xeon. Partitioned over
   several CPU devices it is the slower one, and its first call peaks at twice the memory (the ci-sql
-  miniature's step, 8 x 448 tokens over a (2, 2, 2) mesh of host devices: 4.5 -> 7.3 s, peak RSS
-  5.4 -> 10.5 GB), so a sequence program on a mesh of more than one device keeps `COMPILER_OPTIONS`
-  (`sequence_program`). The field belongs to XLA's backend-independent DebugOptions, so GPU and TPU
+  miniature's step, 8 x 448 tokens over a (2, 2, 2) mesh of host devices: 4.3 -> 6.7 s, peak RSS
+  5.7 -> 11.0 GB, `python -m experiments.bench_mesh_options`), so a sequence program on a mesh of more
+  than one device keeps `COMPILER_OPTIONS` (`sequence_program`). The field belongs to XLA's backend-independent DebugOptions, so GPU and TPU
   compiles accept and ignore it.
 Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks) and
 `python -m experiments.bench_train --json --no-torch` (docs/performance.md).

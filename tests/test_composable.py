@@ -71,13 +71,27 @@ def test_xla_options_jit_keeps_options_at_top_level_only():
     assert "stablehlo.multiply" in f.lower(jnp.float32(3)).as_text()
 
 
+def _only_readers_fail(monkeypatch, programs, readers: dict):
+    """For each option set named in `readers`, an option value XLA rejects put in it fails exactly the programs
+    (names from `programs()`: (name, thunk) pairs, built after the patch) listed for it; the others run."""
+    bogus = {"xla_cpu_experimental_ynn_fusion_type": "not-a-fusion"}
+    for patched, failing in readers.items():
+        with monkeypatch.context() as m:
+            m.setattr(xla_options, patched, bogus)
+            for name, run in programs():
+                if name in failing:
+                    with pytest.raises(Exception, match="not-a-fusion|not a valid enum"):
+                        jax.block_until_ready(run())
+                else:
+                    jax.block_until_ready(run())
+
+
 def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params):
     """Programs over whole sequences (the train step, the SFT step, full-row log-probs) compile with
     `SEQUENCE_COMPILER_OPTIONS`, every other entry point with `COMPILER_OPTIONS`: an option value XLA rejects put in
     one set fails exactly the programs that read it. (The module-level entry points, e.g. generation, merged their
     options at import: a decoding jit made here stands for them.)"""
     from jaxagent.rl import logprobs, sft, train_step
-    bogus = {"xla_cpu_experimental_ynn_fusion_type": "not-a-fusion"}
     tokens = jnp.asarray(np.random.default_rng(2).integers(1, CFG.vocab_size, (2, 8)), jnp.int32)
     mask = jnp.zeros((2, 8), bool).at[:, 4:].set(True)
     batch = {"tokens": tokens, "policy_mask": mask, "advantages": jnp.ones((2, 8)), "old_logprobs": jnp.zeros((2, 8))}
@@ -92,16 +106,8 @@ def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params
         yield "generate", lambda: _gen(params, tokens, jnp.ones((2, 8), bool), jax.random.key(0))
         yield "decode", lambda: xla_options.jit(lambda x: x * 2)(tokens)
 
-    for patched, failing in (("SEQUENCE_COMPILER_OPTIONS", {"train", "sft", "logprobs"}),
-                             ("COMPILER_OPTIONS", {"decode"})):
-        with monkeypatch.context() as m:
-            m.setattr(xla_options, patched, bogus)
-            for name, run in programs():
-                if name in failing:
-                    with pytest.raises(Exception, match="not-a-fusion|not a valid enum"):
-                        jax.block_until_ready(run())
-                else:
-                    jax.block_until_ready(run())
+    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_COMPILER_OPTIONS": {"train", "sft", "logprobs"},
+                                               "COMPILER_OPTIONS": {"decode"}})
 
 
 def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkeypatch, params):
@@ -114,7 +120,6 @@ def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkey
     from jaxagent.rl import logprobs, sft, train_step
     mesh = sharding.make_mesh(2, 1, 1, devices=jax.devices()[:2])
     assert xla_options.sequence_program(None) and not xla_options.sequence_program(mesh)
-    bogus = {"xla_cpu_experimental_ynn_fusion_type": "not-a-fusion"}
     tokens = jnp.asarray(np.random.default_rng(3).integers(1, CFG.vocab_size, (2, 8)), jnp.int32)
     mask = jnp.zeros((2, 8), bool).at[:, 4:].set(True)
     rows = sharding.row_sharding(mesh)
@@ -134,16 +139,8 @@ def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkey
         yield "sft_one_device", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, params), tx.init(params),
                                                                    tokens, mask)
 
-    for patched, failing in (("SEQUENCE_COMPILER_OPTIONS", {"sft_one_device"}),
-                             ("COMPILER_OPTIONS", {"train", "logprobs", "sft", "scoring"})):
-        with monkeypatch.context() as m:
-            m.setattr(xla_options, patched, bogus)
-            for name, run in programs():
-                if name in failing:
-                    with pytest.raises(Exception, match="not-a-fusion|not a valid enum"):
-                        jax.block_until_ready(run())
-                else:
-                    jax.block_until_ready(run())
+    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_COMPILER_OPTIONS": {"sft_one_device"},
+                                               "COMPILER_OPTIONS": {"train", "logprobs", "sft", "scoring"}})
 
 
 def test_generate_nests_in_jit_eval_shape_make_jaxpr_and_vmap(params, prompt):

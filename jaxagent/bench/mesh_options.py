@@ -7,22 +7,21 @@ one-device sequence programs' (`SEQUENCE_COMPILER_OPTIONS`: XLA's defaults); the
 The step: `rl.train_step.make_train_step` on `mesh` (data, fsdp, tensor) with GRPO's loss settings, `micro_batches`
 and the preset's own train-step options on top of each set, on B x T random tokens whose policy tokens follow the
 first `prompt` of each row (every position unembedded: the mesh has batch shards), from the same initial state. Per
-setting: `first_s` (the compile and the first step), `step_s` (the median of `steps` further steps), `loss` (of the
-first step: the two agree to float rounding) and `peak_rss_mb`, the largest resident set of this process sampled
-every 10 ms over the setting's calls, its compile included (`rss_before_mb` beside it). `slowdown` = the sequence
-options' step time / the decoding options'; `peak_ratio` the same for the peaks."""
+setting: `first_s` (the compile and the first step), `step_s` (the median of `steps` further steps, each from the
+initial state: `bench.timing.timed`), `loss` (of that first step: the two settings agree to float rounding) and
+`peak_rss_mb`, the largest resident set of this process sampled every 10 ms over the setting's calls, its compile
+included (`rss_before_mb` beside it). `slowdown` = the sequence options' step time / the decoding options';
+`peak_ratio` the same for the peaks."""
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from jaxagent import sharding, xla_options
+from jaxagent.bench.timing import timed
 from jaxagent.rl.train_state import LossSettings, init_train_state
 from jaxagent.rl.train_step import make_train_step
 
@@ -78,23 +77,13 @@ def run_bench(cfg, mesh_shape: tuple, *, batch: int, seq: int, prompt: int, micr
         options = xla_options.compiler_options(extra_options, sequence=name == "sequence_options")
         # the same step function and shardings as jaxagent's, compiled with this setting's options
         step = jax.jit(jaxagent_step.__wrapped__, donate_argnums=(0,), compiler_options=options)
-        state = init_train_state(cfg, tx, jax.random.key(seed), mesh=mesh)
         out[f"{name}_rss_before_mb"] = resident_mb()
-        with PeakSampler() as peak:
-            t0 = time.perf_counter()
-            state, m = step(state, data)
-            jax.block_until_ready(m)
-            out[f"{name}_first_s"] = time.perf_counter() - t0
-            out[f"{name}_loss"] = float(m["loss"])
-            times = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                state, m = step(state, data)
-                jax.block_until_ready((state.params, m))
-                times.append(time.perf_counter() - t0)
-        out[f"{name}_step_s"] = statistics.median(times)
-        out[f"{name}_peak_rss_mb"] = peak.peak
-        del state, step
+        with PeakSampler() as peak:  # every call from the same initial state (the step donates it)
+            timing, (_, m) = timed(lambda state: step(state, data), repeats=steps, warmup=1,
+                                   setup=lambda: init_train_state(cfg, tx, jax.random.key(seed), mesh=mesh))
+        out.update({f"{name}_first_s": timing.warmup_s[0], f"{name}_step_s": timing.median_s,
+                    f"{name}_loss": float(m["loss"]), f"{name}_peak_rss_mb": peak.peak})
+        del step
     out["slowdown"] = out["sequence_options_step_s"] / out["decode_options_step_s"]
     out["peak_ratio"] = out["sequence_options_peak_rss_mb"] / out["decode_options_peak_rss_mb"]
     return out
