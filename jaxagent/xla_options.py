@@ -23,8 +23,8 @@ Why each option:
   several CPU devices it is the slower one, and its first call peaks at twice the memory (the ci-sql
   miniature's step, 8 x 448 tokens over a (2, 2, 2) mesh of host devices: 4.3 -> 6.7 s, peak RSS
   5.7 -> 11.0 GB, `python -m experiments.bench_mesh_options`), so a sequence program on a mesh of more
-  than one device keeps `COMPILER_OPTIONS` (`sequence_program`). The field belongs to XLA's backend-independent DebugOptions, so GPU and TPU
-  compiles accept and ignore it.
+  than one device keeps `COMPILER_OPTIONS` (`sequence_program`). The field belongs to XLA's
+  backend-independent DebugOptions, so GPU and TPU compiles accept and ignore it.
 Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks) and
 `python -m experiments.bench_train --json --no-torch` (docs/performance.md).
 """
