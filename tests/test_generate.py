@@ -475,3 +475,52 @@ def test_bad_sampler_settings(kw, match):
 
 def test_greedy_ignores_temperature():
     assert Sampler(greedy=True, temperature=0.0).greedy
+
+
+@pytest.mark.parametrize("sampler", [GREEDY, Sampler(temperature=1.0)], ids=["greedy", "sampled"])
+def test_compacted_decode_equals_the_full_loop(sampler):
+    """`decode(compact_rows=C)`: 16 rows, 13 of which may generate 3 tokens, one 12 and two 30, so from step 3 on
+    at most 3 <= C = 4 rows are generating and the loop goes on over 4 rows (with (4, 2), from step 12 over 2 of
+    those). Tokens, lengths and stops equal the
+    full loop's, log-probs and the cache's held slots (those before each row's length) to float rounding (greedy; sampled with the pre-drawn noise a small
+    vocabulary gets, gathered with the rows)."""
+    from jaxagent.models.config import Qwen3Config
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8)
+    params = qwen3.init(cfg, jax.random.key(3))
+    b, slots, steps = 16, 64, 32
+    rng = np.random.default_rng(5)
+    prompt = jnp.asarray(rng.integers(1, cfg.vocab_size, (b, 8)), jnp.int32)
+    n = jnp.asarray(rng.integers(2, 9, b), jnp.int32)
+    logits, cache = append(params, cfg, qwen3.init_cache(cfg, b, slots), prompt, n)
+    max_new = jnp.asarray([3] * 13 + [12] + [30] * 2, jnp.int32)[rng.permutation(b)]
+    run_ = jax.jit(lambda c, compact: decode(params, cfg, c, logits, jax.random.key(9), max_new, max_steps=steps,
+                                             sampler=sampler, stop_ids=(), pad_id=PAD, compact_rows=compact),
+                   static_argnums=1)
+    full = run_(cache, None)
+    for levels in (4, (4, 2)):
+        _same_generation(run_(cache, levels), full, max_new, slots)
+
+
+def _same_generation(compact, full, max_new, slots):
+    np.testing.assert_array_equal(np.asarray(compact.lengths), np.asarray(max_new))  # no stop ids: every row full
+    for name in ("tokens", "lengths", "stopped"):
+        np.testing.assert_array_equal(np.asarray(getattr(compact, name)), np.asarray(getattr(full, name)), name)
+    np.testing.assert_allclose(np.asarray(compact.logprobs), np.asarray(full.logprobs), atol=1e-5)
+    length = np.asarray(full.cache["length"])
+    np.testing.assert_array_equal(np.asarray(compact.cache["length"]), length)
+    held = np.arange(slots)[None, :] < length[:, None]  # [B, S]: the slots a later call reads (past them: stale)
+    for a, c in zip(full.cache["k"], compact.cache["k"]):  # [B, K, E, S]
+        np.testing.assert_allclose(np.where(held[:, None, None], c, 0), np.where(held[:, None, None], a, 0), atol=1e-5)
+    for a, c in zip(full.cache["v"], compact.cache["v"]):  # [B, K, S, E]
+        np.testing.assert_allclose(np.where(held[:, None, :, None], c, 0), np.where(held[:, None, :, None], a, 0),
+                                   atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [0, 4, 5, 2.0, True, (2, 3), (2, 0)])
+def test_compact_rows_out_of_range_is_refused(model, bad):
+    _, cfg, params = model
+    cache = qwen3.init_cache(cfg, 4, 16)
+    with pytest.raises(ValueError, match="compact_rows must be an int in .* or a decreasing tuple"):
+        decode(params, cfg, cache, jnp.zeros((4, cfg.vocab_size)), jax.random.key(0), 2, max_steps=2,
+               sampler=GREEDY, stop_ids=(), compact_rows=bad)

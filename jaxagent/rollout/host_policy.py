@@ -3,7 +3,9 @@ cache, chunks appended in bucketed widths, given replies as tokens.
 
 Compiles: `append_jit` once per distinct width (powers of two from 16 to `max_append_width`) and
 `decode_jit` once, per (batch size, max_context, model, sampler); never per turn. The host loop gives
-every episode group the same number of rows, so groups share the compiles.
+every episode group the same number of rows, so groups share the compiles. On one device a reply loop
+goes on over a quarter of the rows once no more of them are still generating, then a quarter of those
+(`compact_rows`, `decode`).
 
 Placement (`Placement`). With the params on a single device (or unplaced) the host arrays go in as
 they are and the replies come back with `jax.device_get`. With the params on a device mesh
@@ -49,11 +51,26 @@ def append_jit(params, cache, tokens_BxC, n_valid_B, logits_BxV, *, cfg):
     return jnp.where((n_valid_B > 0)[:, None], new_BxV, logits_BxV), cache
 
 
-@functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "sampler", "stop_ids", "pad_id"),
+@functools.partial(xla_options.jit, static_argnames=("cfg", "max_steps", "sampler", "stop_ids", "pad_id",
+                                                    "compact_rows"),
                    donate_argnames=("cache",))
-def decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, sampler, stop_ids, pad_id):
+def decode_jit(params, cache, logits_BxV, key, active_B, *, cfg, max_steps, sampler, stop_ids, pad_id,
+               compact_rows=None):
     return decode(params, cfg, cache, logits_BxV, key, max_steps, max_steps=max_steps, sampler=sampler,
-                  stop_ids=stop_ids, pad_id=pad_id, active_B=active_B)
+                  stop_ids=stop_ids, pad_id=pad_id, active_B=active_B, compact_rows=compact_rows)
+
+
+COMPACT_DIVISOR = 4  # a reply loop goes on over B / 4, then B / 16, ... rows as fewer are generating (`compact_rows`)
+
+
+def compact_rows(n_rows: int, mesh: Optional[Mesh]) -> Optional[tuple]:
+    """`decode`'s compact_rows for a group of `n_rows` on `mesh`: n_rows / COMPACT_DIVISOR^k for k = 1, 2, ... while
+    at least 2, on one device; None (no compaction) on a mesh, whose batch shards the gathered rows would cross."""
+    levels, c = [], n_rows // COMPACT_DIVISOR
+    while mesh is None and c >= 2:
+        levels.append(c)
+        c //= COMPACT_DIVISOR
+    return tuple(levels) or None
 
 
 def canonical(sh: NamedSharding) -> NamedSharding:
@@ -204,6 +221,6 @@ class HostPolicy:
         self.key, k_dec = jax.random.split(self.key)
         gen = decode_jit(self.params, self.cache, self.logits, k_dec, self.place.rows(active_B), cfg=self.cfg,
                           max_steps=self.hcfg.max_action_tokens, sampler=self.hcfg.sampler, stop_ids=self.stop_ids,
-                          pad_id=self.pad_id)
+                          pad_id=self.pad_id, compact_rows=compact_rows(len(active_B), self.place.mesh))
         self.cache = gen.cache
         return tuple(np.array(x) for x in self.place.fetch((gen.tokens, gen.logprobs, gen.lengths, gen.stopped)))

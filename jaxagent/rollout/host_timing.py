@@ -24,6 +24,9 @@ over all of a group's policy rows until the longest sampled reply ends, so it co
   padding    (the group's padding rows) x steps.
 slots = generated + tail + finished + padding; `HostTiming.summary` gives the totals and the shares of slots
 (decode_finished_share is the long tail of multi-turn rollouts: slots spent on episodes that are over).
+The counts lay a call out as one batch; on one device the loop goes on over a quarter of the rows, then a
+quarter of those, once no more are generating (`host_policy.compact_rows`), so tail and finished slots past
+that point are computed at that width.
 
 Dimension legend (CONVENTIONS.md): N turns (T_max).
 """

@@ -83,7 +83,8 @@ def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=
 
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
            sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
-           kv_window: int | None = None, mesh=None) -> Generation:
+           kv_window: int | None = None, mesh=None,
+           compact_rows: int | tuple[int, ...] | None = None) -> Generation:
     """Samples up to max_new_B[b] (<= max_steps, traced) tokens per row from `logits_BxV` onwards.
 
     Every generated token, the stop token included, is written to the cache, so the next turn can
@@ -91,8 +92,22 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     `qwen3.forward` (the caller guarantees length + max_steps <= kv_window for active rows).
     `params` are prepared for decoding here (`ops.prepare(decoding=True)`), once per call, outside
     the token loop; params the caller prepared pass through. `mesh`: see `qwen3.forward`.
+
+    `compact_rows` C (static, 1 <= C < B; one device): once at most C rows are still generating, the loop goes on
+    over C rows only (those rows and as many finished ones, gathered with their cache rows and buffers, scattered
+    back at the end): a decode step costs about in proportion to its rows, and a batch's longest replies otherwise
+    keep every finished row stepping (the tail, `rollout.host_timing`). A decreasing tuple (C1, C2, ...) compacts
+    again to C2 of the C1 rows, and so on. Each row's tokens are those of the
+    uncompacted loop where its sampling noise is the same: greedy, and pre-drawn noise (gathered with the rows);
+    with noise drawn per step the compacted rows draw theirs at width C (the same distribution, other numbers).
     """
     b = logits_BxV.shape[0]
+    levels = (() if compact_rows is None else tuple(compact_rows) if isinstance(compact_rows, (tuple, list))
+              else (compact_rows,))
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in levels) or any(
+            not 1 <= c < w for c, w in zip(levels, (b,) + levels)):
+        raise ValueError(f"compact_rows must be an int in [1, {b}) or a decreasing tuple of them for {b} rows, "
+                         f"got {compact_rows!r}")
     params = ops.prepare(params, cfg, decoding=True)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
@@ -120,30 +135,48 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     if not sampler.greedy and max_steps * b * v <= _PREDRAW_MAX_ELEMENTS:
         predrawn = jax.random.gumbel(key, (max_steps, b, v), jnp.float32)
 
-    def body(c: Carry):
-        key = c.key
-        if sampler.greedy:
-            tok, lp = sample(None, c.logits, sampler)
-        elif predrawn is not None:
-            tok, lp = sample(None, c.logits, sampler, gumbel_BxV=predrawn[c.step])
-        else:
-            key, sub = jax.random.split(c.key)
-            tok, lp = sample(sub, c.logits, sampler)
-        live = ~c.done
-        tok = jnp.where(live, tok, pad_id)
-        tokens = c.tokens.at[:, c.step].set(tok)
-        logprobs = c.logprobs.at[:, c.step].set(jnp.where(live, lp, 0.0))
-        lengths = c.lengths + live
-        hit_stop = live & jnp.isin(tok, stop)
-        done = c.done | hit_stop | (lengths >= max_new_B)
-        logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
-                               mesh=mesh)
-        logits = jnp.where(live[:, None], logits, c.logits)
-        return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
+    def make_body(max_new, rows):
+        """The loop body over the rows `rows` of the batch (None: all B) with their max_new [rows]."""
+        def body(c: Carry):
+            key = c.key
+            if sampler.greedy:
+                tok, lp = sample(None, c.logits, sampler)
+            elif predrawn is not None:
+                noise = predrawn[c.step] if rows is None else predrawn[c.step][rows]
+                tok, lp = sample(None, c.logits, sampler, gumbel_BxV=noise)
+            else:
+                key, sub = jax.random.split(c.key)
+                tok, lp = sample(sub, c.logits, sampler)
+            live = ~c.done
+            tok = jnp.where(live, tok, pad_id)
+            tokens = c.tokens.at[:, c.step].set(tok)
+            logprobs = c.logprobs.at[:, c.step].set(jnp.where(live, lp, 0.0))
+            lengths = c.lengths + live
+            hit_stop = live & jnp.isin(tok, stop)
+            done = c.done | hit_stop | (lengths >= max_new)
+            logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
+                                   mesh=mesh)
+            logits = jnp.where(live[:, None], logits, c.logits)
+            return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
+        return body
+
+    def run(c: Carry, rows, max_new, levels):
+        """The loop from `c` over the rows `rows` (None: all), going on over levels[0] of them once no more
+        are generating, and so on down `levels`."""
+        if not levels:
+            return jax.lax.while_loop(cond, make_body(max_new, rows), c)
+        wide = jax.lax.while_loop(lambda c: cond(c) & (jnp.sum(~c.done) > levels[0]), make_body(max_new, rows), c)
+        sel = jnp.argsort(wide.done, stable=True)[:levels[0]]  # every live row (False sorts first)
+        take = lambda x: x[sel]  # noqa: E731
+        narrow = run(Carry(wide.step, *map(take, wide[1:7]), jax.tree.map(take, wide.cache), wide.key),
+                     sel if rows is None else rows[sel], max_new[sel], levels[1:])
+        put = lambda full, part: full.at[sel].set(part)  # noqa: E731
+        return Carry(narrow.step, *(put(f, n) for f, n in zip(wide[1:7], narrow[1:7])),
+                     jax.tree.map(put, wide.cache, narrow.cache), narrow.key)
 
     init = Carry(jnp.int32(0), jnp.full((b, max_steps), pad_id, jnp.int32), jnp.zeros((b, max_steps), jnp.float32),
                  jnp.zeros((b,), jnp.int32), done0, jnp.zeros((b,), bool), logits_BxV, cache, key)
-    out = jax.lax.while_loop(cond, body, init)
+    out = run(init, None, max_new_B, levels)
     return Generation(out.tokens, out.logprobs, out.lengths, out.stopped, out.cache)
 
 
