@@ -204,6 +204,30 @@ def make_run(args):
                force=getattr(args, "force", False))
 
 
+def toy_base_parser(module: str, description: str) -> Parser:
+    """The options of a benchmark that reads a finished toy host run's base: --preset (a preset with an SFT base,
+    default bfcl-toy), --name, --root, --json; `toy_base_run` opens the run."""
+    p = Parser(prog=script_prog(module), description=description, formatter_class=HelpFormatter)
+    p.add_argument("--preset", default="bfcl-toy", choices=sorted(n for n, q in HOST_PRESETS.items() if q.sft),
+                   metavar="PRESET", help="a toy preset whose run has finished its base stage (default bfcl-toy)")
+    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--root", default="runs", help="directory holding run directories")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON line")
+    return p
+
+
+def toy_base_run(args):
+    """The `HostRun` of `toy_base_parser`'s arguments; one line and exit code 2 when its base stage has not
+    finished (checked before `HostRun`, which would make the run directory)."""
+    from jaxagent.study import run_dir
+    from jaxagent.study.host.run import HostRun
+    base = os.path.join(args.root, args.name or args.preset, "base")
+    if not run_dir.done(base):
+        fail(f"{base}: no finished base stage; run python -m experiments.reproduce --preset {args.preset} first")
+    with clear_errors():
+        return HostRun(HOST_PRESETS[args.preset], args.root, args.name)
+
+
 @contextlib.contextmanager
 def clear_errors():
     """A user error (`USER_ERRORS`: a run directory in use or made with other settings, a bad setting or

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxagent.bench import host_rollout as host_rollout_bench
 from jaxagent.bench import host_step
 from jaxagent.envs.host.base import HostEnv
 from jaxagent.models import pruned_tokenizer, qwen3
@@ -282,6 +283,12 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
     for name in ("rows", "rows_decode_options"):
         assert out[f"{name}_loss"] == pytest.approx(out["packed_loss"], rel=1e-4, abs=1e-6)
         assert out[f"{name}_max_param_diff"] <= 2 * preset.lr * 1.001  # AdamW's first step moves each entry <= lr
+    # the rollout benchmark (`experiments.bench_host_rollout`): 2 rows are too few to compact (`compact_rows`), so
+    # the two settings sample the same episodes
+    roll = host_rollout_bench.run_bench(run, n=1, seed=0)
+    assert roll["episodes"] == 2 and roll["speedup"] > 0
+    for key in ("success", "policy_tokens", "turns"):
+        assert roll[f"full_rows_{key}"] == roll[f"compacted_{key}"]
 
 
 # ----------------------------------------------------------------------------- trimmed rollouts

@@ -133,7 +133,11 @@ HostProcessRewardFn = Callable[[Any, Any, str, int], float]
 @dataclasses.dataclass(frozen=True)
 class HostRolloutConfig(EpisodeConfig):
     """Settings of a host rollout (hashable): `EpisodeConfig`'s t_max, max_action_tokens, max_context
-    (KV slots per episode) and sampler; the host hooks are `host_rollout` arguments."""
+    (KV slots per episode) and sampler; the host hooks are `host_rollout` arguments. `compact_decode`: on one
+    device a reply's token loop goes on over fewer rows as replies end (`host_policy.compact_rows`); False keeps
+    every row stepping until the group's longest reply ends (the replies' distribution is the same)."""
+
+    compact_decode: bool = True
 
 
 def host_config(rcfg: EpisodeConfig) -> HostRolloutConfig:

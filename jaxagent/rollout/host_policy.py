@@ -221,6 +221,8 @@ class HostPolicy:
         self.key, k_dec = jax.random.split(self.key)
         gen = decode_jit(self.params, self.cache, self.logits, k_dec, self.place.rows(active_B), cfg=self.cfg,
                           max_steps=self.hcfg.max_action_tokens, sampler=self.hcfg.sampler, stop_ids=self.stop_ids,
-                          pad_id=self.pad_id, compact_rows=compact_rows(len(active_B), self.place.mesh))
+                          pad_id=self.pad_id,
+                          compact_rows=compact_rows(len(active_B), self.place.mesh) if self.hcfg.compact_decode
+                          else None)
         self.cache = gen.cache
         return tuple(np.array(x) for x in self.place.fetch((gen.tokens, gen.logprobs, gen.lengths, gen.stopped)))

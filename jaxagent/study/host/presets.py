@@ -288,7 +288,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # the expert sends the reference (half the time, `slip_fix`) or gives up. 128-token replies (longer reference
     # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
     # slots); RL as sql-toy but 20 iterations (four train steps over ~900 slots take about 5 of the 7 s per
-    # iteration: 35 min in all on 2 cores, docs/host_study.md); every held-out task.
+    # iteration: 30 min in all on 2 cores, docs/host_study.md); every held-out task.
     "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
                      fractions=(0.5, 1.0),
                      sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,

@@ -321,12 +321,13 @@ def tasks_from_indices(task_list: Sequence, idx_B) -> list:
 
 def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, task_list: Sequence, *,
                          sampler: Sampler = Sampler(), compute_dtype=None, mesh: Optional[Mesh] = None,
-                         on_trace: Optional[Callable[[HostTrace], None]] = None) -> Callable[..., Rollout]:
+                         on_trace: Optional[Callable[[HostTrace], None]] = None,
+                         compact_decode: bool = True) -> Callable[..., Rollout]:
     """rollout_fn(params, idx_B, budgets_B, key) -> Rollout: `host_rollout` on task_list[idx_B] with the
     budgets announced in the prompt, on the rollouts' copy of the params (`rollout_params`: cast
     to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
-    (texts, errors, `trace.timing`)."""
-    rcfg = ts.rollout_config(sampler)
+    (texts, errors, `trace.timing`). `compact_decode`: `HostRolloutConfig`'s."""
+    rcfg = dataclasses.replace(ts.rollout_config(sampler), compact_decode=compact_decode)
     cdt = stages.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
