@@ -481,9 +481,9 @@ def test_greedy_ignores_temperature():
 def test_compacted_decode_equals_the_full_loop(sampler):
     """`decode(compact_rows=C)`: 16 rows, 13 of which may generate 3 tokens, one 12 and two 30, so from step 3 on
     at most 3 <= C = 4 rows are generating and the loop goes on over 4 rows (with (4, 2), from step 12 over 2 of
-    those). Tokens, lengths and stops equal the
-    full loop's, log-probs and the cache's held slots (those before each row's length) to float rounding (greedy; sampled with the pre-drawn noise a small
-    vocabulary gets, gathered with the rows)."""
+    those). Tokens, lengths and stops equal the full loop's, log-probs and the cache's held slots (those before each
+    row's length) to float rounding (greedy; sampled with the pre-drawn noise a small vocabulary gets, gathered with
+    the rows)."""
     from jaxagent.models.config import Qwen3Config
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8)

@@ -392,3 +392,16 @@ def test_bad_inputs(tok, envs):
         run([1, 1], rcfg=dataclasses.replace(RCFG, process_reward_fn=lambda *a: 0.0))
     with pytest.raises(ValueError, match="allow_forced"):  # a JAX-loop field the host loop would ignore
         run([1, 1], rcfg=dataclasses.replace(RCFG, allow_forced=True))
+
+
+def test_compacted_decoding_levels():
+    """The host policy's `compact_rows`: a quarter of the rows, then a sixteenth, while at least 2, on one device
+    only (a mesh's batch shards would cross the gathered rows), none below 8 rows; what it gives `decode` accepts."""
+    from jaxagent import sharding
+    from jaxagent.rollout.host_policy import compact_rows
+    assert compact_rows(64, None) == (16, 4)
+    assert compact_rows(128, None) == (32, 8, 2)
+    assert compact_rows(8, None) == (2,) and compact_rows(7, None) is None and compact_rows(2, None) is None
+    assert compact_rows(64, sharding.make_mesh(2, 1, 1, devices=jax.devices()[:2])) is None
+    from jaxagent.rollout.host_loop import host_config
+    assert host_config(RCFG).compact_decode  # on by default, also for a config converted from the JAX loop's
