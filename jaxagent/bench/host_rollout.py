@@ -29,6 +29,15 @@ from jaxagent.study.host.run import HostRun, run_base
 SETTINGS = ("full_rows", "compacted")
 
 
+def training_rollout(run: HostRun, rollout_fn, params, k_task, k_roll):
+    """One training rollout as the main arm's iterations draw it: `n_tasks` train tasks sampled with `k_task`, each
+    `group_size` times at full budget, rolled out by `rollout_fn` (`make_host_rollout_fn`) with `k_roll`."""
+    p, rl = run.preset, run.arm_settings(MAIN_ARM).rl
+    tasks = host_stages.HostTasks(len(run.world.train_tasks), p.task.t_max).sample(k_task, rl.n_tasks)
+    return rollout_fn(params, jnp.repeat(tasks, rl.group_size), jnp.full((rl.batch_size,), p.task.t_max, jnp.int32),
+                      k_roll)
+
+
 def run_bench(run: HostRun, n: int, seed: int) -> dict:
     """The module doc's measurement on `run`'s finished base stage (`run_dir.InvalidRunDir` without one)."""
     p = run.preset
@@ -38,8 +47,6 @@ def run_bench(run: HostRun, n: int, seed: int) -> dict:
     params = run_base(run)
     rl = run.arm_settings(MAIN_ARM).rl
     sampler = Sampler(temperature=1.0)
-    sample_tasks = host_stages.HostTasks(len(run.world.train_tasks), p.task.t_max).sample
-    budgets = jnp.full((rl.batch_size,), p.task.t_max, jnp.int32)
     out = {"bench": "host_rollout", "preset": p.name, "episodes": rl.batch_size, "rollouts": n, "seed": seed,
            "max_action_tokens": p.task.max_action_tokens, "backend": jax.devices()[0].platform}
     for name in SETTINGS:
@@ -49,9 +56,8 @@ def run_bench(run: HostRun, n: int, seed: int) -> dict:
         times, success, tokens, turns = [], [], [], []
         for i in range(-1, n):  # i = -1: the compiling rollout, untimed
             key = jax.random.key(seed + max(i, 0))
-            idx = jnp.repeat(sample_tasks(key, rl.n_tasks), rl.group_size)
             t0 = time.perf_counter()
-            ro = fn(params, idx, budgets, key)
+            ro = training_rollout(run, fn, params, key, key)
             jax.block_until_ready(ro.tokens)
             if i >= 0:
                 times.append(time.perf_counter() - t0)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent import xla_options
+from jaxagent.bench.host_rollout import training_rollout
 from jaxagent.rl.logprobs import packed_policy_positions
 from jaxagent.rl.loop import compute_advantages
 from jaxagent.rl.train_step import PACKED_KEY
@@ -46,9 +47,7 @@ def first_minibatch(run: HostRun, params, settings: stages.ArmSettings, seed: in
     rollout_fn = host_stages.make_host_rollout_fn(run.world, run.cfg, p.task, run.world.train_tasks,
                                                   sampler=Sampler(temperature=settings.temperature),
                                                   compute_dtype=p.compute_dtype, mesh=run.mesh)
-    tasks = host_stages.HostTasks(len(run.world.train_tasks), p.task.t_max).sample(k_task, rl.n_tasks)
-    ro = rollout_fn(params, jnp.repeat(tasks, rl.group_size), jnp.full((rl.batch_size,), p.task.t_max, jnp.int32),
-                    k_roll)
+    ro = training_rollout(run, rollout_fn, params, k_task, k_roll)
     adv, _, _ = compute_advantages(ro, rl, None)
     batch = {"tokens": ro.tokens, "policy_mask": ro.policy_mask, "advantages": adv, "old_logprobs": ro.logprobs}
     idx = np.asarray(jax.random.permutation(k_perm, rl.batch_size))[:rl.batch_size // rl.minibatches]

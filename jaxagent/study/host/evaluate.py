@@ -52,7 +52,8 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) 
     "key_seed"; a cache made with another key is re-evaluated; on a finding-3
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
     episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
-    re-evaluated, with the same key)."""
+    re-evaluated, with the same key). The rollouts compact their decoding as replies end (`domain_findings`: the
+    episodes' distribution, and so what each verdict could come out as, is unchanged)."""
     path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
     d = run.world.domain.name
     keep = host_stages.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)  # findings 3, 4

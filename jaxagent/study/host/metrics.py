@@ -132,6 +132,12 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
        the row `multi_turn_share` (a lower bound on the share of longer episodes, `multi_turn_share`) says how
        far from that case the run was (near 0: parity is still likely by construction, not by the data).
     Every Pass@ row writes the room the structural bound allows (`bounded`, `put_room`).
+    The episodes behind every row are host rollouts whose decoding compacts its rows as replies end
+    (`HostRolloutConfig.compact_decode`): the same tokens where the sampling noise is the same, the same
+    distribution otherwise (`experiments.bench_host_rollout`: success 0.242 vs 0.240 on 1,024 bfcl-toy episodes).
+    No direction, E, margin, bound or interval reads it, so each row's failing result (`falsified_by`) stays as
+    reachable as without it; it is the same for the base and every arm, so it cannot favour one side of a
+    difference.
 
     Sampling keys (`evaluate.seed_key`; f1, f2 and f7): seed s's RL policies and a base draw made for seed s are
     sampled with key s, so each seed's difference is paired on its own random numbers and carries its own base
