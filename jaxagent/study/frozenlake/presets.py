@@ -57,6 +57,12 @@ class Preset:
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
 
+    @property
+    def rollout_batch(self) -> int:
+        """n_tasks x group_size: the episodes of one RL iteration, and the rows of each evaluation rollout chunk
+        and of each R_single plan-generation call, so each of those programs fits where the training rollout does."""
+        return self.n_tasks * self.group_size
+
 
 def _toy_model(vocab: int = 128) -> Qwen3Config:
     # vocab is replaced by the toy tokenizer's size at run time
