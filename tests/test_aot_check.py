@@ -58,10 +58,10 @@ def test_recheck_reproduces_a_stored_record_file(capsys):
 @needs_libtpu
 def test_lowered_toy_preset_uses_the_toy_world(capsys):
     """A toy preset's programs are lowered on the world its run builds (the word-level tokenizer: its
-    4-token replies hold a canonical action) and generate at its bucketed reply length; on the Qwen3
-    tokenizer the rollout's canonical replies would not fit and generate's length is not a bucket."""
+    4-token replies hold a canonical action; on the Qwen3 tokenizer the rollout's canonical replies would not
+    fit), R_single's plan generation at its plan prompt and reply."""
     assert aot_check.main(["--preset", "ci", "--topology", "v5p:2x2x1", "--layers", "1", "--programs",
-                           "rollout_train", "generate", "--lowered"]) == 0
+                           "rollout_train", "plan_generate", "--lowered"]) == 0
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["program"] for r in recs] == ["rollout_train", "generate"]
+    assert [r["program"] for r in recs] == ["rollout_train", "plan_generate"]
     assert all(len(r["lowered_sha256"]) == 64 for r in recs)

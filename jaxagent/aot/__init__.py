@@ -7,8 +7,9 @@ each program's per-chip memory, FLOPs (with loop trip counts), roofline, collect
 Modules: `topology` (compile-only devices, chip figures), `hlo` (HLO text: trip counts, FLOP and collective
 accounting), `analytic` (Qwen3 FLOP targets), `memory` (what a run holds beside a program, `Resident`),
 `verdict`, `record` (compile and read one program; `run_programs`), `check` (a preset's target, re-checking
-stored records), `programs` / `host` (the programs of a FrozenLake / host-domain preset's run, imported on
-their own), `report` (docs/aot.md's tables from stored records). The command line: experiments/aot_check.py.
+stored records), `programs` / `host` / `arms` (the programs of a FrozenLake / host-domain preset's run and those
+both share, imported on their own), `coverage` (a jitted call's signature: the list checked against a recorded
+run), `report` (docs/aot.md's tables from stored records). The command line: experiments/aot_check.py.
 """
 from jaxagent.aot.analytic import analytic_flops, cached_forward_flops
 from jaxagent.aot.hlo import hlo_summary, loop_collective_bytes, multipliers, parse_hlo

@@ -33,6 +33,8 @@ class Program:
     flops_checked: bool = True           # False where the analytic figure is a scale, not a target (rollouts)
     resident_bytes: float = 0.0          # per chip: what the run holds beside the program's buffers (`Resident`)
     resident_note: str = ""
+    calls: tuple = ()                    # `coverage.Call`s: the jitted call `lower` compiles, then the other
+                                         # shapes of its family a run also calls (e.g. narrower appends)
 
 
 def lowered_digest(lowered) -> str:
