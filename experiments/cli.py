@@ -141,6 +141,10 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
         p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
                        help="run the preset on seeds shifted by N (RL seed k -> k+N, and the base SFT seed); "
                             "files go to <root>/<preset>-s<N> unless --name is given")
+        p.add_argument("--rehearsal", action="store_true",
+                       help="run the preset's whole pipeline with its counts cut (one seed, one iteration, a few "
+                            "episodes and held-out tasks, short turns) to check it end to end on this machine before "
+                            "booking accelerators; files go to <root>/<preset>-rehearsal unless --name is given")
         p.add_argument("--force", action="store_true",
                        help="reuse a run directory made with other settings: redo every stage whose recorded "
                             "settings differ or were not recorded (older versions); default: refuse, naming them")
@@ -191,7 +195,8 @@ def preset_from(args):
         preset = presets_lib.with_overrides(
             args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
-            micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None))
+            micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
+            rehearsal=getattr(args, "rehearsal", False))
     except RunError as e:
         fail(str(e))
     init_distributed(args)
