@@ -46,7 +46,8 @@ same program is submitted on the same tests, which a sampled policy does often (
 submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs
 only. A program that reads randomness or the clock gets its first run's outcome each time; a run that hit the
 wall-clock or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission
-runs again). `sandbox_runs` and `cache_hits` count both.
+runs again; so is a load that ran out of time, which a slow machine can cause). `sandbox_runs` and `cache_hits`
+count both.
 Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
 may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
 needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.
@@ -412,8 +413,8 @@ class CodeEnv(HostEnv):
         with self._cache_lock:
             self.sandbox_runs += 1
             died = result.load_error is None and any(o.status == "not_run" for o in result.outcomes)
-            limited = died or result.timed_out or result.cpu_exceeded or any(o.status == "timeout"
-                                                                             for o in result.outcomes)
+            limited = (died or result.timed_out or result.cpu_exceeded or result.load_timed_out
+                       or any(o.status == "timeout" for o in result.outcomes))
             if key is None or limited:
                 return
             self._cache[key] = result

@@ -135,6 +135,9 @@ class SandboxResult:
     memory_bound: str = ""  # how the run's memory was bounded: "cgroup-v2" | "cgroup-v1" | "rlimits"
     cpu_s: float = 0.0  # CPU seconds the run's processes used (as last measured by the launcher)
     cpu_exceeded: bool = False  # the run was stopped at its CPU quota (limits.cpu_s)
+    load_timed_out: bool = False  # load_error is the module's load running out of time (per_call_s)
+    cpu_bound: str = ""  # how cpu_s was measured: "cgroup-v2" | "cgroup-v1" (every process of the run, docs/sandbox.md)
+    #                      or "process-tree" (the weaker bound: misses children reaped by the kernel)
 
 
 def _id_ranges(path: str) -> list[tuple[int, int]]:
@@ -299,7 +302,8 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     running. Only the launcher, init and the harness write this channel (sandbox_child/)."""
     outcomes: dict[int, CallOutcome] = {}
     load_error = None
-    isolation = memory_bound = ""
+    load_timed_out = False
+    isolation = memory_bound = cpu_bound = ""
     timed_out = killed
     cpu_used, cpu_exceeded = 0.0, False
     loaded = ready = False
@@ -321,10 +325,12 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
         elif "isolation" in msg and not isolation:
             isolation = str(msg["isolation"])
             memory_bound = str(msg.get("memory_bound", ""))
+            cpu_bound = str(msg.get("cpu_bound", ""))
         elif "ready" in msg:
             ready = True
         elif "load_error" in msg and load_error is None and not loaded:
             load_error = str(msg["load_error"])
+            load_timed_out = msg.get("timed_out") is True
         elif "loaded" in msg:
             loaded = True
         elif "exit" in msg:
@@ -363,4 +369,4 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     full = tuple(outcomes.get(i, missing) for i in range(n))
     return SandboxResult(outcomes=full, load_error=load_error, timed_out=timed_out, isolation=isolation,
                          exit_info=exit_info, wall_s=wall, memory_bound=memory_bound, cpu_s=cpu_used,
-                         cpu_exceeded=cpu_exceeded)
+                         cpu_exceeded=cpu_exceeded, load_timed_out=load_timed_out, cpu_bound=cpu_bound)
