@@ -198,13 +198,33 @@ def strong_isolation_problem() -> str | None:
 
 def _hidden_paths() -> list[str]:
     """Directories the run's root must not show even where a bound directory holds them: this
-    process's import paths (site-packages, the package's checkout, editable installs) and the
-    package's own directory. The child masks those that lie inside what it binds."""
+    process's import paths (site-packages, the package's checkout, editable installs), the package's
+    own directory, and the site-packages of every prefix of this interpreter: in a virtual environment
+    `site.getsitepackages()` names only the venv's, while the base interpreter's (whose library directory
+    the root binds) may hold the package installed, answers included. The child masks those that lie
+    inside what it binds."""
     import site
 
     package = os.path.dirname(os.path.dirname(os.path.dirname(_CHILD)))  # the jaxagent directory
-    paths = [package, os.path.dirname(package), *site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    prefixes = list(dict.fromkeys([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]))
+    paths = [package, os.path.dirname(package), *site.getsitepackages(), *site.getsitepackages(prefixes),
+             site.getusersitepackages(), *sys.path]
     return [os.path.abspath(p) for p in dict.fromkeys(paths) if isinstance(p, str) and p]
+
+
+def interpreter() -> str:
+    """The interpreter the sandbox child runs (`python -I -S`, so no site-packages of any environment): the file
+    behind `sys.executable`. A virtual environment's python is a link to its base interpreter; following it keeps
+    the venv's own path (e.g. under /tmp, where the run has its private /tmp) out of the run's root. In a venv
+    made with --copies, the base prefix's interpreter of the same version."""
+    exe = os.path.realpath(sys.executable)
+    venv = os.path.realpath(sys.prefix)
+    if sys.prefix != sys.base_prefix and exe.startswith(venv + os.sep):
+        for name in (os.path.basename(exe), "python%d.%d" % sys.version_info[:2]):
+            base = os.path.join(sys.base_prefix, "bin", name)
+            if os.path.isfile(base):
+                return os.path.realpath(base)
+    return exe
 
 
 def _kill_uid(uid: int) -> None:
@@ -269,7 +289,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
            # weak mode: a root caller's workers run as nobody, who may not read the interpreter's own files
            "preload": preloads(code) if limits.strong else list(PRELOAD)}
     killed = False
-    proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([interpreter(), "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                             start_new_session=True, close_fds=True)
     try:
