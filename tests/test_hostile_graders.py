@@ -1,9 +1,17 @@
 """Reward without a solution: wrong answers that a grader's number tolerance would accept.
 
-Class "reward without a solution" of the hostile-input suite (the others: test_hostile_sandbox.py,
-test_hostile_run_dir.py, test_hostile_loaders.py, test_hostile_limits.py). Each case states its expected
-outcome; each fails if the wrong answer earns a pass. The comparison rules are `jaxagent.envs.host.graders`'
-module docstring (docs/sandbox.md, "How answers are compared").
+The hostile-input suite, by class (each case states its expected outcome and fails if the attack works):
+  reward without a solution  this file; test_hostile_sandbox.py (reading the task file)
+  escape                     test_hostile_sandbox.py (the package, sockets, namespaces; from a venv under /tmp);
+                             test_hostile_loaders.py (a Spider db_id outside the data directory)
+  data loss                  test_hostile_run_dir.py (writes through links)
+  resource exhaustion        test_hostile_limits.py (the CPU quota under an ignored SIGCHLD, a load time-out kept,
+                             a query process kept off the CPU); test_hostile_loaders.py (a gold query that never
+                             yields, fields that never finish parsing); test_hostile_sandbox.py (the CPU quota)
+  bad message                test_hostile_run_dir.py (a DONE directory), test_hostile_loaders.py (unreadable
+                             files, host_study --data), test_hostile_cli.py (--coordinator-address, connecting)
+The comparison rules are `jaxagent.envs.host.graders`' module docstring (docs/sandbox.md, "How answers are
+compared").
 """
 import decimal
 import math
