@@ -26,9 +26,11 @@ import os
 from typing import Optional
 
 from jaxagent.envs.host import base as host_envs
+from jaxagent.envs.host.datasets import DataError
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study.host.sft import HostSFTSettings
 from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
+from jaxagent.study.run_dir import InvalidSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,14 +159,19 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
 def data_env(preset: HostPreset):
     """The env of the preset's domain built on `preset.data` (SQLEnv: Spider / InterCode-SQL, `spider.load_spider`;
     CodeEnv: DeepCoder-style problems, `deepcoder.load_deepcoder`), or None without a data directory (the domain's
-    own env, with its built-in tasks). ValueError for unusable data (`data_problem`)."""
+    own env, with its built-in tasks). InvalidSettings (one line naming the file and the problem) for unusable data:
+    `data_problem`, or a file the loader cannot read (`datasets.DataError`: not UTF-8, not JSON, nested too deeply,
+    no usable record)."""
     if preset.data is None:
         return None
     problem = data_problem(preset)
     if problem is not None:
-        raise ValueError(problem)
+        raise InvalidSettings(problem)
     domain = get_domain(preset.task.domain)
-    return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+    try:
+        return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+    except DataError as e:
+        raise InvalidSettings(f"preset {preset.name!r}: --data {preset.data}: {e}") from None
 
 
 def tiny_model() -> Qwen3Config:

@@ -92,6 +92,7 @@ class HostRun:
         if preset.checkpoint:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
+        env = data_env(preset)  # InvalidSettings naming the file for unusable --data, before anything is written
         self.dir = os.path.abspath(os.path.join(root, name or preset.name + ("-rehearsal" if preset.rehearsal else "")))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
@@ -104,7 +105,6 @@ class HostRun:
         if diff:
             self.run_dir.empty()
         self.run_dir.write_config(record)
-        env = data_env(preset)
         if not preset.checkpoint:
             self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
             corpus = None
