@@ -93,7 +93,8 @@ class HostRun:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
         env = data_env(preset)  # InvalidSettings naming the file for unusable --data, before anything is written
-        self.dir = os.path.abspath(os.path.join(root, name or preset.name + ("-rehearsal" if preset.rehearsal else "")))
+        default = preset.name + ("-rehearsal" if preset.rehearsal else "")
+        self.dir = os.path.abspath(os.path.join(root, name or default))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
         _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL, defaults={"rehearsal": False})
