@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import tempfile
 from typing import Callable, Mapping
 
 
@@ -76,10 +77,11 @@ def frozenlake_world(preset, which: str, tmp: str):
 
 def rl_runner(presets: Mapping, host_names, arm_settings: Callable) -> Callable:
     """`rl_record` over the study's presets by name (`host_names`: the host-environment ones; `arm_settings(preset)`:
-    the study's GRPO arm settings of a preset), as `accel.run`'s `rl_record(plan, tmp, log)`."""
-    def record(plan, tmp: str, log: Callable) -> dict:
+    the study's GRPO arm settings of a preset), as `accel.run_jax`'s `rl_record(plan, log)`."""
+    def record(plan, log: Callable) -> dict:
         p = presets[plan.rl_preset]
-        return rl_record(plan, tmp, log, preset=p, host=plan.rl_preset in host_names, arm=arm_settings(p))
+        with tempfile.TemporaryDirectory() as tmp:  # the toy world's tokenizer files
+            return rl_record(plan, tmp, log, preset=p, host=plan.rl_preset in host_names, arm=arm_settings(p))
     return record
 
 
