@@ -110,8 +110,9 @@ def cache_dir(a) -> str | None:
     return a.compile_cache or os.path.join(base, "jaxagent", "jax-compile")
 
 
-def jax_side(plan, a, emit, log, deadline_s: float, check_dir) -> None:
-    """The JAX stages in this process: the memory pool and the compilation cache set before the first device use."""
+def jax_side(plan, a, emit, log, deadline_s: float, check_dir, t0: float) -> None:
+    """The JAX stages in this process (`deadline_s` after `t0`): the memory pool and the compilation cache set
+    before the first device use."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", MEM_FRACTION)
     import jax
 
@@ -130,7 +131,7 @@ def jax_side(plan, a, emit, log, deadline_s: float, check_dir) -> None:
 
         from jaxagent.study.frozenlake.run import Run
         return Run.arm_settings(types.SimpleNamespace(preset=preset), "grpo")
-    accel.run_jax(plan, emit, log, deadline_s=deadline_s, check_dir=check_dir,
+    accel.run_jax(plan, emit, log, deadline_s=deadline_s, check_dir=check_dir, t0=t0,
                   rl_record=accel_rl.rl_runner(rl_presets(), HOST_PRESETS, grpo_arm))
 
 
@@ -160,8 +161,8 @@ class Output:
         if not quiet:
             self.log(accel_report.summary(rec))
 
-    def close(self) -> None:
-        tg = accel_report.targets(self.records)
+    def close(self, argv: list) -> None:
+        tg = {**accel_report.targets(self.records), "command": " ".join(["python -m experiments.bench_accel", *argv])}
         self.emit(tg, quiet=True)
         for line in accel_report.markdown(tg).splitlines():
             self.log(line)
@@ -192,8 +193,11 @@ def run_child(argv: list, out: Output, deadline_s: float, hard_s: float, check_d
     relay = threading.Thread(target=lambda: [(out.log("jax: " + ln.rstrip()), tail.append(ln)) for ln in proc.stderr])
     relay.start()
     for line in proc.stdout:
-        if line.strip():
+        try:
             out.emit(json.loads(line))
+        except ValueError:  # not a record: a library's own print
+            if line.strip():
+                out.log("jax: " + line.rstrip())
     rc = proc.wait()
     timer.cancel()
     relay.join()
@@ -229,14 +233,14 @@ def main(argv=None) -> int:
         return 2
     if a.jax_side is not None:  # the child: JAX stages, records on stdout, progress on stderr
         out = Output(None, t0, stamp=False)  # the parent stamps the lines it relays
-        jax_side(plan, a, lambda r: out.emit(r, quiet=True), out.log, a.deadline_s, a.jax_side)
+        jax_side(plan, a, lambda r: out.emit(r, quiet=True), out.log, a.deadline_s, a.jax_side, t0)
         return 0
     out = Output(a.out, t0)
     if reason is not None:
         out.log(f"peer: skipped: {reason}; the JAX stages run in this process")
-        jax_side(plan, a, out.emit, out.log, plan.jax_deadline_s(False), None)
+        jax_side(plan, a, out.emit, out.log, plan.jax_deadline_s(False), None, t0)
         out.emit({"bench": "peer_device", "device": None, "peer_note": f"skipped: {reason}"})
-        out.close()
+        out.close(argv)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         check_dir = os.path.join(tmp, "check_model")
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
         deadline = plan.jax_deadline_s(True)
         run_child(argv, out, deadline - spent, deadline + PEER_GRACE_S - spent, check_dir, child_env)
         peer_stage(plan, out, check_dir, t0)
-    out.close()
+    out.close(argv)
     return 0
 
 

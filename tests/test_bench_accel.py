@@ -85,7 +85,8 @@ def test_help_and_estimates_import_no_jax_flax_optax_orbax_or_tensorstore(argv):
     code = ("import contextlib, io, sys\nfrom experiments import bench_accel\n"
             f"with contextlib.redirect_stdout(io.StringIO()) as out:\n"
             f"    try:\n        rc = bench_accel.main({argv!r})\n    except SystemExit as e:\n        rc = e.code\n"
-            "heavy = [m for m in ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'tensorstore', 'torch') if m in sys.modules]\n"
+            "heavy = [m for m in ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'tensorstore', 'torch')\n"
+            "         if m in sys.modules]\n"
             "print(rc, len(out.getvalue()) > 500, heavy)")
     got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert got.stdout.strip() == "0 True []", got.stdout + got.stderr

@@ -33,7 +33,8 @@ def summary(rec: dict) -> str:
     """The progress line of a record."""
     b, what = rec["bench"], rec.get("model") or rec.get("rl_preset") or rec.get("id") or rec.get("device_kind")
     if "error" in rec or "skipped" in rec:
-        return f"{b}{' ' + what if what else ''}: " + ("error: " + rec["error"] if "error" in rec else "skipped: " + rec["skipped"])
+        why = "error: " + rec["error"] if "error" in rec else "skipped: " + rec["skipped"]
+        return f"{b}{' ' + what if what else ''}: {why}"
     bad = [k for k in FIGURES.get(b, ()) if not positive(rec.get(k))]
     if bad:  # a time <= 0 or a missing count: no throughput is printed from it
         return f"{b} {what}: no throughput ({', '.join(bad)} missing or not > 0)"
@@ -47,7 +48,8 @@ def summary(rec: dict) -> str:
         return (f"peer: {rec.get('device')}, torch {rec.get('torch')}, transformers {rec.get('transformers')}, "
                 f"{_fmt(rec.get('free_gb'), '.1f')} GB free at its start" + (f" ({rec['peer_note']})"
                                                                             if rec.get("peer_note") else ""))
-    both = lambda k: f"{_fmt(rec.get(k), '.2f')} (measured peak {_fmt(rec.get(k + '_measured_peak'), '.2f')})"  # noqa: E731
+    def both(k):
+        return f"{_fmt(rec.get(k), '.2f')} (measured peak {_fmt(rec.get(k + '_measured_peak'), '.2f')})"
     if b == "peaks":
         return (f"peaks: bf16 matmul {rec['measured_tflops']:.0f} TFLOP/s (datasheet "
                 f"{_fmt(rec.get('datasheet_tflops'), '.0f')}), copy {rec['measured_hbm_gbps']:.0f} GB/s (datasheet "
@@ -93,10 +95,12 @@ def targets(records: Iterable[dict]) -> dict:
 def markdown(rec: dict) -> str:
     """The targets record as a Markdown table."""
     lines = [f"Targets on {rec.get('device_kind')}" + (" (a CPU smoke test: no result)" if rec.get("smoke_test")
-                                                          else ""), "",
+                                                          else "") + (f", from `{rec['command']}`" if rec.get("command")
+                                                                      else ""), "",
              "| target | model | goal | against the datasheet peak | against the measured peak | met |",
              "|---|---|---|---|---|---|"]
     for r in rec["items"]:
+        met = "-" if r["met"] is None else "yes" if r["met"] else "no"
         lines.append(f"| {r['target']} | {r['model'] or '-'} | {_fmt(r['goal'], '.2f')} | {_fmt(r['value'], '.3f')} | "
-                     f"{_fmt(r['measured_peak'], '.3f')} | {'-' if r['met'] is None else 'yes' if r['met'] else 'no'} |")
+                     f"{_fmt(r['measured_peak'], '.3f')} | {met} |")
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ At the benchmark's shape (16 x 2048 tokens, 4 micro-batches: r = 4), compiled fo
 the CUDA plugin's compile-only H100 / H200 device, XLA 0.10.2, on a CPU host) at depth 1 and 2, extrapolated in L:
   Qwen3-1.7B (N = 1.72e9): state 20.6 GB; temporaries 6.84 / 7.17 GB at depth 1 / 2, +0.336 GB per layer
             (6 B x 50.3M weights + the saved 34 MB input) -> 15.9 GB at L = 28: 36.5 GB (`step_bytes`: 38.4);
+            compiled at L = 28 (210 s here): temporaries 15.90 GB, 36.54 GB in all, as extrapolated;
   Qwen3-4B  (N = 4.02e9): state 48.3 GB; temporaries 10.58 / 11.24 GB, +0.656 GB per layer -> 33.5 GB at
             L = 36: 81.8 GB (`step_bytes`: 82.9). A second f32 copy of the params kept beside the state would
             add 16.1 GB (the benchmark builds the state in place: `accel.train`).
