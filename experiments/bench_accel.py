@@ -117,7 +117,6 @@ def jax_side(plan, a, emit, log, deadline_s: float, check_dir, t0: float) -> Non
     import jax
 
     from jaxagent.bench import accel, accel_rl
-    from jaxagent.study.host.presets import HOST_PRESETS
     path = cache_dir(a)
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", path)
@@ -126,20 +125,28 @@ def jax_side(plan, a, emit, log, deadline_s: float, check_dir, t0: float) -> Non
     log(f"jax {jax.__version__}, compilation cache {path or 'off'}, memory fraction "
         f"{os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION']}, deadline {deadline_s:.0f} s")
 
-    def grpo_arm(preset):  # the study's GRPO arm settings of a preset (`Run.arm_settings`)
-        import types
-
-        from jaxagent.study.frozenlake.run import Run
-        return Run.arm_settings(types.SimpleNamespace(preset=preset), "grpo")
     accel.run_jax(plan, emit, log, deadline_s=deadline_s, check_dir=check_dir, t0=t0,
-                  rl_record=accel_rl.rl_runner(rl_presets(), HOST_PRESETS, grpo_arm))
+                  rl_record=accel_rl.rl_runner(rl_presets, host_preset_names, grpo_arm))
+
+
+def host_preset_names():
+    from jaxagent.study.host.presets import HOST_PRESETS
+    return HOST_PRESETS
+
+
+def grpo_arm(preset):
+    """The study's GRPO arm settings of a preset (`Run.arm_settings`)."""
+    import types
+
+    from jaxagent.study.frozenlake.run import Run
+    return Run.arm_settings(types.SimpleNamespace(preset=preset), "grpo")
 
 
 class Output:
     """Records to stdout (and records.jsonl), progress lines to stderr (and log.txt), all kept for the targets."""
 
     def __init__(self, out_dir, t0: float, stamp: bool = True):
-        self.t0, self.records, self.files, self.stamp = t0, [], None, stamp
+        self.t0, self.records, self.files, self.stamp, self.packages = t0, [], None, stamp, None
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             self.dir = out_dir
@@ -162,7 +169,8 @@ class Output:
             self.log(accel_report.summary(rec))
 
     def close(self, argv: list) -> None:
-        tg = {**accel_report.targets(self.records), "command": " ".join(["python -m experiments.bench_accel", *argv])}
+        tg = {**accel_report.targets(self.records), "command": " ".join(["python -m experiments.bench_accel", *argv]),
+              "packages": self.packages}
         self.emit(tg, quiet=True)
         for line in accel_report.markdown(tg).splitlines():
             self.log(line)
@@ -171,6 +179,22 @@ class Output:
                 f.write(accel_report.markdown(tg))
             for f in self.files:
                 f.close()
+
+
+PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax", "chex", "orbax-checkpoint",
+            "tensorstore", "transformers", "tokenizers", "torch")
+
+
+def packages() -> dict:
+    """The installed versions of what the benchmark uses (None: absent), read without importing them."""
+    from importlib import metadata
+    out = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def peer_skip_reason(no_peer: bool) -> str | None:
@@ -236,6 +260,8 @@ def main(argv=None) -> int:
         jax_side(plan, a, lambda r: out.emit(r, quiet=True), out.log, a.deadline_s, a.jax_side, t0)
         return 0
     out = Output(a.out, t0)
+    out.packages = packages()
+    out.log("packages: " + ", ".join(f"{k} {v or 'absent'}" for k, v in out.packages.items()))
     if reason is not None:
         out.log(f"peer: skipped: {reason}; the JAX stages run in this process")
         jax_side(plan, a, out.emit, out.log, plan.jax_deadline_s(False), None, t0)

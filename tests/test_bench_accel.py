@@ -227,6 +227,16 @@ def test_the_deadline_skips_with_a_record(capsys):
     assert recs[3]["peer_note"] == "skipped: --no-peer"
 
 
+def test_a_study_that_does_not_import_ends_only_the_rl_record(capsys, monkeypatch):
+    """On a device image without a package only the study needs (orbax, tensorstore), the other stages still run."""
+    def missing():
+        raise ModuleNotFoundError("No module named 'orbax'")
+    monkeypatch.setattr(bench_accel, "rl_presets", missing)
+    rc, recs, _ = _run(capsys, ["--smoke", "--no-peer", "--only", "rl", "--compile-cache", "off"])
+    rl = next(r for r in recs if r["bench"] == "rl_iteration")
+    assert rc == 0 and rl["rl_preset"] == "ci" and rl["error"] == "ModuleNotFoundError: No module named 'orbax'"
+
+
 # ------------------------------------------------------------------ the peer's side (no JAX)
 def test_peer_is_skipped_with_one_line_when_torch_is_absent(monkeypatch):
     real = bench_accel.importlib.util.find_spec

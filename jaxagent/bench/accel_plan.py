@@ -133,8 +133,9 @@ class Plan:
 
 def plan_from(a, defaults: Mapping, presets_fn) -> Plan:
     """The run's plan from the parsed command line `a` (strings as typed; `defaults`: the parser's defaults, for
-    --smoke; `presets_fn()`: the study presets by name, for --rl-preset, called only when one is named); UsageError
-    (one line) for a bad argument."""
+    --smoke; `presets_fn()`: the study presets by name, for --rl-preset, called only when one is named; when the
+    study does not import, the name is kept unchecked and the RL stage records the ImportError); UsageError (one
+    line) for a bad argument."""
     from jaxagent.bench.models import MODELS
     if a.smoke:  # tiny shapes wherever the command line kept the default
         for k, v in SMOKE.items():
@@ -145,9 +146,12 @@ def plan_from(a, defaults: Mapping, presets_fn) -> Plan:
     check_model = names(a.check_model, "--check-model", list(MODELS), allow_none=True)
     rl = ()
     if a.rl_preset != "none":
-        presets = presets_fn()
-        rl = names(a.rl_preset, "--rl-preset", list(presets), allow_none=True)
-        if a.rl_base == "sft":
+        try:
+            presets = presets_fn()
+        except ImportError:  # a package only the study needs is missing: the RL stage's record says which
+            presets = None
+        rl = (a.rl_preset,) if presets is None else names(a.rl_preset, "--rl-preset", list(presets), allow_none=True)
+        if a.rl_base == "sft" and presets is not None:
             p_rl = presets[rl[0]]
             if getattr(p_rl, "aot_model", None) or not hasattr(p_rl, "base") or p_rl.base.steps == 0:
                 raise UsageError(f"--rl-base sft: preset {rl[0]!r} has no SFT base stage (it starts from a "
