@@ -47,6 +47,7 @@ def compiled():
                 train_memory.compiled_step_bytes(cfg, rows=4, seq=64, micro_batches=2)) for d in (1, 2)}
 
 
+@pytest.mark.slow
 def test_compiled_state_is_12_bytes_per_parameter(compiled):
     """The program's arguments are the state (12 B per parameter, plus the step counter, the rng and the data
     position) and the batch; the state is donated (aliased to the output)."""
