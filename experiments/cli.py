@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
+import re
 import sys
+import threading
 
 import jax
 
@@ -141,6 +144,10 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
         p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
                        help="run the preset on seeds shifted by N (RL seed k -> k+N, and the base SFT seed); "
                             "files go to <root>/<preset>-s<N> unless --name is given")
+        p.add_argument("--rehearsal", action="store_true",
+                       help="run the preset's whole pipeline with its counts cut (one seed, one iteration, a few "
+                            "episodes and held-out tasks, short turns) to check it end to end on this machine before "
+                            "booking accelerators; files go to <root>/<preset>-rehearsal unless --name is given")
         p.add_argument("--force", action="store_true",
                        help="reuse a run directory made with other settings: redo every stage whose recorded "
                             "settings differ or were not recorded (older versions); default: refuse, naming them")
@@ -157,21 +164,55 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
     return p
 
 
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def coordinator_address(text: str) -> str:
+    """An argparse `type`: host:port with a host name, an IPv4 address or an IPv6 address in brackets
+    ([::1]:1234), and a port in 1..65535; else a usage error saying which part is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected host:port (an IPv6 address in brackets: [::1]:1234), got {text!r}")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if ":" in host and not bracketed:
+        raise argparse.ArgumentTypeError(f"expected host:port, an IPv6 address in brackets ([::1]:1234); got {text!r}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"the port must be an integer in 1..65535, got {port!r} in {text!r}")
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host[1:-1].split("%", 1)[0])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{host} is not an IPv6 address (in {text!r})") from None
+    elif len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        raise argparse.ArgumentTypeError(f"{host!r} is not a host name or IPv4 address (in {text!r})")
+    return text
+
+
+coordinator_address.__name__ = "host:port"
+
+
 def add_distributed(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
     g.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() before anything touches the devices, so the "
                         "preset's mesh spans the devices of every host; without the three options below JAX "
                         "detects the cluster itself (Cloud TPU, SLURM, Open MPI)")
-    g.add_argument("--coordinator-address", default=None, help="host:port of process 0 (with --distributed)")
+    g.add_argument("--coordinator-address", type=coordinator_address, default=None,
+                   help="host:port of process 0, an IPv6 address in brackets ([::1]:1234) (with --distributed)")
     g.add_argument("--num-processes", type=positive_int, default=None,
                    help="number of processes (with --distributed)")
     g.add_argument("--process-id", type=non_negative_int, default=None,
                    help="this process's index (with --distributed)")
+    g.add_argument("--connect-timeout", type=int_in(1, 86_400, "seconds"), default=300,
+                   help="seconds for every process of the job to connect to the coordinator; then the script ends "
+                        "with one line, exit code 2 (with --distributed)")
 
 
 def init_distributed(args):
-    """jax.distributed.initialize() when --distributed is given; must run before any device is touched."""
+    """jax.distributed.initialize() when --distributed is given; must run before any device is touched. The job's
+    processes get `--connect-timeout` seconds to connect (JAX's initialization_timeout); when they do not, XLA
+    aborts the process with a stack trace, so a watchdog ends it first (JAX's deadline is a second later) with one
+    line."""
     given = {k: getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")}
     if not getattr(args, "distributed", False):
         extra = [k for k, v in given.items() if v is not None]
@@ -181,7 +222,26 @@ def init_distributed(args):
     n, i = given["num_processes"], given["process_id"]
     if n is not None and i is not None and i >= n:
         fail(f"--process-id {i} must be below --num-processes {n}")
-    jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
+    timeout = int(getattr(args, "connect_timeout", 300))
+    where = given["coordinator_address"] or "the coordinator JAX detects"
+    who = f"process {i} of {n}" if i is not None and n is not None else "this process"
+
+    def give_up():
+        print(f"error: --distributed: {who} and the job's other processes did not all connect to {where} within "
+              f"{timeout} s (--connect-timeout); check that every process runs with the same --coordinator-address "
+              "and --num-processes and that process 0's host and port are reachable", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None},
+                                   initialization_timeout=timeout + 1)
+    except (RuntimeError, ValueError) as e:  # e.g. a port in use or a host that does not resolve
+        fail(f"--distributed: could not connect {who} to {where}: {' '.join(str(e).split())[:300]}")
+    finally:
+        watchdog.cancel()
 
 
 def preset_from(args):
@@ -191,7 +251,8 @@ def preset_from(args):
         preset = presets_lib.with_overrides(
             args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
-            micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None))
+            micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
+            rehearsal=getattr(args, "rehearsal", False))
     except RunError as e:
         fail(str(e))
     init_distributed(args)

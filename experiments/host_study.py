@@ -13,7 +13,7 @@ import dataclasses
 from experiments import cli
 from jaxagent.study import run_dir
 from jaxagent.study.host import pipeline
-from jaxagent.study.host.presets import HOST_PRESETS, HostPreset, preset_problem
+from jaxagent.study.host.presets import HOST_PRESETS, HostPreset, preset_problem, rehearsal_preset
 
 
 def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
@@ -28,6 +28,10 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
                    "DeepCoder-style JSON / JSONL problems (default: the built-in tasks; docs/host_study.md, Data)")
     p.add_argument("--iterations", type=cli.positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=cli.seed_int, nargs="+", default=None, help="override the RL seeds")
+    p.add_argument("--rehearsal", action="store_true",
+                   help="run the preset's whole pipeline with its counts cut (one seed, one iteration, a few episodes "
+                        "and held-out tasks, short turns) to check it end to end on this machine before booking "
+                        "accelerators; files go to <root>/<preset>-rehearsal unless --name is given")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
     cli.add_distributed(p)
     return p
@@ -47,7 +51,8 @@ def preset_from(args) -> HostPreset:
                                  ("seeds", tuple(args.seeds) if args.seeds else None)) if v is not None}
     if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
         cli.fail(f"--seeds must be distinct, got {' '.join(map(str, args.seeds))}")
-    p = dataclasses.replace(HOST_PRESETS[args.preset], **changes)
+    base = HOST_PRESETS[args.preset]
+    p = dataclasses.replace(rehearsal_preset(base) if args.rehearsal else base, **changes)
     if preset_problem(p) is not None:
         cli.fail(preset_problem(p))
     return p

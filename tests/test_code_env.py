@@ -251,7 +251,8 @@ def test_extract_code_and_values_equal():
     assert extract_code("```python\na = 1\n```\ntext\n```\nb = 2\n```") == "b = 2\n"
     assert extract_code("```py\nx\n```") == "x\n"
     assert extract_code("no code") is None
-    assert values_equal(1.0000000001, 1) and values_equal([1, [2.0]], [1, [2]])
+    assert values_equal(1.0000000001, 1.0) and values_equal([1, [2.0]], [1, [2]])
+    assert not values_equal(1.0000000001, 1) and not values_equal(1000000006, 1000000007)  # integers: exact
     assert not values_equal(True, 1) and not values_equal(1, True) and not values_equal([1], [1, 2])
     assert not values_equal("1", 1) and values_equal({"a": [1]}, {"a": [1]})
 

@@ -81,9 +81,9 @@ def test_spider_splits_and_left_out(spider_env):
     assert env.tasks("all") == train + test
     r = env.report
     assert (r.layout, r.records, r.kept) == ("Spider", 8, {"train": 3, "test": 2})
-    assert sum(r.left_out.values()) == 3 and r.left_out["database file missing"] == 1
-    assert any(k.startswith("gold query fails") for k in r.left_out) and r.examples["database file missing"] == [
-        "train_spider-4"]
+    assert sum(r.left_out.values()) == 3 and r.left_out["field db_id: database file missing"] == 1
+    assert any(k.startswith("field query: gold query fails") for k in r.left_out)
+    assert r.examples["field db_id: database file missing"] == ["train_spider-4"]
     assert train[1].ordered and not train[0].ordered
     assert "3 train" in r.summary() and "left out" in r.summary()
 
@@ -225,9 +225,10 @@ def test_deepcoder_splits_references_and_left_out(code_env):
     assert [a[0] for a, _ in train[2].tests] == [f"{n}\n" for n in (*range(5), *range(10, 20))]
     r = env.report
     assert (r.records, r.kept) == (8, {"train": 3, "test": 1})
-    assert r.left_out == {"no solution passes its tests": 1, "tests unreadable": 1,
-                          "tests of mixed or unknown types": 1, "no reference solution": 1}, r.left_out
-    assert r.examples["no reference solution"] == ["test-1"] and "by file name" in r.split_rule
+    assert r.left_out == {"field solutions: no solution passes its tests": 1, "field tests: unreadable": 1,
+                          "field tests: tests of mixed or unknown types": 1,
+                          "field solutions: no reference solution": 1}, r.left_out
+    assert r.examples["field solutions: no reference solution"] == ["test-1"] and "by file name" in r.split_rule
 
 
 def test_deepcoder_episodes(code_env):

@@ -6,10 +6,13 @@ policy could learn to do; each test fails if the attack works.
 These need strong isolation (root with CAP_SYS_ADMIN, as in CI); without it they are skipped with the
 reason, and the refusal itself is tested in test_sandbox.py."""
 
+import json
 import os
 import shutil
 import site
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -169,30 +172,33 @@ def test_model_code_finds_no_package_tests_site_packages_or_run_dir():
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# What model code may use: the standard library (C extensions included), threads, processes and the interpreter
+# itself; and what it sees of /tmp (its private tmpfs: only the work directory).
+_STDLIB_CHECK = textwrap.dedent("""\
+    import os, sys, json, sqlite3, decimal, hashlib, threading, subprocess, collections, re
+    def f():
+        out = []
+        t = threading.Thread(target=lambda: out.append(sum(range(10))))
+        t.start(); t.join()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        _, st = os.waitpid(pid, 0)
+        db = sqlite3.connect(':memory:')
+        p = subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True)
+        with open('scratch.txt', 'w') as fh:
+            fh.write('ok')
+        return [out[0], os.waitstatus_to_exitcode(st), db.execute('select 2 + 3').fetchone()[0],
+                p.stdout.strip(), str(decimal.Decimal('1.1') * 2), hashlib.sha256(b'').hexdigest()[:8],
+                os.getcwd(), sorted(os.listdir('/tmp'))]
+    """)
+STDLIB_OK = [45, 7, 5, "42", "2.2", "e3b0c442", "/tmp/work", ["work"]]
+
+
 def test_the_interpreter_and_its_standard_library_still_work():
-    # What model code may use: the standard library (C extensions included), threads, processes and
-    # the interpreter itself.
-    code = textwrap.dedent("""\
-        import os, sys, json, sqlite3, decimal, hashlib, threading, subprocess, collections, re
-        def f():
-            out = []
-            t = threading.Thread(target=lambda: out.append(sum(range(10))))
-            t.start(); t.join()
-            pid = os.fork()
-            if pid == 0:
-                os._exit(7)
-            _, st = os.waitpid(pid, 0)
-            db = sqlite3.connect(':memory:')
-            p = subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True)
-            with open('scratch.txt', 'w') as fh:
-                fh.write('ok')
-            return [out[0], os.waitstatus_to_exitcode(st), db.execute('select 2 + 3').fetchone()[0],
-                    p.stdout.strip(), str(decimal.Decimal('1.1') * 2), hashlib.sha256(b'').hexdigest()[:8],
-                    os.getcwd(), sorted(os.listdir('/tmp'))]
-        """)
-    r = run_calls(code, "f", [[]], LIMITS)
+    r = run_calls(_STDLIB_CHECK, "f", [[]], LIMITS)
     assert r.outcomes[0].status == "ok", r
-    assert r.outcomes[0].value == [45, 7, 5, "42", "2.2", "e3b0c442", "/tmp/work", ["work"]]
+    assert r.outcomes[0].value == STDLIB_OK
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,3 +324,54 @@ def test_a_run_stops_at_its_cpu_quota():
     assert 1.0 <= r.cpu_s <= limits.cpu_s + 0.5, r.cpu_s
     assert dt < limits.per_call_s, dt  # the per-call (7 s) and wall (8 s) limits were not what stopped it
 
+
+
+_FROM_A_VENV = """\
+import json, sys
+from jaxagent.envs.host.sandbox import SandboxLimits, interpreter, run_calls
+finder, stdlib_check, targets, marker = json.loads(sys.stdin.read())
+limits = SandboxLimits(wall_s=6.0, per_call_s=4.0, cpu_s=5)
+found = run_calls(finder, "f", [[targets, marker]], limits).outcomes[0]
+stdlib = run_calls(stdlib_check, "f", [[]], limits).outcomes[0]
+print(json.dumps({"prefix": sys.prefix, "base": sys.base_prefix, "child": interpreter(),
+                  "found": [found.status, found.value, found.error], "stdlib": [stdlib.status, stdlib.value]}))
+"""
+
+
+def test_run_from_a_venv_under_tmp_the_sandbox_shows_no_site_packages(tmp_path):
+    """The leak check and the standard-library check, run by a caller in a virtual environment under /tmp.
+
+    Layout reproduced: `python -m venv --without-pip <tmp_path>/venv`, as a user makes one (bin/python a symlink
+    to this interpreter, pyvenv.cfg naming its home), with its own lib/python3.X/site-packages holding the
+    installed packages: here a symlink to each package of this interpreter's site-packages, leaving out .pth
+    files and editable-install finders, so that, as after `pip install` into the venv, the venv's site-packages
+    is the caller's only import path beyond the standard library, and the base interpreter's site-packages
+    (which the sandbox's root binds as part of the interpreter's library directory) is none of the caller's
+    import paths. jaxagent comes from the checkout (the working directory), as with `pip install -e`.
+    Expected: nothing of the package, the tests or any site-packages is found, and /tmp holds only the work
+    directory (the root used to show the base interpreter's site-packages, 42,991 files of it, and the venv's
+    path under /tmp)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    mine = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    (venv_site,) = venv.glob("lib/python3*/site-packages")
+    for d in mine:
+        for name in os.listdir(d):
+            if not (name.endswith(".pth") or name.startswith("__editable__") or os.path.lexists(venv_site / name)):
+                os.symlink(os.path.join(d, name), venv_site / name)
+    base_sites = site.getsitepackages([sys.base_prefix])
+    targets = [t for t in dict.fromkeys([str(venv_site), *mine, *base_sites, REPO, TASK_FILE]) if os.path.exists(t)]
+    payload = json.dumps([_FINDER, _STDLIB_CHECK, targets, f"RUN-MARKER-{os.getpid()}.json"])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", _FROM_A_VENV], input=payload, cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["prefix"] == str(venv) and out["base"] != out["prefix"], out
+    status, value, error = out["found"]
+    assert status == "ok", error
+    found, complete, n_files = value
+    assert complete and n_files > 100, (complete, n_files)
+    assert found == {"paths": [], "walk": [], "sys_path": [], "proc": [], "import": None, "env": []}, found
+    assert out["stdlib"] == ["ok", STDLIB_OK], out["stdlib"]
+    assert not out["child"].startswith(str(tmp_path)), out["child"]  # the child runs the base interpreter

@@ -16,6 +16,10 @@ both studies (FrozenLake, `jaxagent.study.frozenlake.run`; the host domains, `ja
   never mistaken for a finished stage or for a marker of an older version (a JSON object without settings).
 - JSON files are written atomically (`write_json`: a temporary file renamed over the target), JSON-lines logs
   appended by process 0 (`append_jsonl`) and cut back on resume (`cut_jsonl`).
+- Nothing is written through a link: every file this module opens for writing is opened with O_NOFOLLOW, and a
+  path that holds something other than a regular file (a symbolic link, a directory, a FIFO, a device; for the
+  lock also a file with other hard links) is an `InvalidRunDir` naming it, so a planted `.lock -> ~/notes` or a
+  DONE directory ends in one line, with the link's target untouched.
 
 Errors a user can fix (a directory in use or unwritable, other settings, a garbage marker, a bad preset field)
 are `RunError`s with a one-line message saying what to do; scripts print them without a traceback.
@@ -29,6 +33,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -68,6 +73,52 @@ class RunDirInUse(RunError):
 
 class InvalidMarker(RunError, ValueError):
     """A DONE marker that is not a JSON object."""
+
+
+# ------------------------------------------------------------------ files that are files
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _not_regular(path, mode: int) -> str | None:
+    """'<path> is a directory, not a regular file: ...' for a mode that is not a regular file's, else None."""
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"{path} is {what}, not a regular file: the run directory writes only regular files; remove or rename it"
+
+
+def check_regular(path) -> None:
+    """InvalidRunDir when `path` exists and is not a regular file (a symbolic link is not followed)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    problem = _not_regular(path, mode)
+    if problem is not None:
+        raise InvalidRunDir(problem)
+
+
+def open_regular(path, flags: int, mode: int = 0o644, single_link: bool = False) -> int:
+    """A descriptor of regular file `path` opened with `flags` | O_NOFOLLOW (a FIFO is not waited for); InvalidRunDir
+    naming the path when it is a symbolic link or not a regular file (with `single_link`, also when another hard
+    link to it exists)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            check_regular(path)
+        raise
+    st = os.fstat(fd)
+    problem = _not_regular(path, st.st_mode)
+    if problem is None and single_link and st.st_nlink != 1:
+        problem = (f"{path} has {st.st_nlink} hard links: it may be another file's name, which writing it would "
+                   "overwrite; remove it")
+    if problem is not None:
+        os.close(fd)
+        raise InvalidRunDir(problem)
+    os.set_blocking(fd, True)
+    return fd
 
 
 # ------------------------------------------------------------------ processes
@@ -112,7 +163,9 @@ def plain(x):
 
 
 def write_json(path, obj) -> None:
-    """Atomic write (a unique temporary file renamed over `path`), safe when several processes write."""
+    """Atomic write (a unique temporary file renamed over `path`), safe when several processes write. InvalidRunDir
+    when `path` is there and not a regular file (a directory, a symbolic link)."""
+    check_regular(path)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path),
                                suffix=".tmp")
     os.fchmod(fd, 0o644)
@@ -125,17 +178,17 @@ def append_jsonl(path, rec) -> None:
     """Appends one JSON line (process 0 only: one copy of each record in a multi-process run)."""
     if not is_main_process():
         return
-    with open(path, "a") as f:
+    with os.fdopen(open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
         f.write(json.dumps(jsonable(rec)) + "\n")
 
 
 def cut_jsonl(path, keep) -> int:
     """Rewrites a JSON-lines file atomically with only the records for which keep(record) is true (a
     line cut short by a kill is dropped too); returns how many lines were dropped. Process 0 only."""
-    if not is_main_process() or not os.path.isfile(path):
+    if not is_main_process() or not os.path.lexists(path):
         return 0
     kept, dropped = [], 0
-    with open(path) as f:
+    with os.fdopen(open_regular(path, os.O_RDONLY)) as f:
         for line in f:
             try:
                 rec = json.loads(line)
@@ -163,10 +216,15 @@ def short(diff: list[str], n: int = 30) -> str:
 # ------------------------------------------------------------------ DONE markers
 def read_done(path) -> dict | None:
     """The JSON object in <path>/DONE, or None when there is no marker; InvalidMarker when the file is not a
-    JSON object (torn, emptied or written by something else)."""
+    JSON object (torn, emptied or written by something else) or the path is not a regular file (a directory, a
+    symbolic link)."""
     marker = os.path.join(path, MARKER_NAME)
-    if not os.path.isfile(marker):
+    if not os.path.lexists(marker):
         return None
+    try:
+        check_regular(marker)
+    except InvalidRunDir as e:
+        raise InvalidMarker(f"DONE marker {e}") from None
     try:
         with open(marker, encoding="utf-8") as f:
             info = json.load(f)
@@ -223,7 +281,7 @@ def _holder(lock_path: str, wait_s: float = 2.0) -> str:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with open(lock_path, encoding="utf-8") as f:
+            with os.fdopen(open_regular(lock_path, os.O_RDONLY), encoding="utf-8") as f:
                 rec = json.load(f)
             where = "" if rec.get("host") == socket.gethostname() else f" on host {rec.get('host')}"
             return f"pid {rec['pid']}{where} (started {rec['started']}: {rec['command']})"
@@ -241,7 +299,7 @@ def _acquire(directory: str) -> str:
         return key
     lock_path = os.path.join(directory, LOCK_NAME)
     try:
-        f = open(lock_path, "a+", encoding="utf-8")
+        f = os.fdopen(open_regular(lock_path, os.O_RDWR | os.O_CREAT, single_link=True), "r+", encoding="utf-8")
     except OSError as e:
         raise InvalidRunDir(f"run directory {directory} is not writable: cannot open its lock file {lock_path} "
                             f"({e.strerror})") from None
@@ -277,7 +335,7 @@ def is_locked(directory: str) -> bool:
     """Whether a writer holds `directory`'s lock (this process included: the probe opens a file of its own, and
     flock locks conflict between open files)."""
     try:
-        f = open(os.path.join(directory, LOCK_NAME), encoding="utf-8")
+        f = os.fdopen(open_regular(os.path.join(directory, LOCK_NAME), os.O_RDONLY), encoding="utf-8")
     except FileNotFoundError:
         return False
     with f:

@@ -70,6 +70,10 @@ class TaskSettings:
 
 
 BASE_BUDGET_MODES = ("full", "budgetmix")
+# The first line of a rehearsal's report (`frozenlake.presets.rehearsal_preset`, `host.presets.rehearsal_preset`).
+REHEARSAL_NOTE = ("a rehearsal: the preset's pipeline with its counts cut (one seed, one iteration, a few episodes "
+                  "and held-out tasks, short turns); its figures check that every stage runs, they measure nothing "
+                  "of the study")
 
 
 @dataclasses.dataclass(frozen=True)

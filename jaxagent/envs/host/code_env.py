@@ -15,7 +15,7 @@ Three task styles (`CodeTask.style`):
               after a prelude of common imports (`CALL_PRELUDE`), as the public graders do;
   "stdin"     loaded standard-input tests: the program runs as __main__ with the test's input on
               standard input (`sys.stdin`, `input()` and file descriptor 0) and its standard output is
-              compared with the expected output (`stdout_matches`).
+              compared with the expected output (`graders.stdout_matches`).
 The loaded styles run through a small generated driver module (`driver`): the submitted code is a
 string inside it, executed in the sandbox like any other code.
 
@@ -26,8 +26,8 @@ standard library, so neither this package nor its task data (the expected values
 throwaway work directory, an unprivileged uid; by default strong isolation or an error, never a
 silent fallback; docs/sandbox.md) and the
 task's entry-point function is called on every unit test's arguments; return values are compared
-with the expected values here, outside the sandbox (floats to 1e-6 relative, bool distinct from
-int, tuples as lists, sets as sorted lists).
+with the expected values here, outside the sandbox (`graders`: an integer only by its exact value, a float
+within 1e-6 relative, bool distinct from int, tuples as lists, sets as sorted lists).
 Observation: "All N tests passed." or the number passed plus the first failing test (its call or
 input, the expected value or output, and what came back: the wrong value or output, the exception, a
 timeout, or the load error).
@@ -46,7 +46,8 @@ same program is submitted on the same tests, which a sampled policy does often (
 submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs
 only. A program that reads randomness or the clock gets its first run's outcome each time; a run that hit the
 wall-clock or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission
-runs again). `sandbox_runs` and `cache_hits` count both.
+runs again; so is a load that ran out of time, which a slow machine can cause). `sandbox_runs` and `cache_hits`
+count both.
 Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
 may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
 needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.
@@ -60,11 +61,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import decimal
 import hashlib
 import io
 import json
-import math
 import random
 import re
 import threading
@@ -77,6 +76,7 @@ from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
 from jaxagent.envs.host.datasets import DatasetReport
 from jaxagent.envs.host.deepcoder import load_deepcoder
+from jaxagent.envs.host.graders import outcome_matches, stdout_matches, values_equal  # noqa: F401
 from jaxagent.envs.host.sandbox import SandboxLimits, SandboxResult, run_calls
 from jaxagent.envs.host.tasks import CodeTask
 
@@ -193,22 +193,6 @@ def program_mistake(reference: str, actions: list[str], solved: bool) -> str:
     return "value" if form == ref_form else "other"
 
 
-def values_equal(got, expected, rel: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """JSON-value equality for test outcomes: bools are not numbers, numbers compare with a relative
-    tolerance when either is a float, lists elementwise, dicts by keys."""
-    if isinstance(expected, bool) or isinstance(got, bool):
-        return isinstance(expected, bool) and isinstance(got, bool) and got == expected
-    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        if isinstance(expected, int) and isinstance(got, int):
-            return got == expected
-        return math.isclose(float(got), float(expected), rel_tol=rel, abs_tol=abs_tol)
-    if isinstance(expected, list) and isinstance(got, list):
-        return len(got) == len(expected) and all(values_equal(g, e, rel, abs_tol) for g, e in zip(got, expected))
-    if isinstance(expected, dict) and isinstance(got, dict):
-        return got.keys() == expected.keys() and all(values_equal(got[k], expected[k], rel, abs_tol) for k in expected)
-    return type(got) is type(expected) and got == expected
-
-
 def _short(v, n: int = 200) -> str:
     try:
         s = repr(v)
@@ -220,52 +204,6 @@ def _short(v, n: int = 200) -> str:
 def call_text(task: CodeTask, args) -> str:
     s = f"{task.entry_point}({', '.join(repr(a) for a in args)})"
     return s if len(s) <= 300 else s[:297] + "..."
-
-
-def _number(token: str):
-    try:
-        return decimal.Decimal(token)
-    except decimal.InvalidOperation:
-        return None
-
-
-def _tokens_match(got: str, expected: str, tol: float) -> bool:
-    if got == expected:
-        return True
-    a, b = _number(got), _number(expected)
-    if a is None or b is None or not (a.is_finite() and b.is_finite()):
-        return False
-    return a == b or abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
-
-
-def stdout_matches(got, expected: str, tol: float = 1e-6) -> bool:
-    """Whether a program's output `got` answers a test whose expected output is `expected`: the same
-    lines after stripping the whole text and each line (so trailing spaces and a final newline do not
-    matter), a line matching when it is equal, or when its whitespace-separated tokens are equal one by
-    one, numbers compared by value (Decimal) or within `tol` relative (absolute below 1), as
-    competitive-programming checkers accept floating-point answers."""
-    if not isinstance(got, str) or not isinstance(expected, str):
-        return False
-    lines_got = [x.strip() for x in got.strip().split("\n")]
-    lines_exp = [x.strip() for x in expected.strip().split("\n")]
-    if len(lines_got) != len(lines_exp):
-        return False
-    for g, e in zip(lines_got, lines_exp):
-        if g == e:
-            continue
-        tg, te = g.split(), e.split()
-        if len(tg) != len(te) or not all(_tokens_match(x, y, tol) for x, y in zip(tg, te)):
-            return False
-    return True
-
-
-def outcome_matches(task: CodeTask, got, expected) -> bool:
-    """Whether one test's returned value (or printed output) answers it (module docstring)."""
-    if task.style == "stdin":
-        return stdout_matches(got, expected)
-    if values_equal(got, expected):
-        return True
-    return task.lenient_list and isinstance(expected, list) and len(expected) == 1 and values_equal(got, expected[0])
 
 
 _CALL_DRIVER = """\
@@ -475,8 +413,8 @@ class CodeEnv(HostEnv):
         with self._cache_lock:
             self.sandbox_runs += 1
             died = result.load_error is None and any(o.status == "not_run" for o in result.outcomes)
-            limited = died or result.timed_out or result.cpu_exceeded or any(o.status == "timeout"
-                                                                             for o in result.outcomes)
+            limited = (died or result.timed_out or result.cpu_exceeded or result.load_timed_out
+                       or any(o.status == "timeout" for o in result.outcomes))
             if key is None or limited:
                 return
             self._cache[key] = result

@@ -1,7 +1,9 @@
 """What the dataset loaders share: reading JSON / JSONL records from a local directory, the report of what was
 kept and left out, and the cache directory. The loaders: `spider` (Spider / InterCode-SQL for `SQLEnv`) and
 `deepcoder` (DeepCoder-style problems for `CodeEnv`). Nothing here downloads anything: a path that does not
-exist is an error naming it.
+exist is an error naming it. A file that cannot be used as a whole (missing, not UTF-8, not JSON, nested deeper
+than the JSON parser goes) is a `DataError`: one line naming the file (and line) and the problem. A record that
+cannot be used is left out and counted in the `DatasetReport` by a reason that names its field.
 
 No dimension legend: host-side Python, no arrays.
 """
@@ -17,6 +19,10 @@ from typing import Iterator
 from jaxagent.envs.host.base import stable_hash
 
 
+class DataError(ValueError):
+    """A data path or file that cannot be used at all; the message names it and says why (one line)."""
+
+
 def cache_root() -> Path:
     """$JAXAGENT_CACHE, else ~/.cache/jaxagent."""
     root = os.environ.get("JAXAGENT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxagent")
@@ -26,34 +32,61 @@ def cache_root() -> Path:
 def data_path(path, what: str) -> Path:
     """`path` as a Path that exists, else a ValueError naming it (and that nothing is downloaded)."""
     if path is None or (isinstance(path, str) and not path.strip()):
-        raise ValueError(f"{what}: no data path given")
+        raise DataError(f"{what}: no data path given")
     p = Path(path).expanduser()
     if not p.exists():
-        raise ValueError(f"{what}: {str(p)!r} does not exist (data is read from local files only; nothing is "
-                         "downloaded)")
+        raise DataError(f"{what}: {str(p)!r} does not exist (data is read from local files only; nothing is "
+                        "downloaded)")
     return p
+
+
+def _loads(text: str, where: str):
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise DataError(f"{where} not JSON ({e})") from None
+    except RecursionError:
+        raise DataError(f"{where} JSON nested too deeply to read") from None
 
 
 def read_records(path: Path) -> Iterator[tuple[int, object]]:
     """(position, record) of a JSON file holding a list of records, or of a JSONL file (one record per
-    non-empty line). ValueError naming the file (and line) for text that is not JSON."""
-    text = path.read_text(encoding="utf-8")
+    non-empty line). DataError naming the file (and line) for a file that cannot be read, is not UTF-8 text, or
+    holds text that is not JSON or is nested deeper than the parser goes."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it to UTF-8") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
     if path.suffix == ".jsonl" or (path.suffix != ".json" and not text.lstrip().startswith("[")):
         for i, line in enumerate(text.splitlines()):
-            if not line.strip():
-                continue
-            try:
-                yield i, json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+            if line.strip():
+                yield i, _loads(line, f"{path}: line {i + 1} is")
         return
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+    data = _loads(text, f"{path}:")
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
     yield from enumerate(data)
+
+
+def nesting_depth(value, limit: int) -> int:
+    """The nesting depth of a JSON value (a scalar is 0, [] and [1] are 1), counted without recursion; stops
+    counting at limit + 1."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, tuple)):
+            children = v
+        elif isinstance(v, dict):
+            children = v.values()
+        else:
+            continue
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        stack.extend((x, d + 1) for x in children)
+    return deepest
 
 
 def record_files(root: Path) -> list[Path]:

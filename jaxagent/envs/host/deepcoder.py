@@ -23,9 +23,11 @@ usable problems of each split (checked before the reference runs, which are the 
 
 Verification: each problem's reference is the first of its `solutions` (up to `max_solutions` tried) that
 passes every kept test in the env's sandbox (`CodeEnv.evaluate`, up to `env.max_parallel` at once). Left out
-and counted by reason (`DatasetReport`): a record without a statement or readable tests, tests of mixed
-styles, a function-call test without a function name, no reference solution (unless
-`require_reference=False`, which keeps such problems as unverified), or no solution passing its tests.
+and counted by a reason naming the field (`DatasetReport`): a record without a statement or readable tests
+(a field nested deeper than the JSON parser goes, a test value nested deeper than MAX_DEPTH, a non-JSON field
+over MAX_LITERAL_CHARS), tests of mixed styles, a function-call test without a function name, no reference
+solution (unless `require_reference=False`, which keeps such problems as unverified), or no solution passing
+its tests.
 Verdicts are cached in `cache_dir` (default $JAXAGENT_CACHE/code-verify.json), keyed by a hash of the
 program, the tests and the sandbox limits, so a second load runs nothing.
 """
@@ -42,11 +44,13 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from jaxagent.envs.host.datasets import (DatasetReport, cache_root, data_path, held_out_by_hash, read_records,
-                                         record_files)
+from jaxagent.envs.host.datasets import (DataError, DatasetReport, cache_root, data_path, held_out_by_hash,
+                                         nesting_depth, read_records, record_files)
 from jaxagent.envs.host.tasks import CodeTask
 
 MAX_TESTS = 15
+MAX_DEPTH = 32  # nesting levels of a test's arguments or expected value (the sandbox answers at most ~50 deep)
+MAX_LITERAL_CHARS = 100_000  # a field that is not JSON is read as a Python literal up to this length (~0.3 s)
 _CALL_TYPES = ("functional", "function_call", "call", "fn_call")
 _STDIN_TYPES = ("stdin", "stdin_stdout", "standard_input", "stdio")
 
@@ -56,17 +60,22 @@ class _Skip(Exception):
 
 
 def _decode(value, what: str):
-    """A field that may be a JSON (or Python-literal, as PrimeIntellect's) string or the value itself."""
+    """A field that may be a JSON (or Python-literal, as PrimeIntellect's, up to MAX_LITERAL_CHARS) string or the
+    value itself; `what` names the field in the reason a record is left out."""
     if not isinstance(value, str):
         return value
     try:
         return json.loads(value)
+    except RecursionError:
+        raise _Skip(f"field {what}: nested too deeply") from None
     except ValueError:
         pass
+    if len(value) > MAX_LITERAL_CHARS:  # ast.literal_eval of a 1e6-element list takes ~13 s
+        raise _Skip(f"field {what}: not JSON, and over {MAX_LITERAL_CHARS} characters to read as a Python literal")
     try:
         return ast.literal_eval(value)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        raise _Skip(f"{what} unreadable") from None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise _Skip(f"field {what}: unreadable") from None
 
 
 def _text(x, what: str) -> str:
@@ -74,7 +83,7 @@ def _text(x, what: str) -> str:
         return "\n".join(x)
     if isinstance(x, str):
         return x
-    raise _Skip(f"{what} not text")
+    raise _Skip(f"field tests: {what} not text")
 
 
 def _call_args(x) -> list:
@@ -84,8 +93,8 @@ def _call_args(x) -> list:
     if isinstance(x, str):
         try:
             return [json.loads(line) for line in x.split("\n") if line.strip()]
-        except ValueError:
-            raise _Skip("function-call inputs unreadable") from None
+        except (ValueError, RecursionError):
+            raise _Skip("field tests: function-call inputs unreadable") from None
     return [x]
 
 
@@ -95,6 +104,8 @@ def _call_output(x):
             return json.loads(x)
         except ValueError:
             return x
+        except RecursionError:
+            raise _Skip("field tests: an expected output nested too deeply") from None
     return x
 
 
@@ -106,31 +117,31 @@ def parse_tests(tests, metadata: dict) -> tuple[str, list, str, bool]:
     if isinstance(tests, dict):
         inputs, outputs = tests.get("inputs"), tests.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
-            raise _Skip("tests unreadable")
+            raise _Skip("field tests: unreadable")
         fn = tests.get("fn_name") or fn_meta
         if fn:
             return "call", [(_call_args(i), _call_output(o)) for i, o in zip(inputs, outputs)], str(fn), True
         return "stdin", [([_text(i, "input")], _text(o, "output")) for i, o in zip(inputs, outputs)], "", False
     if isinstance(tests, list):
         if not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
-            raise _Skip("tests unreadable")
+            raise _Skip("field tests: unreadable")
         styles, fns = set(), set()
         for t in tests:
             kind = str(t.get("testtype") or t.get("type") or "").lower()
             styles.add("call" if kind in _CALL_TYPES else "stdin" if kind in _STDIN_TYPES or not kind else kind)
             meta = t.get("metadata")
-            meta = _decode(meta, "test metadata") if meta is not None else {}
+            meta = _decode(meta, "tests (a test's metadata)") if meta is not None else {}
             fns.add((meta.get("func_name") if isinstance(meta, dict) else None) or t.get("fn_name") or fn_meta)
         if len(styles) != 1:
-            raise _Skip("tests of mixed or unknown types")
+            raise _Skip("field tests: tests of mixed or unknown types")
         style = styles.pop()
         if style == "call":
             fn = next((f for f in fns if f), "")
             return "call", [(_call_args(t["input"]), _call_output(t["output"])) for t in tests], str(fn), False
         if style != "stdin":
-            raise _Skip("tests of mixed or unknown types")
+            raise _Skip("field tests: tests of mixed or unknown types")
         return "stdin", [([_text(t["input"], "input")], _text(t["output"], "output")) for t in tests], "", False
-    raise _Skip("tests unreadable")
+    raise _Skip("field tests: unreadable")
 
 
 def _longest(tests: list, n: int) -> list:
@@ -149,7 +160,7 @@ def _solutions(rec: dict) -> list:
     if isinstance(sols, str):
         try:
             sols = json.loads(sols)
-        except ValueError:
+        except (ValueError, RecursionError):
             sols = [sols]
     return [s for s in sols if isinstance(s, str) and s.strip()] if isinstance(sols, list) else []
 
@@ -202,7 +213,7 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
         raise ValueError(f"coding data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
     files = record_files(root)
     if not files:
-        raise ValueError(f"coding data {str(root)!r}: no *.json / *.jsonl files")
+        raise DataError(f"coding data {str(root)!r}: no *.json / *.jsonl files")
     by_name = any("test" in f.stem.lower() for f in files)
     rule = ("by file name: *test* held out, the rest train" if by_name else
             "by problem: held out when stable_hash(statement) % 4 == 3")
@@ -214,22 +225,24 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
             rid = f"{file.stem}-{pos}"
             try:
                 if not isinstance(rec, dict):
-                    raise _Skip("malformed record")
+                    raise _Skip("malformed record (not a JSON object)")
                 problem = rec.get("problem") or rec.get("question")
                 if not isinstance(problem, str) or not problem.strip():
-                    raise _Skip("no problem statement")
+                    raise _Skip("field problem (or question): no problem statement")
                 meta = _decode(rec.get("metadata") or {}, "metadata")
                 style, tests, fn, lenient = parse_tests(rec.get("tests"), meta if isinstance(meta, dict) else {})
                 if not tests:
-                    raise _Skip("no tests")
+                    raise _Skip("field tests: no tests")
                 if style == "call" and not fn.isidentifier():
-                    raise _Skip("function-call tests without a function name")
+                    raise _Skip("field tests: function-call tests without a function name (fn_name / func_name)")
+                if nesting_depth(tests, MAX_DEPTH + 2) > MAX_DEPTH + 2:  # + the list of tests and (args, expected)
+                    raise _Skip(f"field tests: a test nested deeper than {MAX_DEPTH} levels")
                 json.dumps(tests)  # the sandbox takes JSON arguments
             except _Skip as e:
                 report.leave_out(str(e), rid)
                 continue
             except (TypeError, ValueError):
-                report.leave_out("tests not JSON values", rid)
+                report.leave_out("field tests: not JSON values", rid)
                 continue
             split = ("test" if "test" in file.stem.lower() else "train") if by_name else (
                 "test" if held_out_by_hash(problem.strip()) else "train")
@@ -251,7 +264,7 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
         """(task with its reference, None), (task, "") kept unverified, or (task, the reason it is left out)."""
         task, sols = item
         if not sols:
-            return (task, "") if not require_reference else (task, "no reference solution")
+            return (task, "") if not require_reference else (task, "field solutions: no reference solution")
         for code in sols:
             key = _verdict_key(task, code, env.limits)
             ok = cache.get(key)
@@ -260,7 +273,7 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
                 cache.put(key, ok)
             if ok:
                 return dataclasses.replace(task, reference=code.strip() + "\n"), None
-        return task, "no solution passes its tests"
+        return task, "field solutions: no solution passes its tests"
 
     splits: dict[str, list] = {}
     try:
@@ -279,6 +292,6 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
     finally:
         cache.save()
     if not splits["train"] and not splits["test"]:
-        raise ValueError(f"coding data {str(root)!r}: no usable problem ({report.summary()})")
+        raise DataError(f"coding data {str(root)!r}: no usable problem ({report.summary()})")
     splits["all"] = splits["train"] + splits["test"]
     return splits, report

@@ -135,6 +135,9 @@ class SandboxResult:
     memory_bound: str = ""  # how the run's memory was bounded: "cgroup-v2" | "cgroup-v1" | "rlimits"
     cpu_s: float = 0.0  # CPU seconds the run's processes used (as last measured by the launcher)
     cpu_exceeded: bool = False  # the run was stopped at its CPU quota (limits.cpu_s)
+    load_timed_out: bool = False  # load_error is the module's load running out of time (per_call_s)
+    cpu_bound: str = ""  # how cpu_s was measured: "cgroup-v2" | "cgroup-v1" (every process of the run, docs/sandbox.md)
+    #                      or "process-tree" (the weaker bound: misses children reaped by the kernel)
 
 
 def _id_ranges(path: str) -> list[tuple[int, int]]:
@@ -195,13 +198,33 @@ def strong_isolation_problem() -> str | None:
 
 def _hidden_paths() -> list[str]:
     """Directories the run's root must not show even where a bound directory holds them: this
-    process's import paths (site-packages, the package's checkout, editable installs) and the
-    package's own directory. The child masks those that lie inside what it binds."""
+    process's import paths (site-packages, the package's checkout, editable installs), the package's
+    own directory, and the site-packages of every prefix of this interpreter: in a virtual environment
+    `site.getsitepackages()` names only the venv's, while the base interpreter's (whose library directory
+    the root binds) may hold the package installed, answers included. The child masks those that lie
+    inside what it binds."""
     import site
 
     package = os.path.dirname(os.path.dirname(os.path.dirname(_CHILD)))  # the jaxagent directory
-    paths = [package, os.path.dirname(package), *site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    prefixes = list(dict.fromkeys([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]))
+    paths = [package, os.path.dirname(package), *site.getsitepackages(), *site.getsitepackages(prefixes),
+             site.getusersitepackages(), *sys.path]
     return [os.path.abspath(p) for p in dict.fromkeys(paths) if isinstance(p, str) and p]
+
+
+def interpreter() -> str:
+    """The interpreter the sandbox child runs (`python -I -S`, so no site-packages of any environment): the file
+    behind `sys.executable`. A virtual environment's python is a link to its base interpreter; following it keeps
+    the venv's own path (e.g. under /tmp, where the run has its private /tmp) out of the run's root. In a venv
+    made with --copies, the base prefix's interpreter of the same version."""
+    exe = os.path.realpath(sys.executable)
+    venv = os.path.realpath(sys.prefix)
+    if sys.prefix != sys.base_prefix and exe.startswith(venv + os.sep):
+        for name in (os.path.basename(exe), "python%d.%d" % sys.version_info[:2]):
+            base = os.path.join(sys.base_prefix, "bin", name)
+            if os.path.isfile(base):
+                return os.path.realpath(base)
+    return exe
 
 
 def _kill_uid(uid: int) -> None:
@@ -266,7 +289,7 @@ def run_calls(code: str, entry_point: str, args_list: Sequence[Sequence[Any]],
            # weak mode: a root caller's workers run as nobody, who may not read the interpreter's own files
            "preload": preloads(code) if limits.strong else list(PRELOAD)}
     killed = False
-    proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([interpreter(), "-I", "-S", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                             start_new_session=True, close_fds=True)
     try:
@@ -299,7 +322,8 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     running. Only the launcher, init and the harness write this channel (sandbox_child/)."""
     outcomes: dict[int, CallOutcome] = {}
     load_error = None
-    isolation = memory_bound = ""
+    load_timed_out = False
+    isolation = memory_bound = cpu_bound = ""
     timed_out = killed
     cpu_used, cpu_exceeded = 0.0, False
     loaded = ready = False
@@ -321,10 +345,12 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
         elif "isolation" in msg and not isolation:
             isolation = str(msg["isolation"])
             memory_bound = str(msg.get("memory_bound", ""))
+            cpu_bound = str(msg.get("cpu_bound", ""))
         elif "ready" in msg:
             ready = True
         elif "load_error" in msg and load_error is None and not loaded:
             load_error = str(msg["load_error"])
+            load_timed_out = msg.get("timed_out") is True
         elif "loaded" in msg:
             loaded = True
         elif "exit" in msg:
@@ -363,4 +389,4 @@ def _parse_output(raw: bytes, n: int, killed: bool, exit_info: str, wall: float)
     full = tuple(outcomes.get(i, missing) for i in range(n))
     return SandboxResult(outcomes=full, load_error=load_error, timed_out=timed_out, isolation=isolation,
                          exit_info=exit_info, wall_s=wall, memory_bound=memory_bound, cpu_s=cpu_used,
-                         cpu_exceeded=cpu_exceeded)
+                         cpu_exceeded=cpu_exceeded, load_timed_out=load_timed_out, cpu_bound=cpu_bound)

@@ -16,11 +16,14 @@ Layouts (recognised by the files in DIR; nothing is downloaded):
       held out when stable_hash(db) % 4 == 3, so held-out databases are unseen in training, as in Spider.
 Tasks are ordered by file and position; ids are "<file stem>-<position>".
 
-Left out and counted by reason (`DatasetReport`): a record without the fields as strings, a database file
-that is missing, a gold query that fails on its database (an error, the time limit, more than `max_rows`
-rows or `max_result_bytes` bytes: SQLEnv could not score an answer against it). Gold queries run once here
-(read-only, in this process: trusted text) and their rows seed the env's cache. `max_tasks` keeps the first n
-tasks of each split (after the checks).
+Left out and counted by a reason naming the field (`DatasetReport`): a record without the fields as strings,
+a database name that is not one plain name (a path such as `/elsewhere/x` or `../x`, or a file that resolves
+outside its database folder: every database opened lies inside the data directory), a database file that is
+missing, a gold query that fails on its database (an error, the time limit, more than `max_rows` rows or
+`max_result_bytes` bytes: SQLEnv could not score an answer against it). Gold queries run once here, in the
+killable query processes of `sql_query_pool.QueryRunner` (a dataset's gold query is not trusted to end: the
+time limit is hard), and their rows seed the env's cache. `max_tasks` keeps the first n tasks of each split
+(after the checks).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from jaxagent.envs.host.datasets import (DatasetReport, data_path, held_out_by_hash, read_records,
+from jaxagent.envs.host.datasets import (DataError, DatasetReport, data_path, held_out_by_hash, read_records,
                                          record_files)
-from jaxagent.envs.host.sql_query import DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.sql_query import DEFAULT_MAX_RESULT_BYTES, QueryError
+from jaxagent.envs.host.sql_query_pool import QueryRunner
 from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 SPIDER_FILES = {"train_spider.json": "train", "train_others.json": "train", "dev.json": "test", "test.json": "test"}
@@ -55,7 +59,7 @@ def _layout(root: Path) -> tuple[str, list[tuple[Path, str]], str]:
         return "Spider", files, "Spider's own: train_spider.json + train_others.json train, dev.json held out"
     files = record_files(root)
     if not files:
-        raise ValueError(f"SQL data {str(root)!r}: no Spider files ({', '.join(SPIDER_FILES)}) and no InterCode-SQL "
+        raise DataError(f"SQL data {str(root)!r}: no Spider files ({', '.join(SPIDER_FILES)}) and no InterCode-SQL "
                          "*.json / *.jsonl files")
 
     def kind(path: Path) -> str:
@@ -71,17 +75,32 @@ def _layout(root: Path) -> tuple[str, list[tuple[Path, str]], str]:
 
 
 def _database(root: Path, db: str) -> Optional[Path]:
+    """The SQLite file of database `db` (module docstring); None when there is none. ValueError when `db` is not a
+    plain name or its file resolves outside its database folder."""
+    if db in (".", "..") or any(c in db for c in "/\\\0") or Path(db).name != db:
+        raise ValueError("not a plain database name")
     base = root if root.is_dir() else root.parent
     for folder in (base / "database", base / "test_database", base):
         p = folder / db / f"{db}.sqlite"
         if p.is_file():
+            if not p.resolve().is_relative_to(folder.resolve()):
+                raise ValueError(f"its file resolves outside {folder}")
             return p
     return None
 
 
 def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-                time_limit_s: float = 10.0, max_tasks: Optional[int] = None) -> SQLData:
-    """The tasks, database paths and gold rows of a Spider or InterCode-SQL directory (module docstring)."""
+                time_limit_s: float = 10.0, max_tasks: Optional[int] = None,
+                queries: Optional[QueryRunner] = None) -> SQLData:
+    """The tasks, database paths and gold rows of a Spider or InterCode-SQL directory (module docstring). `queries`:
+    the query processes that run the gold queries (default: a runner of its own, closed on return)."""
+    if queries is None:
+        runner = QueryRunner()
+        try:
+            return load_spider(path, max_rows=max_rows, max_result_bytes=max_result_bytes, time_limit_s=time_limit_s,
+                               max_tasks=max_tasks, queries=runner)
+        finally:
+            runner.close()
     root = data_path(path, "SQL data")
     if max_tasks is not None and (isinstance(max_tasks, bool) or int(max_tasks) != max_tasks or max_tasks < 1):
         raise ValueError(f"SQL data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
@@ -97,26 +116,31 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
             fields = next((f for f in _FIELDS.values() if isinstance(rec, dict) and all(
                 isinstance(rec.get(k), str) and rec.get(k).strip() for k in f)), None)
             if fields is None:
-                report.leave_out("malformed record (needs db_id, query, question or db, gold, query as text)", rid)
+                report.leave_out("malformed record (fields db_id, query, question or db, gold, query: not all text)",
+                                 rid)
                 continue
             db, sql, question = (rec[k].strip() for k in fields)
             if db not in paths:
-                found = _database(root, db)
+                try:
+                    found = _database(root, db)
+                except ValueError as e:
+                    report.leave_out(f"field {fields[0]}: not a database inside the data directory ({e})", rid)
+                    continue
                 if found is None:
-                    report.leave_out("database file missing", rid)
+                    report.leave_out(f"field {fields[0]}: database file missing", rid)
                     continue
                 paths[db] = found
             where = split if split != "pool" else ("test" if held_out_by_hash(db) else "train")
             if max_tasks is not None and len(splits[where]) >= max_tasks:
                 continue
             try:
-                _, rows, truncated = run_query(paths[db], sql, time_limit_s=time_limit_s, max_rows=max_rows,
-                                               max_result_bytes=max_result_bytes)
+                _, rows, truncated = queries.run(paths[db], sql, time_limit_s=time_limit_s, max_rows=max_rows,
+                                                 max_result_bytes=max_result_bytes)
             except QueryError as e:
-                report.leave_out(f"gold query fails ({str(e).split(':')[0][:60]})", rid)
+                report.leave_out(f"field {fields[1]}: gold query fails ({str(e).split(':')[0][:60]})", rid)
                 continue
             if truncated:
-                report.leave_out(f"gold result over {max_rows} rows", rid)
+                report.leave_out(f"field {fields[1]}: gold result over {max_rows} rows", rid)
                 continue
             task = SQLTask(id=rid, db=db, question=question, gold=sql, ordered=bool(ORDER_BY_RE.search(sql)))
             splits[where].append(task)
@@ -124,6 +148,6 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
     for name in ("train", "test"):
         report.keep(name, len(splits[name]))
     if not splits["train"] and not splits["test"]:
-        raise ValueError(f"SQL data {str(root)!r}: no usable question ({report.summary()})")
+        raise DataError(f"SQL data {str(root)!r}: no usable question ({report.summary()})")
     splits["all"] = splits["train"] + splits["test"]
     return SQLData(splits=splits, db_paths={db: p for db, p in paths.items()}, gold_rows=gold, report=report)

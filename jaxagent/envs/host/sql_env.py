@@ -16,10 +16,10 @@ query that fails, are in `self.report`). The model's queries run in query proces
 ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_columns` columns,
 `max_result_bytes` bytes converted in all, a larger result being an error, not a truncation; rows:
 `max_fetch_rows` fetched, `max_obs_rows` shown). The time limit is hard: a query answers within
-`time_limit_s` or its process is killed `sql_query.DEFAULT_GRACE_S` later, so a step takes at most
-about time_limit_s + 0.15 s and leaves nothing running; temporary data stays in the query process's
-memory, capped at `heap_limit_bytes` (64 MiB; no temp files). The trusted gold and schema queries run
-in this process (`run_query`).
+`time_limit_s` of starting it or its process is killed `sql_query.DEFAULT_GRACE_S` later, so the query runs at
+most time_limit_s + 0.15 s and leaves nothing running (docs/sandbox.md has the step's bound); temporary data stays
+in the query process's memory, capped at `heap_limit_bytes` (64 MiB; no temp files). The gold and schema queries
+run in the same query processes (a dataset's gold query is not trusted to end).
 
 Actions (documented in `system_prompt`):
   ```sql <query> ```              run the query; the observation is its result table or the error
@@ -57,7 +57,7 @@ from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root
 from jaxagent.envs.host.spider import load_spider
-from jaxagent.envs.host.sql_query import DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError, run_query
+from jaxagent.envs.host.sql_query import DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError
 from jaxagent.envs.host.sql_query_pool import QueryRunner
 from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
@@ -290,15 +290,20 @@ class SQLEnv(HostEnv):
         self.max_result_bytes = int(max_result_bytes)
         self._gold_cache: dict[str, list[tuple]] = {}
         self._schema_cache: dict[str, str] = {}
-        if data is not None:
-            loaded = load_spider(data, max_rows=max_fetch_rows, max_result_bytes=max_result_bytes, **data_kwargs)
-            self._splits, self._paths, self.report = loaded.splits, loaded.db_paths, loaded.report
-            self._gold_cache.update(loaded.gold_rows)
-        else:
-            if data_kwargs:
-                raise ValueError(f"SQLEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
-            self._splits, self._paths, self.report = self._builtin(seed)
-        self.queries = QueryRunner(heap_limit_bytes=heap_limit_bytes)  # the model's queries run here
+        if data is None and data_kwargs:
+            raise ValueError(f"SQLEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
+        self.queries = QueryRunner(heap_limit_bytes=heap_limit_bytes)  # every query runs here, the gold ones too
+        try:
+            if data is not None:
+                loaded = load_spider(data, max_rows=max_fetch_rows, max_result_bytes=max_result_bytes,
+                                     queries=self.queries, **data_kwargs)
+                self._splits, self._paths, self.report = loaded.splits, loaded.db_paths, loaded.report
+                self._gold_cache.update(loaded.gold_rows)
+            else:
+                self._splits, self._paths, self.report = self._builtin(seed)
+        except BaseException:
+            self.queries.close()
+            raise
 
     def _builtin(self, seed: int):
         """The hand-written tasks, then the generated ones whose gold result equals the answer computed in
@@ -313,8 +318,9 @@ class SQLEnv(HostEnv):
         report.records = len(tasks) + len(generated)
         for t in generated:
             try:
-                _, rows, truncated = run_query(paths[t["db"]], t["gold"], time_limit_s=10.0,
-                                               max_rows=self.max_fetch_rows, max_result_bytes=self.max_result_bytes)
+                _, rows, truncated = self.queries.run(paths[t["db"]], t["gold"], time_limit_s=10.0,
+                                                      max_rows=self.max_fetch_rows,
+                                                      max_result_bytes=self.max_result_bytes)
             except QueryError as e:
                 report.leave_out(f"gold query failed ({str(e).split(':')[0]})", t["id"])
                 continue
@@ -344,15 +350,15 @@ class SQLEnv(HostEnv):
 
     def schema(self, db: str) -> str:
         if db not in self._schema_cache:
-            _, rows, _ = run_query(self._paths[db], "SELECT sql FROM sqlite_master WHERE type = 'table' "
-                                   "ORDER BY rowid", time_limit_s=5.0, max_rows=1000)
+            _, rows, _ = self.queries.run(self._paths[db], "SELECT sql FROM sqlite_master WHERE type = 'table' "
+                                          "ORDER BY rowid", time_limit_s=5.0, max_rows=1000)
             self._schema_cache[db] = "\n".join(r[0].strip() + ";" for r in rows if r[0])
         return self._schema_cache[db]
 
     def gold_rows(self, task: SQLTask) -> list[tuple]:
         if task.id not in self._gold_cache:
-            _, rows, truncated = run_query(self._paths[task.db], task.gold, time_limit_s=10.0,
-                                           max_rows=self.max_fetch_rows, max_result_bytes=self.max_result_bytes)
+            _, rows, truncated = self.queries.run(self._paths[task.db], task.gold, time_limit_s=10.0,
+                                                  max_rows=self.max_fetch_rows, max_result_bytes=self.max_result_bytes)
             if truncated:
                 raise ValueError(f"gold query of {task.id} returns more than {self.max_fetch_rows} rows")
             self._gold_cache[task.id] = rows

@@ -45,6 +45,7 @@ DEFAULT_MAX_COLUMNS = 64  # result columns (SQLITE_LIMIT_COLUMN)
 DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes converted per query (text/blob lengths, 8 per other value)
 DEFAULT_HEAP_LIMIT_BYTES = 64 * 2 ** 20  # all of SQLite's memory in a query process, temp data included
 DEFAULT_GRACE_S = 0.15  # a query process still busy this long after its time limit is killed
+STARTED = b'{"started": true}'  # the query process's line when it starts a query (its time limit starts then)
 
 
 _OUT_OF_MEMORY = "out of memory: the query needs more memory than it may use (temporary tables, sorting)"
@@ -201,6 +202,8 @@ def serve(heap_limit_bytes: int) -> None:
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime + req["time_limit_s"]) + 2
         resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+        out.write(STARTED + b"\n")
+        out.flush()
         try:
             cols, rows, truncated = run_query(
                 req["db"], req["query"], time_limit_s=req["time_limit_s"], max_rows=req["max_rows"],

@@ -4,9 +4,12 @@ No dimension legend: host-side Python, no arrays.
 
 `QueryRunner.run(...)` runs `sql_query.run_query` in a query process (`sql_query.py` run as a program,
 `python -I -S sql_query.py`, standard library only) and makes its limits hard:
-  - time: the process answers within `time_limit_s` through the same checks, or is killed (SIGKILL)
-    `grace_s` later; the caller gets the time-limit error either way and no thread or process of the
-    query is left running. A fresh process replaces a killed one at the next query.
+  - time: the process says when it starts a query (a line, before any of the query runs), answers within
+    `time_limit_s` of that through the same checks, or is killed (SIGKILL) `grace_s` later; the caller gets the
+    time-limit error either way and no thread or process of the query is left running. The limit is counted
+    from the process's start of work, so a machine too busy to schedule the process at once costs the query
+    none of its time (the step waits for it instead, up to START_S; a process that never starts the query is a
+    QueryProcessError). A fresh process replaces a killed one at once.
   - temporary data (sorting, DISTINCT / UNION sets, materialised CTEs): in memory only
     (`PRAGMA temp_store = MEMORY`), and all of SQLite's memory in the process is capped by
     `sqlite3_hard_heap_limit64` (`heap_limit_bytes`, 64 MiB by default); a query that needs more gets
@@ -32,8 +35,10 @@ import weakref
 
 from jaxagent.envs.host import sql_query
 from jaxagent.envs.host.sql_query import (DEFAULT_GRACE_S, DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_COLUMNS,
-                                          DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN, QueryError,
+                                          DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_VALUE_LEN, STARTED, QueryError,
                                           QueryProcessError)
+
+START_S = 30.0  # the longest wait for a query process to start (its "ready" line) or to start a query
 
 
 def _decode(v):
@@ -42,13 +47,13 @@ def _decode(v):
     return v
 
 
-def _read_line(fd: int, deadline: float | None, cap: int) -> bytes | None:
-    """One line from `fd`, without its newline; None at the deadline; b"" at EOF; raises QueryError
-    for a line longer than `cap`."""
-    buf = b""
-    while not buf.endswith(b"\n"):
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+def _read_line(fd: int, deadline: float, cap: int, pending: bytearray | None = None) -> bytes | None:
+    """One line from `fd` (after the bytes `pending` holds), without its newline; the bytes read past it stay in
+    `pending`. None at the deadline; b"" at EOF; raises QueryError when more than `cap` bytes are waiting."""
+    buf = bytearray() if pending is None else pending
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return None
         ready, _, _ = select.select([fd], [], [], left)
         if not ready:
@@ -59,7 +64,9 @@ def _read_line(fd: int, deadline: float | None, cap: int) -> bytes | None:
         buf += chunk
         if len(buf) > cap:
             raise QueryError("result too large for the query process's answer")
-    return buf[:-1]
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -130,7 +137,7 @@ class QueryRunner:
             starting = proc in self._starting
             self._starting.discard(proc)
         if starting:
-            line = _read_line(proc.stdout.fileno(), time.monotonic() + 30.0, 1024)
+            line = _read_line(proc.stdout.fileno(), time.monotonic() + START_S, 1024)
             try:
                 msg = json.loads(line) if line else {}
             except ValueError:
@@ -162,23 +169,29 @@ class QueryRunner:
     def run(self, db_path, query: str, *, time_limit_s: float, max_rows: int,
             max_value_len: int = DEFAULT_MAX_VALUE_LEN, max_columns: int = DEFAULT_MAX_COLUMNS,
             max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> tuple[list[str], list[tuple], bool]:
-        """`run_query` in a query process, answered or killed by `time_limit_s + grace_s` after the
-        request was sent. Raises QueryError as run_query does, QueryProcessError when no query
-        process can be started."""
+        """`run_query` in a query process, answered or killed by `time_limit_s + grace_s` after the process said
+        it started the query (module docstring). Raises QueryError as run_query does, QueryProcessError when no
+        query process can be started or one does not start a query within START_S."""
         proc = self._acquire()
         req = {"db": str(db_path), "query": query, "time_limit_s": float(time_limit_s), "max_rows": int(max_rows),
                "max_value_len": int(max_value_len), "max_columns": int(max_columns),
                "max_result_bytes": int(max_result_bytes)}
         cap = 16 * (max_result_bytes + max_columns * max_value_len) + (1 << 16)  # JSON of the largest answer
-        deadline = time.monotonic() + time_limit_s + self.grace_s
+        pending = bytearray()
         try:
             proc.stdin.write(json.dumps(req).encode() + b"\n")
-            line = _read_line(proc.stdout.fileno(), deadline, cap)
+            started = _read_line(proc.stdout.fileno(), time.monotonic() + START_S, cap, pending)
+            if started == STARTED:  # the query's time starts now, whatever the wait for the process was
+                line = _read_line(proc.stdout.fileno(), time.monotonic() + time_limit_s + self.grace_s, cap, pending)
         except (OSError, QueryError) as e:
             self._discard(proc)
             if isinstance(e, QueryError):
                 raise
             raise QueryError(f"the query process failed ({type(e).__name__})") from None
+        if started != STARTED:
+            self._discard(proc, replace=started is None)
+            raise QueryProcessError(f"a SQL query process did not start a query within {START_S:g} s" if started is None
+                                    else "a SQL query process ended or broke its protocol before starting a query")
         if line is None:
             self._discard(proc, replace=True)
             raise QueryError(f"query interrupted: time limit of {time_limit_s:g}s exceeded")

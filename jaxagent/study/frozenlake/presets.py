@@ -56,6 +56,7 @@ class Preset:
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
+    rehearsal: bool = False           # counts cut by `rehearsal_preset`: the report says its figures test the pipeline
 
     @property
     def rollout_batch(self) -> int:
@@ -167,6 +168,27 @@ PRESET_NOTES = {
     "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
 }
 
+# `rehearsal_preset`'s interaction limits: 4 turns of 16-token replies in 512 slots hold an episode in the real Qwen3
+# tokenizer (system turn and 4 turns of a 4x4 map and a 16-token reply: about 420 tokens).
+REHEARSAL_TASK = dict(t_max=4, max_action_tokens=16, max_context=512)
+
+
+def rehearsal_preset(preset: Preset) -> Preset:
+    """`preset` with its counts cut so that its whole pipeline (base, every arm, every diagnostic, report.md) runs on a
+    2-core CPU in minutes: the model, tokenizer, chat format, compute dtype, arms, remat and learning rates stay;
+    one seed, one iteration of one task x 2 rollouts in one micro-batch, `REHEARSAL_TASK`'s turns and slots, 2
+    held-out maps x 1 sample at 2 budget tiers (K = 1), 2 matched and 2 error states with 2 sampled actions, 2 plan
+    maps x 1 reply. Every program runs at these counts, not the preset's (its fit at the preset's counts is the AOT
+    check's, experiments.aot_check). `rehearsal=True` makes the report say so."""
+    task = dataclasses.replace(preset.task, **REHEARSAL_TASK)
+    base = dataclasses.replace(preset.base, n_episodes=min(preset.base.n_episodes, 16), steps=min(preset.base.steps, 2),
+                               batch_size=min(preset.base.batch_size, 2))
+    ev = dataclasses.replace(preset.eval, n_tasks=2, n_samples=1, ks=(1,), fractions=(0.5, 1.0), n_states=2,
+                             n_error_states=2, n_sampled=2, n_boot=20, n_plan_tasks=2, n_plan_samples=1)
+    return dataclasses.replace(preset, task=task, base=base, eval=ev, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
+                               group_size=2, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+
+
 def needs_checkpoint(preset: Preset) -> bool:
     """Whether the preset runs a real Qwen3 (the accelerator presets) and so needs a checkpoint directory."""
     return preset.name.startswith("qwen3") and not preset.checkpoint
@@ -174,14 +196,17 @@ def needs_checkpoint(preset: Preset) -> bool:
 
 def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, iterations: Optional[int] = None,
                    seeds=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
-                   remat: Optional[str] = None) -> Preset:
+                   remat: Optional[str] = None, rehearsal: bool = False) -> Preset:
     """`preset` (or `PRESETS[preset]`) with the given fields replaced; a None (or empty) argument keeps the
-    preset's value, and remat "none" means no activation checkpointing. InvalidSettings when an accelerator
-    preset is left without a checkpoint directory, or the name is unknown."""
+    preset's value, and remat "none" means no activation checkpointing. `rehearsal`: the counts cut first
+    (`rehearsal_preset`), the other arguments then applied. InvalidSettings when an accelerator preset is left
+    without a checkpoint directory, or the name is unknown."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise InvalidSettings(f"unknown preset {preset!r}; the presets: {', '.join(sorted(PRESETS))}")
         preset = PRESETS[preset]
+    if rehearsal:
+        preset = rehearsal_preset(preset)
     changes = {}
     if checkpoint:
         changes["checkpoint"] = checkpoint

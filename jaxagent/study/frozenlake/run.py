@@ -222,7 +222,8 @@ class Run:
             except ValueError as e:
                 raise CheckpointError(f"the tokenizer in {preset.checkpoint} cannot write FrozenLake's text: "
                                       f"{e}") from None
-        default = preset.name if not self.seed_offset else f"{preset.name}-s{self.seed_offset}"
+        default = (preset.name + ("-rehearsal" if preset.rehearsal else "")
+                   + (f"-s{self.seed_offset}" if self.seed_offset else ""))
         self.dir = os.path.abspath(os.path.join(root, name or default))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = {**run_dir.plain(preset), "seed_offset": self.seed_offset}
@@ -243,7 +244,7 @@ class Run:
 
     def _check_run_settings(self, record: dict):
         """Compares config.json (if any) with `record`; SettingsMismatch unless force (which drops eval/)."""
-        _, diff = self.run_dir.config_diff(record, RESULT_NEUTRAL, defaults={"seed_offset": 0})
+        _, diff = self.run_dir.config_diff(record, RESULT_NEUTRAL, defaults={"seed_offset": 0, "rehearsal": False})
         if not diff:
             return
         if not self.force:

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from jaxagent.study import run_dir
+from jaxagent.study import run_dir, stages
 from jaxagent.study.host import (error_recovery as host_error_recovery, likelihood as host_likelihood,
                                  metrics as host_metrics, report as host_report, stages as host_stages,
                                  step_quality as host_step_quality)
@@ -33,7 +33,8 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
         dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
         t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
         notes=(dom.split_note, dom.bound_note))
-    meta = {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
+    meta = {"rehearsal": stages.REHEARSAL_NOTE} if p.rehearsal else {}
+    meta |= {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
             "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
             "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
             "domain": f"{dom.name} ({dom.title}; env '{dom.env}')",

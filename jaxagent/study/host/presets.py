@@ -26,9 +26,11 @@ import os
 from typing import Optional
 
 from jaxagent.envs.host import base as host_envs
+from jaxagent.envs.host.datasets import DataError
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study.host.sft import HostSFTSettings
 from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
+from jaxagent.study.run_dir import InvalidSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,7 @@ class HostPreset:
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
+    rehearsal: bool = False           # counts cut by `rehearsal_preset`: the report says its figures test the pipeline
 
     @property
     def policy_tokens(self) -> Optional[int]:
@@ -127,17 +130,48 @@ def preset_problem(preset: HostPreset) -> Optional[str]:
     return problem
 
 
+# `rehearsal_preset`'s interaction limits: 2 turns of 16-token replies, tool output capped at 64 tokens, in 1,024
+# slots (the sql and code prompts hold a few hundred tokens); BFCL's tool documents alone are 2,031-4,878 tokens,
+# so its rehearsal keeps the tasks whose system prompt has at most 2,200 (TradingBot's) in 2,560 slots.
+REHEARSAL_TASK = dict(t_max=2, max_action_tokens=16, max_obs_tokens=64, max_context=1024, max_train_tasks=2,
+                      max_heldout_tasks=2, task_subset="first", workers=2)
+REHEARSAL_BFCL = dict(max_context=2560, max_system_tokens=2200)
+
+
+def rehearsal_preset(preset: HostPreset) -> HostPreset:
+    """`preset` with its counts cut so that its whole pipeline (base, every arm, every finding of its domain,
+    report.md) runs on a 2-core CPU in minutes: the model, tokenizer, domain, compute dtype, arms, remat and learning
+    rate stay; one seed, one iteration of one task x 2 rollouts in one micro-batch, `REHEARSAL_TASK`'s turns and
+    slots (`REHEARSAL_BFCL`'s for BFCL), 2 held-out tasks x 1 sample at 2 budget tiers (K = 1) in batches of 2, one
+    matched state with 2 replies (finding 3), R_single at the base and after the iteration. The SFT of a toy preset
+    runs 2 steps of 2 rows. Every program runs at these counts, not the preset's (their fit at the preset's counts is
+    the AOT check's, experiments.aot_check). `rehearsal=True` makes the report say so."""
+    limits = {**REHEARSAL_TASK, **(REHEARSAL_BFCL if preset.task.domain.startswith("bfcl") else {})}
+    task = dataclasses.replace(preset.task, **limits, slot_bucket=None if preset.task.slot_bucket is None else
+                               min(preset.task.slot_bucket, limits["max_context"]))
+    ev = dataclasses.replace(preset.eval, n_samples=1, ks=(1,), fractions=(0.5, 1.0), n_boot=20, batch_size=2,
+                             step_samples=2, step_states=1)
+    sft = None if preset.sft is None else dataclasses.replace(preset.sft, steps=2, batch_size=2)
+    return dataclasses.replace(preset, task=task, eval=ev, sft=sft, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
+                               group_size=2, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+
+
 def data_env(preset: HostPreset):
     """The env of the preset's domain built on `preset.data` (SQLEnv: Spider / InterCode-SQL, `spider.load_spider`;
     CodeEnv: DeepCoder-style problems, `deepcoder.load_deepcoder`), or None without a data directory (the domain's
-    own env, with its built-in tasks). ValueError for unusable data (`data_problem`)."""
+    own env, with its built-in tasks). InvalidSettings (one line naming the file and the problem) for unusable data:
+    `data_problem`, or a file the loader cannot read (`datasets.DataError`: not UTF-8, not JSON, nested too deeply,
+    no usable record)."""
     if preset.data is None:
         return None
     problem = data_problem(preset)
     if problem is not None:
-        raise ValueError(problem)
+        raise InvalidSettings(problem)
     domain = get_domain(preset.task.domain)
-    return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+    try:
+        return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+    except DataError as e:
+        raise InvalidSettings(f"preset {preset.name!r}: --data {preset.data}: {e}") from None
 
 
 def tiny_model() -> Qwen3Config:

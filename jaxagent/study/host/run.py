@@ -92,10 +92,12 @@ class HostRun:
         if preset.checkpoint:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
-        self.dir = os.path.abspath(os.path.join(root, name or preset.name))
+        env = data_env(preset)  # InvalidSettings naming the file for unusable --data, before anything is written
+        default = preset.name + ("-rehearsal" if preset.rehearsal else "")
+        self.dir = os.path.abspath(os.path.join(root, name or default))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
-        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL)
+        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL, defaults={"rehearsal": False})
         if diff and not force:
             raise run_dir.SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
@@ -104,7 +106,6 @@ class HostRun:
         if diff:
             self.run_dir.empty()
         self.run_dir.write_config(record)
-        env = data_env(preset)
         if not preset.checkpoint:
             self.checkpoint = os.path.join(self.dir, "tiny_checkpoint")
             corpus = None

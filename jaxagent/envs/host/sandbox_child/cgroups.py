@@ -1,4 +1,9 @@
-"""A fresh cgroup (v2, or v1 memory + pids) bounding one sandbox run, and its removal.
+"""A fresh cgroup (v2, or v1 memory + pids, with cpuacct where mounted) bounding one sandbox run, the CPU time
+it has used, and its removal.
+
+The CPU time comes from the cgroup (v2 `cpu.stat` usage_usec, v1 `cpuacct.usage`): the kernel charges it as it
+is spent, by every process of the run, including children reaped by the kernel itself (a parent that ignores
+SIGCHLD), whose time never reaches any process's cutime.
 
 No dimension legend: host-side Python, no arrays.
 """
@@ -43,9 +48,51 @@ def cgroup_sweep(parent):
                     pass
 
 
+def cgroup_cpu_s(cpu_file):
+    """CPU seconds charged to the cgroup whose `cpu.stat` (v2) or `cpuacct.usage` (v1) is `cpu_file`; None when it
+    cannot be read."""
+    try:
+        with open(cpu_file) as f:
+            text = f.read()
+        if cpu_file.endswith("cpuacct.usage"):
+            return int(text) / 1e9
+        for line in text.splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _v1_cpuacct(tag, made):
+    """The `cpuacct.usage` of a fresh v1 cpuacct cgroup joined by this process (added to `made`), or None when
+    there is no cpuacct hierarchy or it refuses a new group."""
+    root = next((mnt for _, mnt, fstype, opts in (m[:4] for m in _mounts())
+                 if fstype == "cgroup" and "cpuacct" in opts.split(",")), None)
+    if root is None:
+        return None
+    own = _own_cgroup_v1("cpuacct").lstrip("/")
+    parent = os.path.join(root, own)
+    if not os.path.isdir(parent):
+        parent, own = root, ""
+    cgroup_sweep(parent)
+    d = os.path.join(parent, tag)
+    try:
+        os.mkdir(d)
+    except OSError:
+        return None
+    made.append((d, os.path.join(root, own, "cgroup.procs")))
+    try:
+        _write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
+    except OSError:
+        return None
+    return os.path.join(d, "cpuacct.usage")
+
+
 def cgroup_create(limits, tag):
     """A fresh cgroup bounding memory (no swap) and processes of the whole run; None when this machine
-    offers none. Returns (kind, [(directory, the cgroup.procs to move back to)])."""
+    offers none. Returns (kind, [(directory, the cgroup.procs to move back to)], the file of its CPU time
+    (`cgroup_cpu_s`), None where v1 has no cpuacct hierarchy)."""
     mem = int(limits["memory_mb"]) * 1024 * 1024
     pids = int(limits["nproc"]) + 4  # the harness, init and the launcher are inside too
     for _, mnt, fstype, _opts in (m[:4] for m in _mounts()):
@@ -79,7 +126,8 @@ def cgroup_create(limits, tag):
             except OSError:
                 os.rmdir(d)
                 raise
-            return "cgroup-v2", [(d, back)]
+            cpu_file = os.path.join(d, "cpu.stat")
+            return "cgroup-v2", [(d, back)], cpu_file if cgroup_cpu_s(cpu_file) is not None else None
         except OSError:
             continue
     # cgroup v1: the memory and pids controllers in their own hierarchies.
@@ -115,7 +163,7 @@ def cgroup_create(limits, tag):
     except OSError:
         cgroup_remove(made)
         return None
-    return "cgroup-v1", made
+    return "cgroup-v1", made, _v1_cpuacct(tag, made)
 
 
 def cgroup_remove(made):

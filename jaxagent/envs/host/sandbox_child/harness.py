@@ -164,10 +164,11 @@ def harness(cfg, out, workdir, weak):
             if "loaded" in first:
                 emit(out, {"loaded": True})
             elif isinstance(first.get("load_error"), str):
-                emit(out, {"load_error": first["load_error"][:400]})
+                emit(out, {"load_error": first["load_error"][:400], "timed_out": first.get("timed_out") is True})
                 return
             elif timed_out:
-                emit(out, {"load_error": "Timeout: executing the module took longer than %.1fs" % per})
+                emit(out, {"load_error": "Timeout: executing the module took longer than %.1fs" % per,
+                           "timed_out": True})
                 return
             elif first:
                 emit(out, {"load_error": "MalformedResult: the program wrote over the sandbox's answer"})
@@ -181,7 +182,10 @@ def harness(cfg, out, workdir, weak):
         answer = msgs[1] if len(msgs) > 1 else None
         line = call_outcome(answer) if isinstance(answer, dict) else None
         if line is None and msgs and isinstance(msgs[0].get("load_error"), str):
-            line = {"status": "error", "error": msgs[0]["load_error"][:400]}
+            # a load that ran out of time in this call's worker is the call's time-out (a result that depends on
+            # time, which the caller must not keep)
+            line = ({"status": "timeout"} if msgs[0].get("timed_out") is True else
+                    {"status": "error", "error": msgs[0]["load_error"][:400]})
         if line is None:
             if timed_out:
                 line = {"status": "timeout"}

@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import seccomp
-from .cgroups import cgroup_create, cgroup_remove
+from .cgroups import cgroup_cpu_s, cgroup_create, cgroup_remove
 from .common import (PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, SetupError, die_with_parent,
                      emit, err_text, libc, prctl, set_limits)
 from .harness import harness
@@ -55,11 +55,27 @@ def tree_cpu_s(root, count_root=True):
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def watch(pid, limits, kill, tree=None):
+def _self_cpu_s():
+    t = os.times()
+    return t.user + t.system
+
+
+def run_cpu_s(cpu_file, since, root, count_root):
+    """CPU seconds of the run: from its cgroup (`cpu_file`), less this launcher's own time since it joined the
+    cgroup (`since`, its CPU seconds then), where there is one; else its process tree (`tree_cpu_s`), which misses
+    children reaped by the kernel (a parent ignoring SIGCHLD): the weaker bound."""
+    if cpu_file is not None:
+        used = cgroup_cpu_s(cpu_file)
+        if used is not None:
+            return max(0.0, used - (_self_cpu_s() - since))
+    return tree_cpu_s(root, count_root)
+
+
+def watch(pid, limits, kill, tree=None, cpu_file=None, since=0.0):
     """Wait for child `pid` while the run has wall time and CPU time left; `kill()` ends the run when
-    either is spent. The run's CPU time is that of `pid`'s process tree, or of this process's children
-    when `tree` is "children" (a subreaper's orphans included). Returns (wait status, timed out, CPU
-    quota exceeded, CPU seconds used)."""
+    either is spent. The run's CPU time is its cgroup's (`run_cpu_s`; `cpu_file`, `since`), else that of `pid`'s
+    process tree, or of this process's children when `tree` is "children" (a subreaper's orphans included).
+    Returns (wait status, timed out, CPU quota exceeded, CPU seconds used)."""
     root, count_root = (os.getpid(), False) if tree == "children" else (pid, True)
     deadline = time.monotonic() + float(limits["wall_s"])
     quota = float(limits["cpu_s"])
@@ -73,7 +89,7 @@ def watch(pid, limits, kill, tree=None):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-        used = max(used, tree_cpu_s(root, count_root))
+        used = max(used, run_cpu_s(cpu_file, since, root, count_root))
         if used >= quota or time.monotonic() >= deadline:
             exceeded, timed_out = used >= quota, used < quota
             kill()
@@ -85,6 +101,8 @@ def watch(pid, limits, kill, tree=None):
             time.sleep(WATCH_S)
     if pidfd is not None:
         os.close(pidfd)
+    if cpu_file is not None:  # all the run's processes used, up to their end
+        used = max(used, run_cpu_s(cpu_file, since, root, count_root))
     return status, timed_out, exceeded, used
 
 
@@ -92,6 +110,7 @@ def strong_mode(cfg, out):
     lib = libc()
     notes = []
     made = []
+    cpu_file, since = None, 0.0
     init_pid = None
 
     def on_parent_death(signum, frame):
@@ -107,7 +126,8 @@ def strong_mode(cfg, out):
         if cfg.get("cgroup"):
             got = cgroup_create(cfg["limits"], "jaxagent-sbx-%d-%d" % (os.getpid(), int(cfg["uid"])))
             if got is not None:
-                kind, made = got
+                kind, made, cpu_file = got
+                since = _self_cpu_s()
                 cfg["cgroup_bound"] = True
                 notes.append(kind)
         import ctypes
@@ -127,13 +147,15 @@ def strong_mode(cfg, out):
         emit(out, {"setup_error": "namespace setup: " + err_text(e)})
         os._exit(3)
     bound = notes[0] if made else "rlimits"
-    emit(out, {"isolation": "namespaces", "memory_bound": bound, "notes": notes})
+    emit(out, {"isolation": "namespaces", "memory_bound": bound, "notes": notes,
+               "cpu_bound": bound if cpu_file is not None else "process-tree"})
 
     init_pid = os.fork()
     if init_pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         init(cfg, out, lib)
-    status, timed_out, exceeded, used = watch(init_pid, cfg["limits"], lambda: os.kill(init_pid, signal.SIGKILL))
+    status, timed_out, exceeded, used = watch(init_pid, cfg["limits"], lambda: os.kill(init_pid, signal.SIGKILL),
+                                              cpu_file=cpu_file, since=since)
     cgroup_remove(made)  # killing pid 1 above killed the whole pid namespace
     emit(out, {"exit": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "cpu_exceeded": exceeded,
                "cpu_s": round(used, 3)})
@@ -245,7 +267,8 @@ def weak_mode(cfg, out):
     except (SetupError, OSError) as e:
         emit(out, {"setup_error": "weak mode setup: " + err_text(e)})
         cleanup_and_exit()
-    emit(out, {"isolation": "unsafe-rlimits-only", "memory_bound": "rlimits", "notes": []})
+    emit(out, {"isolation": "unsafe-rlimits-only", "memory_bound": "rlimits", "notes": [],
+               "cpu_bound": "process-tree"})
     harness_pid = os.fork()
     if harness_pid == 0:
         try:

@@ -16,10 +16,15 @@ What is bound (read-only, nosuid, nodev, not recursive: mounts below a bound dir
     it is one of the dynamic linker's default directories or the interpreter's LIBDIR (so the libraries
     of extension modules not loaded yet are found: /usr/lib/<multiarch>, /usr/lib64, <prefix>/lib),
     else the file alone.
+Masked (empty read-only tmpfs): every site-packages / dist-packages in or one level below a bound directory
+(`packages_dirs`: <prefix>/lib/python3.X/site-packages under a bound <prefix>/lib, /usr/lib/python3/dist-packages),
+and every path of the caller's `hide` list that a bound directory shows (its import paths, the site-packages of
+its interpreter and, in a virtual environment, of the base interpreter's prefix too).
 
 No dimension legend: host-side Python, no arrays.
 """
 
+import glob
 import os
 import platform
 import struct
@@ -133,6 +138,19 @@ class Plan:
         return any(k == "dir" and path != d and path.startswith(d.rstrip("/") + "/") for d, k in self.binds.items())
 
 
+def packages_dirs(dirs):
+    """The site-packages and dist-packages directories in or one level below each of `dirs` (a bound interpreter
+    prefix's lib/ holds python3.X/site-packages; Debian's /usr/lib holds python3/dist-packages), at their real
+    paths (a mount point must not pass through a symlink)."""
+    found = []
+    for d in dirs:
+        for name in ("site-packages", "dist-packages"):
+            for path in [os.path.join(d, name), *glob.glob(os.path.join(glob.escape(d), "*", name))]:
+                if os.path.isdir(path) and os.path.realpath(path) == path:
+                    found.append(path)
+    return found
+
+
 def make_plan(cfg):
     """The bind mounts, symlinks and masks of the run's root (module docstring)."""
     plan = Plan()
@@ -157,11 +175,7 @@ def make_plan(cfg):
         del plan.links[path]
     # Masks: every import path of the caller (site-packages, the package's checkout, editable installs)
     # that a bound directory would show, unless the standard library itself lives there.
-    masks = set()
-    for d in [p for p, k in plan.binds.items() if k == "dir"]:
-        for name in ("site-packages", "dist-packages"):
-            if os.path.isdir(os.path.join(d, name)):
-                masks.add(os.path.join(d, name))
+    masks = set(packages_dirs([p for p, k in plan.binds.items() if k == "dir"]))
     for p in cfg.get("hide", []):
         real = os.path.realpath(p) if p else ""
         if not real or not os.path.isdir(real) or not plan.covered(real):

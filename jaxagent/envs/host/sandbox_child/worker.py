@@ -173,7 +173,7 @@ def run_one(cfg, i, w):
             emit_worker(w, {"load_error": "NameError: function %r is not defined" % cfg["entry_point"]})
             return
     except Timeout:
-        emit_worker(w, {"load_error": "Timeout: executing the module took longer than %.1fs" % per})
+        emit_worker(w, {"load_error": "Timeout: executing the module took longer than %.1fs" % per, "timed_out": True})
         return
     except BaseException as e:
         signal.setitimer(signal.ITIMER_REAL, 0)
