@@ -41,9 +41,12 @@ def table_line(rec: dict) -> str:
     if rec["status"] == "compile_error":
         return f"{rec['program']:<22} {rec['status']}: {rec['error'][:300]}"
     coll = ", ".join(f"{k} {v['count']}x/{v['gib']:.2f}GiB" for k, v in sorted(rec["collectives"].items()))
+    dense = rec.get("dense_scores")
+    attention = "" if rec.get("platform") != "gpu" else (
+        f"  fused attention {rec['fused_attention_calls']}x" + (f", dense scores {dense['shape']}" if dense else ""))
     return (f"{rec['program']:<22} {rec['status']:<10} {rec['memory_gib']['total']:8.2f} / {rec['hbm_gib']:.1f} GiB"
             f"  flops/chip {rec['flops_per_chip']:.3g} (x{rec['flops_ratio']} analytic)"
-            f"  roofline {rec['roofline_s']:.4g}s  custom {rec['foreign_custom_calls'] or '-'}  [{coll}]")
+            f"  roofline {rec['roofline_s']:.4g}s  custom {rec['foreign_custom_calls'] or '-'}{attention}  [{coll}]")
 
 
 def parse_args(argv):

@@ -7,6 +7,8 @@ for CUDA takes the CUDA branch of `ops.platform_select`. The kernel's own number
 
 Legend: B batch, T queries, S key slots, H query heads, K KV heads, E head dim.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,7 +87,7 @@ def test_fusable_takes_half_precision_many_queries_and_small_heads(monkeypatch):
     assert not ops_gpu.fusable(q(n, dtype=jnp.float32), n)          # the kernel runs bf16 / f16
     assert not ops_gpu.fusable(q(n - 2), 4 * n)                      # few queries: decode, short appends
     assert not ops_gpu.fusable(q(n, e=256), n) and not ops_gpu.fusable(q(n, e=100), n)
-    assert not ops_gpu.fusable(q(n), n + 1)                          # odd slots: the biased backward needs even
+    assert ops_gpu.fusable(q(n + 1), n + 3)                          # odd lengths: padded for the biased backward
     monkeypatch.setattr(ops_gpu, "available", lambda: False)
     assert not ops_gpu.fusable(q(n), n)                              # no cuDNN here: the CUDA branch is not built
 
@@ -107,7 +109,6 @@ def test_platform_select_lowers_the_cuda_branch_for_cuda_only():
 def test_device_check_cases_run_here_with_jax_attention(monkeypatch):
     """experiments/gpu_attention_check.py's cases, with jax's own attention in place of the cuDNN kernel (the same
     call on this CPU): its comparisons run and agree within its tolerance; on a GPU they compare the kernel."""
-    import functools
     from experiments import gpu_attention_check as check
     monkeypatch.setattr(ops_gpu, "attention", functools.partial(ops_gpu.attention, implementation="xla"))
     key = jax.random.key(0)
@@ -117,3 +118,26 @@ def test_device_check_cases_run_here_with_jax_attention(monkeypatch):
     assert len(errors) == 5 and max(errors) <= check.TOLERANCE and max(errors) > 0
     with pytest.raises(SystemExit, match="needs an NVIDIA GPU"):
         check.main([])
+
+
+def test_odd_lengths_are_padded_for_the_bias_and_give_the_same_values():
+    """An odd number of queries (a FrozenLake rollout's first prompt chunk) and of key slots: one masked query and
+    one masked slot are added for the kernel's bias (its backward takes even lengths), the values and the gradient
+    equal the dense attention's."""
+    t, s = 11, 17
+    q, kt, v = _qkv(jnp.float32, t=t, s=s)
+    length = jnp.array([0, 2, 6])
+    mask = jnp.arange(s)[None, None, :] <= (length[:, None] + jnp.arange(t))[:, :, None]
+    q2, k2, v2, m2, _ = ops_gpu.kernel_args(q, kt, v, mask, causal_only=False)
+    assert q2.shape[1] == t + 1 and k2.shape[1] == v2.shape[1] == s + 1 and m2.shape == (B, 1, t + 1, s + 1)
+    assert not m2[:, :, t].any() and not m2[..., s].any()  # the added query and slot see / are seen by nothing
+
+    def loss(fn, q, kt, v):
+        return (fn(q, kt, v) ** 2).sum()
+    dense = lambda q, kt, v: ops.attention(CFG, q, kt, v, mask)  # noqa: E731
+    fused = lambda q, kt, v: ops_gpu.attention(q, kt, v, mask, implementation="xla")  # noqa: E731
+    np.testing.assert_allclose(fused(q, kt, v), dense(q, kt, v), atol=1e-5, rtol=1e-5)
+    g_f = jax.grad(functools.partial(loss, fused), argnums=(0, 1, 2))(q, kt, v)
+    g_d = jax.grad(functools.partial(loss, dense), argnums=(0, 1, 2))(q, kt, v)
+    for a, b in zip(g_f, g_d):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)

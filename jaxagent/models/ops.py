@@ -209,14 +209,14 @@ def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, 
     `tok.n_valid` each row's padded queries give 0). A program lowered for an NVIDIA GPU runs cuDNN's
     fused kernel over each window where it takes the shapes (`ops_gpu.fusable`: bf16 / f16 and at least
     `ops_gpu.FUSED_MIN_QUERIES` queries, so never a decode step), the mask as its bias."""
-    def windowed(attend):
+    def windowed(attend):  # `attend` over the first w slots of a static window, or each of a KVWindows' sizes
+        def over(w):
+            return lambda q, kt, v, mask: attend(q, kt[..., :w], v[:, :, :w], mask[..., :w])
+
         def run(q, kt, v, mask):
             if isinstance(window, KVWindows):
-                cut = lambda w: lambda *a: attend(a[0], a[1][..., :w], a[2][:, :, :w], a[3][..., :w])  # noqa: E731
-                return jax.lax.switch(window.index, [cut(w) for w in window.sizes], q, kt, v, mask)
-            if window is not None:
-                kt, v, mask = kt[..., :window], v[:, :, :window], mask[..., :window]
-            return attend(q, kt, v, mask)
+                return jax.lax.switch(window.index, [over(w) for w in window.sizes], q, kt, v, mask)
+            return attend(q, kt, v, mask) if window is None else over(window)(q, kt, v, mask)
         return run
 
     xla = windowed(functools.partial(attention, cfg))

@@ -45,22 +45,28 @@ def available() -> bool:
 
 def fusable(q_BxTxHxE, slots: int) -> bool:
     """Whether attention of these queries (static shape and dtype) over `slots` key slots goes to the fused kernel
-    in a CUDA program (even T and S: the kernel's backward with a bias needs them)."""
-    t, e, s = q_BxTxHxE.shape[1], q_BxTxHxE.shape[-1], slots
+    in a CUDA program."""
+    t, e = q_BxTxHxE.shape[1], q_BxTxHxE.shape[-1]
     return (q_BxTxHxE.dtype in (jnp.bfloat16, jnp.float16) and t >= FUSED_MIN_QUERIES and e % 8 == 0
-            and e <= MAX_HEAD_DIM and t % 2 == 0 and s % 2 == 0 and available())
+            and e <= MAX_HEAD_DIM and slots >= 1 and available())
 
 
 def kernel_args(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, causal_only: bool):
-    """The arguments of `jax.nn.dot_product_attention` for the model's layout: (query [B, T, H, E], key and value
-    [B, S, K, E] in the query's dtype, mask [B, 1, T, S] or None, is_causal). `causal_only`: `mask_BxTxS` is
-    exactly key slot <= query index (T = S), the kernel's own causal mask."""
+    """The arguments of `jax.nn.dot_product_attention` for the model's layout: (query [B, T', H, E], key and value
+    [B, S', K, E] in the query's dtype, mask [B, 1, T', S'] or None, is_causal). `causal_only`: `mask_BxTxS` is
+    exactly key slot <= query index (T = S), the kernel's own causal mask (T' = T, S' = S). Otherwise the mask is
+    the kernel's bias, whose backward takes even lengths only: an odd T gets one more query (every key masked:
+    its output is dropped), an odd S one more key slot (masked for every query: weight exactly 0)."""
     dt = q_BxTxHxE.dtype
     k = kt_BxKxExS.astype(dt).transpose(0, 3, 1, 2)
     v = v_BxKxSxE.astype(dt).transpose(0, 2, 1, 3)
     if causal_only:
         return q_BxTxHxE, k, v, None, True
-    return q_BxTxHxE, k, v, mask_BxTxS.astype(bool)[:, None], False
+    t, s = q_BxTxHxE.shape[1] % 2, k.shape[1] % 2
+    q = jnp.pad(q_BxTxHxE, ((0, 0), (0, t), (0, 0), (0, 0)))
+    k, v = (jnp.pad(x, ((0, 0), (0, s), (0, 0), (0, 0))) for x in (k, v))
+    mask = jnp.pad(mask_BxTxS.astype(bool), ((0, 0), (0, t), (0, s)))
+    return q, k, v, mask[:, None], False
 
 
 def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, *, causal_only: bool = False,
@@ -69,4 +75,5 @@ def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, *, causal_only: bool
     (`implementation` 'cudnn': the fused kernel; 'xla': jax's own, the same arguments on any platform). Query
     head h reads KV head h // (H / K) in both. Returns [B, T, H, E] in the query's dtype."""
     q, k, v, mask, causal = kernel_args(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, causal_only)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
+    return out[:, :q_BxTxHxE.shape[1]]
