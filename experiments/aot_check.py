@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import os
 
-# before jax is imported: several libtpu processes may coexist; no metadata server to query here
+# Before jax is imported. The compiles are deviceless (compile-only TPU / GPU topologies): no local accelerator is
+# initialised, and the CUDA plugin loads on a host without a GPU only when jax's backends are limited to the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Several libtpu processes may coexist; no metadata server to query here.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 

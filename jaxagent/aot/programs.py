@@ -157,7 +157,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None, world=None) -> lis
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_eval",
                                      rules=sharding.ROLLOUT_RULES))
     if want("eval_token_logprobs") or want("eval_reply_logprobs"):
-        progs += eval_programs(cfg, mesh, world, b, seq, want)
+        progs += eval_programs(cfg, mesh, world, preset.scoring_batch, seq, want)
     if want("plan_generate"):
         progs.append(plan_generate_program(preset, cfg, mesh, world, dtype=cdt))
     return Resident.of(cfg, mesh, run_mesh, arms, **step_kw).apply(progs, TRAIN_STEPS, ALONE)
@@ -165,7 +165,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None, world=None) -> lis
 
 def eval_programs(cfg, mesh, world, b, seq, want) -> list[Program]:
     """The evaluation drivers' jits (`jaxagent.eval.scoring`) as the FrozenLake eval stage runs them: likelihood
-    (`scoring.teacher_forced_logprobs`, chunks of b rows) and reply scoring (`scoring.reply_logprobs`, chunks
+    (`scoring.teacher_forced_logprobs`, chunks of b = `Preset.scoring_batch` rows) and reply scoring (`scoring.reply_logprobs`, chunks
     of `eval.score_batch` states), f32 params on `sharding.RULES`, rows over the batch axes, under the mesh."""
     rep = sharding.replicated(mesh)
     progs = []

@@ -65,6 +65,13 @@ class Preset:
         and of each R_single plan-generation call, so each of those programs fits where the training rollout does."""
         return self.n_tasks * self.group_size
 
+    @property
+    def scoring_batch(self) -> int:
+        """rollout_batch / micro_batches: the rows of each teacher-forced likelihood scoring call (finding 5), the
+        train step's micro-batch, so a forward over whole episodes on the f32 params fits where the train step's
+        forward and backward do (the dense f32 attention scores of 128 rows x 2,048 tokens alone are 32 GiB)."""
+        return self.rollout_batch // self.micro_batches
+
 
 def _toy_model(vocab: int = 128) -> Qwen3Config:
     # vocab is replaced by the toy tokenizer's size at run time
