@@ -26,6 +26,7 @@ from jaxagent.study.frozenlake.presets import PRESET_NOTES, PRESETS
 from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
 from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
 from jaxagent.study.run_dir import RunError
+from jaxagent.study.stages import ARMS as STUDY_ARMS
 
 MAX_SEED = MAX_PRNG_SEED - BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
 MAX_COUNT = MAX_ITERATIONS             # iterations, micro-batches, processes
@@ -140,6 +141,9 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's RL iterations per arm")
     p.add_argument("--seeds", type=seed_int, nargs="+", action=_Distinct, default=None,
                    help="override the preset's RL seeds")
+    p.add_argument("--arms", nargs="+", action=_Distinct, default=None, choices=sorted(STUDY_ARMS), metavar="ARM",
+                   help=f"override the preset's RL arms (of {', '.join(sorted(STUDY_ARMS))}); a finding that compares "
+                        "an arm left out is reported as not measured")
     if run_options:
         p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
                        help="run the preset on seeds shifted by N (RL seed k -> k+N, and the base SFT seed); "
@@ -250,6 +254,7 @@ def preset_from(args):
     try:
         preset = presets_lib.with_overrides(
             args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
+            arms=getattr(args, "arms", None),
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
             micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
             rehearsal=getattr(args, "rehearsal", False))

@@ -203,7 +203,7 @@ def needs_checkpoint(preset: Preset) -> bool:
 
 
 def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, iterations: Optional[int] = None,
-                   seeds=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
+                   seeds=None, arms=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
                    remat: Optional[str] = None, rehearsal: bool = False) -> Preset:
     """`preset` (or `PRESETS[preset]`) with the given fields replaced; a None (or empty) argument keeps the
     preset's value, and remat "none" means no activation checkpointing. `rehearsal`: the counts cut first
@@ -222,6 +222,8 @@ def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, it
         changes["iterations"] = iterations
     if seeds:
         changes["seeds"] = tuple(seeds)
+    if arms:
+        changes["arms"] = tuple(arms)
     if mesh:
         changes["mesh"] = tuple(mesh)
     if compute_dtype:
