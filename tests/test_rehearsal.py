@@ -115,3 +115,16 @@ def test_host_rehearsal_end_to_end_on_a_real_width_checkpoint(tmp_path):
     with open(run / "arms" / "grpo" / "seed0" / "metrics.jsonl") as f:
         it = json.loads(f.readline())
     assert it["iteration"] == 0 and it["tokens"] > 0  # the real tokenizer's replies were trained on
+
+
+def test_compile_cache_option_sets_jax_persistent_cache(tmp_path):
+    import jax
+    args = cli.parser("t", run_options=True).parse_args(["--preset", "ci", "--compile-cache", str(tmp_path / "c")])
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        cli.init_distributed(args)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "c")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
