@@ -375,18 +375,24 @@ def test_the_time_limit_is_hard_and_nothing_keeps_running(hard_env, name):
     assert env.step(state, "```sql\nSELECT 2\n```")[1].startswith("2")
 
 
-def test_temporary_data_is_bounded(hard_env):
+def test_temporary_data_is_bounded(tmp_path):
     """The wide CTE's temp data stays in the query process's capped heap: its peak resident memory is
-    under the cap plus the interpreter's own, and it writes nothing (no temp files)."""
-    env = hard_env
-    env.close()  # a fresh query process, so that its peak memory is this query's
-    state, _ = env.reset(0, _task(env, "shop-01"))
-    _, obs, _, _, _ = env.step(state, f"```sql\n{HARD_LIMIT['wide-recursive-cte']}\n```")
-    assert "out of memory" in obs, obs
-    (pid,) = env.queries.pids()
-    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
-    peak = int(status["VmHWM"].split()[0]) * 1024
-    written = int(dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines())["wchar"])
+    under the cap plus the interpreter's own, and it writes nothing (no temp files). Its own env, with a time limit
+    that a loaded machine cannot reach before the heap cap."""
+    env = SQLEnv(cache_dir=tmp_path / "sqlcache", time_limit_s=30.0)
+    try:
+        state, _ = env.reset(0, _task(env, "shop-01"))
+        assert env.step(state, "```sql\nSELECT 1\n```")[1].startswith("1")  # the databases are written
+        env.close()  # a fresh query process, so that its peak memory and writes are this query's
+        state, _ = env.reset(0, _task(env, "shop-01"))
+        _, obs, _, _, _ = env.step(state, f"```sql\n{HARD_LIMIT['wide-recursive-cte']}\n```")
+        assert "out of memory" in obs, obs
+        (pid,) = env.queries.pids()
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+        peak = int(status["VmHWM"].split()[0]) * 1024
+        written = int(dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines())["wchar"])
+    finally:
+        env.close()
     assert peak < HEAP_BOUND, peak
     assert written < 10_000, written  # answer lines only
 
