@@ -64,6 +64,14 @@ def _kind_ok(dtype, kind: str) -> bool:
             "number": is_bool or is_int or is_float}[kind]
 
 
+def is_kind(x, kind: str) -> bool:
+    """Whether the dtype of `x` (an array, a tracer or a Python number) is of `kind` (a `KINDS` key)."""
+    try:
+        return _kind_ok(_dtype(x), kind)
+    except (TypeError, ValueError):
+        return False
+
+
 def array(where: str, name: str, x, dims: Sequence[str], kind: str) -> tuple[int, ...]:
     """Check one argument: dtype `kind` (a `KINDS` key) and rank len(dims); returns its shape.
 
