@@ -27,7 +27,7 @@ from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
-from jaxagent.rl.loop import RLSettings, rl_iteration
+from jaxagent.rl.loop import RLSettings, iterate
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rl.train_state import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
@@ -450,14 +450,6 @@ def train_rl(world: ToyWorld, cfg: Qwen3Config, base_params, key, ts: TaskSettin
     rt = runtime or make_arm_runtime(world, cfg, ts, arm, mesh=mesh, compute_dtype=compute_dtype)
     if state is None:
         state = init_arm_state(rt, cfg, key, base_params)
-    history = []
-    start = int(state.data_pos) // arm.rl.n_tasks
-    for it in range(start, arm.iterations):
-        state, m, _ = rl_iteration(state, rollout_fn=rt.rollout_fn, sample_tasks_fn=ts.sample,
-                                   train_step=rt.train_step, settings=arm.rl, t_max=ts.t_max,
-                                   values_fn=rt.values_fn, logprobs_fn=rt.logprobs_fn)
-        m["iteration"] = it
-        history.append(m)
-        if callback is not None:
-            callback(it, m, state)
-    return state, history
+    return iterate(state, iterations=arm.iterations, rollout_fn=rt.rollout_fn, sample_tasks_fn=ts.sample,
+                   train_step=rt.train_step, settings=arm.rl, t_max=ts.t_max, values_fn=rt.values_fn,
+                   logprobs_fn=rt.logprobs_fn, callback=callback)
