@@ -196,6 +196,11 @@ coordinator_address.__name__ = "host:port"
 
 
 def add_distributed(p: argparse.ArgumentParser) -> None:
+    """The multi-host options, and --compile-cache (`init_distributed` applies both)."""
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="keep compiled programs in DIR (jax's persistent compilation cache) so that a resumed or "
+                        "repeated run skips their compiles: minutes per program for a real Qwen3 on a GPU or TPU "
+                        "host; a directory shared by the hosts of a pod, or one per host")
     g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
     g.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() before anything touches the devices, so the "
@@ -216,7 +221,10 @@ def init_distributed(args):
     """jax.distributed.initialize() when --distributed is given; must run before any device is touched. The job's
     processes get `--connect-timeout` seconds to connect (JAX's initialization_timeout); when they do not, XLA
     aborts the process with a stack trace, so a watchdog ends it first (JAX's deadline is a second later) with one
-    line."""
+    line. With --compile-cache, jax's persistent compilation cache is set first (compiles over 1 s are kept)."""
+    if getattr(args, "compile_cache", None):
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     given = {k: getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")}
     if not getattr(args, "distributed", False):
         extra = [k for k, v in given.items() if v is not None]
