@@ -303,7 +303,8 @@ def check_token_range(where: str, name: str, tokens, vocab_size: int) -> None:
         return
     if isinstance(tokens, jax.Array) and not tokens.is_fully_addressable:
         return  # another host's rows: each process checks its own
-    lo, hi = (int(v) for v in jax.device_get((jnp.min(tokens), jnp.max(tokens))))
+    with jax.ensure_compile_time_eval():  # concrete ids inside a trace (a constant of a jitted caller): eager
+        lo, hi = (int(v) for v in jax.device_get((jnp.min(tokens), jnp.max(tokens))))
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{where}: {name} holds token ids in [{lo}, {hi}] but the vocabulary has {vocab_size} "
                          f"(ids 0..{vocab_size - 1})")
