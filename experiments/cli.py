@@ -115,6 +115,12 @@ def preset_help(host: bool) -> str:
     return "study scale: " + "; ".join(lines)
 
 
+def summary(doc: str) -> str:
+    """A script's --help description: its docstring's first paragraph as one line (its first line alone may stop
+    mid-sentence)."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def script_prog(module: str | None = None) -> str:
     """`python -m experiments.<script>` for the usage line: of `module`, or of the script being run."""
     if module is None:

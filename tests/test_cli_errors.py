@@ -141,6 +141,20 @@ def test_help_names_the_command_and_shows_only_real_defaults(main, module, argv,
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "(default: runs)" in text  # --root's default, shown
     assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split()))  # never two in a row
+    # the description is the docstring's whole first paragraph: it ends a sentence, not mid-way
+    description = " ".join(text.split("\n\n")[1].split())
+    assert description.endswith((".", ".)")) and description in {
+        cli.summary(m.__doc__) for m in (reproduce, base, rl, sweep, host_study, mistakes)}
+
+
+def test_aot_check_usage_names_the_module_and_no_preset(capsys, monkeypatch):
+    from experiments import aot_check
+    monkeypatch.setenv("COLUMNS", "2000")    # no wrapping (argparse breaks lines at hyphens)
+    text = _help(aot_check.parse_args, [], capsys)
+    usage = " ".join(text.split("\n\n")[0].split())
+    assert usage.startswith("usage: python -m experiments.aot_check [-h] --preset PRESET ")
+    assert not [n for n in (*PRESETS, *HOST_PRESETS) if "-" in n and n in usage], usage   # in --preset's help
+    assert all(name in " ".join(text.split()) for name in (*PRESETS, *HOST_PRESETS))
 
 
 def test_mistakes_errors_are_one_line(capsys, tmp_path, monkeypatch):
@@ -169,7 +183,8 @@ def test_a_script_run_as_a_module_names_itself(monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------- compile time apart from the step rate
-def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
+def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest(monkeypatch):
+    monkeypatch.setattr(progress.ProgressBar, "QUICK_S", 0.5)
     lines = []
     bar = progress.ProgressBar(5, "base SFT", "step", log=lines.append)
     time.sleep(0.6)  # the first step: compiling
@@ -182,10 +197,18 @@ def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
         time.sleep(0.01)
         bar.step(loss="0.5")
     fmt = bar.bar.format_dict
-    assert bar.bar.n == 5 and fmt["initial"] == 1
+    assert bar.bar.n == 5 and fmt["initial"] == 1 and fmt["unit"] == "step"
     assert fmt["elapsed"] < 0.5  # the bar's clock started after the first step: its rate is 4 steps in ~0.05 s
     bar.close()
     resumed = progress.ProgressBar(10, "grpo seed 0", "iteration", initial=3, log=lines.append)
+    time.sleep(0.6)
     resumed.step(success="0.50")
     assert lines[-1].startswith("[grpo seed 0] iteration 4 of 10: ") and resumed.bar.n == 4
     resumed.close()
+    # a first step that compiled nothing (a result read back): no "it compiles" line; whole unit names
+    cached = progress.ProgressBar(3, "eval Pass@(K,T)", "policy", log=lines.append)
+    cached.step()
+    assert len(lines) == 2 and cached.bar.format_dict["unit"] == "policy"
+    cached.close()
+    assert [progress.plural(u) for u in ("policy", "step", "iteration", "day")] == [
+        "policies", "steps", "iterations", "days"]
