@@ -78,3 +78,12 @@ def test_with_overrides():
     assert presets.with_overrides("qwen3-0.6b-1gpu", checkpoint="/ckpt").checkpoint == "/ckpt"
     with pytest.raises(InvalidSettings, match="unknown preset 'nope'"):
         presets.with_overrides("nope")
+
+
+def test_report_banner_says_what_measures_nothing():
+    from jaxagent.study.host.presets import HOST_PRESETS
+    from jaxagent.study.stages import PLUMBING_NOTE, REHEARSAL_NOTE, report_banner
+    assert report_banner(PRESETS["ci"]) == {"plumbing check": PLUMBING_NOTE}
+    assert report_banner(HOST_PRESETS["ci-sql"]) == {"plumbing check": PLUMBING_NOTE}
+    assert report_banner(PRESETS["quick"]) == {} and report_banner(HOST_PRESETS["sql-toy"]) == {}
+    assert report_banner(presets.rehearsal_preset(PRESETS["qwen3-0.6b-1gpu"])) == {"rehearsal": REHEARSAL_NOTE}
