@@ -100,6 +100,7 @@ class CrashAt:
         pass
 
 
+@pytest.mark.slow  # ~40 s on a quiet 2-core host, 65 s loaded: two runs, each compiling the rollout or the train step
 def test_train_evaluates_logs_and_resumes_where_it_stopped(setup, tmp_path):
     """A 3-iteration run stopped during iteration 2 (its checkpoint of iteration 1 kept), then run again: it goes
     on from iteration 2 and computes what the uninterrupted run computed there."""
@@ -219,3 +220,26 @@ def test_iteration_warnings_name_the_figures():
     assert len(dead) == 1 and dead[0].startswith("every update had a zero gradient (grad_norm 0.0)")
     # PPO learns from its critic's values even when the rewards are equal: no warning from the groups
     assert iteration_warnings({"zero_advantage_groups": 1.0}, RLSettings(estimator="ppo", group_size=1)) == []
+
+
+def test_pass_kt_of_rows_tiers_and_estimator():
+    """A scripted rollout_fn: sample z of task 0 succeeds when z < T, task 1 never. Pass@k per task is
+    1 - C(Z - c, k) / C(Z, k) (Chen et al. 2021), then the mean over the two tasks."""
+    from types import SimpleNamespace
+
+    from jaxagent.eval.pass_drivers import pass_kt_of
+    calls = []
+
+    def scripted(params, rows, budgets, key):
+        calls.append(np.asarray(rows).tolist())
+        win = (np.asarray(rows) == 0) & (np.arange(8) % 4 < np.asarray(budgets))
+        return SimpleNamespace(success=jnp.asarray(win), status=jnp.zeros(8, jnp.int32),
+                               turns_used=jnp.asarray(budgets), generated_tokens=jnp.ones(8, jnp.int32))
+
+    with pytest.raises(ValueError, match="^t_max: give it, or a rollout_fn that holds its RolloutConfig"):
+        pass_kt_of(scripted, None, jnp.arange(2), jax.random.key(0), n_samples=4, ks=(1, 2))
+    res = pass_kt_of(scripted, None, jnp.arange(2), jax.random.key(0), n_samples=4, ks=(1, 2), tiers=(1, 2),
+                     t_max=2, n_boot=10)
+    assert calls == [[0, 0, 0, 0, 1, 1, 1, 1]] * 2
+    np.testing.assert_allclose(res["grid"], [[0.125, 0.25], [0.25, (1 - 1 / 6) / 2]], atol=1e-6)
+    assert res["tiers"].tolist() == [1, 2] and res["pass_at_t_k"] == 2

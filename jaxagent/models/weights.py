@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
@@ -242,18 +243,6 @@ def check_checkpoint(path) -> Qwen3Config:
     return _open_checkpoint(os.fspath(path), verify=False)[0]
 
 
-def _float_dtype(where: str, dtype):
-    """`dtype` as a floating numpy dtype; a TypeError naming the argument for anything else ('bf16', int8)."""
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{where}: dtype {dtype!r} is not a dtype; use jnp.bfloat16, jnp.float32 or their names "
-                        "('bfloat16', 'float32')") from None
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise TypeError(f"{where}: dtype must be a floating dtype (jnp.bfloat16, jnp.float32), got {dt}")
-    return dt
-
-
 def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True, check_finite: bool = True):
     """(cfg, params) from a local HF Qwen3 directory; tensors cast to `dtype`, sharded if `mesh`.
 
@@ -265,7 +254,7 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
     it); CheckpointError naming a missing, truncated or altered file. check_finite: CheckpointError naming
     the first tensor with a NaN or Inf (after the cast to `dtype`).
     """
-    dtype = _float_dtype("weights.load", dtype)
+    dtype = checks.float_dtype("weights.load: dtype", dtype)
     path = os.fspath(path)
     cfg, layout, where = _open_checkpoint(path, verify)
     shapes = qwen3.param_shapes(cfg)
