@@ -129,7 +129,8 @@ def _build(cls, data, where: str, path: str):
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise ValueError(f"{where}: {cls.__name__} has no field {path}{unknown[0]} (its fields: {', '.join(sorted(fields))})")
+        raise ValueError(f"{where}: {cls.__name__} has no field {path}{unknown[0]} (its fields: "
+                         f"{', '.join(sorted(fields))})")
     kwargs = {k: _convert(hints[k], v, where, f"{path}{k}") for k, v in data.items()}
     try:
         return cls(**kwargs)

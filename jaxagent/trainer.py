@@ -9,7 +9,10 @@ settings is refused, naming them); metrics and warning lines go to a logger (`rl
 `TrainConfig` is a frozen dataclass that `config_file` writes and reads as TOML.
 
 Not jitted as a whole (unlike purejaxrl's `train`): checkpoints, evaluation and logging run on the host between
-the jitted rollout and train step. Its own layer, above `eval`: it imports rl, rollout and eval.
+the jitted rollout and train step. Its own layer, above `eval`: it imports rl, rollout and eval. The FrozenLake
+study's arms run the same loop (`iterate`) but not `make_train`: their run directory records each arm x seed's
+settings, checks every update for divergence, logs R_single alongside, and evaluates every policy in three
+budget modes after training (`study.frozenlake.train`), none of which a single training run needs.
 """
 from __future__ import annotations
 

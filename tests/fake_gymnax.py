@@ -1,9 +1,10 @@
-"""A stand-in for the `gymnax` package where it is not installed (it is no dependency of jaxagent): `make("Catch-bsuite")`
-returns an environment with gymnax's calling convention (`reset(key, params) -> (obs, state)`, `step_env(key, state,
-action, params) -> (obs, state, reward, done, info)`) and bsuite Catch's rules: a ball starts in a random column of
-the top row of a 10 x 5 grid and falls one row per step; the paddle, in a random column of the bottom row, moves
-left, stays or moves right (actions 0, 1, 2); when the ball reaches the bottom row the episode ends, reward +1 if the
-paddle is under it, else -1. `module()` is the real gymnax when importable, else this stand-in as a module."""
+"""A stand-in for the `gymnax` package where it is not installed (it is no dependency of jaxagent):
+`make("Catch-bsuite")` returns an environment with gymnax's calling convention (`reset(key, params) -> (obs, state)`,
+`step_env(key, state, action, params) -> (obs, state, reward, done, info)`) and bsuite Catch's rules: a ball starts
+in a random column of the top row of a 10 x 5 grid and falls one row per step; the paddle, in a random column of the
+bottom row, moves left, stays or moves right (actions 0, 1, 2); when the ball reaches the bottom row the episode
+ends, reward +1 if the paddle is under it, else -1. `module()` is the real gymnax when importable, else this
+stand-in as a module."""
 import importlib.util
 import types
 from typing import NamedTuple

@@ -33,13 +33,10 @@ def run_page(name: str, replace: dict[str, str] = ()) -> dict:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     """A random Qwen3 (config.json + model.safetensors) and its tokenizer files, as a checkpoint directory."""
-    from jaxagent.models import Qwen3Config, build_word_tokenizer, init, save
+    from jaxagent.models import tiny_checkpoint as write
 
     path = tmp_path_factory.mktemp("qwen3-tiny")
-    tok = build_word_tokenizer(API_WORDS, path)
-    cfg = Qwen3Config(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    save(path, cfg, init(cfg, jax.random.key(0)))
+    write(path, API_WORDS)
     return path
 
 

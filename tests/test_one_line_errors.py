@@ -136,3 +136,15 @@ def test_env_mistakes_are_one_line(world):
     with pytest.raises(ValueError) as e:
         _roll(world, _Ping, np.asarray([2.0, 1.0]))
     assert one_line(e).startswith("budgets must be integers (turns per episode), got dtype float64")
+
+
+def test_tiny_checkpoint_loads_back(tmp_path):
+    from jaxagent.models import Tokenizer, tiny_checkpoint
+    cfg = tiny_checkpoint(tmp_path, ("ping", "pong"), hidden_size=16)
+    loaded_cfg, loaded = load(tmp_path)
+    assert loaded_cfg == cfg and (cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers) == (16, 4, 1)
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.vocab_size == cfg.vocab_size and tok.decode(tok.encode("ping pong")) == "ping pong"
+    assert forward(loaded, cfg, jnp.asarray([tok.encode("ping")], jnp.int32))[0].shape == (1, 1, cfg.vocab_size)
+    with pytest.raises(ValueError, match="tiny_checkpoint: hidden_size must be a positive multiple of 4, got 6"):
+        tiny_checkpoint(tmp_path, ("ping",), hidden_size=6)

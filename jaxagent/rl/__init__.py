@@ -29,8 +29,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'jaxagent.rl' has no attribute {name!r}")
 
 
-__all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loop", "optim", "train_state", "train_step",
-           "checkpoint",
+__all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loop", "optim", "train_state",
+           "train_step", "checkpoint",
            # advantages
            "grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "batch_group_advantages", "gae", "batch_gae",
            "gigpo_advantages", "batch_gigpo_advantages", "process_advantages", "broadcast_to_tokens",
@@ -41,4 +41,5 @@ __all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loo
            # training
            "make_optimizer", "make_schedule", "nonfinite_count", "LossSettings", "ValueSettings", "TrainState",
            "init_train_state", "abstract_train_state", "state_shardings", "make_train_step", "make_ppo_train_step",
-           "split_rng", "advance_data", "RLSettings", "rl_iteration", "iterate", "iteration_warnings", "compute_advantages"]
+           "split_rng", "advance_data", "RLSettings", "rl_iteration", "iterate", "iteration_warnings",
+           "compute_advantages"]

@@ -7,7 +7,8 @@ from jaxagent.envs.jax.budgets import (BUDGET_TEMPLATE, BudgetFormat, budget_tex
 from jaxagent.envs.jax.frozenlake import FrozenLake, FrozenLakeParams, FrozenLakeState, sample_tasks
 from jaxagent.envs.jax.text_codec import TextCodec, compact, concat, make_codec, parse_action, phrase_table, render
 
-__all__ = ["Env", "EnvStep", "Obs", "INFO_KEYS", "check_env", "check_anchor_rule", "TextCodec", "make_codec", "parse_action",
+__all__ = ["Env", "EnvStep", "Obs", "INFO_KEYS", "check_env", "check_anchor_rule", "TextCodec", "make_codec",
+           "parse_action",
            "phrase_table", "render", "concat", "compact", "BUDGET_TEMPLATE", "BudgetFormat", "budget_text", "budget_tiers",
            "budgetmix_candidates", "sample_budgetmix", "full_budget", "validate_budgets", "FrozenLake",
            "FrozenLakeParams", "FrozenLakeState", "sample_tasks"]

@@ -151,9 +151,9 @@ def check_anchor_rule(env, task, env_params, key=None, where: str = "check_ancho
         got, after = int(out.info["anchor"]), int(env.anchor(out.state))
         if got != before:
             slip = ", the anchor of the state AFTER the step" if got == after else ""
-            raise ValueError(f"{where}: {name}.step's info['anchor'] is {got}{slip}, after action {a} from a state whose "
-                             f"anchor is {before}: info['anchor'] must be anchor(state) of the state BEFORE the step "
-                             "(GiGPO groups the steps taken from equal states by it)")
+            raise ValueError(f"{where}: {name}.step's info['anchor'] is {got}{slip}, after action {a} from a state "
+                             f"whose anchor is {before}: info['anchor'] must be anchor(state) of the state BEFORE "
+                             "the step (GiGPO groups the steps taken from equal states by it)")
 
 
 def _check_obs(name, method, obs: Obs, where):
