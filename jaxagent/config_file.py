@@ -150,6 +150,8 @@ def _convert(hint, v, where: str, path: str):
             raise ValueError(f"{where}: {path} must be an array, got {v!r}")
         item = args[0] if args else Any
         return tuple(_convert(item, x, where, path) for x in v)
+    if hint is Any and isinstance(v, list):  # an untyped tuple field's items: frozen dataclasses hold tuples
+        return tuple(_convert(Any, x, where, path) for x in v)
     if hint is float and isinstance(v, int) and not isinstance(v, bool):
         return float(v)
     if hint in (int, float, bool, str) and not (isinstance(v, hint) and (hint is bool or not isinstance(v, bool))):

@@ -212,3 +212,27 @@ def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest(monkeypatch
     cached.close()
     assert [progress.plural(u) for u in ("policy", "step", "iteration", "day")] == [
         "policies", "steps", "iterations", "days"]
+
+
+def test_a_preset_as_a_toml_file_with_overrides(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--preset", "ci", "--dump-config"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# the study preset ci: python -m experiments.reproduce --config FILE")
+    assert "\n[task]\n" in text
+    (tmp_path / "ci.toml").write_text(text)
+    with pytest.raises(SystemExit):
+        reproduce.main(["--config", str(tmp_path / "ci.toml"), "--set", "iterations=3", "--set", "task.t_max=5",
+                        "--dump-config"])
+    again = capsys.readouterr().out
+    changed = {line for line in again.splitlines()} - set(text.splitlines())
+    assert changed == {"iterations = 3", "t_max = 5"}, changed
+    missing = str(tmp_path / "none.toml")
+    for argv, message in ((["--set", "task.t_maxx=5"], "error: config: TaskSettings has no field task.t_maxx"),
+                          (["--config", missing], "error: config file .*none.toml: cannot be read")):
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--preset", "ci", *argv, "--dump-config"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert re.match(message, err) and err.count("\n") == 1, err

@@ -243,3 +243,12 @@ def test_pass_kt_of_rows_tiers_and_estimator():
     assert calls == [[0, 0, 0, 0, 1, 1, 1, 1]] * 2
     np.testing.assert_allclose(res["grid"], [[0.125, 0.25], [0.25, (1 - 1 / 6) / 2]], atol=1e-6)
     assert res["tiers"].tolist() == [1, 2] and res["pass_at_t_k"] == 2
+
+
+def test_every_frozenlake_preset_round_trips_through_toml():
+    """(Host presets are not files yet: some hold None where the field's default is a number.)"""
+    import tomllib
+
+    from jaxagent.study.frozenlake.presets import PRESETS, Preset
+    for name, preset in PRESETS.items():
+        assert config_file.load(Preset, tomllib.loads(config_file.dumps(preset))) == preset, name
