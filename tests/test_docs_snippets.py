@@ -93,7 +93,7 @@ def custom_env_page():
 
 
 @pytest.mark.slow  # ~60 s on 2 busy cores with its fixture: a training run with evaluation, a gigpo iteration, Catch
-def test_custom_env_page_trains_evaluates_and_resumes(custom_env_page):
+def test_custom_env_page_trains_and_evaluates(custom_env_page):
     ns = custom_env_page
     result, out = ns["result"], ns["out"]
     assert [m["iteration"] for m in result.history] == [0, 1]
