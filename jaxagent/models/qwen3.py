@@ -286,7 +286,7 @@ def check_params(params, cfg: Qwen3Config, where: str = "qwen3.forward") -> None
                         "model's params dict (qwen3.init / weights.load)")
     embed = params["embed"]
     if tuple(getattr(embed, "shape", ())) != (cfg.vocab_size, cfg.hidden_size):
-        raise ValueError(f"{where}: params['embed'] is {checks.describe(embed)} but cfg says [V={cfg.vocab_size}, "
+        raise ValueError(f"{where}: params['embed'] is {list(getattr(embed, 'shape', ()))} but cfg says [V={cfg.vocab_size}, "
                          f"D={cfg.hidden_size}]: params and cfg belong to different models")
     for name, w in (("params['embed']", embed), *(("params['norm']", x) for x in jax.tree.leaves(params["norm"]))):
         dtype = getattr(w, "dtype", None)
