@@ -53,8 +53,9 @@ def table_line(rec: dict) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", required=True, choices=sorted(PRESETS) + sorted(HOST_PRESETS))
+    p = argparse.ArgumentParser(prog="python -m experiments.aot_check", description=__doc__.split("\n")[0])
+    names = sorted(PRESETS) + sorted(HOST_PRESETS)
+    p.add_argument("--preset", required=True, choices=names, metavar="PRESET", help="one of " + ", ".join(names))
     p.add_argument("--topology", default=None,
                    help="TPU topology, e.g. v5p:4x4x4, or GPUs of one host, e.g. h100:1x1x8 (default: the preset's)")
     p.add_argument("--target", default=None, choices=sorted(gpu.CARDS),

@@ -10,7 +10,7 @@ from jaxagent.study.frozenlake import train
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], prog="experiments.base", run_options=True).parse_args(argv)
+    args = cli.parser(cli.summary(__doc__), prog="experiments.base", run_options=True).parse_args(argv)
     with cli.clear_errors():
         run = cli.make_run(args)
         train.run_base(run, log=print, progress=progress.bars())

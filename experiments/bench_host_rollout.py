@@ -12,7 +12,7 @@ from jaxagent.bench.host_rollout import run_bench
 
 
 def main(argv=None):
-    p = cli.toy_base_parser("experiments.bench_host_rollout", __doc__.splitlines()[0])
+    p = cli.toy_base_parser("experiments.bench_host_rollout", cli.summary(__doc__))
     p.add_argument("--rollouts", type=cli.positive_int, default=16, help="timed rollouts per setting (default 16)")
     p.add_argument("--seed", type=int, default=1000, help="rollout i's key is seed + i (default 1000)")
     args = p.parse_args(argv)

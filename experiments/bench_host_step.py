@@ -13,7 +13,7 @@ from jaxagent.bench.host_step import run_bench
 
 
 def main(argv=None):
-    p = cli.toy_base_parser("experiments.bench_host_step", __doc__.splitlines()[0])
+    p = cli.toy_base_parser("experiments.bench_host_step", cli.summary(__doc__))
     p.add_argument("--steps", type=cli.positive_int, default=3, help="timed steps per setting (median; default 3)")
     p.add_argument("--seed", type=int, default=0, help="the rollout's and the permutation's key")
     args = p.parse_args(argv)

@@ -11,7 +11,7 @@ import os
 
 def main(argv=None):
     from experiments import cli
-    p = cli.Parser(prog=cli.script_prog("experiments.bench_mesh_options"), description=__doc__.splitlines()[0],
+    p = cli.Parser(prog=cli.script_prog("experiments.bench_mesh_options"), description=cli.summary(__doc__),
                    formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", default="ci-sql", help="host preset whose model and train-step options are used "
                                                       "(default ci-sql: the tiny random Qwen3 over Qwen3's vocabulary)")

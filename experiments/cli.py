@@ -19,6 +19,7 @@ import threading
 
 import jax
 
+from jaxagent import config_file
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models.config import CheckpointError
 from jaxagent.study.frozenlake import presets as presets_lib
@@ -115,6 +116,12 @@ def preset_help(host: bool) -> str:
     return "study scale: " + "; ".join(lines)
 
 
+def summary(doc: str) -> str:
+    """A script's --help description: its docstring's first paragraph as one line (its first line alone may stop
+    mid-sentence)."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def script_prog(module: str | None = None) -> str:
     """`python -m experiments.<script>` for the usage line: of `module`, or of the script being run."""
     if module is None:
@@ -133,6 +140,13 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
     names = sorted(PRESETS) + (sorted(HOST_PRESETS) if host_presets else [])
     p = Parser(prog=script_prog(prog), description=description, formatter_class=HelpFormatter)
     p.add_argument("--preset", default="quick", choices=names, metavar="PRESET", help=preset_help(host_presets))
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a FrozenLake preset as a TOML file (instead of --preset; --dump-config writes one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
+                        "(TOML values; repeatable)")
+    p.add_argument("--dump-config", action="store_true",
+                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
     p.add_argument("--name", default=None, help="run name: files go to <root>/<name> (default: the preset name)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None,
@@ -260,14 +274,22 @@ def preset_from(args):
     """The preset with the command line's overrides (`presets.with_overrides`); calls `init_distributed` (call
     this before anything touches the devices)."""
     try:
+        preset = args.preset
+        if getattr(args, "config", None) or getattr(args, "set", None):
+            source = args.config or config_file.to_dict(PRESETS[args.preset])
+            preset = config_file.load(presets_lib.Preset, source, args.set)
         preset = presets_lib.with_overrides(
-            args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
+            preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
             arms=getattr(args, "arms", None),
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
             micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
             rehearsal=getattr(args, "rehearsal", False))
-    except RunError as e:
+    except (RunError, ValueError) as e:
         fail(str(e))
+    if getattr(args, "dump_config", False):
+        emit(config_file.dumps(preset, header=f"the study preset {preset.name}: python -m experiments.reproduce "
+                                              "--config FILE [--set KEY=VALUE ...]"))
+        raise SystemExit(0)
     init_distributed(args)
     return preset
 

@@ -10,7 +10,7 @@ from jaxagent.study.frozenlake import evaluate, measure, report
 
 
 def main(argv=None):
-    args = cli.parser(__doc__.splitlines()[0], run_options=True).parse_args(argv)
+    args = cli.parser(cli.summary(__doc__), run_options=True).parse_args(argv)
     with cli.clear_errors():
         run = cli.make_run(args)
         base = run.load_policy(os.path.join(run.dir, "base"))

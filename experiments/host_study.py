@@ -18,7 +18,7 @@ from jaxagent.study.host.stages import HOST_ARMS
 
 
 def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
-    p = cli.Parser(prog=cli.script_prog(prog), description=__doc__.splitlines()[0], formatter_class=cli.HelpFormatter)
+    p = cli.Parser(prog=cli.script_prog(prog), description=cli.summary(__doc__), formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
                    help="domain and scale: " + ", ".join(sorted(HOST_PRESETS)) + " (ci-*: a tiny random Qwen3 with "
                         "the real tokenizer, minutes on a 2-core CPU; the others need --checkpoint)")

@@ -16,7 +16,7 @@ from jaxagent.study.host.stages import get_domain
 
 
 def main(argv=None):
-    p = cli.Parser(prog=cli.script_prog("experiments.mistakes"), description=__doc__.splitlines()[0],
+    p = cli.Parser(prog=cli.script_prog("experiments.mistakes"), description=cli.summary(__doc__),
                    formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
                    help="the preset the run was made with (sql-toy, code-toy, bfcl-toy)")

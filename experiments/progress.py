@@ -9,11 +9,19 @@ from tqdm import tqdm
 from jaxagent.study.run_dir import is_main_process
 
 
+def plural(unit: str) -> str:
+    """'step' -> 'steps', 'policy' -> 'policies'."""
+    return unit[:-1] + "ies" if unit.endswith("y") and unit[-2:-1] not in "aeiou" else unit + "s"
+
+
 class ProgressBar:
     """A tqdm bar over a stage's steps that starts after the first step. The first one also compiles the
     stage's programs, which on a CPU takes many times a later step (the `ci` preset's first SFT step: 25 s, the
     next three: a fraction of a second), so it gets its own line with its seconds and the bar's rate and ETA count
-    only the steps after it. Process 0 only."""
+    only the steps after it. A first step under `QUICK_S` compiled nothing (a result read back from the run
+    directory): no line. Process 0 only."""
+
+    QUICK_S = 1.0
 
     def __init__(self, total: int, desc: str, unit: str, *, initial: int = 0, log=print):
         self.total, self.desc, self.unit, self.initial, self.log = total, desc, unit, initial, log
@@ -21,11 +29,12 @@ class ProgressBar:
 
     def step(self, **postfix) -> None:
         if self.bar is None:
-            if is_main_process():
-                self.log(f"[{self.desc}] {self.unit} {self.initial + 1} of {self.total}: {time.time() - self.t0:.1f} s "
+            took = time.time() - self.t0
+            if is_main_process() and took >= self.QUICK_S:
+                self.log(f"[{self.desc}] {self.unit} {self.initial + 1} of {self.total}: {took:.1f} s "
                          f"(it compiles the programs the first time they run; the rate below counts the "
-                         f"{self.unit}s after it)")
-            self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit[:4], initial=self.initial + 1,
+                         f"{plural(self.unit)} after it)")
+            self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, initial=self.initial + 1,
                             disable=not is_main_process())
         else:
             self.bar.update(1)
@@ -34,7 +43,6 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
 
 
 def bars(log=print):

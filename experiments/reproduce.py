@@ -17,7 +17,7 @@ PROG = "experiments.reproduce"
 def main(argv=None):
     if host_study.wants(argv, PROG):  # a host-env domain preset (jaxagent/study/host/presets.py)
         return host_study.main(argv, prog=PROG)
-    args = cli.parser(__doc__.splitlines()[0], prog=PROG, run_options=True, host_presets=True).parse_args(argv)
+    args = cli.parser(cli.summary(__doc__), prog=PROG, run_options=True, host_presets=True).parse_args(argv)
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)

@@ -9,7 +9,7 @@ from jaxagent.study.stages import ARMS
 
 
 def main(argv=None):
-    p = cli.parser(__doc__.splitlines()[0], prog="experiments.rl", run_options=True)
+    p = cli.parser(cli.summary(__doc__), prog="experiments.rl", run_options=True)
     p.add_argument("--arm", nargs="+", default=None, choices=sorted(ARMS),
                    help="arms to train (default: the preset's arms)")
     args = p.parse_args(argv)

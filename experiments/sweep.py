@@ -23,7 +23,7 @@ say = functools.partial(print, flush=True)
 
 
 def main(argv=None):
-    p = cli.parser(__doc__.splitlines()[0], prog="experiments.sweep", run_options=True)
+    p = cli.parser(cli.summary(__doc__), prog="experiments.sweep", run_options=True)
     p.add_argument("--grid", default="recipe", choices=sorted(sweep_lib.GRIDS) + sorted(sweep_lib.BASE_GRIDS))
     p.add_argument("--only", nargs="*", default=None, help="settings of the grid to run (default: all)")
     p.add_argument("--arm", default="grpo", choices=sorted(stages.ARMS))

@@ -64,6 +64,27 @@ def _kind_ok(dtype, kind: str) -> bool:
             "number": is_bool or is_int or is_float}[kind]
 
 
+def is_kind(x, kind: str) -> bool:
+    """Whether the dtype of `x` (an array, a tracer or a Python number) is of `kind` (a `KINDS` key)."""
+    try:
+        return _kind_ok(_dtype(x), kind)
+    except (TypeError, ValueError):
+        return False
+
+
+def float_dtype(what: str, dtype, error: type = TypeError) -> np.dtype:
+    """`dtype` (a dtype or its name) as a floating numpy dtype; `error` (default TypeError) naming `what` for a
+    name that is no dtype ('bf16') or a dtype that is not floating (int8)."""
+    try:
+        dt = jax.numpy.dtype(dtype)
+    except TypeError:
+        raise error(f"{what} {dtype!r} is not a dtype; use jnp.bfloat16, jnp.float32 or their names ('bfloat16', "
+                    "'float32')") from None
+    if not jax.numpy.issubdtype(dt, jax.numpy.floating):
+        raise error(f"{what} must be a floating dtype (bfloat16, float32), got {dt}")
+    return dt
+
+
 def array(where: str, name: str, x, dims: Sequence[str], kind: str) -> tuple[int, ...]:
     """Check one argument: dtype `kind` (a `KINDS` key) and rank len(dims); returns its shape.
 

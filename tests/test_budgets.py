@@ -63,7 +63,9 @@ def test_sample_budgetmix_uniform():
 def test_full_budget_and_validate():
     assert np.asarray(bd.full_budget(3, 7)).tolist() == [7, 7, 7]
     assert bd.validate_budgets(jnp.asarray([1, 5, 10]), 10).tolist() == [1, 5, 10]
-    assert bd.validate_budgets(np.asarray([2.0, 3.0]), 10).tolist() == [2, 3]
+    for whole in (np.asarray([2.0, 3.0]), jnp.asarray([2.0, 3.0]), [2.0]):  # a float budget is refused, whole or not
+        with pytest.raises(ValueError, match="budgets must be integers .turns per episode., got dtype float"):
+            bd.validate_budgets(whole, 10, keep_on_device=True)
     with pytest.raises(ValueError, match=r"outside \[1, T_max=10\].*\[0\]"):
         bd.validate_budgets(jnp.asarray([3, 0, 4]), 10)
     with pytest.raises(ValueError, match=r"\[-2\]"):

@@ -141,6 +141,20 @@ def test_help_names_the_command_and_shows_only_real_defaults(main, module, argv,
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "(default: runs)" in text  # --root's default, shown
     assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split()))  # never two in a row
+    # the description is the docstring's whole first paragraph: it ends a sentence, not mid-way
+    description = " ".join(text.split("\n\n")[1].split())
+    assert description.endswith((".", ".)")) and description in {
+        cli.summary(m.__doc__) for m in (reproduce, base, rl, sweep, host_study, mistakes)}
+
+
+def test_aot_check_usage_names_the_module_and_no_preset(capsys, monkeypatch):
+    from experiments import aot_check
+    monkeypatch.setenv("COLUMNS", "2000")    # no wrapping (argparse breaks lines at hyphens)
+    text = _help(aot_check.parse_args, [], capsys)
+    usage = " ".join(text.split("\n\n")[0].split())
+    assert usage.startswith("usage: python -m experiments.aot_check [-h] --preset PRESET ")
+    assert not [n for n in (*PRESETS, *HOST_PRESETS) if "-" in n and n in usage], usage   # in --preset's help
+    assert all(name in " ".join(text.split()) for name in (*PRESETS, *HOST_PRESETS))
 
 
 def test_mistakes_errors_are_one_line(capsys, tmp_path, monkeypatch):
@@ -169,7 +183,8 @@ def test_a_script_run_as_a_module_names_itself(monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------- compile time apart from the step rate
-def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
+def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest(monkeypatch):
+    monkeypatch.setattr(progress.ProgressBar, "QUICK_S", 0.5)
     lines = []
     bar = progress.ProgressBar(5, "base SFT", "step", log=lines.append)
     time.sleep(0.6)  # the first step: compiling
@@ -182,10 +197,42 @@ def test_the_first_step_is_reported_apart_and_the_bar_rates_the_rest():
         time.sleep(0.01)
         bar.step(loss="0.5")
     fmt = bar.bar.format_dict
-    assert bar.bar.n == 5 and fmt["initial"] == 1
+    assert bar.bar.n == 5 and fmt["initial"] == 1 and fmt["unit"] == "step"
     assert fmt["elapsed"] < 0.5  # the bar's clock started after the first step: its rate is 4 steps in ~0.05 s
     bar.close()
     resumed = progress.ProgressBar(10, "grpo seed 0", "iteration", initial=3, log=lines.append)
+    time.sleep(0.6)
     resumed.step(success="0.50")
     assert lines[-1].startswith("[grpo seed 0] iteration 4 of 10: ") and resumed.bar.n == 4
     resumed.close()
+    # a first step that compiled nothing (a result read back): no "it compiles" line; whole unit names
+    cached = progress.ProgressBar(3, "eval Pass@(K,T)", "policy", log=lines.append)
+    cached.step()
+    assert len(lines) == 2 and cached.bar.format_dict["unit"] == "policy"
+    cached.close()
+    assert [progress.plural(u) for u in ("policy", "step", "iteration", "day")] == [
+        "policies", "steps", "iterations", "days"]
+
+
+def test_a_preset_as_a_toml_file_with_overrides(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--preset", "ci", "--dump-config"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# the study preset ci: python -m experiments.reproduce --config FILE")
+    assert "\n[task]\n" in text
+    (tmp_path / "ci.toml").write_text(text)
+    with pytest.raises(SystemExit):
+        reproduce.main(["--config", str(tmp_path / "ci.toml"), "--set", "iterations=3", "--set", "task.t_max=5",
+                        "--dump-config"])
+    again = capsys.readouterr().out
+    changed = {line for line in again.splitlines()} - set(text.splitlines())
+    assert changed == {"iterations = 3", "t_max = 5"}, changed
+    missing = str(tmp_path / "none.toml")
+    for argv, message in ((["--set", "task.t_maxx=5"], "error: config: TaskSettings has no field task.t_maxx"),
+                          (["--config", missing], "error: config file .*none.toml: cannot be read")):
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--preset", "ci", *argv, "--dump-config"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert re.match(message, err) and err.count("\n") == 1, err

@@ -33,13 +33,10 @@ def run_page(name: str, replace: dict[str, str] = ()) -> dict:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     """A random Qwen3 (config.json + model.safetensors) and its tokenizer files, as a checkpoint directory."""
-    from jaxagent.models import Qwen3Config, build_word_tokenizer, init, save
+    from jaxagent.models import tiny_checkpoint as write
 
     path = tmp_path_factory.mktemp("qwen3-tiny")
-    tok = build_word_tokenizer(API_WORDS, path)
-    cfg = Qwen3Config(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    save(path, cfg, init(cfg, jax.random.key(0)))
+    write(path, API_WORDS)
     return path
 
 
@@ -61,41 +58,100 @@ def test_api_page_runs(tiny_checkpoint):
     assert ((0 <= np.asarray(ns["grid_truncated_UxJ"])) & (np.asarray(ns["grid_truncated_UxJ"]) <= 1)).all()
 
 
+EXAMPLE_SECTIONS = ("## The environment", "## Training it")   # the page's example: at most 40 lines (the README's)
+
+
+def section_blocks(path: Path, heading: str) -> list[str]:
+    """The python blocks of one `## ` section of a page."""
+    text = path.read_text()
+    body = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```", body, flags=re.S | re.M)
+
+
+def test_custom_env_example_is_40_lines():
+    lines = [ln for h in EXAMPLE_SECTIONS for b in section_blocks(DOCS / "custom_env.md", h) for ln in b.splitlines()
+             if ln.strip()]
+    assert 30 < len(lines) <= 40, len(lines)
+
+
 @pytest.fixture(scope="module")
 def custom_env_page():
-    return run_page("custom_env.md")
+    """The page run as one script; `import gymnax` finds the real package when installed, else the stand-in of
+    tests/fake_gymnax.py (gymnax is no dependency)."""
+    import sys
+
+    from tests import fake_gymnax
+    saved = sys.modules.get("gymnax")
+    sys.modules["gymnax"] = fake_gymnax.module()
+    try:
+        return run_page("custom_env.md")
+    finally:
+        if saved is None:
+            sys.modules.pop("gymnax", None)
+        else:
+            sys.modules["gymnax"] = saved
 
 
-@pytest.mark.slow  # ~40 s on 2 busy cores with its fixture: a rollout, another batch size, the train step
-def test_custom_env_page_runs(custom_env_page):
+@pytest.mark.slow  # ~60 s on 2 busy cores with its fixture: a training run with evaluation, a gigpo iteration, Catch
+def test_custom_env_page_trains_and_evaluates(custom_env_page):
     ns = custom_env_page
-    tok, ro = ns["text"].tokenizer, ns["ro"]
-    first = tok.decode(np.asarray(ns["run"](ns["params"], np.asarray([3]), np.asarray([3]),
-                                            jax.random.key(1)).tokens[0]).tolist())
-    assert "Turn 1 of 3 . 3 turns left . Guess my number .<|im_end|>" in first
-    metrics = ns["metrics"]
-    assert np.isfinite(metrics["loss"]) and 0 <= metrics["success_rate"] <= 1 and metrics["tokens"] > 0
-    assert ro.tokens.shape[0] == 8  # n_tasks x group_size episodes
-    # the iteration updated the policy
-    before, after = np.asarray(ns["params"]["embed"]), np.asarray(ns["state"].params["embed"])
-    assert np.abs(after - before).max() > 0
+    result, out = ns["result"], ns["out"]
+    assert [m["iteration"] for m in result.history] == [0, 1]
+    first, last = result.history
+    # the first update: ratio 1 and zero-mean group advantages, so the loss is 0 while the gradient need not be
+    assert abs(first["loss"]) < 1e-6 and first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert set(first) >= {"zero_advantage_groups", "zero_gradient_updates", "success_rate", "grad_norm"}
+    assert (first["grad_norm"] == 0) == (first["zero_gradient_updates"] == 1)
+    # Pass@(K,T) after the last iteration only (eval_every 10 > 2 iterations): tiers 1..4, k 1 and 2
+    assert sorted(k for k in last if k.startswith("eval/")) == sorted(
+        f"eval/pass@{k}/T={t}" for k in (1, 2) for t in (1, 2, 3, 4))
+    assert not any(k.startswith("eval/") for k in first)
+    assert all(last[f"eval/pass@1/T={t}"] <= last[f"eval/pass@2/T={t}"] + 1e-9 for t in (1, 2, 3, 4))
+    # the log: one line per iteration, a warning line for each iteration whose updates all had a zero gradient
+    import json
+    rows = [json.loads(line) for line in open(f"{out}/metrics.jsonl")]
+    assert [r["step"] for r in rows if "warning" not in r] == [0, 1]
+    zero = [r["step"] for r in rows if r.get("zero_gradient_updates") == 1.0]
+    assert [r["step"] for r in rows if "warning" in r] == zero
+    assert ns["longer"].rl.budget_mode == "budgetmix" and ns["longer"].training_settings() != config_settings(ns)
+    # the tasks: start and goal 1 to 3 apart, never equal (an episode done at reset would succeed for free)
+    tasks = np.asarray(ns["sample_tasks"](jax.random.key(5), 256))
+    assert ((tasks[:, 1] - tasks[:, 0] >= 1) & (tasks[:, 1] - tasks[:, 0] <= 3) & (tasks[:, 1] <= 9)).all()
 
 
 @pytest.mark.slow  # shares the page's fixture
 def test_custom_env_step_rules(custom_env_page):
-    """The page's env on hand-written replies: higher / lower / correct, an invalid reply, a finished episode."""
-    env, codec = custom_env_page["env"], custom_env_page["text"].codec
-    state, obs = env.reset(None, 5, None)
+    """The page's env on hand-written replies: a move each way, the goal, an invalid reply, a finished episode,
+    the observation that shows the state, and the anchor of the state before the step."""
+    ns = custom_env_page
+    env, codec = ns["NumberLine"](ns["text"].codec), ns["text"].codec
+    state, obs = env.reset(None, np.asarray([3, 5]), None)
     answer = lambda d: np.asarray(codec.action_tokens_AxPa[d])  # noqa: E731
     words = lambda o: " ".join(codec.words[int(np.argmax(np.asarray(codec.table_WxWt)[:, 0] == t))]  # noqa: E731
                                for t in np.asarray(o.tokens)[:int(o.length)])
-    out = env.step(state, answer(2), 1, None)
-    assert words(out.obs) == "higher ." and float(out.reward) == 0 and not bool(out.done)
-    assert int(out.info["action"]) == 2
-    assert words(env.step(state, answer(9), 1, None).obs) == "lower ."
+    assert words(obs) == "at 3 goal 5 ."
+    right = env.step(state, answer(1), 1, None)
+    assert words(right.obs) == "at 4 goal 5 ." and float(right.reward) == 0 and not bool(right.done)
+    assert int(right.info["anchor"]) == 35 and int(env.anchor(right.state)) == 45   # the state before the step
+    assert words(env.step(state, answer(0), 1, None).obs) == "at 2 goal 5 ."
     bad = env.step(state, np.asarray([0, 0, 0]), 3, None)
-    assert words(bad.obs) == "invalid ." and not bool(bad.info["valid"]) and int(bad.info["action"]) == -1
-    hit = env.step(state, answer(5), 1, None)
-    assert words(hit.obs) == "correct ." and float(hit.reward) == 1 and bool(hit.done) and bool(hit.info["success"])
-    again = env.step(hit.state, answer(5), 1, None)
-    assert float(again.reward) == 0 and bool(again.done)
+    assert words(bad.obs) == "at 3 goal 5 ." and not bool(bad.info["valid"]) and int(bad.info["action"]) == -1
+    hit = env.step(right.state, answer(1), 1, None)
+    assert float(hit.reward) == 1 and bool(hit.done) and bool(hit.info["success"])
+    again = env.step(hit.state, answer(0), 1, None)
+    assert float(again.reward) == 0 and bool(again.done) and words(again.obs) == "at 5 goal 5 ."
+
+
+def config_settings(ns):
+    return ns["config"].training_settings()
+
+
+@pytest.mark.slow  # shares the page's fixture
+def test_custom_env_gymnax_block(custom_env_page):
+    """The Catch episodes: every observation says where the ball and the paddle are, 3 turns, not finished (the ball
+    needs 9 steps to land), so no reward."""
+    ns = custom_env_page
+    ro, tok = ns["c_ro"], ns["c_text"].tokenizer
+    text = tok.decode(np.asarray(ro.tokens[0, :int(ro.length[0])]).tolist())
+    assert len(re.findall(r"turns? left \. ball [0-4] paddle [0-4] \.", text)) == int(ro.turns_used[0]) == 3
+    assert not np.asarray(ro.success).any() and float(np.abs(np.asarray(ro.turns.reward)).sum()) == 0.0

@@ -78,3 +78,20 @@ def test_with_overrides():
     assert presets.with_overrides("qwen3-0.6b-1gpu", checkpoint="/ckpt").checkpoint == "/ckpt"
     with pytest.raises(InvalidSettings, match="unknown preset 'nope'"):
         presets.with_overrides("nope")
+
+
+def test_report_banner_says_what_measures_nothing():
+    from jaxagent.study.host.presets import HOST_PRESETS
+    from jaxagent.study.stages import PLUMBING_NOTE, REHEARSAL_NOTE, report_banner
+    assert report_banner(PRESETS["ci"]) == {"plumbing check": PLUMBING_NOTE}
+    assert report_banner(HOST_PRESETS["ci-sql"]) == {"plumbing check": PLUMBING_NOTE}
+    assert report_banner(PRESETS["quick"]) == {} and report_banner(HOST_PRESETS["sql-toy"]) == {}
+    assert report_banner(presets.rehearsal_preset(PRESETS["qwen3-0.6b-1gpu"])) == {"rehearsal": REHEARSAL_NOTE}
+
+
+def test_eta_line_counts_the_runs_that_trained():
+    from jaxagent.study.frozenlake.train import eta_line
+    assert eta_line([30.0, 0.1, 10.0], 7) == ("[RL] 3 of 7 arm x seed runs done (40 s); about 80 s left for 4 at "
+                                             "20 s each")
+    assert eta_line([0.1], 3) == "[RL] 1 of 3 arm x seed runs done (0 s); 2 left"
+    assert eta_line([5.0, 7.0], 2) == "[RL] 2 of 2 arm x seed runs done (12 s)"

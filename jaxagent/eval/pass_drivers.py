@@ -1,5 +1,5 @@
-"""Pass@(K,T) drivers on FrozenLake: a policy's Pass@(K,T) grid (`pass_kt`) and the exact structural bound
-(`upper_bound`).
+"""Pass@(K,T) drivers: any env through its rollout function (`pass_kt_of`); FrozenLake's grid in every budget mode
+with the study's row chunks and placement (`pass_kt`), and its exact structural bound (`upper_bound`).
 
 Dimension legend (CONVENTIONS.md): B episodes (rollout rows), P tasks, Z samples per task and tier, U budget
 tiers, J values of k, L map side, N turns. Axis order as in `passk`: tier, k, task, sample.
@@ -19,7 +19,7 @@ from jaxagent.eval import bounds, costs, passk
 from jaxagent.eval.driver_common import check_rcfg, n_rows, run_rollouts, to_host
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rollout import episode, types
-from jaxagent.rollout.jax_loop import RolloutConfig
+from jaxagent.rollout.jax_loop import RolloutConfig, t_max_of
 
 MODES = ("announced", "truncated", "hidden")
 
@@ -62,13 +62,7 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
     check_rcfg(rcfg, t_max)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    tiers_U = np.asarray(budgets_lib.budget_tiers(t_max) if tiers is None else tiers, np.int32)
-    budgets_lib.validate_budgets(tiers_U, t_max)
-    ks_J = np.asarray(ks, np.int32)
-    if int(n_samples) < 1 or ks_J.ndim != 1 or ks_J.size == 0 or ks_J.min() < 1 or ks_J.max() > n_samples:
-        raise ValueError(f"ks must be a non-empty list of k in [1, n_samples={n_samples}], got {list(ks)}")
-    n_tasks = n_rows(tasks)
-    rows = jax.tree.map(lambda x: jnp.repeat(jnp.asarray(x), n_samples, axis=0), tasks)
+    tiers_U, ks_J, n_tasks, rows = _grid(tasks, t_max, tiers, n_samples, ks)
     n_eps = n_tasks * n_samples
     k_roll, k_ci = jax.random.split(key)
     run = functools.partial(run_rollouts, world, cfg, params, rows, key=k_roll, env_params=env_params, rcfg=rcfg,
@@ -79,18 +73,57 @@ def pass_kt(world, cfg: Qwen3Config, params, tasks, key, *, t_max: int, tiers: O
         success_UxPxZ = passk.truncated_success(to_success_PxZ, tiers_U)
         per_tier = [_truncated_costs(r, int(t)) for t in tiers_U]
     else:
-        per_tier, success = [], []
-        for t in tiers_U:
-            r = run(budgets=np.full(n_eps, t), hide_budget=mode == "hidden")
-            per_tier.append((r.status, r.turns_used, r.generated_tokens))
-            success.append(r.success.reshape(n_tasks, n_samples))
-        success_UxPxZ = jnp.stack(success)
+        per_tier, success_UxPxZ = _per_tier(lambda t: run(budgets=np.full(n_eps, t), hide_budget=mode == "hidden"),
+                                            tiers_U, n_tasks, n_samples)
+    return _result(mode, tiers_U, ks_J, success_UxPxZ, per_tier, k_ci, n_boot)
+
+
+def _grid(tasks, t_max, tiers, n_samples, ks):
+    """The checked tiers [U] and ks [J], the task count P and each task's row repeated n_samples times."""
+    tiers_U = np.asarray(budgets_lib.budget_tiers(t_max) if tiers is None else tiers, np.int32)
+    budgets_lib.validate_budgets(tiers_U, t_max)
+    ks_J = np.asarray(ks, np.int32)
+    if int(n_samples) < 1 or ks_J.ndim != 1 or ks_J.size == 0 or ks_J.min() < 1 or ks_J.max() > n_samples:
+        raise ValueError(f"ks must be a non-empty list of k in [1, n_samples={n_samples}], got {list(ks)}")
+    rows = jax.tree.map(lambda x: jnp.repeat(jnp.asarray(x), n_samples, axis=0), tasks)
+    return tiers_U, ks_J, n_rows(tasks), rows
+
+
+def _per_tier(run_at, tiers_U, n_tasks, n_samples):
+    """Separate rollouts per tier (`run_at(t)`): their (status, turns, tokens) and success [U, P, Z]."""
+    per_tier, success = [], []
+    for t in tiers_U:
+        r = run_at(t)
+        per_tier.append((r.status, r.turns_used, r.generated_tokens))
+        success.append(r.success.reshape(n_tasks, n_samples))
+    return per_tier, jnp.stack(success)
+
+
+def _result(mode, tiers_U, ks_J, success_UxPxZ, per_tier, k_ci, n_boot) -> dict:
     status_U, turns_U, tokens_U = (jnp.stack(x) for x in zip(*per_tier))
     kmax = int(np.argmax(ks_J))
     stats = _pass_stats(success_UxPxZ, status_U, turns_U, tokens_U, jnp.asarray(ks_J), k_ci, kmax=kmax,
                         n_boot=int(n_boot))
     return to_host({"mode": mode, "tiers": tiers_U, "ks": ks_J, "success": success_UxPxZ,
-                     "pass_at_t_k": int(ks_J[kmax]), **stats})
+                    "pass_at_t_k": int(ks_J[kmax]), **stats})
+
+
+def pass_kt_of(rollout_fn, params, tasks, key, *, n_samples: int, ks: Sequence[int],
+               tiers: Optional[Sequence[int]] = None, t_max: Optional[int] = None, n_boot: int = 1000) -> dict:
+    """Pass@(K,T) of one policy on any env, announced mode: for each budget tier T, `rollout_fn(params, rows,
+    budgets, key)` runs n_samples episodes of each of the P tasks (row = task * Z + sample, every tier with the same
+    key) with budget T announced. Estimator as `pass_kt` (Chen et al. 2021 eq. 1 per task and tier, then the mean
+    over tasks). `tasks`: a pytree with P rows per leaf; tiers default to `budgets.budget_tiers(T_max)`, T_max read
+    from the rollout_fn's RolloutConfig (`rollout.make_rollout_fn`) unless given. Returns tiers [U], ks [J],
+    grid [U, J], per_task [U, J, P], success [U, P, Z], pass_at_t [U] at K = max(ks) with its task-bootstrap CI
+    pass_at_t_ci, and `costs.cost_summary` per tier."""
+    t_max = t_max_of(rollout_fn, t_max)
+    tiers_U, ks_J, n_tasks, rows = _grid(tasks, t_max, tiers, n_samples, ks)
+    k_roll, k_ci = jax.random.split(key)
+    per_tier, success_UxPxZ = _per_tier(
+        lambda t: rollout_fn(params, rows, jnp.full((n_tasks * n_samples,), t, jnp.int32), k_roll),
+        tiers_U, n_tasks, n_samples)
+    return _result("announced", tiers_U, ks_J, success_UxPxZ, per_tier, k_ci, n_boot)
 
 
 @functools.partial(jax.jit, static_argnames=("kmax", "n_boot"))

@@ -12,7 +12,7 @@ _EXPORTS = {
     "qwen3": ("forward", "hidden_states", "init", "init_cache"),
     "config": ("Qwen3Config",),
     "tokenizer": ("Tokenizer", "build_word_tokenizer"),
-    "weights": ("load", "save"),
+    "weights": ("load", "save", "tiny_checkpoint"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = ("chat", "qwen3")

@@ -271,24 +271,63 @@ def unembed(params: Params, cfg: Qwen3Config, h_BxTxD, *, mesh=None):
     return shd.constrain(ops.unembed(cfg, params, h_BxTxD), LOGITS_AXES, mesh)
 
 
+PARAM_KEYS = ("embed", "layers", "norm")  # what every params dict of the model has (`init`, `weights.load`)
+
+
+def check_params(params, cfg: Qwen3Config, where: str = "qwen3.forward") -> None:
+    """The params dict of `cfg`'s model: its top-level keys, the embedding's shape and a floating dtype (one
+    TypeError / ValueError naming what is wrong; shapes and dtypes only, so at trace time too)."""
+    if not isinstance(params, dict):
+        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / weights.load); got "
+                        f"{type(params).__name__}")
+    missing = [k for k in PARAM_KEYS if k not in params]
+    if missing:
+        raise TypeError(f"{where}: params lacks {missing} (it has {sorted(map(str, params))[:8]}): pass the "
+                        "model's params dict (qwen3.init / weights.load)")
+    embed = params["embed"]
+    if tuple(getattr(embed, "shape", ())) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{where}: params['embed'] is {list(getattr(embed, 'shape', ()))} but cfg says [V={cfg.vocab_size}, "
+                         f"D={cfg.hidden_size}]: params and cfg belong to different models")
+    for name, w in (("params['embed']", embed), *(("params['norm']", x) for x in jax.tree.leaves(params["norm"]))):
+        dtype = getattr(w, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"{where}: the weights must be floating-point (float32, bfloat16, float16); "
+                            f"{name} is {checks.describe(w)}")
+
+
+def check_token_range(where: str, name: str, tokens, vocab_size: int) -> None:
+    """ValueError when concrete token ids fall outside [0, vocab_size). Traced ids (under `jax.jit`, `vmap`,
+    `eval_shape`) are not checked: no value exists while tracing, and a check in the program would change it;
+    the model clips them into range there (`hidden_states`)."""
+    if isinstance(tokens, jax.core.Tracer) or not getattr(tokens, "size", 0):
+        return
+    if isinstance(tokens, jax.Array) and not tokens.is_fully_addressable:
+        return  # another host's rows: each process checks its own
+    with jax.ensure_compile_time_eval():  # concrete ids inside a trace (a constant of a jitted caller): eager
+        lo, hi = (int(v) for v in jax.device_get((jnp.min(tokens), jnp.max(tokens))))
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{where}: {name} holds token ids in [{lo}, {hi}] but the vocabulary has {vocab_size} "
+                         f"(ids 0..{vocab_size - 1})")
+
+
 def _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index):
-    """`forward`'s arguments by type, shape and dtype (`jaxagent.checks`: at trace time, free when compiled)."""
+    """`forward`'s arguments by type, shape and dtype (`jaxagent.checks`: at trace time, free when compiled), and
+    the token ids' range when they are concrete (`check_token_range`)."""
     where = "qwen3.forward"
     if not isinstance(cfg, Qwen3Config):
         raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
-    embed = params.get("embed") if isinstance(params, dict) else None
-    if embed is None:
-        raise TypeError(f"{where}: params must be the model's params dict (qwen3.init / weights.load); got "
-                        f"{type(params).__name__}")
-    if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
-        raise ValueError(f"{where}: params['embed'] is {list(embed.shape)} but cfg says [V={cfg.vocab_size}, "
-                         f"D={cfg.hidden_size}]: params and cfg belong to different models")
+    check_params(params, cfg, where)
     if cache is not None and not (isinstance(cache, dict) and "length" in cache):
         raise TypeError(f"{where}: cache must be a dict from qwen3.init_cache; got {type(cache).__name__}")
+    for name, x in (("tokens_BxT", tokens_BxT), ("positions", positions), ("attention_mask", attention_mask),
+                    ("n_valid", n_valid), ("logits_index", logits_index)):
+        if x is not None and not hasattr(x, "shape"):  # as jax.numpy: a list is no array
+            raise TypeError(f"{where}: {name} must be an array (jnp.asarray(x, jnp.int32)); got {type(x).__name__}")
     checks.arrays(where, [("tokens_BxT", tokens_BxT, "BT", "integer"), ("positions", positions, "BT", "integer"),
                           ("attention_mask", attention_mask, "BT", "number"), ("n_valid", n_valid, "B", "integer"),
                           ("logits_index", logits_index, "B", "integer"),
                           ("cache['length']", None if cache is None else cache["length"], "B", "integer")])
+    check_token_range(where, "tokens_BxT", tokens_BxT, cfg.vocab_size)
 
 
 def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
@@ -314,7 +353,9 @@ def forward(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, att
     their logits equal the XLA path's up to f32 rounding, the other positions' are unspecified (0
     there). Programs for other platforms compute the same as with `params`. Not differentiable.
     `remat`, `mesh`: see `hidden_states` (`mesh` also pins the logits to `LOGITS_AXES`).
-    Arguments of the wrong kind, rank or dtype (e.g. float tokens) raise TypeError / ValueError naming them.
+    Arguments of the wrong kind, rank or dtype (e.g. float tokens, a list, integer weights) raise TypeError /
+    ValueError naming them; concrete token ids outside [0, V) raise ValueError. Under `jax.jit` (traced ids)
+    out-of-range ids are clipped into range instead: a check there would need a value the trace does not have.
     """
     _check_forward_args(params, cfg, tokens_BxT, positions, attention_mask, cache, n_valid, logits_index)
     h, cache = hidden_states(params, cfg, tokens_BxT, positions=positions, attention_mask=attention_mask,

@@ -26,13 +26,14 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxagent import checks
 from jaxagent import sharding as shd
 from jaxagent.models import qwen3
 from jaxagent.models.config import CheckpointError, Qwen3Config
@@ -253,6 +254,7 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
     it); CheckpointError naming a missing, truncated or altered file. check_finite: CheckpointError naming
     the first tensor with a NaN or Inf (after the cast to `dtype`).
     """
+    dtype = checks.float_dtype("weights.load: dtype", dtype)
     path = os.fspath(path)
     cfg, layout, where = _open_checkpoint(path, verify)
     shapes = qwen3.param_shapes(cfg)
@@ -319,3 +321,20 @@ def save(path, cfg: Qwen3Config, params, *, max_shard_bytes: int = 4 << 30) -> N
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf_dict(dtype_name), f, indent=1)
     write_manifest(path, written)
+
+
+def tiny_checkpoint(path, words: Sequence[str], *, seed: int = 0, hidden_size: int = 32,
+                    num_hidden_layers: int = 1) -> Qwen3Config:
+    """A random tiny Qwen3 written to `path` as a checkpoint directory (config.json, model.safetensors) with a
+    word-level tokenizer over `words` (`tokenizer.build_word_tokenizer`, which adds Qwen3's chat tokens):
+    `load(path)` and `Tokenizer.from_dir(path)` read it back. Offline; for tests, docs and plumbing runs (it knows
+    nothing). 4 query and 2 KV heads of hidden_size / 4; returns its config."""
+    from jaxagent.models.tokenizer import build_word_tokenizer
+    if hidden_size < 4 or hidden_size % 4:
+        raise ValueError(f"tiny_checkpoint: hidden_size must be a positive multiple of 4, got {hidden_size}")
+    tok = build_word_tokenizer(words, path)
+    cfg = Qwen3Config(vocab_size=tok.vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=hidden_size // 4)
+    save(path, cfg, qwen3.init(cfg, jax.random.key(seed)))
+    return cfg

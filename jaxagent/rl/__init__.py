@@ -1,18 +1,19 @@
 """RL: advantages (one group / one trajectory, then vmapped), losses, GRPO's loss in one call (`grpo_loss`),
-the critic, the optimizer, the sharded train step, one RL iteration (`rl_iteration`) and checkpoints.
+the critic, the optimizer, the sharded train step, one RL iteration (`rl_iteration`) and its loop (`iterate`),
+loggers and checkpoints. A whole training run on any env (evaluation, checkpoints, logs): `jaxagent.trainer`.
 
 String options take enum members that are static under `jax.jit` (`AggMode`, `KLEstimator`,
 `GroupEstimator`, `NormMode`) or their strings. `checkpoint` (orbax) is imported lazily: `jaxagent.rl.checkpoint`
 loads it on first use.
 """
-from jaxagent.rl import advantages, critic, grpo, logprobs, loop, losses, optim, train_state, train_step
+from jaxagent.rl import advantages, critic, grpo, loggers, logprobs, loop, losses, optim, train_state, train_step
 from jaxagent.rl.advantages import (GroupEstimator, NormMode, batch_broadcast_to_tokens, batch_gae,
                                     batch_gigpo_advantages, batch_group_advantages, broadcast_to_tokens,
                                     dr_grpo_advantages, gae, gigpo_advantages, grpo_advantages, process_advantages,
                                     rloo_advantages)
 from jaxagent.rl.grpo import grpo_loss
 from jaxagent.rl.logprobs import token_logprobs
-from jaxagent.rl.loop import RLSettings, compute_advantages, rl_iteration
+from jaxagent.rl.loop import RLSettings, compute_advantages, iterate, iteration_warnings, rl_iteration
 from jaxagent.rl.losses import (AggMode, KLEstimator, aggregate, entropy_from_logits, exact_kl, kl_penalty,
                                 policy_loss, ppo_clip_objective, value_loss)
 from jaxagent.rl.optim import make_optimizer, make_schedule, nonfinite_count
@@ -28,8 +29,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'jaxagent.rl' has no attribute {name!r}")
 
 
-__all__ = ["advantages", "losses", "grpo", "critic", "logprobs", "loop", "optim", "train_state", "train_step",
-           "checkpoint",
+__all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loop", "optim", "train_state",
+           "train_step", "checkpoint",
            # advantages
            "grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "batch_group_advantages", "gae", "batch_gae",
            "gigpo_advantages", "batch_gigpo_advantages", "process_advantages", "broadcast_to_tokens",
@@ -40,4 +41,5 @@ __all__ = ["advantages", "losses", "grpo", "critic", "logprobs", "loop", "optim"
            # training
            "make_optimizer", "make_schedule", "nonfinite_count", "LossSettings", "ValueSettings", "TrainState",
            "init_train_state", "abstract_train_state", "state_shardings", "make_train_step", "make_ppo_train_step",
-           "split_rng", "advance_data", "RLSettings", "rl_iteration", "compute_advantages"]
+           "split_rng", "advance_data", "RLSettings", "rl_iteration", "iterate", "iteration_warnings",
+           "compute_advantages"]

@@ -21,6 +21,7 @@ from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl.train_state import TrainState, advance_data, split_rng
 from jaxagent.rollout.episode import finished
+from jaxagent.rollout.jax_loop import t_max_of
 from jaxagent.rollout.types import Rollout
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "process", "ppo")
@@ -122,14 +123,21 @@ def sample_budgets(key, settings: RLSettings, t_max: int):
 
 
 def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sample_tasks_fn: Callable,
-                 train_step: Callable, settings: RLSettings, t_max: int,
+                 train_step: Callable, settings: RLSettings, t_max: Optional[int] = None,
                  values_fn: Optional[Callable] = None,
                  logprobs_fn: Optional[Callable] = None) -> tuple[TrainState, dict, Rollout]:
     """One RL iteration: sample n_tasks tasks, G rollouts each (budgets full or BudgetMix), compute
     advantages, then `epochs` passes of `minibatches` updates over the shuffled episodes.
 
-    Returns the new state, metrics (rollout statistics + the mean of the train-step metrics) and the
-    rollout. `values_fn(critic_params, tokens) -> [B, S]` is needed for PPO.
+    `rollout_fn(params, tasks, budgets, key) -> Rollout`; `t_max` (the budgets' ceiling) is read from the
+    rollout_fn's RolloutConfig when it holds one (`rollout.make_rollout_fn`, `rollout.t_max_of`).
+    `sample_tasks_fn(key, n) -> tasks`: a pytree whose leaves have n rows, one per task (task i is row i of
+    every leaf); each row is repeated G times for its group, and `budget_mode` 'full' gives every episode
+    T_max turns, 'budgetmix' one budget per group drawn from `budgets.budgetmix_candidates(T_max)`.
+
+    Returns the new state, metrics (rollout statistics + the mean of the train-step metrics, and
+    `zero_advantage_groups` / `zero_gradient_updates`, see `iteration_warnings`) and the rollout.
+    `values_fn(critic_params, tokens) -> [B, S]` is needed for PPO.
 
     `logprobs_fn(params, tokens) -> [B, S]` (the trainer's log-probs, e.g. `logprobs.make_logprobs_fn`;
     given with a truncated-IS train step, `LossSettings.tis_cap`): when the iteration makes more than
@@ -145,6 +153,7 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
     forward is pi_old (exact, no extra forward) and `logprobs_fn` is not called; without it the
     sampler's log-probs are pi_old in every update.
     """
+    t_max = t_max_of(rollout_fn, t_max)
     state, key = split_rng(state)
     k_task, k_budget, k_roll, k_shuffle = jax.random.split(key, 4)
     tasks = sample_tasks_fn(k_task, settings.n_tasks)
@@ -175,7 +184,51 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
             metrics[k] = float(train_metrics[0][k])
     metrics.update(rollout_metrics(ro))
     metrics["kept_fraction"] = float(np.mean(np.asarray(keep)))
+    r_PxG = np.asarray(ro.episode_return).reshape(-1, settings.group_size)
+    metrics["zero_advantage_groups"] = float(np.mean((r_PxG == r_PxG[:, :1]).all(axis=1)))
+    if "grad_norm" in train_metrics[0]:
+        metrics["zero_gradient_updates"] = float(np.mean([float(m["grad_norm"]) == 0.0 for m in train_metrics]))
     return state, metrics, ro
+
+
+def iterate(state: TrainState, *, iterations: int, rollout_fn: Callable[..., Rollout], sample_tasks_fn: Callable,
+            train_step: Callable, settings: RLSettings, t_max: Optional[int] = None,
+            values_fn: Optional[Callable] = None, logprobs_fn: Optional[Callable] = None,
+            callback: Optional[Callable[[int, dict, TrainState], None]] = None) -> tuple[TrainState, list[dict]]:
+    """`rl_iteration` from the state's iteration (data_pos // n_tasks: 0 when fresh, the next one when restored)
+    up to `iterations`; each metrics dict gets its "iteration" and goes to `callback(iteration, metrics, state)`
+    (which may add to it: logging, evaluation, checkpoints). Returns the last state and the metrics of the
+    iterations run here. The loop of `jaxagent.trainer.make_train` and of the FrozenLake study's arms."""
+    history = []
+    for it in range(int(state.data_pos) // settings.n_tasks, iterations):
+        state, m, _ = rl_iteration(state, rollout_fn=rollout_fn, sample_tasks_fn=sample_tasks_fn,
+                                   train_step=train_step, settings=settings, t_max=t_max, values_fn=values_fn,
+                                   logprobs_fn=logprobs_fn)
+        m["iteration"] = it
+        history.append(m)
+        if callback is not None:
+            callback(it, m, state)
+    return state, history
+
+
+def iteration_warnings(metrics: dict, settings: RLSettings) -> list[str]:
+    """One line per sign that an iteration learned nothing, from `rl_iteration`'s metrics:
+      zero_advantage_groups = (1/P) sum_p 1[R_p1 = ... = R_pG], the share of groups whose G outcome rewards are
+        all equal; GRPO, Dr.GRPO and RLOO give such a group zero advantage (Shao et al. 2024, eq. 3: A_i =
+        (R_i - mean R) / std R; DAPO's dynamic sampling, Yu et al. 2025, drops them for that reason). 1.0 with
+        an outcome estimator: no policy-gradient signal at all (an env where every episode succeeds or fails);
+      zero_gradient_updates = the share of this iteration's updates whose gradient norm was exactly 0.
+    The library prints nothing: `rl.trainer` hands these lines to its logger."""
+    out = []
+    if metrics.get("zero_gradient_updates", 0.0) >= 1.0:
+        out.append(f"every update had a zero gradient (grad_norm 0.0): nothing was learned; zero_advantage_groups "
+                   f"{metrics.get('zero_advantage_groups', float('nan')):.2f}, success_rate "
+                   f"{metrics.get('success_rate', float('nan')):.2f}")
+    elif metrics.get("zero_advantage_groups", 0.0) >= 1.0 and settings.estimator in ("grpo", "dr_grpo", "rloo"):
+        out.append(f"every group's {settings.group_size} rewards were equal (zero_advantage_groups 1.00, "
+                   f"success_rate {metrics.get('success_rate', float('nan')):.2f}): {settings.estimator} has no "
+                   "policy-gradient signal this iteration")
+    return out
 
 
 def rollout_metrics(ro: Rollout) -> dict:

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.envs.jax import base
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.envs.jax.budgets import BudgetFormat
 from jaxagent.envs.jax.text_codec import concat, render
@@ -148,7 +149,7 @@ def observation_size(env, tasks, env_params) -> int:
     if hasattr(env, "obs_size"):
         return int(env.obs_size)
     task = jax.tree.map(lambda x: x[0], tasks)
-    _, obs = jax.eval_shape(env.reset, jax.random.key(0), task, env_params)
+    obs = base.check_reset(env, jax.eval_shape(env.reset, jax.random.key(0), task, env_params))
     return int(obs.tokens.shape[-1])
 
 

@@ -116,6 +116,44 @@ def rollout(params, cfg: Qwen3Config, env, layout: ChatLayout, fmt: BudgetFormat
                        fmt=fmt, rcfg=rcfg)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RolloutFn:
+    """`rollout` with the model config, env, text pieces, env params and settings bound: the
+    `rollout_fn(params, tasks, budgets, key) -> Rollout` that `rl.rl_iteration`, `rl.make_train` and
+    `eval.pass_kt_of` take. It holds the RolloutConfig (`rcfg`), so T_max is given once."""
+
+    cfg: Qwen3Config
+    env: Any
+    layout: ChatLayout
+    fmt: BudgetFormat
+    rcfg: RolloutConfig
+    env_params: Any = None
+
+    def __call__(self, params, tasks, budgets, key, *, hide_budget=False, forced_actions=None) -> types.Rollout:
+        return rollout(params, self.cfg, self.env, self.layout, self.fmt, tasks, budgets, key, self.env_params,
+                       self.rcfg, hide_budget=hide_budget, forced_actions=forced_actions)
+
+
+def make_rollout_fn(cfg: Qwen3Config, env, text, rcfg: RolloutConfig, env_params=None) -> RolloutFn:
+    """The `RolloutFn` of `env` with `text`'s chat layout and budget format (`rollout.env_text`'s EnvText, or any
+    object with `layout` and `fmt`); the env is checked here (`envs.jax.base.check_env`)."""
+    base.check_env(env, "make_rollout_fn")
+    if not isinstance(rcfg, RolloutConfig):
+        raise TypeError(f"make_rollout_fn: rcfg must be a RolloutConfig; got {type(rcfg).__name__}")
+    return RolloutFn(cfg, env, text.layout, text.fmt, rcfg, env_params)
+
+
+def t_max_of(rollout_fn, t_max: Optional[int] = None) -> int:
+    """T_max of an iteration's budgets: `t_max`, else the `rcfg.t_max` of a rollout function that carries its
+    RolloutConfig (`rollout.make_rollout_fn`); both given, they must agree."""
+    held = getattr(getattr(rollout_fn, "rcfg", None), "t_max", None)
+    if t_max is None and held is None:
+        raise ValueError("t_max: give it, or a rollout_fn that holds its RolloutConfig (rollout.make_rollout_fn)")
+    if t_max is not None and held is not None and int(t_max) != int(held):
+        raise ValueError(f"t_max={t_max} differs from the rollout_fn's RolloutConfig t_max={held}")
+    return int(held if t_max is None else t_max)
+
+
 def _reset(env, key, task, env_params):
     """One episode's reset, its output checked while traced (`base.check_reset`)."""
     out = env.reset(key, task, env_params)

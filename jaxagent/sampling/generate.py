@@ -15,7 +15,9 @@ evaluation rollouts (`study.stages`, `eval.driver_common`) and `generate` use th
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
+import numbers
 from typing import Mapping, NamedTuple, Sequence
 
 import jax
@@ -108,6 +110,7 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
             not 1 <= c < w for c, w in zip(levels, (b,) + levels)):
         raise ValueError(f"compact_rows must be an int in [1, {b}) or a decreasing tuple of them for {b} rows, "
                          f"got {compact_rows!r}")
+    check_sampling_options("decode", sampler, stop_ids)
     params = ops.prepare(params, cfg, decoding=True)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
     max_new_B = jnp.minimum(jnp.broadcast_to(jnp.asarray(max_new_B, jnp.int32), (b,)), max_steps)
@@ -215,11 +218,26 @@ def generate_jit(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps
 
 
 
-def _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key):
+def check_sampling_options(where: str, sampler, stop_ids) -> None:
+    """A `Sampler` and a sequence of int stop ids (a TypeError naming the argument otherwise)."""
+    if not isinstance(sampler, Sampler):
+        raise TypeError(f"{where}: sampler must be a jaxagent.sampling.Sampler (Sampler(temperature=0.7, top_p=0.95), "
+                        f"Sampler(greedy=True)); got {type(sampler).__name__} {sampler!r}")
+    if isinstance(stop_ids, np.ndarray) and stop_ids.ndim == 1:
+        stop_ids = stop_ids.tolist()
+    if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, collections.abc.Sequence) or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in stop_ids):
+        raise TypeError(f"{where}: stop_ids must be a sequence of token ids, e.g. (2,) or tok.eos_ids; got "
+                        f"{type(stop_ids).__name__} {stop_ids!r}")
+
+
+def _check_generate_args(params, cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key, sampler, stop_ids):
     """`generate`'s arguments by type, shape and dtype (`jaxagent.checks`: shapes only, so traced inputs too)."""
     where = "generate"
     if not isinstance(cfg, Qwen3Config):
         raise TypeError(f"{where}: cfg must be a Qwen3Config; got {type(cfg).__name__}")
+    qwen3.check_params(params, cfg, where)
+    check_sampling_options(where, sampler, stop_ids)
     checks.arrays(where, [("prompt_BxL", prompt_BxL, "BL", "integer"),
                           ("prompt_mask_BxL", prompt_mask_BxL, "BL", "number")])
     checks.array(where, "max_new_tokens", max_new_tokens, "B"[:np.ndim(max_new_tokens)], "integer")
@@ -254,7 +272,7 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     `max_new_tokens` is only a traced value there. Arguments of the wrong kind, rank or dtype (float
     prompts, a mask of another shape, a seed instead of a key) raise TypeError / ValueError naming them.
     """
-    _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key)
+    _check_generate_args(params, cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key, sampler, stop_ids)
     if mesh is not None or compute_dtype is not None:
         params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((prompt_BxL, prompt_mask_BxL, max_new_tokens))):

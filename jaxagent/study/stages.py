@@ -27,7 +27,7 @@ from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
-from jaxagent.rl.loop import RLSettings, rl_iteration
+from jaxagent.rl.loop import RLSettings, iterate
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rl.train_state import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
@@ -74,6 +74,20 @@ BASE_BUDGET_MODES = ("full", "budgetmix")
 REHEARSAL_NOTE = ("a rehearsal: the preset's pipeline with its counts cut (one seed, one iteration, a few episodes "
                   "and held-out tasks, short turns); its figures check that every stage runs, they measure nothing "
                   "of the study")
+
+# The first line of a `ci` / `ci-*` preset's report: a test of the pipeline, not a study.
+PLUMBING_NOTE = ("a plumbing check: a tiny random Qwen3 runs every stage for minutes; nothing is expected to learn, "
+                 "so its seeds are flagged collapsed and its verdicts measure nothing of the study")
+
+
+def report_banner(preset) -> dict:
+    """The report's first meta line when its figures measure nothing: a rehearsal (`REHEARSAL_NOTE`) or a `ci`
+    preset (`PLUMBING_NOTE`, named ci or ci-<domain>); else {}."""
+    if getattr(preset, "rehearsal", False):
+        return {"rehearsal": REHEARSAL_NOTE}
+    if preset.name == "ci" or preset.name.startswith("ci-"):
+        return {"plumbing check": PLUMBING_NOTE}
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,14 +464,6 @@ def train_rl(world: ToyWorld, cfg: Qwen3Config, base_params, key, ts: TaskSettin
     rt = runtime or make_arm_runtime(world, cfg, ts, arm, mesh=mesh, compute_dtype=compute_dtype)
     if state is None:
         state = init_arm_state(rt, cfg, key, base_params)
-    history = []
-    start = int(state.data_pos) // arm.rl.n_tasks
-    for it in range(start, arm.iterations):
-        state, m, _ = rl_iteration(state, rollout_fn=rt.rollout_fn, sample_tasks_fn=ts.sample,
-                                   train_step=rt.train_step, settings=arm.rl, t_max=ts.t_max,
-                                   values_fn=rt.values_fn, logprobs_fn=rt.logprobs_fn)
-        m["iteration"] = it
-        history.append(m)
-        if callback is not None:
-            callback(it, m, state)
-    return state, history
+    return iterate(state, iterations=arm.iterations, rollout_fn=rt.rollout_fn, sample_tasks_fn=ts.sample,
+                   train_step=rt.train_step, settings=arm.rl, t_max=ts.t_max, values_fn=rt.values_fn,
+                   logprobs_fn=rt.logprobs_fn, callback=callback)

@@ -37,11 +37,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
+from jaxagent import checks
 from jaxagent.envs.jax.text_codec import TextCodec
 
 INFO_KEYS = ("valid", "action", "success", "anchor")
+INFO_KINDS = {"valid": "bool", "action": "integer", "success": "bool", "anchor": "integer"}
 
 
 class Obs(NamedTuple):
@@ -102,8 +104,13 @@ def check_env(env, where: str = "rollout") -> None:
 def check_reset(env, out, where: str = "rollout") -> Obs:
     """The (state, Obs) of one episode's reset, at trace time; returns the Obs."""
     name = type(env).__name__
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Obs) and not isinstance(out[1], Obs):
+        raise TypeError(f"{where}: {name}.reset returns (Obs, state), gymnax's order; jaxagent's reset returns "
+                        "(state, Obs) (envs.jax.gymnax_env.GymnaxEnv wraps a gymnax env)")
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Obs)):
-        raise TypeError(f"{where}: {name}.reset must return (state, Obs(tokens, length)); got {type(out).__name__}")
+        got = type(out).__name__ + (f" of {len(out)} ({', '.join(type(x).__name__ for x in out)})"
+                                    if isinstance(out, tuple) else "")
+        raise TypeError(f"{where}: {name}.reset must return (state, Obs(tokens, length)); got {got}")
     _check_obs(name, "reset", out[1], where)
     return out[1]
 
@@ -121,12 +128,36 @@ def check_step(env, out, obs_len: int, where: str = "rollout") -> EnvStep:
     if not isinstance(out.info, dict) or any(k not in out.info for k in INFO_KEYS):
         have = sorted(out.info) if isinstance(out.info, dict) else type(out.info).__name__
         raise ValueError(f"{where}: {name}.step's info must be a dict with at least {list(INFO_KEYS)}; got {have}")
+    for field, x, kind in (("reward", out.reward, "number"), ("done", out.done, "bool"),
+                           *((f"info['{k}']", out.info[k], kind) for k, kind in INFO_KINDS.items())):
+        if np.ndim(x) != 0 or not checks.is_kind(x, kind):
+            raise ValueError(f"{where}: {name}.step's {field} must be {checks.KINDS[kind]} scalar for one episode "
+                             f"(the rollout vmaps the env); got {checks.describe(x)}")
     return out
 
 
+def check_anchor_rule(env, task, env_params, key=None, where: str = "check_anchor_rule") -> None:
+    """The anchor rule on concrete values (outside jit, one episode, once): reset `task`, then step the first state
+    with every action's canonical text; each step's info["anchor"] must equal `env.anchor(state before the step)`.
+    A ValueError names the action and says when the value is the anchor of the state after the step, the usual
+    slip (GiGPO would then group each step with the steps taken from its successor state). The rollout cannot
+    check this while tracing: no values exist then, and a check inside the program would change it."""
+    name = type(env).__name__
+    state, _ = env.reset(jax.random.key(0) if key is None else key, task, env_params)
+    before = int(env.anchor(state))
+    table, lens = env.codec.action_tokens_AxPa, env.codec.action_lens_A
+    for a in range(table.shape[0]):
+        out = env.step(state, table[a], lens[a], env_params)
+        got, after = int(out.info["anchor"]), int(env.anchor(out.state))
+        if got != before:
+            slip = ", the anchor of the state AFTER the step" if got == after else ""
+            raise ValueError(f"{where}: {name}.step's info['anchor'] is {got}{slip}, after action {a} from a state "
+                             f"whose anchor is {before}: info['anchor'] must be anchor(state) of the state BEFORE "
+                             "the step (GiGPO groups the steps taken from equal states by it)")
+
+
 def _check_obs(name, method, obs: Obs, where):
-    toks, length = jnp.asarray(obs.tokens), jnp.asarray(obs.length)
-    if toks.ndim != 1 or not jnp.issubdtype(toks.dtype, jnp.integer) or length.ndim != 0:
+    toks, length = obs.tokens, obs.length
+    if np.ndim(toks) != 1 or not checks.is_kind(toks, "integer") or np.ndim(length) != 0:
         raise TypeError(f"{where}: {name}.{method} must return Obs(tokens int[O_max], length int scalar) for one "
-                        f"episode; got tokens {toks.dtype}{list(toks.shape)}, "
-                        f"length {length.dtype}{list(length.shape)}")
+                        f"episode; got tokens {checks.describe(toks)}, length {checks.describe(length)}")

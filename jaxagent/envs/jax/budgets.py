@@ -93,7 +93,8 @@ def full_budget(n: int, t_max: int) -> jax.Array:
 
 
 def validate_budgets(budgets, t_max: int, *, keep_on_device: bool = False):
-    """Host-side check of concrete budgets: integers with 1 <= b <= T_max; returns them as int32.
+    """Host-side check of concrete budgets: integers (an integer dtype; floats are refused, even whole ones) with
+    1 <= b <= T_max; returns them as int32.
 
     `keep_on_device`: an integer jax.Array (e.g. budgets sampled inside a jitted RL iteration) is checked
     through its min and max (two scalars to the host) and returned as a device array, not copied to the
@@ -110,9 +111,9 @@ def validate_budgets(budgets, t_max: int, *, keep_on_device: bool = False):
     b = np.asarray(budgets)
     if b.size == 0:
         raise ValueError("budgets is empty")
-    if not np.issubdtype(b.dtype, np.integer):
-        if not np.issubdtype(b.dtype, np.floating) or not np.all(b == np.round(b)):
-            raise ValueError(f"budgets must be integers, got dtype {b.dtype}")
+    if not np.issubdtype(b.dtype, np.integer):  # a float budget is a bug upstream (a fraction not rounded to turns)
+        raise ValueError(f"budgets must be integers (turns per episode), got dtype {b.dtype}: round fractions of T_max "
+                         "with budget_tiers")
     bad = (b <= 0) | (b > t_max)
     if np.any(bad):
         raise ValueError(f"{int(bad.sum())} budget(s) outside [1, T_max={t_max}]: "

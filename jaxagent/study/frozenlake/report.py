@@ -13,7 +13,7 @@ def write_report(run, metrics, figures, evals, bounds):
     hidden budget table); returns (report.md's path, the `report.Report`)."""
     p = run.preset
     run_dir.write_json(os.path.join(run.dir, "metrics.json"), metrics)
-    meta = {"rehearsal": stages.REHEARSAL_NOTE} if p.rehearsal else {}
+    meta = stages.report_banner(p)
     meta |= {"preset": p.name, "Pass@(K,T) mode": "announced (budget in the prompt, separate rollouts per T)",
             "tasks": f"{p.eval.n_tasks} held-out {p.task.size}x{p.task.size} FrozenLake maps per RL seed (each seed "
                      f"its own maps, key fold_in({TASK_KEY}, seed)), {p.eval.n_samples} samples per task and budget; "

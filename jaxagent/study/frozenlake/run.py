@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent import sharding
+from jaxagent import checks, sharding
 from jaxagent.envs.jax.frozenlake import FrozenLake
 from jaxagent.models import weights
 from jaxagent.models.config import CheckpointError
@@ -170,14 +170,7 @@ def make_run_mesh(preset):
 
 
 def _check_compute_dtype(preset: Preset):
-    try:
-        dt = jnp.dtype(preset.compute_dtype)
-    except TypeError:
-        raise InvalidSettings(f"preset {preset.name!r}: compute_dtype {preset.compute_dtype!r} is not a dtype "
-                              "name (e.g. 'float32', 'bfloat16')") from None
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise InvalidSettings(f"preset {preset.name!r}: compute_dtype must be a floating dtype, got {dt}")
-    return dt
+    return checks.float_dtype(f"preset {preset.name!r}: compute_dtype", preset.compute_dtype, InvalidSettings)
 
 
 def checkpoint_world(tok, size: int) -> ToyWorld:

@@ -187,17 +187,38 @@ def make_runtime(run: Run, settings: stages.ArmSettings) -> stages.ArmRuntime:
 
 
 def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=silent, progress=no_progress):
-    """Every arm x seed; arms with equal compiled settings share one runtime (one compile)."""
-    runtimes, done = {}, []
-    for arm in arms or run.preset.arms:
+    """Every arm x seed; arms with equal compiled settings share one runtime (one compile). After each arm x
+    seed, a line to `log` with the RL stage's ETA (`eta_line`)."""
+    runtimes, done, took = {}, [], []
+    arms, seeds = arms or run.preset.arms, seeds or run.preset.seeds
+    for arm in arms:
         settings = run.arm_settings(arm)
         key = stages.shared_key(settings)
         if key not in runtimes:
             runtimes[key] = make_runtime(run, settings)
-        for seed in seeds or run.preset.seeds:
-            run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log, progress=progress)  # its params are not kept
+        for seed in seeds:
+            t0 = time.time()
+            run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log, progress=progress)  # params not kept
+            took.append(time.time() - t0)
             done.append((arm, seed))
+            if is_main_process():
+                log(eta_line(took, len(arms) * len(seeds)))
     return saved_policies(run, done)
+
+
+def eta_line(took_s, total: int, *, finished_below_s: float = 2.0) -> str:
+    """'[RL] 3 of 10 arm x seed runs done (41 s); about 95 s left for 7 at 14 s each': the mean time of the runs
+    that trained here (those under `finished_below_s`, finished before and only read back, are left out of the
+    mean; none trained yet: no estimate)."""
+    trained = [t for t in took_s if t >= finished_below_s]
+    left = total - len(took_s)
+    head = f"[RL] {len(took_s)} of {total} arm x seed runs done ({sum(took_s):.0f} s)"
+    if left == 0:
+        return head
+    if not trained:
+        return f"{head}; {left} left"
+    each = sum(trained) / len(trained)
+    return f"{head}; about {left * each:.0f} s left for {left} at {each:.0f} s each"
 
 
 def saved_policies(run: Run, keys) -> SavedPolicies:

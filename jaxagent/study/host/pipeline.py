@@ -33,7 +33,7 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
         dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
         t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
         notes=(dom.split_note, dom.bound_note))
-    meta = {"rehearsal": stages.REHEARSAL_NOTE} if p.rehearsal else {}
+    meta = stages.report_banner(p)
     meta |= {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
             "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
             "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
