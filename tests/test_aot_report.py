@@ -48,6 +48,15 @@ def test_parts_replace_programs_and_a_mesh_has_its_own_table(tmp_path):
         in text
 
 
+def test_a_program_recorded_twice_keeps_both_and_a_part_replaces_them_in_order(tmp_path):
+    """Two records of one program in a file (e.g. two arms' train states) are both kept; a part's k-th record of that
+    program replaces the k-th of the files before it."""
+    _write(tmp_path / "p.jsonl", [_rec("s", shapes="arm x"), _rec("s", shapes="arm y"), _rec("g")])
+    assert [r["shapes"] for r in report.tables(str(tmp_path))[0].records] == ["arm x", "arm y", "8 rows"]
+    _write(tmp_path / "p.again.jsonl", [_rec("s", shapes="arm x2"), _rec("s", shapes="arm y2"), _rec("s", shapes="z")])
+    assert [r["shapes"] for r in report.tables(str(tmp_path))[0].records] == ["arm x2", "arm y2", "8 rows", "z"]
+
+
 def test_unchecked_flops_and_same_program_are_said(tmp_path):
     _write(tmp_path / "p.jsonl", [_rec("r", flops_ratio=2.5), _rec("s", flops_ratio=2.5, same_program_as="r"),
                                   _rec("e", status="compile_error", error="XlaRuntimeError: out of memory")])

@@ -56,10 +56,12 @@ def tables(records_dir: str) -> list[Table]:
         topology = recs[0].get("topology", "") if recs else ""
         table = out.setdefault((preset, mesh, topology), Table(preset, mesh, [], [], topology))
         table.files.append(name)
-        for rec in recs:
-            same = [i for i, r in enumerate(table.records) if r["program"] == rec["program"]]
-            if same:
-                table.records[same[0]] = rec
+        earlier, seen = len(table.records), {}
+        for rec in recs:  # the k-th record of a program replaces the k-th of the files before (e.g. two arms' states)
+            k = seen[rec["program"]] = seen.get(rec["program"], -1) + 1
+            same = [i for i, r in enumerate(table.records[:earlier]) if r["program"] == rec["program"]]
+            if k < len(same):
+                table.records[same[k]] = rec
             else:
                 table.records.append(rec)
     return sorted(out.values(), key=lambda t: (t.preset, t.mesh, t.topology))
