@@ -141,7 +141,7 @@ def test_intercode_sql_train_and_dev_files(spider_dir, tmp_path):
 def test_sql_data_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist.*nothing is downloaded"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path / "missing")
-    with pytest.raises(ValueError, match="no Spider files"):
+    with pytest.raises(ValueError, match="no InterCode-SQL .* files .and no Spider files"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
     (tmp_path / "dev.json").write_text("[{bad json")
     with pytest.raises(ValueError, match="dev.json: not JSON"):
@@ -297,13 +297,14 @@ def test_builtin_sets_have_200_held_out_tasks(tmp_path):
     code = CodeEnv()
     for env in (sql, code):
         train, test = env.tasks("train"), env.tasks("test")
-        assert len(test) >= 200 and len(train) >= 3 * len(test) - 3, (type(env).__name__, len(train), len(test))
+        assert len(test) >= 200 and len(env.tasks("test_constants")) >= 150, (type(env).__name__, len(test))
+        assert len(train) >= 500, (type(env).__name__, len(train))
         assert len({t.id for t in env.tasks("all")}) == len(env.tasks("all"))
-    assert sql.report.left_out == {} and sql.report.kept == {"train": 687, "test": 228}
-    assert {t.db for t in sql.tasks("test")} >= {"shop", "school", "library", "gen-zoo", "gen-garden"}
-    assert len(code.tasks("all")) == 901 and len(code.tasks("test")) == 225
-    assert code.report.kept == {"train": 676, "test": 225} and code.report.records == 16 + 891
-    assert sum(code.report.left_out.values()) == 891 - 885  # parameter sets whose tests would be too weak
+    assert sql.report.left_out == {} and sql.report.kept == {"train": 554, "test": 426, "test_constants": 168}
+    assert {t.db for t in sql.tasks("test")} >= {"library", "gen-concerts", "gen-garden"}
+    assert len(code.tasks("all")) == 1069 and code.report.records == 16 + 1059
+    assert code.report.kept == {"train": 638, "test": 222, "test_constants": 209}
+    assert sum(code.report.left_out.values()) == 1059 - 1053  # parameter sets whose tests would be too weak
 
 
 def test_cache_root_and_data_path(tmp_path, monkeypatch):
@@ -321,11 +322,13 @@ def test_presets_miniatures_stay_small_and_real_scales_evaluate_200(tok):
     from jaxagent.envs.host.data.code_tasks import CODE_TASKS
     from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 
+    held = {"ci-sql": [t["id"] for t in SQL_TASKS if t["db"] == "library"],  # held out whole: a database
+            "ci-code": [t["id"] for t in CODE_TASKS][3::4]}  # every 4th hand-written problem
     for name, hand, n_train, n_held in (("ci-sql", SQL_TASKS, 4, 5), ("ci-code", CODE_TASKS, 2, 2)):
         w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
         ids = [t["id"] for t in hand]  # the hand-written tasks come first, in order
-        assert [t.id for t in w.train_tasks] == [i for k, i in enumerate(ids) if k % 4 != 3][:n_train], name
-        assert [t.id for t in w.heldout_tasks] == ids[3::4][:n_held], name
+        assert [t.id for t in w.train_tasks] == [i for i in ids if i not in held[name]][:n_train], name
+        assert [t.id for t in w.heldout_tasks] == held[name][:n_held], name
     for name in ("qwen3-0.6b-1gpu-sql", "qwen3-8b-v5p-code"):
         w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
         assert len(w.heldout_tasks) == 200 and (w.min_turns(w.heldout_tasks) == 1).all(), name
