@@ -33,7 +33,7 @@ DBS = {  # db id -> (schema + rows)
 }
 
 
-def _write_db(root, db, script):
+def write_db(root, db, script):
     d = root / "database" / db
     d.mkdir(parents=True)
     conn = sqlite3.connect(d / f"{db}.sqlite")
@@ -42,7 +42,7 @@ def _write_db(root, db, script):
     conn.close()
 
 
-def _spider(db, query, question):
+def spider_record(db, query, question):
     """A Spider record as the release writes it (the parsed `sql` left minimal)."""
     return {"db_id": db, "query": query, "query_toks": query.split(), "query_toks_no_value": query.lower().split(),
             "question": question, "question_toks": question.split(), "sql": {"select": [False, []]}}
@@ -52,16 +52,17 @@ def _spider(db, query, question):
 def spider_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("spider")
     for db, script in DBS.items():
-        _write_db(root, db, script)
-    train = [_spider("concert_singer", "SELECT count(*) FROM singer", "How many singers do we have?"),
-             _spider("concert_singer", "SELECT Name FROM singer WHERE Country = 'France' ORDER BY Age",
+        write_db(root, db, script)
+    train = [spider_record("concert_singer", "SELECT count(*) FROM singer", "How many singers do we have?"),
+             spider_record("concert_singer", "SELECT Name FROM singer WHERE Country = 'France' ORDER BY Age",
                      "Names of French singers, youngest first?"),
-             _spider("pets_1", "SELECT count(*) FROM Pets WHERE PetType = 'dog'", "How many dogs are there?"),
-             _spider("pets_1", "SELECT nonexistent FROM Pets", "A broken gold query."),          # left out
-             _spider("no_such_db", "SELECT 1", "A question on a missing database."),          # left out
+             spider_record("pets_1", "SELECT count(*) FROM Pets WHERE PetType = 'dog'", "How many dogs are there?"),
+             spider_record("pets_1", "SELECT nonexistent FROM Pets", "A broken gold query."),          # left out
+             spider_record("no_such_db", "SELECT 1", "A question on a missing database."),          # left out
              {"db_id": "pets_1", "query": "SELECT 1"}]                                         # left out: no question
-    dev = [_spider("world_1", "SELECT Name FROM country WHERE Continent = 'Asia'", "Which countries are in Asia?"),
-           _spider("world_1", "SELECT sum(Population) FROM country", "What is the total population?")]
+    dev = [spider_record("world_1", "SELECT Name FROM country WHERE Continent = 'Asia'",
+                         "Which countries are in Asia?"),
+           spider_record("world_1", "SELECT sum(Population) FROM country", "What is the total population?")]
     (root / "train_spider.json").write_text(json.dumps(train, indent=2))
     (root / "dev.json").write_text(json.dumps(dev, indent=2))
     (root / "tables.json").write_text(json.dumps([{"db_id": db} for db in DBS]))
@@ -109,7 +110,7 @@ def test_spider_episodes_score_against_the_gold_result(spider_env):
 def test_intercode_sql_single_file_splits_by_database(tmp_path):
     dbs = {f"db_{i}": "CREATE TABLE t (x int); INSERT INTO t VALUES (1), (2), (3);" for i in range(12)}
     for db, script in dbs.items():
-        _write_db(tmp_path, db, script)
+        write_db(tmp_path, db, script)
     rows = [{"db": db, "gold": "SELECT x FROM t WHERE x > 1", "query": f"Values above 1 in {db}?", "hardness": "easy",
              "db_tables": {"t": ["x"]}} for db in dbs]
     rows.append({"db": "db_0", "gold": "SELECT y FROM t", "query": "broken", "hardness": "easy", "db_tables": {}})
@@ -146,7 +147,7 @@ def test_sql_data_errors(tmp_path):
     (tmp_path / "dev.json").write_text("[{bad json")
     with pytest.raises(ValueError, match="dev.json: not JSON"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
-    (tmp_path / "dev.json").write_text(json.dumps([_spider("nowhere", "SELECT 1", "q")]))
+    (tmp_path / "dev.json").write_text(json.dumps([spider_record("nowhere", "SELECT 1", "q")]))
     with pytest.raises(ValueError, match="no usable question"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
     with pytest.raises(ValueError, match="options of a data directory"):

@@ -5,7 +5,6 @@ formats) and APPS records (question, solutions and input_output as JSON strings)
 
 import json
 import math
-import sqlite3
 
 import pytest
 
@@ -14,6 +13,7 @@ from jaxagent.envs.host.code_env import CodeEnv
 from jaxagent.envs.host.datasets import DataError
 from jaxagent.envs.host.sandbox import SandboxLimits
 from jaxagent.envs.host.sql_env import SQLEnv
+from tests.test_host_datasets import spider_record, write_db
 
 MODE = "namespaces" if sandbox.strong_isolation_problem() is None else "unsafe-rlimits-only"
 LIMITS = SandboxLimits(wall_s=8.0, per_call_s=1.0, mode=MODE)
@@ -22,20 +22,6 @@ SINGER = ("CREATE TABLE singer (Singer_ID int, Name text, Country text, Age int)
           "(3, 'Justin Brown', 'France', 29), (4, 'Rose White', 'France', 41), (5, 'Ann Lee', 'Korea', 25);"
           # a name stored as bytes that are not UTF-8 (Latin-1 'Zoé'), as some Spider databases hold
           "INSERT INTO singer VALUES (6, CAST(X'5A6FE9' AS TEXT), 'Chile', 30);")
-
-
-def _db(root, name, script):
-    d = root / "database" / name
-    d.mkdir(parents=True)
-    conn = sqlite3.connect(d / f"{name}.sqlite")
-    conn.executescript(script)
-    conn.commit()
-    conn.close()
-
-
-def _spider(db, query, question):
-    return {"db_id": db, "query": query, "query_toks": query.split(), "question": question,
-            "question_toks": question.split(), "sql": {"select": [False, []]}}
 
 
 GOLDS = {  # Spider dev questions over concert_singer
@@ -50,10 +36,11 @@ GOLDS = {  # Spider dev questions over concert_singer
 @pytest.fixture(scope="module")
 def spider_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("spider")
-    _db(root, "concert_singer", SINGER)
-    _db(root, "pets_1", "CREATE TABLE Pets (PetID int, PetType text); INSERT INTO Pets VALUES (1, 'cat'), (2, 'dog');")
-    (root / "train_spider.json").write_text(json.dumps([_spider("pets_1", "SELECT count(*) FROM Pets", "Pets?")]))
-    (root / "dev.json").write_text(json.dumps([_spider("concert_singer", q, k) for k, q in GOLDS.items()]))
+    write_db(root, "concert_singer", SINGER)
+    write_db(root, "pets_1", "CREATE TABLE Pets (PetID int, PetType text); "
+                             "INSERT INTO Pets VALUES (1, 'cat'), (2, 'dog');")
+    (root / "train_spider.json").write_text(json.dumps([spider_record("pets_1", "SELECT count(*) FROM Pets", "Pets?")]))
+    (root / "dev.json").write_text(json.dumps([spider_record("concert_singer", q, k) for k, q in GOLDS.items()]))
     (root / "tables.json").write_text(json.dumps([{"db_id": "concert_singer"}, {"db_id": "pets_1"}]))
     return root
 

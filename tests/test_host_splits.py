@@ -7,6 +7,7 @@ import re
 import tokenize
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from jaxagent.envs.host import splits
@@ -84,7 +85,8 @@ def test_spider_hardness_rule_on_known_queries():
     assert sql_gen_hard.hardness("SELECT name, age FROM singer WHERE age > 3 AND country = 'x'") == "medium"
     assert sql_gen_hard.hardness("SELECT name FROM t WHERE id NOT IN (SELECT tid FROM u)") == "hard"
     assert sql_gen_hard.hardness("SELECT a FROM t WHERE x = 'y' EXCEPT SELECT a FROM t WHERE x = 'z'") == "hard"
-    assert sql_gen_hard.hardness("SELECT p.a FROM t JOIN p ON t.i = p.j WHERE x = 'y' EXCEPT SELECT a FROM t") == "extra"
+    two = "SELECT p.a FROM t JOIN p ON t.i = p.j WHERE x = 'y' EXCEPT SELECT a FROM t"
+    assert sql_gen_hard.hardness(two) == "extra"
     assert sql_gen_hard.hardness("SELECT 'a UNION b' FROM t") == "easy"  # literals are not keywords
 
 
@@ -123,3 +125,32 @@ def test_structural_splits_refuse_unknown_held_out_names_and_keep_singletons_in_
     assert by_db["test_constants"] == [tasks[1]] and len(by_db["train"]) == 4  # "a" on "p" keeps a train task
     with pytest.raises(ValueError, match="no task has.*'nope'"):
         splits.structural_splits(tasks, ["nope"], [], db_of=lambda t: t.db)
+
+
+def test_reports_name_the_split_of_every_number_and_the_grading(sql):
+    """The report's data lines (`pipeline.split_meta`) and its domain section: the held-out split's name and how it
+    is made, each further split's Pass@(K,T) table under its own name, Pass@1 of both side by side."""
+    from jaxagent.study.host import metrics as host_metrics, pipeline, report as host_report, stages as host_stages
+
+    dom = host_stages.get_domain("sql")
+    world = SimpleNamespace(env=sql, domain=dom, train_tasks=sql.tasks("train"),
+                            extra_heldout={"test_constants": tuple(sql.tasks("test_constants")[:5])})
+    meta = pipeline.split_meta(SimpleNamespace(world=world))
+    assert meta["held-out split"].startswith("'test': held-out templates") and "gen-concerts" in meta["held-out split"]
+    assert meta["also evaluated on split 'test_constants'"].startswith("5 tasks: the train split's templates")
+    assert meta["grading"].startswith("exact:") and meta["trained on split"].startswith("'train' (554 tasks")
+    assert "data warning 1" not in meta and "benchmark cut" not in meta
+    tiers, ks = (1, 2), (1,)
+    grid = lambda v: np.full((2, 1, 3), v)  # noqa: E731  [U, J, P]
+    bound = {"share": np.ones(2)}
+    m = {"sql.split.train": 554, "sql.split.heldout": 3, "sql.split.heldout_note": meta["held-out split"][8:]}
+    m.update(host_metrics.pass_metrics("sql", {"base": grid(0.1), "grpo/seed0": grid(0.2)}, bound, tiers, ks, {}))
+    m.update(host_metrics.pass_metrics("sql.test_constants", {"base": grid(0.5), "grpo/seed0": grid(0.75)}, bound,
+                                       tiers, ks, {}))
+    m["sql.test_constants.split.heldout"], m["sql.test_constants.split.note"] = 5, "train's templates"
+    lines, _ = host_report.domain_section("sql", "SQL", m, [], policies=["base", "grpo"], tiers=tiers, ks=ks,
+                                          t_max=2, splits=("train", "test"))
+    text = "\n".join(lines)
+    assert "### Pass@(K,T) on held-out split 'test' (%)" in text and "### Findings (on split 'test')" in text
+    assert "### Pass@(K,T) on split 'test_constants' (%)" in text and "5 tasks: train's templates" in text
+    assert "| test | 2 | 10.0 | 20.0 |" in text and "| test_constants | 2 | 50.0 | 75.0 |" in text

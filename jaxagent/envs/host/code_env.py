@@ -144,7 +144,7 @@ def _first_sites(source: str) -> dict:
 def slip_program(source: str, seed: int) -> tuple[str, str] | None:
     """(kind, source'): the program with one generic mistake a noisy expert makes, chosen by `seed` among the
     kinds that apply (CODE_SLIP_KINDS, each at its first site: a comparison turned around, an integer literal one
-    too large, min/max or any/all swapped). None where none applies. As `sql_env.slip_query`, the mistakes are the
+    too large, min/max or any/all swapped). None where none applies. As `sql_actions.slip_query`, the mistakes are the
     same kinds on every task, so a base that imitates them at a rate (`study.host.sft.HostSFTSettings.noise`) has
     a behaviour shared by all tasks for RL to unlearn. A slip need not change every output: one that passes
     every test is a correct program."""
@@ -176,7 +176,7 @@ def _form(source: str) -> tuple | None:
 
 
 def program_mistake(reference: str, actions: list[str], solved: bool) -> str:
-    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS), as `sql_env.submission_mistake`:
+    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS), as `sql_actions.submission_mistake`:
     'solved'; 'no submission' (no code block in its replies); 'slip' (the reference with one of `program_slips`'
     mistakes, surrounding whitespace aside); 'slip and value' (a comparison or min/max/any/all slip with other
     number or string literals as well); 'value' (the reference's form with other literals: a constant copied
@@ -279,8 +279,9 @@ class CodeEnv(HostEnv):
                  max_parallel: Optional[int] = None, seed: int = code_gen.SEED, cache_size: int = 16384,
                  **data_kwargs):
         """limits: the sandbox's limits per submission. tasks: task dicts replacing the built-in set (the
-        hand-written and generated problems, every 4th held out). data: a local directory (or file) of
-        DeepCoder-style problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to). max_parallel:
+        hand-written and generated problems, split by structure), every 4th held out. data: a local directory (or
+        file) of DeepCoder-style or APPS problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to:
+        data_format, require_reference, ...). max_parallel:
         sandbox runs at once (default `host_cores()`). seed: the generated families' seed. cache_size: distinct
         programs whose results are kept for resubmissions (module docstring; 0: every submission runs)."""
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:

@@ -55,8 +55,9 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None, 
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
     episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
     re-evaluated, with the same key). `split`: a further held-out split of the world (`HostWorld.extra_heldout`),
-    logged in eval/<split>/ without the findings' episode records; None: the domain's held-out split. The rollouts compact their decoding as replies end (`domain_findings`: the
-    episodes' distribution, and so what each verdict could come out as, is unchanged)."""
+    logged in eval/<split>/ without the findings' episode records; None: the domain's held-out split. The rollouts
+    compact their decoding as replies end (`domain_findings`: the episodes' distribution, and so what each verdict
+    could come out as, is unchanged)."""
     path = os.path.join(run.path("eval", *([split] if split else [])), f"{label.replace('/', '_')}.json")
     d = run.world.domain.name
     tasks = run.world.heldout_tasks if split is None else run.world.extra_heldout[split]
@@ -171,8 +172,8 @@ def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: d
     for a, s in policies:
         evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}", s, split=name)
     bound = host_metrics.structural_bound(w.min_turns(w.extra_heldout[name]), run.tiers, p.eval.ks)
-    run_dir.write_json(os.path.join(run.path("eval", name), "bound.json"),
-                       {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks), "task_ids": evals["base"]["task_ids"]})
+    run_dir.write_json(os.path.join(run.path("eval", name), "bound.json"), {
+        **bound, "tiers": list(run.tiers), "ks": list(p.eval.ks), "task_ids": evals["base"]["task_ids"]})
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
     prefix = f"{d}.{name}"
     m = host_metrics.pass_metrics(prefix, per_task, bound, run.tiers, p.eval.ks, health_by_seed)

@@ -90,6 +90,8 @@ def split_meta(run: HostRun) -> dict:
         for i, w in enumerate(report.warnings):
             out[f"data warning {i + 1}"] = w
     note = getattr(env, "split_notes", {}).get(dom.heldout_split, dom.split_note)
+    out["trained on split"] = (f"'{dom.train_split}' ({len(run.world.train_tasks)} tasks; the seed health table's "
+                               "success rates are its rollouts')")
     out["held-out split"] = f"'{dom.heldout_split}'" + (f": {note}" if note else "")
     for name, tasks in run.world.extra_heldout.items():
         out[f"also evaluated on split '{name}'"] = f"{len(tasks)} tasks: {env.split_notes.get(name, '')}"
