@@ -168,7 +168,8 @@ def preset_problem(preset: HostPreset) -> Optional[str]:
 # slots (the sql and code prompts hold a few hundred tokens); BFCL's tool documents alone are 2,031-4,878 tokens,
 # so its rehearsal keeps the tasks whose system prompt has at most 2,200 (TradingBot's) in 2,560 slots.
 REHEARSAL_TASK = dict(t_max=2, max_action_tokens=16, max_obs_tokens=64, max_context=1024, max_train_tasks=2,
-                      max_heldout_tasks=2, max_extra_heldout_tasks=2, task_subset="first", workers=2)
+                      max_heldout_tasks=2, max_extra_heldout_tasks=2, task_subset="first", workers=2,
+                      reply_cap_bound=False)
 REHEARSAL_BFCL = dict(max_context=2560, max_system_tokens=2200)
 
 
@@ -232,13 +233,14 @@ _CI_COMPILE = (("xla_backend_optimization_level", 2),)
 
 def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, task_kw: dict,
                **kw) -> HostPreset:
-    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples
+    """A CI miniature: 2 turns of 4-token replies (the bound as if references fit them: `reply_cap_bound`), tool
+    output capped at 24 tokens, 2 held-out tiers x 2 samples
     (finding 3, coding: 2 matched states from each policy, 2 replies per policy and state),
     1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`; finding 6's
     R_single (coding) at the base and at every iteration (the last among them)."""
     return HostPreset(name=name,
                       task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
-                                            max_obs_tokens=24, workers=2, **task_kw),
+                                            max_obs_tokens=24, workers=2, reply_cap_bound=False, **task_kw),
                       eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
                                             batch_size=eval_batch, step_samples=2, step_states=2),
                       tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
