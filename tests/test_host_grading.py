@@ -197,6 +197,10 @@ def test_host_study_names_the_format_and_refuses_an_ambiguous_folder(spider_dir,
                       (["--require-reference"], "takes no option 'require_reference'")):
         with pytest.raises(SystemExit, match=why):
             preset(*argv)
+    for argv, why in ((["--preset", "ci-sql", "--data-format", "spider"], "needs --data"),
+                      (["--preset", "ci-code", "--require-reference"], "is for --data")):
+        with pytest.raises(SystemExit, match=why):
+            host_study.preset_from(host_study.parser().parse_args(argv))
 
 
 # ------------------------------------------------------------------------------------------------ coding
