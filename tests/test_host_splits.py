@@ -145,12 +145,16 @@ def test_reports_name_the_split_of_every_number_and_the_grading(sql):
     bound = {"share": np.ones(2)}
     m = {"sql.split.train": 554, "sql.split.heldout": 3, "sql.split.heldout_note": meta["held-out split"][8:]}
     m.update(host_metrics.pass_metrics("sql", {"base": grid(0.1), "grpo/seed0": grid(0.2)}, bound, tiers, ks, {}))
-    m.update(host_metrics.pass_metrics("sql.test_constants", {"base": grid(0.5), "grpo/seed0": grid(0.75)}, bound,
-                                       tiers, ks, {}))
+    extra = {"base": grid(0.5), "base/seed0": grid(0.5), "base/seed1": grid(0.25), "grpo/seed0": grid(0.75),
+             "grpo/seed1": grid(0.75)}
+    m.update(host_metrics.pass_metrics("sql.test_constants", extra, bound, tiers, ks, {}))
+    m.update(host_metrics.split_gaps("sql.test_constants", extra, tiers, ks, {}, n_boot=50))
     m["sql.test_constants.split.heldout"], m["sql.test_constants.split.note"] = 5, "train's templates"
     lines, _ = host_report.domain_section("sql", "SQL", m, [], policies=["base", "grpo"], tiers=tiers, ks=ks,
                                           t_max=2, splits=("train", "test"))
     text = "\n".join(lines)
     assert "### Pass@(K,T) on held-out split 'test' (%)" in text and "### Findings (on split 'test')" in text
     assert "### Pass@(K,T) on split 'test_constants' (%)" in text and "5 tasks: train's templates" in text
-    assert "| test | 2 | 10.0 | 20.0 |" in text and "| test_constants | 2 | 50.0 | 75.0 |" in text
+    assert "| test | 2 | 10.0 | 20.0 |" in text and "| test_constants | 2 | 37.5 | 75.0 |" in text  # base: its draws
+    # RL - base paired by seed key: seed 0 +25 points, seed 1 +50 on every task; a t interval over the 2 seeds
+    assert "| grpo | 2 | 37.5 | [" in text and "grpo seeds 0, 1; none excluded" in text

@@ -164,7 +164,8 @@ def split_labels(run: HostRun) -> dict:
 def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: dict) -> dict:
     """Pass@(K,T) of every policy on the further held-out split `name` (the same sampling keys as the held-out
     split's), with its structural bound (eval/<name>/bound.json): `<d>.<name>.pass.<policy>.t<T>.k<k>`,
-    `<d>.<name>.bound.t<T>`, `<d>.<name>.split.heldout` and `<d>.<name>.split.note` (`host_metrics.pass_metrics`)."""
+    `<d>.<name>.bound.t<T>`, `<d>.<name>.split.heldout` and `<d>.<name>.split.note` (`host_metrics.pass_metrics`),
+    and each arm's RL - base Pass@1 with its interval, `<d>.<name>.gap.<arm>.t<T>.*` (`host_metrics.split_gaps`)."""
     p, w, d = run.preset, run.world, run.world.domain.name
     evals = {"base": eval_policy(run, lambda: base, "base", split=name)}
     for s in sorted({s for _, s in policies}):
@@ -177,6 +178,7 @@ def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: d
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
     prefix = f"{d}.{name}"
     m = host_metrics.pass_metrics(prefix, per_task, bound, run.tiers, p.eval.ks, health_by_seed)
+    m.update(host_metrics.split_gaps(prefix, per_task, run.tiers, p.eval.ks, health_by_seed, p.eval.n_boot))
     m[f"{prefix}.split.heldout"] = len(w.extra_heldout[name])
     m[f"{prefix}.split.note"] = getattr(w.env, "split_notes", {}).get(name, "")
     return m

@@ -292,6 +292,22 @@ def pass_metrics(prefix: str, per_task: Mapping[str, np.ndarray], bound: dict, t
     return m
 
 
+def split_gaps(prefix: str, per_task: Mapping[str, np.ndarray], tiers: Sequence[int], ks: Sequence[int],
+               health: Mapping, n_boot: int) -> dict:
+    """RL - base Pass@1 of each arm at each tier on one further held-out split, printed beside its table and not
+    judged: per task, each seed's policy minus the base draw sampled with its key (`evaluate.seed_key`), units =
+    tasks nested in seeds (`put_estimate`, collapsed and diverged seeds excluded): `<prefix>.gap.<arm>.t<T>.*`."""
+    arms, included = _arms(per_task, health)
+    j = int(np.argmin(ks))
+    m: dict = {}
+    for a, ss in arms.items():
+        for u, t in enumerate(tiers):
+            units = {s: per_task[f"{a}/seed{s}"][u, j] - per_task.get(f"base/seed{s}", per_task["base"])[u, j]
+                     for s in ss}
+            put_estimate(m, f"{prefix}.gap.{a}.t{t}", units, included[a], n_boot, arms=a)
+    return m
+
+
 def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
                    n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
