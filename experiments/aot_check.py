@@ -1,18 +1,24 @@
-"""Compile every program of a preset for its TPU topology on this (CPU) host, ahead of time.
+"""Compile every program of a preset for its TPU topology or GPUs on this (CPU) host, ahead of time.
 
     python -m experiments.aot_check --preset qwen3-8b-v5p [--topology v5p:4x4x4] [--json]
+    python -m experiments.aot_check --preset qwen3-0.6b-1gpu [--target h100|h200] [--json]
 
-Per program one JSON line (with --json; else a table): per-chip memory against the chip's HBM with what the run
-holds beside the program, FLOPs with loop trip counts against the analytic count, a roofline time, collectives,
-custom calls and the verdict (`jaxagent.aot`). The exit status is 1 unless every program is 'ok'. GPU presets
-are compiled for a TPU topology with their chip count (a proxy, said in the output) and checked against the
-GPU's HBM. Install the pinned libtpu with `pip install -e '.[tpu-aot]'`. The fields and the figures: docs/aot.md.
+Per program one JSON line (with --json; else a table): per-chip memory against the chip's HBM (a GPU: the pool JAX
+preallocates, --gpu-mem-fraction of the card) with what the run holds beside the program, FLOPs with loop trip
+counts against the analytic count, a roofline time, collectives, custom calls, the fused attention calls (GPU) and
+the verdict (`jaxagent.aot`). The exit status is 1 unless every program is 'ok'. GPU presets are compiled for their
+GPUs (`aot_topology` 'h100:1x1x<N>'; `--topology v5p:...` compiles them for a TPU proxy of their chip count, checked
+against the GPU's HBM). Install the pinned libtpu with `pip install -e '.[tpu-aot]'`, the CUDA plugin and cuDNN with
+`pip install -e '.[gpu-aot]'`. The fields and the figures: docs/aot.md.
 """
 from __future__ import annotations
 
 import os
 
-# before jax is imported: several libtpu processes may coexist; no metadata server to query here
+# Before jax is imported. The compiles are deviceless (compile-only TPU / GPU topologies): no local accelerator is
+# initialised, and the CUDA plugin loads on a host without a GPU only when jax's backends are limited to the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Several libtpu processes may coexist; no metadata server to query here.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
@@ -25,8 +31,10 @@ from types import SimpleNamespace  # noqa: E402
 from jaxagent.study.host.presets import HOST_PRESETS  # noqa: E402
 from jaxagent.study.host.run import HostRun  # noqa: E402
 from jaxagent.aot import host, lowered_digest, programs, run_programs  # noqa: E402
+from jaxagent.aot import gpu  # noqa: E402
 from jaxagent.aot.check import preset_target, recheck  # noqa: E402
 from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402
+from jaxagent.models import ops_gpu  # noqa: E402
 from jaxagent.models.config import PRESETS as MODEL_PRESETS  # noqa: E402
 from jaxagent.study.frozenlake.presets import PRESETS  # noqa: E402
 from jaxagent.study.frozenlake.run import Run  # noqa: E402
@@ -36,15 +44,24 @@ def table_line(rec: dict) -> str:
     if rec["status"] == "compile_error":
         return f"{rec['program']:<22} {rec['status']}: {rec['error'][:300]}"
     coll = ", ".join(f"{k} {v['count']}x/{v['gib']:.2f}GiB" for k, v in sorted(rec["collectives"].items()))
+    dense = rec.get("dense_scores")
+    attention = "" if rec.get("platform") != "gpu" else (
+        f"  fused attention {rec['fused_attention_calls']}x" + (f", dense scores {dense['shape']}" if dense else ""))
     return (f"{rec['program']:<22} {rec['status']:<10} {rec['memory_gib']['total']:8.2f} / {rec['hbm_gib']:.1f} GiB"
             f"  flops/chip {rec['flops_per_chip']:.3g} (x{rec['flops_ratio']} analytic)"
-            f"  roofline {rec['roofline_s']:.4g}s  custom {rec['foreign_custom_calls'] or '-'}  [{coll}]")
+            f"  roofline {rec['roofline_s']:.4g}s  custom {rec['foreign_custom_calls'] or '-'}{attention}  [{coll}]")
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", required=True, choices=sorted(PRESETS) + sorted(HOST_PRESETS))
-    p.add_argument("--topology", default=None, help="TPU topology, e.g. v5p:4x4x4 (default: the preset's)")
+    p.add_argument("--topology", default=None,
+                   help="TPU topology, e.g. v5p:4x4x4, or GPUs of one host, e.g. h100:1x1x8 (default: the preset's)")
+    p.add_argument("--target", default=None, choices=sorted(gpu.CARDS),
+                   help="compile for this GPU, as many cards as the preset's mesh has devices (instead of --topology)")
+    p.add_argument("--gpu-mem-fraction", type=float, default=gpu.MEM_FRACTION,
+                   help="on a GPU: the XLA_PYTHON_CLIENT_MEM_FRACTION the run uses (JAX's default 0.75): the pool "
+                        "that memory is checked against")
     p.add_argument("--model", default=None, choices=sorted(MODEL_PRESETS),
                    help="architecture (default: the preset's aot_model, else its model config)")
     p.add_argument("--micro-batches", type=int, default=None, help="override the preset's micro-batches")
@@ -60,7 +77,8 @@ def parse_args(argv):
     p.add_argument("--hlo-dir", default=None, help="also write each program's per-chip HLO text here")
     p.add_argument("--recheck", default=None, metavar="JSONL",
                    help="no compiles: re-apply what the run holds beside each program (`Resident`) and the verdict to "
-                        "the JSON records of an earlier run of this preset (their compiled figures as they are)")
+                        "the JSON records of an earlier run of this preset (their compiled figures as they are), for "
+                        "the topology they were compiled for")
     p.add_argument("--lowered", action="store_true",
                    help="no compiles: print each program's lowered-text sha256 (equal digests, equal programs)")
     return p.parse_args(argv)
@@ -77,6 +95,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.recheck}: records {bad} are not of --preset {args.preset} at --layers "
                              f"{args.layers}")
         args.programs = sorted({r["program"] for r in records})
+        tops = sorted({r["topology"] for r in records if "topology" in r})
+        if len(tops) == 1 and not (args.topology or args.target):
+            args.topology = tops[0]  # re-checked for the topology the records were compiled for
     is_host = args.preset in HOST_PRESETS
     preset = HOST_PRESETS[args.preset] if is_host else PRESETS[args.preset]
     if getattr(preset, "pruned_vocabulary", False):
@@ -96,15 +117,18 @@ def main(argv=None) -> int:
     cfg = MODEL_PRESETS[model] if model else (preset.tiny_model if is_host else preset.model)
     if args.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
-    try:
-        target = preset_target(preset, args.topology)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
     if args.programs:
         unknown = set(args.programs) - set(programs.PROGRAM_NAMES + host.PROGRAM_NAMES)
         if unknown:
             raise SystemExit(f"unknown programs {sorted(unknown)}; known: "
                              f"{list(programs.PROGRAM_NAMES + host.PROGRAM_NAMES)}")
+    try:
+        target = preset_target(preset, args.topology, target=args.target, gpu_mem_fraction=args.gpu_mem_fraction)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(str(e)) from None
+    if target.spec["platform"] == "gpu" and not args.recheck and not ops_gpu.available():
+        raise SystemExit(f"{target.topology}: cuDNN is not installed here, so the fused attention a GPU run uses cannot "
+                         "be built (its programs would hold the dense [B, H, T, S] scores): pip install -e '.[gpu-aot]'")
     # the arms' settings as the study's run makes them (`Run.arm_settings`, `HostRun.arm_settings`)
     run = SimpleNamespace(preset=preset)
     arms = [(HostRun if is_host else Run).arm_settings(run, a) for a in preset.arms]
@@ -135,7 +159,7 @@ def main(argv=None) -> int:
             f.write(text)
     ok = run_programs(progs, preset=preset.name, topology=target.topology, chips=target.chips, spec=target.spec,
                       hbm_limit=target.hbm_limit, fraction=args.hbm_fraction, proxy=target.proxy, emit=emit,
-                      on_compiled=keep_hlo if args.hlo_dir else None)
+                      on_compiled=keep_hlo if args.hlo_dir else None, hbm_note=target.hbm_note)
     return 0 if ok else 1
 
 

@@ -26,6 +26,7 @@ from jaxagent.study.frozenlake.presets import PRESET_NOTES, PRESETS
 from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
 from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
 from jaxagent.study.run_dir import RunError
+from jaxagent.study.stages import ARMS as STUDY_ARMS
 
 MAX_SEED = MAX_PRNG_SEED - BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
 MAX_COUNT = MAX_ITERATIONS             # iterations, micro-batches, processes
@@ -140,6 +141,9 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's RL iterations per arm")
     p.add_argument("--seeds", type=seed_int, nargs="+", action=_Distinct, default=None,
                    help="override the preset's RL seeds")
+    p.add_argument("--arms", nargs="+", action=_Distinct, default=None, choices=sorted(STUDY_ARMS), metavar="ARM",
+                   help=f"override the preset's RL arms (of {', '.join(sorted(STUDY_ARMS))}); a finding that compares "
+                        "an arm left out is reported as not measured")
     if run_options:
         p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
                        help="run the preset on seeds shifted by N (RL seed k -> k+N, and the base SFT seed); "
@@ -192,6 +196,11 @@ coordinator_address.__name__ = "host:port"
 
 
 def add_distributed(p: argparse.ArgumentParser) -> None:
+    """The multi-host options, and --compile-cache (`init_distributed` applies both)."""
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="keep compiled programs in DIR (jax's persistent compilation cache) so that a resumed or "
+                        "repeated run skips their compiles: minutes per program for a real Qwen3 on a GPU or TPU "
+                        "host; a directory shared by the hosts of a pod, or one per host")
     g = p.add_argument_group("multi-host (one process per host, the same command on every host, a shared --root)")
     g.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() before anything touches the devices, so the "
@@ -212,7 +221,10 @@ def init_distributed(args):
     """jax.distributed.initialize() when --distributed is given; must run before any device is touched. The job's
     processes get `--connect-timeout` seconds to connect (JAX's initialization_timeout); when they do not, XLA
     aborts the process with a stack trace, so a watchdog ends it first (JAX's deadline is a second later) with one
-    line."""
+    line. With --compile-cache, jax's persistent compilation cache is set first (compiles over 1 s are kept)."""
+    if getattr(args, "compile_cache", None):
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     given = {k: getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")}
     if not getattr(args, "distributed", False):
         extra = [k for k, v in given.items() if v is not None]
@@ -250,6 +262,7 @@ def preset_from(args):
     try:
         preset = presets_lib.with_overrides(
             args.preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
+            arms=getattr(args, "arms", None),
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
             micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
             rehearsal=getattr(args, "rehearsal", False))

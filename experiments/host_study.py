@@ -14,6 +14,7 @@ from experiments import cli
 from jaxagent.study import run_dir
 from jaxagent.study.host import pipeline
 from jaxagent.study.host.presets import HOST_PRESETS, HostPreset, preset_problem, rehearsal_preset
+from jaxagent.study.host.stages import HOST_ARMS
 
 
 def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
@@ -42,6 +43,9 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
                         "when the preset fine-tunes on references; RL from a checkpoint keeps the others)")
     p.add_argument("--iterations", type=cli.positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=cli.seed_int, nargs="+", default=None, help="override the RL seeds")
+    p.add_argument("--arms", nargs="+", default=None, choices=HOST_ARMS, metavar="ARM",
+                   help=f"override the preset's RL arms (of {', '.join(HOST_ARMS)}); a finding that compares an arm "
+                        "left out is reported as not measured")
     p.add_argument("--rehearsal", action="store_true",
                    help="run the preset's whole pipeline with its counts cut (one seed, one iteration, a few episodes "
                         "and held-out tasks, short turns) to check it end to end on this machine before booking "
@@ -63,15 +67,17 @@ def preset_from(args) -> HostPreset:
     """The named preset with the command line's overrides; exits with the reason when it cannot run."""
     changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None),
-                                 ("data_format", getattr(args, "data_format", None))) if v is not None}
+                                 ("data_format", getattr(args, "data_format", None)),
+                                 ("arms", tuple(args.arms) if getattr(args, "arms", None) else None)) if v is not None}
     opt = lambda name: getattr(args, name, None)  # noqa: E731  (other scripts' parsers, e.g. mistakes', lack them)
     options = tuple((k, v) for k, v in (("grading", opt("grading")), ("keep_distinct", opt("keep_distinct") or None),
                                         ("schema_in_prompt", False if opt("no_schema") else None),
                                         ("require_reference", opt("require_reference"))) if v is not None)
     if options:
         changes["env_options"] = HOST_PRESETS[args.preset].env_options + options
-    if len(set(changes.get("seeds", ()))) != len(changes.get("seeds", ())):
-        cli.fail(f"--seeds must be distinct, got {' '.join(map(str, args.seeds))}")
+    for name in ("seeds", "arms"):
+        if len(set(changes.get(name, ()))) != len(changes.get(name, ())):
+            cli.fail(f"--{name} must be distinct, got {' '.join(map(str, getattr(args, name)))}")
     base = HOST_PRESETS[args.preset]
     p = dataclasses.replace(rehearsal_preset(base) if opt("rehearsal") else base, **changes)
     if preset_problem(p) is not None:

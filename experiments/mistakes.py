@@ -28,6 +28,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the table here")
     for name in ("checkpoint", "data", "iterations", "seeds"):
         p.set_defaults(**{name: None})
+    p.set_defaults(rehearsal=False)
     args = p.parse_args(argv)
     preset = preset_from(args)
     env = get_domain(preset.task.domain).env

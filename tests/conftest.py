@@ -52,7 +52,7 @@ def seam_mode(mode: str):
     mp = pytest.MonkeyPatch()
     mp.setattr(ops_cpu, "kernels_built", lambda: False)
     if mode == "accelerator":
-        mp.setattr(ops, "platform_select", lambda *args, cpu, default: default(*args))
+        mp.setattr(ops, "platform_select", lambda *args, cpu, default, **_: default(*args))
     jax.clear_caches()
     try:
         yield

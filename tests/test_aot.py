@@ -181,7 +181,7 @@ def tiny_generate():
     devices = aot.topology_devices("v5p:2x2x1")
     mesh = sharding.make_mesh(1, 2, 2, devices=devices)
     prog = programs.generate_program(CFG, mesh, rows=8, prompt_len=16, new_tokens=8, dtype=jnp.bfloat16, stop_ids=(1,),
-                              pad_id=0)
+                                     pad_id=0, run_mesh=mesh)
     compiled = prog.lower().compile()
     rec = aot.compiled_record(compiled, chips=4, spec=aot.chip_specs("v5p:2x2x1"), hbm_limit=aot.CHIPS["v5p"]["hbm"],
                                analytic=prog.analytic_flops)

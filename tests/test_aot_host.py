@@ -11,6 +11,7 @@ import pytest
 
 from jaxagent.study.host.run import HostRun
 from jaxagent import aot
+from jaxagent.aot import arms
 from jaxagent.aot import host as AH
 from jaxagent.aot import programs
 from jaxagent.models.config import Qwen3Config
@@ -29,6 +30,7 @@ def _tiny_host_preset(eval_batch: int = 8):
     base = HOST_PRESETS["ci-sql"]
     return dataclasses.replace(base, name="tiny-host", tiny_model=CFG, mesh=(1, 2, 2), n_tasks=2, group_size=4,
                                micro_batches=2, remat="full", compute_dtype="bfloat16", compiler_options=(),
+                               policy_positions=False,  # packed positions need one batch shard (`HostRun`)
                                task=dataclasses.replace(base.task, max_context=128, max_action_tokens=8),
                                eval=dataclasses.replace(base.eval, batch_size=eval_batch))
 
@@ -88,21 +90,27 @@ def test_host_program_names_and_batches():
     pre = _tiny_host_preset(eval_batch=8)
     assert AH.widest_width(pre.task) == 128                     # bucket(128 - 8)
     progs = AH.host_programs(pre, CFG, mesh, _arms(pre))
-    assert [p.name for p in progs] == ["host_train_step", "host_append", "host_decode"]
-    assert all("also the evaluation rollout's (8 rows per group)" in p.note for p in progs[1:])
+    assert [p.name for p in progs] == ["init_params", "train_state_init", "params_finite", "host_train_step",
+                                       "host_append", "host_decode"]
+    assert all("also the evaluation rollout's (8 rows per group)" in p.note for p in progs[4:])
+    # the narrower appends are the widest's family (the coverage test's), each the program at that width
+    assert [c.args[2].shape for c in progs[4].calls] == [(8, 128), (8, 16), (8, 32), (8, 64)]
+    assert progs[5].calls[0].kwargs.get("compact_rows") is None  # on a mesh the decode does not compact
+    assert [p.resident_bytes > 0 for p in progs[:3]] == [False, False, True]  # made from the base / beside it
     named = AH.host_programs(pre, CFG, mesh, _arms(pre), only=["host_append_w16", "host_append_w256", "host_decode_eval"])
     assert [p.name for p in named] == ["host_append_w16", "host_decode_eval"]  # 256 > the widest; eval on request
     pre4 = _tiny_host_preset(eval_batch=4)
     progs = AH.host_programs(pre4, CFG, mesh, _arms(pre4), only=["host_decode", "host_decode_eval"])
     assert [p.name for p in progs] == ["host_decode", "host_decode_eval"] and "4 rows" in progs[1].note
-    assert set(AH.PROGRAM_NAMES).isdisjoint(programs.PROGRAM_NAMES)
+    assert set(AH.PROGRAM_NAMES) & set(programs.PROGRAM_NAMES) == set(arms.SHARED)  # the arms' own programs
     # BFCL: finding 4's continuations (eval.batch_size rows, one group: here the training's) and finding 5's scoring
     bfcl = dataclasses.replace(pre, task=dataclasses.replace(pre.task, domain="bfcl"))
     progs = AH.host_programs(bfcl, CFG, mesh, _arms(bfcl), only=["host_append", "host_decode", "host_f5_logprobs"])
     assert [p.name for p in progs] == ["host_append", "host_decode", "host_f5_logprobs"]
     assert "also the finding 4 continuation's (8 rows per group)" in progs[1].note
-    assert "4 rows x 128 tokens" in progs[2].note                # 8 episodes / 2 micro-batches, max_context
-    assert progs[2].lower().out_info.shape == (4, 128)
+    assert "4 rows x 128 tokens, 64 policy positions" in progs[2].note  # 8 episodes / 2 micro-batches, max_context
+    assert progs[2].lower().out_info.shape == (4, 64)           # policy_logprobs at the policy positions
+    assert {c.args[1].shape for c in progs[2].calls} == {(4, 128)}  # 128 slots: one width (multiples of 256)
     # what the run holds beside each program: the base params beside the train step; the base and the arm's
     # TrainState beside a rollout call; with two episode groups the other group's cache and logits too
     res = AH.resident(pre, CFG, mesh, mesh, _arms(pre))
@@ -121,7 +129,8 @@ def tiny_host():
     mesh = sharding.make_mesh(1, 2, 2, devices=aot.topology_devices("v5p:2x2x1"))
     hlo, recs = {}, []
     pre = _tiny_host_preset()
-    ok = aot.run_programs(AH.host_programs(pre, CFG, mesh, _arms(pre)), preset="tiny-host", topology="v5p:2x2x1",
+    progs = AH.host_programs(pre, CFG, mesh, _arms(pre), only=["host_train_step", "host_append", "host_decode"])
+    ok = aot.run_programs(progs, preset="tiny-host", topology="v5p:2x2x1",
                           chips=4, spec=aot.chip_specs("v5p:2x2x1"), hbm_limit=aot.CHIPS["v5p"]["hbm"],
                           emit=recs.append, on_compiled=lambda name, text: hlo.__setitem__(name, text))
     return ok, recs, hlo

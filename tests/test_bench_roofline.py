@@ -53,6 +53,25 @@ def test_flop_and_byte_counts_by_hand():
     assert b["bytes"] == b["weight_bytes"] + b["kv_bytes"]
 
 
+def test_prefill_flops_count_what_the_program_computes():
+    """`sampling.append` of T tokens (`qwen3.hidden_states(index=)`): every layer projects keys and values of all T
+    tokens; layers 0..L-2 run queries, o_proj, the MLP and T(T+1)/2 causal pairs for all T; the last layer runs them
+    for the last token only (T key pairs); one position unembedded."""
+    w_kv, w_rest = 2 * 64 * 2 * 16, 2 * 64 * 4 * 16 + 3 * 64 * 128  # D K E x (k, v); q + o + the MLP
+    assert w_kv + w_rest == N_LAYERS // 2
+    t = 16
+    per_row = (2 * (w_kv + w_rest) * t            # layer 0: every token
+               + 2 * w_kv * t + 2 * w_rest         # layer 1 (last): k, v of every token; the rest of one
+               + 2 * 512 * 64                      # one position's logits
+               + 4 * 4 * 16 * (t * (t + 1) // 2 + t))  # causal pairs of layer 0, the last query's T of layer 1
+    assert roofline.prefill_flops(TINY, 3, t) == 3 * per_row
+    # all T tokens through the last layer (forward_flops) would count (T - 1) more queries there
+    over = roofline.forward_flops(TINY, 3, t, 0, logit_tokens=1) - roofline.prefill_flops(TINY, 3, t)
+    assert over == 3 * ((t - 1) * 2 * w_rest + 4 * 4 * 16 * (t * (t + 1) // 2 - t))
+    q8 = MODELS["qwen3-8b"]
+    assert 0.026 < roofline.forward_flops(q8, 1, 2048, 0, logit_tokens=1) / roofline.prefill_flops(q8, 1, 2048) - 1 < 0.028
+
+
 def test_fractions_and_roofline_bound():
     assert roofline.fraction(100.0, 2.0, 100.0) == 0.5 and roofline.fraction(1.0, 1.0, None) is None
     with pytest.raises(ValueError, match="seconds"):

@@ -89,7 +89,7 @@ def hf_greedy(hf, tokens, mask, max_new, eos=None):
 def run(params, cfg, tokens, mask, *, sampler=GREEDY, seed=0, max_new=MAX_NEW, **kw):
     return generate(params, cfg, jnp.asarray(tokens), jax.random.key(seed), max_new_tokens=max_new,
                     prompt_mask_BxL=jnp.asarray(mask), max_steps=kw.pop("max_steps", MAX_STEPS),
-                    sampler=sampler, pad_id=PAD, **kw)
+                    sampler=sampler, pad_id=PAD, return_cache=kw.pop("return_cache", True), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +258,20 @@ def test_truncated_sampler_distribution(sampler, support):
     q[keep] = p[keep] / p[keep].sum()
     assert counts[q == 0].sum() == 0
     assert _chi2_pvalue(counts[keep], q[keep]) > 1e-3
+
+
+def test_generate_returns_the_cache_only_when_asked(model, prompts, greedy_left):
+    """By default generate drops the KV cache as it returns (under a transformation: no output of the caller's
+    program); the tokens are the same as with return_cache=True."""
+    _, cfg, params = model
+    tl, ml = prompts[1]
+    out = run(params, cfg, tl, ml, return_cache=False)
+    assert out.cache is None and greedy_left.cache is not None
+    for name in ("tokens", "logprobs", "lengths", "stopped"):
+        np.testing.assert_array_equal(np.asarray(getattr(out, name)), np.asarray(getattr(greedy_left, name)), name)
+    shapes = jax.eval_shape(lambda p: generate(p, cfg, jnp.asarray(tl), jax.random.key(0), max_new_tokens=MAX_NEW,
+                                               max_steps=MAX_STEPS, prompt_mask_BxL=jnp.asarray(ml)), params)
+    assert shapes.cache is None and len(jax.tree.leaves(shapes)) == 4
 
 
 # ---------------------------------------------------------------- logprobs and the cache

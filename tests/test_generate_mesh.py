@@ -57,7 +57,7 @@ def _recording(monkeypatch, call_real=True):
 
     def spy(*args, **kw):
         seen.append((args, kw))
-        return real(*args, **kw) if call_real else None
+        return real(*args, **kw) if call_real else gen_mod.Generation(None, None, None, None)
     monkeypatch.setattr(gen_mod, "generate_jit", spy)
     return seen
 
@@ -103,7 +103,7 @@ def test_aot_generate_program_is_what_generate_runs(on_mesh, mesh):
     _, args, kw = on_mesh
     runs = gen_mod.generate_jit.lower(*args, **kw).as_text()
     prog = A.generate_program(CFG, mesh, rows=B, prompt_len=L, new_tokens=NEW, dtype=jnp.float32, stop_ids=(STOP,),
-                              pad_id=0)
+                              pad_id=0, run_mesh=mesh)
     assert prog.lower().as_text() == runs
 
 

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import reproduce
 from jaxagent.study.host import run as host_run
 from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.envs.host import base as host
@@ -26,6 +25,8 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import SUCCESS, FAILED, HostRolloutConfig, host_rollout
 from jaxagent.study.host import (error_recovery as host_error_recovery, metrics as host_metrics, report as host_report,
                                  stages as host_stages)
+from jaxagent.aot import host as aot_host
+from tests import aot_coverage
 from tests.passk_reference import comb_pass
 from jaxagent.study import run_dir
 
@@ -295,9 +296,23 @@ def test_error_recovery_metrics_known_rates_and_report():
 # ----------------------------------------------------------------------------- the ci-sql miniature
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("runs"))
-    reproduce.main(["--preset", "ci-sql", "--root", root])
-    return os.path.join(root, "ci-sql")
+    """`experiments.reproduce --preset ci-sql` in a subprocess, every jitted call recorded (tests/aot_coverage.py)."""
+    return aot_coverage.record_reproduce("ci-sql", str(tmp_path_factory.mktemp("runs")))
+
+
+@pytest.mark.slow
+def test_every_program_the_ci_sql_run_calls_is_in_the_aot_list(ci_run):
+    """Each jitted call of the ci-sql run (recorded around `jax.jit`) is a call of the preset's AOT list built on one
+    CPU device (`aot.host.host_programs` with the run's tiny model) or an `aot.coverage.HELPERS` function: the
+    appends at every width the run used (the widest program's family), the compacted decodes, the packed train
+    step at each policy-index length it met."""
+    preset = HOST_PRESETS["ci-sql"]
+    progs = aot_host.host_programs(preset, preset.tiny_model, aot_coverage.one_device_mesh(),
+                                   aot_coverage.arm_settings(host_run.HostRun, preset))
+    counts = aot_coverage.assert_covered(aot_coverage.recorded(ci_run), progs)
+    assert {n for n, c in counts.items() if c} == {"init_params", "train_state_init", "params_finite",
+                                                   "host_train_step", "host_append", "host_decode",
+                                                   "host_append_eval", "host_decode_eval"}
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def test_sharded_generate_equals_unsharded(sharded, batch, reference):
     toks, mask = batch
     ref = reference[1]
     out = generate(params, cfg, toks, jax.random.key(0), max_new_tokens=MAX_NEW, prompt_mask_BxL=mask,
-                   sampler=GREEDY, mesh=mesh)
+                   sampler=GREEDY, mesh=mesh, return_cache=True)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=TOL)

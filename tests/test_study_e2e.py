@@ -12,18 +12,19 @@ import numpy as np
 import pytest
 
 from experiments import reproduce
+from jaxagent.aot import programs
 from jaxagent.eval import health, report, stats
 from jaxagent.eval import findings as findings_lib
 from jaxagent.study.frozenlake import evaluate, measure
 from jaxagent.study.frozenlake.presets import PRESETS
 from jaxagent.study.frozenlake.run import Run
+from tests import aot_coverage
 
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("runs"))
-    reproduce.main(["--preset", "ci", "--root", root])
-    return os.path.join(root, "ci")
+    """`experiments.reproduce --preset ci` in a subprocess, every jitted call recorded (tests/aot_coverage.py)."""
+    return aot_coverage.record_reproduce("ci", str(tmp_path_factory.mktemp("runs")))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,27 @@ def test_reproduce_writes_every_stage(ci_run):
                  "metrics.json", "report.md", "timing.json", "figures/pass_at_t.png", "figures/pass_kt_base.png",
                  "figures/learning_grpo.png", "figures/learning_budgetmix.png", "figures/dynamics.png"):
         assert os.path.exists(os.path.join(ci_run, part)), part
+
+
+@pytest.mark.slow
+def test_every_program_the_run_calls_is_in_the_aot_list(ci_run):
+    """Each jitted call of the run (function, static values, argument shapes, dtypes and shardings, recorded around
+    `jax.jit`) is a call of the ci preset's AOT list built on one CPU device (`aot.programs.preset_programs`, the
+    toy world and vocabulary as the run makes them) or an `aot.coverage.HELPERS` function: a new jitted program in
+    the pipeline fails here until the list knows it (tests/test_aot_coverage.py shows one caught). R_single's plan
+    generation is among them, in calls of the rollout batch."""
+    preset = PRESETS["ci"]
+    calls = aot_coverage.recorded(ci_run)
+    world = programs.toy_world(preset)
+    cfg = aot_coverage.with_vocab(preset.model, world.tokenizer.vocab_size)
+    progs = programs.preset_programs(preset, cfg, aot_coverage.one_device_mesh(),
+                                     aot_coverage.arm_settings(Run, preset))
+    counts = aot_coverage.assert_covered(calls, progs)
+    # what the miniature runs: every program of its list (no PPO arm: no critic values)
+    assert {n for n, c in counts.items() if c} == set(programs.PROGRAM_NAMES) - {"train_step_ppo", "critic_values"}
+    r_single = preset.eval.n_plan_tasks * preset.eval.n_plan_samples // preset.rollout_batch
+    # R_single at the base and after each iteration (2 arms x 2 seeds x (1 + 2)) and the eval's base and grpo (2 seeds)
+    assert counts["plan_generate"] == r_single * (2 * 2 * 3 + 2 * 2)
 
 
 @pytest.mark.slow

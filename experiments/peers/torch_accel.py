@@ -4,9 +4,11 @@ both frameworks compute the same thing (greedy tokens, first loss) on one random
 
     python -m experiments.peers.torch_accel SPEC.json OUT.json
 
-SPEC: {"budget_s", "seed", "items": [{"id", "kind", ...}]}; OUT: {"device", "torch", "transformers", "items":
-[{"id", ...result or "error" or "skipped"}]}, rewritten after every item. It runs in its own process before the JAX side starts, so the two
-never share the chip's memory. Kinds:
+SPEC: {"budget_s", "accelerator", "items": [{"id", "kind", ...}]}; OUT: {"device", "torch", "transformers",
+"free_gb", "total_gb", "items": [{"id", ...result or "error" or "skipped"}]}, rewritten after every item. It runs
+in its own process after the JAX stages' process has exited, so the two never share the chip's memory (`free_gb`:
+what CUDA reports free when it starts). With "accelerator" true (the JAX side ran on a GPU or TPU) and no CUDA
+device for torch, every item is skipped with that reason: a CPU peer is no comparison. Kinds:
   prefill  one forward of batch x context tokens (`use_cache`, logits of the last position only), bf16 weights;
            settings "eager" and "compiled" (`torch.compile` of the forward; on CUDA only: on a CPU host, a smoke
            test, the inductor's C++ build takes minutes);
@@ -19,7 +21,7 @@ never share the chip's memory. Kinds:
   train    the GRPO step (`torch_grpo`: PPO-clip token-mean) with f32 master weights, bf16 autocast, AdamW
            (fused on CUDA), gradient clipping at 1.0, `micro_batches` gradient-accumulation steps and gradient
            checkpointing (settings "checkpointed" and "plain");
-  check    writes a random Qwen3 (f32, seed) to `dir` for the JAX side to load, then its greedy tokens (bf16) for
+  check    loads the random Qwen3 checkpoint the JAX side wrote to `dir` (f32), then its greedy tokens (bf16) for
            `prompt_rows` x `prompt_len` random prompts and the first loss of the train step on the check batch.
 The time of every setting is reported; `best` names the fastest. Each item's error is recorded and the next runs.
 """
@@ -235,8 +237,9 @@ def train(item: dict) -> dict:
 
     def run(checkpointed: bool):
         model = _model(item["model"], torch.float32, item.get("seed", 0)).train()
-        if checkpointed:
-            model.gradient_checkpointing_enable()  # transformers 5's name (the GPU images ship 5.x)
+        if checkpointed:  # transformers >= 5.2x names it activation_checkpointing_enable (the old name warns)
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         out = _timed(_train_step_fn(model, batch, item["micro_batches"]), item, item["rows"] * item["seq"])
         if torch.cuda.is_available():
             out["peak_bytes"] = torch.cuda.max_memory_allocated()
@@ -250,18 +253,19 @@ def train(item: dict) -> dict:
 
 # ----------------------------------------------------------------------------- check
 def check(item: dict) -> dict:
-    """A random checkpoint for both sides, the peer's greedy tokens and first loss on it."""
+    """The peer's greedy tokens and first loss on the JAX side's random checkpoint."""
     import torch
-    model = _model(item["model"], torch.float32, item.get("seed", 0))
-    model.save_pretrained(item["dir"], safe_serialization=True)
+    from transformers import Qwen3ForCausalLM
+    model = Qwen3ForCausalLM.from_pretrained(item["dir"], dtype=torch.float32).to(_device()).eval()
     out = {"dir": item["dir"]}
-    ids = torch.as_tensor(prompts(item["model"]["vocab_size"], item["prompt_rows"], item["prompt_len"],
-                                  item.get("seed", 0)), dtype=torch.long, device=_device())
+    vocab = model.config.vocab_size
+    ids = torch.as_tensor(prompts(vocab, item["prompt_rows"], item["prompt_len"], item.get("seed", 0)),
+                          dtype=torch.long, device=_device())
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     gen = _generate(bf16, ids, item["new_tokens"], static=False)
     out["greedy_tokens"] = gen[:, ids.shape[1]:].cpu().numpy().tolist()
     del bf16
-    batch = train_batch(item["model"]["vocab_size"], item["rows"], item["seq"], item["prompt"], item.get("seed", 0))
+    batch = train_batch(vocab, item["rows"], item["seq"], item["prompt"], item.get("seed", 0))
     out["first_loss"] = _train_step_fn(model.train(), batch, item.get("micro_batches", 1))()
     return out
 
@@ -275,10 +279,16 @@ def run(spec: dict, out_path: Optional[str] = None) -> dict:
     dev = _device()
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
            "transformers": transformers.__version__, "items": []}
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        out.update(free_gb=free / 1e9, total_gb=total / 1e9)
+    no_chip = spec.get("accelerator") and dev.type != "cuda"
     t0, budget = time.perf_counter(), spec.get("budget_s")
     for item in spec["items"]:
         rec = {"id": item["id"], "kind": item["kind"]}
-        if item["kind"] not in KINDS:
+        if no_chip:
+            rec["skipped"] = "torch sees no CUDA device (the JAX side ran on an accelerator)"
+        elif item["kind"] not in KINDS:
             rec["error"] = f"unknown kind {item['kind']!r}; known: {sorted(KINDS)}"
         elif budget is not None and time.perf_counter() - t0 > budget:
             rec["skipped"] = f"the peer's time budget ({budget:g} s) is spent"
@@ -311,32 +321,28 @@ def main(argv=None) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- the launcher (JAX side's process)
-PEER_GRACE_S = 150.0
-
-
-def run_peer(items: list, budget_s: float, log: Callable) -> dict:
-    """{id: the peer's result} from a fresh process (`experiments.peers.torch_accel`); {} with a note when it
-    cannot run (no torch, a crash)."""
+# ----------------------------------------------------------------------------- the launcher (the run's process)
+def run_peer(items: list, budget_s: float, log: Callable, *, hard_s: float, accelerator: bool) -> dict:
+    """{id: the peer's result} from a fresh process (`experiments.peers.torch_accel`) that starts no item after
+    `budget_s` and is stopped after `hard_s`; {} with a note when it cannot run (a crash, a stop)."""
     if not items:
-        return {}
+        return {"_note": "nothing to run"}
     with tempfile.TemporaryDirectory() as d:
         spec, out = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
         with open(spec, "w") as f:
-            json.dump({"budget_s": budget_s, "items": items}, f)
+            json.dump({"budget_s": budget_s, "accelerator": accelerator, "items": items}, f)
         env = dict(os.environ, JAX_PLATFORMS="cpu",  # the peer's numpy-only imports must not claim the chip
                    PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
         try:
-            # the budget bounds when the peer starts its last item; that item gets PEER_GRACE_S more at most
             proc = subprocess.run([sys.executable, "-m", "experiments.peers.torch_accel", spec, out], env=env,
                                   cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  timeout=budget_s + PEER_GRACE_S)
+                                  timeout=hard_s)
             for line in (proc.stderr or "").splitlines()[-len(items) - 2:]:
                 log(line)
             failed = None if proc.returncode == 0 else f"the peer failed (exit {proc.returncode}): " + (
                 ((proc.stderr or "").strip().splitlines() or ["no output"])[-1][:300])
         except subprocess.TimeoutExpired:
-            failed = f"the peer was stopped after {budget_s + PEER_GRACE_S:.0f} s"
+            failed = f"the peer was stopped after {hard_s:.0f} s"
             log(f"peer: {failed}")
         if not os.path.isfile(out):
             return {"_note": failed or "the peer wrote no result"}
@@ -345,7 +351,7 @@ def run_peer(items: list, budget_s: float, log: Callable) -> dict:
     got = {r["id"]: r for r in res["items"]}
     if failed:
         got["_note"] = failed
-    got["_info"] = {k: res[k] for k in ("device", "torch", "transformers")}
+    got["_info"] = {k: res.get(k) for k in ("device", "torch", "transformers", "free_gb", "total_gb")}
     return got
 
 

@@ -1,23 +1,25 @@
-"""Ahead-of-time analysis of accelerator programs: compile for a TPU topology on a host without one, and read
-each program's per-chip memory, FLOPs (with loop trip counts), roofline, collectives, custom calls and a verdict.
+"""Ahead-of-time analysis of accelerator programs: compile for a TPU topology or NVIDIA GPUs on a host without
+them, and read each program's per-chip memory, FLOPs (with loop trip counts), roofline, collectives, custom calls,
+fused attention (GPU) and a verdict.
 
     from jaxagent import aot
     rec = aot.analyze(jax.jit(f), *abstract_args, topology="v5p:2x2x1")   # any jitted function (`record.analyze`)
 
-Modules: `topology` (compile-only devices, chip figures), `hlo` (HLO text: trip counts, FLOP and collective
-accounting), `analytic` (Qwen3 FLOP targets), `memory` (what a run holds beside a program, `Resident`),
+Modules: `topology` (compile-only devices, chip figures, the memory to fit), `gpu` (GPU targets: the target
+config, the cards' figures), `hlo` (HLO text: trip counts, FLOP and collective accounting), `analytic` (Qwen3 FLOP targets), `memory` (what a run holds beside a program, `Resident`),
 `verdict`, `record` (compile and read one program; `run_programs`), `check` (a preset's target, re-checking
-stored records), `programs` / `host` (the programs of a FrozenLake / host-domain preset's run, imported on
-their own), `report` (docs/aot.md's tables from stored records). The command line: experiments/aot_check.py.
+stored records), `programs` / `host` / `arms` (the programs of a FrozenLake / host-domain preset's run and those
+both share, imported on their own), `coverage` (a jitted call's signature: the list checked against a recorded
+run), `report` (docs/aot.md's tables from stored records). The command line: experiments/aot_check.py.
 """
 from jaxagent.aot.analytic import analytic_flops, cached_forward_flops
 from jaxagent.aot.hlo import hlo_summary, loop_collective_bytes, multipliers, parse_hlo
 from jaxagent.aot.memory import Resident, add_resident, per_chip_bytes
 from jaxagent.aot.record import Program, analyze, compiled_record, lowered_digest, run_programs
-from jaxagent.aot.topology import CHIPS, GIB, chip_specs, topology_devices
+from jaxagent.aot.topology import CHIPS, GIB, chip_specs, hbm_limit, topology_devices
 from jaxagent.aot.verdict import FLOPS_TOLERANCE, HBM_FRACTION, foreign_calls, verdict
 
 __all__ = ["analytic_flops", "cached_forward_flops", "hlo_summary", "loop_collective_bytes", "multipliers",
            "parse_hlo", "Resident", "add_resident", "per_chip_bytes", "Program", "analyze", "compiled_record",
-           "lowered_digest", "run_programs", "CHIPS", "GIB", "chip_specs", "topology_devices", "FLOPS_TOLERANCE",
-           "HBM_FRACTION", "foreign_calls", "verdict"]
+           "lowered_digest", "run_programs", "CHIPS", "GIB", "chip_specs", "hbm_limit", "topology_devices",
+           "FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "verdict"]

@@ -1,12 +1,14 @@
 """The optimized per-chip HLO text of a compiled program (`compiled.as_text()`), read with loop trip counts.
 
-XLA's own `cost_analysis()` counts every while-loop body once; the figures here multiply each computation
-by how often it runs (`multipliers`: while bodies by their trip counts, nested loops multiplied): matmul
-FLOPs (dots and the convolutions XLA:TPU writes them as), collectives by kind with the bytes they move,
-custom-call targets, the loops and the largest values (`hlo_summary`).
+XLA's own `cost_analysis()` counts every while-loop body once (XLA:GPU's gives none at all); the figures here
+multiply each computation by how often it runs (`multipliers`: while bodies by their trip counts, nested loops
+multiplied): matmul FLOPs (dots, the convolutions XLA:TPU writes them as, and XLA:GPU's cuBLAS and cuDNN
+attention calls: `custom_call_flops`), collectives by kind with the bytes they move, custom-call targets, the
+loops, the largest values and the largest dense attention scores (`hlo_summary`).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Optional
 
@@ -15,6 +17,11 @@ import numpy as np
 from jaxagent.aot.topology import GIB
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+FUSED_ATTENTION = "__cudnn$fmha"  # the prefix of cuDNN's fused attention calls (forward; "...Backward")
+# A batched matmul's output with both trailing dims at least this large: attention scores over >= 1024 queries (per KV
+# head) and keys, written to memory (the dense attention; the fused kernel keeps them on chip).
+SCORES_MIN = 1024
+HEAD_DIM_MAX = 256  # the largest contraction `dense_scores` takes for a head dim
 
 
 _SHAPE = re.compile(r"\b(pred|s4|s8|s16|s32|s64|u4|u8|u16|u32|u64|f8e4m3fn|f8e5m2|bf16|f16|f32|f64|c64)"
@@ -119,8 +126,12 @@ def trip_count(cond: list, body: Optional[list] = None, init: Optional[list] = N
 
 
 def while_trips(comps: dict, comp: str, ins: dict) -> int:
-    """`trip_count` of the while instruction `ins` of computation `comp`: its condition, its body and the
-    instructions of `comp` up to its operand tuple (where the counter's start is)."""
+    """The trip count of the while instruction `ins` of computation `comp`: the one XLA proved and wrote in its
+    backend config (`known_trip_count`, XLA:GPU, whose conditions compare inside a fusion), else `trip_count` of
+    its condition, its body and the instructions of `comp` up to its operand tuple (where the counter's start is)."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', ins["rest"])
+    if known:
+        return int(known.group(1))
     cond = re.search(r"condition=%?([\w.\-]+)", ins["rest"])
     body = re.search(r"body=%?([\w.\-]+)", ins["rest"])
     insts = comps.get(comp, [])
@@ -131,8 +142,12 @@ def while_trips(comps: dict, comp: str, ins: dict) -> int:
         tup = by_name.get(ops[0])
         if tup is not None:
             init = [x for x in insts if x["op"] == "constant"] + [tup]
-    return trip_count(comps.get(cond.group(1), []) if cond else [], comps.get(body.group(1)) if body else None,
-                       init)
+    cond_insts = comps.get(cond.group(1), []) if cond else []
+    # XLA:GPU fuses a condition's compare (and its limit) into a fusion: its constants count for the fallback
+    fused = [x for c in cond_insts if c["op"] == "fusion"
+             for m in [re.search(r"calls=%?([\w.\-]+)", c["rest"])] if m for x in comps.get(m.group(1), [])
+             if x["op"] == "constant"]
+    return trip_count(cond_insts + fused, comps.get(body.group(1)) if body else None, init)
 
 
 def multipliers(hlo: dict) -> dict:
@@ -225,28 +240,94 @@ def dot_flops(ins, shapes) -> float:
     return 2.0 * non_spatial * k * taps
 
 
+def _backend_config(ins) -> dict:
+    m = re.search(r"backend_config=(\{.*\})\s*$", ins["rest"])
+    try:
+        return json.loads(m.group(1)) if m else {}
+    except ValueError:
+        return {}
+
+
+def custom_call_flops(ins, shapes) -> float:
+    """FLOPs of an XLA:GPU library call: a cuBLAS GEMM (`__cublas$gemm`, `__cublas$lt$matmul`: 2 x output elements
+    x contracted size, from its dot dimension numbers) or a cuDNN fused attention (`__cudnn$fmha*`: from its score
+    shape [B, H, T, S] and head dim E, 4 B H T S E forward (q k^T and p v), 8 B H T S E backward (dq, dk, dv, dp);
+    every score counted, the causally masked ones too, as `analytic` counts dense attention; the backward's
+    recomputed q k^T is left out, as the analytic count leaves out recomputation inside a kernel). 0 otherwise."""
+    m = re.search(r'custom_call_target="([^"]+)"', ins["rest"])
+    target = m.group(1) if m else ""
+    ops = re.findall(r"%([\w.\-]+)", ins["rest"].split(")")[0])
+    cfg = _backend_config(ins) if target.startswith(("__cublas", FUSED_ATTENTION)) else {}
+    if target.startswith("__cublas"):
+        dims = cfg.get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
+        out = array_shapes(ins["type"])
+        if not out or not ops or ops[0] not in shapes:
+            return 0.0
+        k = float(np.prod([shapes[ops[0]][int(d)] for d in dims.get("lhs_contracting_dimensions", [])]))
+        return 2.0 * float(np.prod(out[0][1])) * k
+    if target.startswith(FUSED_ATTENTION):
+        scores = [int(d) for d in cfg.get("cudnn_fmha_backend_config", {}).get("intermediate_tensor_shape", {})
+                  .get("dimensions", [])]
+        out = array_shapes(ins["type"])  # the first output: the attention output (forward) or dq (backward)
+        if len(scores) != 4 or not out or not out[0][1]:
+            return 0.0
+        return (8.0 if "Backward" in target else 4.0) * float(np.prod(scores)) * out[0][1][-1]
+    return 0.0
+
+
+def dense_scores(ins, shapes, dtypes) -> Optional[tuple]:
+    """(dtype, dims, operand dtype) of a batched matmul (a dot, or a cuBLAS GEMM, with batch dims) that contracts at
+    most `HEAD_DIM_MAX` (a head dim: q k^T, or dO v^T in the backward) into a float output whose two trailing dims
+    are both >= `SCORES_MIN`: dense attention scores in memory; None otherwise (XLA:GPU's split-K GEMMs are batched
+    too, but contract thousands). `dtypes`: the computation's names -> dtypes."""
+    if ins["op"] == "dot":
+        m = re.search(r"lhs_batch_dims=\{([0-9,]*)\}", ins["rest"])
+        batched = bool(m and m.group(1))
+        c = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
+        contract = [int(d) for d in c.group(1).split(",") if d] if c else []
+    elif ins["op"] == "custom-call" and 'custom_call_target="__cublas' in ins["rest"]:
+        dims = _backend_config(ins).get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
+        batched = bool(dims.get("lhs_batch_dimensions"))
+        contract = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
+    else:
+        return None
+    ops = re.findall(r"%([\w.\-]+)", ins["rest"].split(")")[0])
+    out = array_shapes(ins["type"])
+    if not batched or not ops or ops[0] not in shapes or not out or out[0][0] not in ("f32", "bf16", "f16") \
+            or len(out[0][1]) < 2:
+        return None
+    k = int(np.prod([shapes[ops[0]][d] for d in contract])) if contract else 1
+    if k > HEAD_DIM_MAX or min(out[0][1][-2:]) < SCORES_MIN:
+        return None
+    return out[0][0], out[0][1], dtypes.get(ops[0], "?")
+
+
 def hlo_summary(text: str, top: int = 5) -> dict:
     """Loop-aware figures from the optimized per-chip HLO: matmul FLOPs, collectives by kind (count and
     bytes of their largest operand/result, times the executions of their computation; 'count' counts
-    executions, 'static_count' HLO instructions), custom-call targets, loops and the largest values
-    produced by the entry computation and the loops."""
+    executions, 'static_count' HLO instructions), custom-call targets, loops, the largest values
+    produced by the entry computation and the loops, and the largest dense attention scores (`dense_scores`:
+    {'gib', 'shape', 'operands': the dtype they are computed from} or None)."""
     hlo = parse_hlo(text)
     mult = multipliers(hlo)
-    shapes = {}
-    for insts in hlo["comps"].values():
-        for ins in insts:
-            arr = array_shapes(ins["type"])
-            if len(arr) == 1:
-                shapes[ins["name"]] = arr[0][1]
-    flops, coll, custom, loops, big = 0.0, {}, {}, [], []
+    flops, coll, custom, loops, big, scores = 0.0, {}, {}, [], [], None
     for comp, insts in hlo["comps"].items():
         k = mult.get(comp, 0)
         if not k:
             continue
+        # a name is local to its computation (XLA:GPU's fusions each name their parameters parameter_0, ...)
+        arrays = {ins["name"]: arr[0] for ins in insts for arr in [array_shapes(ins["type"])] if len(arr) == 1}
+        shapes = {name: a[1] for name, a in arrays.items()}
+        dtypes = {name: a[0] for name, a in arrays.items()}
         for ins in insts:
             op = ins["op"]
             if op in ("dot", "convolution"):
                 flops += k * dot_flops(ins, shapes)
+            elif op == "custom-call":
+                flops += k * custom_call_flops(ins, shapes)
+            sc = dense_scores(ins, shapes, dtypes)
+            if sc is not None and (scores is None or nbytes(sc[:2]) > nbytes(scores[:2])):
+                scores = sc
             base = op[:-6] if op.endswith("-start") else op
             if base == "all-reduce" and comp.startswith("all-reduce-scatter"):
                 base = "reduce-scatter"  # XLA:TPU writes a reduce-scatter as all-reduce + slice in one fusion
@@ -290,7 +371,11 @@ def hlo_summary(text: str, top: int = 5) -> dict:
             break
     for c in coll.values():
         c["gib"] = round(c.pop("bytes") / GIB, 3)
-    return {"flops": flops, "collectives": coll, "custom_calls": custom, "loops": loops, "largest": largest}
+    dense = None if scores is None else {"gib": round(nbytes(scores[:2]) / GIB, 3),
+                                         "shape": f"{scores[0]}[{','.join(map(str, scores[1]))}]",
+                                         "operands": scores[2]}
+    return {"flops": flops, "collectives": coll, "custom_calls": custom, "loops": loops, "largest": largest,
+            "dense_scores": dense}
 
 
 def loop_collective_bytes(text: str, runs: int, op: str = "all-gather") -> float:

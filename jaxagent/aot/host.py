@@ -21,12 +21,14 @@ temperature 1; domains in `host_error_recovery.DOMAINS`, only when they differ f
 Finding 3's step samples (`host_step_quality.sample_scores`) and finding 6's R_single rollouts
 (`host_dynamics.make_r_single`) on the coding domain run the evaluation's batches (its records say so).
   host_f5_logprobs  finding 5's scoring (`likelihood_scoring.score_records`, domains in `host_likelihood.DOMAINS`):
-                    `scoring.token_logprobs_jit` over n_tasks x group_size / micro_batches episodes of up to
-                    max_context tokens (the widest scoring batch), on the params as the evaluation rollouts use
-                    them, rows over the batch axes.
+                    `policy_logprobs_jit` over n_tasks x group_size / micro_batches episodes of up to
+                    max_context tokens and t_max x max_action_tokens policy positions (the widest scoring batch),
+                    on the params as the evaluation rollouts use them, rows over the batch axes;
+  init_params, train_state_init, params_finite   as the FrozenLake list's (`aot.arms`).
 Widths: by default the append is compiled at the widest width: the same program over fewer tokens at every
 narrower one (weights and cache identical, activations and FLOPs proportional to the width); the append at any
-width W: `--programs host_append_w<W>` (`host_append_eval_w<W>`, ...).
+width W: `--programs host_append_w<W>` (`host_append_eval_w<W>`, ...). Each program carries its family of shapes
+(`Program.calls`: the narrower appends, the scoring widths, the packed train step's lengths) for the coverage test.
 
 Analytic FLOPs (all chips; `flops_checked`): append = C tokens per row through every layer (the last layer's
 attention queries, o_proj and MLP for the one token whose logits it returns, `qwen3.hidden_states(index=)`),
@@ -41,32 +43,35 @@ E head dim.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding
 from jaxagent.aot.analytic import analytic_flops, cached_forward_flops
 from jaxagent.aot.memory import Resident, per_chip_bytes
-from jaxagent.aot.programs import abstract_key, compute_dtype_of, params_abstract, qwen3_tokenizer, train_step_programs
+from jaxagent.aot.arms import (SHARED, abstract_key, compute_dtype_of, init_params_program, params_abstract, program,
+                               state_programs, train_step_programs)
+from jaxagent.aot.coverage import Call
+from jaxagent.aot.programs import qwen3_tokenizer
 from jaxagent.aot.record import Program
-from jaxagent.eval.scoring import token_logprobs_jit
 from jaxagent.models import chat, qwen3
+from jaxagent.rl.logprobs import packed_policy_positions
 from jaxagent.rollout.host_loop import host_rollout
-from jaxagent.rollout.host_policy import append_jit, decode_jit
+from jaxagent.rollout.host_policy import append_jit, compact_rows, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler, bucket
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, stages as host_stages,
+                                 likelihood as host_likelihood, likelihood_scoring, stages as host_stages,
                                  step_quality as host_step_quality)
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
 BATCHES = ("", "_eval", "_f4")
-PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs")
+PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs") + SHARED
                  + tuple(f"host_{ph}{b}" for b in BATCHES for ph in ("append", "decode"))
                  + tuple(f"host_append{b}_w{w}" for b in BATCHES for w in WIDTHS))
 
@@ -123,17 +128,34 @@ def decode_args(cfg, mesh, *, rows: int, slots: int, dtype) -> tuple:
 
 
 def host_train_programs(preset, cfg, mesh, run_mesh, arms: list) -> list[Program]:
-    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`programs.train_step_programs`
+    """The host arms' train steps as `host_stages.make_host_arm_runtime` builds them (`arms.train_step_programs`
     with the arms' settings `arms`, as `study.host.run.HostRun.arm_settings` makes them, and the preset's XLA options),
-    one per distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens."""
+    one per distinct settings, on batches of n_tasks x group_size / minibatches rows of max_context tokens; with
+    `policy_positions` the batch carries each micro-batch's packed policy positions (`packed_sizes`: the widest
+    compiled, the others its family)."""
     return train_step_programs(cfg, mesh, run_mesh, arms, seq=preset.task.max_context,
-                               name=lambda arm: "host_train_step", **step_options(preset))
+                               name=lambda arm: "host_train_step", packed_sizes=packed_sizes(preset),
+                               **step_options(preset))
 
 
 def step_options(preset) -> dict:
     """`stages.make_arm_step`'s options as `study.host.run.run_arms` passes them."""
     return dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
-                compiler_options=dict(preset.compiler_options) or None, policy_tokens=preset.policy_tokens)
+                compiler_options=dict(preset.compiler_options) or None, packed_policy=preset.policy_positions)
+
+
+def packed_sizes(preset) -> tuple[int, ...]:
+    """The lengths N a packed step's `policy_index` [micro_batches, N] can take (`logprobs.packed_policy_positions` at
+    `host_stages.PACK_BUCKET`: powers of two from 16, then multiples of the bucket), up to a micro-batch whose every
+    row holds t_max x max_action_tokens policy tokens; () without `policy_positions`."""
+    if not preset.policy_positions:
+        return ()
+    rows = preset.n_tasks * preset.group_size // preset.minibatches // preset.micro_batches
+    most = rows * min(preset.policy_tokens, preset.task.max_context - 1)
+    top = packed_policy_positions(np.arange(most + 1)[None, :] > 0, host_stages.PACK_BUCKET).shape[1]
+    bucket = host_stages.PACK_BUCKET
+    return tuple([n for n in (16 << i for i in range(bucket.bit_length())) if n <= min(bucket, top)]
+                 + list(range(2 * bucket, top + 1, bucket)))
 
 
 def resident(preset, cfg, mesh, run_mesh, arms: list) -> Resident:
@@ -146,34 +168,33 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
     """The policy's `append_jit` (`host_append<suffix>` at the widest width, `host_append<suffix>_w<W>` at
     width W) and `decode_jit` (`host_decode<suffix>`) programs of one batch, lowered on `append_args` /
     `decode_args` under `jax.set_mesh(run_mesh)` when the run has a mesh (`host_stages.make_host_rollout_fn`)."""
-    ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
     dt = jnp.dtype(dtype).name
     progs = []
 
-    def append_prog(name, width, note):
-        args = append_args(cfg, mesh, rows=rows, slots=slots, width=width, dtype=dtype)
+    def append_call(width):
+        return Call(append_jit, append_args(cfg, mesh, rows=rows, slots=slots, width=width, dtype=dtype),
+                    dict(cfg=cfg), run_mesh)
 
-        def lower():
-            with ctx():
-                return append_jit.lower(*args, cfg=cfg)
-        return Program(name, lower, cached_forward_flops(cfg, rows, width, slots),
+    def append_prog(name, width, note, family=()):
+        return program(name, append_call(width), cached_forward_flops(cfg, rows, width, slots),
                        f"{label}: append_jit, {rows} rows x {width} tokens into {slots} slots, {dt} params on "
-                       f"ROLLOUT_RULES ({note})")
+                       f"ROLLOUT_RULES ({note})", family)
 
     if want(f"host_append{suffix}"):
         progs.append(append_prog(f"host_append{suffix}", widest,
-                                 f"the widest append; it bounds the narrower: host_append{suffix}_w<W>"))
+                                 f"the widest append; it bounds the narrower: host_append{suffix}_w<W>",
+                                 tuple(append_call(w) for w in WIDTHS if w < widest)))
     if want(f"host_decode{suffix}"):
-        args = decode_args(cfg, mesh, rows=rows, slots=slots, dtype=dtype)
-
-        def lower():
-            with ctx():
-                return decode_jit.lower(*args, cfg=cfg, max_steps=max_action_tokens, sampler=sampler,
-                                        stop_ids=tuple(int(s) for s in stop_ids), pad_id=int(pad_id))
-        progs.append(Program(f"host_decode{suffix}", lower,
+        # compaction as `HostPolicy.sample` chooses it (the study's rollouts compact on one device)
+        compact = compact_rows(rows, run_mesh)
+        call = Call(decode_jit, decode_args(cfg, mesh, rows=rows, slots=slots, dtype=dtype), dict(
+            cfg=cfg, max_steps=max_action_tokens, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids),
+            pad_id=int(pad_id), **({} if compact is None else {"compact_rows": compact})), run_mesh)
+        progs.append(program(f"host_decode{suffix}", call,
                              max_action_tokens * cached_forward_flops(cfg, rows, 1, slots),
                              f"{label}: decode_jit, {rows} rows x {max_action_tokens} steps over {slots} slots, "
-                             f"{dt} params on ROLLOUT_RULES, temperature {sampler.temperature:g}"))
+                             f"{dt} params on ROLLOUT_RULES, temperature {sampler.temperature:g}"
+                             f"{'' if compact is None else f', compacted to {compact} rows'}"))
     for w in widths:
         name = f"host_append{suffix}_w{w}"
         if w <= widest and want(name):
@@ -181,21 +202,27 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
     return progs
 
 
-def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, dtype) -> Program:
-    """Finding 5's scoring (`likelihood_scoring.score_records` -> `scoring.teacher_forced_logprobs`): the jitted
-    `token_logprobs` over chunks of `rows` episodes of `width` tokens, on the params as the evaluation rollouts
-    use them (`rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`), the rows over the batch axes, under
-    `jax.set_mesh` (`driver_common.row_placement`)."""
+def likelihood_program(cfg, mesh, run_mesh, *, rows: int, width: int, positions: int, dtype) -> Program:
+    """Finding 5's scoring (`likelihood_scoring.score_records`): `policy_logprobs_jit` over chunks of `rows` episodes
+    of W tokens (the longest episode rounded up to `WIDTH_MULTIPLE`, at most `width`) with M policy positions (the most
+    policy tokens of an episode rounded up to `POSITION_MULTIPLE`, at most `positions` rounded up), on the params as
+    the evaluation rollouts use them (`rollout_params`: `dtype`, per `sharding.ROLLOUT_RULES`), the rows over the
+    batch axes, under `jax.set_mesh` (`driver_common.row_placement`): compiled at the widest W and M, every other
+    (W, M) its family."""
     params = params_abstract(cfg, mesh, dtype, sharding.ROLLOUT_RULES)
-    toks = _sds((rows, width), jnp.int32, sharding.batch_sharding(mesh, 2, batch_size=rows))
-    ctx = (lambda: jax.set_mesh(run_mesh)) if run_mesh is not None else contextlib.nullcontext
+    row = sharding.batch_sharding(mesh, 2, batch_size=rows)
+    wm, pm = likelihood_scoring.WIDTH_MULTIPLE, likelihood_scoring.POSITION_MULTIPLE
+    widths = sorted({min(w, width) for w in range(wm, width + wm, wm)})
+    top = -(-min(positions, width - 1) // pm) * pm
 
-    def lower():
-        with ctx():
-            return token_logprobs_jit.lower(params, cfg, toks)
-    return Program("host_f5_logprobs", lower, analytic_flops(cfg, rows, width, backward=False),
-                   f"finding 5 scoring: token_logprobs, {rows} rows x {width} tokens (the widest scoring batch), "
-                   f"{jnp.dtype(dtype).name} params on ROLLOUT_RULES")
+    def call(w, m):
+        return Call(likelihood_scoring.policy_logprobs_jit, (params, _sds((rows, w), jnp.int32, row),
+                                                             _sds((rows, m), jnp.int32, row)), dict(cfg=cfg), run_mesh)
+    family = tuple(call(w, m) for w in widths for m in range(pm, top + 1, pm) if (w, m) != (width, top))
+    return program("host_f5_logprobs", call(width, top),
+                   analytic_flops(cfg, rows, width, backward=False, unembed_positions=rows * top),
+                   f"finding 5 scoring: policy_logprobs, {rows} rows x {width} tokens, {top} policy positions (the "
+                   f"widest scoring batch), {jnp.dtype(dtype).name} params on ROLLOUT_RULES", family)
 
 
 def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
@@ -207,7 +234,12 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     want = lambda name: only is None or name in only  # noqa: E731
     # the run: a mesh over every device unless the preset's is (1, 1, 1) (`study.make_run_mesh`)
     run_mesh = None if mesh.devices.size == 1 else mesh
-    progs = host_train_programs(preset, cfg, mesh, run_mesh, arms) if want("host_train_step") else []
+    progs = []
+    if preset.checkpoint is None and preset.tiny_model is not None and preset.aot_model is None and want("init_params"):
+        progs.append(init_params_program(cfg, mesh))  # the random model written as the run's tiny checkpoint
+    if want("train_state_init") or want("params_finite"):
+        progs += [pr for pr in state_programs(cfg, mesh, run_mesh, arms, **step_options(preset)) if want(pr.name)]
+    progs += host_train_programs(preset, cfg, mesh, run_mesh, arms) if want("host_train_step") else []
     task = preset.task
     tok = qwen3_tokenizer()  # the Qwen3 checkpoints' tokenizer: stop and pad ids
     stop_ids = tuple(int(i) for i in chat.turn_pieces(tok, enable_thinking=task.enable_thinking).stop_ids)
@@ -252,5 +284,7 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     if host_stages.uses_env(task.domain, host_likelihood.DOMAINS) and want("host_f5_logprobs"):
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
+                                        positions=task.t_max * task.max_action_tokens,
                                         rows=preset.n_tasks * preset.group_size // preset.micro_batches))
-    return resident(preset, cfg, mesh, run_mesh, arms).apply(progs, ("host_train_step",))
+    return resident(preset, cfg, mesh, run_mesh, arms).apply(progs, ("host_train_step",),
+                                                             ("init_params", "train_state_init"))

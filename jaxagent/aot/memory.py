@@ -43,14 +43,15 @@ class Resident:
         states = [stages.make_arm_step(cfg, a, mesh=run_mesh, **step_kw).abstract_state(cfg, mesh) for a in distinct]
         return cls(per_chip_bytes(states[0].params), max(per_chip_bytes(st) for st in states))
 
-    def apply(self, progs: list, train_steps: tuple[str, ...]) -> list:
+    def apply(self, progs: list, train_steps: tuple[str, ...], alone: tuple[str, ...] = ("sft_step",)) -> list:
         """Adds the resident bytes to each `Program` of `progs`: the base beside the `train_steps`, nothing beside
-        the SFT step (it runs before any arm), the base and the state beside every other program."""
+        the programs `alone` (the SFT step: it runs before any arm; the making of the params or of a TrainState
+        from the base: the base is its argument), the base and the state beside every other program."""
         for pr in progs:
             if pr.name in train_steps:
                 pr.resident_bytes += self.base
                 pr.resident_note = "; ".join(filter(None, [pr.resident_note, "the base params"]))
-            elif pr.name != "sft_step":
+            elif pr.name not in alone:
                 pr.resident_bytes += self.base + self.state
                 pr.resident_note = "; ".join(filter(None, [pr.resident_note, "the base params and an arm's TrainState"]))
         return progs

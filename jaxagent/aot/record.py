@@ -1,5 +1,5 @@
-"""Compile a program for a TPU topology and read its record: memory per chip, FLOPs, roofline, collectives,
-custom calls, loops and the verdict.
+"""Compile a program for a TPU topology or GPU target and read its record: memory per chip, FLOPs, roofline,
+collectives, custom calls, loops, fused attention (GPU) and the verdict.
 
 `analyze` does it for any jitted function on abstract arguments; `run_programs` for a list of `Program`s
 (a preset's, `jaxagent.aot.programs` / `jaxagent.aot.host`), compiling a program whose lowered text equals
@@ -17,9 +17,10 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from jaxagent.aot.hlo import hlo_summary
+from jaxagent.aot.hlo import FUSED_ATTENTION, hlo_summary
 from jaxagent.aot.memory import add_resident
 from jaxagent.aot.topology import GIB, chip_specs, topology_devices
+from jaxagent.aot.topology import hbm_limit as chip_limit
 from jaxagent.aot.verdict import FLOPS_TOLERANCE, HBM_FRACTION, foreign_calls, verdict
 
 
@@ -33,6 +34,8 @@ class Program:
     flops_checked: bool = True           # False where the analytic figure is a scale, not a target (rollouts)
     resident_bytes: float = 0.0          # per chip: what the run holds beside the program's buffers (`Resident`)
     resident_note: str = ""
+    calls: tuple = ()                    # `coverage.Call`s: the jitted call `lower` compiles, then the other
+                                         # shapes of its family a run also calls (e.g. narrower appends)
 
 
 def lowered_digest(lowered) -> str:
@@ -67,27 +70,36 @@ def compiled_record(compiled, *, chips: int, spec: dict, hbm_limit: float, analy
         "roofline_s": round(max(compute_s, memory_s), 6), "roofline_compute_s": round(compute_s, 6),
         "roofline_memory_s": round(memory_s, 6),
         "collectives": h["collectives"], "custom_calls": h["custom_calls"],
-        "foreign_custom_calls": foreign_calls(h["custom_calls"]),
+        "foreign_custom_calls": foreign_calls(h["custom_calls"], platform=spec.get("platform", "tpu")),
         "loops": h["loops"][:8], "largest_buffers": h["largest"],
+        **({} if spec.get("platform") != "gpu" else {
+            "fused_attention_calls": sum(n for t, n in h["custom_calls"].items() if t.startswith(FUSED_ATTENTION)),
+            "dense_scores": h["dense_scores"]}),
     }
 
 
 def run_programs(programs: list[Program], *, preset: Optional[str], topology: str, chips: int, spec: dict,
                  hbm_limit: float, fraction: float = HBM_FRACTION, proxy: Optional[str] = None,
                  emit: Callable[[dict], None], on_compiled: Optional[Callable[[str, str], None]] = None,
-                 flops_tolerance: float = FLOPS_TOLERANCE) -> bool:
+                 flops_tolerance: float = FLOPS_TOLERANCE, hbm_note: str = "") -> bool:
     """Compiles each program and emits its record (`emit(record)`; `on_compiled(name, per-chip HLO text)` where
     given); True when every program compiled, fits, holds no foreign custom call and no all-to-all, and (where
     `flops_checked`) counts at most `flops_tolerance` x the analytic FLOPs. A program whose lowered text equals
     an earlier one's (the evaluation rollout is the training rollout's program) is compiled once: its record
-    copies the first's figures and says `same_program_as`. `preset` None: the records name no preset."""
+    copies the first's figures and says `same_program_as`. `preset` None: the records name no preset.
+    `hbm_note`: what `hbm_limit` is (`topology.hbm_limit`), stated in each record. On a GPU the check also
+    fails a program that writes dense attention scores to memory (`hlo.dense_scores`)."""
     ok = True
     seen: dict[str, dict] = {}
     for prog in programs:
         rec = {"program": prog.name} if preset is None else {"program": prog.name, "preset": preset}
         rec.update(topology=topology, chips=chips)
+        if spec.get("platform") == "gpu":
+            rec["platform"] = "gpu"
         if proxy:
             rec["proxy"] = proxy
+        if hbm_note:
+            rec["hbm_note"] = hbm_note
         t0 = time.time()
         try:
             lowered = prog.lower()
@@ -102,7 +114,8 @@ def run_programs(programs: list[Program], *, preset: Optional[str], topology: st
                     on_compiled(prog.name, compiled.as_text())
                 rec.update(compiled_record(compiled, chips=chips, spec=spec, hbm_limit=hbm_limit,
                                            analytic=prog.analytic_flops))
-                rec["foreign_custom_calls"] = foreign_calls(rec["custom_calls"], lowered.as_text())
+                rec["foreign_custom_calls"] = foreign_calls(rec["custom_calls"], lowered.as_text(),
+                                                            platform=spec.get("platform", "tpu"))
                 seen[digest] = json.loads(json.dumps(rec))  # its own figures, before what the run holds beside it
             add_resident(rec, prog.resident_bytes, prog.resident_note, hbm_limit)
             rec["status"] = verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
@@ -120,8 +133,8 @@ def run_programs(programs: list[Program], *, preset: Optional[str], topology: st
 def analyze(fn, *args, topology: str, hbm_gib: Optional[float] = None, analytic_flops: float = 0.0,
             resident_bytes: float = 0.0, fraction: float = HBM_FRACTION, mesh=None, name: Optional[str] = None,
             **kwargs) -> dict:
-    """The record of `fn(*args, **kwargs)` compiled for the TPU topology `topology` (e.g. 'v5p:2x2x1') on this
-    host: `fn` jitted (a plain function is wrapped in `jax.jit`), `args` abstract (`jax.ShapeDtypeStruct`s, their
+    """The record of `fn(*args, **kwargs)` compiled for the TPU topology or GPU target `topology` (e.g. 'v5p:2x2x1',
+    'h100:1x1x1') on this host: `fn` jitted (a plain function is wrapped in `jax.jit`), `args` abstract (`jax.ShapeDtypeStruct`s, their
     shardings on a mesh over `topology_devices(topology)`), `kwargs` its static arguments; lowered under
     `jax.set_mesh(mesh)` when a mesh is given. Chips: the devices the arguments are placed on (all of the
     topology's when none is). `hbm_gib`: check against min(chip HBM, hbm_gib) (a GPU's, with the TPU as its
@@ -146,7 +159,7 @@ def analyze(fn, *args, topology: str, hbm_gib: Optional[float] = None, analytic_
     spec = chip_specs(topology)
     devices = {d for x in jax.tree.leaves(args) for d in getattr(getattr(x, "sharding", None), "device_set", ())}
     chips = len(devices) or len(topology_devices(topology))
-    hbm = spec["hbm"] if hbm_gib is None else min(spec["hbm"], hbm_gib * GIB)
+    hbm, note = chip_limit(topology, hbm_gib)
 
     def lower():
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
@@ -155,5 +168,5 @@ def analyze(fn, *args, topology: str, hbm_gib: Optional[float] = None, analytic_
                    resident_bytes=resident_bytes)
     recs: list[dict] = []
     run_programs([prog], preset=None, topology=topology, chips=chips, spec=spec, hbm_limit=hbm, fraction=fraction,
-                 emit=recs.append)
+                 emit=recs.append, hbm_note=note)
     return recs[0]

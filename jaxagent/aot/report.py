@@ -4,7 +4,8 @@ A records directory holds the JSON lines of `python -m experiments.aot_check --p
 `<preset>.jsonl` (every program of the preset), `<preset>.<part>.jsonl` (some programs, compiled in a run of
 their own: they join the preset's table and replace the same program's line of the files before them in name
 order) and `<preset>.mesh_<D>x<F>x<T>.jsonl` (the preset compiled on another (data, fsdp, tensor) mesh with
-`--mesh D F T`: a table of its own).
+`--mesh D F T`: a table of its own). Records of another topology than the preset's other files (e.g. a GPU
+preset's TPU proxy, `--topology v5p:...`, or its H200 records, `--target h200`) make a table of their own too.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Table:
     mesh: str                 # "" for the preset's own mesh, else 'DxFxT' (`--mesh`)
     files: list[str]
     records: list[dict]
+    topology: str = ""
 
 
 def load_records(path: str) -> list[dict]:
@@ -47,11 +49,12 @@ def tables(records_dir: str) -> list[Table]:
             raise ValueError(f"{name}: a records file is named <preset>[.<part>].jsonl after its records' preset "
                              f"(here {preset!r})")
         files.append((preset, stem != preset, name, stem[len(preset) + 1:], recs))
-    out: dict[tuple[str, str], Table] = {}
+    out: dict[tuple[str, str, str], Table] = {}
     for preset, _, name, part, recs in sorted(files, key=lambda f: f[:3]):
         m = re.fullmatch(r"mesh_(\d+x\d+x\d+)", part)
         mesh = m.group(1) if m else ""
-        table = out.setdefault((preset, mesh), Table(preset, mesh, [], []))
+        topology = recs[0].get("topology", "") if recs else ""
+        table = out.setdefault((preset, mesh, topology), Table(preset, mesh, [], [], topology))
         table.files.append(name)
         for rec in recs:
             same = [i for i, r in enumerate(table.records) if r["program"] == rec["program"]]
@@ -59,7 +62,7 @@ def tables(records_dir: str) -> list[Table]:
                 table.records[same[0]] = rec
             else:
                 table.records.append(rec)
-    return sorted(out.values(), key=lambda t: (t.preset, t.mesh))
+    return sorted(out.values(), key=lambda t: (t.preset, t.mesh, t.topology))
 
 
 def _memory(rec: dict) -> str:
@@ -85,25 +88,37 @@ def _collectives(rec: dict) -> str:
     return "; ".join(f"{k} {v['count']} / {v['gib']:.1f}" for k, v in sorted(coll.items()))
 
 
+def _attention(rec: dict) -> str:
+    dense = rec.get("dense_scores")
+    fused = f"{rec['fused_attention_calls']} fused calls"
+    return fused + (f"; dense scores {dense['shape']} ({dense['gib']:.2f} GiB)" if dense else "")
+
+
 def program_table(recs: list[dict]) -> str:
-    """One markdown row per record: status, memory per chip, FLOPs, collectives, compile time and shapes."""
+    """One markdown row per record: status, memory per chip, FLOPs, collectives, (GPU) attention, compile time
+    and shapes."""
+    gpu = any(r.get("platform") == "gpu" for r in recs)
     rows = ["| program | status | GiB per chip: program + resident = total / HBM (fraction) | FLOPs per chip "
-            "(x analytic) | collectives: executions / GiB | compile s | shapes |",
-            "|---|---|---|---|---|---|---|"]
+            "(x analytic) | collectives: executions / GiB |" + (" attention |" if gpu else "") + " compile s | shapes |",
+            "|---|---|---|---|---|" + ("---|" if gpu else "") + "---|---|"]
     for rec in recs:
         name = rec["program"] + (f" (= {rec['same_program_as']})" if "same_program_as" in rec else "")
         if rec["status"] == "compile_error":
-            rows.append(f"| {name} | compile_error: {rec['error'][:200]} | | | | {rec.get('compile_s', '')} | "
-                        f"{rec.get('shapes', '')} |")
+            rows.append(f"| {name} | compile_error: {rec['error'][:200]} | | | |" + (" |" if gpu else "")
+                        + f" {rec.get('compile_s', '')} | {rec.get('shapes', '')} |")
             continue
-        rows.append(f"| {name} | {rec['status']} | {_memory(rec)} | {_flops(rec)} | {_collectives(rec)} | "
+        att = f" {_attention(rec)} |" if gpu else ""
+        rows.append(f"| {name} | {rec['status']} | {_memory(rec)} | {_flops(rec)} | {_collectives(rec)} |{att} "
                     f"{rec.get('compile_s', '')} | {rec.get('shapes', '')} |")
     return "\n".join(rows)
 
 
 def _title(t: Table) -> str:
     rec = t.records[0]
-    where = f"{rec['topology']}, {rec['chips']} chip{'s' if rec['chips'] > 1 else ''}"
+    unit = "GPU" if rec.get("platform") == "gpu" else "chip"
+    where = f"{rec['topology']}, {rec['chips']} {unit}{'s' if rec['chips'] > 1 else ''}"
+    if unit == "GPU":
+        where += f", {rec['hbm_gib']:g} GiB pool each"
     if "proxy" in rec:
         where += f", as {rec['chips']} GPU{'s' if rec['chips'] > 1 else ''} of {rec['hbm_gib']:g} GiB"
     mesh = f", mesh {t.mesh.replace('x', ' x ')} (`--mesh {t.mesh.replace('x', ' ')}`)" if t.mesh else ""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from typing import Callable, Mapping
+import tempfile
+from typing import Callable, Iterable, Mapping
 
 
 def rl_setup(plan, mesh_override, tmp: str, preset, host: bool, arm):
@@ -74,12 +75,16 @@ def frozenlake_world(preset, which: str, tmp: str):
                     budget_format(codec))
 
 
-def rl_runner(presets: Mapping, host_names, arm_settings: Callable) -> Callable:
-    """`rl_record` over the study's presets by name (`host_names`: the host-environment ones; `arm_settings(preset)`:
-    the study's GRPO arm settings of a preset), as `accel.run`'s `rl_record(plan, tmp, log)`."""
-    def record(plan, tmp: str, log: Callable) -> dict:
-        p = presets[plan.rl_preset]
-        return rl_record(plan, tmp, log, preset=p, host=plan.rl_preset in host_names, arm=arm_settings(p))
+def rl_runner(presets_fn: Callable[[], Mapping], host_names_fn: Callable[[], Iterable[str]],
+              arm_settings: Callable) -> Callable:
+    """`rl_record` over the study's presets by name (`presets_fn()`; `host_names_fn()`: the host-environment ones;
+    `arm_settings(preset)`: the study's GRPO arm settings of a preset), as `accel.run_jax`'s `rl_record(plan, log)`.
+    The study is imported when the RL iteration runs: a missing package is that record's error, not the run's."""
+    def record(plan, log: Callable) -> dict:
+        p = presets_fn()[plan.rl_preset]
+        with tempfile.TemporaryDirectory() as tmp:  # the toy world's tokenizer files
+            return rl_record(plan, tmp, log, preset=p, host=plan.rl_preset in set(host_names_fn()),
+                             arm=arm_settings(p))
     return record
 
 

@@ -35,7 +35,7 @@ def model_rows(name: str, cfg: Qwen3Config, spec: DeviceSpec, *, prefill_context
     out = []
     for c in prefill_contexts:
         b = max(1, prefill_tokens // c)
-        fl = roofline.forward_flops(cfg, b, c, 0, logit_tokens=1)
+        fl = roofline.prefill_flops(cfg, b, c)
         s = fl / spec.peak_flops
         out.append({"model": name, "bench": "prefill", "shape": f"{b} x {c}", "roofline_tokens_per_s": b * c / s,
                     "bound": "compute"})
@@ -131,14 +131,13 @@ def preset_shape(p):
             p.task.max_action_tokens, p.task.max_context, tuple(p.mesh), groups)
 
 
-def tables(chip: str, presets: Mapping, aot_dir: str) -> str:
-    """The Markdown estimate tables of the models on `chip` (a `devices.DEVICES` name), of the accelerator presets
-    among `presets` (the study's, by name) from their AOT records in `aot_dir`, and of the host presets' long-tail
-    shares (`longtail.finished_share_mixture`). ValueError for an unknown chip."""
+def tables(chip: str, presets: Optional[Mapping], aot_dir: str) -> str:
+    """The Markdown estimate tables of the models on `chip` (a `devices.DEVICES` name) and, given `presets` (the
+    study's, by name), of the accelerator presets from their AOT records in `aot_dir` and of the host presets'
+    long-tail shares (`longtail.finished_share_mixture`). ValueError for an unknown chip."""
     import glob
 
     from jaxagent.bench.devices import DEVICES
-    from jaxagent.bench.longtail import finished_share_mixture
     from jaxagent.bench.models import MODELS
     if chip not in DEVICES:
         raise ValueError(f"--estimate-chip: unknown chip {chip!r}; valid: {', '.join(DEVICES)}")
@@ -155,6 +154,9 @@ def tables(chip: str, presets: Mapping, aot_dir: str) -> str:
                                ("tokens/s at target", "at_target", ",.0f"),
                                ("ms/step at roofline", "roofline_ms_per_step", ".2f"),
                                ("train state GB (18 B/param)", "state_gb", ".0f")])]
+    if presets is None:
+        return "\n".join(out)
+    from jaxagent.bench.longtail import finished_share_mixture  # the rollout's modules, JAX among them
     records = read_records(sorted(glob.glob(os.path.join(aot_dir, "*.jsonl"))))
     prow = []
     for name, p in presets.items():

@@ -13,7 +13,8 @@ What each times (`timing.timed`: warm-up calls, then each timed call alone, bloc
   - train step: the study's arm step (`stages.make_arm_step`: PPO-clip GRPO loss, AdamW, micro-batches, remat,
     chunked log-probs, compute dtype) compiled ahead of time on the state and batch, then run; the compiled
     program's `memory_analysis()` and the device's `memory_stats()` give its memory.
-Figures: `roofline` (model FLOPs, bytes, MFU, the HBM fraction) against a `devices.DeviceSpec` when there is one.
+Figures: `roofline` (model FLOPs, bytes, MFU, the HBM fraction), each against the datasheet's peak (a
+`devices.DeviceSpec`, when there is one) and against the chip's measured one (`peaks.Peaks`, `*_measured_peak`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from jaxagent.bench.harness import rate
 from jaxagent.bench.timing import timed
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rl.train_state import init_train_state
 from jaxagent.sampling import GREEDY, append, decode, generate, rollout_params
 
 
@@ -76,17 +76,24 @@ def _prefill(params, tokens_BxT, *, cfg, mesh=None):
 
 
 def prefill(params, cfg: Qwen3Config, *, batch: int, context: int, repeats: int, warmup: int = 1,
-            spec: Optional[DeviceSpec] = None, mesh=None, seed: int = 0) -> dict:
-    """Prefill of `batch` rows x `context` tokens: time, tokens/s and MFU (model FLOPs `roofline.forward_flops`
-    with one position's logits per row, causal attention)."""
+            spec: Optional[DeviceSpec] = None, peaks=None, mesh=None, seed: int = 0) -> dict:
+    """Prefill of `batch` rows x `context` tokens: time, tokens/s and MFU against the datasheet and the measured
+    matmul peak (model FLOPs `roofline.prefill_flops`: what the program computes, the last token's logits)."""
     tokens = _rows(prompts(cfg.vocab_size, batch, context, seed), mesh)
     with _context(mesh):
         t, _ = timed(lambda _: _prefill(params, tokens, cfg=cfg, mesh=mesh), repeats=repeats, warmup=warmup)
-    flops = roofline.forward_flops(cfg, batch, context, 0, logit_tokens=1)
+    flops = roofline.prefill_flops(cfg, batch, context)
     n = batch * context
     return {"bench": "prefill", "batch": batch, "context": context, "tokens": n, **t.fields(),
             "tokens_per_s": rate(n, t.median_s), "model_flops": flops, "tflops_per_s": flops / t.median_s / 1e12,
-            "mfu": roofline.fraction(flops, t.median_s, spec.peak_flops if spec else None)}
+            **fractions("mfu", flops, t.median_s, spec and spec.peak_flops, peaks and peaks.flops)}
+
+
+def fractions(name: str, work: float, seconds: float, datasheet: Optional[float], measured: Optional[float]) -> dict:
+    """{name: work / seconds / the datasheet peak, name_measured_peak: ... / the chip's measured peak}, each None
+    without its peak."""
+    return {name: roofline.fraction(work, seconds, datasheet or None),
+            f"{name}_measured_peak": roofline.fraction(work, seconds, measured or None)}
 
 
 # ----------------------------------------------------------------------------- decode
@@ -115,10 +122,10 @@ def _decode_steps(params, cache, logits_BxV, key, *, cfg, steps, mesh=None):
 
 
 def decode_steps(params, cfg: Qwen3Config, *, batch: int, context: int, steps: int, repeats: int,
-                 warmup: int = 1, spec: Optional[DeviceSpec] = None, mesh=None, seed: int = 0) -> dict:
+                 warmup: int = 1, spec: Optional[DeviceSpec] = None, peaks=None, mesh=None, seed: int = 0) -> dict:
     """Greedy decode of `steps` tokens per row after `context` cached ones: ms per step, tokens/s, and the
     fraction of the HBM roofline: `roofline.decode_step_bytes` (weights + the keys and values of the mean
-    context, context + (steps - 1) / 2) / step time / HBM bytes/s."""
+    context, context + (steps - 1) / 2) / step time / HBM bytes/s, the datasheet's and the measured copy's."""
     dtype = jax.tree.leaves(params)[0].dtype
     key = jax.random.key(seed)
     with _context(mesh):
@@ -146,8 +153,9 @@ def decode_steps(params, cfg: Qwen3Config, *, batch: int, context: int, steps: i
     flops = roofline.decode_step_flops(cfg, batch, mean_ctx)
     out = {"bench": "decode", "batch": batch, "context": context, "steps": steps, **t.fields("loop"),
            "ms_per_step": step_s * 1e3, "tokens_per_s": rate(batch, step_s), **b,
-           "hbm_roofline_frac": roofline.fraction(b["bytes"], step_s, spec.hbm_bytes_per_s if spec else None),
-           "mfu": roofline.fraction(flops, step_s, spec.peak_flops if spec else None)}
+           **fractions("hbm_roofline_frac", b["bytes"], step_s, spec and spec.hbm_bytes_per_s,
+                       peaks and peaks.bytes_per_s),
+           **fractions("mfu", flops, step_s, spec and spec.peak_flops, peaks and peaks.flops)}
     if spec is not None:
         bound = roofline.roofline_seconds(flops, b["bytes"], spec.peak_flops, spec.hbm_bytes_per_s)
         out.update(roofline_ms_per_step=bound["roofline_s"] * 1e3, roofline_tokens_per_s=batch / bound["roofline_s"],
@@ -160,17 +168,6 @@ def greedy_tokens(params, cfg: Qwen3Config, prompt_BxL: np.ndarray, new_tokens: 
     gen = generate(params, cfg, jnp.asarray(prompt_BxL, jnp.int32), jax.random.key(0), max_new_tokens=new_tokens,
                    sampler=GREEDY, stop_ids=())
     return np.asarray(gen.tokens)[:, :new_tokens]
-
-
-def agreement(a_BxM: np.ndarray, b_BxM: np.ndarray) -> dict:
-    """Greedy tokens of two implementations: the share of equal tokens and the mean share of each row's common
-    prefix (after a first difference, the contexts differ and the rest is not comparable)."""
-    a, b = np.asarray(a_BxM), np.asarray(b_BxM)
-    if a.shape != b.shape:
-        raise ValueError(f"token arrays differ in shape: {a.shape} vs {b.shape}")
-    same = a == b
-    prefix = np.where(same.all(axis=1), a.shape[1], np.argmin(same, axis=1))
-    return {"tokens_equal_frac": float(same.mean()), "common_prefix_frac": float(prefix.mean() / a.shape[1])}
 
 
 # ----------------------------------------------------------------------------- train step
@@ -194,14 +191,12 @@ def memory_fields(compiled=None) -> dict:
     return out
 
 
-def train_step(cfg: Qwen3Config, params, arm_step, *, rows: int, seq: int, prompt: int, repeats: int,
-               warmup: int = 1, spec: Optional[DeviceSpec] = None, mesh=None, seed: int = 0) -> dict:
-    """The study's train step (`arm_step`, from `stages.make_arm_step`) on a GRPO batch of rows x seq tokens:
-    step time, tokens/s, MFU (`roofline.train_flops`: 6 N per token plus attention, recompute not counted), the
-    first step's loss, memory (`memory_fields`)."""
-    state = init_train_state(cfg, arm_step.optimizer, jax.random.key(seed), mesh=mesh, params=params,
-                             with_ref_params=arm_step.with_ref_params, value_settings=arm_step.value_settings,
-                             critic_optimizer=arm_step.critic_optimizer)
+def train_step(cfg: Qwen3Config, state, arm_step, *, rows: int, seq: int, prompt: int, repeats: int,
+               warmup: int = 1, spec: Optional[DeviceSpec] = None, peaks=None, mesh=None, seed: int = 0) -> dict:
+    """The study's train step (`arm_step`, from `stages.make_arm_step`) from `state` (`init_train_state`'s,
+    donated: the caller's reference is spent) on a GRPO batch of rows x seq tokens: step time, tokens/s, MFU
+    against the datasheet and the measured matmul peak (`roofline.train_flops`: 6 N per token plus attention,
+    recompute not counted), the first step's loss, memory (`memory_fields`)."""
     batch = {k: _rows(v, mesh) for k, v in train_batch(cfg.vocab_size, rows, seq, prompt, seed).items()}
     t0 = time.perf_counter()
     compiled = arm_step.jit.lower(state, batch).compile()
@@ -220,5 +215,5 @@ def train_step(cfg: Qwen3Config, params, arm_step, *, rows: int, seq: int, promp
     return {"bench": "train_step", "rows": rows, "seq": seq, "prompt": prompt, "tokens": n, "compile_s": compile_s,
             **t.fields("step"), "tokens_per_s": rate(n, t.median_s), "model_flops": flops,
             "tflops_per_s": flops / t.median_s / 1e12,
-            "mfu": roofline.fraction(flops, t.median_s, spec.peak_flops if spec else None),
+            **fractions("mfu", flops, t.median_s, spec and spec.peak_flops, peaks and peaks.flops),
             "first_loss": float(losses[0]), "skipped_total": float(metrics["skipped_total"]), **memory_fields(compiled)}

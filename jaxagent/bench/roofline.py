@@ -8,6 +8,11 @@ Conventions (one per figure; the docstrings say which):
     the unembedding included (embedding lookups are not matmuls);
   - a forward pass costs 2 N_layers per token (N_layers = N_mm - V D), 2 V D per position whose logits are
     computed, and causal attention 4 L H E per (query, key) pair (scores and p.V), pairs = T S + T (T + 1) / 2;
+  - a prefill (`sampling.append`, `qwen3.hidden_states(index=)`) counts what that program computes: the last
+    layer projects keys and values of all T tokens (the cache needs them) but runs the query, attention, o_proj
+    and the MLP for the last token only, and one position is unembedded (`prefill_flops`); attention counts the
+    causal pairs, the work a fused kernel does (a dense masked program also multiplies the T (T - 1) / 2 masked
+    scores, which no convention counts as model FLOPs);
   - a train step costs 6 N_mm per token + 12 L H E T per token (PaLM's model-FLOPs convention, Chowdhery et
     al. 2022, App. B: the backward is twice the forward, attention counted over all T keys, rematerialised
     recompute not counted);
@@ -52,6 +57,21 @@ def forward_flops(cfg: Qwen3Config, batch: int, new_tokens: int, context: int = 
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * attention_pairs(new_tokens, context)
     return float(batch) * (2.0 * layer_matmul_params(cfg) * new_tokens
                            + 2.0 * cfg.vocab_size * cfg.hidden_size * logit_tokens + attn)
+
+
+def prefill_flops(cfg: Qwen3Config, batch: int, tokens: int) -> float:
+    """A prefill of B rows x T tokens into an empty cache, the last token's logits per row, as the program computes
+    it (`qwen3.hidden_states(index=)`): B x (2 N_layer (L - 1) T + 2 W_kv T + 2 (W_q + W_o + W_mlp) + 2 V D
+    + 4 H E ((L - 1) T (T + 1) / 2 + T)), per layer N_layer = W_q + W_kv + W_o + W_mlp with W_q = W_o = D H E,
+    W_kv = 2 D K E, W_mlp = 3 D F. Counting all T tokens through the last layer (`forward_flops` with
+    logit_tokens=1) overstates it by the last layer's other T - 1 queries: 2.7% for Qwen3-8B at T = 2048."""
+    d, f, h, k, e, n_l = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                          cfg.head_dim, cfg.num_hidden_layers)
+    w_kv, w_rest = 2 * d * k * e, 2 * d * h * e + 3 * d * f
+    per_layer = w_kv + w_rest
+    attn = 4 * h * e * ((n_l - 1) * attention_pairs(tokens, 0) + tokens)
+    return float(batch) * (2.0 * per_layer * (n_l - 1) * tokens + 2.0 * w_kv * tokens + 2.0 * w_rest
+                           + 2.0 * cfg.vocab_size * d + attn)
 
 
 def train_flops(cfg: Qwen3Config, batch: int, seq: int) -> float:

@@ -4,10 +4,11 @@
 RoPE), `attention` / `causal_attention` / `attend_cached` (attention; over a sequence's own tokens; over a KV
 cache), `out_proj`, `mlp` and `unembed`.
 Each is the plain XLA computation (`primitives`) on every platform; a program lowered for CPU runs the
-CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are built), chosen
-by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): both branches have the same
-shapes and dtypes, so a program lowered for TPU or GPU (on a CPU host or not) contains only the XLA
-branch, whatever this host has built. Nothing here asks which backend the host runs.
+CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are built), and one
+lowered for an NVIDIA GPU runs attention over many queries as cuDNN's fused kernel (`ops_gpu`), chosen
+by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): the branches have the same
+shapes and dtypes, so a program lowered for TPU (on a CPU host or not) contains only the XLA branch,
+whatever this host has built. Nothing here asks which backend the host runs.
 
 What the CPU kernels read beside the weights travels inside the model's own values, built here:
 `prepare(params, cfg)` adds the weights' kernel layouts to the params pytree (under `PREPARED` keys
@@ -25,7 +26,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from jaxagent.models import ops_cpu, primitives
+from jaxagent.models import ops_cpu, ops_gpu, primitives
 from jaxagent.models.primitives import (KVWindows, batched_dot, choose_window, dense, dense_transposed,  # noqa: F401
                                         rms_norm, rope, rows)
 
@@ -33,12 +34,14 @@ PREPARED = "prepared"  # the key of what `prepare` adds to the params pytree (an
 MASK_VALUE = -1e30  # finite, so a row with every key masked gives a uniform softmax instead of NaN
 
 
-def platform_select(*args, cpu, default):
-    """cpu(*args) in a program lowered for CPU, default(*args) in one lowered for any other platform.
+def platform_select(*args, cpu, default, cuda=None):
+    """cpu(*args) in a program lowered for CPU, cuda(*args) (where given) in one lowered for an NVIDIA GPU,
+    default(*args) in one lowered for any other platform.
 
     The choice is made when the program is lowered for its target (never from the host's backend);
-    both callables must return the same shapes and dtypes."""
-    return jax.lax.platform_dependent(*args, cpu=cpu, default=default)
+    the callables must return the same shapes and dtypes."""
+    branches = {"cpu": cpu} if cuda is None else {"cpu": cpu, "cuda": cuda}
+    return jax.lax.platform_dependent(*args, default=default, **branches)
 
 
 def _f32(*arrays) -> bool:
@@ -146,26 +149,31 @@ def attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Optional[int] =
 CAUSAL_BLOCK = 128  # queries per block of `causal_attention`'s CPU branch
 
 
-def causal_attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxT):
+def causal_attention(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxT, causal_only: bool = False):
     """`attention` of T queries over the same T tokens (keys kt [B, K, E, T], values v [B, K, T, E]) whose mask
-    is causal: query t sees no key after t (`mask_BxTxT` may hide more, e.g. padding). Returns [B, T, H, E].
+    is causal: query t sees no key after t (`mask_BxTxT` may hide more, e.g. padding; `causal_only`: it hides
+    nothing more). Returns [B, T, H, E].
 
     A program lowered for CPU runs the queries in blocks of `CAUSAL_BLOCK`, each over the keys up to its block's
     end only: every later key is masked for the whole block, so its weight is exactly 0 in the dense softmax and
     leaving it out changes only the f32 rounding of the sums. The score tensors (and their exp, max and sum, the
     backward's too, which XLA:CPU streams through memory) shrink from T x T to about T x (T + CAUSAL_BLOCK) / 2
-    per head. Other platforms' programs run the dense `attention`."""
+    per head. A program lowered for an NVIDIA GPU runs cuDNN's fused kernel where it takes the shapes
+    (`ops_gpu.fusable`; its own causal mask with `causal_only`, else `mask_BxTxT` as its bias). Other platforms'
+    programs run the dense `attention`."""
     t = q_BxTxHxE.shape[1]
     dense_fn = functools.partial(attention, cfg)
     if t <= CAUSAL_BLOCK:
         return dense_fn(q_BxTxHxE, kt_all, v_all, mask_BxTxT)
+    fused = functools.partial(ops_gpu.attention, causal_only=causal_only)
 
     def blocked(q, kt, v, mask):
         return jnp.concatenate([attention(cfg, q[:, s:s + CAUSAL_BLOCK], kt[..., :s + CAUSAL_BLOCK],
                                           v[:, :, :s + CAUSAL_BLOCK], mask[:, s:s + CAUSAL_BLOCK, :s + CAUSAL_BLOCK])
                                 for s in range(0, t, CAUSAL_BLOCK)], axis=1)
 
-    return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxT, cpu=blocked, default=dense_fn)
+    return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxT, cpu=blocked, default=dense_fn,
+                           cuda=fused if ops_gpu.fusable(q_BxTxHxE, t) else None)
 
 
 def qkv(cfg, p_attn, x_BxTxD, tok: Tokens, query_index=None):
@@ -198,14 +206,26 @@ def attend_cached(cfg, q_BxTxHxE, kt_all, v_all, mask_BxTxS, window: Union[int, 
     XLA: a `lax.switch` over a `KVWindows`' sizes (the branches only read the cache, updated by the
     caller outside the switch). A CPU program with f32 operands runs `ops_cpu.attend` instead (the fused
     kernel where built: it reads the window at run time, so it needs no branch per size; with
-    `tok.n_valid` each row's padded queries give 0)."""
-    def xla(q, kt, v, mask):
-        if isinstance(window, KVWindows):
-            branches = [functools.partial(attention, cfg, window=w) for w in window.sizes]
-            return jax.lax.switch(window.index, branches, q, kt, v, mask)
-        return attention(cfg, q, kt, v, mask, window)
+    `tok.n_valid` each row's padded queries give 0). A program lowered for an NVIDIA GPU runs cuDNN's
+    fused kernel over each window where it takes the shapes (`ops_gpu.fusable`: bf16 / f16 and at least
+    `ops_gpu.FUSED_MIN_QUERIES` queries, so never a decode step), the mask as its bias."""
+    def windowed(attend):  # `attend` over the first w slots of a static window, or each of a KVWindows' sizes
+        def over(w):
+            return lambda q, kt, v, mask: attend(q, kt[..., :w], v[:, :, :w], mask[..., :w])
 
+        def run(q, kt, v, mask):
+            if isinstance(window, KVWindows):
+                return jax.lax.switch(window.index, [over(w) for w in window.sizes], q, kt, v, mask)
+            return attend(q, kt, v, mask) if window is None else over(window)(q, kt, v, mask)
+        return run
+
+    xla = windowed(functools.partial(attention, cfg))
+    sizes = window.sizes if isinstance(window, KVWindows) else (kt_all.shape[-1] if window is None else window,)
+    fused = all(ops_gpu.fusable(q_BxTxHxE, s) for s in sizes)
     if not (q_BxTxHxE.shape[-1] % 8 == 0 and _f32(q_BxTxHxE, kt_all, v_all)):
+        if fused:
+            return platform_select(q_BxTxHxE, kt_all, v_all, mask_BxTxS, cpu=xla, default=xla,
+                                   cuda=windowed(ops_gpu.attention))
         return xla(q_BxTxHxE, kt_all, v_all, mask_BxTxS)
     n_valid = None if tok is None else tok.n_valid
 

@@ -114,8 +114,10 @@ def _norm(cfg: Qwen3Config, p_norm, x):
     return ops.rms_norm(x, p_norm["weight"].astype(x.dtype), cfg.rms_norm_eps)
 
 
-def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, tok, mask_BxTxS, write_slots_BxT, query_index):
+def _block(cfg: Qwen3Config, window, causal_only: bool, p, x_BxTxD, kv_cache, tok, mask_BxTxS, write_slots_BxT,
+           query_index):
     """One decoder block: x + attn(norm(x)), then + mlp(norm(.)); returns (x, (k cache, v cache) or None).
+    `causal_only`: without a cache, `mask_BxTxS` is the plain causal mask (no padding hidden).
 
     Keys and values of all T tokens (written to the cache); queries of all T, or with `query_index` [B]
     of that one token per row (output [B, 1, D]). `tok`: the token-side value (`ops.tokens`)."""
@@ -134,7 +136,8 @@ def _block(cfg: Qwen3Config, window, p, x_BxTxD, kv_cache, tok, mask_BxTxS, writ
         kv_cache = (k_cache, v_cache)
         out = ops.attend_cached(cfg, q, k_cache, v_cache, mask_BxTxS, window, tok_q)
     else:
-        out = ops.causal_attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS)
+        out = ops.causal_attention(cfg, q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxS,
+                                   causal_only=causal_only)
     # As one [B*T, H*E] @ [H*E, D] GEMM: with the 3-D einsum XLA chose to contract (e, h) and copied
     # the whole o_proj weight into that order on every decode step.
     b, t = out.shape[:2]
@@ -237,7 +240,7 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
         index = None  # one token per row already: decode steps skip the gathers
     n = jnp.full((b,), t, jnp.int32) if n_valid is None else jnp.clip(n_valid.astype(jnp.int32), 0, t)
 
-    block = functools.partial(_block, cfg, kv_window)
+    block = functools.partial(_block, cfg, kv_window, attention_mask is None)
     if remat is not None:
         block = jax.checkpoint(block, policy=REMAT_POLICIES[remat])
     # Python loop over layers, not lax.scan: the choice and its measurement are in docs/performance.md.

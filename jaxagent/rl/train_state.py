@@ -164,6 +164,18 @@ def init_train_state(cfg: Qwen3Config, optimizer, key: jax.Array, *, mesh: Optio
     """
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
+    build = train_state_init_fn(cfg, optimizer, mesh=mesh, with_ref_params=with_ref_params,
+                                value_settings=value_settings, critic_cfg=critic_cfg,
+                                critic_optimizer=critic_optimizer, data_pos=data_pos)
+    return build(key, params, critic_params)
+
+
+def train_state_init_fn(cfg: Qwen3Config, optimizer, *, mesh: Optional[Mesh] = None, with_ref_params: bool = False,
+                        value_settings: Optional[ValueSettings] = None, critic_cfg: Optional[Qwen3Config] = None,
+                        critic_optimizer=None, data_pos: int = 0):
+    """The jitted `(key, params, critic_params) -> TrainState` that `init_train_state` runs (params or
+    critic_params None: initialised at random), its output on the mesh's state shardings when there is a mesh;
+    public for the AOT check, which lowers it on abstract params."""
     copt = critic_optimizer if critic_optimizer is not None else optimizer
 
     def build(key, params, critic_params):
@@ -184,11 +196,11 @@ def init_train_state(cfg: Qwen3Config, optimizer, key: jax.Array, *, mesh: Optio
                           critic_params=cp, critic_opt_state=co)
 
     if mesh is None:
-        return jax.jit(build)(key, params, critic_params)
+        return jax.jit(build)
     out = state_shardings(cfg, optimizer, mesh, with_ref_params=with_ref_params,
                           value_settings=value_settings, critic_cfg=critic_cfg,
                           critic_optimizer=critic_optimizer)
-    return jax.jit(build, out_shardings=out)(key, params, critic_params)
+    return jax.jit(build, out_shardings=out)
 
 
 def abstract_train_state(cfg: Qwen3Config, optimizer, *, mesh: Optional[Mesh] = None,

@@ -36,7 +36,7 @@ class Generation(NamedTuple):
     logprobs: jax.Array    # f32 [B, M]; sampler log pi of each generated token, 0 past `lengths`
     lengths: jax.Array     # int32 [B]; generated tokens incl. the stop token
     stopped: jax.Array     # bool [B]; ended on a stop token (False: hit its token limit)
-    cache: dict            # the cache holding prompt + generated tokens
+    cache: dict | None = None  # the cache holding prompt + generated tokens (`generate`: only with return_cache)
 
 
 _PREDRAW_MAX_ELEMENTS = 1 << 22  # decode pre-draws all steps' sampling noise up to this size (16 MiB f32)
@@ -199,7 +199,10 @@ def _constrain_cache(cache, cfg: Qwen3Config, mesh, rules):
 def generate_jit(params, prompt_BxL, mask_BxL, key, max_new_B, *, cfg, max_steps, cache_len, sampler, stop_ids,
                  pad_id, mesh=None, rules=None):
     """The jitted program `generate` runs (prefill of the right-aligned prompts into an empty cache of
-    `cache_len` slots, then `decode`); public for callers that lower it (the AOT analysis)."""
+    `cache_len` slots, then `decode`); public for callers that lower it (the AOT analysis). The cache is one of
+    its outputs whether or not the caller keeps it: XLA:TPU carries a cache that is no output through the token
+    loop in another layout than the prefill writes, so it holds two copies (R_single's plan generation on
+    Qwen3-0.6B, 128 rows x 583 slots for v5p: 21.8 GiB without the output, 13.2 GiB with it; docs/aot.md)."""
     rules = None if rules is None else dict(rules)
     tokens, n = right_align(prompt_BxL, mask_BxL)
     cache = qwen3.init_cache(cfg, tokens.shape[0], cache_len, jax.tree.leaves(params)[0].dtype)
@@ -226,7 +229,8 @@ def _check_generate_args(cfg, prompt_BxL, prompt_mask_BxL, max_new_tokens, key):
 def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, prompt_mask_BxL=None,
              max_steps: int | None = None, sampler: Sampler = Sampler(), stop_ids: Sequence[int] = (),
              pad_id: int = 0, cache_len: int | None = None, mesh: Mesh | None = None,
-             rules: Mapping[str, shd.MeshAxes] | None = None, compute_dtype=None) -> Generation:
+             rules: Mapping[str, shd.MeshAxes] | None = None, compute_dtype=None,
+             return_cache: bool = False) -> Generation:
     """Samples continuations of a batch of prompts (padding on either side, given by the mask).
 
     The prompt width is bucketed to a power of two and `max_new_tokens` (int or [B]) is a traced
@@ -240,6 +244,9 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
     rule-table sharding instead of whatever the compiler propagates (with the default rules, the
     model's activations too: `qwen3.forward(mesh=)`). `compute_dtype` (optional): decode with the
     floating params cast to it (`rollout_params`), as the rollouts do with the preset's compute dtype.
+    `return_cache`: also return the KV cache of prompt + generated tokens (`Generation.cache`, to go on with
+    `append` / `decode`); by default it is dropped as the call returns, so its memory ends with the call (under a
+    transformation: the cache is no output of the caller's program).
 
     Inside a user's `jax.jit` / `eval_shape` / `vmap` (traced prompt, mask or token limits) only the
     shape checks run (the value checks need concrete inputs) and `max_steps` must be given: it is the
@@ -252,7 +259,7 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((prompt_BxL, prompt_mask_BxL, max_new_tokens))):
         return _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler,
-                                stop_ids, pad_id, cache_len, mesh, rules)
+                                stop_ids, pad_id, cache_len, mesh, rules, return_cache)
     prompt = np.asarray(prompt_BxL)
     if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must be [B, L] with B, L >= 1, got shape {prompt.shape}")
@@ -292,13 +299,14 @@ def generate(params, cfg: Qwen3Config, prompt_BxL, key, *, max_new_tokens, promp
         prompt, mask = (jax.device_put(x, shd.batch_sharding(mesh, 2, rules, batch_size=b)) for x in (prompt, mask))
         max_new = jax.device_put(max_new, shd.batch_sharding(mesh, 1, rules, batch_size=b))
         key = jax.device_put(key, shd.replicated(mesh))
-    return generate_jit(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
-                        sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
-                        rules=None if rules is None else tuple(sorted(rules.items())))
+    gen = generate_jit(params, prompt, mask, key, max_new, cfg=cfg, max_steps=max_steps, cache_len=cache_len,
+                       sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id, mesh=mesh,
+                       rules=None if rules is None else tuple(sorted(rules.items())))
+    return gen if return_cache else gen._replace(cache=None)
 
 
 def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_BxL, max_steps, sampler, stop_ids,
-                     pad_id, cache_len, mesh, rules) -> Generation:
+                     pad_id, cache_len, mesh, rules, return_cache) -> Generation:
     """`generate` for traced inputs: the same program, with the checks that need only shapes."""
     shape = np.shape(prompt_BxL)
     if len(shape) != 2 or 0 in shape:
@@ -318,6 +326,7 @@ def _generate_traced(params, cfg, prompt_BxL, key, max_new_tokens, prompt_mask_B
     pad = ((0, 0), (0, width - shape[1]))
     prompt = jnp.pad(jnp.asarray(prompt_BxL, jnp.int32), pad, constant_values=pad_id)
     max_new = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (shape[0],)), 0, max_steps)
-    return generate_jit(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
-                        cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
-                        mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))
+    gen = generate_jit(params, prompt, jnp.pad(mask, pad), key, max_new, cfg=cfg, max_steps=max_steps,
+                       cache_len=cache_len, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids), pad_id=pad_id,
+                       mesh=mesh, rules=None if rules is None else tuple(sorted(rules.items())))
+    return gen if return_cache else gen._replace(cache=None)

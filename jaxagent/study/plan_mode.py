@@ -99,6 +99,13 @@ def _prompts_jit(maps, budget_P, env_params, *, env, layout, fmt, instr, width):
     return jax.vmap(one)(maps, budget_P)
 
 
+def plan_generate_shape(world, t_max: int) -> tuple[int, int]:
+    """(W, M) of `plan_success`'s `generate` calls at that T_max: the prompt slots (the bucket of the longest plan
+    prompt, `plan_prompts`' width) and the reply buffer (`max_plan_tokens`, generate's max_steps)."""
+    return (bucket(len(world.layout.system) + plan_chunk_width(world, t_max)),
+            max_plan_tokens(world.codec, t_max))
+
+
 def plan_prompts(world, tasks, budgets, env_params, *, width: Optional[int] = None):
     """The plan prompt of each task with its budget (int or int[P]): tokens int32[P, W] (padded with
     pad_id) and lengths int32[P]. `width` defaults to the smallest bucket holding any plan prompt."""
@@ -208,6 +215,11 @@ def plan_outcomes(world, tasks, replies, lengths, stopped, budgets, key, env_par
 
 
 # ----------------------------------------------------------------------------- R_single
+def plan_call_rows(rows: int, batch_size: Optional[int]) -> int:
+    """Rows of each of `plan_success`'s `generate` calls over `rows` replies in batches of `batch_size`."""
+    return rows if batch_size is None else max(1, min(int(batch_size), rows))
+
+
 def plan_success(world, cfg, params, tasks, key, *, t_max: int, n_samples: int, env_params, max_context: int,
                  batch_size: Optional[int] = None, mesh=None, compute_dtype=None, sampler: Sampler = Sampler()
                  ) -> np.ndarray:
@@ -215,7 +227,8 @@ def plan_success(world, cfg, params, tasks, key, *, t_max: int, n_samples: int, 
     budget t_max. R_single = its mean.
 
     The replies are sampled by `generate` (temperature 1 by default, as the training rollouts; stop ids the
-    layout's; reply limit `max_plan_tokens`), `batch_size` rows at a time (None: all P*Z rows at once);
+    layout's; reply limit `max_plan_tokens`; shapes `plan_generate_shape`), `batch_size` rows at a time (None: all
+    P*Z rows at once; the study passes its rollout batch, so the program fits wherever its rollouts do);
     `mesh` / `compute_dtype`: `generate`'s. `key` is split into the sampling and the slippery-move keys: a
     fixed key gives common random numbers across the policies measured with it. `max_context`: the
     episode's context slots; the plan prompt plus its longest reply must fit them, as a first turn must.
@@ -224,8 +237,8 @@ def plan_success(world, cfg, params, tasks, key, *, t_max: int, n_samples: int, 
         raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
     tasks = np.asarray(tasks)
     p, z = tasks.shape[0], int(n_samples)
-    m = max_plan_tokens(world.codec, t_max)
-    prompts, plen = plan_prompts(world, tasks, t_max, env_params)
+    width, m = plan_generate_shape(world, t_max)
+    prompts, plen = plan_prompts(world, tasks, t_max, env_params, width=width)
     need = int(np.max(np.asarray(plen))) + m
     if need > max_context:
         raise ValueError(f"max_context={max_context} cannot hold a plan prompt and its reply ({need} tokens)")
@@ -234,7 +247,7 @@ def plan_success(world, cfg, params, tasks, key, *, t_max: int, n_samples: int, 
     prompts, plen = np.asarray(prompts)[idx], np.asarray(plen)[idx]
     mask = np.arange(prompts.shape[1])[None, :] < plen[:, None]
     k_gen, k_env = jax.random.split(key)
-    bs = rows if batch_size is None else max(1, min(int(batch_size), rows))
+    bs = plan_call_rows(rows, batch_size)
     replies, lengths, stopped = [], [], []
     for i, start in enumerate(range(0, rows, bs)):
         sl = np.arange(start, start + bs) % rows      # the last batch wraps: one compiled shape

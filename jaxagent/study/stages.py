@@ -30,7 +30,8 @@ from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, rl_iteration
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
-from jaxagent.rl.train_state import LossSettings, ValueSettings, abstract_train_state, init_train_state, state_shardings
+from jaxagent.rl.train_state import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
+                                     state_shardings, train_state_init_fn)
 from jaxagent.rl.train_step import make_train_step
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.sampling import Sampler
@@ -182,6 +183,21 @@ def train_base(world: ToyWorld, cfg: Qwen3Config, key, ts: TaskSettings, bs: Bas
     return params, history + records
 
 
+def sft_optimizer(lr: float, warmup: int, steps: int):
+    """`fit_sft`'s AdamW: the learning rate warmed up linearly over min(warmup, steps // 5) steps to `lr`, then
+    cosine-decayed to lr / 10 at `steps`; no weight decay."""
+    warmup = min(warmup, steps // 5)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
+    return optax.adamw(sched, weight_decay=0.0)
+
+
+def sft_widths(world: ToyWorld, ts: TaskSettings) -> tuple[int, ...]:
+    """The widths S `sft_data` can give the base's SFT rows (every multiple of 16 from the longest plan row to
+    max_context, which holds every multi-turn episode): the shapes of its SFT steps, widest last."""
+    low = plan_mode.plan_sft_width(world, ts.t_max)
+    return tuple(range(low, max(low, int(math.ceil(ts.max_context / 16) * 16)) + 1, 16))
+
+
 def fit_sft(params, cfg: Qwen3Config, toks_ExS, mask_ExS, k_batch, *, steps: int, batch_size: int, lr: float,
             warmup: int, callback: Optional[Callable[[int, dict], None]] = None, mesh=None,
             targets: Optional[int] = None, width_bucket: Optional[int] = None):
@@ -198,9 +214,7 @@ def fit_sft(params, cfg: Qwen3Config, toks_ExS, mask_ExS, k_batch, *, steps: int
     ends_E = (np.asarray(mask_ExS).shape[1] - np.argmax(np.asarray(mask_ExS)[:, ::-1], axis=1)
               if width_bucket is not None else None)  # one past each row's last target
     row_sh = None if mesh is None else sharding.batch_sharding(mesh, 2, batch_size=batch_size)
-    warmup = min(warmup, steps // 5)
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
-    opt = optax.adamw(sched, weight_decay=0.0)
+    opt = sft_optimizer(lr, warmup, steps)
     opt_state = opt.init(params)
     step = make_sft_step(cfg, opt, targets)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(k_batch)).ravel()[-1])
@@ -311,6 +325,12 @@ class ArmStep:
         """ShapeDtypeStructs of the arm's TrainState (sharded on `mesh` when given); allocates nothing."""
         return abstract_train_state(cfg, self.optimizer, mesh=mesh, with_ref_params=self.with_ref_params,
                                     value_settings=self.value_settings, critic_optimizer=self.critic_optimizer)
+
+    def init_jit(self, cfg: Qwen3Config, mesh: Optional[Mesh] = None):
+        """The jitted (key, params, critic_params) -> TrainState that `init_arm_state` runs on the run's `mesh`
+        (None: one device), `train_state.train_state_init_fn`."""
+        return train_state_init_fn(cfg, self.optimizer, mesh=mesh, with_ref_params=self.with_ref_params,
+                                   value_settings=self.value_settings, critic_optimizer=self.critic_optimizer)
 
 
 def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = None, compute_dtype=None,

@@ -27,12 +27,12 @@ def likelihood_rows(ctx: EvalContext, grpo_seeds, nll_pool: dict, llr_pool: dict
         t_rep = jax.tree.map(lambda x: np.repeat(np.asarray(x), p.eval.n_samples, axis=0), tasks[s])
         bud = np.full(n, p.task.t_max)
         rb = driver_common.run_rollouts(run.world, run.cfg, b, t_rep, bud, jax.random.key(300 + s), env_params,
-                                        rcfg, batch_size=p.n_tasks * p.group_size, **placement(run))
+                                        rcfg, batch_size=p.rollout_batch, **placement(run))
         rr = driver_common.run_rollouts(run.world, run.cfg, r, t_rep, bud, jax.random.key(400 + s), env_params,
-                                        rcfg, batch_size=p.n_tasks * p.group_size, **placement(run))
+                                        rcfg, batch_size=p.rollout_batch, **placement(run))
         ids = np.repeat(np.arange(p.eval.n_tasks), p.eval.n_samples)
         return scoring.likelihood(run.world, run.cfg, b, r, rb, rr, jax.random.key(500 + s), task_ids_base=ids,
-                                  task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.n_tasks * p.group_size,
+                                  task_ids_rl=ids, n_boot=p.eval.n_boot, batch_size=p.scoring_batch,
                                   mesh=run.mesh)
 
     li = pooled(run, lik, "likelihood", ctx.base, ctx.policies, grpo_seeds)

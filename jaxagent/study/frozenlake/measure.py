@@ -95,7 +95,7 @@ def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:
                                     jax.random.fold_in(jax.random.key(PLAN_KEY), int(seed)), t_max=p.task.t_max,
                                     n_samples=p.eval.n_plan_samples,
                                     env_params=p.task.env_params(), max_context=p.task.max_context,
-                                    batch_size=p.n_tasks * p.group_size, **placement(run))
+                                    batch_size=p.rollout_batch, **placement(run))
         run_dir.write_json(out_path, {"success": np.asarray(ok, np.float64)})
     with open(out_path) as f:
         return np.asarray(json.load(f)["success"], np.float64)

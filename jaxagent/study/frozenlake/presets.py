@@ -52,11 +52,25 @@ class Preset:
     remat: Optional[str] = None       # per-layer activation checkpointing (qwen3.REMAT_POLICIES)
     tis_cap: Optional[float] = None   # truncated importance sampling cap on the sampler's log-probs
     # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS
-    # name), the TPU topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
+    # name), the topology compiled for (TPU 'v5p:4x4x4', GPUs 'h100:1x1x8'), and a GPU preset's HBM, checked
+    # where a TPU topology stands in for its GPUs (`--topology v5p:...`).
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
     rehearsal: bool = False           # counts cut by `rehearsal_preset`: the report says its figures test the pipeline
+
+    @property
+    def rollout_batch(self) -> int:
+        """n_tasks x group_size: the episodes of one RL iteration, and the rows of each evaluation rollout chunk
+        and of each R_single plan-generation call, so each of those programs fits where the training rollout does."""
+        return self.n_tasks * self.group_size
+
+    @property
+    def scoring_batch(self) -> int:
+        """rollout_batch / micro_batches: the rows of each teacher-forced likelihood scoring call (finding 5), the
+        train step's micro-batch, so a forward over whole episodes on the f32 params fits where the train step's
+        forward and backward do (the dense f32 attention scores of 128 rows x 2,048 tokens alone are 32 GiB)."""
+        return self.rollout_batch // self.micro_batches
 
 
 def _toy_model(vocab: int = 128) -> Qwen3Config:
@@ -126,15 +140,15 @@ PRESETS: dict[str, Preset] = {
                           n_boot=1000)),
     # Accelerator presets: a real Qwen3 checkpoint directory is required (--checkpoint); the FrozenLake
     # text goes through the real Qwen3 tokenizer (BPE) and the chat template of the checkpoint.
-    # GPU presets: one 80 GB GPU (H100/A100) each; AOT-checked on the v5p topology with as many chips.
+    # GPU presets: 80 GB GPUs (H100/A100); AOT-checked for H100s (`--target h200` for H200s).
     # 16 tasks x 8: the rollout's KV cache of 256 episodes x 2048 slots did not fit 80 GB (docs/aot.md)
     "qwen3-0.6b-1gpu": _accelerator("qwen3-0.6b-1gpu", n_tasks=16, mesh=(1, 1, 1), eval_tasks=128,
-                                    micro_batches=16, aot_model="qwen3_0_6b", aot_topology="v5p:1x1x1",
+                                    micro_batches=16, aot_model="qwen3_0_6b", aot_topology="h100:1x1x1",
                                     aot_hbm_gib=80.0),
     # 32 micro-batches: at 16 the PPO step (policy + separate critic) needs 74.0 GiB per chip, 0.93 of 80 GB
     # (docs/aot.md); at 32, 51.9 GiB (0.65)
     "qwen3-4b-8gpu": _accelerator("qwen3-4b-8gpu", n_tasks=64, mesh=(1, 8, 1), micro_batches=32,
-                                  aot_model="qwen3_4b", aot_topology="v5p:2x2x2", aot_hbm_gib=80.0),
+                                  aot_model="qwen3_4b", aot_topology="h100:1x1x8", aot_hbm_gib=80.0),
     "qwen3-8b-v5p": _accelerator("qwen3-8b-v5p", n_tasks=128, mesh=(4, 8, 2), micro_batches=8,
                                  aot_model="qwen3_8b", aot_topology="v5p:4x4x4"),
     # The end-to-end CI test's settings (tests/test_study_e2e.py): minutes, not seconds. `/usr/bin/time python -m
@@ -189,7 +203,7 @@ def needs_checkpoint(preset: Preset) -> bool:
 
 
 def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, iterations: Optional[int] = None,
-                   seeds=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
+                   seeds=None, arms=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
                    remat: Optional[str] = None, rehearsal: bool = False) -> Preset:
     """`preset` (or `PRESETS[preset]`) with the given fields replaced; a None (or empty) argument keeps the
     preset's value, and remat "none" means no activation checkpointing. `rehearsal`: the counts cut first
@@ -208,6 +222,8 @@ def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, it
         changes["iterations"] = iterations
     if seeds:
         changes["seeds"] = tuple(seeds)
+    if arms:
+        changes["arms"] = tuple(arms)
     if mesh:
         changes["mesh"] = tuple(mesh)
     if compute_dtype:

@@ -105,13 +105,13 @@ def _all_finite_leaves(tree):
     return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), tree)
 
 
-_all_finite_leaves_jit = jax.jit(_all_finite_leaves)
+all_finite_leaves_jit = jax.jit(_all_finite_leaves)  # `nonfinite_leaves`' program (the AOT check lowers it)
 
 
 def nonfinite_leaves(tree) -> list[str]:
     """Paths of the floating leaves of `tree` holding a NaN or Inf."""
     floats = jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.floating) else None, tree)
-    flags = jax.device_get(_all_finite_leaves_jit(floats))
+    flags = jax.device_get(all_finite_leaves_jit(floats))
     return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0] if not ok]
 
 
@@ -180,6 +180,16 @@ def _check_compute_dtype(preset: Preset):
     return dt
 
 
+def checkpoint_world(tok, size: int) -> ToyWorld:
+    """The FrozenLake world of a checkpoint's tokenizer `tok` (its BPE text of FrozenLake's words, the plan
+    instruction's and the actions, and its chat template) on maps of side `size`; ValueError when the tokenizer
+    cannot write them."""
+    codec = env_codec(tok, FrozenLake.vocabulary() + plan_mode.PLAN_WORDS, FrozenLake.ACTION_STRINGS,
+                      word_level=False)
+    return ToyWorld(tok, codec, FrozenLake(codec, size=size), chat_layout(tok, FrozenLake.system_prompt()),
+                    budget_format(codec))
+
+
 class Run:
     """A run directory with the world, model config, device mesh and stage paths of one preset.
 
@@ -208,13 +218,10 @@ class Run:
         if preset.checkpoint:
             self.cfg, tok = run_dir.open_checkpoint(preset.checkpoint)
             try:
-                codec = env_codec(tok, FrozenLake.vocabulary() + plan_mode.PLAN_WORDS, FrozenLake.ACTION_STRINGS,
-                                  word_level=False)
+                self.world = checkpoint_world(tok, preset.task.size)
             except ValueError as e:
                 raise CheckpointError(f"the tokenizer in {preset.checkpoint} cannot write FrozenLake's text: "
                                       f"{e}") from None
-            self.world = ToyWorld(tok, codec, FrozenLake(codec, size=preset.task.size),
-                                  chat_layout(tok, FrozenLake.system_prompt()), budget_format(codec))
         default = (preset.name + ("-rehearsal" if preset.rehearsal else "")
                    + (f"-s{self.seed_offset}" if self.seed_offset else ""))
         self.dir = os.path.abspath(os.path.join(root, name or default))

@@ -160,7 +160,8 @@ def r_single_measure(run: Run):
     FrozenLake's R_single (`plan_mode.plan_success`: the whole plan in one reply, no feedback) on P =
     eval.n_plan_tasks held-out maps (key R_SINGLE_MAPS_KEY + seed offset) with Z = eval.n_plan_samples replies
     each, sampled with the fixed key R_SINGLE_SAMPLE_KEY + seed offset at every measurement (common random
-    numbers: the base and every logged iteration of every arm see the same draws)."""
+    numbers: the base and every logged iteration of every arm see the same draws), in generate calls of the
+    preset's rollout batch (`Preset.rollout_batch`) rows."""
     p = run.preset
     maps = p.task.sample(jax.random.key(R_SINGLE_MAPS_KEY + run.seed_offset), p.eval.n_plan_tasks)
     key = jax.random.key(R_SINGLE_SAMPLE_KEY + run.seed_offset)
@@ -168,7 +169,7 @@ def r_single_measure(run: Run):
     def measure(params) -> dict:
         ok = plan_mode.plan_success(run.world, run.cfg, params, maps, key, t_max=p.task.t_max,
                                     n_samples=p.eval.n_plan_samples, env_params=p.task.env_params(),
-                                    max_context=p.task.max_context, mesh=run.mesh,
+                                    max_context=p.task.max_context, batch_size=p.rollout_batch, mesh=run.mesh,
                                     compute_dtype=stages.resolve_compute_dtype(p.compute_dtype))
         per_map = ok.mean(axis=1)
         return {"r_single": float(per_map.mean()), "r_single_tasks": [float(x) for x in per_map],

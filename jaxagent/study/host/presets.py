@@ -90,8 +90,9 @@ class HostPreset:
     # training rollout's first turn, so every 10th of 100 iterations (11 points with the base's) costs a few percent
     # of the arm.
     dynamics_every: int = 10
-    # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the TPU
-    # topology compiled for, and the target chip's HBM where that topology is a proxy (GPU).
+    # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS name), the
+    # topology compiled for (TPU 'v5p:4x4x4', GPUs 'h100:1x1x1'), and a GPU preset's HBM, checked where a TPU topology
+    # stands in for its GPU (`--topology v5p:...`).
     aot_model: Optional[str] = None
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
@@ -278,9 +279,9 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
 
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
     """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
-    FrozenLake 0.6B preset), AOT-checked on one v5p chip as a proxy for 80 GB."""
+    FrozenLake 0.6B preset), AOT-checked for one H100."""
     return HostPreset(name=name, task=task, eval=eval, seeds=(0, 1, 2), lr=1e-6, compute_dtype="bfloat16",
-                      micro_batches=16, remat="full", aot_model="qwen3_0_6b", aot_topology="v5p:1x1x1",
+                      micro_batches=16, remat="full", aot_model="qwen3_0_6b", aot_topology="h100:1x1x1",
                       aot_hbm_gib=80.0, **kw)
 
 
