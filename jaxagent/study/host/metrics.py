@@ -29,11 +29,12 @@ a note (`NO_SOLVABLE_NOTE`).
 
 Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k on the held-out split
 named by `<d>.split.heldout_name`; a policy is `base`, an arm (mean over its included seeds) or `<arm>.seed<s>`),
-`<d>.bound.t<T>` (the bound), the same under `<d>.<split>.` for each further held-out split (`pass_metrics`),
-`<d>.split.train`, `<d>.split.heldout`, `meta.t_max` (the full tier), the findings' keys (`domain_findings`) with
-`stats.Estimate` fields, their rooms `<row>.room_lo`, `<row>.room_hi` (difference units;
-`findings.room_from_metrics`), the rows' values (`.base`, `.rl`, `.bound`, f2's `.base_full` ... `.n_tasks`,
-`.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`, `.n_tasks`, `.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
+`<d>.bound.t<T>` (the bound), the same under `<d>.<split>.` for each further held-out split (`pass_metrics`) with
+its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.train`, `<d>.split.heldout`,
+`meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate` fields, their rooms
+`<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows' values (`.base`, `.rl`,
+`.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`, `.n_tasks`,
+`.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
 """
 from __future__ import annotations
 

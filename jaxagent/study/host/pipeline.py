@@ -76,8 +76,6 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     return path, verdicts
 
 
-
-
 def split_meta(run: HostRun) -> dict:
     """The report's lines on the data: its source and layout (and any warning about it, e.g. training on a
     benchmark's test questions), the held-out split and the further splits evaluated, the grading the env ran and,

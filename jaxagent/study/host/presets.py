@@ -277,6 +277,14 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
                       seeds=(0, 1, 2), policy_positions=True, scope_note=TOY_SCOPE, **kw)
 
 
+# bfcl-toy's and bfcl2-toy's shared recipe: 128-token replies, every held-out task, the noisy expert's SFT and the RL
+# settings (the presets' comments in HOST_PRESETS).
+_BFCL_TOY = dict(max_action_tokens=128, heldout=None,
+                 sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
+                                     width_bucket=128),
+                 iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                 minibatches=2)
+
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
     """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
     FrozenLake 0.6B preset), AOT-checked for one H100."""
@@ -373,12 +381,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
     # slots); RL as sql-toy but 20 iterations (four train steps over ~900 slots take about 5 of the 7 s per
     # iteration: 30 min in all on 2 cores, docs/host_study.md); every held-out task.
-    "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
-                     fractions=(0.5, 1.0),
-                     sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
-                                         width_bucket=128),
-                     iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
-                     minibatches=2),
+    "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_context=1024, fractions=(0.5, 1.0), **_BFCL_TOY),
     # BFCL kept multi-turn: the first two user requests of every task (domain bfcl-two, 599 / 200 tasks), so the
     # second request works on the state the first left, miss_param's clarification can follow its request and
     # miss_func's late functions arrive; tools as signatures. 5 turns (the reference takes 3-4: per request its calls
@@ -386,12 +389,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # 1,536 slots (prompts of 250-750 tokens, four turns of 128-token replies and 64-token tool output). The same
     # base recipe and RL as bfcl-toy. Defined and rehearsed (`--rehearsal`), not yet measured at full size: about
     # 1.5 times bfcl-toy's 30 minutes on 2 cores (docs/host_study.md, "Toy presets").
-    "bfcl2-toy": _toy("bfcl2-toy", "bfcl-two", t_max=5, max_action_tokens=128, max_context=1536, heldout=None,
-                      fractions=(0.8, 1.0),
-                      sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
-                                          width_bucket=128),
-                      iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
-                      minibatches=2),
+    "bfcl2-toy": _toy("bfcl2-toy", "bfcl-two", t_max=5, max_context=1536, fractions=(0.8, 1.0), **_BFCL_TOY),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's
