@@ -27,6 +27,20 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
     p.add_argument("--data", default=None, help="sql / code: a local Spider or InterCode-SQL directory, or "
                    "DeepCoder-style JSON / JSONL problems (default: the built-in tasks; docs/host_study.md, Data)")
+    p.add_argument("--data-format", default=None, choices=("spider", "intercode", "deepcoder", "apps"),
+                   help="the layout of --data (default: detected from its files; a directory holding both Spider's and "
+                        "InterCode-SQL's files is refused without it)")
+    p.add_argument("--grading", default=None, choices=("exact", "spider", "intercode"),
+                   help="sql: how a submitted query is scored (default: exact on the built-in tasks, the data's own "
+                        "benchmark's on --data; jaxagent/envs/host/sql_grading.py)")
+    p.add_argument("--keep-distinct", action="store_true",
+                   help="sql, --grading spider: keep DISTINCT (the official evaluation removes it by default)")
+    p.add_argument("--no-schema", action="store_true",
+                   help="sql: leave the schema out of the system prompt, as InterCode's prompt does (the reference "
+                        "then reads it with one query: 2 turns)")
+    p.add_argument("--require-reference", default=None, action=argparse.BooleanOptionalAction,
+                   help="code, --data: keep only problems with a solution that passes their tests (default: only "
+                        "when the preset fine-tunes on references; RL from a checkpoint keeps the others)")
     p.add_argument("--iterations", type=cli.positive_int, default=None, help="override the RL iterations per arm")
     p.add_argument("--seeds", type=cli.seed_int, nargs="+", default=None, help="override the RL seeds")
     p.add_argument("--arms", nargs="+", default=None, choices=HOST_ARMS, metavar="ARM",
@@ -53,12 +67,19 @@ def preset_from(args) -> HostPreset:
     """The named preset with the command line's overrides; exits with the reason when it cannot run."""
     changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None),
-                                 ("arms", tuple(args.arms) if args.arms else None)) if v is not None}
+                                 ("data_format", getattr(args, "data_format", None)),
+                                 ("arms", tuple(args.arms) if getattr(args, "arms", None) else None)) if v is not None}
+    opt = lambda name: getattr(args, name, None)  # noqa: E731  (other scripts' parsers, e.g. mistakes', lack them)
+    options = tuple((k, v) for k, v in (("grading", opt("grading")), ("keep_distinct", opt("keep_distinct") or None),
+                                        ("schema_in_prompt", False if opt("no_schema") else None),
+                                        ("require_reference", opt("require_reference"))) if v is not None)
+    if options:
+        changes["env_options"] = HOST_PRESETS[args.preset].env_options + options
     for name in ("seeds", "arms"):
         if len(set(changes.get(name, ()))) != len(changes.get(name, ())):
             cli.fail(f"--{name} must be distinct, got {' '.join(map(str, getattr(args, name)))}")
     base = HOST_PRESETS[args.preset]
-    p = dataclasses.replace(rehearsal_preset(base) if args.rehearsal else base, **changes)
+    p = dataclasses.replace(rehearsal_preset(base) if opt("rehearsal") else base, **changes)
     if preset_problem(p) is not None:
         cli.fail(preset_problem(p))
     return p

@@ -111,9 +111,9 @@ def test_model_names_are_the_studys():
 
 
 def test_host_presets_reference_turns_come_from_their_world():
-    """The long-tail table's reference turns: the host world's train split (SQL: 1 turn for each of its 687 tasks);
+    """The long-tail table's reference turns: the host world's train split (SQL: 1 turn for each of its 554 tasks);
     a broken import here was reported as a table note, not raised."""
     from jaxagent.study.host.presets import HOST_PRESETS
     memo = {}
     m = estimates.min_turns(HOST_PRESETS["qwen3-0.6b-1gpu-sql"], memo)
-    assert len(m) == 687 and (m == 1).all() and len(memo) == 1
+    assert len(m) == 554 and (m == 1).all() and len(memo) == 1

@@ -42,10 +42,13 @@ def test_task_set(env):
     assert len(tasks) >= 15 and len({t.id for t in tasks}) == len(tasks)
     assert all(len(t.tests) >= 4 for t in tasks)
     assert all(len({repr(e) for _, e in t.tests}) >= 2 for t in tasks)  # a constant answer fails every task
-    assert len(env.tasks("train")) + len(env.tasks("test")) == len(tasks)
+    splits = [env.tasks(name) for name in ("train", "test", "test_constants")]
+    assert sorted(t.id for s in splits for t in s) == sorted(t.id for t in tasks)  # disjoint, and all of them
     assert [t.id for t in tasks[:len(CODE_TASKS)]] == [t["id"] for t in CODE_TASKS]  # the hand-written ones first
-    assert [t.id for t in env.tasks("test")] == [t.id for t in tasks[3::4]]
-    assert {t.id.rsplit("-", 1)[0] for t in env.tasks("test")[4:]} == {f.name for f in code_gen.FAMILIES}
+    assert {t.template for t in env.tasks("test")} == (set(code_gen.HELDOUT_FAMILIES)
+                                                       | {t["id"] for t in CODE_TASKS[3::4]})
+    assert {t.template for t in env.tasks("test_constants")} == {f.name for f in code_gen.FAMILIES} - set(
+        code_gen.HELDOUT_FAMILIES)  # every train family has new-constants tasks
 
 
 def _solves_in_one_turn(env, task):
@@ -85,7 +88,7 @@ def test_every_generated_reference_passes(env):
 
 def test_generated_tasks_are_deterministic_and_check_their_parameters():
     a, b = code_gen.generate(), code_gen.generate()
-    assert a == b and len(a) == 885
+    assert a == b and len(a) == 1053
     assert code_gen.generate(seed=1) != a and [t["id"] for t in code_gen.generate(seed=1)] == [t["id"] for t in a]
     by_id = {t["id"]: t for t in a}
     t = by_id["sum-multiples-00"]  # k = 2, any position

@@ -33,7 +33,7 @@ DBS = {  # db id -> (schema + rows)
 }
 
 
-def _write_db(root, db, script):
+def write_db(root, db, script):
     d = root / "database" / db
     d.mkdir(parents=True)
     conn = sqlite3.connect(d / f"{db}.sqlite")
@@ -42,7 +42,7 @@ def _write_db(root, db, script):
     conn.close()
 
 
-def _spider(db, query, question):
+def spider_record(db, query, question):
     """A Spider record as the release writes it (the parsed `sql` left minimal)."""
     return {"db_id": db, "query": query, "query_toks": query.split(), "query_toks_no_value": query.lower().split(),
             "question": question, "question_toks": question.split(), "sql": {"select": [False, []]}}
@@ -52,16 +52,17 @@ def _spider(db, query, question):
 def spider_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("spider")
     for db, script in DBS.items():
-        _write_db(root, db, script)
-    train = [_spider("concert_singer", "SELECT count(*) FROM singer", "How many singers do we have?"),
-             _spider("concert_singer", "SELECT Name FROM singer WHERE Country = 'France' ORDER BY Age",
+        write_db(root, db, script)
+    train = [spider_record("concert_singer", "SELECT count(*) FROM singer", "How many singers do we have?"),
+             spider_record("concert_singer", "SELECT Name FROM singer WHERE Country = 'France' ORDER BY Age",
                      "Names of French singers, youngest first?"),
-             _spider("pets_1", "SELECT count(*) FROM Pets WHERE PetType = 'dog'", "How many dogs are there?"),
-             _spider("pets_1", "SELECT nonexistent FROM Pets", "A broken gold query."),          # left out
-             _spider("no_such_db", "SELECT 1", "A question on a missing database."),          # left out
+             spider_record("pets_1", "SELECT count(*) FROM Pets WHERE PetType = 'dog'", "How many dogs are there?"),
+             spider_record("pets_1", "SELECT nonexistent FROM Pets", "A broken gold query."),          # left out
+             spider_record("no_such_db", "SELECT 1", "A question on a missing database."),          # left out
              {"db_id": "pets_1", "query": "SELECT 1"}]                                         # left out: no question
-    dev = [_spider("world_1", "SELECT Name FROM country WHERE Continent = 'Asia'", "Which countries are in Asia?"),
-           _spider("world_1", "SELECT sum(Population) FROM country", "What is the total population?")]
+    dev = [spider_record("world_1", "SELECT Name FROM country WHERE Continent = 'Asia'",
+                         "Which countries are in Asia?"),
+           spider_record("world_1", "SELECT sum(Population) FROM country", "What is the total population?")]
     (root / "train_spider.json").write_text(json.dumps(train, indent=2))
     (root / "dev.json").write_text(json.dumps(dev, indent=2))
     (root / "tables.json").write_text(json.dumps([{"db_id": db} for db in DBS]))
@@ -109,7 +110,7 @@ def test_spider_episodes_score_against_the_gold_result(spider_env):
 def test_intercode_sql_single_file_splits_by_database(tmp_path):
     dbs = {f"db_{i}": "CREATE TABLE t (x int); INSERT INTO t VALUES (1), (2), (3);" for i in range(12)}
     for db, script in dbs.items():
-        _write_db(tmp_path, db, script)
+        write_db(tmp_path, db, script)
     rows = [{"db": db, "gold": "SELECT x FROM t WHERE x > 1", "query": f"Values above 1 in {db}?", "hardness": "easy",
              "db_tables": {"t": ["x"]}} for db in dbs]
     rows.append({"db": "db_0", "gold": "SELECT y FROM t", "query": "broken", "hardness": "easy", "db_tables": {}})
@@ -141,12 +142,12 @@ def test_intercode_sql_train_and_dev_files(spider_dir, tmp_path):
 def test_sql_data_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist.*nothing is downloaded"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path / "missing")
-    with pytest.raises(ValueError, match="no Spider files"):
+    with pytest.raises(ValueError, match="no InterCode-SQL .* files .and no Spider files"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
     (tmp_path / "dev.json").write_text("[{bad json")
     with pytest.raises(ValueError, match="dev.json: not JSON"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
-    (tmp_path / "dev.json").write_text(json.dumps([_spider("nowhere", "SELECT 1", "q")]))
+    (tmp_path / "dev.json").write_text(json.dumps([spider_record("nowhere", "SELECT 1", "q")]))
     with pytest.raises(ValueError, match="no usable question"):
         SQLEnv(cache_dir=tmp_path, data=tmp_path)
     with pytest.raises(ValueError, match="options of a data directory"):
@@ -297,13 +298,14 @@ def test_builtin_sets_have_200_held_out_tasks(tmp_path):
     code = CodeEnv()
     for env in (sql, code):
         train, test = env.tasks("train"), env.tasks("test")
-        assert len(test) >= 200 and len(train) >= 3 * len(test) - 3, (type(env).__name__, len(train), len(test))
+        assert len(test) >= 200 and len(env.tasks("test_constants")) >= 150, (type(env).__name__, len(test))
+        assert len(train) >= 500, (type(env).__name__, len(train))
         assert len({t.id for t in env.tasks("all")}) == len(env.tasks("all"))
-    assert sql.report.left_out == {} and sql.report.kept == {"train": 687, "test": 228}
-    assert {t.db for t in sql.tasks("test")} >= {"shop", "school", "library", "gen-zoo", "gen-garden"}
-    assert len(code.tasks("all")) == 901 and len(code.tasks("test")) == 225
-    assert code.report.kept == {"train": 676, "test": 225} and code.report.records == 16 + 891
-    assert sum(code.report.left_out.values()) == 891 - 885  # parameter sets whose tests would be too weak
+    assert sql.report.left_out == {} and sql.report.kept == {"train": 554, "test": 426, "test_constants": 168}
+    assert {t.db for t in sql.tasks("test")} >= {"library", "gen-concerts", "gen-garden"}
+    assert len(code.tasks("all")) == 1069 and code.report.records == 16 + 1059
+    assert code.report.kept == {"train": 638, "test": 222, "test_constants": 209}
+    assert sum(code.report.left_out.values()) == 1059 - 1053  # parameter sets whose tests would be too weak
 
 
 def test_cache_root_and_data_path(tmp_path, monkeypatch):
@@ -321,11 +323,13 @@ def test_presets_miniatures_stay_small_and_real_scales_evaluate_200(tok):
     from jaxagent.envs.host.data.code_tasks import CODE_TASKS
     from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 
+    held = {"ci-sql": [t["id"] for t in SQL_TASKS if t["db"] == "library"],  # held out whole: a database
+            "ci-code": [t["id"] for t in CODE_TASKS][3::4]}  # every 4th hand-written problem
     for name, hand, n_train, n_held in (("ci-sql", SQL_TASKS, 4, 5), ("ci-code", CODE_TASKS, 2, 2)):
         w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
         ids = [t["id"] for t in hand]  # the hand-written tasks come first, in order
-        assert [t.id for t in w.train_tasks] == [i for k, i in enumerate(ids) if k % 4 != 3][:n_train], name
-        assert [t.id for t in w.heldout_tasks] == ids[3::4][:n_held], name
+        assert [t.id for t in w.train_tasks] == [i for i in ids if i not in held[name]][:n_train], name
+        assert [t.id for t in w.heldout_tasks] == held[name][:n_held], name
     for name in ("qwen3-0.6b-1gpu-sql", "qwen3-8b-v5p-code"):
         w = host_stages.make_host_world(HOST_PRESETS[name].task, tok)
         assert len(w.heldout_tasks) == 200 and (w.min_turns(w.heldout_tasks) == 1).all(), name

@@ -52,12 +52,23 @@ needs_bfcl = pytest.mark.skipif(not _has_bfcl(), reason="needs bfcl-eval")
 def test_code_domain_splits_and_bound(tok):
     d = host_stages.get_domain("code")
     assert (d.env, d.train_split, d.heldout_split) == ("code", "train", "test") and d.split_note and d.bound_note
-    w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="code"), tok)
-    all_ids = [t.id for t in w.env.tasks("all")]
-    assert len(w.train_tasks) == 676 and len(w.heldout_tasks) == 225  # the built-in set (docs/host_study.md, Data)
-    assert [t.id for t in w.heldout_tasks] == all_ids[3::4]  # every 4th task held out
-    assert not {t.id for t in w.train_tasks} & {t.id for t in w.heldout_tasks}
-    assert (w.min_turns(w.heldout_tasks) == 1).all()
+    ts = host_stages.HostTaskSettings(domain="code", extra_heldout=("test_constants", "nope"),
+                                      max_extra_heldout_tasks=50, task_subset="spread", max_action_tokens=512)
+    w = host_stages.make_host_world(ts, tok)
+    assert len(w.train_tasks) == 638 and len(w.heldout_tasks) == 222  # the built-in set (docs/host_study.md, Data)
+    assert [t.id for t in w.heldout_tasks] == [t.id for t in w.env.tasks("test")]  # held out by structure
+    assert not {t.template for t in w.train_tasks} & {t.template for t in w.heldout_tasks}
+    assert list(w.extra_heldout) == ["test_constants"] and len(w.extra_heldout["test_constants"]) == 50
+    assert w.missing_splits == ("nope",)  # an env without such a split: the report says it was not evaluated
+    assert {t.template for t in w.extra_heldout["test_constants"]} <= {t.template for t in w.train_tasks}
+    assert (w.min_turns(w.heldout_tasks) == 1).all()  # every reference fits 512-token replies
+    # under code-toy's 128-token replies the long families' references fit no tier: the bound says so
+    capped = host_stages.make_host_world(dataclasses.replace(ts, max_action_tokens=128), tok)
+    turns = capped.min_turns(capped.heldout_tasks)
+    long = {"edit-distance", "word-wrap", "components"}
+    assert set(turns.tolist()) == {1, host_stages.NO_FIT}
+    assert {t.template for t, n in zip(capped.heldout_tasks, turns) if n > 1} <= long | {"nth-prime"}
+    assert 70 <= int((turns > 1).sum()) <= 80
 
 
 @needs_bfcl
@@ -94,6 +105,36 @@ def test_bfcl_first_domain_is_bfcl_cut_to_first_requests_with_bfcl_findings(tok)
     assert any(k.startswith("bfcl-first.f5_") for k in keys) and not any(".f3_" in k or ".f6_" in k for k in keys)
     with pytest.raises(ValueError, match="unknown host domain"):
         host_stages.uses_env("bfcl-last", ("bfcl",))
+
+
+@needs_bfcl
+def test_bfcl_two_domain_keeps_two_requests_and_says_which_cut(tok):
+    """The bfcl2-toy preset's domain: every task cut to its first two requests (multi-turn state kept), the same
+    split; bound 3-4 turns; each env says which cut of BFCL it runs (the reports print it)."""
+    d = host_stages.get_domain("bfcl-two")
+    assert dict(d.env_kwargs) == {"user_turns": 2, "tool_docs": "signatures"}
+    w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-two"), tok)
+    assert (len(w.train_tasks), len(w.heldout_tasks)) == (599, 200)
+    assert all(len(t.turns) == 2 for t in w.heldout_tasks)
+    assert sum(len(t.turns) == 1 for t in w.train_tasks) == 6  # BFCL's own single-request tasks (base_46, ...)
+    assert set(w.min_turns(w.heldout_tasks).tolist()) == {3, 4}
+    assert "first 2 user requests" in w.env.cut_note and "multi-turn" in w.env.cut_note
+    first = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-first"), tok)
+    assert "single-request tool calling, not BFCL's multi-turn" in first.env.cut_note
+    p = HOST_PRESETS["bfcl2-toy"]
+    tiers = budgets_lib.budget_tiers(p.task.t_max, p.eval.fractions)
+    assert p.task.domain == "bfcl-two" and tiers == (4, 5)  # every reference fits the tight tier
+
+
+def test_toy_presets_say_what_they_show_and_evaluate_both_splits():
+    from jaxagent.study.host.presets import TOY_SCOPE
+
+    for name, p in HOST_PRESETS.items():
+        assert (p.scope_note == TOY_SCOPE) == name.endswith("-toy"), name
+    assert "pipeline demonstration on a designed base" in TOY_SCOPE and "clean references" in TOY_SCOPE
+    for name in ("sql-toy", "code-toy"):
+        assert HOST_PRESETS[name].task.extra_heldout == ("test_constants",)
+    assert HOST_PRESETS["code-toy"].sft.slip_fix == 0.5  # docs/host_study.md describes this expert
 
 
 @needs_bfcl

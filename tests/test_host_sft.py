@@ -110,7 +110,7 @@ def test_reference_rows_are_the_rollouts_context_with_the_reply_as_target(sql_wo
 
 
 def test_slipped_queries_make_one_generic_mistake_outside_literals():
-    from jaxagent.envs.host.sql_env import SLIP_KINDS, slip_query
+    from jaxagent.envs.host.sql_actions import SLIP_KINDS, slip_query
     q = "SELECT AVG(age) FROM animals WHERE species = 'MAX( WHERE x > 1'"
     kinds = {slip_query(q, seed)[0] for seed in range(40)}
     assert kinds == {"drop_condition", "swap_aggregate"}  # the literal's words are not the query's
@@ -132,7 +132,7 @@ def test_slipped_queries_make_one_generic_mistake_outside_literals():
 
 
 def test_submissions_are_sorted_by_what_is_wrong_with_them():
-    from jaxagent.envs.host.sql_env import query_slips, slip_query, submission_mistake
+    from jaxagent.envs.host.sql_actions import query_slips, slip_query, submission_mistake
     gold = "SELECT AVG(age) FROM animals WHERE species = 'zebra' AND age > 3"
     assert {slip_query(gold, s)[1] for s in range(60)} == query_slips(gold)  # every slip the expert can make
     ans = lambda q: f"<answer>{q}</answer>"  # noqa: E731

@@ -14,7 +14,9 @@ from jaxagent.envs.host import base as host
 from jaxagent.envs.host import sql_query
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
-from jaxagent.envs.host.sql_env import SQLEnv, SQLState, parse_sql_action, results_match
+from jaxagent.envs.host.sql_actions import parse_sql_action
+from jaxagent.envs.host.sql_env import SQLEnv, SQLState
+from jaxagent.envs.host.sql_grading import results_match
 from jaxagent.envs.host.sql_query import QueryError, run_query
 
 
@@ -39,11 +41,13 @@ def _sha(path):
 def test_task_set_and_splits(env):
     all_tasks = env.tasks("all")
     assert len(all_tasks) >= 20 and len({t.id for t in all_tasks}) == len(all_tasks)
-    train, test = env.tasks("train"), env.tasks("test")
-    assert len(train) + len(test) == len(all_tasks) and not {t.id for t in train} & {t.id for t in test}
+    splits = [env.tasks(name) for name in ("train", "test", "test_constants")]
+    assert sorted(t.id for s in splits for t in s) == sorted(t.id for t in all_tasks)  # disjoint, and all of them
     assert {t.db for t in all_tasks} == {"shop", "school", "library"} | {f"gen-{w.name}" for w in sql_gen.WORLDS}
     assert [t.id for t in all_tasks[:23]] == [t["id"] for t in SQL_TASKS]  # the hand-written ones first
-    assert [t.id for t in test] == [t.id for t in all_tasks[3::4]]  # every 4th held out
+    assert [t.template for t in all_tasks[:23]] == [t["id"] for t in SQL_TASKS]  # each its own template
+    assert {t.template for t in all_tasks[23:]} >= set(sql_gen.HELDOUT_TEMPLATES) and len(
+        {t.template for t in all_tasks[23:]}) == 39
     with pytest.raises(ValueError):
         env.tasks("validation")
 

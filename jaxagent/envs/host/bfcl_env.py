@@ -170,6 +170,20 @@ class BFCLEnv(HostEnv):
         self._tasks: dict[str, list[BFCLTask]] = {}
         self._gt_calls: dict[str, tuple] = {}
 
+    @property
+    def cut_note(self) -> str:
+        """Which cut of BFCL v4 multi-turn this env runs, for reports."""
+        docs = "tools as one-line signatures" if self.tool_docs == "signatures" else "tools as BFCL's JSON documents"
+        if self.user_turns is None:
+            return f"every user request of each task (BFCL's multi-turn tasks whole); {docs}"
+        if self.user_turns == 1:
+            return (f"the first user request of each task only: single-request tool calling, not BFCL's multi-turn "
+                    f"state; {docs}")
+        return (f"the first {self.user_turns} user requests of each task (multi-turn: the state one request leaves is "
+                f"what the next works on); {docs}")
+
+    grading_note = "BFCL's multi-turn checks: at the end of every user turn the state and the responses must match"
+
     # -- data ------------------------------------------------------------------------------------
     def _load(self, category: str) -> list[BFCLTask]:
         if category not in self._tasks:

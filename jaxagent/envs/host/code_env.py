@@ -3,9 +3,12 @@
 No dimension legend: host-side Python, no arrays.
 
 Tasks. Built in (`data=None`): the hand-written problems of data/code_tasks.py followed by the generated
-families of data/code_gen.py (885 tasks); every 4th task of that list of 901 is held out
-(`base.split_tasks`: 676 train, 225 held-out). With `data=DIR`: DeepCoder-style problems read from
-local JSON / JSONL files (`deepcoder.load_deepcoder`; its split rule and the tasks it leaves out are in
+families of data/code_gen.py and data/code_gen_long.py. Every task records its family (`template`; a hand-written
+task its own id). Splits (`splits.structural_splits`): "test" holds out whole families (`code_gen.HELDOUT_FAMILIES`)
+and every 4th hand-written problem, "test_constants" every 4th of the remaining tasks (train's families with other
+parameters), "train" the rest. `tasks=` (task dicts) replaces the built-in set, every 4th held out
+(`base.split_tasks`). With `data=DIR`: DeepCoder-style or APPS problems read from local JSON / JSONL files
+(`deepcoder.load_deepcoder`, `data_format` names the layout; its split rule and the tasks it leaves out are in
 `self.report`).
 Three task styles (`CodeTask.style`):
   "function"  the built-in tasks: the entry point is a function of the submitted module, called with
@@ -70,6 +73,7 @@ import threading
 import tokenize
 from typing import Optional
 
+from jaxagent.envs.host import splits as splits_lib
 from jaxagent.envs.host.base import (HostEnv, check_slip_fix, coerce_action, host_cores, make_info, split_tasks,
                                      stable_hash, strip_think)
 from jaxagent.envs.host.data import code_gen
@@ -140,7 +144,7 @@ def _first_sites(source: str) -> dict:
 def slip_program(source: str, seed: int) -> tuple[str, str] | None:
     """(kind, source'): the program with one generic mistake a noisy expert makes, chosen by `seed` among the
     kinds that apply (CODE_SLIP_KINDS, each at its first site: a comparison turned around, an integer literal one
-    too large, min/max or any/all swapped). None where none applies. As `sql_env.slip_query`, the mistakes are the
+    too large, min/max or any/all swapped). None where none applies. As `sql_actions.slip_query`, the mistakes are the
     same kinds on every task, so a base that imitates them at a rate (`study.host.sft.HostSFTSettings.noise`) has
     a behaviour shared by all tasks for RL to unlearn. A slip need not change every output: one that passes
     every test is a correct program."""
@@ -172,7 +176,7 @@ def _form(source: str) -> tuple | None:
 
 
 def program_mistake(reference: str, actions: list[str], solved: bool) -> str:
-    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS), as `sql_env.submission_mistake`:
+    """What is wrong with an episode's last submission (CODE_MISTAKE_KINDS), as `sql_actions.submission_mistake`:
     'solved'; 'no submission' (no code block in its replies); 'slip' (the reference with one of `program_slips`'
     mistakes, surrounding whitespace aside); 'slip and value' (a comparison or min/max/any/all slip with other
     number or string literals as well); 'value' (the reference's form with other literals: a constant copied
@@ -275,8 +279,9 @@ class CodeEnv(HostEnv):
                  max_parallel: Optional[int] = None, seed: int = code_gen.SEED, cache_size: int = 16384,
                  **data_kwargs):
         """limits: the sandbox's limits per submission. tasks: task dicts replacing the built-in set (the
-        hand-written and generated problems, every 4th held out). data: a local directory (or file) of
-        DeepCoder-style problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to). max_parallel:
+        hand-written and generated problems, split by structure), every 4th held out. data: a local directory (or
+        file) of DeepCoder-style or APPS problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to:
+        data_format, require_reference, ...). max_parallel:
         sandbox runs at once (default `host_cores()`). seed: the generated families' seed. cache_size: distinct
         programs whose results are kept for resubmissions (module docstring; 0: every submission runs)."""
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
@@ -293,17 +298,22 @@ class CodeEnv(HostEnv):
         self.max_parallel = int(max_parallel)
         self._slots = threading.BoundedSemaphore(self.max_parallel)
         self.report = None
+        self.split_notes = dict(splits_lib.SPLIT_NOTES)
         if data is not None:
             if tasks is not None:
                 raise ValueError("CodeEnv: give tasks or data, not both")
             self._splits, self.report = load_deepcoder(data, self, **data_kwargs)
+            self.split_notes = {"test": f"{self.report.layout}'s held-out split: {self.report.split_rule}"}
             return
         if data_kwargs:
             raise ValueError(f"CodeEnv: {sorted(data_kwargs)} are options of a data directory (data=...)")
+        held = (*code_gen.HELDOUT_FAMILIES, *(t["id"] for t in CODE_TASKS[3::4]))
         if tasks is None:
             generated = code_gen.generate(seed)
-            self.report = DatasetReport(source="built in", layout=f"jaxagent coding (hand-written + generated, seed "
-                                        f"{seed})", split_rule="every 4th task of the list held out")
+            self.report = DatasetReport(
+                source="built in", layout=f"jaxagent coding (hand-written + generated, seed {seed})",
+                split_rule=f"by structure: held-out families {', '.join(held)} in 'test'; every 4th other task in "
+                           "'test_constants'")
             kept = {t["id"] for t in generated}
             ids = [f"{f.name}-{v:02d}" for f in code_gen.FAMILIES for v in range(len(f.grid))]
             self.report.records = len(CODE_TASKS) + len(ids)
@@ -312,12 +322,20 @@ class CodeEnv(HostEnv):
                     self.report.leave_out("tests too weak (fewer than 2 distinct answers or 4 tests)", i)
         raw = (tuple(CODE_TASKS) + tuple(generated)) if tasks is None else tasks
         built = [CodeTask(id=t["id"], entry_point=t["entry_point"], prompt=t["prompt"],
-                          reference=t["reference"].strip() + "\n", tests=tuple((list(a), e) for a, e in t["tests"]))
-                 for t in raw]
-        self._splits = {name: split_tasks(built, name) for name in ("train", "test", "all")}
-        if self.report is not None:
-            for name in ("train", "test"):
-                self.report.keep(name, len(self._splits[name]))
+                          reference=t["reference"].strip() + "\n", tests=tuple((list(a), e) for a, e in t["tests"]),
+                          template=t.get("template", t["id"])) for t in raw]
+        if tasks is not None:
+            self._splits = {name: split_tasks(built, name) for name in ("train", "test", "all")}
+            self.split_notes = {"test": "every 4th of the given tasks"}
+            return
+        self._splits = splits_lib.structural_splits(built, held)
+        self.split_notes = splits_lib.notes(self.report.split_rule)
+        for name in ("train", splits_lib.STRUCTURAL, splits_lib.CONSTANTS):
+            self.report.keep(name, len(self._splits[name]))
+
+    grading_note = ("every unit test must pass: returned values and printed output compared by `graders` (integers "
+                    "exactly, floats within 1e-6 relative; on TACO, PrimeIntellect and APPS function tests an expected "
+                    "[v] also accepts v, as TACO's grader)")
 
     def tasks(self, split: str = "train") -> list[CodeTask]:
         if split not in self._splits:

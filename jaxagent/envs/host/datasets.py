@@ -104,13 +104,15 @@ def held_out_by_hash(key, every: int = 4) -> bool:
 
 @dataclasses.dataclass
 class DatasetReport:
-    """What a loader read: the layout it recognised, how it split, how many tasks each split kept, and the
-    records left out, counted by reason (with the first few record ids of each reason)."""
+    """What a loader read: the layout it recognised (the format named or detected), how it split, how many tasks
+    each split kept, the records left out, counted by reason (with the first few record ids of each reason), and
+    warnings about the data's use (e.g. training on a benchmark's test questions)."""
 
     source: str
     layout: str
     split_rule: str
     records: int = 0
+    warnings: list = dataclasses.field(default_factory=list)
     kept: dict = dataclasses.field(default_factory=dict)       # split -> tasks kept
     left_out: dict = dataclasses.field(default_factory=dict)   # reason -> records left out
     examples: dict = dataclasses.field(default_factory=dict)   # reason -> up to 5 record ids
@@ -127,8 +129,9 @@ class DatasetReport:
     def summary(self) -> str:
         kept = ", ".join(f"{n} {s}" for s, n in sorted(self.kept.items())) or "none"
         out = ", ".join(f"{n} {r}" for r, n in sorted(self.left_out.items())) or "none"
+        warn = "".join(f"; WARNING: {w}" for w in self.warnings)
         return (f"{self.layout} from {self.source}: {self.records} records; kept {kept}; left out {out}; split: "
-                f"{self.split_rule}")
+                f"{self.split_rule}{warn}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,18 +2,21 @@
 
 No dimension legend: host-side Python, no arrays.
 
-Records (the fields of agentica-org/DeepCoder-Preview-Dataset, whose subsets taco, primeintellect, lcbv5 and
-codeforces ship as parquet: convert them to JSON or JSONL first, e.g. `datasets`' `to_json`; nothing is
-downloaded here): `problem` (or `question`) the statement, `tests` the unit tests (a JSON string or the
-parsed value), `solutions` reference programs (a list, or its JSON string; optional), `starter_code`
-(optional), `metadata` (optional; a JSON string or dict that may name `func_name`). Test formats:
+Records (`data_format` "deepcoder" | "apps", or None: each record's `tests`, else its `input_output`): the
+fields of agentica-org/DeepCoder-Preview-Dataset (subsets taco, primeintellect, lcbv5 and codeforces, shipped as
+parquet: convert them to JSON or JSONL first, e.g. `datasets`' `to_json`; nothing is downloaded here) or of APPS
+(codeparrot/apps): `problem` (or `question`) the statement, `tests` (DeepCoder) or `input_output` (APPS) the unit
+tests (a JSON string or the parsed value), `solutions` reference programs (a list, or its JSON string; optional),
+`starter_code` (optional), `metadata` (optional; a JSON string or dict that may name `func_name`). Test formats:
   {"inputs": [...], "outputs": [...], "fn_name"?: str}   (TACO / APPS) with fn_name: function-call tests
       whose inputs are argument lists, an expected output [v] also accepting v (TACO's grader does the
       same); without: standard-input tests (inputs and outputs as text, or lists of lines);
   [{"input": ..., "output": ..., "testtype" | "type": ..., "metadata"?: {"func_name": ...}, "fn_name"?}, ...]
       (LiveCodeBench, PrimeIntellect, Codeforces): testtype "functional" / type "function_call" are
       function-call tests (an input string holds one JSON argument per line, as LiveCodeBench writes them;
-      the output is JSON), "stdin" / "stdin_stdout" (or none) standard-input tests.
+      the output is JSON), "stdin" / "stdin_stdout" (or none) standard-input tests. PrimeIntellect's tests (the
+      "type" key) are graded by TACO's grader in DeepCoder's reward, so their expected [v] also accepts v;
+      LiveCodeBench's ("testtype") compare exactly.
 At most `max_tests` tests per problem are kept, the ones with the longest inputs (the DeepCoder reward's
 choice, 15), in their original order.
 
@@ -26,8 +29,8 @@ passes every kept test in the env's sandbox (`CodeEnv.evaluate`, up to `env.max_
 and counted by a reason naming the field (`DatasetReport`): a record without a statement or readable tests
 (a field nested deeper than the JSON parser goes, a test value nested deeper than MAX_DEPTH, a non-JSON field
 over MAX_LITERAL_CHARS), tests of mixed styles, a function-call test without a function name, no reference
-solution (unless `require_reference=False`, which keeps such problems as unverified), or no solution passing
-its tests.
+solution (unless `require_reference=False`, which keeps such problems as unverified: RL from a checkpoint needs
+no reference, and LiveCodeBench-style test sets have none), or no solution passing its tests.
 Verdicts are cached in `cache_dir` (default $JAXAGENT_CACHE/code-verify.json), keyed by a hash of the
 program, the tests and the sandbox limits, so a second load runs nothing.
 """
@@ -78,15 +81,15 @@ def _decode(value, what: str):
         raise _Skip(f"field {what}: unreadable") from None
 
 
-def _text(x, what: str) -> str:
+def _text(x, what: str, field: str) -> str:
     if isinstance(x, list) and all(isinstance(s, str) for s in x):
         return "\n".join(x)
     if isinstance(x, str):
         return x
-    raise _Skip(f"field tests: {what} not text")
+    raise _Skip(f"field {field}: {what} not text")
 
 
-def _call_args(x) -> list:
+def _call_args(x, field: str) -> list:
     """A function-call test's arguments: a list as it is; a string of one JSON value per line (LiveCodeBench)."""
     if isinstance(x, list):
         return x
@@ -94,54 +97,59 @@ def _call_args(x) -> list:
         try:
             return [json.loads(line) for line in x.split("\n") if line.strip()]
         except (ValueError, RecursionError):
-            raise _Skip("field tests: function-call inputs unreadable") from None
+            raise _Skip(f"field {field}: function-call inputs unreadable") from None
     return [x]
 
 
-def _call_output(x):
+def _call_output(x, field: str):
     if isinstance(x, str):
         try:
             return json.loads(x)
         except ValueError:
             return x
         except RecursionError:
-            raise _Skip("field tests: an expected output nested too deeply") from None
+            raise _Skip(f"field {field}: an expected output nested too deeply") from None
     return x
 
 
-def parse_tests(tests, metadata: dict) -> tuple[str, list, str, bool]:
-    """(style "call" | "stdin", [(args, expected)], function name or "", lenient_list) of a record's tests
-    (module docstring); `_Skip` says why they cannot be used."""
-    tests = _decode(tests, "tests")
+def parse_tests(tests, metadata: dict, field: str = "tests") -> tuple[str, list, str, bool]:
+    """(style "call" | "stdin", [(args, expected)], function name or "", lenient_list) of a record's tests, read
+    from its field `field` (module docstring); `_Skip` says why they cannot be used, naming the field."""
+    tests = _decode(tests, field)
     fn_meta = metadata.get("func_name") or metadata.get("fn_name") or ""
     if isinstance(tests, dict):
         inputs, outputs = tests.get("inputs"), tests.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
-            raise _Skip("field tests: unreadable")
+            raise _Skip(f"field {field}: unreadable (no equally long lists 'inputs' and 'outputs')")
         fn = tests.get("fn_name") or fn_meta
         if fn:
-            return "call", [(_call_args(i), _call_output(o)) for i, o in zip(inputs, outputs)], str(fn), True
-        return "stdin", [([_text(i, "input")], _text(o, "output")) for i, o in zip(inputs, outputs)], "", False
+            return ("call", [(_call_args(i, field), _call_output(o, field)) for i, o in zip(inputs, outputs)],
+                    str(fn), True)
+        return ("stdin", [([_text(i, "input", field)], _text(o, "output", field)) for i, o in zip(inputs, outputs)],
+                "", False)
     if isinstance(tests, list):
         if not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
-            raise _Skip("field tests: unreadable")
+            raise _Skip(f"field {field}: unreadable (a test without 'input' and 'output')")
         styles, fns = set(), set()
         for t in tests:
             kind = str(t.get("testtype") or t.get("type") or "").lower()
             styles.add("call" if kind in _CALL_TYPES else "stdin" if kind in _STDIN_TYPES or not kind else kind)
             meta = t.get("metadata")
-            meta = _decode(meta, "tests (a test's metadata)") if meta is not None else {}
+            meta = _decode(meta, f"{field} (a test's metadata)") if meta is not None else {}
             fns.add((meta.get("func_name") if isinstance(meta, dict) else None) or t.get("fn_name") or fn_meta)
         if len(styles) != 1:
-            raise _Skip("field tests: tests of mixed or unknown types")
+            raise _Skip(f"field {field}: tests of mixed or unknown types")
         style = styles.pop()
         if style == "call":
             fn = next((f for f in fns if f), "")
-            return "call", [(_call_args(t["input"]), _call_output(t["output"])) for t in tests], str(fn), False
+            taco_graded = all("testtype" not in t for t in tests)  # PrimeIntellect's: DeepCoder grades them as TACO
+            return ("call", [(_call_args(t["input"], field), _call_output(t["output"], field)) for t in tests],
+                    str(fn), taco_graded)
         if style != "stdin":
-            raise _Skip("field tests: tests of mixed or unknown types")
-        return "stdin", [([_text(t["input"], "input")], _text(t["output"], "output")) for t in tests], "", False
-    raise _Skip("field tests: unreadable")
+            raise _Skip(f"field {field}: tests of mixed or unknown types")
+        return ("stdin", [([_text(t["input"], "input", field)], _text(t["output"], "output", field)) for t in tests],
+                "", False)
+    raise _Skip(f"field {field}: unreadable (neither a dict of inputs and outputs nor a list of tests)")
 
 
 def _longest(tests: list, n: int) -> list:
@@ -200,11 +208,17 @@ def _verdict_key(task: CodeTask, code: str, limits) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+FORMATS = {"deepcoder": ("tests", "DeepCoder-style problems"), "apps": ("input_output", "APPS problems")}
+
+
 def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: bool = True,
-                   max_tasks: Optional[int] = None, max_solutions: int = 3,
-                   cache_dir=None) -> tuple[dict, DatasetReport]:
-    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style directory or file (module docstring);
-    `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references."""
+                   max_tasks: Optional[int] = None, max_solutions: int = 3, cache_dir=None,
+                   data_format: Optional[str] = None) -> tuple[dict, DatasetReport]:
+    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style or APPS directory or file (module
+    docstring); `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references. `data_format`:
+    "deepcoder" (tests in `tests`), "apps" (in `input_output`), None (either, per record)."""
+    if data_format is not None and data_format not in FORMATS:
+        raise DataError(f"coding data: --data-format must be one of {tuple(FORMATS)} for coding, got {data_format!r}")
     root = data_path(path, "coding data")
     for name, v in (("max_tests", max_tests), ("max_solutions", max_solutions)):
         if isinstance(v, bool) or int(v) != v or v < 1:
@@ -217,32 +231,38 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
     by_name = any("test" in f.stem.lower() for f in files)
     rule = ("by file name: *test* held out, the rest train" if by_name else
             "by problem: held out when stable_hash(statement) % 4 == 3")
-    report = DatasetReport(source=str(root), layout="DeepCoder-style problems", split_rule=rule)
+    fields = (FORMATS[data_format][0],) if data_format else ("tests", "input_output")
+    report = DatasetReport(source=str(root), layout=FORMATS[data_format][1] if data_format else
+                           "DeepCoder-style or APPS problems", split_rule=rule)
     candidates: dict[str, list] = {"train": [], "test": []}
     for file in files:
         for pos, rec in read_records(file):
             report.records += 1
             rid = f"{file.stem}-{pos}"
+            field = fields[0]
             try:
                 if not isinstance(rec, dict):
-                    raise _Skip("malformed record (not a JSON object)")
+                    raise _Skip("record: not a JSON object (no fields)")
                 problem = rec.get("problem") or rec.get("question")
                 if not isinstance(problem, str) or not problem.strip():
                     raise _Skip("field problem (or question): no problem statement")
                 meta = _decode(rec.get("metadata") or {}, "metadata")
-                style, tests, fn, lenient = parse_tests(rec.get("tests"), meta if isinstance(meta, dict) else {})
+                field = next((f for f in fields if rec.get(f) is not None), None)
+                if field is None:
+                    raise _Skip(f"field {' (or '.join(fields)}{')' * (len(fields) - 1)}: missing")
+                style, tests, fn, lenient = parse_tests(rec[field], meta if isinstance(meta, dict) else {}, field)
                 if not tests:
-                    raise _Skip("field tests: no tests")
+                    raise _Skip(f"field {field}: no tests")
                 if style == "call" and not fn.isidentifier():
-                    raise _Skip("field tests: function-call tests without a function name (fn_name / func_name)")
+                    raise _Skip(f"field {field}: function-call tests without a function name (fn_name / func_name)")
                 if nesting_depth(tests, MAX_DEPTH + 2) > MAX_DEPTH + 2:  # + the list of tests and (args, expected)
-                    raise _Skip(f"field tests: a test nested deeper than {MAX_DEPTH} levels")
+                    raise _Skip(f"field {field}: a test nested deeper than {MAX_DEPTH} levels")
                 json.dumps(tests)  # the sandbox takes JSON arguments
             except _Skip as e:
                 report.leave_out(str(e), rid)
                 continue
             except (TypeError, ValueError):
-                report.leave_out("field tests: not JSON values", rid)
+                report.leave_out(f"field {field}: not JSON values", rid)
                 continue
             split = ("test" if "test" in file.stem.lower() else "train") if by_name else (
                 "test" if held_out_by_hash(problem.strip()) else "train")

@@ -2,7 +2,8 @@
 
 No dimension legend: host-side Python, no arrays.
 
-Layouts (recognised by the files in DIR; nothing is downloaded):
+Layouts (named by `data_format` "spider" | "intercode", or recognised by the files in DIR; a directory holding
+both Spider's files and InterCode-SQL record files is refused unless the format is named; nothing is downloaded):
   Spider (taoyds/spider's release): `train_spider.json`, `train_others.json`, `dev.json` and/or `test.json`,
       each a JSON list of records with `db_id`, `query` (the gold SQL) and `question` (other fields ignored);
       the databases at `database/<db_id>/<db_id>.sqlite` (the test set's at `test_database/...`).
@@ -13,7 +14,9 @@ Layouts (recognised by the files in DIR; nothing is downloaded):
       ignored), over the same Spider databases, looked up as above (`database/`, `test_database/`, or
       `<db>/<db>.sqlite` in DIR itself). Split: a file whose name contains "train" is train, one with "dev"
       or "test" held out; when every file is of one kind, the questions are split by database: a database is
-      held out when stable_hash(db) % 4 == 3, so held-out databases are unseen in training, as in Spider.
+      held out when stable_hash(db) % 4 == 3, so held-out databases are unseen in training, as in Spider. When
+      those files are the benchmark's own evaluation questions (a name with "dev" or "test", as
+      ic_spider_dev.json), the report warns that the train split holds some of them.
 Tasks are ordered by file and position; ids are "<file stem>-<position>".
 
 Left out and counted by a reason naming the field (`DatasetReport`): a record without the fields as strings,
@@ -22,15 +25,16 @@ outside its database folder: every database opened lies inside the data director
 missing, a gold query that fails on its database (an error, the time limit, more than `max_rows` rows or
 `max_result_bytes` bytes: SQLEnv could not score an answer against it). Gold queries run once here, in the
 killable query processes of `sql_query_pool.QueryRunner` (a dataset's gold query is not trusted to end: the
-time limit is hard), and their rows seed the env's cache. `max_tasks` keeps the first n tasks of each split
-(after the checks).
+time limit is hard), as `prepare` makes them (the grader's form, `sql_grading.SQLGrader.prepare`), with text
+decoded leniently when `lenient_text` (Spider's official evaluation decodes with errors="ignore"), and their rows
+seed the env's cache. `max_tasks` keeps the first n tasks of each split (after the checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from jaxagent.envs.host.datasets import (DataError, DatasetReport, data_path, held_out_by_hash, read_records,
                                          record_files)
@@ -40,6 +44,8 @@ from jaxagent.envs.host.tasks import ORDER_BY_RE, SQLTask
 
 SPIDER_FILES = {"train_spider.json": "train", "train_others.json": "train", "dev.json": "test", "test.json": "test"}
 _FIELDS = {"spider": ("db_id", "query", "question"), "intercode": ("db", "gold", "query")}  # (db, gold, question)
+FORMATS = tuple(_FIELDS)
+LAYOUTS = {"spider": "Spider", "intercode": "InterCode-SQL"}
 
 
 @dataclasses.dataclass
@@ -50,17 +56,40 @@ class SQLData:
     report: DatasetReport
 
 
-def _layout(root: Path) -> tuple[str, list[tuple[Path, str]], str]:
-    """(layout, [(file, split or "pool")], split rule) of a data directory."""
-    if root.is_dir() and any((root / name).is_file() for name in SPIDER_FILES):
+def _intercode_files(root: Path) -> list[Path]:
+    """The record files of a directory that are not Spider's own (its question files and *tables*.json)."""
+    return [f for f in record_files(root) if f.name not in SPIDER_FILES and "tables" not in f.stem.lower()]
+
+
+def detect_format(path, data_format: Optional[str] = None) -> str:
+    """The format of a SQL data path: `data_format` when given (checked), else "spider" when it holds Spider's
+    question files, "intercode" otherwise. DataError when both kinds of file are there and no format is named."""
+    if data_format is not None and data_format not in FORMATS:
+        raise DataError(f"SQL data: --data-format must be one of {FORMATS} for SQL, got {data_format!r}")
+    root = data_path(path, "SQL data")
+    spider = root.is_dir() and any((root / name).is_file() for name in SPIDER_FILES)
+    if data_format is not None:
+        return data_format
+    if spider and _intercode_files(root):
+        names = ", ".join(f.name for f in _intercode_files(root)[:3])
+        raise DataError(f"SQL data {str(root)!r} is ambiguous: it holds Spider's question files and other record "
+                        f"files ({names}); name the format with --data-format spider or --data-format intercode")
+    return "spider" if spider else "intercode"
+
+
+def _layout(root: Path, data_format: str) -> tuple[list[tuple[Path, str]], str]:
+    """([(file, split or "pool")], split rule) of a data directory in `data_format`."""
+    if data_format == "spider":
+        if not (root.is_dir() and any((root / name).is_file() for name in SPIDER_FILES)):
+            raise DataError(f"SQL data {str(root)!r}: no Spider question files ({', '.join(SPIDER_FILES)})")
         files = [(root / name, split) for name, split in SPIDER_FILES.items() if (root / name).is_file()]
         if (root / "dev.json").is_file():
             files = [(f, s) for f, s in files if f.name != "test.json"]
-        return "Spider", files, "Spider's own: train_spider.json + train_others.json train, dev.json held out"
-    files = record_files(root)
+        return files, "Spider's own: train_spider.json + train_others.json train, dev.json held out"
+    files = _intercode_files(root) if root.is_dir() else [root]
     if not files:
-        raise DataError(f"SQL data {str(root)!r}: no Spider files ({', '.join(SPIDER_FILES)}) and no InterCode-SQL "
-                         "*.json / *.jsonl files")
+        raise DataError(f"SQL data {str(root)!r}: no InterCode-SQL *.json / *.jsonl files (and no Spider files: "
+                        f"{', '.join(SPIDER_FILES)})")
 
     def kind(path: Path) -> str:
         name = path.stem.lower()
@@ -68,9 +97,9 @@ def _layout(root: Path) -> tuple[str, list[tuple[Path, str]], str]:
 
     kinds = [(f, kind(f)) for f in files]
     if {k for _, k in kinds} >= {"train", "test"}:
-        return ("InterCode-SQL", [(f, k if k != "pool" else "train") for f, k in kinds],
+        return ([(f, k if k != "pool" else "train") for f, k in kinds],
                 "by file name: *train* train, *dev* / *test* held out")
-    return ("InterCode-SQL", [(f, "pool") for f in files],
+    return ([(f, "pool" if k != "test" else "pool-test") for f, k in kinds],
             "by database: a database held out when stable_hash(db) % 4 == 3 (held-out databases unseen in training)")
 
 
@@ -90,22 +119,28 @@ def _database(root: Path, db: str) -> Optional[Path]:
 
 
 def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-                time_limit_s: float = 10.0, max_tasks: Optional[int] = None,
-                queries: Optional[QueryRunner] = None) -> SQLData:
+                time_limit_s: float = 10.0, max_tasks: Optional[int] = None, queries: Optional[QueryRunner] = None,
+                data_format: Optional[str] = None, prepare: Callable[[str], str] = lambda q: q,
+                lenient_text: bool = True) -> SQLData:
     """The tasks, database paths and gold rows of a Spider or InterCode-SQL directory (module docstring). `queries`:
-    the query processes that run the gold queries (default: a runner of its own, closed on return)."""
+    the query processes that run the gold queries (default: a runner of its own, closed on return). `data_format`:
+    "spider" | "intercode" | None (`detect_format`). `prepare`: the grader's form of a gold query, run to check it
+    and to cache its rows. `lenient_text`: decode non-UTF-8 text with errors="ignore"."""
     if queries is None:
         runner = QueryRunner()
         try:
             return load_spider(path, max_rows=max_rows, max_result_bytes=max_result_bytes, time_limit_s=time_limit_s,
-                               max_tasks=max_tasks, queries=runner)
+                               max_tasks=max_tasks, queries=runner, data_format=data_format, prepare=prepare,
+                               lenient_text=lenient_text)
         finally:
             runner.close()
+    data_format = detect_format(path, data_format)
     root = data_path(path, "SQL data")
     if max_tasks is not None and (isinstance(max_tasks, bool) or int(max_tasks) != max_tasks or max_tasks < 1):
         raise ValueError(f"SQL data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
-    layout, files, rule = _layout(root)
-    report = DatasetReport(source=str(root), layout=layout, split_rule=rule)
+    files, rule = _layout(root, data_format)
+    report = DatasetReport(source=str(root), layout=LAYOUTS[data_format], split_rule=rule)
+    trained_on_test = 0
     splits: dict[str, list] = {"train": [], "test": []}
     paths: dict[str, Path] = {}
     gold: dict[str, list] = {}
@@ -113,11 +148,12 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
         for pos, rec in read_records(file):
             report.records += 1
             rid = f"{file.stem}-{pos}"
-            fields = next((f for f in _FIELDS.values() if isinstance(rec, dict) and all(
-                isinstance(rec.get(k), str) and rec.get(k).strip() for k in f)), None)
-            if fields is None:
-                report.leave_out("malformed record (fields db_id, query, question or db, gold, query: not all text)",
-                                 rid)
+            fields = _FIELDS[data_format]
+            missing = [k for k in fields if not (isinstance(rec, dict) and isinstance(rec.get(k), str)
+                                                 and rec.get(k).strip())]
+            if missing:
+                report.leave_out(f"field {missing[0]}: missing or not text ({LAYOUTS[data_format]} records have "
+                                 f"{', '.join(fields)})", rid)
                 continue
             db, sql, question = (rec[k].strip() for k in fields)
             if db not in paths:
@@ -130,12 +166,13 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
                     report.leave_out(f"field {fields[0]}: database file missing", rid)
                     continue
                 paths[db] = found
-            where = split if split != "pool" else ("test" if held_out_by_hash(db) else "train")
+            where = split if not split.startswith("pool") else ("test" if held_out_by_hash(db) else "train")
             if max_tasks is not None and len(splits[where]) >= max_tasks:
                 continue
             try:
-                _, rows, truncated = queries.run(paths[db], sql, time_limit_s=time_limit_s, max_rows=max_rows,
-                                                 max_result_bytes=max_result_bytes)
+                _, rows, truncated = queries.run(paths[db], prepare(sql), time_limit_s=time_limit_s,
+                                                 max_rows=max_rows, max_result_bytes=max_result_bytes,
+                                                 lenient_text=lenient_text)
             except QueryError as e:
                 report.leave_out(f"field {fields[1]}: gold query fails ({str(e).split(':')[0][:60]})", rid)
                 continue
@@ -145,8 +182,15 @@ def load_spider(path, *, max_rows: int = 10_000, max_result_bytes: int = DEFAULT
             task = SQLTask(id=rid, db=db, question=question, gold=sql, ordered=bool(ORDER_BY_RE.search(sql)))
             splits[where].append(task)
             gold[rid] = rows
+            trained_on_test += split == "pool-test" and where == "train"
     for name in ("train", "test"):
         report.keep(name, len(splits[name]))
+    if trained_on_test:
+        names = ", ".join(sorted({f.name for f, k in files if k == "pool-test"}))
+        report.warnings.append(
+            f"training on the benchmark's test questions: {trained_on_test} questions of the train split come from "
+            f"{names}, {LAYOUTS[data_format]}'s evaluation set, so held-out scores are not comparable with its "
+            "published ones (put a *train* file beside it to train on other questions)")
     if not splits["train"] and not splits["test"]:
         raise DataError(f"SQL data {str(root)!r}: no usable question ({report.summary()})")
     splits["all"] = splits["train"] + splits["test"]

@@ -84,8 +84,8 @@ def _make_authorizer(refused: list):
 class _Fetcher:
     """Byte and time accounting of one query's result conversion."""
 
-    def __init__(self, max_bytes: int, deadline: float, time_limit_s: float):
-        self.max_bytes, self.deadline, self.time_limit_s = max_bytes, deadline, time_limit_s
+    def __init__(self, max_bytes: int, deadline: float, time_limit_s: float, errors: str = "strict"):
+        self.max_bytes, self.deadline, self.time_limit_s, self.errors = max_bytes, deadline, time_limit_s, errors
         self.used = 0
 
     def charge(self, n: int) -> None:
@@ -98,7 +98,7 @@ class _Fetcher:
 
     def text(self, raw: bytes) -> str:  # the connection's text_factory: counts before decoding
         self.charge(len(raw))
-        return raw.decode("utf-8")
+        return raw.decode("utf-8", self.errors)
 
     def row(self, row: tuple) -> tuple:
         self.charge(sum(len(v) if isinstance(v, bytes) else 0 if isinstance(v, str) else 8 for v in row))
@@ -108,13 +108,15 @@ class _Fetcher:
 def run_query(db_path, query: str, *, time_limit_s: float, max_rows: int,
               max_value_len: int = DEFAULT_MAX_VALUE_LEN, max_columns: int = DEFAULT_MAX_COLUMNS,
               max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-              temp_in_memory: bool = False) -> tuple[list[str], list[tuple], bool]:
+              temp_in_memory: bool = False, lenient_text: bool = False) -> tuple[list[str], list[tuple], bool]:
     """Run one read-only query in this process; returns (column names, rows (at most max_rows),
     truncated). The time limit holds between VM steps only (module docstring).
 
     Rows are fetched one by one; text and blob bytes (8 per other value) count against
     max_result_bytes, so at most max_result_bytes + max_columns * max_value_len bytes are converted.
     `temp_in_memory` keeps temporary tables in memory (the query process, where the heap is capped).
+    `lenient_text` decodes text that is not UTF-8 with errors="ignore" (Spider's official evaluation does; else
+    such a value is a QueryError).
     Raises QueryError with a readable message for any SQL problem (syntax, refused write or function,
     timeout, result too large, out of memory).
     """
@@ -131,7 +133,7 @@ def run_query(db_path, query: str, *, time_limit_s: float, max_rows: int,
         conn.set_authorizer(_make_authorizer(refused))
         deadline = time.monotonic() + time_limit_s
         conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
-        fetcher = _Fetcher(max_result_bytes, deadline, time_limit_s)
+        fetcher = _Fetcher(max_result_bytes, deadline, time_limit_s, "ignore" if lenient_text else "strict")
         conn.text_factory = fetcher.text
         try:
             cur = conn.execute(query)
@@ -208,7 +210,8 @@ def serve(heap_limit_bytes: int) -> None:
             cols, rows, truncated = run_query(
                 req["db"], req["query"], time_limit_s=req["time_limit_s"], max_rows=req["max_rows"],
                 max_value_len=req["max_value_len"], max_columns=req["max_columns"],
-                max_result_bytes=req["max_result_bytes"], temp_in_memory=True)
+                max_result_bytes=req["max_result_bytes"], temp_in_memory=True,
+                lenient_text=req.get("lenient_text", False))
             answer = {"cols": cols, "rows": [[_encode(v) for v in r] for r in rows], "truncated": truncated}
         except QueryError as e:
             answer = {"error": str(e)}

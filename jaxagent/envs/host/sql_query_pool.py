@@ -168,14 +168,15 @@ class QueryRunner:
 
     def run(self, db_path, query: str, *, time_limit_s: float, max_rows: int,
             max_value_len: int = DEFAULT_MAX_VALUE_LEN, max_columns: int = DEFAULT_MAX_COLUMNS,
-            max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> tuple[list[str], list[tuple], bool]:
+            max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+            lenient_text: bool = False) -> tuple[list[str], list[tuple], bool]:
         """`run_query` in a query process, answered or killed by `time_limit_s + grace_s` after the process said
         it started the query (module docstring). Raises QueryError as run_query does, QueryProcessError when no
-        query process can be started or one does not start a query within START_S."""
+        query process can be started or one does not start a query within START_S. `lenient_text`: run_query's."""
         proc = self._acquire()
         req = {"db": str(db_path), "query": query, "time_limit_s": float(time_limit_s), "max_rows": int(max_rows),
                "max_value_len": int(max_value_len), "max_columns": int(max_columns),
-               "max_result_bytes": int(max_result_bytes)}
+               "max_result_bytes": int(max_result_bytes), "lenient_text": bool(lenient_text)}
         cap = 16 * (max_result_bytes + max_columns * max_value_len) + (1 << 16)  # JSON of the largest answer
         pending = bytearray()
         try:

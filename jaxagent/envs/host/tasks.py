@@ -21,6 +21,7 @@ class SQLTask:
     question: str
     gold: str
     ordered: bool
+    template: str = ""    # the template (built-in generated), the task's own id (hand-written), "" (loaded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,3 +36,5 @@ class CodeTask:
     style: str = "function"                       # "function" | "call" | "stdin" (module docstring)
     lenient_list: bool = False                    # "call": an expected [v] also accepts v (TACO's outputs)
     starter_code: str = ""
+    template: str = ""                            # the family (built-in generated), the task's own id
+                                                  # (hand-written), "" (loaded)

@@ -15,6 +15,8 @@ runs/<name>/eval/
                             logs' `f5_tokens`), every policy token scored under both policies: per episode action NLLs
                             under base, LLR, policy tokens (`host_likelihood`)
   bound.json                reference turns per held-out task and the bound per tier
+  <split>/<policy>.json     each further held-out split's raw log and Pass@(K,T) (`HostTaskSettings.extra_heldout`,
+                            e.g. test_constants/), with its <split>/bound.json
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier.
 """
@@ -46,18 +48,21 @@ def seed_key(seed: int | None):
     return jax.random.key(EVAL_KEY) if seed is None else jax.random.fold_in(jax.random.key(EVAL_KEY), seed)
 
 
-def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) -> dict:
+def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None, split: str | None = None) -> dict:
     """Announced-mode Pass@(K,T) of the policy `load_params()` returns (called only when the evaluation is not
     cached) on the held-out tasks, sampled with `seed_key(seed)` (cached in eval/<label>.json with that seed as
     "key_seed"; a cache made with another key is re-evaluated; on a finding-3
     or finding-4 domain the log keeps each episode's replies and step flags, on a finding-5 domain each full-budget
     episode's tokens and policy-token spans (`host_likelihood_scoring.TokenLog`), and a cached log without them is
-    re-evaluated, with the same key). The rollouts compact their decoding as replies end (`domain_findings`: the
-    episodes' distribution, and so what each verdict could come out as, is unchanged)."""
-    path = os.path.join(run.path("eval"), f"{label.replace('/', '_')}.json")
+    re-evaluated, with the same key). `split`: a further held-out split of the world (`HostWorld.extra_heldout`),
+    logged in eval/<split>/ without the findings' episode records; None: the domain's held-out split. The rollouts
+    compact their decoding as replies end (`domain_findings`: the episodes' distribution, and so what each verdict
+    could come out as, is unchanged)."""
+    path = os.path.join(run.path("eval", *([split] if split else [])), f"{label.replace('/', '_')}.json")
     d = run.world.domain.name
-    keep = host_stages.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)  # findings 3, 4
-    f5 = host_stages.uses_env(d, host_likelihood.DOMAINS)  # finding 5: the full-budget episodes' tokens are kept
+    tasks = run.world.heldout_tasks if split is None else run.world.extra_heldout[split]
+    keep = split is None and host_stages.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)
+    f5 = split is None and host_stages.uses_env(d, host_likelihood.DOMAINS)  # finding 5: full-budget tokens kept
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
@@ -66,16 +71,16 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None) 
             return cached
     p, w, params = run.preset, run.world, load_params()
     traces = []
-    ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, w.heldout_tasks, sampler=Sampler(temperature=1.0),
+    ro_fn = host_stages.make_host_rollout_fn(w, run.cfg, p.task, tasks, sampler=Sampler(temperature=1.0),
                                              compute_dtype=p.compute_dtype, mesh=run.mesh,
                                              on_trace=traces.append if keep else None)
     tok_log = host_likelihood_scoring.TokenLog(run.tiers[-1])
     rollout = lambda idx, b, k: ro_fn(params, idx, b, k)  # noqa: E731
-    raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(w.heldout_tasks), run.tiers,
+    raw = host_stages.run_pass_episodes(tok_log.wrap(rollout) if f5 else rollout, len(tasks), run.tiers,
                                         p.eval.n_samples, seed_key(seed), p.eval.batch_size)
     per_task = host_metrics.pass_grid(raw["success"], p.eval.ks)
-    res = {**raw, "key_seed": seed, "ks": list(p.eval.ks),
-           "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(w.heldout_tasks)],
+    res = {**raw, "key_seed": seed, "ks": list(p.eval.ks), "split": split or w.domain.heldout_split,
+           "task_ids": [getattr(t, "id", str(i)) for i, t in enumerate(tasks)],
            "per_task": per_task, "mean": per_task.mean(-1)}
     if keep:
         total = raw["status"].size
@@ -103,8 +108,9 @@ def read_dynamics(run: HostRun, policies) -> dict | None:
 def evaluate(run: HostRun, base, policies: dict) -> dict:
     """Stage 'eval': every policy's Pass@(K,T) (`eval_policy`; `policies` maps (arm, seed) to a trained policy,
     loaded one at a time), eval/bound.json, each arm seed's training health, the domain's findings on the GRPO
-    seeds (3: `step_quality_seed`, 4: `error_prefixes`, 5: `likelihood_seed`, 6: `read_dynamics`); returns the
-    domain's flat metrics (`host_metrics.domain_metrics`)."""
+    seeds (3: `step_quality_seed`, 4: `error_prefixes`, 5: `likelihood_seed`, 6: `read_dynamics`), then every
+    further held-out split's Pass@(K,T) (`extra_split`); returns the domain's flat metrics
+    (`host_metrics.domain_metrics`, `split_labels`, `extra_split`)."""
     p, w, d = run.preset, run.world, run.world.domain.name
     evals = {"base": eval_policy(run, lambda: base, "base")}
     for s in sorted({s for _, s in policies}):  # the base's draw paired with each seed (`seed_key`)
@@ -131,12 +137,51 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
         lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
     gigpo_turns = {s: [r["mean_turns"] for r in log if "mean_turns" in r]
                    for (a, s), log in logs.items() if a == "gigpo"}
-    return host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
+    m = host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
                                     n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,
                                     batches={s: [r["success_rate"] for r in log if "success_rate" in r]
                                              for (a, s), log in logs.items() if a == host_metrics.MAIN_ARM},
                                     gigpo_turns=gigpo_turns or None, recovering_expert=recovering_expert(run))
+    m.update(split_labels(run))
+    for name in w.extra_heldout:  # after the held-out split's: a run stopped here resumes from the cached logs
+        m.update(extra_split(run, base, policies, name, hl))
+    return m
+
+
+def split_labels(run: HostRun) -> dict:
+    """Which split every number comes from: `<d>.split.heldout_name` and `<d>.split.train_name` (the env's split
+    names), `<d>.split.heldout_note` (how the env makes it), and a note per further split the env does not offer."""
+    w, d = run.world, run.world.domain.name
+    notes = getattr(w.env, "split_notes", {})
+    out = {f"{d}.split.train_name": w.domain.train_split, f"{d}.split.heldout_name": w.domain.heldout_split,
+           f"{d}.split.heldout_note": notes.get(w.domain.heldout_split, w.domain.split_note)}
+    for name in w.missing_splits:
+        out[f"{d}.note.split_{name}"] = f"split '{name}' not evaluated: this env's tasks have no such split"
+    return out
+
+
+def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: dict) -> dict:
+    """Pass@(K,T) of every policy on the further held-out split `name` (the same sampling keys as the held-out
+    split's), with its structural bound (eval/<name>/bound.json): `<d>.<name>.pass.<policy>.t<T>.k<k>`,
+    `<d>.<name>.bound.t<T>`, `<d>.<name>.split.heldout` and `<d>.<name>.split.note` (`host_metrics.pass_metrics`),
+    and each arm's RL - base Pass@1 with its interval, `<d>.<name>.gap.<arm>.t<T>.*` (`host_metrics.split_gaps`)."""
+    p, w, d = run.preset, run.world, run.world.domain.name
+    evals = {"base": eval_policy(run, lambda: base, "base", split=name)}
+    for s in sorted({s for _, s in policies}):
+        evals[f"base/seed{s}"] = eval_policy(run, lambda: base, f"base/seed{s}", s, split=name)
+    for a, s in policies:
+        evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}", s, split=name)
+    bound = host_metrics.structural_bound(w.min_turns(w.extra_heldout[name]), run.tiers, p.eval.ks)
+    run_dir.write_json(os.path.join(run.path("eval", name), "bound.json"), {
+        **bound, "tiers": list(run.tiers), "ks": list(p.eval.ks), "task_ids": evals["base"]["task_ids"]})
+    per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
+    prefix = f"{d}.{name}"
+    m = host_metrics.pass_metrics(prefix, per_task, bound, run.tiers, p.eval.ks, health_by_seed)
+    m.update(host_metrics.split_gaps(prefix, per_task, run.tiers, p.eval.ks, health_by_seed, p.eval.n_boot))
+    m[f"{prefix}.split.heldout"] = len(w.extra_heldout[name])
+    m[f"{prefix}.split.note"] = getattr(w.env, "split_notes", {}).get(name, "")
+    return m
 
 
 def recovering_expert(run: HostRun) -> bool:

@@ -27,12 +27,14 @@ A row whose room leaves less than E on the paper's side (a parity row: less than
 "untestable here (bound)" (`stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
 a note (`NO_SOLVABLE_NOTE`).
 
-Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k; a policy is `base`,
-an arm (mean over its included seeds) or `<arm>.seed<s>`), `<d>.bound.t<T>` (the bound), `<d>.split.train`,
-`<d>.split.heldout`, `meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate`
-fields, their rooms `<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows'
-values (`.base`, `.rl`, `.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`,
-`.n_tasks`, `.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
+Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k on the held-out split
+named by `<d>.split.heldout_name`; a policy is `base`, an arm (mean over its included seeds) or `<arm>.seed<s>`),
+`<d>.bound.t<T>` (the bound), the same under `<d>.<split>.` for each further held-out split (`pass_metrics`) with
+its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.train`, `<d>.split.heldout`,
+`meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate` fields, their rooms
+`<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows' values (`.base`, `.rl`,
+`.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`, `.n_tasks`,
+`.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
 """
 from __future__ import annotations
 
@@ -258,6 +260,55 @@ def _mean(values) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def _arms(per_task: Mapping[str, np.ndarray], health: Mapping) -> tuple[dict, dict]:
+    """({arm: [seed]}, {arm: [included seed]}) of per-task grids labelled '<arm>/seed<s>' (collapsed or diverged
+    seeds not included)."""
+    arms: dict[str, list[int]] = {}
+    for label in per_task:
+        if not label.startswith("base"):
+            a, s = label.split("/seed")
+            arms.setdefault(a, []).append(int(s))
+    included = {a: [s for s in sorted(ss) if (a, s) not in health or health[(a, s)].included] for a, ss in arms.items()}
+    return arms, included
+
+
+def pass_metrics(prefix: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
+                 ks: Sequence[int], health: Mapping) -> dict:
+    """The Pass@(K,T) table of one held-out split: `<prefix>.pass.<policy>.t<T>.k<k>` (task means; the base the mean
+    of its per-seed draws when there are any, an arm the mean of its included seeds, each seed as
+    `<arm>.seed<s>`) and `<prefix>.bound.t<T>`, from per-task grids [U, J, P] by policy label (`domain_metrics`)."""
+    arms, included = _arms(per_task, health)
+    draws = [v for label, v in per_task.items() if label.startswith("base/seed")]
+    base_table = np.mean(draws, axis=0) if draws else per_task["base"]  # the base's draws, as the arms' seeds
+    m = {}
+    for u, t in enumerate(tiers):
+        m[f"{prefix}.bound.t{t}"] = float(bound["share"][u])
+        for j, k in enumerate(ks):
+            m[f"{prefix}.pass.base.t{t}.k{k}"] = float(base_table[u, j].mean())
+            for a, ss in arms.items():
+                for s in ss:
+                    m[f"{prefix}.pass.{a}.seed{s}.t{t}.k{k}"] = float(per_task[f"{a}/seed{s}"][u, j].mean())
+                m[f"{prefix}.pass.{a}.t{t}.k{k}"] = _mean(m[f"{prefix}.pass.{a}.seed{s}.t{t}.k{k}"]
+                                                          for s in included[a] or ss)
+    return m
+
+
+def split_gaps(prefix: str, per_task: Mapping[str, np.ndarray], tiers: Sequence[int], ks: Sequence[int],
+               health: Mapping, n_boot: int) -> dict:
+    """RL - base Pass@1 of each arm at each tier on one further held-out split, printed beside its table and not
+    judged: per task, each seed's policy minus the base draw sampled with its key (`evaluate.seed_key`), units =
+    tasks nested in seeds (`put_estimate`, collapsed and diverged seeds excluded): `<prefix>.gap.<arm>.t<T>.*`."""
+    arms, included = _arms(per_task, health)
+    j = int(np.argmin(ks))
+    m: dict = {}
+    for a, ss in arms.items():
+        for u, t in enumerate(tiers):
+            units = {s: per_task[f"{a}/seed{s}"][u, j] - per_task.get(f"base/seed{s}", per_task["base"])[u, j]
+                     for s in ss}
+            put_estimate(m, f"{prefix}.gap.{a}.t{t}", units, included[a], n_boot, arms=a)
+    return m
+
+
 def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
                    n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
@@ -292,22 +343,8 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
         m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
         m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
-    arms: dict[str, list[int]] = {}
-    for label in per_task:
-        if not label.startswith("base"):
-            a, s = label.split("/seed")
-            arms.setdefault(a, []).append(int(s))
-    included = {a: [s for s in sorted(ss) if (a, s) not in health or health[(a, s)].included] for a, ss in arms.items()}
-    draws = [v for label, v in per_task.items() if label.startswith("base/seed")]
-    base_table = np.mean(draws, axis=0) if draws else per_task["base"]  # the base's draws, as the arms' seeds
-    for u, t in enumerate(tiers):
-        m[f"{d}.bound.t{t}"] = float(bound["share"][u])
-        for j, k in enumerate(ks):
-            m[f"{d}.pass.base.t{t}.k{k}"] = float(base_table[u, j].mean())
-            for a, ss in arms.items():
-                for s in ss:
-                    m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] = float(per_task[f"{a}/seed{s}"][u, j].mean())
-                m[f"{d}.pass.{a}.t{t}.k{k}"] = _mean(m[f"{d}.pass.{a}.seed{s}.t{t}.k{k}"] for s in included[a] or ss)
+    arms, included = _arms(per_task, health)
+    m.update(pass_metrics(d, per_task, bound, tiers, ks, health))
     if MAIN_ARM not in arms:
         return m
     full, tight, kmax, k1 = len(tiers) - 1, 0, int(np.argmax(ks)), int(np.argmin(ks))

@@ -1,6 +1,6 @@
 """What RL changed in a toy host run's submissions: the held-out episodes of the base and of each trained policy at
 one announced budget, each final submission sorted by what is wrong with it (the env's `submission_mistake`, one of
-its `mistake_kinds`). SQL (`sql_env.submission_mistake`): solved, a slip of the gold query, a slip with other
+its `mistake_kinds`). SQL (`sql_actions.submission_mistake`): solved, a slip of the gold query, a slip with other
 values, other values only, another query, no submission. Coding (`code_env.program_mistake`): the same kinds for
 the reference program (its literals for values). BFCL (`bfcl_env.BFCLEnv.submission_mistake`, the episode
 replayed): solved, a slip (a call with a required argument left out), wrong calls, no call, out of budget, other.

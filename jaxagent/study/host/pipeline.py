@@ -34,6 +34,9 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
         t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
         notes=(dom.split_note, dom.bound_note))
     meta = stages.report_banner(p)
+    if p.scope_note:
+        meta["what these findings show"] = p.scope_note
+    meta |= split_meta(run)
     meta |= {"preset": p.name, "checkpoint": run.checkpoint, "arms": ", ".join(p.arms),
             "seeds": ", ".join(map(str, p.seeds)), "RL iterations per arm": str(p.iterations),
             "episodes per iteration": f"{p.n_tasks} tasks x {p.group_size}",
@@ -73,6 +76,27 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
     return path, verdicts
 
 
+def split_meta(run: HostRun) -> dict:
+    """The report's lines on the data: its source and layout (and any warning about it, e.g. training on a
+    benchmark's test questions), the held-out split and the further splits evaluated, the grading the env ran and,
+    on BFCL, which cut of the benchmark (the env's `report`, `split_notes`, `grading_note`, `cut_note`)."""
+    env, dom = run.world.env, run.world.domain
+    out = {}
+    report = getattr(env, "report", None)
+    if report is not None:
+        out["data"] = f"{report.layout} from {report.source}"
+        for i, w in enumerate(report.warnings):
+            out[f"data warning {i + 1}"] = w
+    note = getattr(env, "split_notes", {}).get(dom.heldout_split, dom.split_note)
+    out["trained on split"] = (f"'{dom.train_split}' ({len(run.world.train_tasks)} tasks; the seed health table's "
+                               "success rates are its rollouts')")
+    out["held-out split"] = f"'{dom.heldout_split}'" + (f": {note}" if note else "")
+    for name, tasks in run.world.extra_heldout.items():
+        out[f"also evaluated on split '{name}'"] = f"{len(tasks)} tasks: {env.split_notes.get(name, '')}"
+    for key, attr in (("grading", "grading_note"), ("benchmark cut", "cut_note")):
+        if isinstance(getattr(env, attr, None), str):
+            out[key] = getattr(env, attr)
+    return out
 
 
 def run_study(preset: HostPreset, root: str = "runs", name: str | None = None, *, force: bool = False,

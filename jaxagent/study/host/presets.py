@@ -6,7 +6,9 @@ Domains (`stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn cod
                               5:55 wall on a 2-core machine shared with other jobs);
   <domain>-toy                a study that learns on a 2-core CPU: a toy Qwen3 fine-tuned on a noisy expert's
                               reference solutions, then RL (sql-toy, code-toy; bfcl-toy on the bfcl-first domain,
-                              BFCL cut to first requests; docs/host_study.md "Toy presets");
+                              BFCL cut to first requests; bfcl2-toy on bfcl-two, the first two requests;
+                              docs/host_study.md "Toy presets"); their reports call their findings pipeline
+                              demonstrations on a designed base (`TOY_SCOPE`);
   qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
   qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
                               FrozenLake preset), Qwen3-8B from --checkpoint.
@@ -15,9 +17,10 @@ layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV hea
 over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
 presets (jaxagent/study/frozenlake/presets.py).
 
-Tasks: the sql and code domains use their built-in sets (hand-written + generated: 687 / 228 and 676 / 225 train /
-held-out tasks, docs/host_study.md "Data") unless `data` (or `--data DIR`) names a local Spider / InterCode-SQL or
-DeepCoder-style directory (`data_env`). The real-scale presets evaluate 200 held-out tasks spread over the split.
+Tasks: the sql and code domains use their built-in sets (hand-written + generated, split by structure: 554 / 426
+and 638 / 222 train / held-out tasks, plus "test_constants" 168 and 209; docs/host_study.md "Data") unless `data`
+(or `--data DIR`, `--data-format`) names a local Spider / InterCode-SQL or DeepCoder-style / APPS directory
+(`data_env`). The real-scale presets evaluate 200 held-out tasks spread over the split.
 """
 from __future__ import annotations
 
@@ -94,6 +97,14 @@ class HostPreset:
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
     rehearsal: bool = False           # counts cut by `rehearsal_preset`: the report says its figures test the pipeline
+    # The data's layout (`--data-format`): sql "spider" | "intercode", code "deepcoder" | "apps"; None: detected from
+    # the files (an ambiguous directory is refused). Only with `data`.
+    data_format: Optional[str] = None
+    # (name, value) keyword arguments of the domain's env, e.g. (("grading", "spider"),) or
+    # (("require_reference", True),) (`data_env`; the report names the grading the env ran)
+    env_options: tuple = ()
+    # What the run's findings show, printed at the top of its report (the toy presets: pipeline demonstrations)
+    scope_note: str = ""
 
     @property
     def policy_tokens(self) -> Optional[int]:
@@ -104,14 +115,37 @@ class HostPreset:
 
 
 DATA_ENVS = ("sql", "code")  # env registry names whose constructor reads a dataset directory (`data=`)
+DATA_FORMATS = {"sql": ("spider", "intercode"), "code": ("deepcoder", "apps")}  # `--data-format` per env
+# `env_options` each env takes (the ones `data_env` passes besides the domain's own), and those that need `data`
+ENV_OPTIONS = {"sql": ("grading", "keep_distinct", "schema_in_prompt", "lenient_text"),
+               "code": ("require_reference",)}
+DATA_OPTIONS = ("require_reference",)
+# The toy presets' `scope_note`: what their findings can and cannot show
+TOY_SCOPE = ("pipeline demonstration on a designed base: the SFT base imitates a noisy expert built so that RL has a "
+             "mistake shared by all tasks to unlearn; the findings below show that every stage runs and decides on "
+             "trained policies, not evidence for or against the paper's claims, until a control base fine-tuned on "
+             "the clean references agrees")
 
 
 def data_problem(preset: HostPreset) -> Optional[str]:
-    """Why the preset's `data` cannot be used (a domain whose env reads no dataset, a path that does not exist), or
-    None."""
+    """Why the preset's `data` cannot be used (a domain whose env reads no dataset, a path that does not exist, a
+    `data_format` without data or of another domain), or None."""
+    env = get_domain(preset.task.domain).env
+    for name, _ in preset.env_options:
+        if name not in ENV_OPTIONS.get(env, ()):
+            return (f"preset {preset.name!r}: the {preset.task.domain} domain's env takes no option {name!r} (it "
+                    f"takes {ENV_OPTIONS.get(env, ())})")
+        if name in DATA_OPTIONS and preset.data is None:
+            return f"preset {preset.name!r}: option {name!r} is for --data (the built-in tasks all have references)"
+    if preset.data_format is not None:
+        if preset.data is None:
+            return f"preset {preset.name!r}: --data-format {preset.data_format} needs --data"
+        if preset.data_format not in DATA_FORMATS.get(env, ()):
+            return (f"preset {preset.name!r}: --data-format {preset.data_format!r} is not a format of the "
+                    f"{preset.task.domain} domain (its env reads {DATA_FORMATS.get(env, ())})")
     if preset.data is None:
         return None
-    if get_domain(preset.task.domain).env not in DATA_ENVS:
+    if env not in DATA_ENVS:
         return (f"preset {preset.name!r}: --data is for the {' and '.join(DATA_ENVS)} domains, not "
                 f"{preset.task.domain!r}")
     if not os.path.exists(preset.data):
@@ -135,7 +169,8 @@ def preset_problem(preset: HostPreset) -> Optional[str]:
 # slots (the sql and code prompts hold a few hundred tokens); BFCL's tool documents alone are 2,031-4,878 tokens,
 # so its rehearsal keeps the tasks whose system prompt has at most 2,200 (TradingBot's) in 2,560 slots.
 REHEARSAL_TASK = dict(t_max=2, max_action_tokens=16, max_obs_tokens=64, max_context=1024, max_train_tasks=2,
-                      max_heldout_tasks=2, task_subset="first", workers=2)
+                      max_heldout_tasks=2, max_extra_heldout_tasks=2, task_subset="first", workers=2,
+                      reply_cap_bound=False)
 REHEARSAL_BFCL = dict(max_context=2560, max_system_tokens=2200)
 
 
@@ -158,21 +193,30 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
 
 
 def data_env(preset: HostPreset):
-    """The env of the preset's domain built on `preset.data` (SQLEnv: Spider / InterCode-SQL, `spider.load_spider`;
-    CodeEnv: DeepCoder-style problems, `deepcoder.load_deepcoder`), or None without a data directory (the domain's
-    own env, with its built-in tasks). InvalidSettings (one line naming the file and the problem) for unusable data:
-    `data_problem`, or a file the loader cannot read (`datasets.DataError`: not UTF-8, not JSON, nested too deeply,
-    no usable record)."""
-    if preset.data is None:
+    """The env of the preset's domain built with `env_options` and on `preset.data` (SQLEnv: Spider / InterCode-SQL,
+    `spider.load_spider`; CodeEnv: DeepCoder-style or APPS problems, `deepcoder.load_deepcoder`, which requires a
+    verified reference solution per problem only when the preset fine-tunes on them, `sft`: RL from a checkpoint
+    keeps problems without one, unless `env_options` says otherwise), or None with neither (the domain's own env,
+    with its built-in tasks). InvalidSettings (one line naming the file and the problem) for unusable data or
+    options: `data_problem`, a file the loader cannot read (`datasets.DataError`: not UTF-8, not JSON, nested too
+    deeply, an ambiguous directory, no usable record), an option the env does not take."""
+    if preset.data is None and not preset.env_options and preset.data_format is None:
         return None
     problem = data_problem(preset)
     if problem is not None:
         raise InvalidSettings(problem)
     domain = get_domain(preset.task.domain)
+    kwargs = {**dict(domain.env_kwargs), **dict(preset.env_options)}
+    if preset.data is not None:
+        kwargs.update(data=preset.data, data_format=preset.data_format)
+        if domain.env == "code":
+            kwargs.setdefault("require_reference", preset.sft is not None)
     try:
-        return host_envs.make(domain.env, **dict(domain.env_kwargs), data=preset.data)
+        return host_envs.make(domain.env, **kwargs)
     except DataError as e:
         raise InvalidSettings(f"preset {preset.name!r}: --data {preset.data}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise InvalidSettings(f"preset {preset.name!r}: env options {dict(preset.env_options)}: {e}") from None
 
 
 def tiny_model() -> Qwen3Config:
@@ -190,13 +234,14 @@ _CI_COMPILE = (("xla_backend_optimization_level", 2),)
 
 def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, task_kw: dict,
                **kw) -> HostPreset:
-    """A CI miniature: 2 turns of 4-token replies, tool output capped at 24 tokens, 2 held-out tiers x 2 samples
+    """A CI miniature: 2 turns of 4-token replies (the bound as if references fit them: `reply_cap_bound`), tool
+    output capped at 24 tokens, 2 held-out tiers x 2 samples
     (finding 3, coding: 2 matched states from each policy, 2 replies per policy and state),
     1 task x 2 rollouts per RL iteration on the tiny random Qwen3, the train step at `_CI_COMPILE`; finding 6's
     R_single (coding) at the base and at every iteration (the last among them)."""
     return HostPreset(name=name,
                       task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
-                                            max_obs_tokens=24, workers=2, **task_kw),
+                                            max_obs_tokens=24, workers=2, reply_cap_bound=False, **task_kw),
                       eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
                                             batch_size=eval_batch, step_samples=2, step_states=2),
                       tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
@@ -216,18 +261,29 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
     """A toy study sized for a CPU (docs/host_study.md, "Toy presets"): the toy model with Qwen3's tokenizer
     pruned to the domain's texts, SFT on the train split's reference solutions, then grpo and gigpo (findings 1, 2,
     7 and the domain's own) x 3 seeds; `heldout` tasks spread over the held-out split (None: all of them) x 2
-    tiers x 4 samples (K up to 4). Tool output capped at 64 tokens; the train step runs over the slots the rollout
-    used, in multiples of 64 (`slot_bucket`), and projects onto the vocabulary at the policy tokens only
-    (`policy_positions`)."""
+    tiers x 4 samples (K up to 4), and as many of "test_constants" where the domain's env has it (the built-in sets:
+    train's templates with other constants, Pass@(K,T) only). Tool output capped at 64 tokens; the train step runs
+    over the slots the rollout used, in multiples of 64 (`slot_bucket`), and projects onto the vocabulary at the
+    policy tokens only (`policy_positions`). The report says its findings are pipeline demonstrations
+    (`TOY_SCOPE`)."""
     task = HostTaskSettings(domain=domain, t_max=t_max, max_action_tokens=max_action_tokens, max_context=max_context,
                             max_obs_tokens=64, max_heldout_tasks=heldout, task_subset="spread", workers=2,
-                            slot_bucket=64, **(task_kw or {}))
+                            slot_bucket=64, extra_heldout=("test_constants",), max_extra_heldout_tasks=heldout,
+                            **(task_kw or {}))
     return HostPreset(name=name, task=task,
                       eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions, n_boot=1000,
                                             batch_size=64, step_samples=4, step_states=16),
                       tiny_model=toy_model(), pruned_vocabulary=True, sft=sft, arms=("grpo", "gigpo"),
-                      seeds=(0, 1, 2), policy_positions=True, **kw)
+                      seeds=(0, 1, 2), policy_positions=True, scope_note=TOY_SCOPE, **kw)
 
+
+# bfcl-toy's and bfcl2-toy's shared recipe: 128-token replies, every held-out task, the noisy expert's SFT and the RL
+# settings (the presets' comments in HOST_PRESETS).
+_BFCL_TOY = dict(max_action_tokens=128, heldout=None,
+                 sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
+                                     width_bucket=128),
+                 iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
+                 minibatches=2)
 
 def _gpu_0_6b(name: str, task: HostTaskSettings, eval: HostEvalSettings, **kw) -> HostPreset:
     """One 80 GB GPU, Qwen3-0.6B: bf16 forward passes, 16 micro-batches with full remat in the train step (as the
@@ -252,7 +308,7 @@ def _pod_8b(name: str, task: HostTaskSettings, eval: HostEvalSettings, *, n_task
 # SQL: 10 turns (InterCode-SQL's limit), 256-token replies (a query or an answer), tool output capped at 512 tokens;
 #   10 x (256 + 512) worst case overruns 4096 slots, but a query's table is mostly short (the env shows 30 rows).
 _SQL = dict(domain="sql", t_max=10, max_action_tokens=256, max_context=4096, max_obs_tokens=512)
-# SQL and coding evaluate 200 held-out tasks spread evenly over the split (the built-in sets hold 228 and 225; a
+# SQL and coding evaluate 200 held-out tasks spread evenly over the split (the built-in sets hold 426 and 222; a
 #   Spider dev set 1,034) x 4 tiers x 8 samples (K up to 8, the paper's K): 6,400 episodes per policy.
 _HELDOUT = dict(max_heldout_tasks=200, task_subset="spread")
 _EVAL_200 = dict(n_samples=8, ks=(1, 2, 4, 8))
@@ -296,9 +352,10 @@ HOST_PRESETS: dict[str, HostPreset] = {
 
     # ---------------------------------------------------------------- toy studies that learn on a CPU
     # SQL: the base imitates a noisy expert (docs/host_study.md, "Toy presets"): 3 rows per train task, each
-    # slipping with probability 0.5 (`sql_env.slip_query`) and, where its budget is 2 turns, checking first
+    # slipping with probability 0.5 (`sql_actions.slip_query`) and, where its budget is 2 turns, checking first
     # with probability 0.5 (a query run, then the reference submitted). RL at 2e-4 with an exact KL term to the
-    # base (0.5) over the pruned vocabulary, 2 epochs x 2 minibatches; every held-out task (228).
+    # base (0.5) over the pruned vocabulary, 2 epochs x 2 minibatches; every task of the structural held-out split
+    # (426) and of "test_constants" (168), x 2 tiers x 4 samples.
     "sql-toy": _toy("sql-toy", "sql", t_max=2, max_action_tokens=64, max_context=640, heldout=None,
                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, check=0.5, copies=3),
                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
@@ -324,12 +381,15 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
     # slots); RL as sql-toy but 20 iterations (four train steps over ~900 slots take about 5 of the 7 s per
     # iteration: 30 min in all on 2 cores, docs/host_study.md); every held-out task.
-    "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_action_tokens=128, max_context=1024, heldout=None,
-                     fractions=(0.5, 1.0),
-                     sft=HostSFTSettings(steps=800, batch_size=16, lr=3e-3, noise=0.5, copies=3, slip_fix=0.5,
-                                         width_bucket=128),
-                     iterations=20, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
-                     minibatches=2),
+    "bfcl-toy": _toy("bfcl-toy", "bfcl-first", t_max=3, max_context=1024, fractions=(0.5, 1.0), **_BFCL_TOY),
+    # BFCL kept multi-turn: the first two user requests of every task (domain bfcl-two, 599 / 200 tasks), so the
+    # second request works on the state the first left, miss_param's clarification can follow its request and
+    # miss_func's late functions arrive; tools as signatures. 5 turns (the reference takes 3-4: per request its calls
+    # and a closing message), tiers 4 and 5 (every reference fits the tight tier; a slip costs its one extra turn);
+    # 1,536 slots (prompts of 250-750 tokens, four turns of 128-token replies and 64-token tool output). The same
+    # base recipe and RL as bfcl-toy. Defined and rehearsed (`--rehearsal`), not yet measured at full size: about
+    # 1.5 times bfcl-toy's 30 minutes on 2 cores (docs/host_study.md, "Toy presets").
+    "bfcl2-toy": _toy("bfcl2-toy", "bfcl-two", t_max=5, max_context=1536, fractions=(0.8, 1.0), **_BFCL_TOY),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
     # 64 episodes per iteration (8 tasks x 8): KV cache 64 x 4,096 slots = 28 GiB, as the FrozenLake 0.6B preset's

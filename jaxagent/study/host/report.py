@@ -20,7 +20,7 @@ from jaxagent.eval.report import Printer, ci_text, room_text, why_text
 def pass_table(d: str, metrics: Mapping, policies: Sequence[str], tiers: Sequence[int], ks: Sequence[int],
                t_max: int) -> list[str]:
     """Rows per (tier, K): task-mean Pass@K in % of each policy (arms: mean over their included seeds) and the
-    structural upper bound."""
+    structural upper bound; `d` is the metrics' prefix (the domain, or `<domain>.<split>` for a further split)."""
     pr = Printer(metrics)
     lines = ["| T (turns) | budget | K | " + " | ".join(policies) + " | upper bound |",
              "|---|---|---|" + "---|" * len(policies) + "---|"]
@@ -86,26 +86,72 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
     return lines + detail, verdicts, reasons
 
 
+def extra_splits(d: str, metrics: Mapping) -> list[str]:
+    """The further held-out splits the metrics hold (`<d>.<split>.split.heldout`), in name order."""
+    return sorted(k[len(d) + 1:-len(".split.heldout")] for k in metrics
+                  if k.startswith(f"{d}.") and k.endswith(".split.heldout") and k.count(".") == 3)
+
+
+def gap_table(prefix: str, metrics: Mapping, policies: Sequence[str], tiers: Sequence[int]) -> list[str]:
+    """RL - base Pass@1 (points) of each arm at each tier with its 95% interval (`host_metrics.split_gaps`; printed,
+    not judged)."""
+    pr = Printer(metrics)
+    lines = ["| arm | T (turns) | RL - base Pass@1 (points) | 95% CI | seeds |", "|---|---|---|---|---|"]
+    for a in policies:
+        for t in tiers:
+            k = f"{prefix}.gap.{a}.t{t}"
+            if f"{k}.mean" in metrics:
+                lines.append(f"| {a} | {t} | {pr.run(k + '.mean', 100.0)} | [{pr.run(k + '.lo', 100.0)}, "
+                             f"{pr.run(k + '.hi', 100.0)}] ({pr.text(k + '.method')}) | {pr.text(k + '.seeds')} |")
+    return lines if len(lines) > 2 else []
+
+
+def pass1_by_split(d: str, metrics: Mapping, policies: Sequence[str], tiers: Sequence[int], heldout: str) -> list[str]:
+    """Pass@1 (%) of each policy at each tier on the held-out split and every further split, side by side."""
+    pr = Printer(metrics)
+    lines = ["| split | T (turns) | " + " | ".join(policies) + " |", "|---|---|" + "---|" * len(policies)]
+    for name, prefix in [(heldout, d)] + [(x, f"{d}.{x}") for x in extra_splits(d, metrics)]:
+        for t in tiers:
+            lines.append(f"| {name} | {t} | " + " | ".join(pr.run(f"{prefix}.pass.{p}.t{t}.k1", 100.0)
+                                                          for p in policies) + " |")
+    return lines
+
+
 def domain_section(d: str, title: str, metrics: Mapping, findings: Sequence[Finding], *, policies: Sequence[str],
                    tiers: Sequence[int], ks: Sequence[int], t_max: int, splits: tuple[str, str],
                    notes: tuple[str, str] = ("", "")) -> tuple[list[str], dict]:
     """The `## <title>` section of one domain; `notes` = (how the env makes the splits, what the reference
-    solution's turns are), each printed when given. Returns (lines, verdicts)."""
+    solution's turns are), each printed when given (the metrics' `<d>.split.heldout_note`, the env's own, in place
+    of the first). Every table names the split its numbers come from; further held-out splits
+    (`<d>.<split>.pass...`, Pass@(K,T) only) follow the findings. Returns (lines, verdicts)."""
     split_note, bound_note = notes
+    split_note = metrics.get(f"{d}.split.heldout_note", split_note)
     pr = Printer(metrics)
+    held = splits[1]
     lines = [f"## {title}", "",
              f"Tasks: {pr.run(f'{d}.split.train', 1.0, '.0f')} train (split '{splits[0]}'), "
-             f"{pr.run(f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{splits[1]}')"
+             f"{pr.run(f'{d}.split.heldout', 1.0, '.0f')} held-out (split '{held}')"
              + (f" ({split_note})" if split_note else "") + "; RL trains on the "
-             "train split only, every number below is on the held-out tasks. Pass@(K,T) mode: announced (the "
-             "budget is in the prompt; separate rollouts per tier). Upper bound: share of tasks whose reference "
-             "solution needs <= T turns" + (f" (reference turns: {bound_note})" if bound_note else "") + ".", "",
-             "### Pass@(K,T) on held-out tasks (%)", ""]
+             f"train split only, and every number below is on split '{held}' unless its table names another. "
+             "Pass@(K,T) mode: announced (the budget is in the prompt; separate rollouts per tier). Upper bound: "
+             "share of tasks whose reference solution needs <= T turns, each reply within the reply cap"
+             + (f" (reference turns: {bound_note})" if bound_note else "") + ".", "",
+             f"### Pass@(K,T) on held-out split '{held}' (%)", ""]
     lines += pass_table(d, metrics, policies, tiers, ks, t_max)
-    lines += ["", "### Findings", ""]
+    lines += ["", f"### Findings (on split '{held}')", ""]
     body, verdicts, _ = findings_lines(findings, metrics)
     notes_ = [f"- {pr.text(k)}" for k in sorted(metrics) if k.startswith(f"{d}.note.")]
-    return lines + body + ([""] + notes_ if notes_ else []) + [""], verdicts
+    more = []
+    for name in extra_splits(d, metrics):
+        more += ["", f"### Pass@(K,T) on split '{name}' (%)", "",
+                 f"{pr.run(f'{d}.{name}.split.heldout', 1.0, '.0f')} tasks: {pr.text(f'{d}.{name}.split.note')}. "
+                 "Pass@(K,T), and RL - base Pass@1 printed, not judged (the findings are measured on the held-out "
+                 "split).", ""]
+        more += pass_table(f"{d}.{name}", metrics, policies, tiers, ks, t_max)
+        more += [""] + gap_table(f"{d}.{name}", metrics, policies, tiers)
+    if more:
+        more += ["", "### Pass@1 by split (%)", ""] + pass1_by_split(d, metrics, policies, tiers, held)
+    return lines + body + ([""] + notes_ if notes_ else []) + more + [""], verdicts
 
 
 def health_lines(metrics: Mapping) -> list[str]:

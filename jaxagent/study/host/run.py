@@ -71,6 +71,13 @@ def write_tiny_checkpoint(path: str, cfg, seed: int = 0, corpus: Optional[Callab
     return path
 
 
+def heldout_pool(env, domain, preset: HostPreset) -> list:
+    """Every task whose prompt a toy preset's pruned tokenizer is made from, besides the train split: the held-out
+    split and the further held-out splits the env offers (`HostTaskSettings.extra_heldout`)."""
+    names = [domain.heldout_split] + [x for x in preset.task.extra_heldout if x in getattr(env, "split_notes", {})]
+    return [t for name in names for t in env.tasks(name)]
+
+
 class HostRun:
     """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
 
@@ -113,7 +120,7 @@ class HostRun:
                 domain = get_domain(preset.task.domain)
                 env = domain.make_env() if env is None else env
                 corpus = lambda: host_sft.tokenizer_corpus(env, env.tasks(domain.train_split),  # noqa: E731
-                                                           env.tasks(domain.heldout_split), preset.task.t_max)
+                                                           heldout_pool(env, domain, preset), preset.task.t_max)
             if run_dir.is_main_process():  # process 0 writes the run directory; the others wait for it
                 write_tiny_checkpoint(self.checkpoint, preset.tiny_model, corpus=corpus)
             run_dir.sync_processes(f"host-run-dir:{self.dir}")

@@ -15,7 +15,7 @@ The noisy expert (`HostSFTSettings.noise`, `check`, `copies`; `expert_replies`):
 references alone fails mostly by task-specific mistakes (on SQL, copying the wrong value from the question: a
 2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
 As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
-reference with one generic mistake, the same kinds on every task: `sql_env.slip_query`, `code_env.slip_program`)
+reference with one generic mistake, the same kinds on every task: `sql_actions.slip_query`, `code_env.slip_program`)
 and, where the budget allows, checks first (SQL: runs a query, slipped or not, then submits the reference) or,
 with probability `slip_fix`, fixes its slip (coding and BFCL: the env's feedback, then the reference; otherwise
 it gives up and the episode fails: a slip it always fixed would cost nothing at the training budget, so RL there

@@ -19,19 +19,26 @@ structural bound's turn count per task (default `env.upper_bound_turns`). Reward
 outcome rewards (PAPER.md): 1 when the episode ends solved, else 0 (SQL: the answer's result set equals the gold
 query's; BFCL: every user turn passes BFCL's state and response checks; coding: every unit test passes); a
 trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
-  sql   SQLEnv: 915 built-in tasks on read-only SQLite (hand-written + generated), every 4th held out (687 train,
-        228 held-out), or Spider / InterCode-SQL from a data directory; bound 1 turn (the schema is in the prompt:
-        one answer).
+  sql   SQLEnv: 1,148 built-in tasks on read-only SQLite (hand-written + generated from 39 templates over 8 databases
+        of four shapes); held-out split "test" by structure: 8 templates and 3 databases held out whole (426 tasks),
+        "test_constants" train's templates with other constants (168), train 554 (`envs.host.splits`); or Spider /
+        InterCode-SQL from a data directory, split as the data is; bound 1 turn (the schema is in the prompt: one
+        answer).
   bfcl  BFCLEnv, BFCL v4 multi-turn (base, long_context, miss_func, miss_param): scenario index % 4 == 3 held out,
         the same scenarios in every category (595 train, 200 held-out, 50 per category); the 5 tasks whose
         ground truth cannot replay are left out (`BFCLEnv.ground_truth_problems`). Bound: per user turn one
         message with all its ground-truth calls (when it has any) plus one closing message (2 to 15 turns).
   bfcl-first  the bfcl-toy preset's: BFCLEnv with each task cut to its first request and the tools as one-line
         signatures; the same split, less the tasks whose first request has no ground-truth call (470 train, 155
-        held-out); bound 2 turns.
-  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 901 built-in tasks (hand-written +
-        generated), every 4th held out (676 train, 225 held-out), or DeepCoder-style problems from a data
-        directory; bound 1 turn (the reference passes in one submission).
+        held-out); bound 2 turns. Single-request tool calling, not BFCL's multi-turn.
+  bfcl-two  the bfcl2-toy preset's: the same cut to the first two requests (the state carried from one to the next,
+        miss_param's clarifications and miss_func's late functions where they fall in them; 599 train, 200
+        held-out); bound 3-4 turns.
+  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 1,069 built-in tasks (hand-written +
+        generated from 38 families, 8 of them 20-40-line DP, graph and string problems); held-out split "test" by
+        structure: 8 families and 4 hand-written problems held out whole (222), "test_constants" (209), train
+        638; or DeepCoder-style / APPS problems from a data directory; bound 1 turn (the reference passes in one
+        submission).
 
 Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
 `rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
@@ -74,6 +81,7 @@ HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic an
 # (32 x 960 slots, 2,166 tokens) took 1.53 s packed into 4,096 positions and 1.54 s into 3,072
 # (`python -m experiments.bench_host_step --preset bfcl-toy`, 2-core Intel Xeon).
 PACK_BUCKET = 2048
+NO_FIT = 1 << 20  # `HostWorld.min_turns` of a task whose reference reply does not fit the reply cap: no tier holds it
 
 
 # ----------------------------------------------------------------------------- domains
@@ -93,6 +101,9 @@ class HostDomain:
     bound_fn: Optional[Callable[[Any, Any], int]] = None
     split_note: str = ""
     bound_note: str = ""
+    # a reference reply longer than the reply cap leaves its task unsolvable at every tier (`HostWorld.min_turns`):
+    # true where one reply cannot be split over turns (a query, a program); BFCL's calls can be
+    whole_replies: bool = False
 
     def make_env(self):
         return host_envs.make(self.env, **dict(self.env_kwargs))
@@ -102,7 +113,7 @@ class HostDomain:
 
 
 DOMAINS: dict[str, HostDomain] = {
-    "sql": HostDomain("sql", "SQL", "sql", split_note="every 4th task of the env's list held out",
+    "sql": HostDomain("sql", "SQL", "sql", split_note="the env's held-out split", whole_replies=True,
                       bound_note="1 turn for every task (the schema is in the prompt: one answer)"),
     "bfcl": HostDomain(
         "bfcl", "BFCL multi-turn", "bfcl",
@@ -110,9 +121,10 @@ DOMAINS: dict[str, HostDomain] = {
                    "out (the same scenarios in every category); the tasks whose ground truth cannot replay left out",
         bound_note="per user turn one message with all its ground-truth calls (if it has any) plus one closing "
                    "message: the replayed ground truth"),
-    "code": HostDomain("code", "Multi-turn coding", "code",
-                       split_note="every 4th task of the env's list held out",
-                       bound_note="1 turn for every task (the reference solution passes in one submission)"),
+    "code": HostDomain("code", "Multi-turn coding", "code", whole_replies=True,
+                       split_note="the env's held-out split",
+                       bound_note="1 turn for every task whose reference fits the reply cap (it passes in one "
+                                  "submission); none for a longer one"),
     # The bfcl-toy preset's domain: BFCL's tasks cut to their first request, the tools as one-line signatures
     # (`BFCLEnv` user_turns, tool_docs): prompts of 176-485 tool tokens instead of 2,031-4,878, so a 2-core CPU
     # can fine-tune and train on them. Not the BFCL benchmark: one request per task, no tool descriptions.
@@ -123,6 +135,16 @@ DOMAINS: dict[str, HostDomain] = {
                    "tools as one-line signatures; scenario index % 4 == 3 held out; the tasks whose ground truth "
                    "cannot replay, and those whose first request has no ground-truth call, left out",
         bound_note="one message with the request's ground-truth calls plus one closing message (2 turns)"),
+    # The bfcl2-toy preset's domain: the first two user requests of every task, so that the state one request leaves
+    # is what the next works on (a multi-turn cut of BFCL, where bfcl-first is single-request tool calling).
+    "bfcl-two": HostDomain(
+        "bfcl-two", "BFCL first two requests", "bfcl",
+        env_kwargs=(("user_turns", 2), ("tool_docs", "signatures")),
+        split_note="BFCL v4 multi-turn base, long_context, miss_func and miss_param cut to their first two user "
+                   "requests, tools as one-line signatures; scenario index % 4 == 3 held out; the tasks whose ground "
+                   "truth cannot replay, and those whose two requests have no ground-truth call, left out",
+        bound_note="per request one message with its ground-truth calls (if any) plus one closing message (3-4 "
+                   "turns)"),
 }
 
 
@@ -159,6 +181,14 @@ class HostTaskSettings:
     enable_thinking: bool = False    # False: Qwen3's empty think block before every reply
     max_train_tasks: Optional[int] = None    # n of the train split (None: all), picked per `task_subset`
     max_heldout_tasks: Optional[int] = None  # n of the held-out split (None: all), picked per `task_subset`
+    # Further held-out splits whose Pass@(K,T) every policy gets beside the held-out split's (the built-in sets'
+    # "test_constants": train's templates with other constants), n of each picked as the held-out split's
+    extra_heldout: tuple = ()
+    max_extra_heldout_tasks: Optional[int] = None
+    # The structural bound counts a task whose reference reply does not fit max_action_tokens as unsolvable at every
+    # tier (`HostWorld.min_turns`, on `HostDomain.whole_replies` domains). False for the CI miniatures and rehearsals,
+    # whose 4- and 16-token replies hold no reference: their bound would be 0 and findings 2 and 7 never estimated.
+    reply_cap_bound: bool = True
     task_subset: str = "first"       # "first": the split's first n; "spread": n evenly spaced over the split
     max_system_tokens: Optional[int] = None  # keep only tasks whose system prompt has at most this many tokens
     workers: int = 4                 # threads stepping the envs
@@ -172,7 +202,7 @@ class HostTaskSettings:
     def __post_init__(self):
         if self.max_obs_tokens < 1:
             raise ValueError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
-        for name in ("max_train_tasks", "max_heldout_tasks", "max_system_tokens"):
+        for name in ("max_train_tasks", "max_heldout_tasks", "max_system_tokens", "max_extra_heldout_tasks"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {v}")
@@ -241,17 +271,34 @@ class CappedObservations:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostWorld:
-    """A domain's env (observations capped), the policy's tokenizer and the train / held-out task lists."""
+    """A domain's env (observations capped), the policy's tokenizer and the train / held-out task lists;
+    `extra_heldout` the further held-out splits' tasks by name (`HostTaskSettings.extra_heldout`, those the env
+    offers), `missing_splits` the ones it does not (loaded data has no "test_constants")."""
 
     domain: HostDomain
     env: Any
     tokenizer: Tokenizer
     train_tasks: tuple
     heldout_tasks: tuple
+    extra_heldout: dict = dataclasses.field(default_factory=dict)
+    missing_splits: tuple = ()
+    max_action_tokens: Optional[int] = None  # the reply cap a reference reply must fit (`min_turns`)
 
     def min_turns(self, tasks: Sequence) -> np.ndarray:
-        """int32 [P]: the reference solution's turns per task (the structural bound's input)."""
-        return np.asarray([self.domain.min_turns(self.env, t) for t in tasks], np.int32)
+        """int32 [P]: the reference solution's turns per task (the structural bound's input); on a domain of
+        `whole_replies`, NO_FIT for a task one of whose reference replies (`env.ground_truth_actions`, with its end
+        token) does not fit `max_action_tokens`: no tier can hold it (a 30-line program under a 128-token cap)."""
+        return np.asarray([self.domain.min_turns(self.env, t) if self.reference_fits(t) else NO_FIT for t in tasks],
+                          np.int32)
+
+    def reference_fits(self, task) -> bool:
+        if self.max_action_tokens is None or not self.domain.whole_replies:
+            return True
+        try:
+            replies = self.env.ground_truth_actions(task)
+        except NotImplementedError:
+            return True
+        return all(len(self.tokenizer.encode(r)) + 1 <= self.max_action_tokens for r in replies)
 
 
 def pick_tasks(tasks: Sequence, n: Optional[int], how: str = "first") -> list:
@@ -291,8 +338,12 @@ def make_host_world(ts: HostTaskSettings, tokenizer: Tokenizer, env=None) -> Hos
     if not train or not heldout:
         raise ValueError(f"domain {domain.name!r}: {len(train)} train and {len(heldout)} held-out tasks; "
                          "both splits need at least one")
+    offered = getattr(env, "split_notes", {})
+    extra = {name: tuple(split(name, ts.max_extra_heldout_tasks)) for name in ts.extra_heldout if name in offered}
     return HostWorld(domain, CappedObservations(env, tokenizer, ts.max_obs_tokens), tokenizer, tuple(train),
-                     tuple(heldout))
+                     tuple(heldout), {k: v for k, v in extra.items() if v},
+                     tuple(name for name in ts.extra_heldout if not extra.get(name)),
+                     ts.max_action_tokens if ts.reply_cap_bound else None)
 
 
 # ----------------------------------------------------------------------------- the task-index adapter

@@ -2,8 +2,9 @@
 
 No dimension legend: host-side Python, no arrays.
 
-A family is one kind of problem (sum the multiples of k, shift letters by k, windowed aggregates, ...) with a
-grid of parameters; each parameter set is a task: a prompt naming the function and the parameters, a reference
+A family is one kind of problem (sum the multiples of k, shift letters by k, windowed aggregates, ...; and the
+longer dynamic-programming, graph and string families of `code_gen_long`, 20-40-line references) with a grid of
+parameters; each parameter set is a task: a prompt naming the function and the parameters, a reference
 solution with the parameters written in as constants, and unit tests. The tests' arguments come from the
 family's input generator (edge cases first, then random inputs drawn by `random.Random(f"{seed}/{task id}")`
 until there are 7 distinct tests with at least two distinct answers);
@@ -12,55 +13,24 @@ their expected values are the reference's return values, computed in this proces
 tasks like the hand-written ones: the reference passes its tests in the sandbox (tests/test_code_env.py checks
 one task of every family there, and all of them in a slow test).
 
-Output of `generate(seed)`: a list of task dicts (id, entry_point, prompt, reference, tests), ordered by variant
-and then by family (variant 0 of every family, variant 1 of every family, ...), so the env's every-4th held-out
-rule takes a share of every family. Deterministic for a given seed on every machine.
+Output of `generate(seed)`: a list of task dicts (id, entry_point, prompt, reference, tests, template: the
+family's name), ordered by variant and then by family (variant 0 of every family, variant 1 of every family, ...).
+HELDOUT_FAMILIES are what the structural split holds out whole (`splits.structural_splits`). Deterministic for a
+given seed on every machine.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import random
 from typing import Callable
 
+from jaxagent.envs.host.data import code_gen_long
+from jaxagent.envs.host.data.code_family import Family, param_grid, random_chars, random_ints, random_text
+
 SEED = 0  # the built-in set's seed
 MIN_TESTS = 7  # tests per task (edge cases + random inputs), when the inputs allow that many distinct ones
 MAX_DRAWS = 40  # random inputs drawn at most per task
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    name: str
-    entry_point: str
-    grid: tuple                                      # parameter dicts, one per task
-    make: Callable[[dict], tuple[str, str]]          # params -> (prompt, reference source)
-    inputs: Callable[[random.Random, dict], list]    # (rng, params) -> a list of argument lists (one test each)
-    edge: Callable[[dict], list] = lambda p: []      # params -> argument lists always tested
-
-
-def _grid(**axes) -> tuple:
-    keys = list(axes)
-    return tuple(dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys)))
-
-
-def _ints(rng, lo=-30, hi=30, n_max=12, n_min=0) -> list:
-    return [rng.randint(lo, hi) for _ in range(rng.randint(n_min, n_max))]
-
-
-_WORDS = ("apple", "banana", "cherry", "date", "fig", "grape", "kiwi", "lemon", "mango", "nut", "olive", "pear",
-          "quince", "radish", "sage", "thyme", "ugli", "vanilla", "walnut", "yam", "zucchini", "a", "an", "be", "echo",
-          "idea", "oboe", "queue", "dance", "bread", "ember", "ice", "joy", "hazel", "jade", "basil")
-
-
-def _text(rng, n_max=8) -> str:
-    words = [rng.choice(_WORDS) for _ in range(rng.randint(0, n_max))]
-    return " ".join(w.capitalize() if rng.random() < 0.3 else w for w in words)
-
-
-def _chars(rng, alphabet: str, n_max=16) -> str:
-    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, n_max)))
 
 
 # ------------------------------------------------------------------------------------------- families
@@ -408,80 +378,96 @@ def _matrix(rng, n: int) -> list:
 
 def _bracket_text(rng, p):
     o, c = p["pair"]
-    return _chars(rng, o * 3 + c * 3 + "ab", 14)
+    return random_chars(rng, o * 3 + c * 3 + "ab", 14)
 
 
-FAMILIES = (
-    Family("sum-multiples", "sum_multiples", _grid(k=range(2, 12), cond=("any", "positive", "odd")), _sum_multiples,
-           lambda rng, p: [[_ints(rng)]], lambda p: [[[]], [[p["k"], -p["k"], 0, 1]]]),
-    Family("count-words", "count_words", _grid(n=range(1, 11), op=(">", "<=", "==")), _count_words,
-           lambda rng, p: [[_text(rng)]], lambda p: [[""], ["  spaced   out  "]]),
-    Family("shift-letters", "shift_letters", _grid(k=range(1, 16), dir=("forward", "backward")), _caesar,
-           lambda rng, p: [[_chars(rng, "abcxyzABCXYZ !.,-", 14)]], lambda p: [[""], ["Zz Aa!"]]),
-    Family("rotate", "rotate", _grid(k=range(1, 16), dir=("right", "left")), _rotate,
-           lambda rng, p: [[_ints(rng, n_max=9)]], lambda p: [[[]], [[7]], [[1, 2, 3]]]),
-    Family("chunk-values", "chunk_values", _grid(k=range(2, 8), agg=("sum", "max", "min", "first", "last")), _chunks,
-           lambda rng, p: [[_ints(rng, n_max=13)]], lambda p: [[[]], [[5]]]),
-    Family("fit-range", "fit_range", _grid(lo=(-10, -5, 0, 3, 5), width=(2, 5, 10), mode=("clamp", "keep")), _clamp,
-           lambda rng, p: [[_ints(rng, -20, 25)]], lambda p: [[[]], [[p["lo"], p["lo"] + p["width"]]]]),
-    Family("pick-every", "pick_every", _grid(start=range(0, 5), k=range(2, 8)), _every_kth,
-           lambda rng, p: [[_ints(rng, n_max=16)]], lambda p: [[[]], [list(range(20))]]),
-    Family("base-digits", "base_digits", _grid(b=range(2, 17), mode=("sum", "count")), _digits_base,
+BASE_FAMILIES = (
+    Family("sum-multiples", "sum_multiples", param_grid(k=range(2, 12), cond=("any", "positive", "odd")),
+           _sum_multiples,
+           lambda rng, p: [[random_ints(rng)]], lambda p: [[[]], [[p["k"], -p["k"], 0, 1]]]),
+    Family("count-words", "count_words", param_grid(n=range(1, 11), op=(">", "<=", "==")), _count_words,
+           lambda rng, p: [[random_text(rng)]], lambda p: [[""], ["  spaced   out  "]]),
+    Family("shift-letters", "shift_letters", param_grid(k=range(1, 16), dir=("forward", "backward")), _caesar,
+           lambda rng, p: [[random_chars(rng, "abcxyzABCXYZ !.,-", 14)]], lambda p: [[""], ["Zz Aa!"]]),
+    Family("rotate", "rotate", param_grid(k=range(1, 16), dir=("right", "left")), _rotate,
+           lambda rng, p: [[random_ints(rng, n_max=9)]], lambda p: [[[]], [[7]], [[1, 2, 3]]]),
+    Family("chunk-values", "chunk_values", param_grid(k=range(2, 8), agg=("sum", "max", "min", "first", "last")),
+           _chunks,
+           lambda rng, p: [[random_ints(rng, n_max=13)]], lambda p: [[[]], [[5]]]),
+    Family("fit-range", "fit_range", param_grid(lo=(-10, -5, 0, 3, 5), width=(2, 5, 10), mode=("clamp", "keep")),
+           _clamp,
+           lambda rng, p: [[random_ints(rng, -20, 25)]], lambda p: [[[]], [[p["lo"], p["lo"] + p["width"]]]]),
+    Family("pick-every", "pick_every", param_grid(start=range(0, 5), k=range(2, 8)), _every_kth,
+           lambda rng, p: [[random_ints(rng, n_max=16)]], lambda p: [[[]], [list(range(20))]]),
+    Family("base-digits", "base_digits", param_grid(b=range(2, 17), mode=("sum", "count")), _digits_base,
            lambda rng, p: [[rng.randint(0, 10 ** rng.randint(1, 9))]], lambda p: [[0], [1], [p["b"]]]),
-    Family("to-base", "to_base", _grid(b=tuple(range(2, 17)) + tuple(range(20, 37, 2)) + (17, 18, 19, 21, 23, 25, 27)),
+    Family("to-base", "to_base",
+           param_grid(b=tuple(range(2, 17)) + tuple(range(20, 37, 2)) + (17, 18, 19, 21, 23, 25, 27)),
            _to_base, lambda rng, p: [[rng.randint(0, 10 ** rng.randint(1, 9))]],
            lambda p: [[0], [p["b"] - 1], [p["b"]]]),
-    Family("sequence", "sequence", _grid(a0=(0, 1, 2), a1=(1, 3), x=(1, 2), y=(1, -1, 2)), _recurrence,
+    Family("sequence", "sequence", param_grid(a0=(0, 1, 2), a1=(1, 3), x=(1, 2), y=(1, -1, 2)), _recurrence,
            lambda rng, p: [[rng.randint(2, 30)]], lambda p: [[0], [1], [2]]),
     Family("window-values", "window_values",
-           _grid(w=range(2, 7), agg=("max", "min", "sum", "range", "evens", "first")), _windows,
-           lambda rng, p: [[_ints(rng, n_max=12)]], lambda p: [[[]], [list(range(p["w"] - 1))], [list(range(p["w"]))]]),
-    Family("count-runs", "count_runs", _grid(c=tuple("abxyz"), m=range(1, 7)), _runs,
-           lambda rng, p: [[_chars(rng, p["c"] * 4 + "ab-", 20)]], lambda p: [[""], [p["c"] * p["m"]]]),
+           param_grid(w=range(2, 7), agg=("max", "min", "sum", "range", "evens", "first")), _windows,
+           lambda rng, p: [[random_ints(rng, n_max=12)]],
+           lambda p: [[[]], [list(range(p["w"] - 1))], [list(range(p["w"]))]]),
+    Family("count-runs", "count_runs", param_grid(c=tuple("abxyz"), m=range(1, 7)), _runs,
+           lambda rng, p: [[random_chars(rng, p["c"] * 4 + "ab-", 20)]], lambda p: [[""], [p["c"] * p["m"]]]),
     Family("mask-chars", "mask_chars",
-           _grid(kind=("vowel", "consonant", "digit"), c=tuple("*#_?-"), upper=(False, True)),
-           _replace_chars, lambda rng, p: [[_chars(rng, "abeiouxyzAEBQ0123 !", 16)]], lambda p: [[""]]),
-    Family("pick-words", "pick_words", _grid(x=tuple("abcdefghei"[:10]), mode=("starts", "ends", "contains")),
-           _filter_words, lambda rng, p: [[_text(rng).split()]], lambda p: [[[]], [[p["x"].upper(), "", "zz"]]]),
-    Family("count-pairs", "count_pairs", _grid(d=range(0, 10), mode=("diff", "sum", "close")), _pairs,
-           lambda rng, p: [[_ints(rng, -8, 12, n_max=10)]], lambda p: [[[]], [[p["d"]]]]),
-    Family("kth-value", "kth_value", _grid(k=range(1, 8), order=("largest", "smallest"), distinct=(True, False)), _kth,
-           lambda rng, p: [[_ints(rng, -9, 9, n_max=10)]], lambda p: [[[]], [[4, 4, 4, 4, 4, 4, 4, 4]]]),
-    Family("by-residue", "by_residue", _grid(m=range(2, 12), mode=("count", "sum", "max")), _residues,
-           lambda rng, p: [[_ints(rng, -40, 40)]], lambda p: [[[]], [[-1, p["m"]]]]),
-    Family("steps-to-one", "steps_to_one", _grid(d=range(2, 12), mode=("all", "div", "sub")), _steps,
+           param_grid(kind=("vowel", "consonant", "digit"), c=tuple("*#_?-"), upper=(False, True)),
+           _replace_chars, lambda rng, p: [[random_chars(rng, "abeiouxyzAEBQ0123 !", 16)]], lambda p: [[""]]),
+    Family("pick-words", "pick_words", param_grid(x=tuple("abcdefghei"[:10]), mode=("starts", "ends", "contains")),
+           _filter_words, lambda rng, p: [[random_text(rng).split()]], lambda p: [[[]], [[p["x"].upper(), "", "zz"]]]),
+    Family("count-pairs", "count_pairs", param_grid(d=range(0, 10), mode=("diff", "sum", "close")), _pairs,
+           lambda rng, p: [[random_ints(rng, -8, 12, n_max=10)]], lambda p: [[[]], [[p["d"]]]]),
+    Family("kth-value", "kth_value", param_grid(k=range(1, 8), order=("largest", "smallest"), distinct=(True, False)),
+           _kth,
+           lambda rng, p: [[random_ints(rng, -9, 9, n_max=10)]], lambda p: [[[]], [[4, 4, 4, 4, 4, 4, 4, 4]]]),
+    Family("by-residue", "by_residue", param_grid(m=range(2, 12), mode=("count", "sum", "max")), _residues,
+           lambda rng, p: [[random_ints(rng, -40, 40)]], lambda p: [[[]], [[-1, p["m"]]]]),
+    Family("steps-to-one", "steps_to_one", param_grid(d=range(2, 12), mode=("all", "div", "sub")), _steps,
            lambda rng, p: [[rng.randint(1, 5000)]], lambda p: [[1], [p["d"]], [p["d"] + 1]]),
-    Family("weighted-sum", "weighted_sum", _grid(o=range(0, 10), form=("plain", "alt", "square")), _weighted,
-           lambda rng, p: [[_ints(rng, -9, 9, n_max=8)]], lambda p: [[[]], [[1]]]),
-    Family("interleave", "interleave", _grid(k=range(1, 7), first=("a", "b"), rest=("append", "drop")), _interleave,
-           lambda rng, p: [[_ints(rng, 0, 9, n_max=9), _ints(rng, 10, 19, n_max=9)]],
+    Family("weighted-sum", "weighted_sum", param_grid(o=range(0, 10), form=("plain", "alt", "square")), _weighted,
+           lambda rng, p: [[random_ints(rng, -9, 9, n_max=8)]], lambda p: [[[]], [[1]]]),
+    Family("interleave", "interleave", param_grid(k=range(1, 7), first=("a", "b"), rest=("append", "drop")),
+           _interleave,
+           lambda rng, p: [[random_ints(rng, 0, 9, n_max=9), random_ints(rng, 10, 19, n_max=9)]],
            lambda p: [[[], []], [[1, 2, 3], []]]),
-    Family("longest-run", "longest_run", _grid(t=range(-3, 7), cmp=("<", ">=", "==")), _longest_run,
-           lambda rng, p: [[_ints(rng, -6, 9, n_max=14)]], lambda p: [[[]], [[p["t"]] * 3]]),
-    Family("squeeze", "squeeze", _grid(m=range(2, 7), fmt=("cn", "nc", "paren"), _v=(0, 1)), _compress,
-           lambda rng, p: [[_chars(rng, "aaabbbc-" if p["_v"] else "xxxyyz", 20)]], lambda p: [[""], ["a" * p["m"]]]),
-    Family("diagonal", "diagonal", _grid(o=range(-3, 4), anti=(False, True), agg=("sum", "max")), _diagonal,
+    Family("longest-run", "longest_run", param_grid(t=range(-3, 7), cmp=("<", ">=", "==")), _longest_run,
+           lambda rng, p: [[random_ints(rng, -6, 9, n_max=14)]], lambda p: [[[]], [[p["t"]] * 3]]),
+    Family("squeeze", "squeeze", param_grid(m=range(2, 7), fmt=("cn", "nc", "paren"), _v=(0, 1)), _compress,
+           lambda rng, p: [[random_chars(rng, "aaabbbc-" if p["_v"] else "xxxyyz", 20)]],
+           lambda p: [[""], ["a" * p["m"]]]),
+    Family("diagonal", "diagonal", param_grid(o=range(-3, 4), anti=(False, True), agg=("sum", "max")), _diagonal,
            lambda rng, p: [[_matrix(rng, rng.randint(1, 5))]],
            lambda p: [[[]], [[[5]]]]),
-    Family("pascal", "pascal", _grid(m=range(2, 17), mode=("row", "count")), _pascal,
+    Family("pascal", "pascal", param_grid(m=range(2, 17), mode=("row", "count")), _pascal,
            lambda rng, p: [[rng.randint(0, 30)]], lambda p: [[0], [1], [p["m"]]]),
-    Family("nth-special", "nth_special", _grid(k=range(2, 12), b=(10, 2, 16)), _digit_sum_nth,
+    Family("nth-special", "nth_special", param_grid(k=range(2, 12), b=(10, 2, 16)), _digit_sum_nth,
            lambda rng, p: [[rng.randint(1, 60)]], lambda p: [[1], [2]]),
-    Family("gcd-pairs", "gcd_pairs", _grid(g=range(1, 11), mode=("eq", "ge", "div")), _gcd_pairs,
+    Family("gcd-pairs", "gcd_pairs", param_grid(g=range(1, 11), mode=("eq", "ge", "div")), _gcd_pairs,
            lambda rng, p: [[[rng.randint(1, 60) for _ in range(rng.randint(0, 9))]]], lambda p: [[[]], [[p["g"]] * 2]]),
-    Family("letter-score", "letter_score", _grid(v=range(0, 5), u=range(1, 7)), _letter_score,
-           lambda rng, p: [[_chars(rng, "abeiozAEZ19 !é", 14)]], lambda p: [[""], ["aA"]]),
-    Family("cap-repeats", "cap_repeats", _grid(k=range(1, 11), keep=("first", "last", "count")), _cap_counts,
-           lambda rng, p: [[_ints(rng, 0, 5, n_max=14)]], lambda p: [[[]], [[1] * 12]]),
-    Family("climb", "climb", _grid(steps=((1, 2), (1, 3), (2, 3), (1, 4), (2, 5), (1, 2, 3), (1, 3, 5), (2, 3, 7),
+    Family("letter-score", "letter_score", param_grid(v=range(0, 5), u=range(1, 7)), _letter_score,
+           lambda rng, p: [[random_chars(rng, "abeiozAEZ19 !é", 14)]], lambda p: [[""], ["aA"]]),
+    Family("cap-repeats", "cap_repeats", param_grid(k=range(1, 11), keep=("first", "last", "count")), _cap_counts,
+           lambda rng, p: [[random_ints(rng, 0, 5, n_max=14)]], lambda p: [[[]], [[1] * 12]]),
+    Family("climb", "climb", param_grid(steps=((1, 2), (1, 3), (2, 3), (1, 4), (2, 5), (1, 2, 3), (1, 3, 5), (2, 3, 7),
                                          (1, 5), (3, 4), (1, 2, 5), (2, 4, 5), (3, 5), (1, 6), (4, 6)),
                                   mode=("ways", "fewest")), _climb,
            lambda rng, p: [[rng.randint(0, 40)]], lambda p: [[0], [1], [2]]),
     Family("bracket-info", "bracket_info",
-           _grid(pair=("()", "[]", "{}", "<>"), mode=("depth", "groups"), bad=(-1, 0, 99)),
+           param_grid(pair=("()", "[]", "{}", "<>"), mode=("depth", "groups"), bad=(-1, 0, 99)),
            _brackets, lambda rng, p: [[_bracket_text(rng, p)]],
            lambda p: [[""], [p["pair"] * 2], [p["pair"][1] + p["pair"][0]]]),
 )
+FAMILIES = BASE_FAMILIES + code_gen_long.LONG_FAMILIES
+# Held out whole by the structural split: 8 of the 38 families, 5 short and 3 long ones, each built from what train
+# families do (count-runs: longest-run's and squeeze's run scans; kth-value: sorting as in rotate / chunk-values;
+# gcd-pairs: count-pairs' pair loop with math.gcd; squeeze: count-runs' runs rewritten as text; interleave: chunk and
+# slice arithmetic; edit-distance: grid-paths' and knapsack's DP tables over two strings; components: bfs-distance's
+# graph input, grouped; word-wrap: pick-words' and count-words' word scans, greedily packed).
+HELDOUT_FAMILIES = ("count-runs", "kth-value", "gcd-pairs", "squeeze", "interleave", "edit-distance", "components",
+                    "word-wrap")
 
 
 def _normalise(v):
@@ -524,7 +510,7 @@ def make_task(family: Family, variant: int, params: dict, seed: int = SEED) -> d
     if len(answers) < 2 or len(tests) < 4:
         return None
     return dict(id=task_id, entry_point=family.entry_point, prompt=prompt, reference=source, tests=tuple(tests),
-                family=family.name)
+                template=family.name)
 
 
 def generate(seed: int = SEED, families: tuple = FAMILIES) -> list[dict]:

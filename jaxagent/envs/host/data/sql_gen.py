@@ -3,172 +3,42 @@ computed in Python (written for jaxagent; not Spider, not InterCode-SQL).
 
 No dimension legend: host-side Python, no arrays.
 
-Each world is a database of two tables, a parent (e.g. keepers) and a child (e.g. animals) with a foreign key to
-it; a table has a name column, categorical text columns and numeric columns. `generate(seed)` fills every world
-with rows drawn from fixed value pools by `random.Random(seed)` (some parents get no child), and instantiates
-question templates (counts, lists, thresholds, ranges, aggregates, group-bys, top-k, arg-max, joins, anti-joins,
-HAVING, distinct counts, lookups) with constants taken from the data. Each task carries its gold query and the
-rows that answer it, computed in Python from the generated rows (not by SQLite): `SQLEnv` runs every gold query
-and keeps only the tasks whose result equals those rows (the gold query verified by execution). Tasks whose
-answer is empty or the single value 1 (which `SELECT 1` would match) are not generated.
+The worlds (`sql_worlds`): a parent and a child table with a foreign key, in some worlds a third table below the
+child (a chain of two foreign keys) or a parent column referencing another parent (a self-reference); a table has
+a name column, categorical text columns and numeric columns. `generate(seed)` fills every world with rows drawn
+from fixed value pools by `random.Random(seed)` (some parents get no child, some children no third row, some
+parents no mentor), and instantiates question templates with constants taken from the data: the single-table and
+one-join templates here (counts, lists, thresholds, ranges, aggregates, group-bys, top-k, arg-max, joins,
+anti-joins, HAVING, distinct counts, lookups) and the harder ones of `sql_gen_hard` (two joins, nesting, GROUP BY
+with HAVING, set operations, self-joins), each on the worlds whose shape it needs. Each task carries its template
+and its gold query and the rows that answer it, computed in Python from the generated rows (not by SQLite):
+`SQLEnv` runs every gold query and keeps only the tasks whose result equals those rows (the gold query verified by
+execution). Tasks whose answer is empty or the single value 1 (which `SELECT 1` would match) are not generated.
 
 Output: (scripts, tasks). scripts maps a database name ("gen-<world>") to its SQL script (schema + INSERTs);
-tasks is a list of dicts (id, db, question, gold, ordered, expected rows), the worlds one after another, each
-world's tasks in template order, so the env's every-4th held-out rule takes a quarter of every world and
-template. Deterministic: the same seed gives the same scripts and tasks on every machine and Python version
-(`random.Random` with an int seed; no hash-ordered iteration).
+tasks is a list of dicts (id, db, question, gold, ordered, expected rows, template), the worlds one after another,
+each world's tasks in template order. HELDOUT_TEMPLATES and `sql_worlds.HELDOUT_DBS` are what the structural split
+holds out (`splits.structural_splits`). Deterministic: the same seed gives the same scripts and tasks on every
+machine and Python version (`random.Random` with an int seed; no hash-ordered iteration).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
+from jaxagent.envs.host.data import sql_gen_hard
+from jaxagent.envs.host.data.sql_worlds import (WORLDS, Column, Table, World, fmt_number, sql_literal,
+                                                thresholds)
+
 SEED = 0  # the built-in set's seed
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    name: str
-    phrase: str                       # how questions name it ("species", "weight in kg")
-    values: tuple = ()                # categorical: the value pool
-    lo: float = 0                     # numeric: uniform range
-    hi: float = 0
-    real: bool = False                # numeric: REAL with 2 decimals (else INTEGER)
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    name: str
-    singular: str
-    plural: str
-    name_col: str                     # the column naming a row ("name", "title", "plate")
-    names: tuple                      # the pool of row names (unique per row)
-    n_rows: int
-    cats: tuple                       # Columns (categorical)
-    nums: tuple                       # Columns (numeric)
-
-
-@dataclasses.dataclass(frozen=True)
-class World:
-    name: str
-    parent: Table
-    child: Table
-    fk: str                           # the child's column referencing parent.id
-    relation: str                     # "<child plural> {relation} <parent plural>": "cared for by"
-    childless: int = 2                # parents that get no child
-
-
-def _people(first: str, last: str) -> tuple:
-    """Every first x last name combination, in a fixed order."""
-    return tuple(f"{f} {s}" for s in last.split() for f in first.split())
-
-
-WORLDS = (
-    World("zoo",
-          Table("keepers", "keeper", "keepers", "name", _people("Ada Bo Cy Di Ed Flo", "Marsh Quill Stone"), 12,
-                (Column("shift", "shift", ("morning", "evening", "night")),),
-                (Column("years_experience", "years of experience", lo=1, hi=30),)),
-          Table("animals", "animal", "animals", "name",
-                tuple(f"{a}{b}" for a in ("Bel", "Cor", "Dax", "Fen", "Gil", "Hob", "Ivo", "Jun")
-                      for b in ("la", "ro", "mi", "tu", "sa", "ke")), 40,
-                (Column("species", "species", ("lion", "zebra", "penguin", "giraffe", "otter", "tiger")),
-                 Column("diet", "diet", ("herbivore", "carnivore", "omnivore"))),
-                (Column("weight_kg", "weight in kg", lo=2, hi=900, real=True),
-                 Column("age", "age in years", lo=1, hi=25))),
-          "keeper_id", "cared for by"),
-    World("league",
-          Table("teams", "team", "teams", "name",
-                tuple(f"{c} {m}" for c in ("Riverton", "Lakeside", "Hillcrest", "Oakport") for m in
-                      ("Hawks", "Bears", "Comets")), 10,
-                (Column("division", "division", ("north", "south", "east", "west")),),
-                (Column("founded", "founding year", lo=1890, hi=2015),)),
-          Table("players", "player", "players", "name", _people("Ana Ben Cai Dora Eli Fay Gus Hana",
-                                                                  "Ortiz Novak Ito Keller Diaz Moss"), 45,
-                (Column("position", "position", ("goalkeeper", "defender", "midfielder", "forward")),
-                 Column("foot", "preferred foot", ("left", "right"))),
-                (Column("goals", "number of goals", lo=0, hi=40),
-                 Column("salary", "salary", lo=20000, hi=900000, real=True))),
-          "team_id", "playing for"),
-    World("clinic",
-          Table("doctors", "doctor", "doctors", "name",
-                tuple(f"Dr. {n}" for n in _people("Ilse Omar Pia Raj", "Berg Costa Hahn")),
-                10,
-                (Column("specialty", "specialty", ("cardiology", "dermatology", "neurology", "pediatrics")),),
-                (Column("years_practice", "years in practice", lo=1, hi=40),)),
-          Table("patients", "patient", "patients", "name", _people("Alma Bruno Clea Dario Edda Fynn Greta Hugo",
-                                                                    "Lind Moro Petit Roth Sousa"), 40,
-                (Column("city", "city", ("Lyon", "Porto", "Graz", "Turku", "Ghent")),
-                 Column("blood_type", "blood type", ("A", "B", "AB", "O"))),
-                (Column("age", "age", lo=1, hi=95),
-                 Column("bill", "bill amount", lo=50, hi=5000, real=True))),
-          "doctor_id", "treated by"),
-    World("cinema",
-          Table("studios", "studio", "studios", "name",
-                tuple(f"{a} {b}" for a in ("Silver", "Red", "Northern", "Golden")
-                      for b in ("Pictures", "Films", "Works")),
-                10,
-                (Column("country", "country", ("USA", "France", "Japan", "India", "Korea")),),
-                (Column("founded", "founding year", lo=1910, hi=2010),)),
-          Table("films", "film", "films", "title",
-                tuple(f"The {a} {b}" for a in ("Silent", "Last", "Hidden", "Broken", "Endless", "Crimson", "Quiet")
-                      for b in ("Harbor", "Orchard", "Signal", "Winter", "Mirror", "Garden", "Letter")), 44,
-                (Column("genre", "genre", ("drama", "comedy", "horror", "documentary", "animation")),
-                 Column("rating_code", "age rating", ("G", "PG", "R"))),
-                (Column("year", "release year", lo=1970, hi=2023),
-                 Column("budget_musd", "budget in million USD", lo=1, hi=250, real=True))),
-          "studio_id", "made by"),
-    World("fleet",
-          Table("depots", "depot", "depots", "name",
-                tuple(f"{a} {b}" for a in ("North", "South", "Harbor", "Airport", "Valley") for b in ("Yard", "Hub")),
-                9,
-                (Column("region", "region", ("coast", "inland", "mountain")),),
-                (Column("capacity", "capacity", lo=10, hi=80),)),
-          Table("trucks", "truck", "trucks", "plate", tuple(f"TR-{n}" for n in range(101, 160)), 42,
-                (Column("make", "make", ("Volvo", "Scania", "Iveco", "DAF", "Tatra")),
-                 Column("fuel", "fuel type", ("diesel", "electric", "hybrid"))),
-                (Column("mileage_km", "mileage in km", lo=1000, hi=400000),
-                 Column("load_tons", "load capacity in tons", lo=1, hi=40, real=True))),
-          "depot_id", "based at"),
-    World("hotels",
-          Table("hotels", "hotel", "hotels", "name",
-                tuple(f"Hotel {a}" for a in ("Aurora", "Belvedere", "Cielo", "Dune", "Ember", "Fjord", "Grove",
-                                              "Haven", "Isola", "Juniper")), 10,
-                (Column("city", "city", ("Oslo", "Lisbon", "Krakow", "Seville")),),
-                (Column("stars", "star rating", lo=1, hi=5),)),
-          Table("bookings", "booking", "bookings", "guest", _people("Iris Jon Kai Lea Milo Nora Otto Pia",
-                                                                     "Frost Vega Wolf Young Zorn Abel"), 42,
-                (Column("room_type", "room type", ("single", "double", "suite")),
-                 Column("channel", "booking channel", ("phone", "web", "agency"))),
-                (Column("nights", "number of nights", lo=1, hi=14),
-                 Column("price", "price", lo=40, hi=3000, real=True))),
-          "hotel_id", "made at"),
-    World("concerts",
-          Table("venues", "venue", "venues", "name",
-                tuple(f"{a} {b}" for a in ("Blue", "Grand", "Old", "Star") for b in ("Hall", "Arena", "Club")), 10,
-                (Column("city", "city", ("Vienna", "Dublin", "Milan", "Prague")),),
-                (Column("capacity", "capacity", lo=200, hi=20000),)),
-          Table("concerts", "concert", "concerts", "artist",
-                tuple(f"{a} {b}" for a in ("Neon", "Velvet", "Paper", "Iron", "Lunar", "Wild", "Amber")
-                      for b in ("Tides", "Wolves", "Echo", "Parade", "Sisters", "Engine", "Kites")), 44,
-                (Column("genre", "genre", ("rock", "jazz", "folk", "electronic", "classical")),
-                 Column("weekday", "weekday", ("Friday", "Saturday", "Sunday"))),
-                (Column("attendance", "attendance", lo=100, hi=15000),
-                 Column("ticket_price", "ticket price", lo=10, hi=250, real=True))),
-          "venue_id", "held at"),
-    World("garden",
-          Table("gardeners", "gardener", "gardeners", "name", _people("Ines Lars Maja Nils Olga", "Frey Sand"), 10,
-                (Column("team", "team", ("roses", "herbs", "orchard")),),
-                (Column("hours_per_week", "working hours per week", lo=5, hi=45),)),
-          Table("plants", "plant", "plants", "name",
-                tuple(f"{a} {b}" for a in ("Blue", "Dwarf", "Giant", "Wild", "Royal", "Silver", "Golden")
-                      for b in ("Sage", "Fern", "Maple", "Lily", "Thyme", "Birch", "Poppy")), 44,
-                (Column("kind", "kind", ("shrub", "tree", "herb", "flower")),
-                 Column("color", "flower color", ("white", "red", "yellow", "purple"))),
-                (Column("height_cm", "height in cm", lo=5, hi=900, real=True),
-                 Column("water_liters", "weekly water in liters", lo=1, hi=60))),
-          "gardener_id", "tended by"),
-)
+# Held out whole by the structural split: 8 of the 39 templates, easy to extra (`sql_gen_hard.hardness`), each a
+# combination of constructs that train templates use (count_between: COUNT and BETWEEN's comparisons;
+# join_group_avg: join_group_count's GROUP BY with AVG; above_avg: arg_max's nesting; lookup: list_eq's filter;
+# set_except: set_intersect's and set_union's compound SELECT; chain_group_sum: chain_count's two joins with
+# join_group_count's grouping; self_compare: self_list's self-join with a comparison; group_extreme_count: having's
+# HAVING with nested aggregates).
+HELDOUT_TEMPLATES = ("count_between", "join_group_avg", "above_avg", "lookup", "set_except", "chain_group_sum",
+                     "self_compare", "group_extreme_count")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -197,13 +67,15 @@ def _rows(rng: random.Random, table: Table, n_parents: int = 0, childless: int =
     return rows
 
 
-def _sql_literal(v) -> str:
-    if isinstance(v, str):
-        return "'" + v.replace("'", "''") + "'"
-    return repr(v)
+
+def _mentors(rng: random.Random, parents: list[dict]) -> None:
+    """Sets each parent's "_mentor": another parent's id (three times in four) or None."""
+    for r in parents:
+        others = [q["id"] for q in parents if q["id"] != r["id"]]
+        r["_mentor"] = rng.choice(others) if rng.random() < 0.75 else None
 
 
-def _script(world: World, parents: list[dict], children: list[dict]) -> str:
+def _script(world: World, parents: list[dict], children: list[dict], thirds: list[dict]) -> str:
     def create(table: Table, extra: str = "") -> str:
         cols = ["    id INTEGER PRIMARY KEY", f"    {table.name_col} TEXT NOT NULL"]
         cols += [f"    {c.name} TEXT NOT NULL" for c in table.cats]
@@ -212,30 +84,27 @@ def _script(world: World, parents: list[dict], children: list[dict]) -> str:
             cols.append(extra)
         return f"CREATE TABLE {table.name} (\n" + ",\n".join(cols) + "\n);"
 
-    def insert(table: Table, rows: list[dict], fk: str | None = None) -> str:
+    def insert(table: Table, rows: list[dict], link: str | None = None) -> str:
         cols = ["id", table.name_col] + [c.name for c in table.cats + table.nums]
         lines = []
         for r in rows:
-            vals = [r[c] for c in cols] + ([r["_parent"]] if fk else [])
-            lines.append("(" + ", ".join(_sql_literal(v) for v in vals) + ")")
+            vals = [r[c] for c in cols] + ([r[link]] if link else [])
+            lines.append("(" + ", ".join("NULL" if v is None else sql_literal(v) for v in vals) + ")")
         return f"INSERT INTO {table.name} VALUES\n" + ",\n".join(lines) + ";"
 
-    p, c = world.parent, world.child
-    return "\n".join([
-        f"-- jaxagent generated SQL world '{world.name}' (seeded; no external data).",
-        create(p), create(c, f"    {world.fk} INTEGER NOT NULL REFERENCES {p.name}(id)"),
-        insert(p, parents), insert(c, children, world.fk), ""])
+    p, c, g = world.parent, world.child, world.third
+    parts = [f"-- jaxagent generated SQL world '{world.name}' (seeded; no external data).",
+             create(p, f"    {world.self_fk} INTEGER REFERENCES {p.name}(id)" if world.self_fk else ""),
+             create(c, f"    {world.fk} INTEGER NOT NULL REFERENCES {p.name}(id)")]
+    if g is not None:
+        parts.append(create(g, f"    {world.third_fk} INTEGER NOT NULL REFERENCES {c.name}(id)"))
+    parts += [insert(p, parents, "_mentor" if world.self_fk else None), insert(c, children, "_parent")]
+    if g is not None:
+        parts.append(insert(g, thirds, "_parent"))
+    return "\n".join(parts + [""])
 
 
 # ----------------------------------------------------------------------------------------- templates
-def _thresholds(values: list) -> list:
-    """Two data values (about the 30th and 70th percentile) as thresholds."""
-    s = sorted(values)
-    return [s[int(len(s) * q)] for q in (0.3, 0.7)]
-
-
-def _fmt(x) -> str:
-    return f"{x:.2f}" if isinstance(x, float) else str(x)
 
 
 _AGGS = (("average", "AVG", lambda xs: sum(xs) / len(xs)), ("highest", "MAX", max), ("lowest", "MIN", min),
@@ -254,21 +123,22 @@ def _templates(world: World, parents: list[dict], children: list[dict]):
             for v in col.values:
                 hit = [r for r in rows if r[col.name] == v]
                 yield ("count_eq", f"How many {T.plural} have the {col.phrase} '{v}'?",
-                       f"SELECT COUNT(*) FROM {T.name} WHERE {col.name} = {_sql_literal(v)}", [(len(hit),)])
+                       f"SELECT COUNT(*) FROM {T.name} WHERE {col.name} = {sql_literal(v)}", [(len(hit),)])
                 yield ("list_eq", f"List the {T.name_col}s of the {T.plural} whose {col.phrase} is '{v}'.",
-                       f"SELECT {T.name_col} FROM {T.name} WHERE {col.name} = {_sql_literal(v)}",
+                       f"SELECT {T.name_col} FROM {T.name} WHERE {col.name} = {sql_literal(v)}",
                        [(r[T.name_col],) for r in hit])
     for T, rows in tables:  # thresholds and ranges
         for col in T.nums:
-            lo, hi = _thresholds([r[col.name] for r in rows])
+            lo, hi = thresholds([r[col.name] for r in rows])
             for x in (lo, hi):
                 yield ("list_gt", f"List the {T.name_col}s of the {T.plural} with a {col.phrase} greater than "
-                                  f"{_fmt(x)}.",
-                       f"SELECT {T.name_col} FROM {T.name} WHERE {col.name} > {_fmt(x)}",
+                                  f"{fmt_number(x)}.",
+                       f"SELECT {T.name_col} FROM {T.name} WHERE {col.name} > {fmt_number(x)}",
                        [(r[T.name_col],) for r in rows if r[col.name] > x])
-            yield ("count_between", f"How many {T.plural} have a {col.phrase} between {_fmt(lo)} and {_fmt(hi)} "
+            yield ("count_between", f"How many {T.plural} have a {col.phrase} between {fmt_number(lo)} and "
+                                    f"{fmt_number(hi)} "
                                     "(both included)?",
-                   f"SELECT COUNT(*) FROM {T.name} WHERE {col.name} BETWEEN {_fmt(lo)} AND {_fmt(hi)}",
+                   f"SELECT COUNT(*) FROM {T.name} WHERE {col.name} BETWEEN {fmt_number(lo)} AND {fmt_number(hi)}",
                    [(sum(lo <= r[col.name] <= hi for r in rows),)])
             for word, fn, py in _AGGS:
                 yield (f"agg_{fn.lower()}", f"What is the {word} {col.phrase} of all {T.plural}?",
@@ -281,14 +151,14 @@ def _templates(world: World, parents: list[dict], children: list[dict]):
                     if hit:
                         yield ("avg_where", f"What is the average {col.phrase} of the {T.plural} whose {cat.phrase} "
                                             f"is '{v}'?",
-                               f"SELECT AVG({col.name}) FROM {T.name} WHERE {cat.name} = {_sql_literal(v)}",
+                               f"SELECT AVG({col.name}) FROM {T.name} WHERE {cat.name} = {sql_literal(v)}",
                                [(sum(r[col.name] for r in hit) / len(hit),)])
                 col = T.nums[-1]
-                x = _thresholds([r[col.name] for r in rows])[1]
+                x = thresholds([r[col.name] for r in rows])[1]
                 yield ("list_eq_lt", f"List the {T.name_col}s of the {T.plural} whose {cat.phrase} is '{v}' and whose "
-                                     f"{col.phrase} is below {_fmt(x)}.",
-                       f"SELECT {T.name_col} FROM {T.name} WHERE {cat.name} = {_sql_literal(v)} AND {col.name} < "
-                       f"{_fmt(x)}", [(r[T.name_col],) for r in hit if r[col.name] < x])
+                                     f"{col.phrase} is below {fmt_number(x)}.",
+                       f"SELECT {T.name_col} FROM {T.name} WHERE {cat.name} = {sql_literal(v)} AND {col.name} < "
+                       f"{fmt_number(x)}", [(r[T.name_col],) for r in hit if r[col.name] < x])
     for T, rows in tables:  # group-bys, distinct counts
         for cat in T.cats:
             groups = sorted({r[cat.name] for r in rows})
@@ -321,7 +191,7 @@ def _templates(world: World, parents: list[dict], children: list[dict]):
             col = T.nums[0]
             yield ("lookup", f"What is the {col.phrase} of the {T.singular} with the {T.name_col} "
                              f"'{r[T.name_col]}'?",
-                   f"SELECT {col.name} FROM {T.name} WHERE {T.name_col} = {_sql_literal(r[T.name_col])}",
+                   f"SELECT {col.name} FROM {T.name} WHERE {T.name_col} = {sql_literal(r[T.name_col])}",
                    [(r[col.name],)])
 
     join = f"{C.name} c JOIN {P.name} p ON c.{fk} = p.id"
@@ -330,10 +200,10 @@ def _templates(world: World, parents: list[dict], children: list[dict]):
             hit = [c for c in children if by_id[c["_parent"]][cat.name] == v]
             yield ("join_list", f"List the {C.name_col}s of the {C.plural} {world.relation} {P.plural} whose "
                                 f"{cat.phrase} is '{v}'.",
-                   f"SELECT c.{C.name_col} FROM {join} WHERE p.{cat.name} = {_sql_literal(v)}",
+                   f"SELECT c.{C.name_col} FROM {join} WHERE p.{cat.name} = {sql_literal(v)}",
                    [(c[C.name_col],) for c in hit])
             yield ("join_count", f"How many {C.plural} are {world.relation} {P.plural} whose {cat.phrase} is '{v}'?",
-                   f"SELECT COUNT(*) FROM {join} WHERE p.{cat.name} = {_sql_literal(v)}", [(len(hit),)])
+                   f"SELECT COUNT(*) FROM {join} WHERE p.{cat.name} = {sql_literal(v)}", [(len(hit),)])
     with_kids = [r for r in parents if kids[r["id"]]]
     yield ("join_group_count", f"For each {P.singular} with at least one {C.singular}, give the {P.singular}'s "
                                f"{P.name_col} and the number of {C.plural} {world.relation} it.",
@@ -356,12 +226,12 @@ def _templates(world: World, parents: list[dict], children: list[dict]):
         for col in C.nums:
             yield ("join_sum", f"What is the total {col.phrase} of the {C.plural} {world.relation} the {P.singular} "
                                f"with the {P.name_col} '{r[P.name_col]}'?",
-                   f"SELECT SUM(c.{col.name}) FROM {join} WHERE p.{P.name_col} = {_sql_literal(r[P.name_col])}",
+                   f"SELECT SUM(c.{col.name}) FROM {join} WHERE p.{P.name_col} = {sql_literal(r[P.name_col])}",
                    [(sum(c[col.name] for c in kids[r["id"]]),)])
         cat = C.cats[0]
         yield ("join_distinct", f"List the different {cat.phrase} values of the {C.plural} {world.relation} the "
                                 f"{P.singular} with the {P.name_col} '{r[P.name_col]}'.",
-               f"SELECT DISTINCT c.{cat.name} FROM {join} WHERE p.{P.name_col} = {_sql_literal(r[P.name_col])}",
+               f"SELECT DISTINCT c.{cat.name} FROM {join} WHERE p.{P.name_col} = {sql_literal(r[P.name_col])}",
                [(v,) for v in sorted({c[cat.name] for c in kids[r["id"]]})])
 
 
@@ -377,10 +247,16 @@ def generate(seed: int = SEED, worlds: tuple = WORLDS) -> tuple[dict, list]:
         rng = random.Random(f"{seed}/{world.name}")
         parents = _rows(rng, world.parent)
         children = _rows(rng, world.child, n_parents=len(parents), childless=world.childless)
+        # drawn after the first two tables, so that their rows are those of the two-table worlds before
+        thirds = (_rows(rng, world.third, n_parents=len(children), childless=4) if world.third is not None else [])
+        if world.self_fk:
+            _mentors(rng, parents)
         db = f"gen-{world.name}"
-        scripts[db] = _script(world, parents, children)
+        scripts[db] = _script(world, parents, children, thirds)
         seen: set = set()
-        for template, question, gold, expected in _templates(world, parents, children):
+        templates = (*_templates(world, parents, children),
+                     *sql_gen_hard.templates(world, parents, children, thirds))
+        for template, question, gold, expected in templates:
             if _trivial(expected) or question in seen:
                 continue
             seen.add(question)
