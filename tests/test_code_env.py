@@ -47,8 +47,11 @@ def test_task_set(env):
     assert [t.id for t in tasks[:len(CODE_TASKS)]] == [t["id"] for t in CODE_TASKS]  # the hand-written ones first
     assert {t.template for t in env.tasks("test")} == (set(code_gen.HELDOUT_FAMILIES)
                                                        | {t["id"] for t in CODE_TASKS[3::4]})
-    assert {t.template for t in env.tasks("test_constants")} == {f.name for f in code_gen.FAMILIES} - set(
-        code_gen.HELDOUT_FAMILIES)  # every train family has new-constants tasks
+    # test_constants holds train families only, and nearly every one of them: the every-4th rule counts over the
+    # whole list, so a family whose few tasks all fall between the picks has none (topo-order's 6 tasks)
+    train_families = {f.name for f in code_gen.FAMILIES} - set(code_gen.HELDOUT_FAMILIES)
+    constants = {t.template for t in env.tasks("test_constants")}
+    assert constants <= train_families and len(train_families - constants) <= 1, train_families - constants
 
 
 def _solves_in_one_turn(env, task):
