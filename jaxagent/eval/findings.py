@@ -276,7 +276,6 @@ def _ks_rows(key):
 
 
 _PASS_SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no FrozenLake number)")
-_TIGHT = "tasks solvable at the tier (exact solver: p* > 0)"
 DEFAULT_FINDINGS: tuple[Finding, ...] = (
     _pair("f1_pass1", "1. Held-out Pass@1 at full budget (K=1): RL above base", None, None, +1,
           ("pass_at_k",), room=True, falsified_by=(

@@ -212,12 +212,6 @@ def norm_rope(qkv_BxTxNxE, n_valid_B, q_norm_E, k_norm_E, cos_BxTxE, sin_BxTxE, 
                 f32(sin_BxTxE), eps=np.float32(eps))
 
 
-def attention_supported(q_BxTxHxE: jax.Array, kt: jax.Array, v: jax.Array) -> bool:
-    """Whether `attention` handles these operands (f32, head_dim a multiple of 8) with the kernels built."""
-    return (available() and q_BxTxHxE.shape[-1] % 8 == 0
-            and all(a.dtype == jnp.float32 for a in (q_BxTxHxE, kt, v)))
-
-
 def attention(q_BxTxHxE, kt_BxKxExS, v_BxKxSxE, mask_BxTxS, window, reference, n_valid_B=None):
     """softmax(q k^T / sqrt(E) + mask) v over cache slots [0, window), as
     `reference(q, kt, v, mask, traced_window=window)` computes it (`ops.attention`). `window` (int32

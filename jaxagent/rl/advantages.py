@@ -44,7 +44,6 @@ class NormMode(enum.StrEnum):
     MEAN = "mean"
 
 
-NORM_MODES = tuple(m.value for m in NormMode)
 GROUP_ESTIMATORS = tuple(m.value for m in GroupEstimator)
 
 

@@ -98,9 +98,9 @@ PRESETS: dict[str, Preset] = {
     # rate 0.999), RL at lr 1.5e-4, 64 episodes per iteration (8 groups of 8), 2 epochs x 2 minibatches (so
     # the clip is active), KL 0.05 to the base computed exactly over the toy vocabulary at every state of
     # the batch (a sampled estimate sees only the sampled token, and the valid-action dips came from invalid
-    # replies absent from the batch), reward -0.3 for an invalid reply. The old 1e-3 / 32 episodes / 1 update
-    # collapsed one seed in three. quick runs 12 iterations (not standard's 20) so the default study fits a
-    # laptop session; docs/study.md reports the run times.
+    # replies absent from the batch), reward -0.3 for an invalid reply. At lr 1e-3, 32 episodes and 1 update
+    # one seed in three collapsed (docs/study.md, the sweeps). quick runs 12 iterations (not standard's 20)
+    # so the default study fits a laptop session; docs/study.md reports the run times.
     # T_max 8: the budget tiers 2/4/6/8 are exactly 25/50/75/100% of it. max_context 400 holds every 8-turn
     # episode: system turn 39 tokens, first turn at most 3 + 9 + 19 + 5 + 4 = 40 (opener, budget text, map,
     # assistant opener, a 4-token reply), each later turn at most 5 + 9 + 22 + 5 + 4 = 45 (after a truncated
