@@ -38,7 +38,6 @@ its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.tra
 """
 from __future__ import annotations
 
-import zlib
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -240,15 +239,14 @@ def put_estimate(m: dict, key: str, units_by_seed: Mapping, included: Sequence, 
     are excluded); `arms` names whose seeds they are in the `<key>.seeds` line."""
     seeds = sorted(units_by_seed)
     kept = [s for s in seeds if s in included]
-    rng = zlib.crc32(key.encode())
-    est = stats.seed_estimate([units_by_seed[s] for s in kept], stat, n_boot=n_boot, rng_seed=rng)
+    est = stats.seed_estimate([units_by_seed[s] for s in kept], stat)
     dropped = [s for s in seeds if s not in included]
     for name, v in est.as_dict().items():
         m[f"{key}.{name}"] = v
     m[f"{key}.seeds"] = (f"{arms} seeds {', '.join(map(str, kept)) or 'none'}; "
                          f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
     if dropped:
-        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat, n_boot=n_boot, rng_seed=rng)
+        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat)
         for name, v in est_all.as_dict().items():
             m[f"{key}.all.{name}"] = v
         m[f"{key}.all.seeds"] = f"{arms} seeds {', '.join(map(str, seeds))}"
