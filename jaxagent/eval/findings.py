@@ -279,8 +279,8 @@ def _mix(tier, direction) -> Finding:
     if direction == 0:
         kw = dict(margin=0.04, effect_source="equivalence margin 4 points: the paper's smallest BudgetMix gain "
                                              "(75% tier)",
-                  falsified_by="a 95% CI of BudgetMix - GRPO Pass@1 at full budget that excludes 0 (a real gain "
-                               "or loss at 100% of T_max)")
+                  falsified_by="a 95% CI of BudgetMix - GRPO Pass@1 at full budget wholly outside +-4 points (a real "
+                               "gain or loss at 100% of T_max)")
     else:
         kw = dict(effect=PAPER_FIGURES[paper]["value"] / 100, effect_source=f"the paper's gain ({paper})",
                   falsified_by=(f"a 95% CI of BudgetMix - GRPO Pass@1 at {tier}% of T_max (tasks solvable there) "
@@ -479,6 +479,6 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
                        "with its upper end below +10 points", **_PASS_SEI),
     _pair("f7_gigpo_bfcl", "7. GiGPO vs GRPO, BFCL, 25% budget (paper: no gain)", None, None, 0,
           rl="GiGPO", base="GRPO", margin=0.05, effect_source="equivalence margin 5 points (jaxagent's choice)",
-          falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max that excludes 0"),
+          falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max wholly outside +-5 points"),
     _mix(25, +1), _mix(50, +1), _mix(75, +1), _mix(100, 0),
 )

@@ -229,7 +229,7 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                 effect_source="equivalence margin 5 points (jaxagent's choice, as FrozenLake's f7_gigpo_bfcl)",
                 note=("Room: GiGPO's Pass@1 lies in [0, U], so GiGPO - GRPO lies in [-GRPO, U - GRPO]; parity is "
                       "forced by the bound only when both ends are within the margin."), room=True,
-                falsified_by="a 95% CI of GiGPO - GRPO Pass@1 at the tightest tier that excludes 0"),
+                falsified_by="a 95% CI of GiGPO - GRPO Pass@1 at the tightest tier wholly outside +-5 points"),
     )
 
 
