@@ -33,9 +33,9 @@ estimate, through `metrics.put_estimate` and `stats.seed_estimate`):
       Needs >= 2 logged iterations (else the seed has no R_multi value).
 Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
 DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta). Room (`<d>.f6_<r>.room_lo/hi`):
-both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; R_multi is "untestable here (bound)"
-when the first iterations already succeed above 1 - 0.331, R_single when the base's single-turn pass rate is below
-0.097.
+both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; the bound blocks R_multi's size when
+the first iterations already succeed above 1 - 0.331, R_single's when the base's single-turn pass rate is below
+0.097 (a CI wholly on one side of 0 keeps its sign verdict; one holding 0 is "untestable here (bound)").
 R_multi would have been "not reproduced" with a CI below 0 or one holding 0 whose upper end is below 0.331;
 R_single with a CI above 0 (multi-turn RL also raised the single-turn pass rate) or one holding 0 whose lower end
 is above -0.097.

@@ -23,8 +23,8 @@ bound U lies in [0, U], so other - comparator lies in [-comparator, U - comparat
     f2_shrink   gap(tight) - gap(full) at K=1 on the tasks solvable at the tightest tier (p* = 1 there: every
                 one of them could be solved), direction -1, E 10 points; room [-b_t - g_f, U - b_t - g_f];
     f7_gigpo    GiGPO - GRPO at K=1 at the tightest tier on the same tasks, parity within 5 points (TOST).
-A row whose room leaves less than E on the paper's side (a parity row: less than its margin either side of 0) is
-"untestable here (bound)" (`stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
+A row whose room leaves less than E on the paper's side keeps a sign verdict and is "untestable here (bound)" when
+its CI holds 0 (a parity row: whenever the room is less than its margin either side of 0; `stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
 a note (`NO_SOLVABLE_NOTE`).
 
 Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k on the held-out split
