@@ -1,7 +1,7 @@
-"""The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts):
-1 (held-out Pass@1 at full budget, and the RL - base gap as K grows), 2 (the gap at the tightest tier minus the gap at full budget, on the tasks solvable there), 7 and 8
-(an arm against GRPO at K=1 on the tasks solvable at the tier, paired by seed index), and beyond the paper the
-announced vs hidden budget per arm.
+"""The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts): 1
+(held-out Pass@1 at full budget, and the RL - base gap as K grows), 2 (the gap at the tightest tier minus the gap
+at full budget, on the tasks solvable there), 7 and 8 (an arm against GRPO at K=1 on the tasks solvable at the
+tier, paired by seed index), and beyond the paper the announced vs hidden budget per arm.
 
 Every row is judged where a difference is possible: at K=1, at a tight tier on the held-out tasks the exact
 solver can solve there (p* > 0), with the room the structural bound allows the difference (`Estimator.room`).

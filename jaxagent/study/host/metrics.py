@@ -24,8 +24,8 @@ bound U lies in [0, U], so other - comparator lies in [-comparator, U - comparat
                 one of them could be solved), direction -1, E 10 points; room [-b_t - g_f, U - b_t - g_f];
     f7_gigpo    GiGPO - GRPO at K=1 at the tightest tier on the same tasks, parity within 5 points (TOST).
 A row whose room leaves less than E on the paper's side keeps a sign verdict and is "untestable here (bound)" when
-its CI holds 0 (a parity row: whenever the room is less than its margin either side of 0; `stats.decide`). No task solvable at the tightest tier: f2 and f7 have no estimate and
-a note (`NO_SOLVABLE_NOTE`).
+its CI holds 0 (a parity row: whenever the room is less than its margin either side of 0; `stats.decide`). No task
+solvable at the tightest tier: f2 and f7 have no estimate and a note (`NO_SOLVABLE_NOTE`).
 
 Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k on the held-out split
 named by `<d>.split.heldout_name`; a policy is `base`, an arm (mean over its included seeds) or `<arm>.seed<s>`),
