@@ -66,20 +66,20 @@ def r_multi_row(ctx: EvalContext, grpo_seeds) -> None:
 
 
 def training_log_rows(ctx: EvalContext) -> dict:
-    """The main arm's first and last logged R_multi / R_single per seed (`f6_<name>.log_first/.log_last`);
-    returns seed -> that seed's dynamics.jsonl rows (the dynamics figure)."""
+    """The main arm's first and last logged R_single per seed (`f6_r_single.log_first/.log_last`; R_multi's row
+    reads the whole training log, `r_multi_row`); returns seed -> that seed's dynamics.jsonl rows (the dynamics
+    figure, R_multi and R_single)."""
     dyn = {}
     for (a, s) in sorted(ctx.policies):
         path = os.path.join(ctx.run.dir, "arms", a, f"seed{s}", "dynamics.jsonl")
         if a == MAIN_ARM and os.path.isfile(path):
             dyn[s] = health.read_log(path)
-    for name in ("r_multi", "r_single"):
-        firsts, lasts = {}, {}
-        for s, rows in dyn.items():
-            vals = [v for v in (number(r.get(name)) for r in rows) if np.isfinite(v)]
-            if vals:
-                firsts[s], lasts[s] = vals[0], vals[-1]
-        if firsts:
-            ctx.est.mean(f"f6_{name}.log_first", firsts, [MAIN_ARM])
-            ctx.est.mean(f"f6_{name}.log_last", lasts, [MAIN_ARM])
+    firsts, lasts = {}, {}
+    for s, rows in dyn.items():
+        vals = [v for v in (number(r.get("r_single")) for r in rows) if np.isfinite(v)]
+        if vals:
+            firsts[s], lasts[s] = vals[0], vals[-1]
+    if firsts:
+        ctx.est.mean("f6_r_single.log_first", firsts, [MAIN_ARM])
+        ctx.est.mean("f6_r_single.log_last", lasts, [MAIN_ARM])
     return dyn
