@@ -43,14 +43,13 @@ def test_seed_estimate_is_the_t_interval_at_every_number_of_seeds():
     want = stats.t_interval([u.mean() for u in three])
     assert est.method == stats.T_SEEDS and est.n_units == 60
     assert (est.mean, est.lo, est.hi) == pytest.approx((want.mean, want.lo, want.hi))
-    for n in (6, 20, 25):  # no switch to a bootstrap at 20 seeds
+    for n in (6, 20, 25):  # the same interval at 20 seeds and more
         many = _seeds(rng, n, 20, 0.2, 0.1, 0.3)
         est = stats.seed_estimate(many)
         want = stats.t_interval([u.mean() for u in many])
         assert est.method == stats.T_SEEDS and est.df == n - 1, n
         assert (est.lo, est.hi, est.lo90, est.hi90) == pytest.approx((want.lo, want.hi, want.lo90, want.hi90)), n
     assert "every number of seeds" in stats.INTERVAL_METHOD and "Student-t" in stats.INTERVAL_METHOD
-    assert not hasattr(stats, "cluster_bootstrap") and not hasattr(stats, "MIN_BOOT_SEEDS")
     single = stats.seed_estimate([np.ones(50)])
     assert single.method == stats.NOT_AVAILABLE and "one seed" in single.reason
     # a seed without units is dropped, not counted
