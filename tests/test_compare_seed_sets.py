@@ -7,6 +7,8 @@ import pytest
 from jaxagent.study.frozenlake import seed_sets
 from jaxagent.eval import findings, stats
 
+findings_by_key = {f.key: f for f in findings.DEFAULT_FINDINGS}
+
 
 def _est(mean, lo, hi, mde, n=5):
     """A t-interval estimate as metrics.json holds it (se from the CI's half width, t with n - 1 df)."""
@@ -37,26 +39,42 @@ def test_table_rows_cells_and_agreement(tmp_path):
     titles = {f.key: f.title for f in findings.DEFAULT_FINDINGS}
     # DEFAULT_FINDINGS order: the headline first
     assert lines[2].startswith(f"| {titles['f1_pass1']} (RL - base (points)) |")
-    assert ("+20.0 [17.0, 23.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | "
-            "+18.0 [12.0, 24.0] **reproduced** (the 95% CI excludes 0 on the paper's side) | yes |") in lines[2]
+    assert ("+20.0 [17.0, 23.0] **reproduced** (the 95% CI lies on the paper's side of 0 and reaches E = 10) | "
+            "+18.0 [12.0, 24.0] **reproduced** (the 95% CI lies on the paper's side of 0 and reaches E = 10) | "
+            "yes |") in lines[2]
     # f1 breadth: reproduced in one, CI holding 0 and ending below E = 10 points in the other
     assert "+14.0 [10.0, 19.0] **reproduced**" in lines[3] and "+2.0 [-3.0, 7.0] **not reproduced**" in lines[3]
     assert lines[3].endswith("| **no** |")
     # f8 at 25%: the real tier in the title, underpowered with the seeds that would decide it
     assert "8. BudgetMix vs full-budget RL at 25% of T_max (T=2 of 8)" in lines[4]
-    assert lines[4].count("**underpowered**") == 2 and "seeds would decide it)" in lines[4]
+    assert lines[4].count("**underpowered**") == 2
+    for run in (a, b):  # the range of seeds from the sd's interval, as the report prints it
+        m = seed_sets.load_run(run)
+        few, many = findings.seeds_to_decide(findings_by_key["f8_budgetmix_t25"], m)
+        assert few < many and f"; about {few}-{many} seeds would decide it)" in lines[4]
     assert lines[4].endswith("| yes |")
 
 
-def test_a_row_the_bound_decides_is_untestable(tmp_path):
-    est = _est(0.03, 0.01, 0.05, 0.02)
-    a = _run(tmp_path, "a", est, est, est, 3)
-    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
-    m["f8_budgetmix_t25"]["room_hi"] = 0.05  # at most 5 points on the paper's side, E = 7.5
-    (tmp_path / "a" / "metrics.json").write_text(json.dumps(m))
-    row = seed_sets.table([a]).splitlines()[4]
-    assert f"**{stats.UNTESTABLE}** (the bound allows at most 5 on the paper's side, less than E = 7.5)" in row
-    assert "(T=3 of 8: 38% of T_max, not the nominal 25%)" in row
+def test_a_row_the_bound_limits_keeps_its_sign_and_opposite_is_its_own_verdict(tmp_path):
+    above, holds = _est(0.03, 0.01, 0.05, 0.02), _est(0.02, -0.01, 0.05, 0.02)
+    a, b = _run(tmp_path, "a", above, above, above, 3), _run(tmp_path, "b", above, holds, holds, 3)
+    for d in (a, b):
+        m = json.loads((tmp_path / d / "metrics.json").read_text())
+        m["f8_budgetmix_t25"]["room_hi"] = 0.05  # at most 5 points on the paper's side, E = 7.5
+        (tmp_path / d / "metrics.json").write_text(json.dumps(m))
+    lines = seed_sets.table([a, b]).splitlines()
+    row = lines[4]
+    assert (f"+3.0 [1.0, 5.0] **{stats.SMALLER}** (the 95% CI lies on the paper's side of 0; the bound allows at "
+            "most 5 on the paper's side, less than E = 7.5, so the size cannot be tested)") in row
+    assert f"+2.0 [-1.0, 5.0] **{stats.UNTESTABLE}** (the 95% CI holds 0 and the bound allows at most 5" in row
+    assert "(T=3 of 8: 38% of T_max, not the nominal 25%)" in row and row.endswith("| **no** |")
+    # a CI on the opposite side is "not reproduced (opposite)", a different verdict from a CI holding 0
+    c = _run(tmp_path, "c", above, _est(-0.05, -0.08, -0.02, 0.02), above, 2)
+    d = _run(tmp_path, "d", above, _est(0.01, -0.02, 0.04, 0.02), above, 2)
+    breadth = seed_sets.table([c, d]).splitlines()[3]
+    assert ("-5.0 [-8.0, -2.0] **not reproduced (opposite)** (the 95% CI lies on the opposite side of 0)"
+            in breadth)
+    assert "+1.0 [-2.0, 4.0] **not reproduced** (the 95% CI holds 0" in breadth and breadth.endswith("| **no** |")
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path):

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxagent.eval import health, stats
+from jaxagent.eval import dynamics as eval_dynamics, health, stats
 from jaxagent.eval.findings import finding_verdict
 from jaxagent.rollout import FAILED, SUCCESS, HostRolloutConfig, host_rollout
 from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, report as host_report,
@@ -103,12 +103,12 @@ def _batches():
 
 def test_r_multi_windows_average_each_end():
     """W = min(R_MULTI_WINDOW, n // 2) iterations at each end, B episodes each, round(rate x B) successes per batch."""
-    last, first, w = host_dynamics.r_multi_windows([0.0, 0.5, 1.0, 0.25, 0.75], 4)
+    last, first, w = eval_dynamics.r_multi_windows([0.0, 0.5, 1.0, 0.25, 0.75], 4)
     assert w == 2 and first.tolist() == [0, 0, 0, 0, 1, 1, 0, 0] and last.tolist() == [1, 0, 0, 0, 1, 1, 1, 0]
     rates = [0.0] * 12 + [1.0] * 12
-    last, first, w = host_dynamics.r_multi_windows(rates, 8)
-    assert w == host_dynamics.R_MULTI_WINDOW and first.size == last.size == 8 * w
-    assert host_dynamics.r_multi_windows([0.5], 8) is None and host_dynamics.r_multi_windows([], 8) is None
+    last, first, w = eval_dynamics.r_multi_windows(rates, 8)
+    assert w == eval_dynamics.R_MULTI_WINDOW and first.size == last.size == 8 * w
+    assert eval_dynamics.r_multi_windows([0.5], 8) is None and eval_dynamics.r_multi_windows([], 8) is None
 
 
 def test_one_batch_per_end_could_not_decide_and_windows_can():
@@ -131,7 +131,7 @@ def test_one_batch_per_end_could_not_decide_and_windows_can():
             assert m["code.f6.r_multi_window"] == w and m["code.f6.n_multi"] == 64
             verdicts[w].append(finding_verdict(f_multi, m)[0])
             widths[w].append(m["code.f6_r_multi.diff.hi"] - m["code.f6_r_multi.diff.lo"])
-    assert host_dynamics.R_MULTI_WINDOW == 5
+    assert eval_dynamics.R_MULTI_WINDOW == 5
     assert np.median(widths[1]) > 0.6 and np.median(widths[5]) < 0.6 * np.median(widths[1])
     assert verdicts[1].count(stats.UNDERPOWERED) > 50 and verdicts[1].count(stats.NOT_REPRODUCED) < 40
     assert verdicts[5].count(stats.NOT_REPRODUCED) > 80

@@ -1,6 +1,7 @@
-"""Every host-domain verdict row can fail and none is decided by the structural bound: each row with a room
-(`Finding.room`) comes out "untestable here (bound)" when the range the bound allows leaves less than E on the
-paper's side (a parity row: less than its margin either side of 0), and is decided on its interval otherwise;
+"""Every host-domain verdict row can fail and none is decided by the structural bound: a row with a room
+(`Finding.room`) whose range leaves less than E on the paper's side keeps its sign result (a CI wholly on one side
+of 0) and is "untestable here (bound)" when its CI holds 0 (a parity row: whenever the room is less than its margin
+either side of 0), and is decided on its interval otherwise;
 the rooms the metric functions write are the ranges their definitions give (a rate in [0, 1], Pass@K in [0, U]);
 every row says which result would have made it "not reproduced"; the report prints the room beside E and that
 sentence. Synthetic metrics only (no model)."""
@@ -64,15 +65,21 @@ def test_each_bounded_row_is_untestable_when_the_room_is_short_and_decided_other
     v, why = finding_verdict(f, short)
     assert v == stats.UNTESTABLE and "the bound allows at most" in why, (f.key, v, why)
     wide = _wide(f, (-1.0, 1.0))
-    assert finding_verdict(f, wide)[0] == stats.UNDERPOWERED
-    assert finding_verdict(f, _wide(f))[0] == stats.UNDERPOWERED  # no room measured: judged on its interval
-    # the same interval, all on the wrong side of 0, fails the row when the room allows E
+    held = stats.UNDERPOWERED if f.direction != 0 else stats.INCONCLUSIVE  # a parity row has no power rule
+    assert finding_verdict(f, wide)[0] == held
+    assert finding_verdict(f, _wide(f))[0] == held  # no room measured: judged on its interval
+    # the same interval, all on the wrong side of 0 (a parity row: beyond its margin), fails the row
     flip = dict(wide)
     if f.direction != 0:
         d = f.direction
         e = reference_effect(f, {})
         flip[f"{f.diff}.lo"], flip[f"{f.diff}.hi"] = sorted((-d * 3 * e, -d * 1 * e))
-        assert finding_verdict(f, flip)[0] == stats.NOT_REPRODUCED
+        assert finding_verdict(f, flip)[0] == stats.OPPOSITE
+        # a short room blocks the size only: a CI on the paper's side is still a sign result, the bound named
+        side = dict(short)
+        side[f"{f.diff}.lo"], side[f"{f.diff}.hi"] = sorted((d * 0.1 * e, d * 0.4 * e))
+        v, why = finding_verdict(f, side)
+        assert v == stats.SMALLER and "the bound allows at most" in why, (f.key, v, why)
     else:
         flip[f"{f.diff}.lo"], flip[f"{f.diff}.hi"] = 2 * f.margin, 3 * f.margin
         assert finding_verdict(f, flip)[0] == stats.NOT_REPRODUCED
@@ -84,17 +91,18 @@ def _grid(values_P, n_tiers=2, n_ks=1):
 
 
 def test_pass_rows_rooms_from_the_bound_and_verdicts():
-    """f1_pass1 / f1_breadth: base at 95% of an all-solvable set leaves 5 points < E = 10 (untestable); at 30% the
-    same RL gain is decided (reproduced). f2_shrink: K=1 on the tasks solvable at the tightest tier, room
-    [-b_t - g_f, U - b_t - g_f]; base near 0 there and a small full-budget gap leave < 10 points on the paper's
-    side (untestable). f7_gigpo: on the solvable tasks U = 1, so its room always exceeds the margin."""
+    """f1_pass1 / f1_breadth: base at 95% of an all-solvable set leaves 5 points < E = 10, so a 3-point gain is a
+    sign result only (in direction, smaller); at 30% a 40-point gain is decided (reproduced). f2_shrink: K=1 on
+    the tasks solvable at the tightest tier, room [-b_t - g_f, U - b_t - g_f]; base near 0 there and a small
+    full-budget gap leave < 10 points on the paper's side (a shrinking gap: smaller than the paper, the bound
+    named). f7_gigpo: on the solvable tasks U = 1, so its room always exceeds the margin."""
     rng = np.random.default_rng(0)
     n = 20
     bound = host_metrics.structural_bound([1] * 10 + [2] * 10, [1, 2], [1])  # half the tasks fit the tightest tier
     f = {x.key: x for x in host_metrics.domain_findings("sql", "SQL")}
-    for base_v, want in ((0.95, stats.UNTESTABLE), (0.3, stats.REPRODUCED)):
+    for base_v, gain, want in ((0.95, 0.03, stats.SMALLER), (0.3, 0.4, stats.REPRODUCED)):
         base = _grid([base_v] * n)
-        rl = {s: np.clip(base + 0.4 + 0.01 * rng.normal(size=base.shape), 0, 1) for s in range(3)}
+        rl = {s: np.clip(base + gain + 0.01 * rng.normal(size=base.shape), 0, 1) for s in range(3)}
         per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()},
                     **{f"gigpo/seed{s}": r + 0.01 * rng.normal(size=r.shape) for s, r in rl.items()}}
         hl = {(a, s): OK for a in ("grpo", "gigpo") for s in rl}
@@ -122,7 +130,8 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
                                  n_heldout=n, n_boot=50)
     lo, hi = room_from_metrics(f["sql.f2_shrink"], m)
     assert lo == pytest.approx(-0.0 - 0.03) and hi == pytest.approx(1.0 - 0.0 - 0.03)
-    assert finding_verdict(f["sql.f2_shrink"], m)[0] == stats.UNTESTABLE
+    v, why = finding_verdict(f["sql.f2_shrink"], m)
+    assert v == stats.SMALLER and "the bound allows at most -3 on the paper's side" in why, why
     # the same gaps on a base at 40%: decided on the interval (the tight gap is smaller: the advantage shrinks)
     per_task = {"base": base + 0.4, **{f"grpo/seed{s}": r + 0.4 for s, r in rl.items()}}
     m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
@@ -237,19 +246,21 @@ def test_rate_rows_rooms_and_verdicts():
     functions; a base pass rate of 2% leaves f3 (RL below base) less than E = 0.05: untestable; a base correction
     rate of 95% leaves f4 5 points < E = 14.2: untestable; each is decided on its interval otherwise."""
     f3 = host_step_quality.finding("code", "Coding")
-    for q_base, want in ((0.02, stats.UNTESTABLE), (0.5, stats.NOT_REPRODUCED)):
-        scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + 0.1 + 0.01 * s] * 2] * 4,
+    # RL - base per seed: shift + 0.01 s; -0.01 gives a CI holding 0, +0.1 one above it (the paper's opposite)
+    for q_base, shift, want in ((0.02, -0.01, stats.UNTESTABLE), (0.5, -0.01, stats.NOT_REPRODUCED),
+                                (0.02, 0.1, stats.OPPOSITE), (0.5, 0.1, stats.OPPOSITE)):
+        scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + shift + 0.01 * s] * 2] * 4,
                       "source": ["base"] * 4, "turn": [0] * 4, "task_id": ["t"] * 4, "episode": [0] * 4}
                   for s in range(3)}
         m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50,
                                        host_metrics.put_estimate)
         assert room_from_metrics(f3, m) == pytest.approx((-q_base, 1 - q_base))
-        assert finding_verdict(f3, m)[0] == want  # RL above base: the paper's "slightly below" fails
+        assert finding_verdict(f3, m)[0] == want, (q_base, shift, finding_verdict(f3, m))
     f4 = host_error_recovery.finding("bfcl", "BFCL")
-    for n_base, want in ((19, stats.UNTESTABLE), (6, stats.REPRODUCED)):
+    # RL corrects n_base + gain + (s % 2) of 20: at 19 of 20 the CI holds 0 with 1 point of room
+    for n_base, gain, want in ((19, 0, stats.UNTESTABLE), (6, 7, stats.REPRODUCED)):
         judged = {s: {"base": [True] * n_base + [False] * (20 - n_base),
-                      "rl": [True] * min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))
-                      + [False] * (20 - min(20, n_base + 1 + (s % 2) + (6 if n_base < 10 else 0))),
+                      "rl": [True] * (n_base + gain + s % 2) + [False] * (20 - n_base - gain - s % 2),
                       "source": ["base"] * 20} for s in range(4)}
         m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_metrics.put_estimate)
         assert room_from_metrics(f4, m) == pytest.approx((-n_base / 20, 1 - n_base / 20))
@@ -293,7 +304,8 @@ def test_report_prints_the_room_and_what_would_have_failed_each_row():
     assert "| bound allows | verdict | why |" in text
     assert verdicts["sql.f1_pass1"] == stats.UNTESTABLE
     row = next(x for x in text.splitlines() if x.startswith("| SQL: 1. held-out Pass@1"))
-    assert "| [-95.0, 5.0] | untestable here (bound) | the bound allows at most 5 on the paper's side" in row
+    assert ("| [-95.0, 5.0] | untestable here (bound) | the 95% CI holds 0 and the bound allows at most 5 on the "
+            "paper's side" in row)
     for f in findings:
         if f.key in verdicts:
             assert f"Would have been not reproduced with: {f.falsified_by}." in text

@@ -243,12 +243,13 @@ def _llr_seed(llr_rl, llr_base, n=8):
 
 def test_llr_rows_fail_below_the_threshold_and_pass_above():
     """The judged LLR rows test "more than LLR_THRESHOLD above base": RL successes 0.2 nat above base (the
-    two-group contrast still > 0, a Jeffreys divergence) are "not reproduced" (the CI of LLR - 1 lies below 0);
+    two-group contrast still > 0, a Jeffreys divergence) are "not reproduced (opposite)" (the CI of LLR - 1 lies
+    below 0);
     30 nats above are "reproduced". Neither row has a structural room; the contrast is never judged."""
     rng = np.random.default_rng(5)
     f = {x.key: x for x in hl.findings("bfcl", "BFCL")}
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
-    for gap, want in ((0.2, stats.NOT_REPRODUCED), (30.0, stats.REPRODUCED)):
+    for gap, want in ((0.2, stats.OPPOSITE), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
         m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_metrics.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)

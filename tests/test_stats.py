@@ -36,21 +36,20 @@ def test_t_interval_hand_values():
     assert not one.available
 
 
-def test_seed_estimate_picks_the_method_by_number_of_seeds():
+def test_seed_estimate_is_the_t_interval_at_every_number_of_seeds():
     rng = np.random.default_rng(0)
     three = _seeds(rng, 3, 20, 0.2, 0.1, 0.3)
     est = stats.seed_estimate(three)
     want = stats.t_interval([u.mean() for u in three])
     assert est.method == stats.T_SEEDS and est.n_units == 60
     assert (est.mean, est.lo, est.hi) == pytest.approx((want.mean, want.lo, want.hi))
-    six = _seeds(rng, 6, 20, 0.2, 0.1, 0.3)
-    assert stats.MIN_BOOT_SEEDS == 20 and stats.seed_estimate(six).method == stats.T_SEEDS
-    many = _seeds(rng, stats.MIN_BOOT_SEEDS, 20, 0.2, 0.1, 0.3)
-    assert stats.seed_estimate(many[:-1]).method == stats.T_SEEDS
-    boot = stats.seed_estimate(many, n_boot=300)
-    assert boot.method == stats.BOOTSTRAP and boot.df == math.inf
-    assert boot.mean == pytest.approx(np.mean([u.mean() for u in many]))
-    assert str(stats.MIN_BOOT_SEEDS) in stats.INTERVAL_METHOD and "Student-t" in stats.INTERVAL_METHOD
+    for n in (6, 20, 25):  # the same interval at 20 seeds and more
+        many = _seeds(rng, n, 20, 0.2, 0.1, 0.3)
+        est = stats.seed_estimate(many)
+        want = stats.t_interval([u.mean() for u in many])
+        assert est.method == stats.T_SEEDS and est.df == n - 1, n
+        assert (est.lo, est.hi, est.lo90, est.hi90) == pytest.approx((want.lo, want.hi, want.lo90, want.hi90)), n
+    assert "every number of seeds" in stats.INTERVAL_METHOD and "Student-t" in stats.INTERVAL_METHOD
     single = stats.seed_estimate([np.ones(50)])
     assert single.method == stats.NOT_AVAILABLE and "one seed" in single.reason
     # a seed without units is dropped, not counted
@@ -58,28 +57,13 @@ def test_seed_estimate_picks_the_method_by_number_of_seeds():
     assert stats.seed_estimate([]).reason == "no seed with data"
 
 
-def test_cluster_bootstrap_sees_between_seed_variance():
-    """Seed offsets dominate: the cluster SE follows sd(seed means)/sqrt(S), not the pooled-units SE."""
-    rng = np.random.default_rng(1)
-    units = _seeds(rng, 8, 200, 0.0, 1.0, 0.1)
-    est = stats.cluster_bootstrap(units, n_boot=1000, rng_seed=3)
-    between = np.std([u.mean() for u in units], ddof=1) / math.sqrt(8)
-    pooled = np.concatenate(units)
-    naive = pooled.std(ddof=1) / math.sqrt(pooled.size)
-    assert 0.7 * between < est.se < 1.3 * between
-    assert est.se > 10 * naive
-    assert est.mde == pytest.approx(stats.mde(est.se))
-    assert est.lo < est.mean < est.hi and est.lo < est.lo90 < est.hi90 < est.hi
-
-
-def test_tuple_entries_resample_each_sample_within_the_seed():
+def test_tuple_entries_give_one_value_per_seed():
     rng = np.random.default_rng(2)
     entries = [(rng.normal(1.0 + o, 0.2, 30), rng.normal(o, 0.2, 40)) for o in rng.normal(0, 2.0, 6)]
-    assert stats.seed_estimate(entries, stats.mean_difference).method == stats.T_SEEDS
-    est = stats.cluster_bootstrap(entries, stats.mean_difference, n_boot=400)
+    est = stats.seed_estimate(entries, stats.mean_difference)
+    assert est.method == stats.T_SEEDS and est.n_seeds == 6 and est.n_units == 6 * 70
     assert est.mean == pytest.approx(np.mean([a.mean() - b.mean() for a, b in entries]))
     assert est.lo < 1.0 < est.hi and est.hi - est.lo < 0.5  # the shared seed offset cancels in the difference
-    assert est.n_units == 6 * 70
 
 
 def test_t_interval_coverage_on_a_null():
@@ -107,59 +91,129 @@ def test_pooling_states_across_seeds_would_claim_an_effect_the_seeds_do_not_supp
 
 def test_verdicts_on_synthetic_data_with_known_answers():
     rng = np.random.default_rng(5)
-    # a true effect of known size (0.3) with 8 seeds is detected
-    est = stats.seed_estimate(_seeds(rng, 8, 50, 0.3, 0.05, 0.2), n_boot=500)
+    # a true effect of known size (0.3) with 8 seeds: on the paper's side and reaching E
+    est = stats.seed_estimate(_seeds(rng, 8, 50, 0.3, 0.05, 0.2))
+    assert est.lo > 0 and est.hi >= 0.3
     assert stats.decide(est, +1, effect=0.3)[0] == stats.REPRODUCED
-    assert stats.decide(est, -1, effect=0.3)[0] == stats.NOT_REPRODUCED  # opposite to the paper's sign
-    # a null effect with enough power (MDE << E) is not reproduced
-    null = stats.seed_estimate(_seeds(rng, 8, 50, 0.0, 0.01, 0.05), n_boot=500)
-    assert null.lo < 0 < null.hi and null.mde < 0.3
+    assert stats.decide(est, -1, effect=0.3) == (stats.OPPOSITE, "the 95% CI lies on the opposite side of 0")
+    # ... a quarter of the paper's size: the sign reproduces, the size does not (one verdict says both)
+    assert stats.decide(est, +1, effect=1.2)[0] == stats.SMALLER
+    # a null effect with enough seeds: E is excluded
+    null = stats.seed_estimate(_seeds(rng, 8, 50, 0.0, 0.01, 0.05))
+    assert null.lo < 0 < null.hi
     verdict, reason = stats.decide(null, +1, effect=0.3)
-    assert verdict == stats.NOT_REPRODUCED and "E excluded" in reason
     # the reason names the paper-side end and E with the row's sign: a row expecting a fall says so
-    assert f"end {null.hi:.3g} falls short of E = 0.3" in reason
+    assert verdict == stats.NOT_REPRODUCED and f"end {null.hi:.3g} falls short of E = 0.3" in reason
     verdict, reason = stats.decide(null, -1, effect=0.3)
     assert verdict == stats.NOT_REPRODUCED and f"end {null.lo:.3g} falls short of E = -0.3" in reason
-    # low power (few seeds, large noise): underpowered
+    # few seeds, large noise: the CI holds both 0 and E
     weak = stats.seed_estimate(_seeds(rng, 3, 5, 0.05, 0.5, 1.0))
-    assert weak.mde > 0.3 and stats.decide(weak, +1, effect=0.3)[0] == stats.UNDERPOWERED
+    assert weak.lo < 0 and weak.hi > 0.3 and stats.decide(weak, +1, effect=0.3)[0] == stats.UNDERPOWERED
     # parity with a true zero and enough data: TOST equivalent -> reproduced
-    par = stats.seed_estimate(_seeds(rng, 8, 100, 0.0, 0.005, 0.02), n_boot=500)
-    assert stats.tost(par, 0.04)
-    assert stats.decide(par, 0, margin=0.04)[0] == stats.REPRODUCED
-    # ... with little data: the CI contains 0 but that is not parity
+    par = stats.seed_estimate(_seeds(rng, 8, 100, 0.0, 0.005, 0.02))
+    assert stats.tost(par, 0.04) and stats.decide(par, 0, margin=0.04)[0] == stats.REPRODUCED
+    # ... with little data: the CI holds 0 but that is not parity, nor a difference
     par_weak = stats.seed_estimate(_seeds(rng, 3, 5, 0.0, 0.2, 0.5))
     assert par_weak.lo < 0 < par_weak.hi and not stats.tost(par_weak, 0.04)
-    assert stats.decide(par_weak, 0, margin=0.04)[0] == stats.UNDERPOWERED
-    # a real difference where the paper reports parity
-    diff = stats.seed_estimate(_seeds(rng, 8, 100, 0.2, 0.005, 0.02), n_boot=500)
-    assert stats.decide(diff, 0, margin=0.04)[0] == stats.NOT_REPRODUCED
+    assert stats.decide(par_weak, 0, margin=0.04)[0] == stats.INCONCLUSIVE
+    # a real difference beyond the margin where the paper reports parity
+    diff = stats.seed_estimate(_seeds(rng, 8, 100, 0.2, 0.005, 0.02))
+    assert diff.lo > 0.04 and stats.decide(diff, 0, margin=0.04)[0] == stats.NOT_REPRODUCED
 
 
-def test_decide_hand_intervals_and_errors():
-    def est(mean, lo, hi, mde, lo90=None, hi90=None):
-        return stats.Estimate(mean, lo, hi, lo if lo90 is None else lo90, hi if hi90 is None else hi90, 1.0, mde,
-                              4.0, 5, 50, stats.T_SEEDS)
-    assert stats.decide(est(0.1, -0.1, 0.3, 0.2), +1, effect=0.5)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est(0.1, -0.1, 0.6, 0.4), +1, effect=0.5)[0] == stats.INCONCLUSIVE  # holds 0 and E
-    assert stats.decide(est(0.1, -0.1, 0.6, 0.6), +1, effect=0.5)[0] == stats.UNDERPOWERED
-    # the CI holds 0 but its paper-side end is already short of E: rejected whatever the MDE
-    assert stats.decide(est(0.1, -0.1, 0.3, 0.9), +1, effect=0.5)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est(-0.1, -0.3, 0.1, 0.9), -1, effect=0.5)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est(0.1, -0.1, 0.3, float("nan")), +1, effect=0.5)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est(0.1, -0.1, 0.6, float("nan")), +1, effect=0.5)[0] == stats.INCONCLUSIVE
-    assert stats.decide(est(0.1, -0.1, 0.6, 0.4), +1, effect=None)[0] == stats.INCONCLUSIVE
-    assert stats.decide(est(-0.3, -0.5, -0.1, 0.4), -1, effect=0.5)[0] == stats.REPRODUCED
-    assert stats.decide(est(0.0, -0.1, 0.1, 0.03, -0.05, 0.05), 0, margin=0.04)[0] == stats.INCONCLUSIVE
-    assert stats.decide(est(0.0, -0.1, 0.1, 0.2, -0.05, 0.05), 0, margin=0.04)[0] == stats.UNDERPOWERED
+def _hand(lo, hi, lo90=None, hi90=None, mean=None):
+    """An Estimate with hand-set intervals (t over 5 seeds), the 90% CI the 95% one unless given."""
+    mean = (lo + hi) / 2 if mean is None else mean
+    return stats.Estimate(mean, lo, hi, lo if lo90 is None else lo90, hi if hi90 is None else hi90, 0.1, 0.3, 4.0,
+                          5, 50, stats.T_SEEDS)
+
+
+# (95% CI of the measured difference, direction, E, room, verdict): each branch and the case just across each of
+# its boundaries
+DIRECTIONAL = [
+    ((0.10, 0.30), +1, 0.3, None, stats.REPRODUCED),            # above 0, upper end reaches E (== E)
+    ((0.10, 0.2999), +1, 0.3, None, stats.SMALLER),             # above 0, just short of E
+    ((0.001, 0.20), +1, 0.3, None, stats.SMALLER),              # just above 0
+    ((0.0, 0.20), +1, 0.3, None, stats.NOT_REPRODUCED),         # touches 0: holds it; upper end short of E
+    ((-0.10, 0.2999), +1, 0.3, None, stats.NOT_REPRODUCED),     # holds 0, just short of E
+    ((-0.10, 0.30), +1, 0.3, None, stats.UNDERPOWERED),         # holds 0 and E
+    ((-0.20, 0.0), +1, 0.3, None, stats.NOT_REPRODUCED),        # touches 0 from below: holds it
+    ((-0.20, -0.001), +1, 0.3, None, stats.OPPOSITE),           # just below 0
+    ((-0.30, -0.10), -1, 0.3, None, stats.REPRODUCED),          # a fall the size of the paper's
+    ((-0.2999, -0.10), -1, 0.3, None, stats.SMALLER),
+    ((-0.2999, 0.10), -1, 0.3, None, stats.NOT_REPRODUCED),
+    ((-0.30, 0.10), -1, 0.3, None, stats.UNDERPOWERED),
+    ((0.001, 0.20), -1, 0.3, None, stats.OPPOSITE),
+    ((0.001, 0.20), +1, None, None, stats.REPRODUCED),          # without E: sign only
+    ((0.0, 0.20), +1, None, None, stats.INCONCLUSIVE),
+    ((-0.20, -0.001), +1, None, None, stats.OPPOSITE),
+    # the bound's room blocks only the size: [+5.7, +7.3] with room 9 and E 10 is a sign result
+    ((0.057, 0.073), +1, 0.10, (-0.5, 0.09), stats.SMALLER),
+    ((0.057, 0.12), +1, 0.10, (-0.5, 0.0999), stats.SMALLER),   # even a CI past E: the bound caps the size
+    ((0.057, 0.12), +1, 0.10, (-0.5, 0.10), stats.REPRODUCED),  # room == E: the size is testable
+    ((-0.02, 0.12), +1, 0.10, (-0.5, 0.0999), stats.UNTESTABLE),  # holds 0: only the size could decide it
+    ((-0.02, 0.12), +1, 0.10, (-0.5, 0.10), stats.UNDERPOWERED),
+    ((-0.12, -0.02), +1, 0.10, (-0.5, 0.05), stats.OPPOSITE),   # a sign result on the other side stands too
+    ((0.01, 0.02), +1, 0.10, (-0.5, 0.001), stats.SMALLER),     # a sliver of room is still room for the sign
+    ((0.01, 0.02), +1, 0.10, (-0.5, 0.0), stats.UNTESTABLE),    # none at all: the paper's side is impossible
+    ((-0.02, -0.01), -1, 0.10, (0.0, 0.5), stats.UNTESTABLE),
+]
+
+
+@pytest.mark.parametrize("ci, direction, effect, room, want", DIRECTIONAL)
+def test_directional_branches_and_their_boundaries(ci, direction, effect, room, want):
+    verdict, reason = stats.decide(_hand(*ci), direction, effect=effect, room=room, scale=100)
+    assert verdict == want, reason
+    if room is not None and verdict in (stats.SMALLER, stats.UNTESTABLE) and effect is not None:
+        assert "the bound allows" in reason, reason
+
+
+def test_bound_limited_reasons_name_the_bound_in_the_report_scale():
+    verdict, reason = stats.decide(_hand(0.057, 0.073), +1, effect=0.10, room=(-0.5, 0.09), scale=100)
+    assert verdict == stats.SMALLER
+    assert reason == ("the 95% CI lies on the paper's side of 0; the bound allows at most 9 on the paper's side, "
+                      "less than E = 10, so the size cannot be tested")
+    assert stats.decide(_hand(0.057, 0.073), +1, effect=0.10, scale=100) == (
+        stats.SMALLER, "the 95% CI lies on the paper's side of 0 and its far end 7.3 is short of E = 10")
+    verdict, reason = stats.decide(_hand(-0.02, 0.12), +1, effect=0.10, room=(-0.5, 0.04), scale=100)
+    assert verdict == stats.UNTESTABLE and "at most 4 on the paper's side, less than E = 10" in reason
+    verdict, reason = stats.decide(_hand(-0.04, -0.02), -1, effect=0.10, room=(-0.06, 0.5), scale=100)
+    assert verdict == stats.SMALLER and "at most -6 on the paper's side, less than E = -10" in reason
+
+
+# (95% CI, 90% CI, room, verdict) of a parity row with margin 0.1
+PARITY = [
+    ((-0.15, 0.15), (-0.0999, 0.0999), None, stats.REPRODUCED),   # 90% CI just inside +-m
+    ((-0.15, 0.15), (-0.10, 0.05), None, stats.INCONCLUSIVE),     # touches -m: not inside
+    ((0.042, 0.098), (0.049, 0.091), None, stats.REPRODUCED),     # CI excludes 0, yet equivalent within m
+    ((0.1001, 0.30), (0.12, 0.28), None, stats.NOT_REPRODUCED),   # 95% CI just wholly above +m
+    ((0.10, 0.30), (0.12, 0.28), None, stats.INCONCLUSIVE),       # touches +m: not wholly outside
+    ((-0.30, -0.1001), (-0.28, -0.12), None, stats.NOT_REPRODUCED),
+    ((-0.30, -0.10), (-0.28, -0.12), None, stats.INCONCLUSIVE),
+    ((-0.30, 0.30), (-0.20, 0.20), None, stats.INCONCLUSIVE),     # wide: neither
+    ((0.2, 0.3), (0.21, 0.29), (-0.05, 0.0999), stats.UNTESTABLE),  # the bound forces |d| < m
+    ((0.2, 0.3), (0.21, 0.29), (-0.05, 0.10), stats.NOT_REPRODUCED),  # room == m: decided by the data
+]
+
+
+@pytest.mark.parametrize("ci, ci90, room, want", PARITY)
+def test_parity_branches_and_their_boundaries(ci, ci90, room, want):
+    verdict, reason = stats.decide(_hand(*ci, *ci90), 0, margin=0.1, room=room, scale=100)
+    assert verdict == want, reason
+    if want == stats.UNTESTABLE:
+        assert "equivalence is forced by the bound" in reason and "less than the margin 10" in reason
+
+
+def test_decide_without_an_interval_and_bad_arguments():
     assert stats.decide(None, +1, effect=0.1) == (stats.INCONCLUSIVE, "no interval (no estimate)")
     assert stats.decide(stats.t_interval([1.0]), +1, effect=0.1)[0] == stats.INCONCLUSIVE
+    assert stats.decide(None, +1, effect=0.3, room=(0.0, 0.1))[0] == stats.INCONCLUSIVE  # no estimate at all
     with pytest.raises(ValueError, match="direction"):
-        stats.decide(est(0, -1, 1, 1), 2)
+        stats.decide(_hand(-1, 1), 2)
     with pytest.raises(ValueError, match="margin"):
-        stats.decide(est(0, -1, 1, 1), 0)
-    with pytest.raises(ValueError, match="at least one unit"):
-        stats.cluster_bootstrap([np.zeros(0)])
+        stats.decide(_hand(-1, 1), 0)
+    with pytest.raises(ValueError, match="room"):
+        stats.decide(_hand(-1, 1), +1, effect=0.3, room=(0.2, -0.2))
 
 
 # ----------------------------------------------------------------------------- seed health
@@ -200,21 +254,26 @@ def test_read_log_and_describe(tmp_path):
     assert health.describe_seeds("grpo", [0, 1, 2], hl) == "grpo seeds 0, 1 (excluded: 2 collapsed)"
 
 
-def test_zero_width_interval_is_decided_as_a_point():
-    """Every seed and unit the same difference: the CI is the point, decided by the ordinary rules."""
-    est = stats.seed_estimate([np.zeros(16), np.zeros(16), np.zeros(16)])
-    assert est.available and est.se == 0 and est.lo == est.hi == 0 and est.mde == 0
-    # directional: holds 0, far end 0 short of E -> not reproduced; parity: 90% CI {0} inside the margin
-    assert stats.decide(est, +1, effect=0.1)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est, -1, effect=0.1)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(est, +1)[0] == stats.INCONCLUSIVE  # no E: nothing to reject
-    assert stats.decide(est, 0, margin=0.04)[0] == stats.REPRODUCED
-    up = stats.seed_estimate([np.full(16, 0.2)] * 3)
-    assert up.lo == pytest.approx(0.2) and up.hi == pytest.approx(0.2)
-    assert stats.decide(up, +1, effect=0.1)[0] == stats.REPRODUCED
-    assert stats.decide(up, -1, effect=0.1)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(up, 0, margin=0.04)[0] == stats.NOT_REPRODUCED
-    assert stats.decide(up, 0, margin=0.3)[0] == stats.REPRODUCED
+def test_zero_width_interval_is_never_decided_as_a_point():
+    """Every seed the same difference (all at 0, or all at 0.2): no variance, no test, whatever the row."""
+    for value in (0.0, 0.2):
+        est = stats.seed_estimate([np.full(16, value)] * 3)
+        assert est.available and est.lo == pytest.approx(value) and est.hi == pytest.approx(value)
+        assert stats.no_variance(est)
+        for direction in (+1, -1):
+            for effect in (0.1, None):
+                verdict, reason = stats.decide(est, direction, effect=effect)
+                assert verdict == stats.NO_VARIANCE and "zero-width" in reason, (value, direction, effect)
+        assert stats.decide(est, 0, margin=0.04)[0] == stats.NO_VARIANCE
+        assert stats.decide(est, 0, margin=0.3)[0] == stats.NO_VARIANCE
+    # the bound comes first: a parity row it forces stays untestable, as does a directional row with no room
+    zero = stats.seed_estimate([np.zeros(16)] * 3)
+    assert stats.decide(zero, 0, margin=0.04, room=(-0.01, 0.01))[0] == stats.UNTESTABLE
+    assert stats.decide(zero, +1, effect=0.1, room=(-0.5, 0.0))[0] == stats.UNTESTABLE
+    # just across: a CI of width 1e-6 is an interval, decided by the rules
+    assert not stats.no_variance(_hand(0.2, 0.2 + 1e-6))
+    assert stats.decide(_hand(0.2, 0.2 + 1e-6), +1, effect=0.3)[0] == stats.SMALLER
+    assert stats.decide(_hand(0.2, 0.2), +1, effect=0.3)[0] == stats.NO_VARIANCE
 
 
 # ----------------------------------------------------------------------------- coverage at the study's sizes
@@ -237,34 +296,6 @@ def test_seed_estimate_covers_at_three_five_and_ten_seeds(seed_sd, unit_sd):
         assert 0.93 <= coverage <= 0.97, (n_seeds, coverage)
 
 
-def _percentile_bootstrap_one_unit(x_RS, n_boot, rng, alpha=0.05):
-    """Vectorised `cluster_bootstrap` for one unit per seed (the within-seed stage then resamples a single
-    unit, the identity): percentile interval of the mean over S seeds drawn with replacement, and the SE (sd of
-    the replicates). [R, 3] (lo, hi, se)."""
-    n_reps, n_seeds = x_RS.shape
-    pick = rng.integers(0, n_seeds, (n_reps, n_boot, n_seeds))
-    reps_RB = np.take_along_axis(x_RS[:, None, :], pick, axis=2).mean(axis=2)
-    lo_R, hi_R = np.quantile(reps_RB, [alpha / 2, 1 - alpha / 2], axis=1)
-    return np.stack([lo_R, hi_R, reps_RB.std(axis=1, ddof=1)], axis=1)
-
-
-def test_percentile_cluster_bootstrap_undercovers_at_five_seeds():
-    """The coverage harness fails the percentile cluster bootstrap at 5 seeds when between-seed variance
-    dominates (one value per seed, as for a per-seed quantity): coverage well below 0.93, the t-interval's not.
-    The vectorised replica is checked against `cluster_bootstrap` on one data set first."""
-    rng = np.random.default_rng(13)
-    x = _hierarchical(rng, 2000, 5, 1, 1.0, 0.1)[:, :, 0]
-    # same resampling distribution (its percentiles jump between the few distinct resamples, so compare the SE)
-    se = _percentile_bootstrap_one_unit(x[:1], 4000, rng)[0, 2]
-    real = stats.cluster_bootstrap(list(x[0][:, None]), n_boot=4000, rng_seed=1)
-    assert real.se == pytest.approx(se, rel=0.05)
-    assert real.se == pytest.approx(x[0].std(ddof=0) / math.sqrt(5), rel=0.05)  # divisor S, not S - 1
-    ci = _percentile_bootstrap_one_unit(x, 1000, rng)
-    boot = np.mean((ci[:, 0] <= 0.0) & (0.0 <= ci[:, 1]))
-    t = np.mean([(lambda e: e.lo <= 0.0 <= e.hi)(stats.seed_estimate(list(r[:, None]))) for r in x])
-    assert boot < 0.9 and t >= 0.93, (boot, t)
-
-
 # ----------------------------------------------------------------------------- every verdict for every row type
 def _exact_seeds(mean, se, n_seeds=5, n_units=32, seed=0):
     """Synthetic units nested in seeds whose seed means have exactly the given mean and SE (sd / sqrt(S)), so
@@ -278,25 +309,33 @@ def _exact_seeds(mean, se, n_seeds=5, n_units=32, seed=0):
 
 
 E, M = 0.3, 0.1  # reference effect of the directional rows, margin of the parity rows
-# (row, paper's difference mean, SE, E or margin, room in the paper's sign, expected verdict); at 5 seeds the
-# 95% CI is mean -/+ 2.78 SE, the 90% CI mean -/+ 2.13 SE, the MDE 3.72 SE
+# (row, paper's difference mean, SE, room in the paper's sign, expected verdict); at 5 seeds the 95% CI is
+# mean -/+ 2.78 SE, the 90% CI mean -/+ 2.13 SE; "sign only" rows have no E
 CASES = [
-    ("directional", 0.5, 0.05, None, stats.REPRODUCED),
-    ("directional", -0.5, 0.05, None, stats.NOT_REPRODUCED),     # CI on the wrong side
-    ("directional", -0.1, 0.1, None, stats.NOT_REPRODUCED),      # holds 0, far end 0.18 < E although MDE 0.37 > E
-    ("directional", 0.15, 0.1, None, stats.UNDERPOWERED),        # holds 0 and E, MDE 0.37 > E
-    ("directional", 0.15, 0.07, None, stats.INCONCLUSIVE),       # holds 0 and E, MDE 0.26 <= E
-    ("directional", 0.5, 0.05, (-1.0, 0.2), stats.UNTESTABLE),   # the bound leaves 0.2 < E on the paper's side
-    ("parity", 0.0, 0.01, None, stats.REPRODUCED),               # 90% CI +-0.02 inside +-M
-    ("parity", 0.3, 0.02, None, stats.NOT_REPRODUCED),           # the 95% CI excludes 0
-    ("parity", 0.0, 0.05, None, stats.UNDERPOWERED),             # neither, MDE 0.19 > M
-    ("parity", 0.06, 0.025, None, stats.INCONCLUSIVE),           # neither, MDE 0.093 <= M
-    ("parity", 0.0, 0.01, (-0.05, 0.08), stats.UNTESTABLE),      # the bound forces |d| <= 0.08 < M
+    ("directional", 0.5, 0.05, None, stats.REPRODUCED),           # [0.36, 0.64]: above 0, reaches E
+    ("directional", 0.15, 0.02, None, stats.SMALLER),             # [0.09, 0.21]: above 0, short of E
+    ("directional", -0.1, 0.1, None, stats.NOT_REPRODUCED),       # [-0.38, 0.18]: holds 0, short of E
+    ("directional", -0.5, 0.05, None, stats.OPPOSITE),            # CI on the wrong side
+    ("directional", 0.15, 0.1, None, stats.UNDERPOWERED),         # [-0.13, 0.43]: holds 0 and E
+    ("directional", 0.2, 0.0, None, stats.NO_VARIANCE),           # every seed at 0.2
+    ("directional", 0.5, 0.05, (-1.0, 0.2), stats.SMALLER),       # above 0; the bound caps the size at 0.2 < E
+    ("directional", 0.1, 0.1, (-1.0, 0.2), stats.UNTESTABLE),     # holds 0 and the bound caps the size
+    ("sign only", -0.1, 0.1, None, stats.INCONCLUSIVE),           # holds 0, no E
+    ("sign only", 0.5, 0.05, None, stats.REPRODUCED),
+    ("parity", 0.0, 0.01, None, stats.REPRODUCED),                # 90% CI +-0.02 inside +-M
+    ("parity", 0.07, 0.01, None, stats.REPRODUCED),               # 95% CI [0.042, 0.098] misses 0: still parity
+    ("parity", 0.3, 0.02, None, stats.NOT_REPRODUCED),            # the 95% CI lies wholly above M
+    ("parity", 0.0, 0.05, None, stats.INCONCLUSIVE),              # neither
+    ("parity", 0.0, 0.0, None, stats.NO_VARIANCE),                # every seed at 0 (e.g. both arms solve nothing)
+    ("parity", 0.0, 0.01, (-0.05, 0.08), stats.UNTESTABLE),       # the bound forces |d| <= 0.08 < M
 ]
+PARITY_VERDICTS = {stats.REPRODUCED, stats.NOT_REPRODUCED, stats.INCONCLUSIVE, stats.NO_VARIANCE, stats.UNTESTABLE}
 
 
 @pytest.mark.parametrize("direction", [+1, -1, 0])
 def test_every_row_type_reaches_every_verdict(direction):
+    """Seed-level data (5 seeds of 32 units) landing on each branch: a directional row reaches all eight
+    verdicts, a parity row its five (it has no size and no opposite side)."""
     reached = set()
     for i, (row, mean, se, room, want) in enumerate(CASES):
         if (row == "parity") != (direction == 0):
@@ -304,33 +343,29 @@ def test_every_row_type_reaches_every_verdict(direction):
         sign = direction or 1  # the measured difference carries the paper's sign
         est = stats.seed_estimate(_exact_seeds(sign * mean, se, seed=i))
         assert est.method == stats.T_SEEDS and est.n_seeds == 5
-        assert est.mean == pytest.approx(sign * mean) and est.se == pytest.approx(se)
+        assert est.mean == pytest.approx(sign * mean) and est.se == pytest.approx(se, abs=1e-12)
         room_d = None if room is None else tuple(sorted((sign * room[0], sign * room[1])))
         if direction == 0:
             verdict, reason = stats.decide(est, 0, margin=M, room=room_d)
         else:
-            verdict, reason = stats.decide(est, direction, effect=E, room=room_d)
-        assert verdict == want, (direction, mean, se, room, verdict, reason)
+            verdict, reason = stats.decide(est, direction, effect=E if row == "directional" else None, room=room_d)
+        assert verdict == want, (row, direction, mean, se, room, verdict, reason)
         reached.add(verdict)
-    assert reached == set(stats.VERDICTS)
-    if direction != 0:  # without E a CI holding 0 decides nothing
-        est = stats.seed_estimate(_exact_seeds(direction * -0.1, 0.1))
-        assert stats.decide(est, direction)[0] == stats.INCONCLUSIVE
+    assert reached == (PARITY_VERDICTS if direction == 0 else set(stats.VERDICTS))
 
 
-def test_room_is_checked_first_and_printed_in_the_difference_scale():
+def test_room_reasons_in_the_difference_scale():
     est = stats.seed_estimate(_exact_seeds(0.5, 0.05))  # reproduced without a bound
     verdict, reason = stats.decide(est, +1, effect=0.04, room=(-0.05, 0.02), scale=100)
-    assert verdict == stats.UNTESTABLE
-    assert reason == "the bound allows at most 2 on the paper's side, less than E = 4"
+    assert verdict == stats.SMALLER
+    assert reason == ("the 95% CI lies on the paper's side of 0; the bound allows at most 2 on the paper's side, "
+                      "less than E = 4, so the size cannot be tested")
     assert stats.decide(est, +1, effect=0.3, room=(-1.0, 0.3))[0] == stats.REPRODUCED  # room == E is enough
-    assert stats.decide(est, +1, room=(-1.0, 0.01))[0] == stats.REPRODUCED  # no E: the room decides nothing
+    assert stats.decide(est, +1, room=(-1.0, 0.01))[0] == stats.REPRODUCED  # no E: the room blocks nothing
     par = stats.seed_estimate(_exact_seeds(0.3, 0.02))
     verdict, reason = stats.decide(par, 0, margin=0.1, room=(-0.05, 0.08), scale=100)
-    assert verdict == stats.UNTESTABLE and "forced" in reason and "8" in reason and "10" in reason
-    assert stats.decide(None, +1, effect=0.3, room=(0.0, 0.1))[0] == stats.INCONCLUSIVE  # no estimate at all
-    with pytest.raises(ValueError, match="room"):
-        stats.decide(est, +1, effect=0.3, room=(0.2, -0.2))
+    assert verdict == stats.UNTESTABLE and reason == ("the bound allows at most 8 either side of 0, less than the "
+                                                      "margin 10: equivalence is forced by the bound")
 
 
 def test_paper_side_room():
@@ -345,20 +380,40 @@ def test_paper_side_room():
         stats.paper_side_room((float("nan"), 1.0), 1)
 
 
-def test_seeds_needed():
-    est = stats.seed_estimate(_exact_seeds(0.15, 0.1))  # 5 seeds, per-seed sd 0.1 * sqrt(5)
+def test_seeds_for_sd_is_the_smallest_s_whose_mde_reaches_e():
     sd = 0.1 * math.sqrt(5)
-    needed = [stats.seeds_needed(est, e) for e in (0.1, 0.2, 0.3, 0.5, 1.0)]
+    needed = [stats.seeds_for_sd(sd, e) for e in (0.1, 0.2, 0.3, 0.5, 1.0)]
     assert all(a >= b for a, b in zip(needed, needed[1:])) and needed[0] > needed[-1] >= 2
     for e, s in zip((0.1, 0.2, 0.3, 0.5, 1.0), needed):
         assert stats.mde(sd / math.sqrt(s), df=s - 1) <= e + 1e-12
         if s > 2:
             assert stats.mde(sd / math.sqrt(s - 1), df=s - 2) > e
-    # the estimate is underpowered for E = 0.3 at 5 seeds, so it needs more than 5
-    assert stats.decide(est, +1, effect=0.3)[0] == stats.UNDERPOWERED and stats.seeds_needed(est, 0.3) > 5
-    assert stats.seeds_needed(est, -0.3) == stats.seeds_needed(est, 0.3)  # E is a magnitude
-    assert stats.seeds_needed(est, 1e-3) is None  # about 3.9e5 seeds, beyond max_seeds
-    assert 3.8e5 < stats.seeds_needed(est, 1e-3, max_seeds=10 ** 6) < 4e5
+    assert stats.seeds_for_sd(sd, -0.3) == stats.seeds_for_sd(sd, 0.3)  # E is a magnitude
+    assert stats.seeds_for_sd(sd, 1e-3) is None  # about 3.9e5 seeds, beyond max_seeds
+    assert 3.8e5 < stats.seeds_for_sd(sd, 1e-3, max_seeds=10 ** 6) < 4e5
+    assert stats.seeds_for_sd(0.0, 0.3) == 2  # no variance at all
+
+
+def test_sd_interval_is_the_chi_square_interval():
+    """At 3 seeds the per-seed sd's 95% interval is [0.52 sd, 6.29 sd] (chi-square with 2 df): an sd of 5.3
+    points reads [2.8, 33.3], the range behind "about 5 seeds"."""
+    est = stats.Estimate(0.0, -1, 1, -1, 1, 5.3 / math.sqrt(3), 1.0, 2.0, 3, 3, stats.T_SEEDS)
+    lo, hi = stats.sd_interval(est)
+    assert lo == pytest.approx(5.3 * math.sqrt(2 / sps.chi2.ppf(0.975, 2))) and lo == pytest.approx(2.76, abs=0.01)
+    assert hi == pytest.approx(5.3 * math.sqrt(2 / sps.chi2.ppf(0.025, 2))) and hi == pytest.approx(33.3, abs=0.1)
+    assert stats.sd_interval(stats.t_interval([1.0])) is None and stats.sd_interval(None) is None
+
+
+def test_seeds_needed_is_a_range_from_the_sd_interval():
+    est = stats.seed_estimate(_exact_seeds(0.15, 0.1))  # 5 seeds, per-seed sd 0.1 * sqrt(5)
+    assert stats.decide(est, +1, effect=0.3)[0] == stats.UNDERPOWERED
+    sd_lo, sd_hi = stats.sd_interval(est)
+    few, many = stats.seeds_needed(est, 0.3)
+    assert (few, many) == (stats.seeds_for_sd(sd_lo, 0.3), stats.seeds_for_sd(sd_hi, 0.3))
+    point = stats.seeds_for_sd(0.1 * math.sqrt(5), 0.3)
+    assert few < point < many and many > 5 * few  # 5 seeds leave the sd uncertain by a factor of 4.8
+    assert stats.seeds_needed(est, -0.3) == (few, many)
+    assert stats.seeds_needed(est, 0.01) == (stats.seeds_for_sd(sd_lo, 0.01), None)  # the far end is over 1000
+    assert stats.seeds_needed(est, 1e-4) == (None, None)
     assert stats.seeds_needed(est, None) is None and stats.seeds_needed(None, 0.3) is None
     assert stats.seeds_needed(stats.t_interval([1.0]), 0.3) is None
-    assert stats.seeds_needed(stats.seed_estimate([np.zeros(4)] * 3), 0.3) == 2  # no variance at all

@@ -30,60 +30,65 @@ def _metrics(f, lo, hi, *, mde=0.05, mean=None, room=None, lo90=None, hi90=None,
 
 
 # ----------------------------------------------------------------------------- a +1 row: f1_pass1 (E = 10 points)
-@pytest.mark.parametrize("lo, hi, mde, room, want", [
-    (0.02, 0.20, 0.30, (-0.3, 0.5), stats.REPRODUCED),           # CI above 0
-    (-0.20, -0.02, 0.30, (-0.3, 0.5), stats.NOT_REPRODUCED),     # CI below 0
-    (-0.02, 0.08, 0.30, (-0.3, 0.5), stats.NOT_REPRODUCED),      # holds 0, upper end below E, whatever the MDE
-    (-0.05, 0.15, 0.30, (-0.3, 0.5), stats.UNDERPOWERED),        # holds 0 and E, MDE > E
-    (-0.05, 0.15, 0.08, (-0.3, 0.5), stats.INCONCLUSIVE),        # holds 0 and E, MDE <= E
-    (0.02, 0.20, 0.30, (-0.3, 0.06), stats.UNTESTABLE),          # the bound allows 6 < 10 points above base
-    (0.02, 0.20, 0.30, None, stats.REPRODUCED),                  # no room measured: the rule alone
+@pytest.mark.parametrize("lo, hi, room, want", [
+    (0.02, 0.20, (-0.3, 0.5), stats.REPRODUCED),                 # CI above 0, reaches E
+    (0.02, 0.08, (-0.3, 0.5), stats.SMALLER),                    # CI above 0, wholly short of E
+    (-0.20, -0.02, (-0.3, 0.5), stats.OPPOSITE),                 # CI below 0
+    (-0.02, 0.08, (-0.3, 0.5), stats.NOT_REPRODUCED),            # holds 0, upper end below E
+    (-0.05, 0.15, (-0.3, 0.5), stats.UNDERPOWERED),              # holds 0 and E
+    (0.0, 0.0, (-0.3, 0.5), stats.NO_VARIANCE),                  # every seed the same
+    (0.02, 0.20, (-0.3, 0.06), stats.SMALLER),                   # the bound allows 6 < 10 points: sign only
+    (-0.02, 0.20, (-0.3, 0.06), stats.UNTESTABLE),               # ... and the CI holds 0
+    (0.02, 0.20, None, stats.REPRODUCED),                        # no room measured: the rule alone
 ])
-def test_directional_positive_row_reaches_every_verdict(lo, hi, mde, room, want):
+def test_directional_positive_row_reaches_every_verdict(lo, hi, room, want):
     f = BY_KEY["f1_pass1"]
-    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, mde=mde, room=room))
+    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, room=room))
     assert verdict == want, why
-    if want == stats.UNTESTABLE:  # numbers in the report's scale (points)
-        assert why == "the bound allows at most 6 on the paper's side, less than E = 10"
+    if room is not None and room[1] < 0.1 and want != stats.NO_VARIANCE:  # numbers in the report's scale
+        assert "the bound allows at most 6 on the paper's side, less than E = 10" in why
 
 
-def test_the_room_is_checked_before_the_interval():
-    """Even a CI far above 0 is not a verdict when the bound leaves less than E: the bound, not the data, would
-    decide it; a zero-width CI with room is decided as a point."""
+def test_the_room_blocks_the_size_never_the_sign():
+    """A CI far above 0 stays a sign result when the bound leaves less than E; one holding 0 is untestable."""
     f = BY_KEY["f8_budgetmix_t25"]  # E = 7.5 points
-    assert F.finding_verdict(f, _metrics(f, 0.03, 0.05, room=(-0.2, 0.07)))[0] == stats.UNTESTABLE
-    assert F.finding_verdict(f, _metrics(f, 0.03, 0.05, room=(-0.2, 0.08)))[0] == stats.REPRODUCED
-    assert F.finding_verdict(f, _metrics(f, 0.0, 0.0, mde=0.0, room=(-0.2, 0.3)))[0] == stats.NOT_REPRODUCED
+    assert F.finding_verdict(f, _metrics(f, 0.03, 0.05, room=(-0.2, 0.07)))[0] == stats.SMALLER
+    assert F.finding_verdict(f, _metrics(f, -0.03, 0.05, room=(-0.2, 0.07)))[0] == stats.UNTESTABLE
+    assert F.finding_verdict(f, _metrics(f, 0.03, 0.08, room=(-0.2, 0.08)))[0] == stats.REPRODUCED
+    assert F.finding_verdict(f, _metrics(f, 0.0, 0.0, mde=0.0, room=(-0.2, 0.3)))[0] == stats.NO_VARIANCE
 
 
 # ----------------------------------------------------------------------------- a -1 row: f2 (E = 10 points)
-@pytest.mark.parametrize("lo, hi, mde, room, want", [
-    (-0.25, -0.05, 0.3, (-0.4, 0.2), stats.REPRODUCED),          # the gap shrinks: CI below 0
-    (0.05, 0.25, 0.3, (-0.4, 0.2), stats.NOT_REPRODUCED),        # the gap grows
-    (-0.08, 0.02, 0.3, (-0.4, 0.2), stats.NOT_REPRODUCED),       # holds 0, lower end above -E
-    (-0.15, 0.05, 0.3, (-0.4, 0.2), stats.UNDERPOWERED),
-    (-0.15, 0.05, 0.05, (-0.4, 0.2), stats.INCONCLUSIVE),
-    (-0.25, -0.05, 0.3, (-0.08, 0.3), stats.UNTESTABLE),         # at most 8 points of shrinking possible
+@pytest.mark.parametrize("lo, hi, room, want", [
+    (-0.25, -0.05, (-0.4, 0.2), stats.REPRODUCED),               # the gap shrinks by E or more
+    (-0.08, -0.02, (-0.4, 0.2), stats.SMALLER),                  # it shrinks, by less than E
+    (0.05, 0.25, (-0.4, 0.2), stats.OPPOSITE),                   # the gap grows
+    (-0.08, 0.02, (-0.4, 0.2), stats.NOT_REPRODUCED),            # holds 0, lower end above -E
+    (-0.15, 0.05, (-0.4, 0.2), stats.UNDERPOWERED),
+    (-0.25, -0.05, (-0.08, 0.3), stats.SMALLER),                 # at most 8 points of shrinking possible
+    (-0.25, 0.05, (-0.08, 0.3), stats.UNTESTABLE),
 ])
-def test_directional_negative_row_reaches_every_verdict(lo, hi, mde, room, want):
+def test_directional_negative_row_reaches_every_verdict(lo, hi, room, want):
     f = BY_KEY["f2_shrink_frozenlake"]
     assert f.direction == -1
-    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, mde=mde, room=room))
+    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, room=room))
     assert verdict == want, why
 
 
 # ----------------------------------------------------------------------------- a parity row: f8 at 100% (m = 4)
-@pytest.mark.parametrize("lo, hi, lo90, hi90, mde, room, want", [
-    (-0.03, 0.03, -0.02, 0.02, 0.02, (-0.5, 0.3), stats.REPRODUCED),      # TOST: 90% CI inside +/-4 points
-    (0.01, 0.09, 0.02, 0.08, 0.02, (-0.5, 0.3), stats.NOT_REPRODUCED),    # 95% CI excludes 0
-    (-0.08, 0.08, -0.06, 0.06, 0.10, (-0.5, 0.3), stats.UNDERPOWERED),    # neither, MDE > margin
-    (-0.08, 0.08, -0.06, 0.06, 0.03, (-0.5, 0.3), stats.INCONCLUSIVE),    # neither, MDE <= margin
-    (-0.03, 0.03, -0.02, 0.02, 0.02, (-0.03, 0.02), stats.UNTESTABLE),    # the bound forces equivalence
+@pytest.mark.parametrize("lo, hi, lo90, hi90, room, want", [
+    (-0.03, 0.03, -0.02, 0.02, (-0.5, 0.3), stats.REPRODUCED),      # TOST: 90% CI inside +/-4 points
+    (0.01, 0.05, 0.015, 0.035, (-0.5, 0.3), stats.REPRODUCED),      # 95% CI misses 0, 90% CI inside the margin
+    (0.05, 0.09, 0.055, 0.085, (-0.5, 0.3), stats.NOT_REPRODUCED),  # 95% CI wholly above +4 points
+    (0.01, 0.09, 0.02, 0.08, (-0.5, 0.3), stats.INCONCLUSIVE),      # misses 0, straddles the margin
+    (-0.08, 0.08, -0.06, 0.06, (-0.5, 0.3), stats.INCONCLUSIVE),    # neither
+    (0.0, 0.0, 0.0, 0.0, (-0.5, 0.3), stats.NO_VARIANCE),           # every seed at 0
+    (-0.03, 0.03, -0.02, 0.02, (-0.03, 0.02), stats.UNTESTABLE),    # the bound forces equivalence
 ])
-def test_parity_row_reaches_every_verdict(lo, hi, lo90, hi90, mde, room, want):
+def test_parity_row_reaches_every_verdict(lo, hi, lo90, hi90, room, want):
     f = BY_KEY["f8_budgetmix_t100"]
     assert f.direction == 0 and f.margin == pytest.approx(0.04)
-    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, lo90=lo90, hi90=hi90, mde=mde, room=room))
+    verdict, why = F.finding_verdict(f, _metrics(f, lo, hi, lo90=lo90, hi90=hi90, room=room))
     assert verdict == want, why
     if want == stats.UNTESTABLE:
         assert "equivalence is forced by the bound" in why
@@ -103,15 +108,22 @@ def test_room_from_metrics():
 
 def test_seeds_to_decide_only_for_underpowered_rows():
     f = BY_KEY["f1_pass1"]
-    under = _metrics(f, -0.05, 0.15, mde=0.3, room=(-0.3, 0.5))
-    n = F.seeds_to_decide(f, under)
+    under = _metrics(f, -0.05, 0.15, room=(-0.3, 0.5))
+    rng = F.seeds_to_decide(f, under)
     est = F.estimate_from_metrics(under, f.diff)
-    assert n == stats.seeds_needed(est, 0.10) and n > est.n_seeds
-    assert F.seeds_to_decide(f, _metrics(f, 0.02, 0.2, mde=0.3)) is None          # reproduced
-    assert F.seeds_to_decide(f, _metrics(f, 0.02, 0.2, room=(-0.3, 0.05))) is None  # untestable: no seeds help
-    p = BY_KEY["f8_budgetmix_t100"]  # parity: seeds until the MDE reaches the margin
-    under_p = _metrics(p, -0.08, 0.08, lo90=-0.06, hi90=0.06, mde=0.1)
-    assert F.seeds_to_decide(p, under_p) == stats.seeds_needed(F.estimate_from_metrics(under_p, p.diff), 0.04)
+    assert rng == stats.seeds_needed(est, 0.10, max_seeds=F.SEEDS_CAP) and est.n_seeds <= rng[0] < rng[1]
+    assert F.seeds_to_decide(f, _metrics(f, 0.02, 0.2)) is None                     # reproduced
+    assert F.seeds_to_decide(f, _metrics(f, -0.02, 0.2, room=(-0.3, 0.05))) is None  # untestable: no seeds help
+    p = BY_KEY["f8_budgetmix_t100"]  # parity: no power rule, so no seed count
+    assert F.seeds_to_decide(p, _metrics(p, -0.08, 0.08, lo90=-0.06, hi90=0.06)) is None
+
+
+def test_seeds_phrase():
+    assert F.seeds_phrase((3, 90)) == "about 3-90 seeds would decide it"
+    assert F.seeds_phrase((7, 7)) == "about 7 seeds would decide it"
+    assert F.seeds_phrase((40, None)) == "about 40 to over 1000 seeds would decide it"
+    assert F.seeds_phrase((None, None)) == "over 1000 seeds would be needed to decide it"
+    assert F.seeds_phrase(None) == ""
 
 
 def test_finding_title_prints_the_real_tier():
@@ -143,7 +155,9 @@ def test_every_row_says_what_would_fail_it_and_llr_rows_test_a_threshold():
                 "f8_budgetmix_t75", "f8_budgetmix_t100"):
         assert BY_KEY[key].room, key
     assert BY_KEY["f6_r_single"].direction == -1 and BY_KEY["f6_r_single"].effect == pytest.approx(0.097)
-    assert BY_KEY["f6_r_multi"].effect == pytest.approx(0.331)
+    # R_multi on FrozenLake: E from the paper's FrozenLake continuation gain, not DeepCoder-MT's 0.331
+    assert BY_KEY["f6_r_multi"].effect == pytest.approx(0.513 - 0.386) == F.F6_R_MULTI_E
+    assert BY_KEY["f6_r_multi"].diff_paper is None and "training-batch" in BY_KEY["f6_r_multi"].title
     assert [BY_KEY[f"f8_budgetmix_t{t}"].tier for t in (25, 50, 75, 100)] == [0.25, 0.5, 0.75, 1.0]
     for field in ("at_bound", "ceiling"):
         assert field not in F.Finding.__dataclass_fields__

@@ -18,7 +18,7 @@ from jaxagent.eval.pass_drivers import pass_kt, pass_kt_of, upper_bound
 from jaxagent.eval.passk import (CI, bootstrap_ci, pass_at_k, pass_at_k_curve, pass_at_k_grid, pass_at_k_per_task,
                                  pass_at_t_curve, truncated_success)
 from jaxagent.eval.state_drivers import error_states, first_move_optimality, step_quality_matched
-from jaxagent.eval.stats import Estimate, cluster_bootstrap, seed_estimate, t_interval
+from jaxagent.eval.stats import Estimate, seed_estimate, t_interval
 
 
 def __getattr__(name):
@@ -35,8 +35,7 @@ __all__ = ["passk", "bounds", "costs", "dynamics", "likelihood", "stats", "step_
            "pass_at_k_bound_per_task",
            # other metrics
            "turns_to_success", "cost_summary", "cost_curves", "status_histogram", "r_multi", "action_nll",
-           "cumulative_llr", "length_matched_pairs", "matched_difference", "Estimate", "t_interval",
-           "cluster_bootstrap", "seed_estimate",
+           "cumulative_llr", "length_matched_pairs", "matched_difference", "Estimate", "t_interval", "seed_estimate",
            # drivers: any env (pass_kt_of), FrozenLake (the others)
            "pass_kt_of", "pass_kt", "upper_bound", "step_quality_matched", "error_states", "first_move_optimality",
            "run_rollouts"]

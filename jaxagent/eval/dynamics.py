@@ -9,6 +9,12 @@ batch; R_single = the single-turn success on fixed held-out tasks: on FrozenLake
 (`study.host.dynamics`). The log below stores both per logged iteration. `optimal_action_mass` (the mass
 on Q*-optimal actions) is a step-quality diagnostic, not R_single: it rises with trajectory success by
 construction.
+
+R_multi's change over training (`r_multi_windows`, the judged estimator of finding 6 on FrozenLake and on the
+coding domain): the first and the last W = min(R_MULTI_WINDOW, n // 2) of the n logged training batches, each
+batch expanded to its 0/1 episode successes, so each end holds W x B episodes. One batch at each end left an
+interval wider than the paper's effect at 3 seeds; averaging over a window biases the change toward 0 (the
+window's policies lie between the ends), against the paper's direction.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.eval import value_checks
+
+R_MULTI_WINDOW = 5  # training iterations averaged at each end of R_multi's change (module docstring)
 
 
 def r_multi(success_B, mask_B=None) -> jax.Array:
@@ -86,3 +94,20 @@ class DynamicsLog:
             "r_multi": np.asarray([r["r_multi"] for r in records], np.float64),
             "r_single": np.asarray([r["r_single"] for r in records], np.float64),
         }
+
+
+def _window_episodes(rates, n: int) -> np.ndarray:
+    """The 0/1 successes of training batches of n episodes with these success rates: round(rate x n) ones per
+    batch (a rate is its batch's mean success, so this is each batch up to order), concatenated."""
+    ks = [int(round(float(r) * n)) for r in rates]
+    return np.concatenate([np.concatenate([np.ones(k), np.zeros(n - k)]) for k in ks])
+
+
+def r_multi_windows(rates, n: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(last window's episodes, first window's, W) from one seed's per-iteration training success rates (in
+    iteration order) and its batch size n (module docstring); None with fewer than 2 iterations (no change)."""
+    rates = [float(r) for r in rates]
+    if len(rates) < 2 or n < 1:
+        return None
+    w = min(R_MULTI_WINDOW, len(rates) // 2)
+    return _window_episodes(rates[-w:], n), _window_episodes(rates[:w], n), w

@@ -11,8 +11,10 @@ Room. `<finding key>.room_lo` and `<finding key>.room_hi` (difference units, uns
 that the structural bound of the measurement allows the difference to take, whatever the policies do; e.g.
 for RL - base Pass@1 on tasks with structural bound U (the share of tasks the optimal policy solves within
 the budget, at that K): RL lies in [0, U], so RL - base lies in [-base, U - base]. `finding_verdict` passes it
-to `stats.decide`, which calls a row "untestable here (bound)" when the bound leaves less than E on the
-paper's side (a parity row: less than its margin either side of 0), so no row is decided by the bound.
+to `stats.decide`: a bound that leaves less than E on the paper's side blocks the size judgement only (a CI
+wholly on one side of 0 is still a sign result; one holding 0 is "untestable here (bound)"), and a parity row
+whose bound leaves less than its margin either side of 0 is "untestable here (bound)", so no row is decided by
+the bound.
 Per-seed rooms are averaged over the seeds the estimate uses, as the difference itself is.
 
 Tiers. `<finding key>.tier_turns` (the tier's turn budget T) and `meta.t_max` let `finding_title` print the
@@ -36,6 +38,7 @@ from jaxagent.eval import stats
 
 SEI = "jaxagent's smallest effect of interest"
 LLR_THRESHOLD = 1.0  # nats: the LLR rows test "more than 1 nat above base" (module docstring)
+SEEDS_CAP = 1000  # `seeds_to_decide` counts seeds up to this many
 _PCT = "%"
 _PAPER_ROWS = (  # (key, value, unit, description), from /work/shared/docs/study.md
     # Finding 2: budget dependence at K=8, 25% of T_max.
@@ -86,6 +89,12 @@ _PAPER_ROWS = (  # (key, value, unit, description), from /work/shared/docs/study
     ("f8_gain_t25_model_b", 8.35, "points", "25% tier gain, the other model (6.6 and 8.35 average to 7.475)"),
 )
 PAPER_FIGURES: dict[str, dict] = {k: {"value": v, "unit": u, "description": d} for k, v, u, d in _PAPER_ROWS}
+# E of FrozenLake's R_multi rise (finding 6): the paper's FrozenLake GRPO - base continuation success from error
+# states, 51.3 - 38.6 points = 0.127 (finding 4), the one FrozenLake figure of how far GRPO training lifts
+# trajectory success above the base's; R_multi's rise from the first training batches (the base's policy) to the
+# last is a trajectory-success gain of the same kind, measured from start states
+F6_R_MULTI_E = (PAPER_FIGURES["f4_frozenlake_cont_rl"]["value"]
+                - PAPER_FIGURES["f4_frozenlake_cont_base"]["value"]) / 100
 
 
 
@@ -186,15 +195,27 @@ def finding_verdict(f: Finding, metrics: Mapping, prefix: str | None = None) -> 
                         room=room_from_metrics(f, metrics), scale=f.diff_scale)
 
 
-def seeds_to_decide(f: Finding, metrics: Mapping, prefix: str | None = None) -> int | None:
-    """For an underpowered row: about how many seeds would make its MDE reach E (a parity row: its margin),
-    `stats.seeds_needed` with the per-seed sd of the stored estimate; None for any other verdict, or when
-    unknown or beyond 1000 seeds."""
+def seeds_to_decide(f: Finding, metrics: Mapping, prefix: str | None = None) -> tuple[int | None, int | None] | None:
+    """For an underpowered row: the range of seeds that would bring its MDE down to E, `stats.seeds_needed` at
+    the ends of the 95% interval of the stored estimate's per-seed sd (an end None: over `SEEDS_CAP`); None for
+    any other verdict, or when unknown."""
     verdict, _ = finding_verdict(f, metrics, prefix)
     if verdict != stats.UNDERPOWERED:
         return None
-    target = f.margin if f.direction == 0 else reference_effect(f, metrics)
-    return stats.seeds_needed(estimate_from_metrics(metrics, prefix or f.diff), target)
+    return stats.seeds_needed(estimate_from_metrics(metrics, prefix or f.diff), reference_effect(f, metrics),
+                              max_seeds=SEEDS_CAP)
+
+
+def seeds_phrase(needed: tuple[int | None, int | None] | None) -> str:
+    """`seeds_to_decide`'s range as the report prints it: "about 3-90 seeds would decide it" ("" for None)."""
+    if needed is None:
+        return ""
+    few, many = needed
+    if few is None:
+        return f"over {SEEDS_CAP} seeds would be needed to decide it"
+    if many is None:
+        return f"about {few} to over {SEEDS_CAP} seeds would decide it"
+    return f"about {few} seeds would decide it" if few == many else f"about {few}-{many} seeds would decide it"
 
 
 def finding_title(f: Finding, metrics: Mapping) -> str:
@@ -258,8 +279,8 @@ def _mix(tier, direction) -> Finding:
     if direction == 0:
         kw = dict(margin=0.04, effect_source="equivalence margin 4 points: the paper's smallest BudgetMix gain "
                                              "(75% tier)",
-                  falsified_by="a 95% CI of BudgetMix - GRPO Pass@1 at full budget that excludes 0 (a real gain "
-                               "or loss at 100% of T_max)")
+                  falsified_by="a 95% CI of BudgetMix - GRPO Pass@1 at full budget wholly outside +-4 points (a real "
+                               "gain or loss at 100% of T_max)")
     else:
         kw = dict(effect=PAPER_FIGURES[paper]["value"] / 100, effect_source=f"the paper's gain ({paper})",
                   falsified_by=(f"a 95% CI of BudgetMix - GRPO Pass@1 at {tier}% of T_max (tasks solvable there) "
@@ -419,19 +440,24 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
              "f5_matched_bfcl_tasks", "f5_matched_bfcl_diff",
              falsified_by=f"a 95% CI of the matched pair difference - {LLR_THRESHOLD:g} nat below 0, or holding 0 "
                           "with its upper end below 1 nat"),
-    _pair("f6_r_multi", "6. Trajectory reward R_multi: held-out Pass@1 at full budget, final RL - base", None, None,
-          +1, ("dynamics",), rl="final RL", base="base", diff_paper="f6_r_multi_delta", scale=1.0, fmt=".3f",
-          effect=abs(PAPER_FIGURES["f6_r_multi_delta"]["value"]),
-          effect_source="the paper's DeepCoder-MT rise (f6_r_multi_delta)", room=True,
-          rows=(Row("base: held-out Pass@1 at full budget", "f6_r_multi.base", None, 1.0, ".3f"),
-                Row("final RL: held-out Pass@1 at full budget", "f6_r_multi.rl", None, 1.0, ".3f"),
-                Row("structural upper bound on the same tasks", "f6_r_multi.bound", None, 1.0, ".3f", optional=True),
-                Row("training log: first logged R_multi (mean over seeds)", "f6_r_multi.log_first", None, 1.0, ".3f",
-                    optional=True),
-                Row("training log: last logged R_multi (mean over seeds)", "f6_r_multi.log_last", None, 1.0, ".3f",
-                    optional=True)),
-          falsified_by="a 95% CI of final RL - base held-out Pass@1 below 0, or holding 0 with its upper end below "
-                       "the paper's 0.331"),
+    Finding("f6_r_multi", "6. Trajectory reward R_multi over training: GRPO's training-batch success, last W "
+            "iterations - first W",
+            (Row("first W iterations' training batches: success (mean over seeds)", "f6_r_multi.first", None, 1.0,
+                 ".3f"),
+             Row("last W iterations' training batches: success (mean over seeds)", "f6_r_multi.last", None, 1.0,
+                 ".3f"),
+             Row("iterations averaged at each end (W)", "f6_r_multi.window", None, 1.0, ".0f"),
+             Row("training iterations logged", "f6_r_multi.iterations", None, 1.0, ".0f"),
+             Row("episodes per training batch (B)", "f6_r_multi.n_batch", None, 1.0, ".0f")),
+            "f6_r_multi.diff", "last W - first W", +1, None, 1.0, ".3f", ("dynamics",), F6_R_MULTI_E,
+            "the paper's FrozenLake GRPO - base continuation success, 51.3 - 38.6 points (finding 4): its one "
+            "FrozenLake figure of the trajectory-success gain GRPO training buys (the DeepCoder-MT rise 0.331 is "
+            "another environment's scale)",
+            note="Room: a success rate lies in [0, 1], so last - first lies in [-first, 1 - first]. Averaging W "
+                 "batches at each end biases the change toward 0, against the paper's direction.",
+            room=True, falsified_by=(
+                "a 95% CI of R_multi (GRPO's training-batch success, last W - first W iterations) below 0, or "
+                f"holding 0 with its upper end below {F6_R_MULTI_E:.3g}")),
     _pair("f6_r_single", "6. Single-step reward R_single: plan-mode success on held-out maps, final RL - base",
           None, None, -1, ("dynamics",), rl="final RL", base="base", diff_paper="f6_r_single_delta", scale=1.0,
           fmt=".3f", effect=abs(PAPER_FIGURES["f6_r_single_delta"]["value"]),
@@ -452,6 +478,6 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
                        "with its upper end below +10 points", **_PASS_SEI),
     _pair("f7_gigpo_bfcl", "7. GiGPO vs GRPO, BFCL, 25% budget (paper: no gain)", None, None, 0,
           rl="GiGPO", base="GRPO", margin=0.05, effect_source="equivalence margin 5 points (jaxagent's choice)",
-          falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max that excludes 0"),
+          falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max wholly outside +-5 points"),
     _mix(25, +1), _mix(50, +1), _mix(75, +1), _mix(100, 0),
 )

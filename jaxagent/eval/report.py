@@ -12,7 +12,7 @@ A finding's measured difference is the metric prefix `<diff>`: `.mean`, `.lo`, `
 (the seeds used and excluded), as `jaxagent.eval.stats.Estimate` writes them; `<diff>.all.*` is the same on
 every seed (collapsed and diverged ones included), printed as a sensitivity line. Verdicts follow
 `stats.VERDICT_RULE` (`finding_verdict`, with the range the structural bound allows, `<finding key>.room_lo/hi`,
-printed as "bound allows"); an underpowered row says about how many seeds would decide it (`seeds_to_decide`),
+printed as "bound allows"); an underpowered row gives the range of seeds that would decide it (`seeds_to_decide`),
 and every row says which result would have made it "not reproduced" (`Finding.falsified_by`). The seed-health
 table follows `health.HEALTH_RULE` (metric keys `health.<arm>.seed<k>.status|reason|min_valid|last_valid|
 last_success`).
@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib
 from jaxagent.eval.findings import (DEFAULT_FINDINGS, PAPER_FIGURES, Finding, estimate_from_metrics, finding_title,
-                                    finding_verdict, reference_effect, room_from_metrics, seeds_to_decide)
+                                    finding_verdict, reference_effect, room_from_metrics, seeds_phrase,
+                                    seeds_to_decide)
 from jaxagent.eval.stats import VERDICT_RULE
 
 
@@ -156,9 +157,10 @@ def room_text(f: Finding, p: Printer) -> str:
 
 
 def why_text(f: Finding, metrics: Mapping, reason: str, prefix: str | None = None) -> str:
-    """The verdict's reason, plus "about N seeds would decide it" for an underpowered row."""
-    n = seeds_to_decide(f, metrics, prefix)
-    return reason + (f"; about {n} seeds would decide it" if n is not None else "")
+    """The verdict's reason, plus for an underpowered row the range of seeds that would decide it ("about 3-90
+    seeds would decide it", `seeds_to_decide`, `seeds_phrase`)."""
+    phrase = seeds_phrase(seeds_to_decide(f, metrics, prefix))
+    return reason + (f"; {phrase}" if phrase else "")
 
 
 def _summary_table(findings, p: Printer, verdicts, reasons) -> list[str]:

@@ -1,44 +1,21 @@
-"""Seed-aware statistics of the study: t-intervals over seeds, cluster bootstrap, MDE, TOST, verdict rules.
+"""Seed-aware statistics of the study: t-intervals over seeds, MDE, TOST, the verdict rule, seeds to decide.
 
-Dimension legend (this module): Sd seeds (clusters), Un units within one seed (tasks, states, actions,
-pairs), R bootstrap replicates.
+Dimension legend (this module): Sd seeds (clusters), Un units within one seed (tasks, states, actions, pairs).
 
 The study's unit of replication is the RL seed: states, tasks and actions measured on one trained policy are
 correlated through that policy, so they are never pooled across seeds as if independent. Every estimator takes
 `units_per_seed`, a sequence with one entry per seed; an entry is a 1-D array of unit values [U_s], or a tuple
-of 1-D arrays that are resampled independently within the seed (e.g. (NLL of RL actions, NLL of base actions)).
-A statistic maps a list of such entries to one number; the default is the mean over seeds of each seed's mean,
-so every seed weighs the same whatever its number of units.
+of 1-D arrays (e.g. (NLL of RL actions, NLL of base actions)). A statistic maps a list of such entries to one
+number; the default is the mean over seeds of each seed's mean, so every seed weighs the same.
 
-Interval methods (`seed_estimate`, `INTERVAL_METHOD`):
-- 2 <= S < MIN_BOOT_SEEDS (20): the seed-level statistics v_s = stat([units_s]) are S iid draws (the seed
-  means carry the within-seed noise, so nothing is counted twice): mean v-bar, SE = sd(v, ddof=1) / sqrt(S),
-  CI = v-bar -/+ t_{1-alpha/2, S-1} SE, the Student-t interval (Student 1908, "The probable error of a mean",
-  Biometrika 6(1); any standard text, e.g. Casella & Berger 2002, sec. 9.2). It is exact for normal seed
-  values at any ratio of between- to within-seed variance.
-- S >= MIN_BOOT_SEEDS: two-stage cluster bootstrap (Davison & Hinkley 1997, "Bootstrap Methods and their
-  Application", sec. 3.8, "strategy 1": resample clusters with replacement, then units with replacement within
-  each chosen cluster); percentile interval, SE = standard deviation of the R replicates.
-- S < 2: "n/a" with the reason (between-seed variance is not estimable from one seed).
-Why t below 20 seeds: with few clusters the percentile bootstrap's interval is too narrow when between-seed
-variance dominates (its spread uses the divisor S, not S - 1, and normal rather than t tails) and too wide when
-within-seed variance dominates (the second stage adds the within-seed variance a second time). On normal
-hierarchical data with 32 units per seed, `cluster_bootstrap` (1000 replicates) at S = 5 covers the true mean
-in 0.84 of 1000 replications with between-seed sd 1 and within-seed sd 0.1, and in 0.98 with the sds swapped
-(nominal 0.95); the t-interval covers it in 0.947 and 0.958 of 2000 (tests/test_stats.py asserts >= 0.93 at
-S = 3, 5, 10 in both regimes, and the bootstrap's under-coverage at S = 5).
-
-Minimum detectable effect (`mde`; Bloom 1995, "Minimum detectable effects", Evaluation Review 19(5), eq. 1):
-MDE = (q_{1 - alpha/2} + q_{power}) * SE, q the Student-t quantile with S - 1 df for the t-interval (3.72 SE at
-S = 5, alpha 0.05, 80% power) and the standard normal quantile for the bootstrap (2.80 SE): the true effect a
-two-sided test at level alpha detects with probability `power` at this sample size. `seeds_needed` inverts it
-for the number of seeds.
-
-Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6), two one-sided tests): a difference is
-equivalent to zero within margin m at level alpha iff the (1 - 2 alpha) interval lies inside (-m, m).
-
-Verdicts (`decide`, `VERDICT_RULE`): every outcome is reachable for every row type; a row whose structural bound
-leaves less than E on the paper's side (or forces equivalence) is "untestable here (bound)", never decided.
+Interval (`seed_estimate`, `t_interval`, `INTERVAL_METHOD`), at every number of seeds S >= 2: the seed-level
+values v_s = stat([units_s]) are S iid draws (they carry the within-seed noise, so nothing is counted twice);
+mean v-bar, SE = sd(v, ddof=1) / sqrt(S), CI = v-bar -/+ t_{1-alpha/2, S-1} SE, the Student-t interval
+(Student 1908, Biometrika 6(1); Casella & Berger 2002, sec. 9.2), exact for normal seed values whatever the
+ratio of between- to within-seed variance (tests/test_stats.py: coverage >= 0.93 at S = 3, 5, 10). S < 2: "n/a".
+MDE (`mde`; Bloom 1995, Evaluation Review 19(5), eq. 1): (t_{1-alpha/2} + t_{power}) x SE, 3.72 SE at S = 5.
+Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6)): the (1 - 2 alpha) CI inside (-m, m).
+Verdicts (`decide`, `VERDICT_RULE`): sign and size apart; `seeds_needed` gives a range from the sd's 95% CI.
 """
 from __future__ import annotations
 
@@ -51,35 +28,40 @@ import numpy as np
 from scipy import stats as _sps
 
 REPRODUCED, NOT_REPRODUCED, UNDERPOWERED, INCONCLUSIVE = "reproduced", "not reproduced", "underpowered", "inconclusive"
+SMALLER = "reproduced in direction, smaller than the paper"
+OPPOSITE = "not reproduced (opposite)"
+NO_VARIANCE = "inconclusive (no variance)"
 UNTESTABLE = "untestable here (bound)"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, UNDERPOWERED, INCONCLUSIVE, UNTESTABLE)
-BOOTSTRAP, T_SEEDS, NOT_AVAILABLE = "cluster bootstrap", "t over seeds", "n/a"
-MIN_BOOT_SEEDS = 20
+VERDICTS = (REPRODUCED, SMALLER, NOT_REPRODUCED, OPPOSITE, UNDERPOWERED, INCONCLUSIVE, NO_VARIANCE, UNTESTABLE)
+T_SEEDS, NOT_AVAILABLE = "t over seeds", "n/a"
 INTERVAL_METHOD = (
-    f"seeds are the unit of replication: with fewer than {MIN_BOOT_SEEDS} seeds a Student-t interval over the "
-    f"per-seed values (seeds - 1 degrees of freedom), with {MIN_BOOT_SEEDS} or more a two-stage cluster "
-    "bootstrap (seeds, then units within each seed), and the MDE from the same quantiles at 80% power.")
+    "seeds are the unit of replication: a Student-t interval over the per-seed values (seeds - 1 degrees of "
+    "freedom) at every number of seeds, and the MDE from the same quantiles at 80% power.")
 VERDICT_RULE = (
-    "d is the measured difference signed so that the paper's direction is positive, CI its 95% interval, "
-    "MDE = (q(0.975) + q(0.8)) x SE its minimum detectable effect (80% power, two-sided 5%, q the quantiles of "
-    f"the interval's own distribution: Student t with seeds - 1 degrees of freedom below {MIN_BOOT_SEEDS} "
-    "seeds), and E the reference effect of the finding. If the structural bound of the measurement leaves less "
-    "than E of room on the paper's side (for a parity finding: less than the margin m on both sides of 0, so "
-    "equivalence is forced), the finding is **untestable here (bound)**. "
-    "Directional findings: **reproduced** if the whole CI lies above 0; **not reproduced** if it lies below 0, "
-    "or if it holds 0 and its upper end is below E (E is excluded, whatever the MDE); **underpowered** if the "
-    "CI holds both 0 and E and MDE > E; **inconclusive** if it holds both with MDE <= E, without E, or without "
-    "an interval. Parity findings (the paper reports no difference): **reproduced** if the two one-sided tests "
-    "at 5% show equivalence within the stated margin m (the 90% CI inside (-m, m)); **not reproduced** if the "
-    "95% CI excludes 0; **underpowered** if neither and MDE > m; **inconclusive** otherwise. A zero-width CI "
-    "is decided as a point by the same rules.")
+    "d is the measured difference signed so that the paper's direction is positive, CI its 95% Student-t "
+    "interval over seeds and E the finding's reference effect; sign and size are judged apart. Directional "
+    "findings: **reproduced** if the CI lies wholly above 0 and its upper end reaches E (not wholly short of "
+    "the paper's size); **reproduced in direction, smaller than the paper** if it lies wholly above 0 and "
+    "wholly below E; **not reproduced** if it holds 0 and its upper end is below E; **not reproduced "
+    "(opposite)** if it lies wholly below 0; **underpowered** if it holds both 0 and E. Without E only the sign "
+    "is judged (a CI holding 0 is **inconclusive**). A structural bound that leaves less than E on the paper's "
+    "side blocks only the size: a CI wholly above 0 is then \"reproduced in direction, smaller than the "
+    "paper\" (the reason names the bound), one wholly below 0 \"not reproduced (opposite)\", one holding 0 "
+    "**untestable here (bound)**, as is every row whose bound leaves nothing on the paper's side. Parity "
+    "findings (the paper reports no difference; margin m): **reproduced** if the two one-sided tests at 5% show "
+    "equivalence (the 90% CI inside (-m, m)); **not reproduced** only if the 95% CI lies wholly outside [-m, m]; "
+    "**inconclusive** otherwise; **untestable here (bound)** if the bound leaves less than m on both sides of 0 "
+    "(equivalence is forced). A zero-width CI (every seed the same value) is **inconclusive (no variance)**, "
+    "never decided as a point; no interval: **inconclusive**. For an underpowered row the report gives the "
+    "seeds that would bring the MDE down to E as a range, from the 95% chi-square interval of the per-seed sd.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """A seed-aware estimate: point value, (1 - alpha) interval [lo, hi], (1 - 2 alpha) interval [lo90, hi90]
-    (for TOST), standard error, minimum detectable effect, degrees of freedom (inf for the bootstrap), the number
-    of seeds and units used, the method (BOOTSTRAP, T_SEEDS, NOT_AVAILABLE) and a reason when not available."""
+    (for TOST), standard error, minimum detectable effect, degrees of freedom (S - 1), the number of seeds and
+    units used, the method (T_SEEDS, NOT_AVAILABLE, or "given" for an interval read back without its method) and
+    a reason when not available."""
 
     mean: float
     lo: float
@@ -154,12 +136,6 @@ def mean_difference(entries) -> float:
     return float(np.mean([np.mean(a) - np.mean(b) for a, b in entries]))
 
 
-def _resample(entry, rng):
-    if isinstance(entry, tuple):
-        return tuple(a[rng.integers(0, a.size, a.size)] for a in entry)
-    return entry[rng.integers(0, entry.size, entry.size)]
-
-
 # ----------------------------------------------------------------------------- interval estimators
 def t_interval(values_Sd, *, alpha: float = 0.05, power: float = 0.8, n_units: int | None = None) -> Estimate:
     """Student-t interval over seed-level values v_s (one number per seed; NaNs dropped):
@@ -181,47 +157,15 @@ def t_interval(values_Sd, *, alpha: float = 0.05, power: float = 0.8, n_units: i
                     units, T_SEEDS)
 
 
-def cluster_bootstrap(units_per_seed: Sequence, stat: Callable = mean_of_seed_means, *, n_boot: int = 1000,
-                      alpha: float = 0.05, power: float = 0.8, rng_seed: int = 0) -> Estimate:
-    """Two-stage cluster bootstrap (module docstring; Davison & Hinkley 1997, sec. 3.8): each replicate draws S
-    seeds with replacement, then each drawn seed's units with replacement (tuple entries: each array
-    independently), and evaluates `stat`. Point value = stat of the data; percentile (1 - alpha) and
-    (1 - 2 alpha) intervals; SE = sd of the replicates; replicates where stat is NaN are dropped."""
-    _check_level(alpha, "alpha")
-    if int(n_boot) < 2:
-        raise ValueError(f"n_boot must be >= 2, got {n_boot}")
-    entries = [_as_entry(e) for e in units_per_seed]
-    if not entries or any(_entry_size(e) == 0 for e in entries):
-        raise ValueError("cluster_bootstrap needs at least one seed and at least one unit in every seed")
-    rng = np.random.default_rng(rng_seed)
-    s = len(entries)
-    reps = np.empty(int(n_boot))
-    for r in range(int(n_boot)):
-        pick = rng.integers(0, s, s)
-        reps[r] = stat([_resample(entries[i], rng) for i in pick])
-    reps = reps[np.isfinite(reps)]
-    n_units = sum(_entry_units(e) for e in entries)
-    point = float(stat(entries))
-    if reps.size < 2 or not math.isfinite(point):
-        return _not_available("the statistic is undefined on the data or on most resamples", s, n_units, point)
-    lo, hi, lo90, hi90 = np.quantile(reps, [alpha / 2, 1 - alpha / 2, alpha, 1 - alpha])
-    se = float(reps.std(ddof=1))
-    return Estimate(point, float(lo), float(hi), float(lo90), float(hi90), se, mde(se, math.inf, alpha, power),
-                    math.inf, s, n_units, BOOTSTRAP)
-
-
-def seed_estimate(units_per_seed: Sequence, stat: Callable = mean_of_seed_means, *, n_boot: int = 1000,
-                  alpha: float = 0.05, power: float = 0.8, min_boot_seeds: int = MIN_BOOT_SEEDS,
-                  rng_seed: int = 0) -> Estimate:
+def seed_estimate(units_per_seed: Sequence, stat: Callable = mean_of_seed_means, *, alpha: float = 0.05,
+                  power: float = 0.8) -> Estimate:
     """The study's estimator of a quantity measured on units nested in seeds (module docstring): seeds without
-    units are dropped; >= min_boot_seeds (MIN_BOOT_SEEDS = 20) seeds: `cluster_bootstrap`; 2..min_boot_seeds-1:
-    `t_interval` over the per-seed statistics stat([units_s]); fewer: "n/a" with the reason."""
+    units are dropped; `t_interval` over the per-seed statistics stat([units_s]) at every S >= 2; fewer: "n/a"
+    with the reason."""
     entries = [_as_entry(e) for e in units_per_seed]
     entries = [e for e in entries if _entry_size(e) > 0]
     s = len(entries)
     n_units = sum(_entry_units(e) for e in entries)
-    if s >= int(min_boot_seeds):
-        return cluster_bootstrap(entries, stat, n_boot=n_boot, alpha=alpha, power=power, rng_seed=rng_seed)
     per_seed = np.asarray([stat([e]) for e in entries], np.float64)
     est = t_interval(per_seed, alpha=alpha, power=power, n_units=n_units)
     if est.method == NOT_AVAILABLE and s == 1:
@@ -238,6 +182,12 @@ def tost(est: Estimate, margin: float) -> bool:
     if not (margin > 0):
         raise ValueError(f"the equivalence margin must be positive, got {margin}")
     return est.available and math.isfinite(est.lo90) and -margin < est.lo90 and est.hi90 < margin
+
+
+def no_variance(est: Estimate) -> bool:
+    """Whether the 95% CI has zero width (every seed gave the same value, up to rounding): such an interval is
+    no test of anything, so `decide` never reads it as a point."""
+    return est.available and est.hi - est.lo <= 1e-12 * max(1.0, abs(est.mean))
 
 
 def paper_side_room(room: tuple[float, float], direction: int) -> float:
@@ -267,20 +217,22 @@ def _num(x: float) -> str:
 
 def decide(est: Estimate | None, direction: int, effect: float | None = None, margin: float | None = None, *,
            room: tuple[float, float] | None = None, scale: float = 1.0) -> tuple[str, str]:
-    """Verdict and its reason from `VERDICT_RULE`, in this order:
-    1. direction must be +1 / -1 (the sign of the paper's difference) or 0 (the paper reports parity, needs
-       margin > 0); no estimate or no interval: inconclusive.
-    2. room = (lo, hi), the range of the difference the structural bound allows (difference units and sign), if
-       given: directional with E, `paper_side_room` < E: untestable here (bound); parity, `paper_side_room` <
-       margin: untestable here (bound) (equivalence is forced by the bound).
-    3. a zero-width CI is decided as a point by the rules below.
-    4. directional, d = direction * difference: reproduced if the whole CI > 0; not reproduced if the CI < 0, or
-       if it holds 0 and its paper-side end is below E (whatever the MDE); underpowered if it holds 0 and E and
-       MDE > E; inconclusive otherwise or without E.
-    5. parity: reproduced if TOST (90% CI inside (-margin, margin)); not reproduced if the 95% CI excludes 0;
-       underpowered if MDE > margin; inconclusive otherwise.
-    effect: the reference effect size E (magnitude, in the difference's units; None: no power rule). scale:
-    the factor the report prints the difference with (e.g. 100 for points); reasons quote numbers times scale."""
+    """Verdict and its reason by `VERDICT_RULE`, in this order:
+    1. direction must be +1 / -1 (the sign of the paper's difference) or 0 (parity, needs margin > 0); no
+       estimate or no interval: inconclusive.
+    2. room = (lo, hi), the range of the difference the bound allows (difference units and sign), if given and
+       `paper_side_room` is below the margin of a parity row, or <= 0 for a directional row: untestable here
+       (bound), whatever the interval.
+    3. a zero-width CI (`no_variance`): inconclusive (no variance).
+    4. parity: reproduced if TOST (90% CI inside (-margin, margin)); not reproduced if the 95% CI lies wholly
+       outside [-margin, margin]; inconclusive otherwise.
+    5. directional, with d = direction x difference and [lo, hi] its 95% CI: hi < 0: not reproduced (opposite);
+       lo > 0: reproduced if hi >= E (or without E), reproduced in direction, smaller than the paper if hi < E
+       or if the bound's room < E; lo <= 0 <= hi: inconclusive without E, untestable here (bound) if the room
+       < E, not reproduced if hi < E, underpowered otherwise (the CI holds both 0 and E).
+    effect: the reference effect E (magnitude, in the difference's units; None: sign only). scale: the factor
+    the report prints the difference with (e.g. 100 for points); reasons quote numbers times scale, signed as
+    the row's values (a row expecting a fall reads "E = -10")."""
     if direction not in (-1, 0, 1):
         raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
     if direction == 0 and (margin is None or not margin > 0):
@@ -288,63 +240,70 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None, ma
     if est is None or not est.available:
         why = "no estimate" if est is None else (est.reason or "not available")
         return INCONCLUSIVE, f"no interval ({why})"
-    e = None if effect is None or not math.isfinite(effect) or effect == 0 else abs(float(effect))
-    if room is not None:
-        side = paper_side_room(room, direction)
-        if direction != 0 and e is not None and side < e:
-            return UNTESTABLE, (f"the bound allows at most {_num(side * scale)} on the paper's side, less than "
-                                f"E = {_num(e * scale)}")
-        if direction == 0 and side < margin:
-            return UNTESTABLE, (f"the bound allows at most {_num(side * scale)} either side of 0, less than the "
-                                f"margin {_num(margin * scale)}: equivalence is forced by the bound")
+    side = None if room is None else paper_side_room(room, direction)
+    if direction == 0 and side is not None and side < margin:
+        return UNTESTABLE, (f"the bound allows at most {_num(side * scale)} either side of 0, less than the "
+                            f"margin {_num(margin * scale)}: equivalence is forced by the bound")
+    if direction != 0 and side is not None and side <= 0:
+        return UNTESTABLE, f"the bound allows no difference on the paper's side (at most {_num(side * scale)})"
+    if no_variance(est):
+        return NO_VARIANCE, (f"every seed gave {_num(est.mean * scale)}: a zero-width interval tests nothing")
     if direction == 0:
-        if tost(est, margin):
-            return REPRODUCED, "equivalent within the margin (TOST: 90% CI inside it)"
-        if est.lo > 0 or est.hi < 0:
-            return NOT_REPRODUCED, "the 95% CI excludes 0"
-        if not math.isfinite(est.mde):
-            return INCONCLUSIVE, "neither equivalent nor different, and the MDE is unknown"
-        if est.mde > margin:
-            return UNDERPOWERED, "neither equivalent nor different, MDE > margin"
-        return INCONCLUSIVE, "neither equivalent nor different, MDE <= margin"
+        return _parity(est, margin, scale)
+    e = None if effect is None or not math.isfinite(effect) or effect == 0 else abs(float(effect))
+    return _directional(est, direction, e, side, scale)
+
+
+def _parity(est: Estimate, margin: float, scale: float) -> tuple[str, str]:
+    m = f"±{_num(margin * scale)}"
+    if tost(est, margin):
+        return REPRODUCED, f"equivalent within {m} (TOST: the 90% CI lies inside it)"
+    if est.lo > margin or est.hi < -margin:
+        return NOT_REPRODUCED, f"the 95% CI lies wholly outside {m}"
+    return INCONCLUSIVE, f"the 90% CI is not inside {m} and the 95% CI is not wholly outside it"
+
+
+def _directional(est: Estimate, direction: int, e: float | None, side: float | None,
+                 scale: float) -> tuple[str, str]:
     d_lo, d_hi = sorted((direction * est.lo, direction * est.hi))
-    if d_lo > 0:
-        return REPRODUCED, "the 95% CI excludes 0 on the paper's side"
+    end, e_text = _num(direction * d_hi * scale), "" if e is None else f"E = {_num(direction * e * scale)}"
+    blocked = e is not None and side is not None and side < e
+    bound = ("" if not blocked else
+             f"the bound allows at most {_num(direction * side * scale)} on the paper's side, less than {e_text}")
     if d_hi < 0:
-        return NOT_REPRODUCED, "the 95% CI excludes 0 on the opposite side"
+        return OPPOSITE, "the 95% CI lies on the opposite side of 0"
+    if d_lo > 0:
+        if e is None:
+            return REPRODUCED, "the 95% CI lies on the paper's side of 0 (no reference effect: sign only)"
+        if blocked:
+            return SMALLER, f"the 95% CI lies on the paper's side of 0; {bound}, so the size cannot be tested"
+        if d_hi >= e:
+            return REPRODUCED, f"the 95% CI lies on the paper's side of 0 and reaches {e_text}"
+        return SMALLER, f"the 95% CI lies on the paper's side of 0 and its far end {end} is short of {e_text}"
     if e is None:
-        return INCONCLUSIVE, "the 95% CI contains 0 and there is no reference effect"
+        return INCONCLUSIVE, "the 95% CI holds 0 and there is no reference effect (sign only)"
+    if blocked:
+        return UNTESTABLE, f"the 95% CI holds 0 and {bound}: only a CI wholly on one side of 0 could decide it"
     if d_hi < e:
-        # signed as the row's values, so a row that expects a fall reads "-0.035 falls short of E = -0.097"
-        return NOT_REPRODUCED, (f"the 95% CI contains 0 and its paper-side end {_num(direction * d_hi * scale)} "
-                                f"falls short of E = {_num(direction * e * scale)} (E excluded)")
-    if not math.isfinite(est.mde):
-        return INCONCLUSIVE, "the 95% CI contains both 0 and E and its MDE is unknown"
-    if est.mde > e:
-        return UNDERPOWERED, "the 95% CI contains both 0 and E and MDE > E"
-    return INCONCLUSIVE, "the 95% CI contains both 0 and E although MDE <= E"
+        return NOT_REPRODUCED, f"the 95% CI holds 0 and its paper-side end {end} falls short of {e_text}"
+    return UNDERPOWERED, f"the 95% CI holds both 0 and {e_text}"
 
 
-def seeds_needed(est: Estimate | None, effect: float | None, *, alpha: float = 0.05, power: float = 0.8,
+# ----------------------------------------------------------------------------- seeds to decide a row
+def seeds_for_sd(sd: float, effect: float, *, alpha: float = 0.05, power: float = 0.8,
                  max_seeds: int = 1000) -> int | None:
-    """The smallest number of seeds S >= 2 with (t_{1-alpha/2, S-1} + t_{power, S-1}) * sd / sqrt(S) <= E, the
-    MDE of a t-interval over S seeds (module docstring; Bloom 1995, eq. 1) with the per-seed sd estimated as
-    sd = est.se * sqrt(est.n_seeds). None if the estimate, its SE or E is unknown, or if S > max_seeds."""
-    _check_level(alpha, "alpha")
-    _check_level(power, "power")
-    if est is None or effect is None or not math.isfinite(effect) or effect == 0 or int(max_seeds) < 2:
-        return None
-    if est.n_seeds < 1 or not (math.isfinite(est.se) and est.se >= 0):
-        return None
+    """The smallest number of seeds S >= 2 with (t_{1-alpha/2, S-1} + t_{power, S-1}) * sd / sqrt(S) <= |E|, the
+    MDE of a t-interval over S seeds with per-seed sd `sd` (Bloom 1995, eq. 1); None if S > max_seeds."""
     e, top = abs(float(effect)), int(max_seeds)
-    sd = float(est.se) * math.sqrt(est.n_seeds)
+    if top < 2 or not (sd >= 0) or e == 0:
+        return None
 
     def detectable(s: int) -> bool:
-        return (_sps.t.ppf(1 - alpha / 2, s - 1) + _sps.t.ppf(power, s - 1)) * sd / math.sqrt(s) <= e
+        return (_quantile(1 - alpha / 2, s - 1) + _quantile(power, s - 1)) * sd / math.sqrt(s) <= e
 
     # the MDE falls with S (t quantiles fall with df, 1/sqrt(S) falls), and t quantiles exceed the normal ones,
     # so the normal-quantile solution ((z_{1-a/2} + z_power) sd / E)^2 is a lower bound: bisect above it
-    z = float(_sps.norm.ppf(1 - alpha / 2) + _sps.norm.ppf(power))
+    z = _quantile(1 - alpha / 2, math.inf) + _quantile(power, math.inf)
     lo = max(2, math.ceil((z * sd / e) ** 2))
     if lo > top or not detectable(top):
         return None
@@ -356,3 +315,32 @@ def seeds_needed(est: Estimate | None, effect: float | None, *, alpha: float = 0
         else:
             lo = mid + 1
     return lo
+
+
+def sd_interval(est: Estimate, level: float = 0.95) -> tuple[float, float] | None:
+    """The `level` confidence interval of the per-seed sd sigma, sd = est.se * sqrt(S) with S - 1 df:
+    [sd sqrt((S-1) / chi2_{(1+level)/2, S-1}), sd sqrt((S-1) / chi2_{(1-level)/2, S-1})] (the chi-square
+    interval for a normal variance, Casella & Berger 2002, sec. 9.2.2); None below 2 seeds or without an SE."""
+    _check_level(level, "level")
+    if est is None or est.n_seeds < 2 or not (math.isfinite(est.se) and est.se >= 0):
+        return None
+    df = est.n_seeds - 1
+    sd = float(est.se) * math.sqrt(est.n_seeds)
+    return (sd * math.sqrt(df / _sps.chi2.ppf((1 + level) / 2, df)),
+            sd * math.sqrt(df / _sps.chi2.ppf((1 - level) / 2, df)))
+
+
+def seeds_needed(est: Estimate | None, effect: float | None, *, alpha: float = 0.05, power: float = 0.8,
+                 level: float = 0.95, max_seeds: int = 1000) -> tuple[int | None, int | None] | None:
+    """(fewest, most): `seeds_for_sd` at the two ends of the per-seed sd's `level` interval (`sd_interval`), the
+    range of seeds that would bring the MDE down to E given what the seeds say of their spread (at 3 seeds
+    the sd's 95% interval spans a factor of 12, so one number would mislead). An end is None when it exceeds
+    max_seeds; the whole is None if the estimate, its SE or E is unknown or there are fewer than 2 seeds."""
+    _check_level(alpha, "alpha")
+    _check_level(power, "power")
+    if effect is None or not math.isfinite(effect) or effect == 0:
+        return None
+    sds = sd_interval(est, level)
+    if sds is None:
+        return None
+    return tuple(seeds_for_sd(sd, effect, alpha=alpha, power=power, max_seeds=max_seeds) for sd in sds)

@@ -5,7 +5,6 @@ left out), and the small conversions the findings share (`number`, `mean`, `scor
 from __future__ import annotations
 
 import os
-import zlib
 
 import numpy as np
 
@@ -47,12 +46,11 @@ class Estimator:
 
     def put(self, key, units_by_seed: dict, arms, stat=stats.mean_of_seed_means) -> stats.Estimate:
         seeds = sorted(units_by_seed)
-        rng = zlib.crc32(key.encode())
         kept = [units_by_seed[s] for s in seeds if self._ok(arms, s)]
-        est = stats.seed_estimate(kept, stat, n_boot=self.n_boot, rng_seed=rng)
+        est = stats.seed_estimate(kept, stat)
         self._write(key, est, self._describe(arms, seeds))
         if len(kept) < len(seeds):
-            est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat, n_boot=self.n_boot, rng_seed=rng)
+            est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat)
             self._write(f"{key}.all", est_all, f"{' & '.join(arms)} seeds {', '.join(map(str, seeds))}")
         return est
 

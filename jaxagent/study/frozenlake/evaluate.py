@@ -39,7 +39,7 @@ from jaxagent.study.frozenlake.figures import draw_figures
 from jaxagent.study.frozenlake.likelihood_rows import likelihood_rows
 from jaxagent.study.frozenlake.measure import MAIN_ARM, cache_path, eval_setup, eval_policy, heldout_tasks
 from jaxagent.study.frozenlake.pass_rows import arm_rows, headline_rows, hidden_budget_rows, shrink_row
-from jaxagent.study.frozenlake.plan_rows import r_single_rows, training_log_rows
+from jaxagent.study.frozenlake.plan_rows import r_multi_row, r_single_rows, training_log_rows
 from jaxagent.study.frozenlake.state_rows import error_state_rows, step_quality_rows
 from jaxagent.study.frozenlake.train import no_progress
 
@@ -92,7 +92,7 @@ def evaluate(run, base, policies, progress=no_progress) -> tuple:
     ctx = EvalContext(run=run, base=base, policies=policies, tiers=tiers, rcfg=rcfg, tasks=tasks, evals=evals,
                       bounds=bounds, hl=hl, m=m, est=Estimator(m, hl, p.eval.n_boot))
     if MAIN_ARM in ctx.arms:
-        headline_rows(ctx)          # finding 1 (and 6's R_multi)
+        headline_rows(ctx)          # finding 1
         shrink_row(ctx)             # finding 2
         arm_rows(ctx)               # findings 7 and 8
     if p.eval.hidden_budget:
@@ -104,6 +104,7 @@ def evaluate(run, base, policies, progress=no_progress) -> tuple:
         depth_rows = step_quality_rows(ctx, grpo_seeds)             # finding 3
         error_depth_rows = error_state_rows(ctx, grpo_seeds)        # finding 4
         likelihood_rows(ctx, grpo_seeds, nll_pool, llr_pool)        # finding 5
+        r_multi_row(ctx, grpo_seeds)                                # finding 6, R_multi (training log)
         r_single_rows(ctx, grpo_seeds)                              # finding 6, R_single
     dyn = training_log_rows(ctx)                                    # finding 6, the training logs
     figures = draw_figures(run, evals, bounds, tiers, depth_rows, error_depth_rows, nll_pool, llr_pool, dyn,

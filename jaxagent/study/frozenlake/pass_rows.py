@@ -1,8 +1,7 @@
-"""The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts):
-1 (held-out Pass@1 at full budget, and the RL - base gap as K grows), 6's R_multi (the same final-minus-base
-change), 2 (the gap at the tightest tier minus the gap at full budget, on the tasks solvable there), 7 and 8
-(an arm against GRPO at K=1 on the tasks solvable at the tier, paired by seed index), and beyond the paper the
-announced vs hidden budget per arm.
+"""The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts): 1
+(held-out Pass@1 at full budget, and the RL - base gap as K grows), 2 (the gap at the tightest tier minus the gap
+at full budget, on the tasks solvable there), 7 and 8 (an arm against GRPO at K=1 on the tasks solvable at the
+tier, paired by seed index), and beyond the paper the announced vs hidden budget per arm.
 
 Every row is judged where a difference is possible: at K=1, at a tight tier on the held-out tasks the exact
 solver can solve there (p* > 0), with the room the structural bound allows the difference (`Estimator.room`).
@@ -40,13 +39,12 @@ def main_arm_per_task(ctx: EvalContext) -> dict:
 
 
 def headline_rows(ctx: EvalContext) -> None:
-    """Finding 1: held-out Pass@1 at full budget (and 6's R_multi, the same final-minus-base change); the RL -
-    base gap at full budget per K, judged at the largest K."""
+    """Finding 1: held-out Pass@1 at full budget; the RL - base gap at full budget per K, judged at the largest
+    K."""
     seeds, main, rl, base_pt = ctx.arm_seeds(MAIN_ARM), [MAIN_ARM], main_arm_per_task(ctx), ctx.base_per_task()
     base_by = {s: base_pt[s] for s in seeds}
     full, k1_i = ctx.full, ctx.k1_i
     pass_row(ctx, "f1_pass1", full, k1_i, base_by, rl, main)
-    pass_row(ctx, "f6_r_multi", full, k1_i, base_by, rl, main)
     for k_i, k in enumerate(ctx.ks):
         e = ctx.est.put(f"f1_breadth.k{k}", {s: rl[s][full, k_i] - base_pt[s][full, k_i] for s in seeds}, main)
         ctx.m[f"f1_breadth.gap_k{k}"] = e.mean

@@ -1,8 +1,9 @@
 """Verdicts of one preset run on several seed sets, side by side: a verdict should not depend on the seed set.
 Reads each run directory's metrics.json (written by the eval stage) and gives one markdown row per finding
 (`findings.DEFAULT_FINDINGS` order, titled by `findings.finding_title`): in each run the measured difference
-with its 95% CI, the verdict and why (for an underpowered row, about how many seeds would decide it), and
-whether the verdicts agree.
+with its 95% CI, the verdict and why (for an underpowered row, the range of seeds that would decide it), and
+whether the verdicts agree: verdict strings compared exactly, so "not reproduced" (a CI holding 0, short of E)
+and "not reproduced (opposite)" (a CI on the opposite side of 0) count as different.
 
   python -m experiments.compare_seed_sets runs/standard runs/standard-s5 --out runs/standard-seed-sets.md
 """
@@ -16,15 +17,13 @@ from jaxagent.eval import findings, report
 
 
 def cell(f: findings.Finding, metrics: dict, prefix: str | None = None) -> tuple[str, str | None]:
-    """("value [lo, hi] **verdict** (why; about N seeds would decide it)", verdict) of one run, values times
+    """("value [lo, hi] **verdict** (why; about N-M seeds would decide it)", verdict) of one run, values times
     the finding's scale; ("—", None) when the run did not measure the finding."""
     est = findings.estimate_from_metrics(metrics, prefix or f.diff)
     if est is None or not math.isfinite(est.mean):
         return "—", None
     verdict, why = findings.finding_verdict(f, metrics, prefix)
-    n = findings.seeds_to_decide(f, metrics, prefix)
-    if n is not None:
-        why += f"; about {n} seeds would decide it"
+    why = report.why_text(f, metrics, why, prefix)
     s, fmt = f.diff_scale, f.diff_fmt
     ci = (f" [{est.lo * s:{fmt}}, {est.hi * s:{fmt}}]" if math.isfinite(est.lo) and math.isfinite(est.hi)
           else " (no CI)")

@@ -5,10 +5,10 @@ docs/study.md finding 6 and "jaxagent's definitions").
 R_multi at iteration i: the mean trajectory success of that iteration's training batch (`rl.loop.rollout_metrics`
 success_rate, B = n_tasks x G episodes, rolled out with the params before the iteration's update; iteration 0's
 batch is the base policy's). Its change over training compares the first and the last W = min(R_MULTI_WINDOW, n // 2)
-of the n logged iterations' batches (the training log, metrics.jsonl), so that each end is W x B episodes: one
-batch of 64 episodes at each end left an interval of about +/-0.43 at 3 seeds, wider than the paper's 0.331, so
-the finding could only come out "underpowered". Averaging over a window biases the change toward 0 (the window's
-policies lie between the ends), against the paper's direction.
+of the n logged iterations' batches (the training log, metrics.jsonl; `eval.dynamics.r_multi_windows`, shared with
+FrozenLake), so that each end is W x B episodes: one batch of 64 episodes at each end left an interval of about
++/-0.43 at 3 seeds, wider than the paper's 0.331, so the finding could only come out "underpowered". Averaging over
+a window biases the change toward 0 (the window's policies lie between the ends), against the paper's direction.
 
 R_single (`make_r_single`): the held-out tasks' initial states, Z samples each; per sample ONE reply to the episode's
 first prompt, with the full budget T_max announced in it, and success = that first submission passes every unit
@@ -33,9 +33,9 @@ estimate, through `metrics.put_estimate` and `stats.seed_estimate`):
       Needs >= 2 logged iterations (else the seed has no R_multi value).
 Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
 DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta). Room (`<d>.f6_<r>.room_lo/hi`):
-both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; R_multi is "untestable here (bound)"
-when the first iterations already succeed above 1 - 0.331, R_single when the base's single-turn pass rate is below
-0.097.
+both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; the bound blocks R_multi's size when
+the first iterations already succeed above 1 - 0.331, R_single's when the base's single-turn pass rate is below
+0.097 (a CI wholly on one side of 0 keeps its sign verdict; one holding 0 is "untestable here (bound)").
 R_multi would have been "not reproduced" with a CI below 0 or one holding 0 whose upper end is below 0.331;
 R_single with a CI above 0 (multi-turn RL also raised the single-turn pass rate) or one holding 0 whose lower end
 is above -0.097.
@@ -62,6 +62,7 @@ import jax
 import numpy as np
 
 from jaxagent.eval import stats
+from jaxagent.eval.dynamics import r_multi_windows
 from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
 from jaxagent.sampling import Sampler
 from jaxagent.study.host import stages as host_stages
@@ -69,7 +70,6 @@ from jaxagent.study.host.step_quality import StopAfter
 
 DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
 R_SINGLE_KEY = 777
-R_MULTI_WINDOW = 5  # training iterations averaged at each end of R_multi's change (module docstring)
 OTHER_DOMAIN_NOTE = ("Finding 6 (R_multi vs R_single over training) is defined on the multi-turn coding domain only "
                      "(R_single is the paper's DeepCoder-MT single-turn pass rate); this domain has no R_single.")
 ONE_ITERATION_NOTE = ("Finding 6's R_multi (its change over training) needs >= 2 logged training iterations per GRPO "
@@ -174,23 +174,6 @@ def _ends(rows: Sequence[Mapping]) -> Optional[tuple[Mapping, Mapping]]:
     if not base or not train:
         return None
     return base[-1], train[-1]
-
-
-def _window_episodes(rates: Sequence[float], n: int) -> np.ndarray:
-    """The 0/1 successes of training batches of n episodes with these success rates: round(rate x n) ones per
-    batch (a rate is its batch's mean success, so this is each batch up to order), concatenated."""
-    ks = [int(round(float(r) * n)) for r in rates]
-    return np.concatenate([np.concatenate([np.ones(k), np.zeros(n - k)]) for k in ks])
-
-
-def r_multi_windows(rates: Sequence[float], n: int) -> Optional[tuple[np.ndarray, np.ndarray, int]]:
-    """(last window's episodes, first window's, W) from one seed's per-iteration training success rates (in
-    iteration order) and its batch size n; None with fewer than 2 iterations (no change to measure)."""
-    rates = [float(r) for r in rates]
-    if len(rates) < 2 or n < 1:
-        return None
-    w = min(R_MULTI_WINDOW, len(rates) // 2)
-    return _window_episodes(rates[-w:], n), _window_episodes(rates[:w], n), w
 
 
 def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,

@@ -15,9 +15,9 @@ Estimate: c_pol(i) = 1[policy pol corrects prefix i]; per prefix the paired diff
 units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `metrics.put_estimate`; collapsed and diverged
 seeds excluded, with an all-seeds sensitivity estimate), so the estimate is the mean over seeds of
 rate_RL,s - rate_base,s. Verdict: the FrozenLake study's rule with direction +1 and E = 0.142 (the paper's gap,
-41.4 - 27.2 points; `findings.f4_correction_bfcl`); "untestable here (bound)" when base's rate is above
-1 - E. It would have been "not reproduced" with a CI below 0, or one holding 0 whose upper end is below 14.2
-points.
+41.4 - 27.2 points; `findings.f4_correction_bfcl`); a base rate above 1 - E blocks the size (a CI above 0 is
+"reproduced in direction, smaller than the paper", one holding 0 "untestable here (bound)"). It would have been
+"not reproduced" with a CI below 0, or one holding 0 whose upper end is below 14.2 points.
 
 Domains: `DOMAINS` (BFCL: the env whose step infos carry `n_calls`, which `is_correction` needs). A domain
 where no prefix is found gets `<d>.note.f4_correction` instead of an estimate; the report prints that line.

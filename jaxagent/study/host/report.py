@@ -1,8 +1,8 @@
 """Markdown report of the host-domain study: per domain a section with the split sizes, the RL-vs-base
 Pass@(K,T) table per budget tier beside the structural upper bound, and findings 1, 2, 3, 4, 5, 6 and 7 decided by
 the FrozenLake study's rule (`findings.finding_verdict`, `stats.VERDICT_RULE`, with the range of the difference
-the structural bound allows, `findings.room_from_metrics`, printed as "bound allows"); an underpowered row says
-about how many seeds would decide it (`findings.seeds_to_decide`) and every row says which result would have
+the structural bound allows, `findings.room_from_metrics`, printed as "bound allows"); an underpowered row gives
+the range of seeds that would decide it (`findings.seeds_to_decide`) and every row says which result would have
 made it "not reproduced" (`Finding.falsified_by`). A finding the run could not measure says why in a note
 (`<d>.note.<finding>`, e.g. no matched state for finding 3, no error prefixes for finding 4, finding 6 outside
 the coding domain). Metric keys as `host_metrics` writes them.

@@ -25,9 +25,9 @@ Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` throug
 collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds
 of the seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
 FrozenLake study's rule with direction -1 (the paper: RL's mean step quality slightly below base) and E = 0.05
-pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`), "untestable here (bound)"
-when base's mean pass rate is below E (RL cannot fall further below it than to 0). It would have been "not
-reproduced" with a CI above 0, or one holding 0 whose lower end is above -0.05.
+pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`); a base mean pass rate below
+E blocks the size (RL cannot fall further below it than to 0): a CI holding 0 is then "untestable here (bound)".
+It would have been "not reproduced" with a CI above 0, or one holding 0 whose lower end is above -0.05.
 
 Domains: `DOMAINS` (coding: the env whose step infos carry `pass_rate`). A run where no state is found (no
 full-budget episode with a reply) gets `<d>.note.f3_step` instead of an estimate; the report prints that line.
