@@ -6,7 +6,11 @@ import time
 
 from tqdm import tqdm
 
-from jaxagent.study.run_dir import is_main_process
+
+def is_main_process() -> bool:
+    """`run_dir.is_main_process`, imported when a bar first shows (it loads JAX; --help does not)."""
+    from jaxagent.study.run_dir import is_main_process as main_process
+    return main_process()
 
 
 def plural(unit: str) -> str:

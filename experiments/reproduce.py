@@ -8,8 +8,6 @@ experiments.host_study with the same command line.
 import time
 
 from experiments import cli, host_study, progress
-from jaxagent.study import run_dir
-from jaxagent.study.frozenlake import evaluate, report, train
 
 PROG = "experiments.reproduce"
 
@@ -18,6 +16,8 @@ def main(argv=None):
     if host_study.wants(argv, PROG):  # a host-env domain preset (jaxagent/study/host/presets.py)
         return host_study.main(argv, prog=PROG)
     args = cli.parser(cli.summary(__doc__), prog=PROG, run_options=True, host_presets=True).parse_args(argv)
+    from jaxagent.study import run_dir
+    from jaxagent.study.frozenlake import evaluate, report, train
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)
