@@ -21,11 +21,12 @@ def main(argv=None):
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)
-        base = train.run_base(run, log=print, progress=progress.bars())
+        clock = progress.Pipeline(progress.study_stages(run.preset))  # the ETA over base, RL and eval
+        base = train.run_base(run, log=print, progress=clock.bars("base"))
         t_base = time.time()
-        policies = train.run_all_arms(run, base, log=print, progress=progress.bars())
+        policies = train.run_all_arms(run, base, log=print, progress=clock.bars("RL"))
         t_rl = time.time()
-        metrics, figures, evals, bound = evaluate.evaluate(run, base, policies, progress=progress.bars())
+        metrics, figures, evals, bound = evaluate.evaluate(run, base, policies, progress=clock.bars("eval"))
         path, rep = report.write_report(run, metrics, figures, evals, bound)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}
