@@ -141,7 +141,7 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
     p = Parser(prog=script_prog(prog), description=description, formatter_class=HelpFormatter)
     p.add_argument("--preset", default="quick", choices=names, metavar="PRESET", help=preset_help(host_presets))
     p.add_argument("--config", default=None, metavar="FILE",
-                   help="a FrozenLake preset as a TOML file (instead of --preset; --dump-config writes one)")
+                   help="a preset as a TOML file, FrozenLake or host (instead of --preset; --dump-config writes one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
                         "(TOML values; repeatable)")
