@@ -140,13 +140,7 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
     names = sorted(preset_names.FROZENLAKE) + (sorted(preset_names.HOST) if host_presets else [])
     p = Parser(prog=script_prog(prog), description=description, formatter_class=HelpFormatter)
     p.add_argument("--preset", default="quick", choices=names, metavar="PRESET", help=preset_help(host_presets))
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="a preset as a TOML file, FrozenLake or host (instead of --preset; --dump-config writes one)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
-                        "(TOML values; repeatable)")
-    p.add_argument("--dump-config", action="store_true",
-                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
+    add_config_options(p, "a preset as a TOML file, FrozenLake or host")
     p.add_argument("--name", default=None, help="run name: files go to <root>/<name> (default: the preset name)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None,
@@ -181,6 +175,17 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's per-layer activation checkpointing policy (none: keep all)")
     add_distributed(p)
     return p
+
+
+def add_config_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--config FILE (`what`), --set KEY=VALUE and --dump-config (`jaxagent.config_file`)."""
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help=f"{what} (instead of --preset; --dump-config writes one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
+                        "(TOML values; repeatable; none: the null of a field whose default is a number)")
+    p.add_argument("--dump-config", action="store_true",
+                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")

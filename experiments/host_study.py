@@ -19,13 +19,7 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
     p = cli.Parser(prog=cli.script_prog(prog), description=cli.summary(__doc__), formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", default=None, choices=sorted(HOST), metavar="PRESET",
                    help="domain and scale (or --config): " + describe(HOST))
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="a host preset as a TOML file (instead of --preset; --dump-config writes one)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=3 "
-                        "(TOML values; repeatable; none: the null of a field whose default is a number)")
-    p.add_argument("--dump-config", action="store_true",
-                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
+    cli.add_config_options(p, "a host preset as a TOML file")
     p.add_argument("--seed-offset", type=cli.seed_int, default=0, metavar="N",
                    help="run the preset on seeds shifted by N (RL seed k -> k+N, the base's SFT seed and the tiny "
                         "model's init seed); files go to <root>/<preset>-s<N> unless --name is given")

@@ -14,7 +14,7 @@ run), `report` (docs/aot.md's tables from stored records). The command line: exp
 The names below load their module on first use, so that a submodule of plain figures (`gpu`, `verdict`) is read
 without JAX (the script's --help).
 """
-import importlib
+from jaxagent.lazy import lazy_names
 
 _EXPORTS = {
     "analytic": ("analytic_flops", "cached_forward_flops"),
@@ -24,17 +24,4 @@ _EXPORTS = {
     "topology": ("CHIPS", "GIB", "chip_specs", "hbm_limit", "topology_devices"),
     "verdict": ("FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "verdict"),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"jaxagent.aot.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'jaxagent.aot' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_WHERE))
-
-
-__all__ = sorted(_WHERE)
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)
