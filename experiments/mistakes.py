@@ -17,7 +17,9 @@ def main(argv=None):
                    formatter_class=cli.HelpFormatter)
     p.add_argument("--preset", required=True, choices=sorted(HOST), metavar="PRESET",
                    help="the preset the run was made with (sql-toy, code-toy, bfcl-toy)")
-    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--name", default=None, help="run name (default: the preset's, -s<N> with --seed-offset N)")
+    p.add_argument("--seed-offset", type=cli.seed_int, default=0, metavar="N",
+                   help="the run's --seed-offset (its seeds and run directory)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--budget", type=cli.positive_int, default=1, help="announced budget (turns), at most T_max")
     p.add_argument("--samples", type=cli.positive_int, default=4, help="episodes per held-out task")
