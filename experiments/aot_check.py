@@ -28,16 +28,11 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from jaxagent.study.host.presets import HOST_PRESETS  # noqa: E402
-from jaxagent.study.host.run import HostRun  # noqa: E402
-from jaxagent.aot import host, lowered_digest, programs, run_programs  # noqa: E402
+# Names and figures only: --help and usage errors answer without JAX (`main` imports the rest).
 from jaxagent.aot import gpu  # noqa: E402
-from jaxagent.aot.check import preset_target, recheck  # noqa: E402
 from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402
-from jaxagent.models import ops_gpu  # noqa: E402
 from jaxagent.models.config import PRESETS as MODEL_PRESETS  # noqa: E402
-from jaxagent.study.frozenlake.presets import PRESETS  # noqa: E402
-from jaxagent.study.frozenlake.run import Run  # noqa: E402
+from jaxagent.study import preset_names  # noqa: E402
 
 
 def table_line(rec: dict) -> str:
@@ -54,7 +49,7 @@ def table_line(rec: dict) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.aot_check", description=__doc__.split("\n")[0])
-    names = sorted(PRESETS) + sorted(HOST_PRESETS)
+    names = sorted(preset_names.FROZENLAKE) + sorted(preset_names.HOST)
     p.add_argument("--preset", required=True, choices=names, metavar="PRESET", help="one of " + ", ".join(names))
     p.add_argument("--topology", default=None,
                    help="TPU topology, e.g. v5p:4x4x4, or GPUs of one host, e.g. h100:1x1x8 (default: the preset's)")
@@ -87,6 +82,13 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from jaxagent.aot import host, lowered_digest, programs, run_programs
+    from jaxagent.aot.check import preset_target, recheck
+    from jaxagent.models import ops_gpu
+    from jaxagent.study.frozenlake.presets import PRESETS
+    from jaxagent.study.frozenlake.run import Run
+    from jaxagent.study.host.presets import HOST_PRESETS
+    from jaxagent.study.host.run import HostRun
     records = []
     if args.recheck:
         with open(args.recheck) as f:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxagent.aot import report
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -19,6 +17,7 @@ def main(argv=None) -> int:
     p.add_argument("--doc", default="docs/aot.md", help="the document whose tables section is rewritten")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the tables are out of date")
     args = p.parse_args(argv)
+    from jaxagent.aot import report
     with open(args.doc) as f:
         doc = f.read()
     try:

@@ -6,11 +6,11 @@ budget-aware optimal FrozenLake player gives exactly such a policy: valid answer
 mistakes at a controlled rate and recoveries from them, and the budget text in every prompt.
 """
 from experiments import cli, progress
-from jaxagent.study.frozenlake import train
 
 
 def main(argv=None):
     args = cli.parser(cli.summary(__doc__), prog="experiments.base", run_options=True).parse_args(argv)
+    from jaxagent.study.frozenlake import train
     with cli.clear_errors():
         run = cli.make_run(args)
         train.run_base(run, log=print, progress=progress.bars())

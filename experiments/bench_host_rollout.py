@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from experiments import cli
 from jaxagent.bench.harness import dump
-from jaxagent.bench.host_rollout import run_bench
 
 
 def main(argv=None):
@@ -16,6 +15,7 @@ def main(argv=None):
     p.add_argument("--rollouts", type=cli.positive_int, default=16, help="timed rollouts per setting (default 16)")
     p.add_argument("--seed", type=int, default=1000, help="rollout i's key is seed + i (default 1000)")
     args = p.parse_args(argv)
+    from jaxagent.bench.host_rollout import run_bench
     run = cli.toy_base_run(args)
     with cli.clear_errors():
         out = run_bench(run, args.rollouts, args.seed)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from experiments import cli
 from jaxagent.bench.harness import dump
-from jaxagent.bench.host_step import run_bench
 
 
 def main(argv=None):
@@ -17,6 +16,7 @@ def main(argv=None):
     p.add_argument("--steps", type=cli.positive_int, default=3, help="timed steps per setting (median; default 3)")
     p.add_argument("--seed", type=int, default=0, help="the rollout's and the permutation's key")
     args = p.parse_args(argv)
+    from jaxagent.bench.host_step import run_bench
     run = cli.toy_base_run(args)
     with cli.clear_errors():
         out = run_bench(run, args.steps, args.seed)

@@ -10,8 +10,6 @@ import argparse
 import os
 import sys
 
-from experiments.peers import torch_model
-from jaxagent.bench import model
 from jaxagent.bench.harness import LoadMeter, dump
 from jaxagent.models.config import PRESETS
 
@@ -56,6 +54,8 @@ def main(argv=None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.device == "gpu":
         p.error("the accelerator benchmark is python -m experiments.bench_accel (GPU/TPU: roofline, PyTorch peer)")
+    from experiments.peers import torch_model  # after _single_thread: both load JAX
+    from jaxagent.bench import model
     print(dump(model.run_cpu(args, torch_model), args.json))
     return 0
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.peers import torch_rollout
-from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.bench import rollout
+from experiments import cli
 from jaxagent.bench.harness import LoadMeter, dump
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.bench_rollout", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=rollout.__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=cli.module_doc("jaxagent.bench.rollout"))
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--batch", type=int, default=64, help="episodes per rollout batch (default: 64)")
     p.add_argument("--t-max", type=int, default=0,
@@ -64,6 +62,9 @@ def main(argv=None) -> int:
     if bad or not shapes:
         p.error(f"--shapes takes 'default' and/or '1m', got {args.shapes!r}")
 
+    from experiments.peers import torch_rollout
+    from jaxagent.bench import rollout
+    from jaxagent.study.frozenlake.presets import PRESETS
     print(dump(rollout.run(args, PRESETS["quick"], torch_rollout, meter), args.json))
     return 0
 

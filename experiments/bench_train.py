@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.peers import torch_train
-from jaxagent.bench import train
 from jaxagent.bench.harness import LoadMeter, dump
 from jaxagent.models.config import PRESETS
 
@@ -56,6 +54,8 @@ def main(argv=None) -> int:
         p.error("the accelerator benchmark is python -m experiments.bench_accel (GPU/TPU: roofline, PyTorch peer)")
     if args.preset is not None and args.preset not in PRESETS:
         p.error(f"unknown --preset {args.preset!r}; valid: {', '.join(PRESETS)}")
+    from experiments.peers import torch_train
+    from jaxagent.bench import train
     print(dump(train.run_cpu(args, None if args.no_torch else torch_train.run_peer), args.json))
     return 0
 

@@ -17,21 +17,14 @@ import re
 import sys
 import threading
 
-import jax
-
-from jaxagent import config_file
-from jaxagent.study.host.presets import HOST_PRESETS
-from jaxagent.models.config import CheckpointError
-from jaxagent.study.frozenlake import presets as presets_lib
-from jaxagent.study.frozenlake.presets import PRESET_NOTES, PRESETS
-from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
-from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
-from jaxagent.study.run_dir import RunError
-from jaxagent.study.stages import ARMS as STUDY_ARMS
+# Only names here: --help and usage errors answer without importing JAX or the study (the functions that run
+# something import it where they need it).
+from jaxagent.study import preset_names
+from jaxagent.study.preset_names import BASE_SEED, MAX_ITERATIONS, MAX_SEED as MAX_PRNG_SEED
 
 MAX_SEED = MAX_PRNG_SEED - BASE_SEED   # a seed or offset whose sum with BASE_SEED is still an int32
 MAX_COUNT = MAX_ITERATIONS             # iterations, micro-batches, processes
-USER_ERRORS = (RunError, CheckpointError)
+
 
 class UserExit(SystemExit):
     """The end of a script on a user error: exit status `code`; str() is the message (already printed)."""
@@ -107,19 +100,26 @@ class _Distinct(argparse.Action):
 
 
 def preset_help(host: bool) -> str:
-    lines = [f"{n} ({PRESET_NOTES[n]})" for n in PRESET_NOTES if n in PRESETS]
-    accel = sorted(n for n in PRESETS if n not in PRESET_NOTES)
-    lines.append(", ".join(accel) + " (a real Qwen3 from --checkpoint; GPUs, TPU pods)")
+    """--preset's help: every preset with its one-line description (`preset_names`)."""
+    text = "study scale: " + preset_names.describe(preset_names.FROZENLAKE)
     if host:
-        lines.append(", ".join(sorted(HOST_PRESETS)) + " (the host-domain study, experiments.host_study: ci-* a "
-                     "minutes-long plumbing check, the others from --checkpoint)")
-    return "study scale: " + "; ".join(lines)
+        text += ("; the host-domain study (experiments.host_study; --seed-offset, --config, --set and --dump-config "
+                 "work alike): " + preset_names.describe(preset_names.HOST))
+    return text
 
 
 def summary(doc: str) -> str:
     """A script's --help description: its docstring's first paragraph as one line (its first line alone may stop
     mid-sentence)."""
     return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def module_doc(module: str) -> str:
+    """The docstring of `module`, read from its source without importing it (which would load JAX)."""
+    import ast
+    import importlib.util
+    with open(importlib.util.find_spec(module).origin) as f:
+        return ast.get_docstring(ast.parse(f.read())) or ""
 
 
 def script_prog(module: str | None = None) -> str:
@@ -137,16 +137,10 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
     """The shared options of the script `python -m <prog>` (default: the script being run); `run_options` adds
     --seed-offset and --force (scripts that build the run with `make_run`); `host_presets` lets --preset name a
     host-domain preset too (experiments.reproduce hands those to experiments.host_study)."""
-    names = sorted(PRESETS) + (sorted(HOST_PRESETS) if host_presets else [])
+    names = sorted(preset_names.FROZENLAKE) + (sorted(preset_names.HOST) if host_presets else [])
     p = Parser(prog=script_prog(prog), description=description, formatter_class=HelpFormatter)
     p.add_argument("--preset", default="quick", choices=names, metavar="PRESET", help=preset_help(host_presets))
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="a FrozenLake preset as a TOML file (instead of --preset; --dump-config writes one)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
-                        "(TOML values; repeatable)")
-    p.add_argument("--dump-config", action="store_true",
-                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
+    add_config_options(p, "a preset as a TOML file, FrozenLake or host")
     p.add_argument("--name", default=None, help="run name: files go to <root>/<name> (default: the preset name)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None,
@@ -155,8 +149,9 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's RL iterations per arm")
     p.add_argument("--seeds", type=seed_int, nargs="+", action=_Distinct, default=None,
                    help="override the preset's RL seeds")
-    p.add_argument("--arms", nargs="+", action=_Distinct, default=None, choices=sorted(STUDY_ARMS), metavar="ARM",
-                   help=f"override the preset's RL arms (of {', '.join(sorted(STUDY_ARMS))}); a finding that compares "
+    arms = sorted(preset_names.ARMS)
+    p.add_argument("--arms", nargs="+", action=_Distinct, default=None, choices=arms, metavar="ARM",
+                   help=f"override the preset's RL arms (of {', '.join(arms)}); a finding that compares "
                         "an arm left out is reported as not measured")
     if run_options:
         p.add_argument("--seed-offset", type=seed_int, default=0, metavar="N",
@@ -180,6 +175,17 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's per-layer activation checkpointing policy (none: keep all)")
     add_distributed(p)
     return p
+
+
+def add_config_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--config FILE (`what`), --set KEY=VALUE and --dump-config (`jaxagent.config_file`)."""
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help=f"{what} (instead of --preset; --dump-config writes one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the preset or --config file, e.g. --set lr=3e-5 --set task.t_max=6 "
+                        "(TOML values; repeatable; none: the null of a field whose default is a number)")
+    p.add_argument("--dump-config", action="store_true",
+                   help="print the preset, with every override applied, as TOML (a --config file) and exit")
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
@@ -236,14 +242,15 @@ def init_distributed(args):
     processes get `--connect-timeout` seconds to connect (JAX's initialization_timeout); when they do not, XLA
     aborts the process with a stack trace, so a watchdog ends it first (JAX's deadline is a second later) with one
     line. With --compile-cache, jax's persistent compilation cache is set first (compiles over 1 s are kept)."""
+    given = {k: getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")}
+    extra = [k for k, v in given.items() if v is not None]
+    if extra and not getattr(args, "distributed", False):
+        fail(f"--{extra[0].replace('_', '-')} needs --distributed")
+    import jax
     if getattr(args, "compile_cache", None):
         jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    given = {k: getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")}
     if not getattr(args, "distributed", False):
-        extra = [k for k, v in given.items() if v is not None]
-        if extra:
-            fail(f"--{extra[0].replace('_', '-')} needs --distributed")
         return
     n, i = given["num_processes"], given["process_id"]
     if n is not None and i is not None and i >= n:
@@ -273,10 +280,13 @@ def init_distributed(args):
 def preset_from(args):
     """The preset with the command line's overrides (`presets.with_overrides`); calls `init_distributed` (call
     this before anything touches the devices)."""
+    from jaxagent import config_file
+    from jaxagent.study.frozenlake import presets as presets_lib
+    from jaxagent.study.run_dir import RunError
     try:
         preset = args.preset
         if getattr(args, "config", None) or getattr(args, "set", None):
-            source = args.config or config_file.to_dict(PRESETS[args.preset])
+            source = args.config or config_file.to_dict(presets_lib.PRESETS[args.preset])
             preset = config_file.load(presets_lib.Preset, source, args.set)
         preset = presets_lib.with_overrides(
             preset, checkpoint=args.checkpoint, iterations=args.iterations, seeds=args.seeds,
@@ -296,6 +306,7 @@ def preset_from(args):
 
 def make_run(args):
     """The `Run` of the command line: preset_from(args) with --seed-offset and --force applied."""
+    from jaxagent.study.frozenlake.run import Run
     return Run(preset_from(args), args.root, args.name, seed_offset=getattr(args, "seed_offset", 0),
                force=getattr(args, "force", False))
 
@@ -304,7 +315,7 @@ def toy_base_parser(module: str, description: str) -> Parser:
     """The options of a benchmark that reads a finished toy host run's base: --preset (a preset with an SFT base,
     default bfcl-toy), --name, --root, --json; `toy_base_run` opens the run."""
     p = Parser(prog=script_prog(module), description=description, formatter_class=HelpFormatter)
-    p.add_argument("--preset", default="bfcl-toy", choices=sorted(n for n, q in HOST_PRESETS.items() if q.sft),
+    p.add_argument("--preset", default="bfcl-toy", choices=sorted(preset_names.HOST_SFT),
                    metavar="PRESET", help="a toy preset whose run has finished its base stage (default bfcl-toy)")
     p.add_argument("--name", default=None, help="run name (default: the preset's)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
@@ -316,6 +327,7 @@ def toy_base_run(args):
     """The `HostRun` of `toy_base_parser`'s arguments; one line and exit code 2 when its base stage has not
     finished (checked before `HostRun`, which would make the run directory)."""
     from jaxagent.study import run_dir
+    from jaxagent.study.host.presets import HOST_PRESETS
     from jaxagent.study.host.run import HostRun
     base = os.path.join(args.root, args.name or args.preset, "base")
     if not run_dir.done(base):
@@ -326,12 +338,15 @@ def toy_base_run(args):
 
 @contextlib.contextmanager
 def clear_errors():
-    """A user error (`USER_ERRORS`: a run directory in use or made with other settings, a bad setting or
+    """A user error (`RunError`, `CheckpointError`: a run directory in use or made with other settings, a bad setting or
     checkpoint) ends the script with its one-line message and exit code 2; a diverged RL stage with its message
     and exit code 1; neither with a traceback."""
+    from jaxagent.models.config import CheckpointError
+    from jaxagent.study.frozenlake.run import NonFiniteError
+    from jaxagent.study.run_dir import RunError
     try:
         yield
-    except USER_ERRORS as e:
+    except (RunError, CheckpointError) as e:  # the user errors
         fail(str(e), 2)
     except NonFiniteError as e:
         fail(str(e), 1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 from experiments import cli
-from jaxagent.study.frozenlake import seed_sets
 
 
 def main(argv=None):
@@ -17,6 +16,7 @@ def main(argv=None):
     p.add_argument("run_dirs", nargs="+", help="run directories of the same preset (e.g. runs/standard runs/standard-s5)")
     p.add_argument("--out", default=None, help="also write the table here")
     args = p.parse_args(argv)
+    from jaxagent.study.frozenlake import seed_sets
     text = seed_sets.table(args.run_dirs)
     cli.emit(text, args.out)
 

@@ -6,11 +6,11 @@ The diagnostics, their caches under runs/<name>/eval/ and the report: `jaxagent.
 import os
 
 from experiments import cli, progress
-from jaxagent.study.frozenlake import evaluate, measure, report
 
 
 def main(argv=None):
     args = cli.parser(cli.summary(__doc__), run_options=True).parse_args(argv)
+    from jaxagent.study.frozenlake import evaluate, measure, report
     with cli.clear_errors():
         run = cli.make_run(args)
         base = run.load_policy(os.path.join(run.dir, "base"))

@@ -15,18 +15,17 @@ import json
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from jaxagent.models import ops, ops_gpu
 from jaxagent.models.config import Qwen3Config
+
+# JAX and the model's ops are imported by the functions that use them: --help answers without loading them.
 
 CFG = Qwen3Config(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 TOLERANCE = 2e-2
 
 
 def _inputs(key, b, t, s):
+    import jax
+    import jax.numpy as jnp
     kq, kk, kv = jax.random.split(key, 3)
     q = jax.random.normal(kq, (b, t, CFG.num_attention_heads, CFG.head_dim), jnp.bfloat16)
     kt = jax.random.normal(kk, (b, CFG.num_key_value_heads, CFG.head_dim, s), jnp.bfloat16)
@@ -35,12 +34,16 @@ def _inputs(key, b, t, s):
 
 
 def _error(a, b) -> float:
+    import numpy as np
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
 
 
 def causal_case(key, b=2, t=1024) -> dict:
     """Forward and gradients of plain causal attention, fused vs dense."""
+    import jax
+    import jax.numpy as jnp
+    from jaxagent.models import ops, ops_gpu
     q, kt, v = _inputs(key, b, t, t)
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
 
@@ -60,6 +63,9 @@ def causal_case(key, b=2, t=1024) -> dict:
 
 def append_case(key, b=4, t=256, s=1024) -> dict:
     """A cached append: row r's queries at slots length[r] .. length[r] + t - 1 of an s-slot cache."""
+    import jax
+    import jax.numpy as jnp
+    from jaxagent.models import ops, ops_gpu
     q, kt, v = _inputs(key, b, t, s)
     length = jnp.arange(b) * ((s - t) // max(b - 1, 1))
     mask = jnp.arange(s)[None, None, :] <= (length[:, None] + jnp.arange(t))[:, :, None]
@@ -70,6 +76,10 @@ def append_case(key, b=4, t=256, s=1024) -> dict:
 
 def timing_case(key, b=1, t=4096, repeats=10) -> dict:
     """Median milliseconds of forward + backward, fused and dense."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jaxagent.models import ops, ops_gpu
     q, kt, v = _inputs(key, b, t, t)
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     fns = {"fused": lambda q, kt, v: ops_gpu.attention(q, kt, v, mask, causal_only=True),
@@ -91,6 +101,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON line per case")
     args = p.parse_args(argv)
+    import jax
+    from jaxagent.models import ops_gpu
     if jax.default_backend() != "gpu":
         raise SystemExit(f"needs an NVIDIA GPU (jax's default backend here: {jax.default_backend()})")
     if not ops_gpu.available():

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tomllib
 
 from experiments import cli
-from jaxagent.study import run_dir
-from jaxagent.study.host import pipeline
-from jaxagent.study.host.presets import HOST_PRESETS, HostPreset, preset_problem, rehearsal_preset
-from jaxagent.study.host.stages import HOST_ARMS
+from jaxagent.study.preset_names import HOST, HOST_ARMS, describe
 
 
 def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
     p = cli.Parser(prog=cli.script_prog(prog), description=cli.summary(__doc__), formatter_class=cli.HelpFormatter)
-    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
-                   help="domain and scale: " + ", ".join(sorted(HOST_PRESETS)) + " (ci-*: a tiny random Qwen3 with "
-                        "the real tokenizer, minutes on a 2-core CPU; the others need --checkpoint)")
-    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--preset", default=None, choices=sorted(HOST), metavar="PRESET",
+                   help="domain and scale (or --config): " + describe(HOST))
+    cli.add_config_options(p, "a host preset as a TOML file")
+    p.add_argument("--seed-offset", type=cli.seed_int, default=0, metavar="N",
+                   help="run the preset on seeds shifted by N (RL seed k -> k+N, the base's SFT seed and the tiny "
+                        "model's init seed); files go to <root>/<preset>-s<N> unless --name is given")
+    p.add_argument("--name", default=None, help="run name (default: the preset's, -s<N> with --seed-offset N)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--checkpoint", default=None, help="local Hugging Face Qwen3 directory (with its tokenizer)")
     p.add_argument("--data", default=None, help="sql / code: a local Spider or InterCode-SQL directory, or "
@@ -56,15 +57,44 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
 
 
 def wants(argv, prog: str | None = None) -> bool:
-    """Whether a command line (e.g. reproduce's, `prog`) names a host preset."""
+    """Whether a command line (e.g. reproduce's, `prog`) names a host preset, or a --config file of one (a TOML
+    file whose `task` table has a `domain`; a file that cannot be read is left to the FrozenLake study to report)."""
     pre = cli.Parser(prog=cli.script_prog(prog), add_help=False)
     pre.add_argument("--preset", default=None)
+    pre.add_argument("--config", default=None)
     args, _ = pre.parse_known_args(argv)
-    return args.preset in HOST_PRESETS
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                task = tomllib.load(f).get("task")
+        except (OSError, tomllib.TOMLDecodeError):
+            return False
+        return isinstance(task, dict) and "domain" in task
+    return args.preset in HOST
 
 
-def preset_from(args) -> HostPreset:
-    """The named preset with the command line's overrides; exits with the reason when it cannot run."""
+def configured(args):
+    """The preset of --preset or --config, with --set applied (`config_file.load`); one line and exit code 2 when
+    neither is given, or for a file that cannot be read, an unknown key or a value of the wrong type."""
+    from jaxagent import config_file
+    from jaxagent.study.host.presets import HOST_PRESETS, HostPreset
+    if not (args.preset or getattr(args, "config", None)):
+        cli.fail("give --preset NAME or --config FILE (--help lists the presets)")
+    if not (getattr(args, "config", None) or getattr(args, "set", None)):
+        return HOST_PRESETS[args.preset]
+    try:
+        return config_file.load(HostPreset, args.config or config_file.to_dict(HOST_PRESETS[args.preset]), args.set)
+    except ValueError as e:
+        cli.fail(str(e))
+
+
+def preset_from(args):
+    """The named (or --config) preset with the command line's overrides and --seed-offset (`with_seed_offset`);
+    exits with the reason when it cannot run; --dump-config prints it and exits 0."""
+    from jaxagent import config_file
+    from jaxagent.study.host.presets import preset_problem, rehearsal_preset, with_seed_offset
+    from jaxagent.study.run_dir import InvalidSettings
+    base = configured(args)
     changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None),
                                  ("data_format", getattr(args, "data_format", None)),
@@ -74,12 +104,19 @@ def preset_from(args) -> HostPreset:
                                         ("schema_in_prompt", False if opt("no_schema") else None),
                                         ("require_reference", opt("require_reference"))) if v is not None)
     if options:
-        changes["env_options"] = HOST_PRESETS[args.preset].env_options + options
+        changes["env_options"] = base.env_options + options
     for name in ("seeds", "arms"):
         if len(set(changes.get(name, ()))) != len(changes.get(name, ())):
             cli.fail(f"--{name} must be distinct, got {' '.join(map(str, getattr(args, name)))}")
-    base = HOST_PRESETS[args.preset]
-    p = dataclasses.replace(rehearsal_preset(base) if opt("rehearsal") else base, **changes)
+    try:
+        p = dataclasses.replace(rehearsal_preset(base) if opt("rehearsal") else base, **changes)
+        p = with_seed_offset(p, opt("seed_offset") or 0)
+    except (InvalidSettings, ValueError) as e:
+        cli.fail(str(e))
+    if opt("dump_config"):
+        cli.emit(config_file.dumps(p, header=f"the host study preset {p.name}: python -m experiments.reproduce "
+                                             "--config FILE [--set KEY=VALUE ...]"))
+        raise SystemExit(0)
     if preset_problem(p) is not None:
         cli.fail(preset_problem(p))
     return p
@@ -87,7 +124,11 @@ def preset_from(args) -> HostPreset:
 
 def main(argv=None, prog: str = "experiments.host_study"):
     args = parser(prog).parse_args(argv)
+    if args.dump_config:
+        preset_from(args)  # prints the preset and exits, before anything touches the devices
     cli.init_distributed(args)  # before anything touches the devices
+    from jaxagent.study import run_dir
+    from jaxagent.study.host import pipeline
     with cli.clear_errors():
         path, verdicts, timing = pipeline.run_study(preset_from(args), args.root, args.name, force=args.force,
                                                     log=print)

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from experiments import cli
 from experiments.host_study import preset_from
-from jaxagent.study.host import mistakes
-from jaxagent.study.host.presets import HOST_PRESETS
-from jaxagent.study.host.run import HostRun
-from jaxagent.study.host.stages import get_domain
+from jaxagent.study.preset_names import HOST
 
 
 def main(argv=None):
     p = cli.Parser(prog=cli.script_prog("experiments.mistakes"), description=cli.summary(__doc__),
                    formatter_class=cli.HelpFormatter)
-    p.add_argument("--preset", required=True, choices=sorted(HOST_PRESETS), metavar="PRESET",
+    p.add_argument("--preset", required=True, choices=sorted(HOST), metavar="PRESET",
                    help="the preset the run was made with (sql-toy, code-toy, bfcl-toy)")
-    p.add_argument("--name", default=None, help="run name (default: the preset's)")
+    p.add_argument("--name", default=None, help="run name (default: the preset's, -s<N> with --seed-offset N)")
+    p.add_argument("--seed-offset", type=cli.seed_int, default=0, metavar="N",
+                   help="the run's --seed-offset (its seeds and run directory)")
     p.add_argument("--root", default="runs", help="directory holding run directories")
     p.add_argument("--budget", type=cli.positive_int, default=1, help="announced budget (turns), at most T_max")
     p.add_argument("--samples", type=cli.positive_int, default=4, help="episodes per held-out task")
@@ -30,6 +29,9 @@ def main(argv=None):
         p.set_defaults(**{name: None})
     p.set_defaults(rehearsal=False)
     args = p.parse_args(argv)
+    from jaxagent.study.host import mistakes
+    from jaxagent.study.host.run import HostRun
+    from jaxagent.study.host.stages import get_domain
     preset = preset_from(args)
     env = get_domain(preset.task.domain).env
     if env not in mistakes.ENVS:

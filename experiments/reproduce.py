@@ -8,8 +8,6 @@ experiments.host_study with the same command line.
 import time
 
 from experiments import cli, host_study, progress
-from jaxagent.study import run_dir
-from jaxagent.study.frozenlake import evaluate, report, train
 
 PROG = "experiments.reproduce"
 
@@ -18,14 +16,17 @@ def main(argv=None):
     if host_study.wants(argv, PROG):  # a host-env domain preset (jaxagent/study/host/presets.py)
         return host_study.main(argv, prog=PROG)
     args = cli.parser(cli.summary(__doc__), prog=PROG, run_options=True, host_presets=True).parse_args(argv)
+    from jaxagent.study import run_dir
+    from jaxagent.study.frozenlake import evaluate, report, train
     t0 = time.time()
     with cli.clear_errors():
         run = cli.make_run(args)
-        base = train.run_base(run, log=print, progress=progress.bars())
+        clock = progress.Pipeline(progress.study_stages(run.preset))  # the ETA over base, RL and eval
+        base = train.run_base(run, log=print, progress=clock.bars("base"))
         t_base = time.time()
-        policies = train.run_all_arms(run, base, log=print, progress=progress.bars())
+        policies = train.run_all_arms(run, base, log=print, progress=clock.bars("RL"))
         t_rl = time.time()
-        metrics, figures, evals, bound = evaluate.evaluate(run, base, policies, progress=progress.bars())
+        metrics, figures, evals, bound = evaluate.evaluate(run, base, policies, progress=clock.bars("eval"))
         path, rep = report.write_report(run, metrics, figures, evals, bound)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}

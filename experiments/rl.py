@@ -4,8 +4,7 @@ All arms use the same seeds, task distribution and number of updates; an interru
 from its last orbax checkpoint.
 """
 from experiments import cli, progress
-from jaxagent.study.frozenlake import train
-from jaxagent.study.stages import ARMS
+from jaxagent.study.preset_names import ARMS
 
 
 def main(argv=None):
@@ -13,6 +12,7 @@ def main(argv=None):
     p.add_argument("--arm", nargs="+", default=None, choices=sorted(ARMS),
                    help="arms to train (default: the preset's arms)")
     args = p.parse_args(argv)
+    from jaxagent.study.frozenlake import train
     with cli.clear_errors():
         run = cli.make_run(args)
         base = train.run_base(run, log=print, progress=progress.bars())

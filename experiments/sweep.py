@@ -16,17 +16,16 @@ import functools
 import json
 
 from experiments import cli, progress
-from jaxagent.study import stages
-from jaxagent.study.frozenlake import sweep as sweep_lib
+from jaxagent.study import preset_names
 
 say = functools.partial(print, flush=True)
 
 
 def main(argv=None):
     p = cli.parser(cli.summary(__doc__), prog="experiments.sweep", run_options=True)
-    p.add_argument("--grid", default="recipe", choices=sorted(sweep_lib.GRIDS) + sorted(sweep_lib.BASE_GRIDS))
+    p.add_argument("--grid", default="recipe", choices=preset_names.SWEEP_GRIDS)
     p.add_argument("--only", nargs="*", default=None, help="settings of the grid to run (default: all)")
-    p.add_argument("--arm", default="grpo", choices=sorted(stages.ARMS))
+    p.add_argument("--arm", default="grpo", choices=sorted(preset_names.ARMS))
     p.add_argument("--heldout-tasks", type=cli.positive_int, default=64, help="held-out maps per setting")
     p.add_argument("--heldout-samples", type=cli.positive_int, default=4, help="rollouts per held-out map")
     p.add_argument("--out", default=None, help="append JSON lines here")
@@ -47,6 +46,7 @@ def record_to(out):
 
 def sweep(args) -> None:
     """The sweep of `args.grid` (main's command line)."""
+    from jaxagent.study.frozenlake import sweep as sweep_lib
     run = cli.make_run(args)
     common = dict(arm=args.arm, only=args.only, heldout_tasks=args.heldout_tasks,
                   heldout_samples=args.heldout_samples, record=record_to(args.out))

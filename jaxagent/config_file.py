@@ -3,8 +3,10 @@ source, overrides)` reads it back with command-line style overrides ("rl.n_tasks
 
 A nested dataclass field is a TOML table; tuples and lists are arrays (read back as the field's tuple type); a
 field left out of the file keeps its default, so a file may hold only what differs; None is written as a left-out
-key, which reads back as the default (a field whose default is not None cannot be None in a file: `dumps` refuses
-it). Keys the dataclass does not have, and values of the wrong type, are a ValueError naming the key path. An
+key, which reads back as the default, except in an Optional field whose default is not None (e.g. a worker count
+whose None means "one per core"): there it is the string "none" (`NONE`), which such a field (not a string field)
+reads back as None, also from `--set workers=none`. A string field whose default is not None cannot be None in a
+file: `dumps` refuses it. Keys the dataclass does not have, and values of the wrong type, are a ValueError naming the key path. An
 explicit I/O module: it reads files (`tomllib`, the standard library's reader); writing TOML needs no package.
 """
 from __future__ import annotations
@@ -19,14 +21,19 @@ import types
 import typing
 from typing import Any, Iterable, Mapping, Union
 
+NONE = "none"  # None in an Optional, non-string field whose default is not None (TOML has no null)
+
 
 def to_dict(config) -> dict:
     """The dataclass `config` as a dict of plain TOML values; None fields left out (see the module doc)."""
-    out = {}
+    out, hints = {}, typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)
         if v is None:
             if f.default is not None and f.default is not dataclasses.MISSING:
+                if _none_word(hints[f.name]):
+                    out[f.name] = NONE
+                    continue
                 raise ValueError(f"{type(config).__name__}.{f.name} is None, which TOML cannot hold and whose "
                                  f"default is {f.default!r}")
             continue
@@ -138,9 +145,18 @@ def _build(cls, data, where: str, path: str):
         raise ValueError(f"{where}: {path.rstrip('.') or cls.__name__}: {e}") from None
 
 
+def _none_word(hint) -> bool:
+    """Whether a field of type `hint` reads the string `NONE` as None: an Optional without a string option."""
+    args = typing.get_args(hint)
+    return (typing.get_origin(hint) in (Union, types.UnionType) and type(None) in args
+            and not any(a is str or a is Any for a in args))
+
+
 def _convert(hint, v, where: str, path: str):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
+        if v == NONE and _none_word(hint):
+            return None
         options = [a for a in args if a is not type(None)]
         return _convert(options[0], v, where, path) if len(options) == 1 else v
     if dataclasses.is_dataclass(hint):

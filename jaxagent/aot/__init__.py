@@ -11,15 +11,17 @@ config, the cards' figures), `hlo` (HLO text: trip counts, FLOP and collective a
 stored records), `programs` / `host` / `arms` (the programs of a FrozenLake / host-domain preset's run and those
 both share, imported on their own), `coverage` (a jitted call's signature: the list checked against a recorded
 run), `report` (docs/aot.md's tables from stored records). The command line: experiments/aot_check.py.
+The names below load their module on first use, so that a submodule of plain figures (`gpu`, `verdict`) is read
+without JAX (the script's --help).
 """
-from jaxagent.aot.analytic import analytic_flops, cached_forward_flops
-from jaxagent.aot.hlo import hlo_summary, loop_collective_bytes, multipliers, parse_hlo
-from jaxagent.aot.memory import Resident, add_resident, per_chip_bytes
-from jaxagent.aot.record import Program, analyze, compiled_record, lowered_digest, run_programs
-from jaxagent.aot.topology import CHIPS, GIB, chip_specs, hbm_limit, topology_devices
-from jaxagent.aot.verdict import FLOPS_TOLERANCE, HBM_FRACTION, foreign_calls, verdict
+from jaxagent.lazy import lazy_names
 
-__all__ = ["analytic_flops", "cached_forward_flops", "hlo_summary", "loop_collective_bytes", "multipliers",
-           "parse_hlo", "Resident", "add_resident", "per_chip_bytes", "Program", "analyze", "compiled_record",
-           "lowered_digest", "run_programs", "CHIPS", "GIB", "chip_specs", "hbm_limit", "topology_devices",
-           "FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "verdict"]
+_EXPORTS = {
+    "analytic": ("analytic_flops", "cached_forward_flops"),
+    "hlo": ("hlo_summary", "loop_collective_bytes", "multipliers", "parse_hlo"),
+    "memory": ("Resident", "add_resident", "per_chip_bytes"),
+    "record": ("Program", "analyze", "compiled_record", "lowered_digest", "run_programs"),
+    "topology": ("CHIPS", "GIB", "chip_specs", "hbm_limit", "topology_devices"),
+    "verdict": ("FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "verdict"),
+}
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

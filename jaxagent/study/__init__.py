@@ -4,7 +4,7 @@ arms (`train_rl`), and the host domains (SQL, BFCL, code: `make_host_world`, `tr
 study itself (presets, run directory, training and eval stages, report, sweeps): `jaxagent.study.frozenlake`.
 
 The names below load their module on first use (the study pulls in every layer)."""
-import importlib
+from jaxagent.lazy import lazy_names
 
 _EXPORTS = {
     "toy": ("ToyWorld", "make_toy_world", "expert_rollouts"),
@@ -13,17 +13,4 @@ _EXPORTS = {
     "host.stages": ("HostDomain", "register_domain", "get_domain", "HostTaskSettings", "make_host_world",
                     "train_host_rl"),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"jaxagent.study.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'jaxagent.study' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_WHERE))
-
-
-__all__ = sorted(_WHERE)
+__getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

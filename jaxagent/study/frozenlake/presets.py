@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from jaxagent.models.config import Qwen3Config
+from jaxagent.study import preset_names
 from jaxagent.study.run_dir import InvalidSettings
 from jaxagent.study.stages import BaseSettings, TaskSettings
 
@@ -166,15 +167,8 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# What each toy preset is and how long it takes, as measured (the README's presets table says the same).
-PRESET_NOTES = {
-    "quick": "the toy study, the README's; 30-33 min wall on a 2-core CPU beside other jobs, 1,200-1,300 s of "
-             "CPU time (docs/study.md, Results on two seed sets)",
-    "standard": "the toy study sized for power (5 seeds), a 2-core CPU: about 3x quick's training and 4x its "
-                "evaluation (not yet timed at T_max 8)",
-    "full": "5x5 maps, 200 iterations, hours on a CPU",
-    "ci": "the test suite's plumbing check of every stage: minutes, 70 s of CPU time on a 2-core CPU",
-}
+# Each preset's one-line description, as --help shows it (`preset_names.FROZENLAKE`, read without importing this module).
+PRESET_NOTES = preset_names.FROZENLAKE
 
 # `rehearsal_preset`'s interaction limits: 4 turns of 16-token replies in 512 slots hold an episode in the real Qwen3
 # tokenizer (system turn and 4 turns of a 4x4 map and a 16-token reply: about 420 tokens).

@@ -51,13 +51,12 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import plan_mode, run_dir, stages
 from jaxagent.study.frozenlake.presets import Preset
+# the base SFT's PRNG key (+ the seed offset), the largest seed and iteration count: read by the CLI without JAX
+from jaxagent.study.preset_names import BASE_SEED, MAX_ITERATIONS, MAX_SEED
 from jaxagent.study.run_dir import InvalidSettings, SettingsMismatch, is_main_process, sync_processes
 from jaxagent.study.toy import ToyWorld, make_toy_world
 
 
-BASE_SEED = 1000                      # PRNG key of the base SFT (plus the run's seed offset)
-MAX_SEED = 2**31 - 1                  # seeds (offset included) are int32 PRNG seeds
-MAX_ITERATIONS = 10**6                # the data position (iterations x tasks) is an int32
 RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
 
 

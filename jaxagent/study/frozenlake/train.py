@@ -4,7 +4,8 @@ time (`SavedPolicies`).
 
 Progress: each stage reports its steps to `progress(total, desc, unit, initial=0)`, an object with
 `step(**postfix)` and `close()` (default `no_progress`: nothing shown), and one-line notes to `log` (default:
-none); the scripts pass a progress bar and print.
+none); the scripts pass a progress bar and print. A stage read back from the run directory reports its size as
+done (`initial=total`, no step), so that an ETA over the whole study counts it.
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=silent
     out = run.path("arms", arm, f"seed{seed}")
     recorded = run.arm_stage_settings(arm, seed)
     if run.stage_done(out, recorded, label):
+        progress(run.preset.iterations, f"{arm} seed {seed}", "iteration", initial=run.preset.iterations).close()
         return run.load_policy(out)
     settings = run.arm_settings(arm)
     rt = runtime or make_runtime(run, settings)

@@ -97,6 +97,9 @@ class HostPreset:
     aot_topology: Optional[str] = None
     aot_hbm_gib: Optional[float] = None
     rehearsal: bool = False           # counts cut by `rehearsal_preset`: the report says its figures test the pipeline
+    # The shift `with_seed_offset` applied (`--seed-offset`): already added to `seeds` and to the SFT's seed; it
+    # also seeds the tiny model's random init and names the run directory (`run_name`)
+    seed_offset: int = 0
     # The data's layout (`--data-format`): sql "spider" | "intercode", code "deepcoder" | "apps"; None: detected from
     # the files (an ambiguous directory is refused). Only with `data`.
     data_format: Optional[str] = None
@@ -190,6 +193,26 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
     sft = None if preset.sft is None else dataclasses.replace(preset.sft, steps=2, batch_size=2)
     return dataclasses.replace(preset, task=task, eval=ev, sft=sft, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
                                group_size=2, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+
+
+def with_seed_offset(preset: HostPreset, offset: int) -> HostPreset:
+    """`preset` on seeds shifted by `offset`, as a FrozenLake run's `--seed-offset`: RL seed k -> k + offset, the
+    base's SFT seed (toy presets) and the tiny model's init seed (`seed_offset`) likewise, so that a new seed set
+    also has its own base; `run_name` gives it its own run directory. Offset 0 returns `preset` itself."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidSettings(f"the seed offset must be a non-negative integer, got {offset!r}")
+    if offset == 0:
+        return preset
+    sft = None if preset.sft is None else dataclasses.replace(preset.sft, seed=preset.sft.seed + offset)
+    return dataclasses.replace(preset, seeds=tuple(s + offset for s in preset.seeds), sft=sft,
+                               seed_offset=preset.seed_offset + offset)
+
+
+def run_name(preset: HostPreset) -> str:
+    """The run directory's default name: the preset's, then "-rehearsal" (`rehearsal`), then "-s<N>" (`seed_offset`
+    N), as a FrozenLake run's."""
+    return (preset.name + ("-rehearsal" if preset.rehearsal else "")
+            + (f"-s{preset.seed_offset}" if preset.seed_offset else ""))
 
 
 def data_env(preset: HostPreset):

@@ -45,7 +45,7 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
 from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, sft as host_sft,
                                  stages as host_stages)
-from jaxagent.study.host.presets import HostPreset, data_env
+from jaxagent.study.host.presets import HostPreset, data_env, run_name
 from jaxagent.study.host.stages import get_domain
 
 
@@ -100,11 +100,11 @@ class HostRun:
             self.checkpoint = preset.checkpoint
             self.cfg, self.tokenizer = run_dir.open_checkpoint(preset.checkpoint)
         env = data_env(preset)  # InvalidSettings naming the file for unusable --data, before anything is written
-        default = preset.name + ("-rehearsal" if preset.rehearsal else "")
-        self.dir = os.path.abspath(os.path.join(root, name or default))
+        self.dir = os.path.abspath(os.path.join(root, name or run_name(preset)))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
-        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL, defaults={"rehearsal": False})
+        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL,
+                                           defaults={"rehearsal": False, "seed_offset": 0})
         if diff and not force:
             raise run_dir.SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
@@ -122,7 +122,7 @@ class HostRun:
                 corpus = lambda: host_sft.tokenizer_corpus(env, env.tasks(domain.train_split),  # noqa: E731
                                                            heldout_pool(env, domain, preset), preset.task.t_max)
             if run_dir.is_main_process():  # process 0 writes the run directory; the others wait for it
-                write_tiny_checkpoint(self.checkpoint, preset.tiny_model, corpus=corpus)
+                write_tiny_checkpoint(self.checkpoint, preset.tiny_model, seed=preset.seed_offset, corpus=corpus)
             run_dir.sync_processes(f"host-run-dir:{self.dir}")
             self.cfg, self.tokenizer = run_dir.open_checkpoint(self.checkpoint)
         self.world = host_stages.make_host_world(preset.task, self.tokenizer, env=env)

@@ -191,7 +191,7 @@ class HostTaskSettings:
     reply_cap_bound: bool = True
     task_subset: str = "first"       # "first": the split's first n; "spread": n evenly spaced over the split
     max_system_tokens: Optional[int] = None  # keep only tasks whose system prompt has at most this many tokens
-    workers: int = 4                 # threads stepping the envs
+    workers: Optional[int] = 4       # threads stepping the envs (None: the env's own count, `CodeEnv.max_parallel`)
     overlap_groups: int = 1          # episode groups whose env steps overlap the others' decoding (`host_rollout`)
     step_timeout_s: Optional[float] = 60.0   # an env call running longer fails its episode (`host_rollout`)
     # Each rollout's [B, S] arrays cut to the smallest multiple of slot_bucket slots holding every episode
