@@ -6,7 +6,7 @@ A program made with `jit` is one plain `jax.jit` (`.jit`). Under a transformatio
 arguments and compiled with `options` for the devices they are placed on, so no process-wide flag is needed.
 `.lower` is the program's text and `.compile` the executable such a call runs.
 
-Why the options (measurements and commands: docs/performance.md, "YNNPACK dot fusion"):
+Why the options (measured, with the commands, in docs/performance.md, Optimisations, "YNNPACK dot fusion"):
 - XLA:CPU routes dots through YNNPACK, which runs decoding's small-batch products with weights that do not fit in
   cache far below XLA's Eigen path: decoding-shaped programs (generation, rollouts, cache scoring) turn that fusion off;
 - programs over whole sequences (`jit(..., sequence=True)`: train and SFT steps, full-row log-probs and values,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from typing import Any, Callable, Iterable, Optional
 
 import jax
@@ -47,34 +48,44 @@ def options(devices: Iterable, *, sequence: bool = False, extra: Optional[dict] 
 
 
 def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[frozenset, frozenset]:
-    """(positions, names) of `fun`'s static arguments, each completed from the other through `fun`'s signature,
-    as `jax.jit` does."""
-    nums, names = jit_kwargs.get("static_argnums", ()), jit_kwargs.get("static_argnames", ())
-    nums = {nums} if isinstance(nums, int) else set(nums)
-    names = {names} if isinstance(names, str) else set(names)
+    """(positions, names) of `fun`'s static arguments as `jax.jit` resolves them: given one of the two, the other
+    follows from `fun`'s positional-or-keyword parameters; given both, both as given."""
+    nums, names = jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
+    nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
     if any(i < 0 for i in nums):
-        raise ValueError(f"xla_options.jit: static_argnums must be non-negative, got {sorted(nums)}")
+        raise ValueError(f"xla_options.jit: static_argnums must be non-negative, got {nums}")
+    if (nums and names) or not (nums or names):
+        return frozenset(nums), frozenset(names)
     try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):  # no signature (a builtin): the given positions and names only
-        params = []
-    for i, p in enumerate(params):
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            if p.name in names:
-                nums.add(i)
-            elif i in nums and p.kind == p.POSITIONAL_OR_KEYWORD:
-                names.add(p.name)
-    return frozenset(nums), frozenset(names)
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):  # none to read (a builtin): as given
+        return frozenset(nums), frozenset(names)
+    params = [(i, p.name) for i, p in enumerate(signature.parameters.values()) if p.kind == p.POSITIONAL_OR_KEYWORD]
+    if names:
+        return frozenset(i for i, n in params if n in names), frozenset(names)
+    return frozenset(nums), frozenset(n for i, n in params if i in nums)
+
+
+_AVAL, _SHARDING = operator.attrgetter("aval"), operator.attrgetter("sharding")
 
 
 def _leaf_signature(x):
-    """What a compiled program is specialised to in one array argument; a Python scalar is weakly typed whatever
-    its value."""
     if isinstance(x, jax.Array):
         return x.aval, x.sharding
     if isinstance(x, (np.ndarray, np.generic)):
         return x.shape, x.dtype
-    return type(x)
+    return type(x)  # a Python scalar: weakly typed, whatever its value
+
+
+def _signature(leaves: list) -> tuple[tuple, tuple]:
+    """(types, placements) of the arguments, what a compiled program is specialised to: jax's types (interned:
+    hashed by identity) and shardings for `jax.Array`s, kept apart because hashing shardings costs ~1 us each while
+    comparing the same objects (the usual case: a program's outputs fed back) costs nothing."""
+    try:
+        return tuple(map(_AVAL, leaves)), tuple(map(_SHARDING, leaves))
+    except AttributeError:  # a NumPy array or Python scalar among them
+        return tuple(map(_leaf_signature, leaves)), ()
 
 
 def _placements(tree) -> list:
@@ -94,19 +105,26 @@ class Program:
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
-        if get_opaque_trace_state() != _TOP_LEVEL:
-            return self.jit(*args, **kwargs)  # nested: part of the caller's program
+        if get_opaque_trace_state() != _TOP_LEVEL or jax.config.jax_disable_jit:
+            return self.jit(*args, **kwargs)  # nested: part of the caller's program (or run op by op)
         nums, names = self._static
         dyn_args = tuple(a for i, a in enumerate(args) if i not in nums) if nums else args
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names} if names else kwargs
         leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
+        types, placements = _signature(leaves)
         # as jax.jit's own cache: static values, the context mesh (the model reads it), argument types and placements
         key = (tuple(args[i] for i in self._static_order if i < len(args)),
                tuple(sorted((k, v) for k, v in kwargs.items() if k in names)),
-               jax.sharding.get_abstract_mesh(), tree, tuple(map(_leaf_signature, leaves)))
-        executable = self._executables.get(key)
-        if executable is None:
-            executable = self._executables[key] = self.compile(*args, **kwargs)
+               jax.sharding.get_abstract_mesh(), tree, types)
+        compiled = self._executables.get(key)
+        if compiled is None:
+            compiled = self._executables[key] = []
+        for placed, executable in compiled:
+            if placed == placements:
+                break
+        else:
+            executable = self.compile(*args, **kwargs)
+            compiled.append((placements, executable))
         return executable(*dyn_args, **dyn_kwargs)
 
     def devices(self, *args, **kwargs) -> set:
@@ -133,7 +151,7 @@ class Program:
 
     def _cache_size(self) -> int:
         """Executables compiled for top-level calls (as `jax.jit`'s `_cache_size` counts its own)."""
-        return len(self._executables)
+        return sum(map(len, self._executables.values()))
 
     def __get__(self, obj, objtype=None):  # usable as a method decorator too
         return self if obj is None else functools.partial(self, obj)
