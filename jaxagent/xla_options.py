@@ -93,7 +93,10 @@ def _placements(tree) -> list:
 
 
 class Program:
-    """One `jax.jit` of a function (`.jit`), compiled for top-level calls with `options` (module docstring)."""
+    """One `jax.jit` of a function (`.jit`), compiled for top-level calls with `options` (module docstring). A top-level
+    call reuses the executable compiled for the same static values, `jax.set_mesh` context, argument types and
+    placements (as `jax.jit` caches its own); other jax settings that change tracing (x64, default matmul precision)
+    are not part of that key: set them for the whole process."""
 
     def __init__(self, fun: Callable, sequence: bool, extra: Optional[dict], jit_kwargs: dict):
         self.jit = jax.jit(fun, **jit_kwargs)
