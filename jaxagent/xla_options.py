@@ -1,107 +1,160 @@
-"""XLA compiler options that jaxagent's jitted programs are compiled with, and `jit`, which applies them.
+"""XLA compiler options for jaxagent's jitted programs, and `jit`, which applies them when a program is compiled.
 
-`COMPILER_OPTIONS` go with every jaxagent entry point that runs the model (generation, rollouts, train
-steps, evaluation drivers), so no process-wide flag or environment variable is needed; research code
-that jits its own functions can pass the same dict.
+A program made with `jit` is one plain `jax.jit` (`.jit`). Under a transformation (a user's `jax.jit`, `eval_shape`,
+`make_jaxpr`, `vmap`, `grad`) it is that jit, nested, and the outermost program decides the options (jax accepts
+`compiler_options` on a top-level jit only). Called outside every transformation it runs that jit lowered for its
+arguments and compiled with `options` for the devices they are placed on, so no process-wide flag is needed.
+`.lower` is the program's text and `.compile` the executable such a call runs.
 
-Composition: jax accepts `compiler_options` only on a top-level `jax.jit`; a jit carrying them raises
-inside a user's `jax.jit`, `jax.eval_shape`, `jax.make_jaxpr` or `vmap`. So the entry points are made
-with `jit` below: called at top level they compile with the options; called under any transformation
-they are plain nested jits, and the outermost boundary (the user's) decides the options.
-
-Two kinds of program, two option sets:
-- decoding-shaped programs (generation, rollouts, cache scoring): `COMPILER_OPTIONS`;
-- programs over whole sequences (train steps, SFT steps, log-probs and values of full rows, likelihood
-  scoring) on one device, `jit(..., sequence=True)`: `SEQUENCE_COMPILER_OPTIONS`, XLA's defaults.
-
-Why each option:
-- ``xla_cpu_experimental_ynn_fusion_type = ""`` (decoding only): XLA:CPU routes dots through YNNPACK by
-  default, which runs decoding's small-batch products with weights that do not fit in cache far below
-  XLA's Eigen path; an empty list disables that fusion pass. Over whole sequences the products are tall
-  and YNNPACK is the faster path on one device: the bfcl-toy RL train step (32 x 896 tokens, width 64)
-  2.45 -> 1.95 s, `bench_train` (10M, 8 x 256) 0.84 -> 0.80 s, on a 2-core Intel Xeon. Partitioned over
-  several CPU devices it is the slower one, and its first call peaks at twice the memory (the ci-sql
-  miniature's step, 8 x 448 tokens over a (2, 2, 2) mesh of host devices: 4.3 -> 6.7 s, peak RSS
-  5.7 -> 11.0 GB, `python -m experiments.bench_mesh_options`), so a sequence program on a mesh of more
-  than one device keeps `COMPILER_OPTIONS` (`sequence_program`). The field belongs to XLA's
-  backend-independent DebugOptions, so GPU and TPU compiles accept and ignore it.
-Reproduce: `python -m experiments.bench_model --json` (reports both settings' matmul peaks) and
-`python -m experiments.bench_train --json --no-torch` (docs/performance.md).
+Why the options (measured, with the commands, in docs/performance.md, Optimisations, "YNNPACK dot fusion"):
+- XLA:CPU routes dots through YNNPACK, which runs decoding's small-batch products with weights that do not fit in
+  cache far below XLA's Eigen path: decoding-shaped programs (generation, rollouts, cache scoring) turn that fusion off;
+- programs over whole sequences (`jit(..., sequence=True)`: train and SFT steps, full-row log-probs and values,
+  likelihood scoring) keep XLA's defaults on one CPU device, where YNNPACK is faster for their tall products, and turn
+  it off when partitioned over several CPU devices, where it ran slower at twice the peak memory;
+- GPU and TPU compiles get none of them (they are XLA:CPU options).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+import inspect
+import operator
+from typing import Any, Callable, Iterable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import get_opaque_trace_state
 
-COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
-SEQUENCE_COMPILER_OPTIONS: dict[str, str] = {}
+DECODING_CPU_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+SEQUENCE_CPU_OPTIONS: dict[str, str] = {}  # one CPU device: XLA's defaults
 
-
-def sequence_program(mesh) -> bool:
-    """Whether a program over whole sequences built for `mesh` (None: one device) takes
-    `SEQUENCE_COMPILER_OPTIONS`: on one device it does; partitioned over several devices it keeps
-    `COMPILER_OPTIONS` (module docstring: there YNNPACK ran the step slower, at twice the peak memory). The
-    builders that know their mesh pass `jit(..., sequence=sequence_program(mesh))`; a sequence program built
-    without one makes the same choice per call, from its arguments' devices."""
-    return mesh is None or mesh.size == 1
+_TOP_LEVEL = get_opaque_trace_state()  # jax's eval trace: no transformation is tracing
 
 
-def compiler_options(extra: dict | None = None, *, sequence: bool = False) -> dict:
-    """A fresh copy of `COMPILER_OPTIONS` (`SEQUENCE_COMPILER_OPTIONS` with `sequence`), updated with `extra`
-    (which wins on conflicts)."""
-    return {**(SEQUENCE_COMPILER_OPTIONS if sequence else COMPILER_OPTIONS), **(extra or {})}
+def options(devices: Iterable, *, sequence: bool = False, extra: Optional[dict] = None) -> dict:
+    """The compiler options of a program that runs on `devices` (the module docstring says why): none off XLA:CPU;
+    `SEQUENCE_CPU_OPTIONS` for a program over whole sequences (`sequence`) on one CPU device; `DECODING_CPU_OPTIONS`
+    for any other program on CPU. `extra` (e.g. {'xla_backend_optimization_level': 0}) goes on top everywhere."""
+    devices = set(devices)
+    if not devices:
+        raise ValueError("options: no devices (the program must run somewhere)")
+    if any(d.platform != "cpu" for d in devices):
+        base = {}
+    elif sequence and len(devices) == 1:
+        base = SEQUENCE_CPU_OPTIONS
+    else:
+        base = DECODING_CPU_OPTIONS
+    return {**base, **(extra or {})}
 
 
-_merged = compiler_options  # `jit` below takes a keyword of the same name
-_PROBE = np.int8(0)  # a host constant: jnp.asarray of it is a tracer exactly while a jit-like trace runs
+def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[frozenset, frozenset]:
+    """(positions, names) of `fun`'s static arguments as `jax.jit` resolves them: given one of the two, the other
+    follows from `fun`'s positional-or-keyword parameters; given both, both as given."""
+    nums, names = jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
+    nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    if any(i < 0 for i in nums):
+        raise ValueError(f"xla_options.jit: static_argnums must be non-negative, got {nums}")
+    if (nums and names) or not (nums or names):
+        return frozenset(nums), frozenset(names)
+    try:
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):  # none to read (a builtin): as given
+        return frozenset(nums), frozenset(names)
+    params = [(i, p.name) for i, p in enumerate(signature.parameters.values()) if p.kind == p.POSITIONAL_OR_KEYWORD]
+    if names:
+        return frozenset(i for i, n in params if n in names), frozenset(names)
+    return frozenset(nums), frozenset(n for i, n in params if i in nums)
 
 
-def top_level(args) -> bool:
-    """Whether the call runs outside every jax transformation that would nest our jit (jit, eval_shape,
-    make_jaxpr tracing, vmap or grad of a traced argument), from public APIs only (`jax.core.Tracer`):
-      - a traced argument means a transformation (vmap, grad, jit of the caller's own arguments);
-      - without one, a caller's jit / eval_shape / make_jaxpr may still be tracing (the entry point called
-        on constants or closed-over values): under such a trace every new array is a tracer, so a fresh
-        scalar tells. vmap and grad over constants leave it concrete, and there a top-level jit with
-        options runs as it is (jax binds it in the enclosing eager context)."""
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-        return False
-    return not isinstance(jnp.asarray(_PROBE), jax.core.Tracer)
+_AVAL, _SHARDING = operator.attrgetter("aval"), operator.attrgetter("sharding")
 
 
-def partitioned(args) -> bool:
-    """Whether any array among `args` is placed over more than one device (a sharded or replicated
-    `jax.Array`): the program it enters runs partitioned."""
-    return any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in jax.tree.leaves(args))
+def _leaf_signature(x):
+    if isinstance(x, jax.Array):
+        return x.aval, x.sharding
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.shape, x.dtype
+    return type(x)  # a Python scalar: weakly typed, whatever its value
 
 
-class _Jitted:
-    """A jitted function that compiles with compiler options at top level and nests without them. A sequence
-    program (`partitioned_options`) compiles with those instead when an argument spans several devices
-    (`sequence_program`)."""
+def _signature(leaves: list) -> tuple[tuple, tuple]:
+    """(types, placements) of the arguments, what a compiled program is specialised to: jax's types (interned:
+    hashed by identity) and shardings for `jax.Array`s, kept apart because hashing shardings costs ~1 us each while
+    comparing the same objects (the usual case: a program's outputs fed back) costs nothing."""
+    try:
+        return tuple(map(_AVAL, leaves)), tuple(map(_SHARDING, leaves))
+    except AttributeError:  # a NumPy array or Python scalar among them
+        return tuple(map(_leaf_signature, leaves)), ()
 
-    def __init__(self, fun: Callable, options: dict, jit_kwargs: dict, partitioned_options: Optional[dict] = None):
-        self._top = jax.jit(fun, compiler_options=options, **jit_kwargs)
-        self._partitioned = (None if partitioned_options is None or partitioned_options == options
-                             else jax.jit(fun, compiler_options=partitioned_options, **jit_kwargs))
-        self._nested = jax.jit(fun, **jit_kwargs)
+
+def _placements(tree) -> list:
+    return [s for s in jax.tree.leaves(tree) if isinstance(s, jax.sharding.Sharding)]
+
+
+class Program:
+    """One `jax.jit` of a function (`.jit`), compiled for top-level calls with `options` (module docstring). A top-level
+    call reuses the executable compiled for the same static values, `jax.set_mesh` context, argument types and
+    placements (as `jax.jit` caches its own); other jax settings that change tracing (x64, default matmul precision)
+    are not part of that key: set them for the whole process."""
+
+    def __init__(self, fun: Callable, sequence: bool, extra: Optional[dict], jit_kwargs: dict):
+        self.jit = jax.jit(fun, **jit_kwargs)
+        self.sequence, self.extra = sequence, dict(extra or {})
+        self._static = _static_positions(fun, jit_kwargs)
+        self._static_order = tuple(sorted(self._static[0]))
+        self._placed = _placements((jit_kwargs.get("in_shardings"), jit_kwargs.get("out_shardings")))
+        self._executables: dict = {}
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
-        if not top_level((args, kwargs)):
-            return self._nested(*args, **kwargs)
-        if self._partitioned is not None and partitioned((args, kwargs)):
-            return self._partitioned(*args, **kwargs)
-        return self._top(*args, **kwargs)
+        if get_opaque_trace_state() != _TOP_LEVEL or jax.config.jax_disable_jit:
+            return self.jit(*args, **kwargs)  # nested: part of the caller's program (or run op by op)
+        nums, names = self._static
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums) if nums else args
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names} if names else kwargs
+        leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs))
+        types, placements = _signature(leaves)
+        # as jax.jit's own cache: static values, the context mesh (the model reads it), argument types and placements
+        key = (tuple(args[i] for i in self._static_order if i < len(args)),
+               tuple(sorted((k, v) for k, v in kwargs.items() if k in names)),
+               jax.sharding.get_abstract_mesh(), tree, types)
+        compiled = self._executables.get(key)
+        if compiled is None:
+            compiled = self._executables[key] = []
+        for placed, executable in compiled:
+            if placed == placements:
+                break
+        else:
+            executable = self.compile(*args, **kwargs)
+            compiled.append((placements, executable))
+        return executable(*dyn_args, **dyn_kwargs)
 
-    def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...: the top-level jit's
-        if name in ("_top", "_partitioned", "_nested"):
-            raise AttributeError(name)
-        return getattr(self._top, name)
+    def devices(self, *args, **kwargs) -> set:
+        """The devices a call with these arguments runs on: those of the jit's in/out shardings and of the arguments'
+        placements (`jax.Array`s, or `jax.ShapeDtypeStruct`s with a sharding); unplaced arguments run on the
+        default device."""
+        placed = self._placed + _placements(jax.tree.map(lambda x: getattr(x, "sharding", None), (args, kwargs)))
+        return {d for s in placed for d in s.device_set} or {jax.devices()[0]}
+
+    def compile(self, *args, **kwargs) -> jax.stages.Compiled:
+        """The executable a top-level call with these arguments (arrays or `jax.ShapeDtypeStruct`s) runs: `.lower`
+        compiled with `options` for `devices`."""
+        opts = options(self.devices(*args, **kwargs), sequence=self.sequence, extra=self.extra)
+        return self.lower(*args, **kwargs).compile(opts or None)
+
+    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
+        return self.jit.lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs) -> jax.stages.Traced:
+        return self.jit.trace(*args, **kwargs)
+
+    def eval_shape(self, *args, **kwargs) -> Any:
+        return self.jit.eval_shape(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        """Executables compiled for top-level calls (as `jax.jit`'s `_cache_size` counts its own)."""
+        return sum(map(len, self._executables.values()))
 
     def __get__(self, obj, objtype=None):  # usable as a method decorator too
         return self if obj is None else functools.partial(self, obj)
@@ -109,13 +162,9 @@ class _Jitted:
 
 def jit(fun: Optional[Callable] = None, *, compiler_options: Optional[dict] = None, sequence: bool = False,
         **jit_kwargs):
-    """`jax.jit(fun, **jit_kwargs)` with `COMPILER_OPTIONS` (`sequence`: `SEQUENCE_COMPILER_OPTIONS`, a program
-    over whole sequences, unless an argument spans several devices; module docstring), updated with
-    `compiler_options`, at top level, and a plain nested jit when called under a transformation (see the module
-    docstring). `.lower` and other attributes are the one-device top-level jit's.
+    """A `Program`: `jax.jit(fun, **jit_kwargs)`, compiled for top-level calls with `options(devices, sequence=sequence,
+    extra=compiler_options)`; `sequence`: a program over whole sequences (module docstring).
     Usable as `jit(f, ...)` or as a decorator `@functools.partial(jit, static_argnames=...)`."""
-    options = _merged(compiler_options, sequence=sequence)
-    multi = _merged(compiler_options) if sequence else None
     if fun is None:
-        return lambda f: _Jitted(f, options, jit_kwargs, multi)
-    return _Jitted(fun, options, jit_kwargs, multi)
+        return lambda f: Program(f, sequence, compiler_options, jit_kwargs)
+    return Program(fun, sequence, compiler_options, jit_kwargs)

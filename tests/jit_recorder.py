@@ -3,9 +3,10 @@
     python tests/jit_recorder.py OUT.jsonl -m experiments.reproduce --preset ci --root DIR
 
 `jax.jit` is replaced before anything else is imported, so every jit made afterwards is a recording wrapper:
-module-level `jax.jit(f)`, `functools.partial(jax.jit, ...)` decorators, jits made in factories, and the three
-jits behind each `xla_options.jit`. A call is recorded when it runs a program of its own: no argument is a
-tracer and no trace is running (a jit called while another is traced is part of that program). Each distinct
+module-level `jax.jit(f)`, `functools.partial(jax.jit, ...)` decorators, jits made in factories, and the jit behind
+each `xla_options.jit` (whose top-level calls run that jit's compiled executable: `xla_options.Program.__call__` is
+wrapped to record them). A call is recorded when it runs a program of its own: no argument is a tracer and no trace
+is running (a jit called while another is traced is part of that program). Each distinct
 `jaxagent.aot.coverage.call_signature` is written once, as a JSON line with its call count and the module that
 made the jit, also when the module fails.
 """
@@ -32,6 +33,10 @@ class _Recorded:
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
+        self.record(args, kwargs)
+        return self._jitted(*args, **kwargs)
+
+    def record(self, args, kwargs):
         if _top_level((args, kwargs)):
             from jaxagent.aot import coverage
             if self._fn_id is None:
@@ -41,7 +46,6 @@ class _Recorded:
                              sort_keys=True)
             entry = self._calls.setdefault(sig, {"calls": 0, "made_in": self._made_in})
             entry["calls"] += 1
-        return self._jitted(*args, **kwargs)
 
     def __getattr__(self, name):  # lower, trace, eval_shape, _cache_size, ...
         if name.startswith("_") and name in ("_jitted", "_fun", "_made_in", "_calls", "_fn_id", "_static",
@@ -72,6 +76,14 @@ def install(calls: dict):
         return wrap if fun is None else wrap(fun)
 
     jax.jit = jit
+    from jaxagent import xla_options  # makes no jit at import
+    program_call = xla_options.Program.__call__
+
+    def recorded_call(program, *args, **kwargs):
+        program.jit.record(args, kwargs)
+        return program_call(program, *args, **kwargs)
+
+    xla_options.Program.__call__ = recorded_call
 
 
 def write(calls: dict, path: str):

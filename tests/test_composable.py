@@ -1,9 +1,10 @@
 """The jitted entry points compose: they nest inside a user's `jax.jit`, `jax.eval_shape`,
 `jax.make_jaxpr` and `jax.vmap` (jax rejects compiler options on a nested jit; `xla_options.jit`
-keeps them at the top level only) and give the same values nested as at top level.
+applies them when it compiles a top-level call) and give the same values nested as at top level.
 
 Legend: B batch, T tokens, L prompt width, A replies, R reply width, V vocab.
 """
+import collections
 import importlib
 
 import jax
@@ -64,11 +65,27 @@ def test_xla_options_jit_keeps_options_at_top_level_only():
     assert float(f(jnp.float32(3))) == 6.0
     assert float(jax.jit(lambda x: f(x) + 1)(jnp.float32(3))) == 7.0
     # a plain jax.jit with the options cannot nest: the reason for xla_options.jit
-    g = jax.jit(lambda x: x * 2, compiler_options=xla_options.COMPILER_OPTIONS)
+    g = jax.jit(lambda x: x * 2, compiler_options=xla_options.DECODING_CPU_OPTIONS)
     with pytest.raises(ValueError, match="compiler_options"):
         jax.jit(lambda x: g(x) + 1)(jnp.float32(3))
-    assert f._cache_size() == 1  # attributes of the top-level jit stay reachable (lower, trace, ...)
+    assert f._cache_size() == 1  # the top-level call's executable; the nested one is the user's program
     assert "stablehlo.multiply" in f.lower(jnp.float32(3)).as_text()
+
+
+def test_options_follow_the_platform_and_the_device_count():
+    """XLA:CPU options on CPU only: decoding programs turn YNNPACK off; sequence programs keep XLA's defaults on one
+    device and turn it off over several; GPU and TPU compiles get none, `extra` goes on everywhere."""
+    device = collections.namedtuple("Device", "platform id")
+    cpu, tpu = [device("cpu", i) for i in range(2)], [device("tpu", i) for i in range(2)]
+    off = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert xla_options.options(cpu[:1]) == xla_options.options(cpu) == off
+    assert xla_options.options(cpu[:1], sequence=True) == {}
+    assert xla_options.options(cpu, sequence=True) == off
+    assert xla_options.options(tpu) == xla_options.options(tpu[:1], sequence=True) == {}
+    assert xla_options.options(tpu, extra={"a": 1}) == {"a": 1}
+    assert xla_options.options(cpu[:1], sequence=True, extra={"a": 1}) == {"a": 1}
+    with pytest.raises(ValueError, match="no devices"):
+        xla_options.options([])
 
 
 def _only_readers_fail(monkeypatch, programs, readers: dict):
@@ -88,9 +105,9 @@ def _only_readers_fail(monkeypatch, programs, readers: dict):
 
 def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params):
     """Programs over whole sequences (the train step, the SFT step, full-row log-probs) compile with
-    `SEQUENCE_COMPILER_OPTIONS`, every other entry point with `COMPILER_OPTIONS`: an option value XLA rejects put in
-    one set fails exactly the programs that read it. (The module-level entry points, e.g. generation, merged their
-    options at import: a decoding jit made here stands for them.)"""
+    `SEQUENCE_CPU_OPTIONS` on one CPU device, every other entry point with `DECODING_CPU_OPTIONS`: an option value
+    XLA rejects put in one set fails exactly the programs that read it. (A module-level entry point, e.g.
+    generation, keeps the executables it compiled earlier in this process: a fresh decoding jit stands for them.)"""
     from jaxagent.rl import logprobs, sft, train_step
     tokens = jnp.asarray(np.random.default_rng(2).integers(1, CFG.vocab_size, (2, 8)), jnp.int32)
     mask = jnp.zeros((2, 8), bool).at[:, 4:].set(True)
@@ -103,30 +120,33 @@ def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params
         yield "train", lambda: train_step.make_train_step(CFG, tx, train_state.LossSettings())(state, batch)
         yield "sft", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, params), tx.init(params), tokens, mask)
         yield "logprobs", lambda: logprobs.make_logprobs_fn(CFG)(params, tokens)
-        yield "generate", lambda: _gen(params, tokens, jnp.ones((2, 8), bool), jax.random.key(0))
         yield "decode", lambda: xla_options.jit(lambda x: x * 2)(tokens)
 
-    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_COMPILER_OPTIONS": {"train", "sft", "logprobs"},
-                                               "COMPILER_OPTIONS": {"decode"}})
+    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_CPU_OPTIONS": {"train", "sft", "logprobs"},
+                                               "DECODING_CPU_OPTIONS": {"decode"}})
 
 
-def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkeypatch, params):
-    """Partitioned over several devices the sequence programs compile with `COMPILER_OPTIONS` (YNNPACK ran the
-    ci-sql step there slower, at twice the peak memory): the builders given a mesh of 2 devices, and the SFT step
-    and teacher-forced scoring (built without a mesh) called on arguments sharded over 2 devices; on one device the
-    same SFT step reads `SEQUENCE_COMPILER_OPTIONS`."""
+def _sharded_sequence_setup(params):
+    """(mesh of 2 devices, the params replicated on it, a batch over its rows, the same tokens and mask unplaced)."""
     from jaxagent import sharding
-    from jaxagent.eval import scoring
-    from jaxagent.rl import logprobs, sft, train_step
     mesh = sharding.make_mesh(2, 1, 1, devices=jax.devices()[:2])
-    assert xla_options.sequence_program(None) and not xla_options.sequence_program(mesh)
     tokens = jnp.asarray(np.random.default_rng(3).integers(1, CFG.vocab_size, (2, 8)), jnp.int32)
     mask = jnp.zeros((2, 8), bool).at[:, 4:].set(True)
     rows = sharding.row_sharding(mesh)
     batch = {"tokens": tokens, "policy_mask": mask, "advantages": jnp.ones((2, 8)), "old_logprobs": jnp.zeros((2, 8))}
     batch = {k: jax.device_put(v, rows) for k, v in batch.items()}
+    return mesh, jax.device_put(params, sharding.replicated(mesh)), batch, tokens, mask
+
+
+def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkeypatch, params):
+    """Partitioned over several devices the sequence programs compile with `DECODING_CPU_OPTIONS` (YNNPACK ran the
+    ci-sql step there slower, at twice the peak memory): the builders given a mesh of 2 devices, and the SFT step
+    and teacher-forced scoring (built without a mesh) called on arguments sharded over 2 devices; on one device the
+    same SFT step reads `SEQUENCE_CPU_OPTIONS`."""
+    from jaxagent.eval import scoring
+    from jaxagent.rl import logprobs, sft, train_step
+    mesh, placed, batch, tokens, mask = _sharded_sequence_setup(params)
     tx = optax.sgd(1e-3)
-    placed = jax.device_put(params, sharding.replicated(mesh))
 
     def programs():
         scoring_jit = xla_options.jit(scoring.token_logprobs, static_argnums=1, sequence=True)  # as the module's
@@ -139,8 +159,32 @@ def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkey
         yield "sft_one_device", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, params), tx.init(params),
                                                                    tokens, mask)
 
-    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_COMPILER_OPTIONS": {"sft_one_device"},
-                                               "COMPILER_OPTIONS": {"train", "logprobs", "sft", "scoring"}})
+    _only_readers_fail(monkeypatch, programs, {"SEQUENCE_CPU_OPTIONS": {"sft_one_device"},
+                                               "DECODING_CPU_OPTIONS": {"train", "logprobs", "sft", "scoring"}})
+
+
+def test_what_aot_compiles_for_a_mesh_is_what_a_call_on_that_mesh_runs(params):
+    """The SFT step (built without a mesh) and the train step built for a mesh of 2 devices, called on arguments
+    placed on it: the executable the call ran is the one `.compile` makes from abstract arguments carrying the same
+    shardings (what the AOT check lowers), the same optimised program text; `.lower` of the abstract arguments is the
+    call's lowering; and the one-device options would have compiled a different program (YNNPACK's fusions)."""
+    from jaxagent.rl import sft, train_step
+    mesh, placed, batch, _, _ = _sharded_sequence_setup(params)
+    tx = optax.sgd(1e-3)
+    abstract = lambda tree: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    state = train_state.init_train_state(CFG, tx, jax.random.key(0), mesh=mesh)
+    calls = {"sft": (sft.make_sft_step(CFG, tx), (placed, tx.init(placed), batch["tokens"], batch["policy_mask"])),
+             "train": (train_step.make_train_step(CFG, tx, train_state.LossSettings(), mesh), (state, batch))}
+    for name, (program, args) in calls.items():
+        shapes = abstract(args)
+        lowered = program.lower(*shapes)
+        assert lowered.as_text() == program.lower(*args).as_text(), name
+        aot = program.compile(*shapes).as_text()
+        jax.block_until_ready(program(*jax.tree.map(jnp.copy, args)))
+        (ran,) = [executable for compiled in program._executables.values() for _, executable in compiled]
+        assert ran.as_text() == aot, name
+        assert lowered.compile(xla_options.SEQUENCE_CPU_OPTIONS or None).as_text() != aot, name
 
 
 def test_generate_nests_in_jit_eval_shape_make_jaxpr_and_vmap(params, prompt):

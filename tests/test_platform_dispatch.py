@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent import sharding as shd
+from jaxagent import xla_options
 from jaxagent.kernels import cpu as cpu_kernels
 from jaxagent.models import ops, ops_cpu, qwen3
 from jaxagent.models.config import Qwen3Config
@@ -116,15 +117,17 @@ def test_tpu_programs_have_no_cpu_kernels_and_compile(tpu_mesh, dtype):
 
 
 @needs_libtpu
-def test_entry_point_lowers_for_tpu_with_its_compiler_options(tpu_mesh):
-    """An entry point's own top-level jit (`xla_options.jit`, with `COMPILER_OPTIONS`) lowered for TPU
-    from abstract inputs placed on the topology: no CPU kernel, and it compiles."""
+def test_entry_point_compiles_for_tpu_without_the_cpu_options(tpu_mesh, monkeypatch):
+    """An entry point (`xla_options.jit`) compiled as a call on TPU would run it (`.compile`, from abstract inputs
+    placed on the topology): no CPU kernel, and none of the XLA:CPU options (an option value XLA rejects, put in them,
+    does not reach the TPU compile)."""
     rep = NamedSharding(tpu_mesh, P())
     fn, args = _programs(jnp.float32)["generate"]
     args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), args)
-    lowered = gen_mod.generate_jit.lower(*args, cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(),
-                                         stop_ids=(1,), pad_id=0)
-    assert not _custom_calls(lowered.compile().as_text())
+    kw = dict(cfg=CFG, max_steps=STEPS, cache_len=L + STEPS, sampler=Sampler(), stop_ids=(1,), pad_id=0)
+    assert gen_mod.generate_jit.devices(*args, **kw) == set(tpu_mesh.devices.flat)
+    monkeypatch.setattr(xla_options, "DECODING_CPU_OPTIONS", {"xla_cpu_experimental_ynn_fusion_type": "not-a-fusion"})
+    assert not _custom_calls(gen_mod.generate_jit.compile(*args, **kw).as_text())
 
 
 @needs_libtpu

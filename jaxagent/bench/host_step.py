@@ -8,8 +8,8 @@ filter would drop a group's: the step's work is the rollout's). The step: the pr
 (`stages.make_arm_step`: PPO-clip, the exact KL to the base), timed from the same initial state, the median of
 `steps` timed steps after one compiling step, in three settings:
   rows_decode_options   policy logits at t_max x max_action_tokens positions per row (`policy_tokens`), compiled with
-                        the decoding programs' options (`xla_options.COMPILER_OPTIONS`: YNNPACK off on XLA:CPU);
-  rows                  the same positions, the sequence programs' options (`SEQUENCE_COMPILER_OPTIONS`);
+                        the decoding programs' options (`xla_options.DECODING_CPU_OPTIONS`: YNNPACK off on XLA:CPU);
+  rows                  the same positions, the sequence programs' options (`SEQUENCE_CPU_OPTIONS`);
   packed                the batch's policy tokens in one list (`packed_policy`, multiples of
                         `host_stages.PACK_BUCKET`), the sequence options: what the toy presets run.
 The three compute the same loss and update to float rounding (`*_loss` of each, and `*_max_param_diff` against
@@ -80,7 +80,7 @@ def run_bench(run: HostRun, steps: int, seed: int) -> dict:
     settings = run.arm_settings(MAIN_ARM)
     mb = first_minibatch(run, params, settings, seed)
     per_row = p.task.t_max * p.task.max_action_tokens
-    decode = dict(xla_options.COMPILER_OPTIONS)
+    decode = dict(xla_options.DECODING_CPU_OPTIONS)
     variants = {"rows_decode_options": (dict(policy_tokens=per_row, compiler_options=decode), None),
                 "rows": (dict(policy_tokens=per_row), None),
                 "packed": (dict(packed_policy=True), host_stages.PACK_BUCKET)}

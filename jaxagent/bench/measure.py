@@ -199,7 +199,7 @@ def train_step(cfg: Qwen3Config, state, arm_step, *, rows: int, seq: int, prompt
     recompute not counted), the first step's loss, memory (`memory_fields`)."""
     batch = {k: _rows(v, mesh) for k, v in train_batch(cfg.vocab_size, rows, seq, prompt, seed).items()}
     t0 = time.perf_counter()
-    compiled = arm_step.jit.lower(state, batch).compile()
+    compiled = arm_step.jit.compile(state, batch)
     compile_s = time.perf_counter() - t0
     holder, losses = {"state": state}, []
 

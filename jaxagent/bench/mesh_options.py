@@ -1,7 +1,7 @@
 """A sequence program partitioned over a mesh of host CPU devices under both XLA option sets: the RL train step of a
-host preset's model, compiled with the decoding programs' options (`xla_options.COMPILER_OPTIONS`, YNNPACK off: what
-jaxagent compiles a sequence program on several devices with, `xla_options.sequence_program`) and with the
-one-device sequence programs' (`SEQUENCE_COMPILER_OPTIONS`: XLA's defaults); the command line is
+host preset's model, compiled with the decoding programs' options (`xla_options.DECODING_CPU_OPTIONS`, YNNPACK off:
+what jaxagent compiles a sequence program on several CPU devices with, `xla_options.options`) and with the
+one-device sequence programs' (`SEQUENCE_CPU_OPTIONS`: XLA's defaults); the command line is
 `python -m experiments.bench_mesh_options`.
 
 The step: `rl.train_step.make_train_step` on `mesh` (data, fsdp, tensor) with GRPO's loss settings, `micro_batches`
@@ -74,7 +74,8 @@ def run_bench(cfg, mesh_shape: tuple, *, batch: int, seq: int, prompt: int, micr
            "prompt": prompt, "micro_batches": micro_batches, "vocab": cfg.vocab_size, "steps": steps,
            "extra_options": dict(extra_options or {}), "backend": jax.devices()[0].platform}
     for name in SETTINGS:
-        options = xla_options.compiler_options(extra_options, sequence=name == "sequence_options")
+        base = xla_options.SEQUENCE_CPU_OPTIONS if name == "sequence_options" else xla_options.DECODING_CPU_OPTIONS
+        options = {**base, **(extra_options or {})}
         # the same step function and shardings as jaxagent's, compiled with this setting's options
         step = jax.jit(jaxagent_step.__wrapped__, donate_argnums=(0,), compiler_options=options)
         out[f"{name}_rss_before_mb"] = resident_mb()

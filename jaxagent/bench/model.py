@@ -22,7 +22,7 @@ FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x 
 pair; `jaxagent.bench.roofline.forward_flops` with every position unembedded); `*_prefill_frac_peak`
 divides the achieved prefill FLOP/s by the machine's f32 matmul peak,
 `matmul_peak_gflops`: the best of the same square matmul through XLA with its default options
-(`jax_default_matmul_peak_gflops`), through XLA with `jaxagent.xla_options.COMPILER_OPTIONS`
+(`jax_default_matmul_peak_gflops`), through XLA with `jaxagent.xla_options.DECODING_CPU_OPTIONS`
 (`jax_matmul_peak_gflops`) and through torch's BLAS at each peer setting (`torch_matmul_peak_gflops`),
 all in this run.
 
@@ -43,7 +43,7 @@ from jaxagent.bench.roofline import forward_flops
 from jaxagent.models import weights
 from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.sampling import GREEDY, generate
-from jaxagent.xla_options import COMPILER_OPTIONS
+from jaxagent.xla_options import DECODING_CPU_OPTIONS
 
 
 def jax_runner(params, cfg, prompt_BxL, new_tokens: int):
@@ -95,7 +95,7 @@ def run_cpu(args, peer) -> dict:
             raise RuntimeError(f"config did not round-trip: {cfg_loaded} != {cfg}")
         jax_peaks = {"xla_default": matmul_peak_gflops(args.matmul_n, args.repeats),
                      "jaxagent_options": matmul_peak_gflops(args.matmul_n, args.repeats,
-                                                            compiler_options=COMPILER_OPTIONS)}
+                                                            compiler_options=DECODING_CPU_OPTIONS)}
         # time to first token: jax with max_new_tokens=0 (the prompt forward, same compiled program),
         # torch with max_new_tokens=1 (prompt forward + one argmax)
         jx = time_runners({"jax": jax_runner(params, cfg, jnp.asarray(prompt, jnp.int32), args.new_tokens)},

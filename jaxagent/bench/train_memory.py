@@ -72,7 +72,7 @@ def compiled_step_bytes(cfg: Qwen3Config, *, rows: int, seq: int, micro_batches:
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state)
     dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_, "advantages": jnp.float32, "old_logprobs": jnp.float32}
     batch = {k: jax.ShapeDtypeStruct((rows, seq), v, sharding=sh) for k, v in dtypes.items()}
-    m = step.jit.lower(state, batch).compile().memory_analysis()
+    m = step.jit.compile(state, batch).memory_analysis()
     return {k: float(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
 
 

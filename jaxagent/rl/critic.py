@@ -110,5 +110,4 @@ def make_values_fn(cfg: Qwen3Config, *, mesh=None, micro_batches: int = 1, remat
         return xla_options.jit(fn, sequence=True)
     p_sh = sharding.shardings_for(logical_axes(cfg), param_shapes(cfg), mesh)
     row = sharding.row_sharding(mesh)
-    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row,
-                           sequence=xla_options.sequence_program(mesh))
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row, sequence=True)

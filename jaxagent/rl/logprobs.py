@@ -205,5 +205,4 @@ def make_logprobs_fn(cfg: Qwen3Config, *, mesh: Optional[Mesh] = None, micro_bat
         return xla_options.jit(fn, sequence=True)
     p_sh = sharding.shardings_for(qwen3.logical_axes(cfg), qwen3.param_shapes(cfg), mesh)
     row = sharding.row_sharding(mesh)
-    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row,
-                           sequence=xla_options.sequence_program(mesh))
+    return xla_options.jit(fn, in_shardings=(p_sh, row), out_shardings=row, sequence=True)

@@ -131,9 +131,8 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
     ...; `logprobs.packed_policy_positions`), padded with 0: the logits are computed at those N states only (the
     same values again), however the policy tokens are spread over the rows; policy_tokens_over counts the policy
     tokens the lists miss. One device or a mesh without batch shards only (the list crosses rows).
-    `compiler_options` go to jax.jit on top
-    of `xla_options.SEQUENCE_COMPILER_OPTIONS` (e.g. {'xla_backend_optimization_level': 0}: tests trade the CPU
-    step's run time for a shorter compile).
+    `compiler_options` go on top of the sequence programs' options (`xla_options.options`; e.g.
+    {'xla_backend_optimization_level': 0}: tests trade the CPU step's run time for a shorter compile).
 
     metrics (f32 scalars): loss (L_pi), pg_loss, kl (token-mean k3 estimate of KL(pi || pi_ref) on
     policy tokens, whatever the loss's estimator; 0 without a reference), with kl_estimator 'exact' also
@@ -339,7 +338,7 @@ def make_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation,
         return xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options, sequence=True)
     return xla_options.jit(step, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, rep),
                            donate_argnums=(0,), compiler_options=compiler_options,
-                           sequence=xla_options.sequence_program(mesh))
+                           sequence=True)
 
 
 def make_ppo_train_step(cfg: Qwen3Config, optimizer, loss_settings: LossSettings,
