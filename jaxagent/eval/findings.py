@@ -324,7 +324,7 @@ def _ks_rows(key):
 
 
 _PASS_SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no FrozenLake number)")
-DEFAULT_FINDINGS: tuple[Finding, ...] = (
+_DECLARED: tuple[Finding, ...] = (
     _pair("f1_pass1", "1. Held-out Pass@1 at full budget (K=1): RL above base", None, None, +1,
           ("pass_at_k",), room=True, falsified_by=(
               "a 95% CI of RL - base held-out Pass@1 at full budget below 0, or holding 0 with its upper end "
@@ -519,3 +519,35 @@ DEFAULT_FINDINGS: tuple[Finding, ...] = (
           falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max wholly outside +-5 points"),
     _mix(25, +1), _mix(50, +1), _mix(75, +1), _mix(100, 0),
 )
+# What the FrozenLake base (an epsilon-noisy expert: a share epsilon of its moves uniform noise) does to each row,
+# and why the row's failing result (`Finding.falsified_by`) was possible under this recipe; appended to the notes
+BASE_EFFECT = {
+    "f1_pass1": "Base: RL gains by denoising the epsilon-noisy expert, a tilt towards reproduced; the failing "
+                "result was possible because GRPO seeds collapse (one in three in the sweeps) or forget, and the "
+                "room [-base, U - base] leaves E on both sides at every preset.",
+    "f1_breadth": "Base: the noisy base's K tries explore, so its Pass@K climbs towards the bound with K, a tilt "
+                  "towards not reproduced; a CI below 0 needs only RL's K tries to be less diverse.",
+    "f2_shrink_frozenlake": "Base: with spare turns the noisy base walks off a noisy move, at the tightest tier a "
+                            "noisy move costs the task, so RL that denoises gains more at the tight tier: a tilt "
+                            "towards not reproduced (as the host's recovering experts); the row stays judged "
+                            "because the noise is uniform, not a designed error of a stated rate.",
+    "f4_error_frozenlake": "Base: noise also hits the base's continuation from the error state, a tilt towards "
+                           "reproduced; a CI below 0 was possible because the injected error puts RL off its own "
+                           "trajectories, where a sharpened policy can do worse than a noisy one. No control yet: "
+                           "the same gap at matched non-error states needs `state_drivers.error_states` to run a "
+                           "second continuation from each drawn cell with the trajectory's own move replayed at "
+                           "turn t where Q*_h of it is V* (same depth, h - 1 turns left, the same key).",
+    "f4_depth": "Base: noise is the same at every depth, so the base tilts neither half; the split is the median "
+                "depth of the drawn states.",
+    "f5_nll": "Base: RL that denoises moves onto the base's modal action, whose NLL under base is lowest, a tilt "
+              "towards not reproduced; a CI above E needs RL actions the base rarely takes, possible when RL "
+              "takes the noise's invalid or detour moves less often than the expert's.",
+    "f6_r_multi": "Base: denoising raises training-batch success, a tilt towards reproduced; a CI holding 0 was "
+                  "possible at 12-20 iterations, and collapsing seeds fall.",
+    "f6_r_single": "Base: noise compounds over a blind plan's moves, so denoising raises plan-mode success, a tilt "
+                   "towards not reproduced (opposite); the row stays judged because the noise is uniform, not a "
+                   "designed error of a stated rate (the host code base's slips are: `recipe.designed_tilt`).",
+}
+DEFAULT_FINDINGS: tuple[Finding, ...] = tuple(
+    dataclasses.replace(f, note=f"{f.note} {BASE_EFFECT[f.key]}".strip()) if f.key in BASE_EFFECT else f
+    for f in _DECLARED)
