@@ -24,9 +24,13 @@ Likelihood ratios (finding 5). For two policies with trajectory distributions p_
 successes, E_RL[log p_RL - log p_b] - E_b[log p_RL - log p_b] = KL(RL || b) + KL(b || RL), the Jeffreys
 divergence: >= 0 for any two policies, so a "difference of the two groups' mean LLR" (and its length-matched
 version, which restricts both expectations to the same tasks and lengths) cannot come out negative and holds
-by construction. jaxagent therefore judges the paper's claim in a form that can fail: RL's successful
-trajectories sit more than LLR_THRESHOLD = 1 nat above base in log-likelihood ratio, diff = LLR -
-LLR_THRESHOLD (direction +1, E = 1 nat), and prints the Jeffreys contrast without judging it.
+by construction. jaxagent states the claim in a form that could fail, RL's successful trajectories more than
+LLR_THRESHOLD = 1 nat above base (diff = LLR - LLR_THRESHOLD, direction +1, E = 1 nat), prints the Jeffreys
+contrast beside it, and reports both LLR rows without judging them: a cumulative LLR measures the recipe's KL
+budget and token count at toy scale ("untestable here (recipe)", `recipe.llr_not_comparable`).
+
+Recipe. `Finding.recipe` (`jaxagent.eval.recipe`) gives the reason a row is decided by the training recipe or
+the base's design rather than the arms; `finding_verdict` then prints "untestable here (recipe)" with it.
 """
 from __future__ import annotations
 
