@@ -3,6 +3,7 @@ teacher-forced scoring checked against a direct computation with the model, the 
 hand-made numbers, the seed-aware metrics and the report section, and the ci-bfcl miniature end to end."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxagent import sharding
-from jaxagent.eval import likelihood as lk, stats
+from jaxagent.eval import likelihood as lk, recipe, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, finding_verdict, room_from_metrics
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
@@ -241,15 +242,16 @@ def _llr_seed(llr_rl, llr_base, n=8):
             "base": _side(task, [True] * n, [50] * n, list(llr_base))}
 
 
-def test_llr_rows_fail_below_the_threshold_and_pass_above():
-    """The judged LLR rows test "more than LLR_THRESHOLD above base": RL successes 0.2 nat above base (the
-    two-group contrast still > 0, a Jeffreys divergence) are "not reproduced (opposite)" (the CI of LLR - 1 lies
-    below 0);
-    30 nats above are "reproduced". Neither row has a structural room; the contrast is never judged."""
+def test_llr_rows_are_reported_not_judged_at_any_gap():
+    """The LLR rows measure the recipe's KL budget at toy scale (`recipe.llr_not_comparable`): RL successes 0.2 nat
+    above base (which the threshold rule called "not reproduced (opposite)") and 30 nats above (which it called
+    "reproduced") are both "untestable here (recipe)", with their estimates still written: the two-group contrast
+    > 0 (a Jeffreys divergence) and LLR - 1 at the gap. Neither row has a structural room; the contrast is never
+    judged."""
     rng = np.random.default_rng(5)
     f = {x.key: x for x in hl.findings("bfcl", "BFCL")}
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
-    for gap, want in ((0.2, stats.OPPOSITE), (30.0, stats.REPRODUCED)):
+    for gap, rule in ((0.2, stats.OPPOSITE), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
         m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_metrics.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
@@ -258,10 +260,11 @@ def test_llr_rows_fail_below_the_threshold_and_pass_above():
         assert m["bfcl.f5_matched.raw.mean"] == pytest.approx(gap, abs=0.05)
         for key in ("bfcl.f5_llr_rl", "bfcl.f5_matched"):
             assert room_from_metrics(f[key], m) is None
-            assert finding_verdict(f[key], m)[0] == want, (key, gap, finding_verdict(f[key], m))
+            assert finding_verdict(f[key], m) == (stats.RECIPE, recipe.LLR_SCALE_REASON), (key, gap)
+            assert finding_verdict(dataclasses.replace(f[key], recipe=None), m)[0] == rule, (key, gap)
         _, verdicts = host_report.domain_section("bfcl", "BFCL", m, tuple(f.values()), policies=["base"], tiers=[1],
                                                  ks=[1], t_max=1, splits=("train", "test"))
-        assert verdicts["bfcl.f5_llr_rl"] == want and "bfcl.f5_llr_success" not in verdicts
+        assert verdicts["bfcl.f5_llr_rl"] == stats.RECIPE and "bfcl.f5_llr_success" not in verdicts
 
 
 def test_no_pair_note_and_measured_rows_without_successes():

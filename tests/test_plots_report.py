@@ -1,4 +1,5 @@
 """Tests of jaxagent.eval.plots (PNG files) and jaxagent.eval.report (verdict rule, sourced numbers)."""
+import dataclasses
 import json
 import math
 import re
@@ -134,7 +135,7 @@ EXPECTED = {"f1_pass1": stats.REPRODUCED, "f1_breadth": stats.REPRODUCED,
             "f2_shrink_frozenlake": stats.REPRODUCED,
             "f3_step_frozenlake": stats.OPPOSITE,  # the CI lies on the opposite side of 0
             "f5_nll": stats.NOT_REPRODUCED,  # CI holds 0, its upper end 0.512 < E = 19% of 10.714
-            "f5_matched_bfcl": stats.REPRODUCED, "f6_r_multi": stats.INCONCLUSIVE,
+            "f5_matched_bfcl": stats.RECIPE, "f6_r_multi": stats.INCONCLUSIVE,
             "f8_budgetmix_t25": stats.UNDERPOWERED,  # the CI holds 0 and the paper's 7.5 points
             "f8_budgetmix_t50": stats.SMALLER,  # above 0; the bound allows 3 points above GRPO, E = 5.3
             "f8_budgetmix_t100": stats.REPRODUCED}  # TOST: 90% CI inside +/-4 points
@@ -281,7 +282,8 @@ def test_a_row_whose_bound_leaves_less_than_e_is_judged_on_its_sign_only_and_say
     """f7 at the tightest tier: GRPO within 2 points of the bound cannot be beaten by E = 10 points, so a CI
     holding 0 is untestable here (bound) and one above 0 a sign result (smaller than the paper, the bound named);
     with room the usual rule decides it."""
-    f = next(x for x in findings_lib.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
+    declared = next(x for x in findings_lib.DEFAULT_FINDINGS if x.key == "f7_process_frozenlake")
+    f = dataclasses.replace(declared, recipe=None)  # the bound rule alone (the declared row is reported, not judged)
 
     def run(lo, hi, base, bound):
         m = report.flatten_metrics({"meta": {"t_max": 8}, "f7_process_frozenlake": {
@@ -298,6 +300,8 @@ def test_a_row_whose_bound_leaves_less_than_e_is_judged_on_its_sign_only_and_say
     assert "| differences the structural bound allows | [-23.4, 2.0] | — |" in md
     assert "7. Oracle process reward vs GRPO, FrozenLake, tightest tier (T=2 of 8)" in md
     assert run(0.004, 0.02, 0.2375, 0.2656)[0][0] == stats.SMALLER  # a CI above 0: the sign stands
+    m = report.flatten_metrics({"f7_process_frozenlake": {"diff": {"mean": 0.01, "lo": 0.004, "hi": 0.02}}})
+    assert findings_lib.finding_verdict(declared, m)[0] == stats.RECIPE
     assert run(0.0, 0.0, 0.2344, 0.2544)[0][0] == stats.NO_VARIANCE   # every seed the same: no test
     assert run(-0.01, 0.02, 0.30, 0.60)[0][0] == stats.NOT_REPRODUCED   # room 30 points: E excluded
     assert run(0.004, 0.2, 0.30, 0.60)[0][0] == stats.REPRODUCED

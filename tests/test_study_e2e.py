@@ -125,7 +125,7 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
         if all(isinstance(x, float) and math.isfinite(x) for x in bounds_):
             room = bounds_
         want, reason = stats.decide(est, f.direction, None if effect is None else abs(effect), f.margin, room=room,
-                                    scale=f.diff_scale)
+                                    scale=f.diff_scale, recipe=None if f.recipe is None else f.recipe(metrics))
         assert verdict == want and verdict in stats.VERDICTS, f.key
         assert why.startswith(reason), f.key
         if room is not None:  # a row judged against a structural bound prints the range it allows

@@ -32,7 +32,9 @@ SMALLER = "reproduced in direction, smaller than the paper"
 OPPOSITE = "not reproduced (opposite)"
 NO_VARIANCE = "inconclusive (no variance)"
 UNTESTABLE = "untestable here (bound)"
-VERDICTS = (REPRODUCED, SMALLER, NOT_REPRODUCED, OPPOSITE, UNDERPOWERED, INCONCLUSIVE, NO_VARIANCE, UNTESTABLE)
+RECIPE = "untestable here (recipe)"
+VERDICTS = (REPRODUCED, SMALLER, NOT_REPRODUCED, OPPOSITE, UNDERPOWERED, INCONCLUSIVE, NO_VARIANCE, UNTESTABLE,
+            RECIPE)
 T_SEEDS, NOT_AVAILABLE = "t over seeds", "n/a"
 INTERVAL_METHOD = (
     "seeds are the unit of replication: a Student-t interval over the per-seed values (seeds - 1 degrees of "
@@ -52,7 +54,11 @@ VERDICT_RULE = (
     "equivalence (the 90% CI inside (-m, m)); **not reproduced** only if the 95% CI lies wholly outside [-m, m]; "
     "**inconclusive** otherwise; **untestable here (bound)** if the bound leaves less than m on both sides of 0 "
     "(equivalence is forced). A zero-width CI (every seed the same value) is **inconclusive (no variance)**, "
-    "never decided as a point; no interval: **inconclusive**. For an underpowered row the report gives the "
+    "never decided as a point; no interval: **inconclusive**. A row whose outcome the training recipe or the "
+    "base's design decides rather than the arms (a parity row whose arms did not each move the margin from the "
+    "base, a row tilted by errors the base was built to make, a cumulative log-likelihood ratio at a toy "
+    "recipe's KL budget) is **untestable here (recipe)** with the reason, whatever the interval. For an "
+    "underpowered row the report gives the "
     "seeds that would bring the MDE down to E as a range, from the 95% chi-square interval of the per-seed sd.")
 
 
@@ -216,10 +222,12 @@ def _num(x: float) -> str:
 
 
 def decide(est: Estimate | None, direction: int, effect: float | None = None, margin: float | None = None, *,
-           room: tuple[float, float] | None = None, scale: float = 1.0) -> tuple[str, str]:
+           room: tuple[float, float] | None = None, scale: float = 1.0,
+           recipe: str | None = None) -> tuple[str, str]:
     """Verdict and its reason by `VERDICT_RULE`, in this order:
-    1. direction must be +1 / -1 (the sign of the paper's difference) or 0 (parity, needs margin > 0); no
-       estimate or no interval: inconclusive.
+    1. direction must be +1 / -1 (the sign of the paper's difference) or 0 (parity, needs margin > 0); a
+       recipe reason (`recipe`, non-empty: why the recipe, not the arms, decides the row): untestable here
+       (recipe), whatever the estimate; no estimate or no interval: inconclusive.
     2. room = (lo, hi), the range of the difference the bound allows (difference units and sign), if given and
        `paper_side_room` is below the margin of a parity row, or <= 0 for a directional row: untestable here
        (bound), whatever the interval.
@@ -237,6 +245,8 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None, ma
         raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
     if direction == 0 and (margin is None or not margin > 0):
         raise ValueError(f"a parity finding needs an equivalence margin > 0, got {margin}")
+    if recipe:
+        return RECIPE, recipe
     if est is None or not est.available:
         why = "no estimate" if est is None else (est.reason or "not available")
         return INCONCLUSIVE, f"no interval ({why})"

@@ -79,12 +79,15 @@ def shrink_row(ctx: EvalContext) -> None:
 
 
 def arm_rows(ctx: EvalContext) -> None:
-    """Findings 7 (grpo_oracle, tightest tier) and 8 (budgetmix, every tier at 25/50/75/100% of T_max): the arm
-    against GRPO at K=1 on the tasks solvable at the tier, paired by seed index (every arm starts seed s from the
-    same key and is evaluated on seed s's maps)."""
-    seeds, rl = ctx.arm_seeds(MAIN_ARM), main_arm_per_task(ctx)
-    for other, key, t_list in (("grpo_oracle", "f7_process_frozenlake", [(ctx.tight, None)]),
-                               ("budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)))):
+    """Findings 7 (grpo_oracle, tightest tier, K=1 on the tasks solvable there) and 8 (budgetmix, every tier at
+    25/50/75/100% of T_max, K=1 on all held-out tasks, the paper's scale: `findings._mix`): the arm against GRPO,
+    paired by seed index (every arm starts seed s from the same key and is evaluated on seed s's maps). Finding 8
+    also writes each arm's move from the base on the row's tasks, `<row>.moved.<arm>` (mean over the paired
+    seeds of Pass@1(arm) - Pass@1(base)), for the parity row's recipe check (`recipe.parity_moves`)."""
+    seeds, rl, base_pt = ctx.arm_seeds(MAIN_ARM), main_arm_per_task(ctx), ctx.base_per_task()
+    for other, key, t_list, solv in (("grpo_oracle", "f7_process_frozenlake", [(ctx.tight, None)], True),
+                                     ("budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)),
+                                      False)):
         if other not in ctx.arms:
             continue
         both = sorted(set(seeds) & set(ctx.arm_seeds(other)))
@@ -97,8 +100,12 @@ def arm_rows(ctx: EvalContext) -> None:
                 name = f"{key}_t{pct}"
             else:
                 name = key
-            pass_row(ctx, name, t_i, ctx.k1_i, {s: rl[s] for s in both}, oth, [MAIN_ARM, other], on_solvable=True)
+            pass_row(ctx, name, t_i, ctx.k1_i, {s: rl[s] for s in both}, oth, [MAIN_ARM, other], on_solvable=solv)
             ctx.m[f"{name}.tier_turns"] = float(ctx.tiers[t_i])
+            if not solv:
+                for arm, per in ((MAIN_ARM, rl), (other, oth)):
+                    ctx.est.mean(f"{name}.moved.{arm}", {s: mean(per[s][t_i, ctx.k1_i] - base_pt[s][t_i, ctx.k1_i])
+                                                         for s in both}, [MAIN_ARM, other])
 
 
 def hidden_budget_rows(ctx: EvalContext) -> None:

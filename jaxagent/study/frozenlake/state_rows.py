@@ -22,8 +22,11 @@ def included(ctx: EvalContext, s: int) -> bool:
 
 
 def step_quality_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
-    """Finding 3: step quality on matched states, G sampled actions per policy and state; room: RL's mean Q* per
-    state lies in [0, V*(s)], so RL - base lies in [-mean Q* base, mean V* - base]."""
+    """Finding 3: step quality on matched states, G sampled actions per policy and state. Judged (`.diff`): per
+    state sign(mean Q* RL - mean Q* base), so the seed's mean is the share of states where RL is better minus the
+    share where it is worse (ties count in neither); the mean Q* difference is printed beside it (`.q_diff`). Room:
+    RL can be better only where base's mean Q* is below V*(s) and worse only where it is above 0, so the
+    difference lies in [-share(base > 0), share(base < V*)]."""
     run, p, est, m, tasks = ctx.run, ctx.preset, ctx.est, ctx.m, ctx.tasks
     n_act = fls.N_ACTIONS
     sq_runs = pooled(run, lambda b, r, s: state_drivers.step_quality_matched(
@@ -42,7 +45,9 @@ def step_quality_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
                      inv_r=sr["invalid_share"][mask], depth=np.asarray(x["depth"], np.float64)[mask],
                      g=sb["sampled"].shape[-1])
     key = "f3_step_frozenlake"
-    est.put(f"{key}.diff", {s: v["mr"] - v["mb"] for s, v in f3.items()}, [MAIN_ARM])
+    # judged: per state sign(mean Q* RL - mean Q* base), whose seed mean is the share RL better - RL worse (ties 0)
+    est.put(f"{key}.diff", {s: np.sign(v["mr"] - v["mb"]) for s, v in f3.items()}, [MAIN_ARM])
+    est.put(f"{key}.q_diff", {s: v["mr"] - v["mb"] for s, v in f3.items()}, [MAIN_ARM])
     est.put(f"{key}.exact", {s: v["er"] - v["eb"] for s, v in f3.items()}, [MAIN_ARM])
     m[f"{key}.exact_diff"] = m[f"{key}.exact.mean"]
     for name, fn in (("share_rl_better", lambda v: mean(v["mr"] > v["mb"])),
@@ -54,8 +59,9 @@ def step_quality_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
                      ("exact_share_rl_better", lambda v: mean(v["er"] > v["eb"])),
                      ("exact_share_equal", lambda v: mean(v["er"] == v["eb"]))):
         est.mean(f"{key}.{name}", {s: fn(v) for s, v in f3.items()}, [MAIN_ARM])
-    est.room(key, {s: -mean(v["mb"]) for s, v in f3.items()},
-             {s: mean(v["v_star"]) - mean(v["mb"]) for s, v in f3.items()}, [MAIN_ARM])
+    # RL can be better only where base's mean Q* is below V*, worse only where it is above 0
+    est.room(key, {s: -mean(v["mb"] > 0) for s, v in f3.items()},
+             {s: mean(v["mb"] < v["v_star"]) for s, v in f3.items()}, [MAIN_ARM])
     m[f"{key}.n_states"] = float(sum(v["mb"].size for s, v in f3.items() if included(ctx, s)))
     m[f"{key}.g"] = float(next(iter(f3.values()))["g"])
     use = [v for s, v in f3.items() if included(ctx, s)] or list(f3.values())

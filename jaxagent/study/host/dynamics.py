@@ -61,7 +61,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from jaxagent.eval import stats
+from jaxagent.eval import recipe as recipe_lib, stats
 from jaxagent.eval.dynamics import r_multi_windows
 from jaxagent.eval.findings import PAPER_FIGURES, Finding, Row
 from jaxagent.sampling import Sampler
@@ -163,7 +163,9 @@ def finding(d: str, title: str) -> tuple[Finding, ...]:
                            direction, paper, 1.0, ".3f", effect=e,
                            effect_source=f"the paper's DeepCoder-MT change ({paper})",
                            note=(f"Room: a success rate lies in [0, 1], so last - {first} lies in [-v, 1 - v], v the "
-                                 f"{first} value."), room=True, falsified_by=falsifier))
+                                 f"{first} value."), room=True, falsified_by=falsifier,
+                           recipe=None if r == "r_multi" else recipe_lib.tilt_check(
+                               f"{d}.recipe.base_slip_rate", e, "the base's first submission slips")))
     return tuple(out)
 
 

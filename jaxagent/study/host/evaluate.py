@@ -144,6 +144,7 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
                                              for (a, s), log in logs.items() if a == host_metrics.MAIN_ARM},
                                     gigpo_turns=gigpo_turns or None, recovering_expert=recovering_expert(run))
     m.update(split_labels(run))
+    m.update(recipe_metrics(run))
     for name in w.extra_heldout:  # after the held-out split's: a run stopped here resumes from the cached logs
         m.update(extra_split(run, base, policies, name, hl))
     return m
@@ -182,6 +183,15 @@ def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: d
     m[f"{prefix}.split.heldout"] = len(w.extra_heldout[name])
     m[f"{prefix}.split.note"] = getattr(w.env, "split_notes", {}).get(name, "")
     return m
+
+
+def recipe_metrics(run: HostRun) -> dict:
+    """What the recipe checks read (`jaxagent.eval.recipe`): `<d>.recipe.base_slip_rate`, the probability the SFT
+    base's expert slips on a first submission (`HostSFTSettings.noise`; 0 for a clean or no SFT base), and
+    `<d>.recipe.recovering_expert` (1.0 when it recovers from slips given more turns, `recovering_expert`)."""
+    s, d = run.preset.sft, run.world.domain.name
+    return {f"{d}.recipe.base_slip_rate": float(s.noise) if s is not None else 0.0,
+            f"{d}.recipe.recovering_expert": float(recovering_expert(run))}
 
 
 def recovering_expert(run: HostRun) -> bool:

@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxagent.eval import bounds, health as health_lib, passk, stats
+from jaxagent.eval import bounds, health as health_lib, passk, recipe as recipe_lib, stats
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, stages as host_stages,
@@ -58,8 +58,10 @@ RECOVERING_EXPERT_NOTE = (
     "Finding 2: the base imitates a noisy expert that recovers from some of its slips when it has more turns (it "
     "checks first, or fixes the slip after the env's feedback), while at the tightest tier a slip costs the task. RL "
     "that unlearns the slips therefore gains more at the tightest tier than at the full budget, the side that fails "
-    "this row: the base's design tilts it towards \"not reproduced\" (it does not decide it; RL can gain at the full "
-    "budget by other means).")
+    "this row: the base's design tilts it towards \"not reproduced\", so a slip rate of at least E makes the row "
+    "untestable here (recipe).")
+_RECOVERING_SLIP = ("the base imitates an expert that recovers from its slips only given more turns (finding 2's note) "
+                    "and slips")
 NO_SOLVABLE_NOTE = ("Finding {finding}: no held-out task's reference solution fits the tightest tier (T = {t} turns), "
                     "so no policy can solve any task there and the finding has no estimate in this run.")
 
@@ -212,7 +214,9 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                       "gap(full)]."), room=True,
                 falsified_by=("a 95% CI of gap(tight) - gap(full) above 0, or holding 0 with its lower end above -10 "
                               "points (RL's advantage on the tasks still solvable at the tightest tier as large as "
-                              "at full budget)")),
+                              "at full budget)"),
+                recipe=recipe_lib.tilt_check(f"{d}.recipe.base_slip_rate", _SEI["effect"], _RECOVERING_SLIP,
+                                             when=f"{d}.recipe.recovering_expert")),
     ) + f3 + f4 + (host_likelihood.findings(d, title) if host_stages.uses_env(d, host_likelihood.DOMAINS)
                    else ()) + (
         host_dynamics.finding(d, title) if host_stages.uses_env(d, host_dynamics.DOMAINS) else ()) + (
@@ -229,7 +233,8 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
                 effect_source="equivalence margin 5 points (jaxagent's choice, as FrozenLake's f7_gigpo_bfcl)",
                 note=("Room: GiGPO's Pass@1 lies in [0, U], so GiGPO - GRPO lies in [-GRPO, U - GRPO]; parity is "
                       "forced by the bound only when both ends are within the margin."), room=True,
-                falsified_by="a 95% CI of GiGPO - GRPO Pass@1 at the tightest tier wholly outside +-5 points"),
+                falsified_by="a 95% CI of GiGPO - GRPO Pass@1 at the tightest tier wholly outside +-5 points",
+                recipe=recipe_lib.tier_parity_check(d, f7, (MAIN_ARM, "gigpo"), 0.05, 100.0)),
     )
 
 
