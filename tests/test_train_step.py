@@ -16,6 +16,7 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic, losses, optim, train_state
 from jaxagent.rl import train_step as ts
 from jaxagent.rl import logprobs as logprobs_lib
+from jaxagent.rl.memory_plan import MemoryPlan
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -39,8 +40,13 @@ def jit(f):
     return jax.jit(f, compiler_options=FAST)
 
 
-def make_step(*a, **kw):
-    return ts.make_train_step(CFG, TX, *a, compiler_options=FAST, **kw)
+MEMORY = ("micro_batches", "remat", "compute_dtype", "logits_chunk", "policy_tokens", "packed_policy")
+
+
+def make_step(ls, mesh=None, **kw):
+    """`ts.build_train_step` with the memory knobs among `kw` as its MemoryPlan (and the FAST options)."""
+    memory = MemoryPlan(compiler_options=FAST, **{k: kw.pop(k) for k in MEMORY if k in kw})
+    return ts.build_train_step(CFG, TX, ls, memory, mesh, **kw)
 
 
 def np_params(cfg, seed=0):
@@ -340,8 +346,8 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_to
     batch = make_batch(2)
     params, ref_params = np_params(CFG), np_params(CFG, 7)
     state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
-    step = ts.make_train_step(CFG, TX, ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
-                              compiler_options=FAST, policy_tokens=policy_tokens, packed_policy=packed)
+    step = make_step(ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
+                     policy_tokens=policy_tokens, packed_policy=packed)
     if packed:
         batch = {**batch, "policy_index": logprobs_lib.packed_policy_positions(batch["policy_mask"], 8, 2)}
     new, m = step(state, batch)
@@ -476,8 +482,8 @@ def test_policy_positions_and_tokens_beyond_the_bound_are_counted():
 def test_exact_kl_needs_the_reference_model_in_the_step():
     ls = train_state.LossSettings(kl_coef=0.1, kl_estimator="exact")
     with pytest.raises(ValueError, match="with_ref_params=True"):
-        ts.make_train_step(CFG, TX, ls)
-    step = ts.make_train_step(CFG, TX, ls, with_ref_params=True, compiler_options=FAST)
+        ts.build_train_step(CFG, TX, ls)
+    step = make_step(ls, with_ref_params=True)
     batch = make_batch()
     batch["ref_logprobs"] = batch["old_logprobs"]
     with pytest.raises(ValueError, match="drop batch\\['ref_logprobs'\\]"):

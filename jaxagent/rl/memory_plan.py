@@ -42,7 +42,7 @@ class MemoryPlan:
     compiler_options: tuple = ()
 
     def __post_init__(self):
-        if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+        if self.micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
         p = self.policy_tokens
         if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):

@@ -1,4 +1,4 @@
-"""The sharded RL train step: a loss (`policy_loss.make_policy_loss`, `with_value_loss`) summed over micro-batches,
+"""The sharded RL train step: a loss (`train_loss.make_policy_loss`, `with_value_loss`) summed over micro-batches,
 global-norm clipping, AdamW and a non-finite guard (`optim.make_optimizer`), compiled as ONE `jax.jit` with
 explicit shardings over a (data, fsdp, tensor) mesh and a donated state (`make_train_step`); `build_train_step`
 assembles the study's step from settings and a `MemoryPlan`.
@@ -8,7 +8,7 @@ Dimension legend: B sequences, S tokens (context slots), Mb micro-batches.
 Micro-batches. Row i goes to micro-batch i mod Mb (a strided split, so each device's shard of the batch
 contributes to every micro-batch and no data moves between devices). Each micro-batch's loss is re-weighted by
 (its aggregation denominator / the global one) - token count for 'token-mean', count of non-empty rows for the
-seq-mean modes (`policy_loss.PolicyLoss.context`) - so the sum over micro-batches is exactly the full-batch loss
+seq-mean modes (`train_loss.PolicyLoss.context`) - so the sum over micro-batches is exactly the full-batch loss
 and Mb = 1, 2, 4 give the same gradient (to float rounding). Token-mean metrics are weighted by token counts
 likewise; metrics named *_max take the max over micro-batches.
 
@@ -29,10 +29,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxagent import sharding, xla_options
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import optim
-from jaxagent.rl.logits_plan import PACKED_KEY
 from jaxagent.rl.memory_plan import MemoryPlan
-from jaxagent.rl.policy_loss import (BATCH_KEYS, OPTIONAL_KEYS, PPO_KEYS, make_policy_loss,  # noqa: F401
-                                     with_value_loss)
+from jaxagent.rl.train_loss import make_policy_loss, with_value_loss
 from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, critic_config, state_shardings
 
 
@@ -65,7 +63,7 @@ def make_train_step(loss_fn, optimizer: optax.GradientTransformation, *, mesh: O
     (module doc), `optimizer` applied to state.params (with `critic_optimizer`, `loss_fn` takes (params,
     critic_params) and that optimizer updates the critic), one jax.jit with the state donated.
 
-    `loss_fn` (`policy_loss.PolicyLoss` / `ValueLoss`): `loss_fn(params, batch) -> (loss, metrics)` on one
+    `loss_fn` (`train_loss.PolicyLoss` / `ValueLoss`): `loss_fn(params, batch) -> (loss, metrics)` on one
     micro-batch, whose batch holds its rows and `loss_fn.context(state, batch)` (made once on the whole batch);
     `loss_fn.check(state, batch, micro_batches)` runs on the host first, `loss_fn.presplit` names the entries
     already split per micro-batch, `loss_fn.summary(batch, context)` adds whole-batch metrics. With a mesh: the

@@ -20,7 +20,6 @@ the first update after a rollout).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
