@@ -35,23 +35,33 @@ from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, cri
 
 
 class TrainStep:
-    """A jitted `step(state, batch) -> (state, metrics)` whose batch is checked on the host (one-line ValueErrors)
+    """A jitted `step(state, batch) -> (state, metrics)` whose batch is checked on the host (one-line ValueErrors:
+    the loss's keys, shapes and reference, rows that split into the micro-batches and the mesh's batch shards)
     before each call and lowering; other attributes (trace, eval_shape, ...) are the jit's."""
 
-    def __init__(self, jitted, check):
-        self._jit, self._check = jitted, check
+    def __init__(self, jitted, loss_fn, micro_batches: int, divisor: int):
+        self._jit, self._loss_fn, self._micro, self._divisor = jitted, loss_fn, micro_batches, divisor
         functools.update_wrapper(self, jitted.__wrapped__)  # the step function, as `aot.coverage.unjit` reads it
 
+    def check(self, state, batch):
+        self._loss_fn.check(state, batch, self._micro)
+        b, mb = batch["tokens"].shape[0], self._micro
+        if b % mb:
+            raise ValueError(f"batch size {b} is not divisible by micro_batches={mb}")
+        if (b // mb) % self._divisor:
+            raise ValueError(f"micro-batch size {b // mb} is not divisible by the mesh's "
+                             f"batch axes (data x fsdp = {self._divisor})")
+
     def __call__(self, state, batch):
-        self._check(state, batch)
+        self.check(state, batch)
         return self._jit(state, batch)
 
     def lower(self, state, batch):
-        self._check(state, batch)
+        self.check(state, batch)
         return self._jit.lower(state, batch)
 
     def __getattr__(self, name: str):
-        if name in ("_jit", "_check"):
+        if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._jit, name)
 
@@ -73,7 +83,7 @@ def make_train_step(loss_fn, optimizer: optax.GradientTransformation, *, mesh: O
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
-    critic, divisor = critic_optimizer is not None, sharding.batch_divisor(mesh)
+    critic = critic_optimizer is not None
     row_axes = None if mesh is None else sharding.batch_axes(mesh)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
@@ -120,22 +130,11 @@ def make_train_step(loss_fn, optimizer: optax.GradientTransformation, *, mesh: O
             metrics["critic_skipped"] = optim.last_step_skipped(copt_state).astype(jnp.float32)
         return new, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
-    def check(state, batch):
-        loss_fn.check(state, batch, micro_batches)
-        b = batch["tokens"].shape[0]
-        if b % micro_batches:
-            raise ValueError(f"batch size {b} is not divisible by micro_batches={micro_batches}")
-        if (b // micro_batches) % divisor:
-            raise ValueError(f"micro-batch size {b // micro_batches} is not divisible by the mesh's "
-                             f"batch axes (data x fsdp = {divisor})")
-
-    if mesh is None:
-        return TrainStep(xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options,
-                                         sequence=True), check)
-    return TrainStep(xla_options.jit(step, in_shardings=(shardings, sharding.row_sharding(mesh)),
-                                     out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=(0,),
-                                     compiler_options=compiler_options,
-                                     sequence=xla_options.sequence_program(mesh)), check)
+    kw = {} if mesh is None else dict(in_shardings=(shardings, sharding.row_sharding(mesh)),
+                                      out_shardings=(shardings, sharding.replicated(mesh)))
+    return TrainStep(xla_options.jit(step, donate_argnums=(0,), compiler_options=compiler_options,
+                                     sequence=xla_options.sequence_program(mesh), **kw),
+                     loss_fn, micro_batches, sharding.batch_divisor(mesh))
 
 
 def build_train_step(cfg: Qwen3Config, optimizer: optax.GradientTransformation, loss_settings: LossSettings,

@@ -15,7 +15,6 @@ import math
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
@@ -28,7 +27,7 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl.logprobs import make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, iterate
-from jaxagent.rl.memory_plan import MemoryPlan
+from jaxagent.rl.memory_plan import MemoryPlan, resolve_compute_dtype
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rl.train_state import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
@@ -297,20 +296,6 @@ class ArmRuntime:
     state_shardings: Any = None        # a TrainState of NamedShardings when mesh is given
     with_ref_params: bool = False
     logprobs_fn: Optional[Callable] = None  # with TIS: the trainer's pre-update log-probs (`rl_iteration`)
-
-
-def resolve_compute_dtype(dtype):
-    """None for float32 (the master dtype: nothing to cast) or no dtype; else the jnp dtype."""
-    if dtype is None:
-        return None
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError as e:
-        raise ValueError(f"compute_dtype {dtype!r} is not a dtype name (e.g. 'float32', 'bfloat16')") from e
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
-    return None if dt == jnp.float32 else dt
-
 
 
 def shared_key(arm: ArmSettings):
