@@ -3,7 +3,7 @@ global-norm clipping, AdamW and a non-finite guard (`optim.make_optimizer`), com
 explicit shardings over a (data, fsdp, tensor) mesh and a donated state (`make_train_step`); `build_train_step`
 assembles the study's step from settings and a `MemoryPlan`.
 
-Dimension legend: B sequences, S tokens (context slots), Mb micro-batches.
+Dimension legend: B sequences, S tokens (context slots), V vocab, Mb micro-batches.
 
 Micro-batches. Row i goes to micro-batch i mod Mb (a strided split, so each device's shard of the batch
 contributes to every micro-batch and no data moves between devices). Each micro-batch's loss is re-weighted by
@@ -12,9 +12,9 @@ seq-mean modes (`train_loss.PolicyLoss.context`) - so the sum over micro-batches
 and Mb = 1, 2, 4 give the same gradient (to float rounding). Token-mean metrics are weighted by token counts
 likewise; metrics named *_max take the max over micro-batches.
 
-Memory: `MemoryPlan` (`memory_plan`): the log-probs are computed from the final hidden states in chunks of
-`logits_chunk` positions, each under `jax.checkpoint`, so the f32 logits [B, S, V] never exist, and where the
-`LogitsPlan` says; `remat` names the model's per-layer checkpoint policy; `micro_batches` bounds the rows in flight.
+Memory (`memory_plan.MemoryPlan`): log-probs from the final hidden states in chunks of `logits_chunk` positions
+under `jax.checkpoint` (the f32 logits [B, S, V] never exist), at the positions its `LogitsPlan` names; `remat`
+names the model's per-layer checkpoint policy; `micro_batches` bounds the rows in flight.
 """
 from __future__ import annotations
 
