@@ -60,8 +60,8 @@ class TrainStep:
         self.check(state, batch)
         return self._jit.lower(state, batch)
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
+    def __getattr__(self, name: str):  # trace, eval_shape, _cache_size, ...: the jit's
+        if name in ("_jit", "_loss_fn", "_micro", "_divisor"):
             raise AttributeError(name)
         return getattr(self._jit, name)
 
