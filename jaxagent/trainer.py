@@ -33,7 +33,7 @@ from jaxagent.rl.loggers import JsonlLogger, Logger
 from jaxagent.rl.loop import RLSettings, iterate, iteration_warnings
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.train_state import LossSettings, TrainState, ValueSettings, init_train_state
-from jaxagent.rl.train_step import make_train_step
+from jaxagent.rl.train_step import build_train_step
 from jaxagent.rollout.jax_loop import RolloutFn
 
 EVAL_TASKS_KEY, EVAL_KEY = 10_001, 10_002   # the held-out tasks and the evaluation's sampling: the same every time
@@ -111,7 +111,7 @@ def make_train(config: TrainConfig, cfg: Qwen3Config, *, rollout_fn: Callable, s
     vs = ValueSettings() if ppo else None
     copt = make_optimizer(config.critic_lr, max_grad_norm=config.max_grad_norm) if ppo else None
     with_ref = config.loss.kl_coef > 0
-    step = make_train_step(cfg, opt, config.loss, with_ref_params=with_ref, value_settings=vs, critic_optimizer=copt)
+    step = build_train_step(cfg, opt, config.loss, with_ref_params=with_ref, value_settings=vs, critic_optimizer=copt)
     values_fn = critic_lib.make_values_fn(cfg) if ppo else None
     if logger is None and directory is not None:
         logger = JsonlLogger(os.path.join(os.fspath(directory), "metrics.jsonl"))

@@ -39,6 +39,7 @@ def run():
     from jaxagent.models.config import Qwen3Config
     from jaxagent.rl import optim
     from jaxagent.rl import train_step as ts
+    from jaxagent.rl.memory_plan import MemoryPlan
 
     cfg = Qwen3Config(**CFG_KW)
     tx = optim.make_optimizer(1e-2, weight_decay=0.01, max_grad_norm=1.0)
@@ -52,8 +53,8 @@ def run():
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                           params_np, p_sh)
     state = train_state.init_train_state(cfg, tx, jax.random.key(0), mesh=mesh, params=params)
-    step = ts.make_train_step(cfg, tx, train_state.LossSettings(clip_high=0.28), mesh, micro_batches=2,
-                              compiler_options={"xla_backend_optimization_level": 0})
+    step = ts.build_train_step(cfg, tx, train_state.LossSettings(clip_high=0.28), MemoryPlan(
+        micro_batches=2, compiler_options={"xla_backend_optimization_level": 0}), mesh)
     row_sh = NamedSharding(mesh, P(("data", "fsdp")))
     losses = []
     for i in range(STEPS):

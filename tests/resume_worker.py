@@ -21,6 +21,7 @@ from jaxagent.models import qwen3  # noqa: E402
 from jaxagent.models.config import Qwen3Config  # noqa: E402
 from jaxagent.rl import checkpoint, optim  # noqa: E402
 from jaxagent.rl import train_step as ts  # noqa: E402
+from jaxagent.rl.memory_plan import MemoryPlan  # noqa: E402
 from jaxagent.rl import train_state
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -64,8 +65,8 @@ def main(argv=None):
         resumed = -1 if state is None else int(state.step)
     if state is None:
         state = train_state.init_train_state(CFG, TX, jax.random.key(42), params=initial_params())
-    step = ts.make_train_step(CFG, TX, train_state.LossSettings(clip_high=0.28),
-                              compiler_options={"xla_backend_optimization_level": 0})
+    step = ts.build_train_step(CFG, TX, train_state.LossSettings(clip_high=0.28),
+                               MemoryPlan(compiler_options={"xla_backend_optimization_level": 0}))
     losses = []
     while int(state.step) < args.steps:
         state, key = train_state.split_rng(state)

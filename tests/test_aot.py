@@ -11,6 +11,7 @@ import pytest
 
 from jaxagent import aot
 from jaxagent.aot import hlo, programs
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.models.config import Qwen3Config
 from tests.aot_common import CFG, needs_libtpu
 
@@ -144,8 +145,8 @@ def tiny_train_step():
     from jaxagent.rl.loop import RLSettings
     from jaxagent.study.stages import ArmSettings
     arm = ArmSettings(name="grpo", rl=RLSettings(estimator="grpo", n_tasks=2, group_size=4), lr=1e-6)
-    (prog,) = programs.train_step_programs(CFG, mesh, mesh, [arm], seq=256, name=lambda a: "train_step", micro_batches=2,
-                                    remat="full", logits_chunk=64)
+    (prog,) = programs.train_step_programs(CFG, mesh, mesh, [arm], seq=256, name=lambda a: "train_step",
+                                           memory=MemoryPlan(micro_batches=2, remat="full", logits_chunk=64))
     recs = []
     ok = aot.run_programs([prog], preset="tiny", topology="v5p:2x2x1", chips=4, spec=aot.chip_specs("v5p:2x2x1"),
                           hbm_limit=aot.CHIPS["v5p"]["hbm"], fraction=0.85, proxy=None, emit=recs.append)

@@ -117,7 +117,7 @@ def test_sequence_programs_compile_with_the_sequence_options(monkeypatch, params
     def programs():
         p = jax.tree.map(jnp.copy, params)
         state = train_state.init_train_state(CFG, tx, jax.random.key(0), params=p)
-        yield "train", lambda: train_step.make_train_step(CFG, tx, train_state.LossSettings())(state, batch)
+        yield "train", lambda: train_step.build_train_step(CFG, tx, train_state.LossSettings())(state, batch)
         yield "sft", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, params), tx.init(params), tokens, mask)
         yield "logprobs", lambda: logprobs.make_logprobs_fn(CFG)(params, tokens)
         yield "decode", lambda: xla_options.jit(lambda x: x * 2)(tokens)
@@ -151,7 +151,8 @@ def test_sequence_programs_over_several_devices_keep_the_decoding_options(monkey
     def programs():
         scoring_jit = xla_options.jit(scoring.token_logprobs, static_argnums=1, sequence=True)  # as the module's
         state = train_state.init_train_state(CFG, tx, jax.random.key(0), mesh=mesh)
-        yield "train", lambda: train_step.make_train_step(CFG, tx, train_state.LossSettings(), mesh)(state, batch)
+        yield "train", lambda: train_step.build_train_step(CFG, tx, train_state.LossSettings(), mesh=mesh)(
+            state, batch)
         yield "logprobs", lambda: logprobs.make_logprobs_fn(CFG, mesh=mesh)(placed, batch["tokens"])
         yield "sft", lambda: sft.make_sft_step(CFG, tx)(jax.tree.map(jnp.copy, placed), tx.init(placed),
                                                         batch["tokens"], batch["policy_mask"])
@@ -175,7 +176,7 @@ def test_what_aot_compiles_for_a_mesh_is_what_a_call_on_that_mesh_runs(params):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     state = train_state.init_train_state(CFG, tx, jax.random.key(0), mesh=mesh)
     calls = {"sft": (sft.make_sft_step(CFG, tx), (placed, tx.init(placed), batch["tokens"], batch["policy_mask"])),
-             "train": (train_step.make_train_step(CFG, tx, train_state.LossSettings(), mesh), (state, batch))}
+             "train": (train_step.build_train_step(CFG, tx, train_state.LossSettings(), mesh=mesh), (state, batch))}
     for name, (program, args) in calls.items():
         shapes = abstract(args)
         lowered = program.lower(*shapes)
@@ -299,7 +300,7 @@ def test_train_and_sft_steps_nest():
              "advantages": jnp.asarray(rng.normal(size=(B, L)), jnp.float32),
              "old_logprobs": jnp.full((B, L), -np.log(CFG.vocab_size), jnp.float32)}
     tx = optax.sgd(0.1)
-    step = ts.make_train_step(CFG, tx, train_state.LossSettings())
+    step = ts.build_train_step(CFG, tx, train_state.LossSettings())
     state = train_state.init_train_state(CFG, tx, jax.random.key(0), params=params)
     shapes = jax.eval_shape(step, state, batch)
     assert jax.tree.structure(shapes[0]) == jax.tree.structure(state)

@@ -24,6 +24,7 @@ from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import health, stats
 from jaxagent.models import qwen3, weights
 from jaxagent.models.config import Qwen3Config
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
@@ -233,12 +234,13 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
 
 def test_arm_runtime_passes_the_kl_estimator(tok, monkeypatch):
     seen = {}
-    monkeypatch.setattr(stages, "make_train_step", lambda cfg, opt, ls, **kw: seen.update(ls=ls, kw=kw))
+    monkeypatch.setattr(stages, "build_train_step", lambda cfg, opt, ls, memory, mesh, **kw: seen.update(
+        ls=ls, memory=memory, mesh=mesh))
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="code"), tok)
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], kl_coef=0.05, kl_estimator="k2")
     rt = host_stages.make_host_arm_runtime(w, None, host_stages.HostTaskSettings(domain="code"), arm)
     assert (seen["ls"].kl_coef, seen["ls"].kl_estimator) == (0.05, "k2") and rt.with_ref_params
-    assert seen["kw"]["mesh"] is None and rt.mesh is None
+    assert seen["mesh"] is None and rt.mesh is None and seen["memory"] == MemoryPlan()
 
 
 def test_arm_runtime_trains_on_a_mesh(tok):

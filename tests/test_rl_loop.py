@@ -12,13 +12,16 @@ from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import losses
 from jaxagent.rl.logprobs import token_logprobs
 from jaxagent.rl.loop import RLSettings, compute_advantages, rl_iteration
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.train_state import LossSettings, init_train_state
-from jaxagent.rl.train_step import make_train_step
+from jaxagent.rl.train_step import build_train_step
 from jaxagent.rollout import rollout
 from jaxagent.sampling import Sampler
 from jaxagent.study.stages import TaskSettings
 from jaxagent.study.toy import make_toy_world
+
+FAST = MemoryPlan(compiler_options={"xla_backend_optimization_level": 0})  # LLVM -O0: a shorter compile
 
 TS = TaskSettings(size=4, t_max=6, max_context=320, random_start=True)
 
@@ -75,8 +78,7 @@ def test_grpo_raises_success_over_untrained(world):
     cfg, params = _untrained(world)
     settings = RLSettings(estimator="grpo", n_tasks=8, group_size=8)
     opt = make_optimizer(3e-3, max_grad_norm=1.0)
-    step = make_train_step(cfg, opt, LossSettings(clip_low=0.2, clip_high=0.28),
-                           compiler_options={"xla_backend_optimization_level": 0})
+    step = build_train_step(cfg, opt, LossSettings(clip_low=0.2, clip_high=0.28), FAST)
     state = init_train_state(cfg, opt, jax.random.key(0), params=params)
     roll = _rollout_fn(world, cfg)
 
@@ -160,8 +162,7 @@ def test_tis_weight_active_across_two_updates(world):
     rollout_fn = lambda p, tasks, b, k: roll(sampler_params, tasks, b, k)  # noqa: E731
     trainer_logp = jax.jit(lambda p, t: token_logprobs(p, cfg, t))
     opt = make_optimizer(1e-2, max_grad_norm=1.0)
-    real = make_train_step(cfg, opt, LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=1.0),
-                           compiler_options={"xla_backend_optimization_level": 0})
+    real = build_train_step(cfg, opt, LossSettings(clip_low=0.2, clip_high=0.28, tis_cap=1.0), FAST)
     metrics = []
 
     def real_step(state, batch):

@@ -49,7 +49,7 @@ def mesh_run(tmp_path_factory):
     base = run_base(run, log=lambda *_: None)
 
     seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}
-    real_rollout, real_make_step, real_save = stages.rollout, stages.make_train_step, ckpt_lib.save
+    real_rollout, real_make_step, real_save = stages.rollout, stages.build_train_step, ckpt_lib.save
 
     def spy_rollout(params, *args, **kw):
         seen["rollout_params"].append(jax.tree.leaves(params))
@@ -57,9 +57,9 @@ def mesh_run(tmp_path_factory):
         seen["rollout_mesh"].append(jax.sharding.get_abstract_mesh())
         return real_rollout(params, *args, **kw)
 
-    def spy_make_step(*args, **kw):
-        seen["train_step_kw"].append(kw)
-        return real_make_step(*args, **kw)
+    def spy_make_step(cfg, opt, ls, memory, mesh=None, **kw):
+        seen["train_step_kw"].append(dict(memory=memory, mesh=mesh, **kw))
+        return real_make_step(cfg, opt, ls, memory, mesh, **kw)
 
     def save_then_stop(manager, state, *args, **kw):  # the process "dies" right after checkpoint 0
         real_save(manager, state, *args, **kw)
@@ -68,7 +68,7 @@ def mesh_run(tmp_path_factory):
     logs = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "rollout", spy_rollout)
-        mp.setattr(stages, "make_train_step", spy_make_step)
+        mp.setattr(stages, "build_train_step", spy_make_step)
         rt = make_runtime(run, run.arm_settings(ARM))
         mp.setattr(ckpt_lib, "save", save_then_stop)
         with pytest.raises(Interrupted):
@@ -113,7 +113,7 @@ def test_rollouts_and_train_step_get_the_mesh_and_bf16(mesh_run):
     seen = mesh_run["seen"]
     assert len(seen["train_step_kw"]) == 1
     kw = seen["train_step_kw"][0]
-    assert kw["mesh"] is mesh_run["run"].mesh and kw["compute_dtype"] == jnp.bfloat16
+    assert kw["mesh"] is mesh_run["run"].mesh and kw["memory"].compute_dtype == jnp.bfloat16
     # one rollout per iteration (ITERATIONS in all, over the two processes' lifetimes)
     assert len(seen["rollout_params"]) == ITERATIONS
     for leaves, tasks, mesh in zip(seen["rollout_params"], seen["rollout_tasks"], seen["rollout_mesh"]):

@@ -13,9 +13,11 @@ import pytest
 from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
-from jaxagent.rl import critic, losses, optim, train_state
+from jaxagent.rl import critic, losses, optim, train_loss, train_state
 from jaxagent.rl import train_step as ts
 from jaxagent.rl import logprobs as logprobs_lib
+from jaxagent.rl.logits_plan import LogitsPlan
+from jaxagent.rl.memory_plan import MemoryPlan
 
 CFG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -39,8 +41,13 @@ def jit(f):
     return jax.jit(f, compiler_options=FAST)
 
 
-def make_step(*a, **kw):
-    return ts.make_train_step(CFG, TX, *a, compiler_options=FAST, **kw)
+MEMORY = ("micro_batches", "remat", "compute_dtype", "logits_chunk", "policy_tokens", "packed_policy")
+
+
+def make_step(ls, mesh=None, **kw):
+    """`ts.build_train_step` with the memory knobs among `kw` as its MemoryPlan (and the FAST options)."""
+    memory = MemoryPlan(compiler_options=FAST, **{k: kw.pop(k) for k in MEMORY if k in kw})
+    return ts.build_train_step(CFG, TX, ls, memory, mesh, **kw)
 
 
 def np_params(cfg, seed=0):
@@ -340,8 +347,8 @@ def test_exact_kl_step_matches_full_vocabulary_reference(logits_chunk, policy_to
     batch = make_batch(2)
     params, ref_params = np_params(CFG), np_params(CFG, 7)
     state = fresh_state(with_ref_params=True).replace(ref_params=jax.tree.map(jnp.copy, ref_params))  # donated
-    step = ts.make_train_step(CFG, TX, ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
-                              compiler_options=FAST, policy_tokens=policy_tokens, packed_policy=packed)
+    step = make_step(ls, micro_batches=2, with_ref_params=True, logits_chunk=logits_chunk,
+                     policy_tokens=policy_tokens, packed_policy=packed)
     if packed:
         batch = {**batch, "policy_index": logprobs_lib.packed_policy_positions(batch["policy_mask"], 8, 2)}
     new, m = step(state, batch)
@@ -455,6 +462,67 @@ def test_packed_policy_positions_layout_and_refusals():
         make_step(LS)(fresh_state(), {**batch, "policy_index": jnp.zeros((1, 8), jnp.int32)})
 
 
+def test_logits_plans_agree_at_the_policy_tokens():
+    """`LogitsPlan`: per-row (a bound on each row's policy tokens) and packed (one flat list) give the full pass's
+    log-probs, entropies, reference log-probs and exact KL at every policy token and 0 elsewhere; `missed` counts the
+    policy tokens a plan leaves out."""
+    batch = make_batch()
+    tokens, mask = batch["tokens"], batch["policy_mask"]
+    params, ref = np_params(CFG), np_params(CFG, 7)
+    most = int(np.asarray(mask).sum(1).max())
+    index = jnp.asarray(logprobs_lib.packed_policy_positions(mask, 16)[0])
+    plans = {"full": LogitsPlan(CFG, logits_chunk=5), "per-row": LogitsPlan(CFG, "per-row", most, logits_chunk=5),
+             "packed": LogitsPlan(CFG, "packed", logits_chunk=5)}
+    got = {k: jit(lambda p, r, i, plan=plan: plan(p, tokens, mask, i, ref_params=r))(params, ref, index)
+           for k, plan in plans.items()}
+    m = np.asarray(mask)
+    for k in ("per-row", "packed"):
+        for f in ("logp", "entropy", "ref_logp", "kl"):
+            a, b = np.asarray(getattr(got[k], f)), np.asarray(getattr(got["full"], f))
+            np.testing.assert_allclose(a[m], b[m], err_msg=f"{k} {f}", **TOL)
+            assert not a[~m].any() and np.abs(b[~m]).max() > 0, (k, f)
+    assert plans["full"].missed(mask) is None
+    assert int(LogitsPlan(CFG, "per-row", most - 1).missed(mask)) == int((m.sum(1) == most).sum())
+    assert float(plans["packed"].missed(mask, index[:-1])) == float(index[-1] > 0)
+    with pytest.raises(ValueError, match="per-row"):
+        LogitsPlan(CFG, "full", 4)
+
+
+def test_memory_plan_resolves_its_knobs():
+    """One `MemoryPlan`: dtype names resolved (float32: no cast), compiler options as hashable pairs, the plan's
+    logits mode from policy_tokens / packed_policy, bad knobs refused when the plan is made."""
+    mp = MemoryPlan(micro_batches=2, compute_dtype="bfloat16", compiler_options={"a": 1}, policy_tokens=4)
+    assert mp.compute_dtype == jnp.bfloat16 and mp.compiler_options == (("a", 1),) and mp.options() == {"a": 1}
+    assert hash(mp) == hash(MemoryPlan(micro_batches=2, compute_dtype=jnp.bfloat16, compiler_options=(("a", 1),),
+                                       policy_tokens=4))
+    assert MemoryPlan(compute_dtype="float32").compute_dtype is None and MemoryPlan().options() is None
+    assert [MemoryPlan(**kw).logits_plan(CFG).mode for kw in ({}, {"policy_tokens": 3}, {"packed_policy": True})] \
+        == ["full", "per-row", "packed"]
+    assert mp.logits_plan(CFG).compute_dtype == jnp.bfloat16 and mp.logits_plan(CFG).policy_tokens == 4
+    for kw, word in (({"micro_batches": 0}, "micro_batches"), ({"compute_dtype": "int32"}, "floating"),
+                     ({"compute_dtype": "f33"}, "dtype name")):
+        with pytest.raises(ValueError, match=word):
+            MemoryPlan(**kw)
+
+
+def test_composed_step_checks_the_batch_on_the_host(reference):
+    """`make_train_step` over `make_policy_loss` (the pieces `build_train_step` joins) gives the reference update,
+    and a bad batch is refused before the jitted step is called (nothing traced)."""
+    _, ref, ref_m = reference
+    loss = train_loss.make_policy_loss(LS, MemoryPlan().logits_plan(CFG))
+    step = ts.make_train_step(loss, TX, compiler_options=FAST)
+    new, m = step(fresh_state(), make_batch())
+    np.testing.assert_allclose(float(m["loss"]), ref_m["loss"], **TOL)
+    assert_tree_close(new.params, ref.params)
+    step._jit = lambda *a: pytest.fail("the jitted step ran on a bad batch")
+    batch = make_batch()
+    with pytest.raises(ValueError, match="shape"):
+        step(fresh_state(), {**batch, "advantages": batch["advantages"][:, :5]})
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        ts.make_train_step(train_loss.make_policy_loss(train_state.LossSettings(kl_coef=0.1), loss.plan), TX)(
+            fresh_state(), batch)
+
+
 def test_policy_positions_and_tokens_beyond_the_bound_are_counted():
     """`policy_positions`: each row's policy positions in order, padded with 0; the train step's
     policy_tokens_over counts the tokens past the bound (their log-probs would read 0), and a bad bound raises."""
@@ -476,8 +544,8 @@ def test_policy_positions_and_tokens_beyond_the_bound_are_counted():
 def test_exact_kl_needs_the_reference_model_in_the_step():
     ls = train_state.LossSettings(kl_coef=0.1, kl_estimator="exact")
     with pytest.raises(ValueError, match="with_ref_params=True"):
-        ts.make_train_step(CFG, TX, ls)
-    step = ts.make_train_step(CFG, TX, ls, with_ref_params=True, compiler_options=FAST)
+        ts.build_train_step(CFG, TX, ls)
+    step = make_step(ls, with_ref_params=True)
     batch = make_batch()
     batch["ref_logprobs"] = batch["old_logprobs"]
     with pytest.raises(ValueError, match="drop batch\\['ref_logprobs'\\]"):

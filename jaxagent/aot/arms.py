@@ -18,8 +18,9 @@ from jaxagent.aot.analytic import analytic_flops
 from jaxagent.aot.coverage import Call
 from jaxagent.aot.record import Program
 from jaxagent.models import qwen3
-from jaxagent.rl import logprobs as logprobs_lib
-from jaxagent.rl import train_step as ts
+from jaxagent.rl import train_loss
+from jaxagent.rl.logits_plan import PACKED_KEY
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.study import stages
 from jaxagent.study.frozenlake.run import all_finite_leaves_jit
 
@@ -58,53 +59,48 @@ def _groups(arms, rows_of=lambda arm: 0, name=lambda arm: "") -> dict:
     return groups
 
 
-def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, compute_dtype=None,
-                        micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
-                        compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = None,
-                        policy_tokens: Optional[int] = None, packed_policy: bool = False,
-                        packed_sizes: tuple = ()) -> list[Program]:
+def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, memory: MemoryPlan = MemoryPlan(),
+                        tis_cap: Optional[float] = None, packed_sizes: tuple = ()) -> list[Program]:
     """The RL train steps of a run's `arms` (`stages.ArmSettings`) as the study builds them
-    (`stages.make_arm_step` on the run's mesh `run_mesh`, None for one device): one program per distinct
-    step (arms whose loss and optimiser settings and rows are equal share one, as the study's runtimes do),
-    named `name(arm)`, lowered on `ArmStep.abstract_state` (placed on `mesh`) and a batch of
+    (`stages.make_arm_step` on the run's mesh `run_mesh`, None for one device, with the run's `memory`): one
+    program per distinct step (arms whose loss and optimiser settings and rows are equal share one, as the study's
+    runtimes do), named `name(arm)`, lowered on `ArmStep.abstract_state` (placed on `mesh`) and a batch of
     rl.batch_size / rl.minibatches rows (one update) of `seq` tokens on the rows' sharding. Analytic
     FLOPs: the policy's forward and backward (+ the recomputed forward under remat), a PPO critic's the
     same without the unembedding, and the reference's forward when the state carries it (kl_coef > 0). With
-    `policy_tokens` (`make_train_step`'s) the unembedding runs at min(policy_tokens, seq) positions per row (the
-    reference's too with the exact KL); with `packed_policy` at the N positions of each micro-batch's
-    `policy_index` [micro_batches, N], N the largest of `packed_sizes` (the others: the program's family)."""
-    chunk = logprobs_lib.DEFAULT_LOGITS_CHUNK if logits_chunk is None else logits_chunk
+    `memory.policy_tokens` the unembedding runs at min(policy_tokens, seq) positions per row (the reference's too
+    with the exact KL); with `memory.packed_policy` at the N positions of each micro-batch's `policy_index`
+    [micro_batches, N], N the largest of `packed_sizes` (the others: the program's family)."""
+    chunk, micro_batches, remat = memory.logits_chunk, memory.micro_batches, memory.remat
     progs = []
     groups = _groups(arms, lambda arm: arm.rl.batch_size // arm.rl.minibatches, name)
     for ((_, ppo), rows, prog_name), group in groups.items():
         arm = group[0]
-        step = stages.make_arm_step(cfg, arm, mesh=run_mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
-                                    remat=remat, tis_cap=tis_cap, compiler_options=compiler_options,
-                                    logits_chunk=chunk, policy_tokens=policy_tokens, packed_policy=packed_policy)
+        step = stages.make_arm_step(cfg, arm, mesh=run_mesh, memory=memory, tis_cap=tis_cap)
         state = step.abstract_state(cfg, mesh)
         dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_}
         row = sharding.row_sharding(mesh)
         batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.float32), sharding=row)
-                 for k in ts.BATCH_KEYS + (ts.PPO_KEYS if ppo else ())}
-        calls = [Call(step.jit, (state, batch))]
-        if packed_policy:  # one call per length N, the widest compiled (last)
-            calls = [Call(step.jit, (state, {**batch, ts.PACKED_KEY: jax.ShapeDtypeStruct(
+                 for k in train_loss.BATCH_KEYS + (train_loss.PPO_KEYS if ppo else ())}
+        calls, policy_tokens = [Call(step.jit, (state, batch))], memory.policy_tokens
+        if memory.packed_policy:  # one call per length N, the widest compiled (last)
+            calls = [Call(step.jit, (state, {**batch, PACKED_KEY: jax.ShapeDtypeStruct(
                 (micro_batches, n), jnp.int32, sharding=row)})) for n in packed_sizes]
             policy_tokens = max(packed_sizes) * micro_batches // rows
         at = seq if policy_tokens is None else min(policy_tokens, seq)  # unembedded positions per row
-        fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=at > chunk,
+        fl = analytic_flops(cfg, rows, seq, backward=True, remat=remat, recompute_unembed=chunk is not None and at > chunk,
                             unembed_positions=rows * at)
         if ppo:  # a separate critic of the same shape: its layers trained too, no unembedding
             fl += analytic_flops(cfg, rows, seq, backward=True, remat=remat, unembed_positions=0)
         if step.with_ref_params:  # the reference's forward (no gradient): its log-probs, or its logits (exact KL)
             fl += analytic_flops(cfg, rows, seq, backward=False,
                                  unembed_positions=rows * (at if arm.kl_estimator == "exact" else seq))
-        cdt = compute_dtype_of(compute_dtype)
+        cdt = memory.compute_dtype or jnp.float32
         progs.append(program(prog_name, calls[-1], fl,
                              f"arms {', '.join(a.name for a in group)}: {rows} rows x {seq} tokens, {micro_batches} "
                              f"micro-batches, remat={remat}, logits chunk {chunk}"
                              f"{'' if policy_tokens is None else f' at <= {policy_tokens} policy tokens per row'}"
-                             f"{f' (packed, {max(packed_sizes)} per micro-batch)' if packed_policy else ''}, "
+                             f"{f' (packed, {max(packed_sizes)} per micro-batch)' if memory.packed_policy else ''}, "
                              f"{jnp.dtype(cdt).name} forward, "
                              f"kl_coef {arm.kl_coef} ({arm.kl_estimator}"
                              f"{', reference in the state' if step.with_ref_params else ''})", tuple(calls[:-1])))

@@ -60,6 +60,7 @@ from jaxagent.aot.programs import qwen3_tokenizer
 from jaxagent.aot.record import Program
 from jaxagent.models import chat, qwen3
 from jaxagent.rl.logprobs import packed_policy_positions
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.rollout.host_policy import append_jit, compact_rows, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
@@ -139,9 +140,10 @@ def host_train_programs(preset, cfg, mesh, run_mesh, arms: list) -> list[Program
 
 
 def step_options(preset) -> dict:
-    """`stages.make_arm_step`'s options as `study.host.run.run_arms` passes them."""
-    return dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
-                compiler_options=dict(preset.compiler_options) or None, packed_policy=preset.policy_positions)
+    """`stages.make_arm_step`'s options (its `MemoryPlan`) as `study.host.run.run_arms` passes them."""
+    return dict(memory=MemoryPlan(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches,
+                                  remat=preset.remat, compiler_options=preset.compiler_options,
+                                  packed_policy=preset.policy_positions))
 
 
 def packed_sizes(preset) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ from jaxagent.eval import scoring
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rl import critic as critic_lib
 from jaxagent.rl import train_state
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rollout.jax_loop import rollout_jit
 from jaxagent.sampling import Sampler, bucket
@@ -131,8 +132,8 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None, world=None) -> lis
     if want("rollout_train"):
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train",
                                      rules=sharding.ROLLOUT_RULES))
-    step_kw = dict(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches, remat=preset.remat,
-                   tis_cap=preset.tis_cap)
+    step_kw = dict(memory=MemoryPlan(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches,
+                                     remat=preset.remat), tis_cap=preset.tis_cap)
     if want("train_state_init") or want("params_finite"):
         progs += [pr for pr in state_programs(cfg, mesh, run_mesh, arms, **step_kw) if want(pr.name)]
     names = {"train_step_ppo" if a == "ppo" else "train_step_grpo" for a in arm_names}

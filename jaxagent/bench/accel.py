@@ -155,6 +155,7 @@ def train(plan: Plan, figures: dict, pool_bytes: Optional[int], log: Callable) -
     import jax
 
     from jaxagent.bench import measure, train_memory
+    from jaxagent.rl.memory_plan import MemoryPlan
     from jaxagent.rl.train_state import init_train_state
     from jaxagent.study import stages
     name, fit = train_memory.pick(plan.train_model, pool_bytes, rows=plan.train_rows, seq=plan.train_seq,
@@ -162,8 +163,8 @@ def train(plan: Plan, figures: dict, pool_bytes: Optional[int], log: Callable) -
     log(f"train: {name} ({fit['why']})")
     cfg = model_cfg(plan, name)
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], lr=1e-6)
-    arm_step = stages.make_arm_step(cfg, arm, mesh=figures["mesh"], compute_dtype="bfloat16",
-                                    micro_batches=plan.micro_batches, remat=plan.remat)
+    arm_step = stages.make_arm_step(cfg, arm, mesh=figures["mesh"], memory=MemoryPlan(
+        compute_dtype="bfloat16", micro_batches=plan.micro_batches, remat=plan.remat))
     kw = dict(mesh=figures["mesh"], with_ref_params=arm_step.with_ref_params, value_settings=arm_step.value_settings,
               critic_optimizer=arm_step.critic_optimizer)
     key = jax.random.key(plan.seed)
@@ -185,6 +186,7 @@ def check(plan: Plan, check_dir: str) -> dict:
     from jaxagent.bench import measure
     from jaxagent.bench.data import prompts
     from jaxagent.models import qwen3, weights
+    from jaxagent.rl.memory_plan import MemoryPlan
     from jaxagent.rl.train_state import init_train_state
     from jaxagent.study import stages
     cfg = model_cfg(plan, plan.check_model)
@@ -195,7 +197,7 @@ def check(plan: Plan, check_dir: str) -> dict:
                                  prompts(cfg.vocab_size, shape["prompt_rows"], shape["prompt_len"], plan.seed),
                                  shape["new_tokens"])
     arm_step = stages.make_arm_step(cfg, stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], lr=1e-6),
-                                    compute_dtype="bfloat16", micro_batches=shape["micro_batches"])
+                                    memory=MemoryPlan(compute_dtype="bfloat16", micro_batches=shape["micro_batches"]))
     state = init_train_state(cfg, arm_step.optimizer, jax.random.key(plan.seed), params=params)
     loss = measure.train_step(cfg, state, arm_step, rows=shape["rows"], seq=shape["seq"], prompt=shape["prompt"],
                               repeats=1, warmup=0, seed=plan.seed)["first_loss"]

@@ -27,9 +27,10 @@ import numpy as np
 
 from jaxagent import xla_options
 from jaxagent.bench.host_rollout import training_rollout
+from jaxagent.rl.logits_plan import PACKED_KEY
 from jaxagent.rl.logprobs import packed_policy_positions
 from jaxagent.rl.loop import compute_advantages
-from jaxagent.rl.train_step import PACKED_KEY
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.sampling import Sampler
 from jaxagent.study import run_dir, stages
 from jaxagent.study.host import stages as host_stages
@@ -89,7 +90,7 @@ def run_bench(run: HostRun, steps: int, seed: int) -> dict:
            "policy_positions_per_row": per_row, "backend": jax.devices()[0].platform, "steps": steps}
     states = {}
     for name, (kw, bucket) in variants.items():
-        arm_step = stages.make_arm_step(run.cfg, settings, compute_dtype=p.compute_dtype, **kw)
+        arm_step = stages.make_arm_step(run.cfg, settings, memory=MemoryPlan(compute_dtype=p.compute_dtype, **kw))
         rt = stages.ArmRuntime(None, arm_step.jit, arm_step.optimizer, None, None, None, None, None,
                                with_ref_params=arm_step.with_ref_params)
         batch = {k: jnp.asarray(v) for k, v in mb.items()}

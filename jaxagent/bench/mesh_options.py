@@ -4,7 +4,7 @@ what jaxagent compiles a sequence program on several CPU devices with, `xla_opti
 one-device sequence programs' (`SEQUENCE_CPU_OPTIONS`: XLA's defaults); the command line is
 `python -m experiments.bench_mesh_options`.
 
-The step: `rl.train_step.make_train_step` on `mesh` (data, fsdp, tensor) with GRPO's loss settings, `micro_batches`
+The step: `rl.train_step.build_train_step` on `mesh` (data, fsdp, tensor) with GRPO's loss settings, `micro_batches`
 and the preset's own train-step options on top of each set, on B x T random tokens whose policy tokens follow the
 first `prompt` of each row (every position unembedded: the mesh has batch shards), from the same initial state. Per
 setting: `first_s` (the compile and the first step), `step_s` (the median of `steps` further steps, each from the
@@ -23,7 +23,8 @@ import optax
 from jaxagent import sharding, xla_options
 from jaxagent.bench.timing import timed
 from jaxagent.rl.train_state import LossSettings, init_train_state
-from jaxagent.rl.train_step import make_train_step
+from jaxagent.rl.memory_plan import MemoryPlan
+from jaxagent.rl.train_step import build_train_step
 
 SETTINGS = ("decode_options", "sequence_options")
 
@@ -62,7 +63,8 @@ def run_bench(cfg, mesh_shape: tuple, *, batch: int, seq: int, prompt: int, micr
     """The module doc's measurement; needs prod(mesh_shape) devices (`--xla_force_host_platform_device_count`)."""
     mesh = sharding.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
     tx = optax.adam(1e-3)
-    jaxagent_step = make_train_step(cfg, tx, LossSettings(), mesh, micro_batches, compiler_options=extra_options)
+    jaxagent_step = build_train_step(cfg, tx, LossSettings(),
+                                     MemoryPlan(micro_batches=micro_batches, compiler_options=extra_options), mesh)
     rng = np.random.default_rng(seed)
     mask = np.broadcast_to(np.arange(seq)[None] >= prompt, (batch, seq))
     host = {"tokens": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int32),

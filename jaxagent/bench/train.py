@@ -45,6 +45,7 @@ from jaxagent.models.config import PRESETS, Qwen3Config
 from jaxagent.rl import logprobs as logprobs_lib
 from jaxagent.rl import optim, train_state
 from jaxagent.rl import train_step as ts
+from jaxagent.rl.memory_plan import MemoryPlan
 
 LR, WD, MAX_NORM = 1e-6, 0.01, 1.0
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # DAPO clip-higher; the peer's `experiments.peers.torch_grpo` uses the same
@@ -67,8 +68,8 @@ def bench_jax(cfg, params, batch_np, steps: int, warmup: int, micro_batches: int
               compute_dtype=None) -> dict:
     tx = optim.make_optimizer(LR, weight_decay=WD, max_grad_norm=MAX_NORM)
     state = train_state.init_train_state(cfg, tx, jax.random.key(0), params=params)
-    step = ts.make_train_step(cfg, tx, train_state.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
-                              micro_batches=micro_batches, compute_dtype=compute_dtype)
+    step = ts.build_train_step(cfg, tx, train_state.LossSettings(clip_low=CLIP_LOW, clip_high=CLIP_HIGH),
+                               MemoryPlan(micro_batches=micro_batches, compute_dtype=compute_dtype))
     batch = {k: jnp.asarray(v) for k, v in batch_np.items()}
     t0 = time.perf_counter()
     state, m = step(state, batch)

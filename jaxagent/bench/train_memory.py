@@ -63,11 +63,13 @@ def compiled_step_bytes(cfg: Qwen3Config, *, rows: int, seq: int, micro_batches:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
+    from jaxagent.rl.memory_plan import MemoryPlan
     from jaxagent.rl.train_state import init_train_state
     from jaxagent.study import stages
     sh = SingleDeviceSharding(device or jax.devices()[0])
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], lr=1e-6)
-    step = stages.make_arm_step(cfg, arm, compute_dtype="bfloat16", micro_batches=micro_batches, remat=remat)
+    step = stages.make_arm_step(cfg, arm, memory=MemoryPlan(compute_dtype="bfloat16", micro_batches=micro_batches,
+                                                            remat=remat))
     state = jax.eval_shape(lambda k: init_train_state(cfg, step.optimizer, k), jax.random.key(0))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state)
     dtypes = {"tokens": jnp.int32, "policy_mask": jnp.bool_, "advantages": jnp.float32, "old_logprobs": jnp.float32}

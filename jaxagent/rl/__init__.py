@@ -6,7 +6,8 @@ String options take enum members that are static under `jax.jit` (`AggMode`, `KL
 `GroupEstimator`, `NormMode`) or their strings. `checkpoint` (orbax) is imported lazily: `jaxagent.rl.checkpoint`
 loads it on first use.
 """
-from jaxagent.rl import advantages, critic, grpo, loggers, logprobs, loop, losses, optim, train_state, train_step
+from jaxagent.rl import (advantages, critic, grpo, loggers, logits_plan, logprobs, loop, losses, memory_plan, optim,
+                         train_loss, train_state, train_step)
 from jaxagent.rl.advantages import (GroupEstimator, NormMode, batch_broadcast_to_tokens, batch_gae,
                                     batch_gigpo_advantages, batch_group_advantages, broadcast_to_tokens,
                                     dr_grpo_advantages, gae, gigpo_advantages, grpo_advantages, process_advantages,
@@ -19,7 +20,10 @@ from jaxagent.rl.losses import (AggMode, KLEstimator, aggregate, entropy_from_lo
 from jaxagent.rl.optim import make_optimizer, make_schedule, nonfinite_count
 from jaxagent.rl.train_state import (LossSettings, TrainState, ValueSettings, abstract_train_state, advance_data,
                                      init_train_state, split_rng, state_shardings)
-from jaxagent.rl.train_step import make_ppo_train_step, make_train_step
+from jaxagent.rl.logits_plan import LogitsPlan
+from jaxagent.rl.memory_plan import MemoryPlan
+from jaxagent.rl.train_loss import make_policy_loss, with_value_loss
+from jaxagent.rl.train_step import build_train_step, make_ppo_train_step, make_train_step
 
 
 def __getattr__(name):
@@ -30,7 +34,7 @@ def __getattr__(name):
 
 
 __all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loop", "optim", "train_state",
-           "train_step", "checkpoint",
+           "train_step", "checkpoint", "logits_plan", "memory_plan", "train_loss",
            # advantages
            "grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "batch_group_advantages", "gae", "batch_gae",
            "gigpo_advantages", "batch_gigpo_advantages", "process_advantages", "broadcast_to_tokens",
@@ -41,5 +45,6 @@ __all__ = ["advantages", "losses", "grpo", "critic", "loggers", "logprobs", "loo
            # training
            "make_optimizer", "make_schedule", "nonfinite_count", "LossSettings", "ValueSettings", "TrainState",
            "init_train_state", "abstract_train_state", "state_shardings", "make_train_step", "make_ppo_train_step",
+           "build_train_step", "make_policy_loss", "with_value_loss", "LogitsPlan", "MemoryPlan",
            "split_rng", "advance_data", "RLSettings", "rl_iteration", "iterate", "iteration_warnings",
            "compute_advantages"]

@@ -5,7 +5,7 @@ being rollout g of prompt p (the order `rl.loop` and `jnp.repeat(tasks, G)` prod
 
 The parts stay public for other combinations: `advantages.batch_group_advantages` (the baseline),
 `losses.policy_loss` (clip, aggregation, KL, entropy, truncated importance sampling) and
-`train_step.make_train_step` (the sharded update with micro-batches).
+`train_step.build_train_step` (the sharded update with micro-batches).
 """
 from __future__ import annotations
 

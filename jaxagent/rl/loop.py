@@ -6,7 +6,7 @@ slots.
 `rl_iteration` is one iteration for any jittable env; research code passes its own `rollout_fn`
 (params, tasks, budgets, key) -> Rollout and `sample_tasks_fn` (key, n) -> tasks. Advantages are
 computed per group / per trajectory (`jaxagent.rl.advantages`) and spread onto the policy tokens of
-each turn; the train step (`train_step.make_train_step`) does the sharded update.
+each turn; the train step (`train_step.build_train_step`) does the sharded update.
 """
 from __future__ import annotations
 

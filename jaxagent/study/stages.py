@@ -5,7 +5,7 @@ the experiments/ scripts add the CLI, progress bars, files and checkpoints throu
 
 Device mesh: every stage takes an optional (data, fsdp, tensor) `mesh` (`sharding.make_mesh`). With
 one, parameters (and optimizer state) live sharded per `sharding.RULES`, batches are split over the
-rules' batch axes, and the RL train step is the sharded `make_train_step(mesh=...)`; mesh=None runs
+rules' batch axes, and the RL train step is the sharded `build_train_step(mesh=...)`; mesh=None runs
 everything on the default device.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ import math
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
@@ -26,13 +25,14 @@ from jaxagent.envs.jax.frozenlake import FrozenLakeParams, sample_tasks
 from jaxagent.models import qwen3
 from jaxagent.models.config import Qwen3Config
 from jaxagent.rl import critic as critic_lib
-from jaxagent.rl.logprobs import DEFAULT_LOGITS_CHUNK, make_logprobs_fn
+from jaxagent.rl.logprobs import make_logprobs_fn
 from jaxagent.rl.loop import RLSettings, iterate
+from jaxagent.rl.memory_plan import MemoryPlan, resolve_compute_dtype
 from jaxagent.rl.optim import make_optimizer
 from jaxagent.rl.sft import make_sft_step
 from jaxagent.rl.train_state import (LossSettings, ValueSettings, abstract_train_state, init_train_state,
                                      state_shardings, train_state_init_fn)
-from jaxagent.rl.train_step import make_train_step
+from jaxagent.rl.train_step import build_train_step
 from jaxagent.rollout import RolloutConfig, oracle_process_reward, rollout
 from jaxagent.sampling import Sampler
 from jaxagent.sampling.generate import rollout_params
@@ -298,20 +298,6 @@ class ArmRuntime:
     logprobs_fn: Optional[Callable] = None  # with TIS: the trainer's pre-update log-probs (`rl_iteration`)
 
 
-def resolve_compute_dtype(dtype):
-    """None for float32 (the master dtype: nothing to cast) or no dtype; else the jnp dtype."""
-    if dtype is None:
-        return None
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError as e:
-        raise ValueError(f"compute_dtype {dtype!r} is not a dtype name (e.g. 'float32', 'bfloat16')") from e
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
-    return None if dt == jnp.float32 else dt
-
-
-
 def shared_key(arm: ArmSettings):
     """What an arm's compiled pieces (`make_arm_step`, `make_arm_runtime`) depend on: arms with equal keys share
     them (one compile). Everything but the name, the estimator's settings and the iteration count, and whether
@@ -325,7 +311,7 @@ class ArmStep:
     runtimes call `jit`, and the AOT check (experiments/aot_check.py) lowers it on `abstract_state`, so the
     program checked is the program run."""
 
-    jit: Callable                       # (TrainState, batch) -> (TrainState, metrics), `make_train_step`
+    jit: Callable                       # (TrainState, batch) -> (TrainState, metrics), `build_train_step`
     optimizer: object
     critic_optimizer: object = None     # PPO's critic; None without one
     value_settings: Optional[ValueSettings] = None
@@ -347,27 +333,21 @@ class ArmStep:
                                    value_settings=self.value_settings, critic_optimizer=self.critic_optimizer)
 
 
-def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = None, compute_dtype=None,
-                  micro_batches: int = 1, remat: Optional[str] = None, tis_cap: Optional[float] = None,
-                  compiler_options: Optional[dict] = None, logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK,
-                  policy_tokens: Optional[int] = None, packed_policy: bool = False) -> ArmStep:
+def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = None,
+                  memory: MemoryPlan = MemoryPlan(), tis_cap: Optional[float] = None) -> ArmStep:
     """The train step of `arm`: PPO-clip with the arm's clip / KL (`arm.kl_estimator`, the reference params in
     the state when kl_coef > 0) / entropy settings, AdamW at `arm.lr` with gradient clipping at 1.0, and with
-    estimator 'ppo' a critic (`ValueSettings()`, AdamW at `arm.critic_lr`). `compute_dtype`, `micro_batches`,
-    `remat`, `tis_cap`: see `make_arm_runtime`; `compiler_options`, `logits_chunk`, `policy_tokens`,
-    `packed_policy`: `make_train_step`'s."""
+    estimator 'ppo' a critic (`ValueSettings()`, AdamW at `arm.critic_lr`); `memory`: the step's `MemoryPlan`;
+    `tis_cap`: see `make_arm_runtime` (`build_train_step`)."""
     ppo = arm.rl.estimator == "ppo"
     opt = make_optimizer(arm.lr, max_grad_norm=1.0)
     vs = ValueSettings() if ppo else None
     copt = make_optimizer(arm.critic_lr, max_grad_norm=1.0) if ppo else None
     with_ref = arm.kl_coef > 0
-    jit = make_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
-                                                 kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
-                                                 entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
-                          mesh=mesh, micro_batches=micro_batches, with_ref_params=with_ref, value_settings=vs,
-                          critic_optimizer=copt, compute_dtype=resolve_compute_dtype(compute_dtype), remat=remat,
-                          compiler_options=compiler_options, logits_chunk=logits_chunk, policy_tokens=policy_tokens,
-                          packed_policy=packed_policy)
+    jit = build_train_step(cfg, opt, LossSettings(clip_low=arm.clip_low, clip_high=arm.clip_high,
+                                                  kl_coef=arm.kl_coef, kl_estimator=arm.kl_estimator,
+                                                  entropy_coef=arm.entropy_coef, tis_cap=tis_cap),
+                           memory, mesh, with_ref_params=with_ref, value_settings=vs, critic_optimizer=copt)
     return ArmStep(jit, opt, copt, vs, with_ref)
 
 
@@ -385,8 +365,8 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     ppo = arm.rl.estimator == "ppo"
     cdt = resolve_compute_dtype(compute_dtype)
     rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
-    arm_step = make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
-                             remat=remat, tis_cap=tis_cap)
+    arm_step = make_arm_step(cfg, arm, mesh=mesh, memory=MemoryPlan(micro_batches=micro_batches, remat=remat,
+                                                                    compute_dtype=compute_dtype), tis_cap=tis_cap)
     step, opt, copt, vs, with_ref = (arm_step.jit, arm_step.optimizer, arm_step.critic_optimizer,
                                      arm_step.value_settings, arm_step.with_ref_params)
 

@@ -79,7 +79,7 @@ class HostPreset:
     mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor); (1, 1, 1): the default device
     micro_batches: int = 1
     remat: Optional[str] = None
-    compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`make_train_step`)
+    compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`MemoryPlan.compiler_options`)
     # The train step projects onto the vocabulary at the batch's policy tokens only, packed into one list per
     # micro-batch (`host_stages.make_host_arm_runtime(packed_policy=)`), the same loss and gradient to float rounding.
     # The toy presets and ci-sql set it; the GPU and pod presets' programs (docs/aot_records) are checked without it.
@@ -112,7 +112,7 @@ class HostPreset:
     @property
     def policy_tokens(self) -> Optional[int]:
         """With `policy_positions`, the most policy tokens a row can hold (t_max x max_action_tokens: a reply is cut
-        at max_action_tokens), the per-row bound an AOT check lowers the step with (`make_train_step(policy_tokens=)`,
+        at max_action_tokens), the per-row bound an AOT check lowers the step with (`MemoryPlan(policy_tokens=)`,
         an upper bound of the packed lists' work); else None."""
         return self.task.t_max * self.task.max_action_tokens if self.policy_positions else None
 

@@ -43,7 +43,7 @@ trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
 Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
 `rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
 under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
-sharded `make_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
+sharded `build_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
 more than one host): every process runs the same rollout, steps its own episodes' envs and reads every reply and
 env result; the Rollout comes back replicated on the mesh (`host_loop` module docstring, multi-process), as the FrozenLake arms'.
 
@@ -65,8 +65,9 @@ from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
+from jaxagent.rl.logits_plan import PACKED_KEY
 from jaxagent.rl.logprobs import packed_policy_positions
-from jaxagent.rl.train_step import PACKED_KEY
+from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import SUCCESS, Rollout
@@ -463,17 +464,17 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
     (`stages.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`),
     sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`.
     `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens): the step projects onto
-    the vocabulary at each row's policy tokens only (`make_train_step(policy_tokens=)`); a batch with more raises.
+    the vocabulary at each row's policy tokens only (`MemoryPlan(policy_tokens=)`); a batch with more raises.
     `packed_policy`: the same at the batch's policy tokens packed into one list per micro-batch, in multiples of
-    `PACK_BUCKET` positions (a smaller count: the next power of two; `make_train_step(packed_policy=)`,
+    `PACK_BUCKET` positions (a smaller count: the next power of two; `MemoryPlan(packed_policy=)`,
     `logprobs.packed_policy_positions`): the unembedding's work follows the tokens the policy wrote, not the most a
     row could hold."""
     if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
-    arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, compute_dtype=compute_dtype, micro_batches=micro_batches,
-                                    remat=remat, compiler_options=compiler_options, policy_tokens=policy_tokens,
-                                    packed_policy=packed_policy)
+    memory = MemoryPlan(micro_batches=micro_batches, remat=remat, compute_dtype=compute_dtype,
+                        policy_tokens=policy_tokens, packed_policy=packed_policy, compiler_options=compiler_options)
+    arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, memory=memory)
     jit_step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
     st_sh = None
     if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
