@@ -24,8 +24,9 @@ from jaxagent.study.host.presets import HOST_PRESETS
 from jaxagent.models.config import CheckpointError
 from jaxagent.study.frozenlake import presets as presets_lib
 from jaxagent.study.frozenlake.presets import PRESET_NOTES, PRESETS
-from jaxagent.study.frozenlake.run import BASE_SEED, MAX_ITERATIONS, NonFiniteError, Run
-from jaxagent.study.frozenlake.run import MAX_SEED as MAX_PRNG_SEED
+from jaxagent.study.common.run_checks import BASE_SEED, MAX_ITERATIONS, NonFiniteError
+from jaxagent.study.common.run_checks import MAX_SEED as MAX_PRNG_SEED
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.run_dir import RunError
 from jaxagent.study.stages import ARMS as STUDY_ARMS
 

@@ -29,7 +29,8 @@ from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
-from jaxagent.study.frozenlake.run import Run, check_batches
+from jaxagent.study.common.run_checks import check_batches
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  metrics as host_metrics, stages as host_stages)
 from tests.passk_reference import comb_pass

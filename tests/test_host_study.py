@@ -38,8 +38,7 @@ def world(tok):
 
 # ----------------------------------------------------------------------------- the task-index adapter
 def test_task_indices_sample_and_map():
-    ht = host_stages.HostTasks(n_tasks=5, t_max=3)
-    idx = ht.sample(jax.random.key(0), 64)
+    idx = host_stages.task_sampler(5)(jax.random.key(0), 64)
     assert idx.dtype == jnp.int32 and idx.shape == (64,)
     assert int(idx.min()) >= 0 and int(idx.max()) <= 4 and len(set(np.asarray(idx).tolist())) > 1
     tasks = ["a", "b", "c", "d", "e"]

@@ -18,7 +18,8 @@ from jaxagent.models import qwen3
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
 from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.study.frozenlake.run import Run, save_policy
+from jaxagent.study.common.policies import save_policy
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 MESH = (2, 2, 2)

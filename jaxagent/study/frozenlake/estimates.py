@@ -1,15 +1,16 @@
 """Seed-aware estimates of the FrozenLake study's eval stage: each arm seed's health (`seed_health`), the metrics
-dict writer (`Estimator`: primary estimates on the included seeds, an all-seeds sensitivity line when a seed is
-left out), and the small conversions the findings share (`number`, `mean`, `scored`, `to_np`).
+dict writer (`Estimator`: `common.estimates.put_estimate` on the seeds whose arms are all included, an all-seeds
+sensitivity line when a seed is left out), and the small conversions the findings share (`number`, `mean`,
+`scored`, `to_np`).
 """
 from __future__ import annotations
 
 import os
-import zlib
 
 import numpy as np
 
 from jaxagent.eval import health, stats, step_quality
+from jaxagent.study.common.estimates import put_estimate
 
 
 def seed_health(run, policies) -> dict:
@@ -17,15 +18,6 @@ def seed_health(run, policies) -> dict:
     return {(a, s): health.classify_seed(health.read_log(os.path.join(run.dir, "arms", a, f"seed{s}",
                                                                         "metrics.jsonl")))
             for a, s in policies}
-
-
-def health_metrics(m, hl):
-    """Writes each arm seed's `health.SeedHealth` into the metrics dict `m` as `health.<arm>.seed<s>.*`."""
-    for (a, s), h in sorted(hl.items()):
-        prefix = f"health.{a}.seed{s}"
-        m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
-        m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
-        m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
 
 
 class Estimator:
@@ -38,28 +30,13 @@ class Estimator:
     def _ok(self, arms, s):
         return all(self.hl.get((a, s)) is None or self.hl[(a, s)].included for a in arms)
 
-    def _describe(self, arms, seeds):
-        used = [s for s in seeds if self._ok(arms, s)]
-        dropped = [f"{s} ({', '.join(f'{a} {self.hl[(a, s)].status}' for a in arms if not self.hl[(a, s)].included)})"
-                   for s in seeds if not self._ok(arms, s)]
-        text = f"{' & '.join(arms)} seeds {', '.join(map(str, used)) if used else 'none'}"
-        return text + (f"; excluded: {', '.join(dropped)}" if dropped else "; none excluded")
-
     def put(self, key, units_by_seed: dict, arms, stat=stats.mean_of_seed_means) -> stats.Estimate:
+        """`put_estimate` over the seeds whose every arm in `arms` is included, naming why each other was left out."""
         seeds = sorted(units_by_seed)
-        rng = zlib.crc32(key.encode())
-        kept = [units_by_seed[s] for s in seeds if self._ok(arms, s)]
-        est = stats.seed_estimate(kept, stat, n_boot=self.n_boot, rng_seed=rng)
-        self._write(key, est, self._describe(arms, seeds))
-        if len(kept) < len(seeds):
-            est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat, n_boot=self.n_boot, rng_seed=rng)
-            self._write(f"{key}.all", est_all, f"{' & '.join(arms)} seeds {', '.join(map(str, seeds))}")
-        return est
-
-    def _write(self, key, est, seeds_text):
-        for name, v in est.as_dict().items():
-            self.m[f"{key}.{name}"] = v
-        self.m[f"{key}.seeds"] = seeds_text
+        reasons = {s: ", ".join(f"{a} {self.hl[(a, s)].status}" for a in arms if not self.hl[(a, s)].included)
+                   for s in seeds if not self._ok(arms, s)}
+        return put_estimate(self.m, key, units_by_seed, [s for s in seeds if self._ok(arms, s)], self.n_boot,
+                            " & ".join(arms), stat, reasons)
 
     def mean(self, key, values_by_seed: dict, arms):
         """Mean over the included seeds of per-seed values (the point value printed beside an estimate); over

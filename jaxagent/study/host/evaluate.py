@@ -30,7 +30,8 @@ import numpy as np
 
 from jaxagent.eval import health
 from jaxagent.sampling import Sampler
-from jaxagent.study import run_dir, stages
+from jaxagent.study import run_dir
+from jaxagent.study.common.arms import resolve_compute_dtype
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
                                  metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
@@ -216,7 +217,7 @@ def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
         for i, (name, prm) in enumerate((("base", base), ("rl", load_rl()))):
             acts[name] = host_error_recovery.continue_prefixes(
                 prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
-                sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+                sampler=Sampler(temperature=1.0), compute_dtype=resolve_compute_dtype(p.compute_dtype),
                 mesh=run.mesh)
         return {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
     return seed_record(run, "f4", seed, compute)
@@ -247,7 +248,7 @@ def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> di
         key = jax.random.fold_in(jax.random.key(303), seed)
         scores = {name: host_step_quality.sample_scores(
             prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
-            sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+            sampler=Sampler(temperature=1.0), compute_dtype=resolve_compute_dtype(p.compute_dtype),
             mesh=run.mesh)
             for name, prm in (("base", base), ("rl", load_rl()))}
         return host_step_quality.record(states, scores["base"], scores["rl"])
@@ -262,7 +263,7 @@ def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: d
     p = run.preset
     return seed_record(run, "f5", seed, lambda label: host_likelihood_scoring.score_seed(
         base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
-        mesh=run.mesh, compute_dtype=stages.resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
+        mesh=run.mesh, compute_dtype=resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
         memo=memo))
 
 

@@ -38,18 +38,17 @@ its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.tra
 """
 from __future__ import annotations
 
-import zlib
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from jaxagent.eval import bounds, health as health_lib, passk, stats
+from jaxagent.eval import bounds, health as health_lib, passk
 from jaxagent.eval.findings import SEI, Finding, Row
+from jaxagent.study.common.estimates import MAIN_ARM, health_metrics, put_estimate
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, stages as host_stages,
                                  step_quality as host_step_quality)
 
-MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
 ONE_TURN_NOTE = ("Finding 7: every GiGPO training episode took one turn, so each of its step groups (the first "
                  "state, shared by the group) is its episode group and its advantage A_E + omega A_S = (1 + omega) "
@@ -234,27 +233,6 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     )
 
 
-def put_estimate(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
-         arms: str = MAIN_ARM, stat: Callable = stats.mean_of_seed_means) -> stats.Estimate:
-    """`stats.seed_estimate` (statistic `stat`) over the included seeds into `<key>.*` (+ `<key>.all.*` when some
-    are excluded); `arms` names whose seeds they are in the `<key>.seeds` line."""
-    seeds = sorted(units_by_seed)
-    kept = [s for s in seeds if s in included]
-    rng = zlib.crc32(key.encode())
-    est = stats.seed_estimate([units_by_seed[s] for s in kept], stat, n_boot=n_boot, rng_seed=rng)
-    dropped = [s for s in seeds if s not in included]
-    for name, v in est.as_dict().items():
-        m[f"{key}.{name}"] = v
-    m[f"{key}.seeds"] = (f"{arms} seeds {', '.join(map(str, kept)) or 'none'}; "
-                         f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
-    if dropped:
-        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat, n_boot=n_boot, rng_seed=rng)
-        for name, v in est_all.as_dict().items():
-            m[f"{key}.all.{name}"] = v
-        m[f"{key}.all.seeds"] = f"{arms} seeds {', '.join(map(str, seeds))}"
-    return est
-
-
 def _mean(values) -> float:
     v = [float(x) for x in values if np.isfinite(x)]
     return float(np.mean(v)) if v else float("nan")
@@ -338,11 +316,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     if not host_stages.uses_env(d, host_dynamics.DOMAINS):
         m[f"{d}.note.f6_dynamics"] = host_dynamics.OTHER_DOMAIN_NOTE
-    for (a, s), h in sorted(health.items()):
-        prefix = f"health.{a}.seed{s}"
-        m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
-        m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
-        m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
+    health_metrics(m, health)
     arms, included = _arms(per_task, health)
     m.update(pass_metrics(d, per_task, bound, tiers, ks, health))
     if MAIN_ARM not in arms:
