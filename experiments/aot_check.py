@@ -26,10 +26,9 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 from jaxagent.study.host.presets import HOST_PRESETS  # noqa: E402
-from jaxagent.study.host.run import HostRun  # noqa: E402
+from jaxagent.study.host.run import host_arm_settings  # noqa: E402
 from jaxagent.aot import host, lowered_digest, programs, run_programs  # noqa: E402
 from jaxagent.aot import gpu  # noqa: E402
 from jaxagent.aot.check import preset_target, recheck  # noqa: E402
@@ -37,7 +36,7 @@ from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402
 from jaxagent.models import ops_gpu  # noqa: E402
 from jaxagent.models.config import PRESETS as MODEL_PRESETS  # noqa: E402
 from jaxagent.study.frozenlake.presets import PRESETS  # noqa: E402
-from jaxagent.study.frozenlake.run import Run  # noqa: E402
+from jaxagent.study.common.arms import arm_settings  # noqa: E402
 
 
 def table_line(rec: dict) -> str:
@@ -131,8 +130,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"{target.topology}: cuDNN is not installed here, so the fused attention a GPU run uses cannot "
                          "be built (its programs would hold the dense [B, H, T, S] scores): pip install -e '.[gpu-aot]'")
     # the arms' settings as the study's run makes them (`Run.arm_settings`, `HostRun.arm_settings`)
-    run = SimpleNamespace(preset=preset)
-    arms = [(HostRun if is_host else Run).arm_settings(run, a) for a in preset.arms]
+    arms = [(host_arm_settings if is_host else arm_settings)(preset, a) for a in preset.arms]
     build = host.host_programs if is_host else programs.preset_programs
     progs = build(preset, cfg, target.mesh, arms, only=args.programs)
     if args.programs and not progs:

@@ -30,7 +30,7 @@ from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
 from jaxagent.study.common.run_checks import check_batches
-from jaxagent.study.frozenlake.run import Run
+from jaxagent.study.common.arms import arm_settings
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  metrics as host_metrics, stages as host_stages)
 from tests.passk_reference import comb_pass
@@ -196,13 +196,13 @@ def test_check_batches_refuses_undividable():
 
 def test_arm_settings_match_the_frozenlake_study():
     p = HOST_PRESETS["qwen3-0.6b-1gpu-bfcl"]
-    run = pytypes.SimpleNamespace(preset=p)
     for arm in p.arms:
-        got = host_run.HostRun.arm_settings(run, arm)
+        got = host_run.host_arm_settings(p, arm)
         assert got.kl_estimator == "k2" and got.temperature == p.temperature and got.rl.n_tasks == p.n_tasks
-        assert got == Run.arm_settings(run, arm)  # the shared code (temperature 1.0 is the default)
-    hot = pytypes.SimpleNamespace(preset=pytypes.SimpleNamespace(**{**vars(p), "temperature": 0.7}))
-    assert host_run.HostRun.arm_settings(hot, "gigpo").temperature == 0.7
+        assert got == arm_settings(p, arm)  # the shared code (temperature 1.0 is the default)
+    hot = dataclasses.replace(p, temperature=0.7)
+    assert host_run.host_arm_settings(hot, "gigpo").temperature == 0.7
+    assert dataclasses.replace(host_run.host_arm_settings(hot, "gigpo"), temperature=1.0) == arm_settings(p, "gigpo")
 
 
 # ----------------------------------------------------------------------------- mesh and host numbers

@@ -307,7 +307,7 @@ def test_every_program_the_ci_sql_run_calls_is_in_the_aot_list(ci_run):
     step at each policy-index length it met."""
     preset = HOST_PRESETS["ci-sql"]
     progs = aot_host.host_programs(preset, preset.tiny_model, aot_coverage.one_device_mesh(),
-                                   aot_coverage.arm_settings(host_run.HostRun, preset))
+                                   aot_coverage.arm_settings(host_run.host_arm_settings, preset))
     counts = aot_coverage.assert_covered(aot_coverage.recorded(ci_run), progs)
     assert {n for n, c in counts.items() if c} == {"init_params", "train_state_init", "params_finite",
                                                    "host_train_step", "host_append", "host_decode",

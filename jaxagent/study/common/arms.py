@@ -148,13 +148,15 @@ def make_arm_step(cfg: Qwen3Config, arm: ArmSettings, *, mesh: Optional[Mesh] = 
 
 
 def placed_step(arm_step: ArmStep, cfg: Qwen3Config, *, mesh: Optional[Mesh] = None, micro_batches: int = 1,
-                policy_tokens: Optional[int] = None, packed_policy: bool = False, pack_bucket: int = 2048):
+                policy_tokens: Optional[int] = None, packed_policy: bool = False, pack_bucket: Optional[int] = None):
     """(step, state shardings or None): the arm's train step as the runtimes call it, step(state, batch) ->
     (state, metrics). With a `mesh`, the state and the batch rows are placed on `arm_step.state_shardings` / the
     row sharding first (a no-op for arrays already there). `packed_policy`: the batch's policy tokens packed into
     one list per micro-batch, in multiples of `pack_bucket` positions (`logprobs.packed_policy_positions`); a
     token the lists missed is a RuntimeError. `policy_tokens`: a batch with more policy tokens in a row than the
     step computes is a ValueError. Neither, and no mesh: `arm_step.jit` itself."""
+    if packed_policy and pack_bucket is None:
+        raise ValueError("placed_step(packed_policy=True) needs pack_bucket, the multiple of its positions per list")
     if mesh is None and not packed_policy and policy_tokens is None:
         return arm_step.jit, None
     jit_step, st_sh, row_sh = arm_step.jit, None, None

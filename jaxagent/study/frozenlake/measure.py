@@ -116,6 +116,6 @@ def pooled(run, pairs_fn, name, base, policies, seeds):
 
 
 def collect_policies(run) -> SavedPolicies:
-    """The run's finished arm seeds, each loaded when asked for (`train.SavedPolicies`)."""
+    """The run's finished arm seeds, each loaded when asked for (`common.policies.SavedPolicies`)."""
     return saved_policies(run, [(arm, seed) for arm in run.preset.arms for seed in run.preset.seeds
                                 if run_dir.done(os.path.join(run.dir, "arms", arm, f"seed{seed}"))])

@@ -12,7 +12,8 @@ and its metrics/dynamics files are cut back to the restored iteration (lines app
 checkpoint are not repeated). The run directory's mechanics (its lock: one writer at a time, DONE markers,
 the settings record, atomic JSON) are `jaxagent.study.run_dir`'s; a DONE marker that is not a JSON object is
 an error (`InvalidMarker`), redone with --force. Everything a run can check (preset fields, mesh, batch split,
-the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created.
+the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created
+(`common.run_checks`, the checks both studies share).
 
 Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
 result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings

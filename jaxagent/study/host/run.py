@@ -135,9 +135,14 @@ class HostRun:
         return p
 
     def arm_settings(self, arm: str) -> arms_lib.ArmSettings:
-        """Arm `arm` of the preset (`common.arms.arm_settings`: estimator, batch, epochs, lr, KL coefficient and
-        estimator, entropy), sampling at the preset's temperature."""
-        return arms_lib.arm_settings(self.preset, arm, temperature=self.preset.temperature)
+        """Arm `arm` of the run's preset (`host_arm_settings`)."""
+        return host_arm_settings(self.preset, arm)
+
+
+def host_arm_settings(preset: HostPreset, arm: str) -> arms_lib.ArmSettings:
+    """Arm `arm` of a host preset (`common.arms.arm_settings`: estimator, batch, epochs, lr, KL coefficient and
+    estimator, entropy), sampling at the preset's temperature."""
+    return arms_lib.arm_settings(preset, arm, temperature=preset.temperature)
 
 
 def run_base(run: HostRun, log: Callable[[str], None] = no_log):
