@@ -30,6 +30,7 @@ from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
 from jaxagent.study import stages
 from jaxagent.study.common.run_checks import check_batches
+from jaxagent.study.common import arms as arms_lib
 from jaxagent.study.common.arms import arm_settings
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  metrics as host_metrics, stages as host_stages)
@@ -234,7 +235,7 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
 
 def test_arm_runtime_passes_the_kl_estimator(tok, monkeypatch):
     seen = {}
-    monkeypatch.setattr(stages, "make_train_step", lambda cfg, opt, ls, **kw: seen.update(ls=ls, kw=kw))
+    monkeypatch.setattr(arms_lib, "make_train_step", lambda cfg, opt, ls, **kw: seen.update(ls=ls, kw=kw))
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="code"), tok)
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], kl_coef=0.05, kl_estimator="k2")
     rt = host_stages.make_host_arm_runtime(w, None, host_stages.HostTaskSettings(domain="code"), arm)
