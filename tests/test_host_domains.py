@@ -28,6 +28,7 @@ from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
+from jaxagent.rl.loop import RLSettings
 from jaxagent.study import stages
 from jaxagent.study.common.run_checks import check_batches
 from jaxagent.study.common import arms as arms_lib
@@ -241,6 +242,21 @@ def test_arm_runtime_passes_the_kl_estimator(tok, monkeypatch):
     rt = host_stages.make_host_arm_runtime(w, None, host_stages.HostTaskSettings(domain="code"), arm)
     assert (seen["ls"].kl_coef, seen["ls"].kl_estimator) == (0.05, "k2") and rt.with_ref_params
     assert seen["kw"]["mesh"] is None and rt.mesh is None
+
+
+def test_host_arms_are_the_estimators_without_a_critic_or_oracle(tok, monkeypatch):
+    """The host study runs every estimator that needs neither a critic nor the env's exact step values
+    (`rl.loop.CRITIC_ESTIMATORS`, `ORACLE_ESTIMATORS`): an outcome estimator needs no host-side list."""
+    assert host_stages.HOST_ARMS == ("grpo", "budgetmix", "gigpo")
+    monkeypatch.setattr(arms_lib, "make_train_step", lambda *a, **kw: None)
+    ts = host_stages.HostTaskSettings(domain="code")
+    w = host_stages.make_host_world(ts, tok)
+    for estimator in ("rloo", "dr_grpo", "gigpo"):
+        arm = stages.ArmSettings(name=estimator, rl=RLSettings(estimator=estimator))
+        assert host_stages.make_host_arm_runtime(w, None, ts, arm).critic_optimizer is None
+    for name in ("ppo", "grpo_oracle"):
+        with pytest.raises(ValueError, match=f"{name!r} needs .* \\(a critic or an exact step oracle\\)"):
+            host_stages.make_host_arm_runtime(w, None, ts, stages.ArmSettings(name=name, rl=stages.ARMS[name]))
 
 
 def test_arm_runtime_trains_on_a_mesh(tok):
