@@ -26,7 +26,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 # Names and figures only: --help and usage errors answer without JAX (`main` imports the rest).
 from jaxagent.aot import gpu  # noqa: E402
@@ -86,9 +85,9 @@ def main(argv=None) -> int:
     from jaxagent.aot.check import preset_target, recheck
     from jaxagent.models import ops_gpu
     from jaxagent.study.frozenlake.presets import PRESETS
-    from jaxagent.study.frozenlake.run import Run
+    from jaxagent.study.common.arms import arm_settings
     from jaxagent.study.host.presets import HOST_PRESETS
-    from jaxagent.study.host.run import HostRun
+    from jaxagent.study.host.run import host_arm_settings
     records = []
     if args.recheck:
         with open(args.recheck) as f:
@@ -132,9 +131,8 @@ def main(argv=None) -> int:
     if target.spec["platform"] == "gpu" and not args.recheck and not ops_gpu.available():
         raise SystemExit(f"{target.topology}: cuDNN is not installed here, so the fused attention a GPU run uses cannot "
                          "be built (its programs would hold the dense [B, H, T, S] scores): pip install -e '.[gpu-aot]'")
-    # the arms' settings as the study's run makes them (`Run.arm_settings`, `HostRun.arm_settings`)
-    run = SimpleNamespace(preset=preset)
-    arms = [(HostRun if is_host else Run).arm_settings(run, a) for a in preset.arms]
+    # the arms' settings as the study's run makes them (`common.arms.arm_settings`, `host.run.host_arm_settings`)
+    arms = [(host_arm_settings if is_host else arm_settings)(preset, a) for a in preset.arms]
     build = host.host_programs if is_host else programs.preset_programs
     progs = build(preset, cfg, target.mesh, arms, only=args.programs)
     if args.programs and not progs:

@@ -136,10 +136,8 @@ def host_preset_names():
 
 def grpo_arm(preset):
     """The study's GRPO arm settings of a preset (`Run.arm_settings`)."""
-    import types
-
-    from jaxagent.study.frozenlake.run import Run
-    return Run.arm_settings(types.SimpleNamespace(preset=preset), "grpo")
+    from jaxagent.study.common.arms import arm_settings
+    return arm_settings(preset, "grpo")
 
 
 class Output:

@@ -342,7 +342,7 @@ def clear_errors():
     checkpoint) ends the script with its one-line message and exit code 2; a diverged RL stage with its message
     and exit code 1; neither with a traceback."""
     from jaxagent.models.config import CheckpointError
-    from jaxagent.study.frozenlake.run import NonFiniteError
+    from jaxagent.study.common.run_checks import NonFiniteError
     from jaxagent.study.run_dir import RunError
     try:
         yield

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import jax
 import pytest
@@ -56,9 +55,10 @@ def one_device_mesh():
     return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
-def arm_settings(run_cls, preset) -> list:
-    """The preset's arms as its run makes them (`Run.arm_settings` / `HostRun.arm_settings`)."""
-    return [run_cls.arm_settings(SimpleNamespace(preset=preset), a) for a in preset.arms]
+def arm_settings(make, preset) -> list:
+    """The preset's arms as its run makes them: `make(preset, arm)` is `common.arms.arm_settings` (FrozenLake) or
+    `host.run.host_arm_settings`."""
+    return [make(preset, a) for a in preset.arms]
 
 
 def describe(call: dict) -> str:

@@ -3,13 +3,12 @@ a CPU mesh, their list (batches folded when equal, named widths, finding 5's sco
 beside each), and a tiny host preset's compile for v5p:2x2x1 (skipped only when libtpu is not installed).
 """
 import dataclasses
-from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.study.host.run import HostRun
+from jaxagent.study.host.run import host_arm_settings
 from jaxagent import aot
 from jaxagent.aot import arms
 from jaxagent.aot import host as AH
@@ -20,7 +19,7 @@ from tests.aot_common import CFG, needs_libtpu
 
 def _arms(preset) -> list:
     """The preset's arms as the host study makes them (`HostRun.arm_settings`)."""
-    return [HostRun.arm_settings(SimpleNamespace(preset=preset), a) for a in preset.arms]
+    return [host_arm_settings(preset, a) for a in preset.arms]
 
 
 def _tiny_host_preset(eval_batch: int = 8):

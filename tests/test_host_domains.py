@@ -29,8 +29,11 @@ from jaxagent.rollout import SUCCESS
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.rollout.host_timing import HostTiming
 from jaxagent.sampling import Sampler
+from jaxagent.rl.loop import RLSettings
 from jaxagent.study import stages
-from jaxagent.study.frozenlake.run import Run, check_batches
+from jaxagent.study.common.run_checks import check_batches
+from jaxagent.study.common import arms as arms_lib
+from jaxagent.study.common.arms import arm_settings
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  metrics as host_metrics, stages as host_stages)
 from tests.passk_reference import comb_pass
@@ -196,13 +199,13 @@ def test_check_batches_refuses_undividable():
 
 def test_arm_settings_match_the_frozenlake_study():
     p = HOST_PRESETS["qwen3-0.6b-1gpu-bfcl"]
-    run = pytypes.SimpleNamespace(preset=p)
     for arm in p.arms:
-        got = host_run.HostRun.arm_settings(run, arm)
+        got = host_run.host_arm_settings(p, arm)
         assert got.kl_estimator == "k2" and got.temperature == p.temperature and got.rl.n_tasks == p.n_tasks
-        assert got == Run.arm_settings(run, arm)  # the shared code (temperature 1.0 is the default)
-    hot = pytypes.SimpleNamespace(preset=pytypes.SimpleNamespace(**{**vars(p), "temperature": 0.7}))
-    assert host_run.HostRun.arm_settings(hot, "gigpo").temperature == 0.7
+        assert got == arm_settings(p, arm)  # the shared code (temperature 1.0 is the default)
+    hot = dataclasses.replace(p, temperature=0.7)
+    assert host_run.host_arm_settings(hot, "gigpo").temperature == 0.7
+    assert dataclasses.replace(host_run.host_arm_settings(hot, "gigpo"), temperature=1.0) == arm_settings(p, "gigpo")
 
 
 # ----------------------------------------------------------------------------- mesh and host numbers
@@ -234,13 +237,28 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
 
 def test_arm_runtime_passes_the_kl_estimator(tok, monkeypatch):
     seen = {}
-    monkeypatch.setattr(stages, "build_train_step", lambda cfg, opt, ls, memory, mesh, **kw: seen.update(
+    monkeypatch.setattr(arms_lib, "build_train_step", lambda cfg, opt, ls, memory, mesh, **kw: seen.update(
         ls=ls, memory=memory, mesh=mesh))
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="code"), tok)
     arm = stages.ArmSettings(name="grpo", rl=stages.ARMS["grpo"], kl_coef=0.05, kl_estimator="k2")
     rt = host_stages.make_host_arm_runtime(w, None, host_stages.HostTaskSettings(domain="code"), arm)
     assert (seen["ls"].kl_coef, seen["ls"].kl_estimator) == (0.05, "k2") and rt.with_ref_params
     assert seen["mesh"] is None and rt.mesh is None and seen["memory"] == MemoryPlan()
+
+
+def test_host_arms_are_the_estimators_without_a_critic_or_oracle(tok, monkeypatch):
+    """The host study runs every estimator that needs neither a critic nor the env's exact step values
+    (`rl.loop.CRITIC_ESTIMATORS`, `ORACLE_ESTIMATORS`): an outcome estimator needs no host-side list."""
+    assert host_stages.HOST_ARMS == ("grpo", "budgetmix", "gigpo")
+    monkeypatch.setattr(arms_lib, "build_train_step", lambda *a, **kw: None)
+    ts = host_stages.HostTaskSettings(domain="code")
+    w = host_stages.make_host_world(ts, tok)
+    for estimator in ("rloo", "dr_grpo", "gigpo"):
+        arm = stages.ArmSettings(name=estimator, rl=RLSettings(estimator=estimator))
+        assert host_stages.make_host_arm_runtime(w, None, ts, arm).critic_optimizer is None
+    for name in ("ppo", "grpo_oracle"):
+        with pytest.raises(ValueError, match=f"{name!r} needs .* \\(a critic or an exact step oracle\\)"):
+            host_stages.make_host_arm_runtime(w, None, ts, stages.ArmSettings(name=name, rl=stages.ARMS[name]))
 
 
 def test_arm_runtime_trains_on_a_mesh(tok):

@@ -127,7 +127,7 @@ def test_one_batch_per_end_could_not_decide_and_windows_can():
         logs = {s: _log(np.asarray([0.5] * 4), np.asarray([0.5] * 4), b[0], b[-1], n=64, last_step=19)
                 for s, b in batches.items()}
         for w, given in ((1, {s: [b[0], b[-1]] for s, b in batches.items()}), (5, batches)):
-            m = host_dynamics.dynamics_metrics("code", logs, [0, 1, 2], 50, host_metrics.put_estimate, given)
+            m = host_dynamics.dynamics_metrics("code", logs, [0, 1, 2], host_metrics.put_estimate, given)
             assert m["code.f6.r_multi_window"] == w and m["code.f6.n_multi"] == 64
             verdicts[w].append(finding_verdict(f_multi, m)[0])
             widths[w].append(m["code.f6_r_multi.diff.hi"] - m["code.f6_r_multi.diff.lo"])
@@ -138,7 +138,7 @@ def test_one_batch_per_end_could_not_decide_and_windows_can():
 
 
 def test_dynamics_metrics_known_deltas_and_verdicts():
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], 200, host_metrics.put_estimate, _batches())
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1, 2], host_metrics.put_estimate, _batches())
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.2)
     assert m["code.f6_r_single.diff.method"] == stats.T_SEEDS and m["code.f6_r_single.diff.n_units"] == 12
     assert m["code.f6_r_multi.diff.mean"] == pytest.approx(0.375) and m["code.f6_r_multi.diff.n_units"] == 3 * 80
@@ -156,7 +156,7 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
     assert finding_verdict(f_multi, m)[0] == stats.REPRODUCED
     assert finding_verdict(f_single, m)[0] == stats.UNDERPOWERED
     # seed 2 excluded (collapsed): the estimate over seeds 0, 1 and an all-seeds sensitivity line
-    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], 200, host_metrics.put_estimate, _batches())
+    m = host_dynamics.dynamics_metrics("code", _logs(), [0, 1], host_metrics.put_estimate, _batches())
     assert m["code.f6_r_single.diff.mean"] == pytest.approx(-0.15)
     assert m["code.f6_r_single.diff.all.mean"] == pytest.approx(-0.2) and "excluded: 2" in m["code.f6_r_single.diff.seeds"]
     assert m["code.f6_r_multi.last"] == pytest.approx(4.5 / 8)
@@ -164,9 +164,9 @@ def test_dynamics_metrics_known_deltas_and_verdicts():
 
 def test_dynamics_metrics_without_usable_logs():
     only_base = {0: _log([0.5], [0.5], 0.0, 0.0)[:1]}
-    assert host_dynamics.dynamics_metrics("code", only_base, [0], 50, host_metrics.put_estimate) == {
+    assert host_dynamics.dynamics_metrics("code", only_base, [0], host_metrics.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
-    assert host_dynamics.dynamics_metrics("code", {}, [], 50, host_metrics.put_estimate) == {
+    assert host_dynamics.dynamics_metrics("code", {}, [], host_metrics.put_estimate) == {
         "code.note.f6_dynamics": host_dynamics.NO_LOG_NOTE}
 
 
@@ -175,7 +175,7 @@ def test_report_rows_on_coding_and_note_elsewhere():
     per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(3)}}
     hl = {("grpo", s): ok for s in range(3)}
     bound = host_metrics.structural_bound([1] * 4, [1, 2], [1])
-    kw = dict(n_train=12, n_heldout=4, n_boot=50)
+    kw = dict(n_train=12, n_heldout=4)
     code = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, dynamics=_logs(), batches=_batches(),
                                        **kw)
     findings = host_metrics.domain_findings("code", "Multi-turn coding")

@@ -106,7 +106,7 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
         per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()},
                     **{f"gigpo/seed{s}": r + 0.01 * rng.normal(size=r.shape) for s, r in rl.items()}}
         hl = {(a, s): OK for a in ("grpo", "gigpo") for s in rl}
-        m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
+        m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n)
         for key in ("sql.f1_pass1", "sql.f1_breadth"):
             assert room_from_metrics(f[key], m) == pytest.approx((-base_v, 1.0 - base_v))
             assert finding_verdict(f[key], m)[0] == want, (key, finding_verdict(f[key], m))
@@ -127,7 +127,7 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
         rl[s] = r
     per_task = {"base": base, **{f"grpo/seed{s}": r for s, r in rl.items()}}
     m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
-                                 n_heldout=n, n_boot=50)
+                                 n_heldout=n)
     lo, hi = room_from_metrics(f["sql.f2_shrink"], m)
     assert lo == pytest.approx(-0.0 - 0.03) and hi == pytest.approx(1.0 - 0.0 - 0.03)
     v, why = finding_verdict(f["sql.f2_shrink"], m)
@@ -135,7 +135,7 @@ def test_pass_rows_rooms_from_the_bound_and_verdicts():
     # the same gaps on a base at 40%: decided on the interval (the tight gap is smaller: the advantage shrinks)
     per_task = {"base": base + 0.4, **{f"grpo/seed{s}": r + 0.4 for s, r in rl.items()}}
     m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], {("grpo", s): OK for s in rl}, n_train=8,
-                                 n_heldout=n, n_boot=50)
+                                 n_heldout=n)
     assert finding_verdict(f["sql.f2_shrink"], m)[0] not in (stats.UNTESTABLE,)
     assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.021 - 0.03)
 
@@ -152,11 +152,10 @@ def test_each_seed_is_compared_with_its_own_base_draw():
     rl = {s: true + 0.001 * s for s in range(3)}
     hl = {("grpo", s): OK for s in rl}
     shared = {"base": true - 0.1, **{f"grpo/seed{s}": r for s, r in rl.items()}}
-    m = host_metrics.domain_metrics("sql", shared, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50)
+    m = host_metrics.domain_metrics("sql", shared, bound, [1, 2], [1], hl, n_train=8, n_heldout=n)
     assert m["sql.f1_pass1.diff.lo"] > 0.09 and finding_verdict(f["sql.f1_pass1"], m)[0] == stats.REPRODUCED
     draws = {"base/seed0": true - 0.1, "base/seed1": true, "base/seed2": true}
-    m = host_metrics.domain_metrics("sql", {**shared, **draws}, bound, [1, 2], [1], hl, n_train=8, n_heldout=n,
-                                    n_boot=50)
+    m = host_metrics.domain_metrics("sql", {**shared, **draws}, bound, [1, 2], [1], hl, n_train=8, n_heldout=n)
     assert m["sql.f1_pass1.diff.mean"] == pytest.approx((0.1 + 0.0 + 0.001 + 0.002) / 3)
     assert m["sql.f1_pass1.diff.lo"] < 0 < m["sql.f1_pass1.diff.hi"]
     assert finding_verdict(f["sql.f1_pass1"], m)[0] != stats.REPRODUCED
@@ -170,7 +169,7 @@ def test_no_task_solvable_at_the_tightest_tier_is_stated():
     per_task = {"base": _grid([0.0] * 4), "grpo/seed0": _grid([0.5] * 4), "grpo/seed1": _grid([0.5] * 4),
                 "gigpo/seed0": _grid([0.5] * 4), "gigpo/seed1": _grid([0.5] * 4)}
     hl = {(a, s): OK for a in ("grpo", "gigpo") for s in (0, 1)}
-    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50)
+    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4)
     assert m["bfcl.f2_shrink.n_tasks"] == 0 and math.isnan(m["bfcl.f2_shrink.diff.mean"])
     assert "bfcl.f2_shrink.room_lo" not in m and "T = 1 turns" in m["bfcl.note.f2_shrink"]
     assert "bfcl.f7_gigpo.room_lo" not in m and "Finding 7" in m["bfcl.note.f7_gigpo"]
@@ -189,7 +188,7 @@ def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
     per_task = {"base": _grid([0.3] * n), **{f"grpo/seed{s}": _grid([0.4 + 0.01 * s] * n) for s in range(3)}}
     hl = {("grpo", s): OK for s in range(3)}
     for recovering in (False, True):
-        m = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n, n_boot=50,
+        m = host_metrics.domain_metrics("code", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=n,
                                         recovering_expert=recovering)
         assert not math.isnan(m["code.f2_shrink.diff.mean"])
         assert (m.get("code.note.f2_shrink") == host_metrics.RECOVERING_EXPERT_NOTE) is recovering
@@ -226,12 +225,12 @@ def test_gigpo_parity_is_not_judged_when_every_training_episode_took_one_turn():
                                               for a in ("grpo", "gigpo") for s in (0, 1)}}
     hl = {(a, s): OK for a in ("grpo", "gigpo") for s in (0, 1)}
     f7 = next(x for x in host_metrics.domain_findings("sql", "SQL") if x.key == "sql.f7_gigpo")
-    one = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6, n_boot=50,
+    one = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6,
                                       gigpo_turns={0: [1.0] * 5, 1: [1.0] * 5})
     assert not any(k.startswith("sql.f7_gigpo.diff") for k in one) and "sql.f7_gigpo.room_lo" not in one
     assert "took one turn" in one["sql.note.f7_gigpo"] and one["sql.f7_gigpo.multi_turn_share"] == 0.0
     assert finding_verdict(f7, one)[0] != stats.REPRODUCED
-    mixed = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6, n_boot=50,
+    mixed = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=6,
                                         gigpo_turns={0: [1.0, 1.25], 1: [1.0, 1.0]})
     assert "sql.note.f7_gigpo" not in mixed and np.isfinite(mixed["sql.f7_gigpo.diff.mean"])
     assert mixed["sql.f7_gigpo.multi_turn_share"] == pytest.approx(0.25 / 4)
@@ -252,8 +251,7 @@ def test_rate_rows_rooms_and_verdicts():
         scored = {s: {"g": 2, "base": [[q_base, q_base]] * 4, "rl": [[q_base + shift + 0.01 * s] * 2] * 4,
                       "source": ["base"] * 4, "turn": [0] * 4, "task_id": ["t"] * 4, "episode": [0] * 4}
                   for s in range(3)}
-        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], 50,
-                                       host_metrics.put_estimate)
+        m = host_step_quality.step_quality_metrics("code", scored, [0, 1, 2], host_metrics.put_estimate)
         assert room_from_metrics(f3, m) == pytest.approx((-q_base, 1 - q_base))
         assert finding_verdict(f3, m)[0] == want, (q_base, shift, finding_verdict(f3, m))
     f4 = host_error_recovery.finding("bfcl", "BFCL")
@@ -262,7 +260,7 @@ def test_rate_rows_rooms_and_verdicts():
         judged = {s: {"base": [True] * n_base + [False] * (20 - n_base),
                       "rl": [True] * (n_base + gain + s % 2) + [False] * (20 - n_base - gain - s % 2),
                       "source": ["base"] * 20} for s in range(4)}
-        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], 50, host_metrics.put_estimate)
+        m = host_error_recovery.error_recovery_metrics("bfcl", judged, [0, 1, 2, 3], host_metrics.put_estimate)
         assert room_from_metrics(f4, m) == pytest.approx((-n_base / 20, 1 - n_base / 20))
         assert finding_verdict(f4, m)[0] == want, finding_verdict(f4, m)
     f_multi, f_single = host_dynamics.finding("code", "Coding")
@@ -277,13 +275,13 @@ def test_rate_rows_rooms_and_verdicts():
     def batches(first_multi, last_multi):  # 10 iterations of 16 episodes: the first 5 at first_multi, the last 5 higher
         return {s: [first_multi] * 5 + [last_multi + s / 16] * 5 for s in range(3)}
 
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2], 50,
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.05), 0.75, 0.8), [0, 1, 2],
                                        host_metrics.put_estimate, batches(0.75, 0.8))
     assert room_from_metrics(f_single, m) == pytest.approx((-0.05, 0.95))
     assert room_from_metrics(f_multi, m) == pytest.approx((-0.75, 0.25))
     assert finding_verdict(f_single, m)[0] == stats.UNTESTABLE  # 0.05 < E = 0.097: R_single cannot fall by E
     assert finding_verdict(f_multi, m)[0] == stats.UNTESTABLE   # 0.25 < E = 0.331: R_multi cannot rise by E
-    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2], 50,
+    m = host_dynamics.dynamics_metrics("code", logs(np.full(4, 0.5), 0.25, 0.25), [0, 1, 2],
                                        host_metrics.put_estimate, batches(0.25, 0.25))
     assert finding_verdict(f_single, m)[0] not in (stats.UNTESTABLE,)
     assert finding_verdict(f_multi, m)[0] == stats.NOT_REPRODUCED  # no rise: the CI's upper end is below E
@@ -296,7 +294,7 @@ def test_report_prints_the_room_and_what_would_have_failed_each_row():
     per_task = {"base": base, **{f"grpo/seed{s}": np.clip(base + 0.02 * rng.normal(size=base.shape), 0, 1)
                                  for s in range(3)}}
     m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1, 2], {("grpo", s): OK for s in range(3)},
-                                 n_train=8, n_heldout=8, n_boot=50)
+                                 n_train=8, n_heldout=8)
     findings = host_metrics.domain_findings("sql", "SQL")
     lines, verdicts = host_report.domain_section("sql", "SQL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                  ks=[1, 2], t_max=2, splits=("train", "test"))

@@ -148,7 +148,7 @@ def test_reports_name_the_split_of_every_number_and_the_grading(sql):
     extra = {"base": grid(0.5), "base/seed0": grid(0.5), "base/seed1": grid(0.25), "grpo/seed0": grid(0.75),
              "grpo/seed1": grid(0.75)}
     m.update(host_metrics.pass_metrics("sql.test_constants", extra, bound, tiers, ks, {}))
-    m.update(host_metrics.split_gaps("sql.test_constants", extra, tiers, ks, {}, n_boot=50))
+    m.update(host_metrics.split_gaps("sql.test_constants", extra, tiers, ks, {}))
     m["sql.test_constants.split.heldout"], m["sql.test_constants.split.note"] = 5, "train's templates"
     lines, _ = host_report.domain_section("sql", "SQL", m, [], policies=["base", "grpo"], tiers=tiers, ks=ks,
                                           t_max=2, splits=("train", "test"))

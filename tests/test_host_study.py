@@ -38,8 +38,7 @@ def world(tok):
 
 # ----------------------------------------------------------------------------- the task-index adapter
 def test_task_indices_sample_and_map():
-    ht = host_stages.HostTasks(n_tasks=5, t_max=3)
-    idx = ht.sample(jax.random.key(0), 64)
+    idx = host_stages.task_sampler(5)(jax.random.key(0), 64)
     assert idx.dtype == jnp.int32 and idx.shape == (64,)
     assert int(idx.min()) >= 0 and int(idx.max()) <= 4 and len(set(np.asarray(idx).tolist())) > 1
     tasks = ["a", "b", "c", "d", "e"]
@@ -187,7 +186,7 @@ def test_domain_metrics_synthetic_gaps_and_verdict():
     bad = health.SeedHealth(health.COLLAPSED, "", 2, 0.0, 0.0, 0.0)
     hl = {("grpo", 0): ok, ("grpo", 1): ok, ("grpo", 2): bad}
     bound = host_metrics.structural_bound([1, 1, 1, 2], [1, 2], [1])
-    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=18, n_heldout=4, n_boot=50)
+    m = host_metrics.domain_metrics("sql", per_task, bound, [1, 2], [1], hl, n_train=18, n_heldout=4)
     assert m["sql.f1_breadth.diff.mean"] == pytest.approx(0.4)
     assert m["sql.f1_breadth.diff.method"] == stats.T_SEEDS and m["sql.f1_breadth.diff.n_seeds"] == 2
     assert m["sql.f2_shrink.diff.mean"] == pytest.approx(0.1 - 0.4)
@@ -214,7 +213,7 @@ def test_domain_metrics_gigpo_vs_grpo_parity():
         per_task = {"base": base, **{f"grpo/seed{s}": g for s, g in grpo.items()},
                     **{f"gigpo/seed{s}": g + shift + 0.01 * rng.normal(size=g.shape) for s, g in grpo.items()}}
         hl = {(a, s): ok for a in ("grpo", "gigpo") for s in grpo}
-        m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=8, n_boot=200)
+        m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=8)
         assert m["bfcl.f7_gigpo.diff.mean"] == pytest.approx(shift, abs=0.02)
         assert m["bfcl.f7_gigpo.diff.seeds"].startswith("grpo & gigpo seeds 0, 1, 2, 3, 4")
         assert m["bfcl.f7_gigpo.grpo"] == pytest.approx(0.4, abs=0.01) and m["bfcl.f7_gigpo.bound"] == 1.0
@@ -270,7 +269,7 @@ def test_error_recovery_metrics_known_rates_and_report():
     per_task = {"base": np.zeros((2, 1, 4)), **{f"grpo/seed{s}": np.zeros((2, 1, 4)) for s in range(5)}}
     hl = {("grpo", s): (bad if s == 4 else ok) for s in range(5)}
     bound = host_metrics.structural_bound([1] * 4, [1, 2], [1])
-    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=200,
+    m = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4,
                                  error_prefixes=judged)
     assert m["bfcl.f4_correction.diff.mean"] == pytest.approx(0.2)
     assert m["bfcl.f4_correction.diff.all.mean"] == pytest.approx(0.22)
@@ -285,7 +284,7 @@ def test_error_recovery_metrics_known_rates_and_report():
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", m, findings, policies=["base", "grpo"], tiers=[1, 2],
                                                ks=[1], t_max=2, splits=("train", "test"))[0])
     assert re.search(r"\| BFCL: 4\. tool-call error correction .*\| 20\.0 \|", text)
-    none = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4, n_boot=50,
+    none = host_metrics.domain_metrics("bfcl", per_task, bound, [1, 2], [1], hl, n_train=8, n_heldout=4,
                                     error_prefixes={s: {"base": [], "rl": [], "source": []} for s in range(5)})
     assert none["bfcl.f4_correction.n_prefixes"] == 0 and "bfcl.f4_correction.diff.mean" not in none
     text = "\n".join(host_report.domain_section("bfcl", "BFCL", none, findings, policies=["base", "grpo"],
@@ -308,7 +307,7 @@ def test_every_program_the_ci_sql_run_calls_is_in_the_aot_list(ci_run):
     step at each policy-index length it met."""
     preset = HOST_PRESETS["ci-sql"]
     progs = aot_host.host_programs(preset, preset.tiny_model, aot_coverage.one_device_mesh(),
-                                   aot_coverage.arm_settings(host_run.HostRun, preset))
+                                   aot_coverage.arm_settings(host_run.host_arm_settings, preset))
     counts = aot_coverage.assert_covered(aot_coverage.recorded(ci_run), progs)
     assert {n for n, c in counts.items() if c} == {"init_params", "train_state_init", "params_finite",
                                                    "host_train_step", "host_append", "host_decode",

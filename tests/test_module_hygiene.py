@@ -99,6 +99,11 @@ def check_sources(sources, own=None):
     own(module, target) -> bool: private names of `target` that `module` may use (a test of its own module);
     default none. Returns a sorted list of strings: "module:line: rule: detail", and "cycle: a -> b -> a" for
     rule (d)."""
+    return scan_sources(sources, own)[0]
+
+
+def scan_sources(sources, own=None):
+    """(`check_sources`' violations, the import graph {module: set of our modules it imports})."""
     modules = set(sources)
     problems = []
     graph = {m: set() for m in sources}
@@ -196,7 +201,7 @@ def check_sources(sources, own=None):
                 problems.append(f"{where % node.lineno}: private attribute: "
                                 f"{'.'.join([root] + attrs + [node.attr])}")
     problems.extend(f"cycle: {' -> '.join(c)}" for c in find_cycles(graph))
-    return sorted(set(problems))
+    return sorted(set(problems)), graph
 
 
 def synthetic(**modules):
@@ -279,3 +284,37 @@ def test_tests_use_public_names_of_other_modules():
     got = check_sources(synthetic(jaxagent__a="", tests__test_a="from jaxagent.a import _f\n",
                                   tests__test_b="from jaxagent.a import _f\n"), own=own_module)
     assert got == ["tests.test_b:1: private import: from jaxagent.a import _f"]
+
+
+def reachable(graph, start):
+    """Every module `start` imports, directly or through the modules it imports."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def imports_across(graph, importer, imported):
+    """{module under `importer`: sorted modules under `imported` it reaches}, for the modules that reach one."""
+    def under(module, package):
+        return module == package or module.startswith(package + ".")
+    out = {m: sorted(t for t in reachable(graph, m) if under(t, imported)) for m in graph if under(m, importer)}
+    return {m: ts for m, ts in out.items() if ts}
+
+
+def test_host_study_does_not_import_the_frozenlake_study():
+    """The host-domain study stands on the shared core (`jaxagent.study.common`): no module of jaxagent.study.host
+    reaches one of jaxagent.study.frozenlake, directly or through the modules it imports."""
+    graph = scan_sources(module_sources())[1]
+    assert sum(m.startswith("jaxagent.study.host.") for m in graph) > 10   # the walk found the host study
+    assert imports_across(graph, "jaxagent.study.host", "jaxagent.study.frozenlake") == {}
+    assert imports_across(graph, "jaxagent.study.host", "jaxagent.study.stages") == {}  # FrozenLake's stages
+    # the check sees an import through a module in between
+    src = synthetic(jaxagent__study__host__a="from jaxagent.study import b\n",
+                    jaxagent__study__b="from jaxagent.study.frozenlake import c\n", jaxagent__study__frozenlake__c="")
+    graph = scan_sources({**src, "jaxagent.study": ("", True), "jaxagent.study.frozenlake": ("", True)})[1]
+    assert imports_across(graph, "jaxagent.study.host", "jaxagent.study.frozenlake") == {
+        "jaxagent.study.host.a": ["jaxagent.study.frozenlake.c"]}

@@ -14,7 +14,7 @@ import pytest
 
 from experiments import cli, host_study
 from jaxagent.study.frozenlake import presets as fl_presets
-from jaxagent.study.frozenlake.run import check_batches
+from jaxagent.study.common.run_checks import check_batches
 from jaxagent.study.host import presets as host_presets
 from jaxagent.study.stages import REHEARSAL_NOTE
 

@@ -23,7 +23,9 @@ from jaxagent.models.config import CheckpointError, Qwen3Config
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
 from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.study.frozenlake.run import BASE_SEED, NonFiniteError, Run, save_policy
+from jaxagent.study.common.policies import save_policy
+from jaxagent.study.common.run_checks import BASE_SEED, NonFiniteError
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 run directory when asked for (an accelerator run's arms x seeds would not fit beside the train state)."""
 import pytest
 
-from jaxagent.study.frozenlake.train import SavedPolicies
+from jaxagent.study.common.policies import SavedPolicies
 
 
 def test_saved_policies_load_on_demand_and_keep_nothing():

@@ -17,6 +17,7 @@ from jaxagent.eval import health, report, stats
 from jaxagent.eval import findings as findings_lib
 from jaxagent.study.frozenlake import evaluate, measure
 from jaxagent.study.frozenlake.presets import PRESETS
+from jaxagent.study.common.arms import arm_settings
 from jaxagent.study.frozenlake.run import Run
 from tests import aot_coverage
 
@@ -77,7 +78,7 @@ def test_every_program_the_run_calls_is_in_the_aot_list(ci_run):
     world = programs.toy_world(preset)
     cfg = aot_coverage.with_vocab(preset.model, world.tokenizer.vocab_size)
     progs = programs.preset_programs(preset, cfg, aot_coverage.one_device_mesh(),
-                                     aot_coverage.arm_settings(Run, preset))
+                                     aot_coverage.arm_settings(arm_settings, preset))
     counts = aot_coverage.assert_covered(calls, progs)
     # what the miniature runs: every program of its list (no PPO arm: no critic values)
     assert {n for n, c in counts.items() if c} == set(programs.PROGRAM_NAMES) - {"train_step_ppo", "critic_values"}

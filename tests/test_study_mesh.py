@@ -17,8 +17,10 @@ from jaxagent import sharding
 from jaxagent.models import qwen3
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir, stages
+from jaxagent.study.common import arms as arms_lib
 from jaxagent.study.frozenlake.presets import PRESETS
-from jaxagent.study.frozenlake.run import Run, save_policy
+from jaxagent.study.common.policies import save_policy
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.frozenlake.train import make_runtime, run_arm, run_base
 
 MESH = (2, 2, 2)
@@ -49,7 +51,7 @@ def mesh_run(tmp_path_factory):
     base = run_base(run, log=lambda *_: None)
 
     seen = {"rollout_params": [], "rollout_tasks": [], "train_step_kw": [], "rollout_mesh": []}
-    real_rollout, real_make_step, real_save = stages.rollout, stages.build_train_step, ckpt_lib.save
+    real_rollout, real_make_step, real_save = stages.rollout, arms_lib.build_train_step, ckpt_lib.save
 
     def spy_rollout(params, *args, **kw):
         seen["rollout_params"].append(jax.tree.leaves(params))
@@ -68,7 +70,7 @@ def mesh_run(tmp_path_factory):
     logs = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "rollout", spy_rollout)
-        mp.setattr(stages, "build_train_step", spy_make_step)
+        mp.setattr(arms_lib, "build_train_step", spy_make_step)
         rt = make_runtime(run, run.arm_settings(ARM))
         mp.setattr(ckpt_lib, "save", save_then_stop)
         with pytest.raises(Interrupted):

@@ -1,7 +1,7 @@
 """The programs of the RL arms that the FrozenLake and host-domain lists share, on abstract arguments:
   train steps        `stages.make_arm_step`'s jit (arms whose settings and rows are equal share one)
   train_state_init   the making of an arm's TrainState from the base params (`stages.init_arm_state`)
-  params_finite      the finiteness check of the params after each update (`frozenlake.run.nonfinite_leaves`)
+  params_finite      the finiteness check of the params after each update (`common.run_checks.nonfinite_leaves`)
   init_params        random params of a model without a checkpoint (`qwen3.init`: the toy and CI presets)
 and the abstract pieces every list builds on (`params_abstract`, `abstract_key`). Each program carries the
 `coverage.Call` it lowers, the jitted function and arguments the run calls.
@@ -22,7 +22,7 @@ from jaxagent.rl import train_loss
 from jaxagent.rl.logits_plan import PACKED_KEY
 from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.study import stages
-from jaxagent.study.frozenlake.run import all_finite_leaves_jit
+from jaxagent.study.common.run_checks import all_finite_leaves_jit
 
 
 SHARED = ("init_params", "train_state_init", "params_finite")  # the programs both lists may hold

@@ -10,7 +10,7 @@ jitted call of the `ci` preset's run and matches each against this list):
   train_state_init    each arm's TrainState from the base params (`stages.init_arm_state`)
   train_step_grpo/ppo the arms' RL train steps (`stages.make_arm_step`; arms with equal settings share one)
   critic_values       PPO's old values (`critic.make_values_fn`)
-  params_finite       the finiteness check of the params after each update (`frozenlake.run.nonfinite_leaves`)
+  params_finite       the finiteness check of the params after each update (`common.run_checks.nonfinite_leaves`)
   rollout_eval        the evaluation's rollouts (placed as the training rollout: the same program)
   eval_token_logprobs the likelihood diagnostics' teacher-forced log-probs (f32 params)
   eval_reply_logprobs step quality / error states' exact reply scoring (f32 params)

@@ -38,7 +38,7 @@ def rl_setup(plan, mesh_override, tmp: str, preset, host: bool, arm):
                                                micro_batches=p.micro_batches, remat=p.remat,
                                                compiler_options=dict(p.compiler_options) or None,
                                                on_trace=traces.append)
-        sample = host_stages.HostTasks(len(world.train_tasks), p.task.t_max).sample
+        sample = host_stages.task_sampler(len(world.train_tasks))
         n_groups, t_max = p.task.overlap_groups, p.task.t_max
         note.update(world=f"{p.task.domain} (real Qwen3 tokenizer)", episode_groups=n_groups)
     else:

@@ -33,7 +33,7 @@ def training_rollout(run: HostRun, rollout_fn, params, k_task, k_roll):
     """One training rollout as the main arm's iterations draw it: `n_tasks` train tasks sampled with `k_task`, each
     `group_size` times at full budget, rolled out by `rollout_fn` (`make_host_rollout_fn`) with `k_roll`."""
     p, rl = run.preset, run.arm_settings(MAIN_ARM).rl
-    tasks = host_stages.HostTasks(len(run.world.train_tasks), p.task.t_max).sample(k_task, rl.n_tasks)
+    tasks = host_stages.task_sampler(len(run.world.train_tasks))(k_task, rl.n_tasks)
     return rollout_fn(params, jnp.repeat(tasks, rl.group_size), jnp.full((rl.batch_size,), p.task.t_max, jnp.int32),
                       k_roll)
 

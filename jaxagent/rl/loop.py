@@ -25,6 +25,8 @@ from jaxagent.rollout.jax_loop import t_max_of
 from jaxagent.rollout.types import Rollout
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "process", "ppo")
+CRITIC_ESTIMATORS = ("ppo",)         # train a critic beside the policy (`values_fn`)
+ORACLE_ESTIMATORS = ("process",)     # read the env's exact step values (`Rollout.turns.process_reward`)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ class EvalContext:
     dict (filled in order: the order of its keys is the order of metrics.json), `est` writes into it."""
     run: object
     base: object                      # the base policy's params
-    policies: object                  # (arm, seed) -> params, loaded on demand (`train.SavedPolicies`)
+    policies: object                  # (arm, seed) -> params, loaded on demand (`common.policies.SavedPolicies`)
     tiers: list
     rcfg: object                      # the evaluation rollout's config (`measure.eval_setup`)
     tasks: dict                       # seed -> held-out maps

@@ -1,6 +1,7 @@
 """Seed-aware estimates of the FrozenLake study's eval stage: each arm seed's health (`seed_health`), the metrics
-dict writer (`Estimator`: primary estimates on the included seeds, an all-seeds sensitivity line when a seed is
-left out), and the small conversions the findings share (`number`, `mean`, `scored`, `to_np`).
+dict writer (`Estimator`: `common.estimates.put_estimate` on the seeds whose arms are all included, an all-seeds
+sensitivity line when a seed is left out), and the small conversions the findings share (`number`, `mean`,
+`scored`, `to_np`).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import numpy as np
 
 from jaxagent.eval import health, stats, step_quality
+from jaxagent.study.common.estimates import put_estimate
 
 
 def seed_health(run, policies) -> dict:
@@ -18,46 +20,23 @@ def seed_health(run, policies) -> dict:
             for a, s in policies}
 
 
-def health_metrics(m, hl):
-    """Writes each arm seed's `health.SeedHealth` into the metrics dict `m` as `health.<arm>.seed<s>.*`."""
-    for (a, s), h in sorted(hl.items()):
-        prefix = f"health.{a}.seed{s}"
-        m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
-        m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
-        m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
-
-
 class Estimator:
     """Writes seed-aware estimates into the metrics dict: `<key>.*` on the included seeds (healthy, degraded,
     unknown) and, when some seed is excluded, `<key>.all.*` on every seed (the sensitivity line)."""
 
-    def __init__(self, m, hl, n_boot):
-        self.m, self.hl, self.n_boot = m, hl, int(n_boot)
+    def __init__(self, m, hl):
+        self.m, self.hl = m, hl
 
     def _ok(self, arms, s):
         return all(self.hl.get((a, s)) is None or self.hl[(a, s)].included for a in arms)
 
-    def _describe(self, arms, seeds):
-        used = [s for s in seeds if self._ok(arms, s)]
-        dropped = [f"{s} ({', '.join(f'{a} {self.hl[(a, s)].status}' for a in arms if not self.hl[(a, s)].included)})"
-                   for s in seeds if not self._ok(arms, s)]
-        text = f"{' & '.join(arms)} seeds {', '.join(map(str, used)) if used else 'none'}"
-        return text + (f"; excluded: {', '.join(dropped)}" if dropped else "; none excluded")
-
     def put(self, key, units_by_seed: dict, arms, stat=stats.mean_of_seed_means) -> stats.Estimate:
+        """`put_estimate` over the seeds whose every arm in `arms` is included, naming why each other was left out."""
         seeds = sorted(units_by_seed)
-        kept = [units_by_seed[s] for s in seeds if self._ok(arms, s)]
-        est = stats.seed_estimate(kept, stat)
-        self._write(key, est, self._describe(arms, seeds))
-        if len(kept) < len(seeds):
-            est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat)
-            self._write(f"{key}.all", est_all, f"{' & '.join(arms)} seeds {', '.join(map(str, seeds))}")
-        return est
-
-    def _write(self, key, est, seeds_text):
-        for name, v in est.as_dict().items():
-            self.m[f"{key}.{name}"] = v
-        self.m[f"{key}.seeds"] = seeds_text
+        reasons = {s: ", ".join(f"{a} {self.hl[(a, s)].status}" for a in arms if not self.hl[(a, s)].included)
+                   for s in seeds if not self._ok(arms, s)}
+        return put_estimate(self.m, key, units_by_seed, [s for s in seeds if self._ok(arms, s)],
+                            " & ".join(arms), stat, reasons)
 
     def mean(self, key, values_by_seed: dict, arms):
         """Mean over the included seeds of per-seed values (the point value printed beside an estimate); over

@@ -34,7 +34,8 @@ import numpy as np
 from jaxagent.eval import pass_drivers
 from jaxagent.study import run_dir
 from jaxagent.study.frozenlake.context import EvalContext
-from jaxagent.study.frozenlake.estimates import Estimator, health_metrics, seed_health
+from jaxagent.study.common.estimates import health_metrics
+from jaxagent.study.frozenlake.estimates import Estimator, seed_health
 from jaxagent.study.frozenlake.figures import draw_figures
 from jaxagent.study.frozenlake.likelihood_rows import likelihood_rows
 from jaxagent.study.frozenlake.measure import MAIN_ARM, cache_path, eval_setup, eval_policy, heldout_tasks
@@ -90,7 +91,7 @@ def evaluate(run, base, policies, progress=no_progress) -> tuple:
     hl = seed_health(run, policies)
     health_metrics(m, hl)
     ctx = EvalContext(run=run, base=base, policies=policies, tiers=tiers, rcfg=rcfg, tasks=tasks, evals=evals,
-                      bounds=bounds, hl=hl, m=m, est=Estimator(m, hl, p.eval.n_boot))
+                      bounds=bounds, hl=hl, m=m, est=Estimator(m, hl))
     if MAIN_ARM in ctx.arms:
         headline_rows(ctx)          # finding 1
         shrink_row(ctx)             # finding 2

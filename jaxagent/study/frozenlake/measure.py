@@ -16,9 +16,10 @@ from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.eval import pass_drivers
 from jaxagent.sampling import Sampler
 from jaxagent.study import plan_mode, run_dir
-from jaxagent.study.frozenlake.train import SavedPolicies, saved_policies
+from jaxagent.study.common.estimates import MAIN_ARM
+from jaxagent.study.common.policies import SavedPolicies
+from jaxagent.study.frozenlake.train import saved_policies
 
-MAIN_ARM = "grpo"
 TASK_KEY, PASS_KEY, PLAN_KEY = 4242, 99, 600  # held-out maps, Pass@(K,T) sampling, plan-mode sampling (per seed)
 
 
@@ -115,6 +116,6 @@ def pooled(run, pairs_fn, name, base, policies, seeds):
 
 
 def collect_policies(run) -> SavedPolicies:
-    """The run's finished arm seeds, each loaded when asked for (`train.SavedPolicies`)."""
+    """The run's finished arm seeds, each loaded when asked for (`common.policies.SavedPolicies`)."""
     return saved_policies(run, [(arm, seed) for arm in run.preset.arms for seed in run.preset.seeds
                                 if run_dir.done(os.path.join(run.dir, "arms", arm, f"seed{seed}"))])

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 
 from jaxagent.eval import report, stats
-from jaxagent.study import run_dir, stages
+from jaxagent.study import run_dir
+from jaxagent.study.common.banner import report_banner
 from jaxagent.study.frozenlake.measure import TASK_KEY
 
 
@@ -13,7 +14,7 @@ def write_report(run, metrics, figures, evals, bounds):
     hidden budget table); returns (report.md's path, the `report.Report`)."""
     p = run.preset
     run_dir.write_json(os.path.join(run.dir, "metrics.json"), metrics)
-    meta = stages.report_banner(p)
+    meta = report_banner(p)
     meta |= {"preset": p.name, "Pass@(K,T) mode": "announced (budget in the prompt, separate rollouts per T)",
             "tasks": f"{p.eval.n_tasks} held-out {p.task.size}x{p.task.size} FrozenLake maps per RL seed (each seed "
                      f"its own maps, key fold_in({TASK_KEY}, seed)), {p.eval.n_samples} samples per task and budget; "

@@ -12,7 +12,8 @@ and its metrics/dynamics files are cut back to the restored iteration (lines app
 checkpoint are not repeated). The run directory's mechanics (its lock: one writer at a time, DONE markers,
 the settings record, atomic JSON) are `jaxagent.study.run_dir`'s; a DONE marker that is not a JSON object is
 an error (`InvalidMarker`), redone with --force. Everything a run can check (preset fields, mesh, batch split,
-the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created.
+the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created
+(`common.run_checks`, the checks both studies share).
 
 Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
 result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings
@@ -35,13 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import math
 import os
 import shutil
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from jaxagent import checks, sharding
 from jaxagent.envs.jax.frozenlake import FrozenLake
@@ -50,122 +46,12 @@ from jaxagent.models.config import CheckpointError
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.rollout import chat_layout, env_codec, budget_format
 from jaxagent.study import plan_mode, run_dir, stages
+from jaxagent.study.common.arms import arm_settings
+from jaxagent.study.common.run_checks import (BASE_SEED, RESULT_NEUTRAL, check_batches, check_preset, is_int,
+                                              make_run_mesh)
 from jaxagent.study.frozenlake.presets import Preset
-# the base SFT's PRNG key (+ the seed offset), the largest seed and iteration count: read by the CLI without JAX
-from jaxagent.study.preset_names import BASE_SEED, MAX_ITERATIONS, MAX_SEED
 from jaxagent.study.run_dir import InvalidSettings, SettingsMismatch, is_main_process, sync_processes
 from jaxagent.study.toy import ToyWorld, make_toy_world
-
-
-RESULT_NEUTRAL = ("mesh", "seeds", "arms")   # config.json fields a rerun may change: where/which, not what
-
-
-class NonFiniteError(RuntimeError):
-    """An RL update was non-finite (skipped by the optimizer's guard) or left non-finite params."""
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def check_preset(preset, seed_offset: int = 0):
-    """InvalidSettings naming the field when a preset's counts make no sense (e.g. iterations < 1, a seed
-    beyond an int32 PRNG seed once shifted by `seed_offset`)."""
-    for field in ("iterations", "n_tasks", "group_size", "dynamics_every"):
-        v = getattr(preset, field)
-        if not _is_int(v) or v < 1:
-            raise InvalidSettings(f"preset {preset.name!r}: {field} must be a positive integer, got {v!r}")
-    if preset.iterations > MAX_ITERATIONS:
-        raise InvalidSettings(f"preset {preset.name!r}: iterations must be at most {MAX_ITERATIONS}, got "
-                              f"{preset.iterations}")
-    seeds = tuple(preset.seeds)
-    if not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
-        raise InvalidSettings(f"preset {preset.name!r}: seeds must be one or more non-negative integers, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise InvalidSettings(f"preset {preset.name!r}: seeds must be distinct, got {seeds!r}")
-    if max(seeds) + seed_offset > MAX_SEED - BASE_SEED:
-        raise InvalidSettings(f"preset {preset.name!r}: seeds (plus the seed offset {seed_offset}) must be at most "
-                              f"{MAX_SEED - BASE_SEED}, got {max(seeds) + seed_offset}")
-
-
-def check_batches(preset, split: int) -> None:
-    """InvalidSettings unless the episodes of one update (n_tasks x group_size / minibatches) split into
-    `micro_batches` micro-batches whose rows divide over the mesh's `split` batch shards (data x fsdp,
-    `sharding.batch_divisor`), as the sharded train step needs."""
-    b, mb, micro = preset.n_tasks * preset.group_size, getattr(preset, "minibatches", 1), preset.micro_batches
-    if not _is_int(micro) or micro < 1 or b % mb or (b // mb) % micro or (b // mb // micro) % split:
-        raise InvalidSettings(
-            f"preset {preset.name!r}: the RL batch n_tasks x group_size = {preset.n_tasks} x {preset.group_size} = "
-            f"{b} must split into minibatches = {mb} updates of micro_batches = {micro!r} micro-batches of a multiple "
-            f"of data x fsdp = {split} rows (mesh {tuple(preset.mesh)})")
-
-
-def _all_finite_leaves(tree):
-    return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), tree)
-
-
-all_finite_leaves_jit = jax.jit(_all_finite_leaves)  # `nonfinite_leaves`' program (the AOT check lowers it)
-
-
-def nonfinite_leaves(tree) -> list[str]:
-    """Paths of the floating leaves of `tree` holding a NaN or Inf."""
-    floats = jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.floating) else None, tree)
-    flags = jax.device_get(all_finite_leaves_jit(floats))
-    return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0] if not ok]
-
-
-def check_update(label: str, it: int, metrics: dict, state):
-    """Raises NonFiniteError when iteration `it` skipped an update for non-finite gradients (the optimizer's
-    guard, `skipped` / `critic_skipped` > 0), reports a non-finite loss or gradient norm, or left non-finite
-    params (policy or critic)."""
-    problems = []
-    for k in ("skipped", "critic_skipped"):
-        v = metrics.get(k, 0.0)
-        if not math.isfinite(v) or v > 0:
-            problems.append(f"{k}={v:.3g} (share of this iteration's updates the optimizer skipped because "
-                            "their gradients were not finite)")
-    for k in ("loss", "grad_norm", "critic_grad_norm"):
-        if k in metrics and not math.isfinite(metrics[k]):
-            problems.append(f"{k}={metrics[k]}")
-    for name in ("params", "critic_params"):
-        tree = getattr(state, name, None)
-        bad = [] if tree is None else nonfinite_leaves(tree)
-        if bad:
-            problems.append(f"non-finite {name}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
-    if problems:
-        raise NonFiniteError(
-            f"[{label}] RL iteration {it} diverged: {'; '.join(problems)}. Stopped before its metrics and "
-            f"checkpoint were written (the run resumes from iteration {it}); lower the learning rate or "
-            "check the inputs before rerunning")
-
-
-def save_policy(path, cfg, params):
-    """weights.save of (possibly sharded, possibly multi-process) params, written by process 0."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        params = multihost_utils.process_allgather(params, tiled=True)
-    if is_main_process():
-        weights.save(path, cfg, params)
-    sync_processes(f"save_policy:{path}")
-
-
-def make_run_mesh(preset):
-    """The preset's (data, fsdp, tensor) mesh over all devices, or None for (1, 1, 1) (default device).
-
-    Raises InvalidSettings when the mesh is malformed or its product differs from jax.device_count().
-    """
-    shape = tuple(preset.mesh)
-    if len(shape) != 3 or not all(_is_int(n) and n >= 1 for n in shape):
-        raise InvalidSettings(f"preset {preset.name!r}: mesh must be three positive ints (data, fsdp, tensor), "
-                              f"got {preset.mesh!r}")
-    n = math.prod(int(d) for d in shape)
-    if n == 1:
-        return None
-    if n != jax.device_count():
-        raise InvalidSettings(f"preset {preset.name!r} has mesh (data, fsdp, tensor) = {shape}, which needs {n} "
-                              f"devices, but jax.device_count() = {jax.device_count()} ({jax.devices()[0].platform}); "
-                              "pick a preset/--mesh whose product is the device count")
-    return sharding.make_mesh(*shape)
 
 
 def _check_compute_dtype(preset: Preset):
@@ -192,7 +78,7 @@ class Run:
                  force: bool = False):
         # Everything that can be checked is checked before the run directory is touched: a wrong setting or
         # checkpoint must not leave a config.json that refuses the corrected rerun.
-        if not _is_int(seed_offset) or seed_offset < 0:
+        if not is_int(seed_offset) or seed_offset < 0:
             raise InvalidSettings(f"seed_offset must be a non-negative integer, got {seed_offset!r}")
         check_preset(preset, int(seed_offset))
         self.seed_offset, self.force = int(seed_offset), bool(force)
@@ -311,11 +197,8 @@ class Run:
         return self.check_recorded(info.get("settings"), settings, os.path.join(out, "DONE"), out, label)
 
     def arm_settings(self, arm: str) -> stages.ArmSettings:
-        p = self.preset
-        rl = dataclasses.replace(stages.ARMS[arm], n_tasks=p.n_tasks, group_size=p.group_size, epochs=p.epochs,
-                                 minibatches=p.minibatches)
-        return stages.ArmSettings(name=arm, rl=rl, iterations=p.iterations, lr=p.lr, kl_coef=p.kl_coef,
-                                  kl_estimator=p.kl_estimator, entropy_coef=p.entropy_coef)
+        """Arm `arm` of the preset (`common.arms.arm_settings`)."""
+        return arm_settings(self.preset, arm)
 
     def load_policy(self, path):
         """The params of <path>/policy, sharded on the run's mesh when it has one; SettingsMismatch when

@@ -125,8 +125,8 @@ def sweep_recipe(run: Run, grid: str, *, arm: str = "grpo", iterations: int = 20
                             "heldout_valid": base_valid}))
         for seed in seeds:
             t0 = time.time()
-            state, hist = stages.train_rl(run.world, run.cfg, base_params, jax.random.key(seed), run.preset.task,
-                                          settings, runtime=rt)
+            state = stages.init_arm_state(rt, run.cfg, jax.random.key(seed), base_params)
+            state, hist = stages.train_rl(rt, settings, run.preset.task.sample, run.preset.task.t_max, state)
             succ, valid = heldout_success(rt, state.params, tasks, ts.t_max, heldout_samples, k_eval)
             rec = {"setting": name, "seed": seed, **over, "iterations": iterations,
                    "seconds": round(time.time() - t0, 1),

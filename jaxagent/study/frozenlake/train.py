@@ -1,6 +1,6 @@
 """The FrozenLake study's training stages on a `run.Run`: the base (`run_base`), each RL arm x seed (`run_arm`,
 `run_all_arms`), R_single logged during training (`r_single_measure`), the trained policies read back one at a
-time (`SavedPolicies`).
+time (`common.policies.SavedPolicies`).
 
 Progress: each stage reports its steps to `progress(total, desc, unit, initial=0)`, an object with
 `step(**postfix)` and `close()` (default `no_progress`: nothing shown), and one-line notes to `log` (default:
@@ -9,7 +9,6 @@ done (`initial=total`, no step), so that an ETA over the whole study counts it.
 """
 from __future__ import annotations
 
-import collections.abc
 import os
 import time
 
@@ -18,7 +17,9 @@ import jax
 from jaxagent.models import weights
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import plan_mode, stages
-from jaxagent.study.frozenlake.run import Run, check_update, save_policy
+from jaxagent.study.common.policies import SavedPolicies, save_policy
+from jaxagent.study.common.run_checks import check_update
+from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.run_dir import append_jsonl, cut_jsonl, is_main_process, mark_done, sync_processes
 
 
@@ -71,31 +72,6 @@ def run_base(run: Run, log=silent, progress=no_progress):
     return params
 
 
-class SavedPolicies(collections.abc.Mapping):
-    """(arm, seed) -> that arm seed's trained params, read by `load(arm, seed)` from its run directory each time
-    one is asked for and never kept here, so a run holds one trained policy at a time on its devices however
-    many arms x seeds it has (on a 1-GPU preset 15 Qwen3-0.6B policies in f32 are 33 GiB, beside the train state
-    and the rollout's KV cache). Iterating gives the keys in sorted order; index to load. A comprehension over
-    `items()` loads every policy at once: take keys, then fetch one at a time."""
-
-    def __init__(self, keys, load):
-        self._keys, self._load = sorted(keys), load
-
-    def __getitem__(self, key):
-        if key not in self._keys:
-            raise KeyError(key)
-        return self._load(*key)
-
-    def __contains__(self, key):  # Mapping's would load the policy
-        return key in self._keys
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __len__(self):
-        return len(self._keys)
-
-
 def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=silent, progress=no_progress):
     """Stage 'rl': one arm, one seed; checkpoints every iteration, resumes after a kill."""
     label = f"{arm}/seed{seed}"
@@ -144,8 +120,7 @@ def run_arm(run: Run, arm: str, seed: int, base_params, runtime=None, log=silent
     if state is None:
         state = stages.init_arm_state(rt, run.cfg, jax.random.key(seed), base_params)
         append_jsonl(dyn, {"step": -1, "r_multi": float("nan"), **r_single(base_params)})
-    state, _ = stages.train_rl(run.world, run.cfg, None, None, run.preset.task, settings, callback=cb,
-                               state=state, runtime=rt)
+    state, _ = stages.train_rl(rt, settings, run.preset.task.sample, run.preset.task.t_max, state, callback=cb)
     bar.close()
     ckpt_lib.wait_until_finished(manager)
     save_policy(os.path.join(out, "policy"), run.cfg, state.params)

@@ -178,7 +178,7 @@ def _ends(rows: Sequence[Mapping]) -> Optional[tuple[Mapping, Mapping]]:
     return base[-1], train[-1]
 
 
-def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int], n_boot: int,
+def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Sequence[int],
                      put, batches: Mapping[int, Sequence[float]] | None = None) -> dict:
     """The finding-6 metrics (module docstring) from each GRPO seed's dynamics records (R_single, and B: the records'
     n_multi) and its per-iteration training success rates `batches` (metrics.jsonl's success_rate in iteration
@@ -191,7 +191,7 @@ def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Se
     ok = [s for s in ends if s in included] or list(ends)
     single = {s: np.asarray(last["r_single_tasks"], np.float64) - np.asarray(base["r_single_tasks"], np.float64)
               for s, (base, last) in ends.items()}
-    put(m, f"{d}.f6_r_single.diff", single, included, n_boot)
+    put(m, f"{d}.f6_r_single.diff", single, included)
     for s, (base, last) in ends.items():
         m[f"{d}.f6_r_single.seed{s}.first"], m[f"{d}.f6_r_single.seed{s}.last"] = base["r_single"], last["r_single"]
     n_multi = {s: int(last["n_multi"]) for s, (_, last) in ends.items()}
@@ -199,7 +199,7 @@ def dynamics_metrics(d: str, logs: Mapping[int, Sequence[Mapping]], included: Se
                if w is not None}
     if windows:
         put(m, f"{d}.f6_r_multi.diff", {s: (last, first) for s, (last, first, _) in windows.items()}, included,
-            n_boot, stat=stats.mean_difference)
+            stat=stats.mean_difference)
         for s, (last, first, _) in windows.items():
             m[f"{d}.f6_r_multi.seed{s}.first"], m[f"{d}.f6_r_multi.seed{s}.last"] = first.mean(), last.mean()
     else:

@@ -153,7 +153,7 @@ def judge(env, prefixes: Sequence[error_prefix.ErrorPrefix], base_actions: Seque
 
 
 # ----------------------------------------------------------------------------- the metrics
-def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequence[int], n_boot: int,
+def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequence[int],
                            put) -> dict:
     """The finding-4 metrics (module docstring) from `judge`'s record per GRPO seed; `put` is `metrics.put_estimate`.
     No prefix in any seed: only `<d>.f4_correction.n_prefixes` = 0 and the note `<d>.note.f4_correction`."""
@@ -172,7 +172,7 @@ def error_recovery_metrics(d: str, judged: Mapping[int, Mapping], included: Sequ
         m[f"{f4}.seed{s}.n_from_base"] = sum(src == "base" for src in j["source"])
         m[f"{f4}.seed{s}.base"] = float(b.mean()) if len(b) else float("nan")
         m[f"{f4}.seed{s}.rl"] = float(r.mean()) if len(r) else float("nan")
-    put(m, f"{f4}.diff", units, included, n_boot)
+    put(m, f"{f4}.diff", units, included)
     ok = [s for s in judged if s in included]
     pooled = lambda key: (float(np.mean(np.concatenate([np.asarray(judged[s][key], np.float64) for s in ok])))  # noqa: E731
                           if ok and any(len(judged[s][key]) for s in ok) else float("nan"))

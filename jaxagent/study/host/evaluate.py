@@ -30,7 +30,8 @@ import numpy as np
 
 from jaxagent.eval import health
 from jaxagent.sampling import Sampler
-from jaxagent.study import run_dir, stages
+from jaxagent.study import run_dir
+from jaxagent.study.common.arms import resolve_compute_dtype
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
                                  metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
@@ -138,7 +139,7 @@ def evaluate(run: HostRun, base, policies: dict) -> dict:
     gigpo_turns = {s: [r["mean_turns"] for r in log if "mean_turns" in r]
                    for (a, s), log in logs.items() if a == "gigpo"}
     m = host_metrics.domain_metrics(d, per_task, bound, run.tiers, p.eval.ks, hl, n_train=len(w.train_tasks),
-                                    n_heldout=len(w.heldout_tasks), n_boot=p.eval.n_boot, error_prefixes=judged,
+                                    n_heldout=len(w.heldout_tasks), error_prefixes=judged,
                                     likelihood=lik, dynamics=read_dynamics(run, policies), step_quality=stepq,
                                     batches={s: [r["success_rate"] for r in log if "success_rate" in r]
                                              for (a, s), log in logs.items() if a == host_metrics.MAIN_ARM},
@@ -179,7 +180,7 @@ def extra_split(run: HostRun, base, policies: dict, name: str, health_by_seed: d
     per_task = {label: np.asarray(e["per_task"], np.float64) for label, e in evals.items()}
     prefix = f"{d}.{name}"
     m = host_metrics.pass_metrics(prefix, per_task, bound, run.tiers, p.eval.ks, health_by_seed)
-    m.update(host_metrics.split_gaps(prefix, per_task, run.tiers, p.eval.ks, health_by_seed, p.eval.n_boot))
+    m.update(host_metrics.split_gaps(prefix, per_task, run.tiers, p.eval.ks, health_by_seed))
     m[f"{prefix}.split.heldout"] = len(w.extra_heldout[name])
     m[f"{prefix}.split.note"] = getattr(w.env, "split_notes", {}).get(name, "")
     return m
@@ -226,7 +227,7 @@ def error_prefixes(run: HostRun, base, load_rl, evals: dict, seed: int) -> dict:
         for i, (name, prm) in enumerate((("base", base), ("rl", load_rl()))):
             acts[name] = host_error_recovery.continue_prefixes(
                 prm, run.cfg, w, p.task, prefixes, jax.random.fold_in(key, i), p.eval.batch_size,
-                sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+                sampler=Sampler(temperature=1.0), compute_dtype=resolve_compute_dtype(p.compute_dtype),
                 mesh=run.mesh)
         return {**host_error_recovery.judge(w.env, prefixes, acts["base"], acts["rl"]), "actions": acts}
     return seed_record(run, "f4", seed, compute)
@@ -257,7 +258,7 @@ def step_quality_seed(run: HostRun, base, load_rl, evals: dict, seed: int) -> di
         key = jax.random.fold_in(jax.random.key(303), seed)
         scores = {name: host_step_quality.sample_scores(
             prm, run.cfg, w, p.task, states, key, p.eval.batch_size, p.eval.step_samples, run.tiers[-1],
-            sampler=Sampler(temperature=1.0), compute_dtype=stages.resolve_compute_dtype(p.compute_dtype),
+            sampler=Sampler(temperature=1.0), compute_dtype=resolve_compute_dtype(p.compute_dtype),
             mesh=run.mesh)
             for name, prm in (("base", base), ("rl", load_rl()))}
         return host_step_quality.record(states, scores["base"], scores["rl"])
@@ -272,7 +273,7 @@ def likelihood_seed(run: HostRun, base, load_rl, evals: dict, seed: int, memo: d
     p = run.preset
     return seed_record(run, "f5", seed, lambda label: host_likelihood_scoring.score_seed(
         base, load_rl(), run.cfg, evals["base"], evals[label], batch_size=p.n_tasks * p.group_size // p.micro_batches,
-        mesh=run.mesh, compute_dtype=stages.resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
+        mesh=run.mesh, compute_dtype=resolve_compute_dtype(p.compute_dtype), max_width=p.task.max_context,
         memo=memo))
 
 

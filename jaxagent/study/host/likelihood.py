@@ -179,7 +179,7 @@ def jeffreys_note(est: stats.Estimate) -> str:
             f"RL's own successes against the {LLR_THRESHOLD:g}-nat threshold.")
 
 
-def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
+def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], put) -> dict:
     """The finding-5 metrics (module docstring) from `score_seed`'s record per GRPO seed; `put` is
     `metrics.put_estimate` (with its `stat` argument). The rows (means, counts) are over the included seeds;
     when the health rule excludes every seed (e.g. a CI miniature's collapsed policy) over every seed, with the
@@ -202,13 +202,13 @@ def likelihood_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence
         pair_tasks[s] = {int(r["task"][i]) for i, _ in pairs}
         succ_tasks[s] = (set(np.asarray(r["task"])[sr].tolist()), set(np.asarray(b["task"])[sb].tolist()))
         m[f"{mat}.seed{s}.n_pairs"], m[f"{mat}.seed{s}.n_tasks"] = len(pairs), len(pair_tasks[s])
-    put(m, f"{nll}.diff", u_nll, included, n_boot, stat=stats.mean_difference)
+    put(m, f"{nll}.diff", u_nll, included, stat=stats.mean_difference)
     # judged: RL's own successes above the threshold; printed: the two groups' contrast (a Jeffreys divergence,
     # >= 0 for any two policies) and the raw matched pair difference (the same on matched pairs)
-    put(m, f"{judged}.diff", {s: v - LLR_THRESHOLD for s, v in llr_rl.items()}, included, n_boot)
-    jeff = put(m, f"{llr}.jeffreys", u_llr, included, n_boot, stat=stats.mean_difference)
-    put(m, f"{mat}.raw", u_pair, included, n_boot)
-    put(m, f"{mat}.diff", {s: v - LLR_THRESHOLD for s, v in u_pair.items()}, included, n_boot)
+    put(m, f"{judged}.diff", {s: v - LLR_THRESHOLD for s, v in llr_rl.items()}, included)
+    jeff = put(m, f"{llr}.jeffreys", u_llr, included, stat=stats.mean_difference)
+    put(m, f"{mat}.raw", u_pair, included)
+    put(m, f"{mat}.diff", {s: v - LLR_THRESHOLD for s, v in u_pair.items()}, included)
     m[f"{d}.note.f5_jeffreys"] = jeffreys_note(jeff)
     rows = [s for s in sorted(scored) if s in included]
     if not rows and scored:

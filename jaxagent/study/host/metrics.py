@@ -38,17 +38,17 @@ its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.tra
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from jaxagent.eval import bounds, health as health_lib, passk, recipe as recipe_lib, stats
+from jaxagent.eval import bounds, health as health_lib, passk, recipe as recipe_lib
 from jaxagent.eval.findings import SEI, Finding, Row
+from jaxagent.study.common.estimates import MAIN_ARM, health_metrics, put_estimate
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, stages as host_stages,
                                  step_quality as host_step_quality)
 
-MAIN_ARM = "grpo"
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
 ONE_TURN_NOTE = ("Finding 7: every GiGPO training episode took one turn, so each of its step groups (the first "
                  "state, shared by the group) is its episode group and its advantage A_E + omega A_S = (1 + omega) "
@@ -238,26 +238,6 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     )
 
 
-def put_estimate(m: dict, key: str, units_by_seed: Mapping, included: Sequence, n_boot: int,
-         arms: str = MAIN_ARM, stat: Callable = stats.mean_of_seed_means) -> stats.Estimate:
-    """`stats.seed_estimate` (statistic `stat`) over the included seeds into `<key>.*` (+ `<key>.all.*` when some
-    are excluded); `arms` names whose seeds they are in the `<key>.seeds` line."""
-    seeds = sorted(units_by_seed)
-    kept = [s for s in seeds if s in included]
-    est = stats.seed_estimate([units_by_seed[s] for s in kept], stat)
-    dropped = [s for s in seeds if s not in included]
-    for name, v in est.as_dict().items():
-        m[f"{key}.{name}"] = v
-    m[f"{key}.seeds"] = (f"{arms} seeds {', '.join(map(str, kept)) or 'none'}; "
-                         f"{'excluded: ' + ', '.join(map(str, dropped)) if dropped else 'none excluded'}")
-    if dropped:
-        est_all = stats.seed_estimate([units_by_seed[s] for s in seeds], stat)
-        for name, v in est_all.as_dict().items():
-            m[f"{key}.all.{name}"] = v
-        m[f"{key}.all.seeds"] = f"{arms} seeds {', '.join(map(str, seeds))}"
-    return est
-
-
 def _mean(values) -> float:
     v = [float(x) for x in values if np.isfinite(x)]
     return float(np.mean(v)) if v else float("nan")
@@ -297,7 +277,7 @@ def pass_metrics(prefix: str, per_task: Mapping[str, np.ndarray], bound: dict, t
 
 
 def split_gaps(prefix: str, per_task: Mapping[str, np.ndarray], tiers: Sequence[int], ks: Sequence[int],
-               health: Mapping, n_boot: int) -> dict:
+               health: Mapping) -> dict:
     """RL - base Pass@1 of each arm at each tier on one further held-out split, printed beside its table and not
     judged: per task, each seed's policy minus the base draw sampled with its key (`evaluate.seed_key`), units =
     tasks nested in seeds (`put_estimate`, collapsed and diverged seeds excluded): `<prefix>.gap.<arm>.t<T>.*`."""
@@ -308,13 +288,13 @@ def split_gaps(prefix: str, per_task: Mapping[str, np.ndarray], tiers: Sequence[
         for u, t in enumerate(tiers):
             units = {s: per_task[f"{a}/seed{s}"][u, j] - per_task.get(f"base/seed{s}", per_task["base"])[u, j]
                      for s in ss}
-            put_estimate(m, f"{prefix}.gap.{a}.t{t}", units, included[a], n_boot, arms=a)
+            put_estimate(m, f"{prefix}.gap.{a}.t{t}", units, included[a], arms=a)
     return m
 
 
 def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tiers: Sequence[int],
                    ks: Sequence[int], health: Mapping[tuple, health_lib.SeedHealth], *, n_train: int,
-                   n_heldout: int, n_boot: int = 1000, error_prefixes: Mapping[int, Mapping] | None = None,
+                   n_heldout: int, error_prefixes: Mapping[int, Mapping] | None = None,
                    dynamics: Mapping[int, Sequence[Mapping]] | None = None,
                    batches: Mapping[int, Sequence[float]] | None = None,
                    likelihood: Mapping[int, Mapping] | None = None,
@@ -341,11 +321,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     if not host_stages.uses_env(d, host_dynamics.DOMAINS):
         m[f"{d}.note.f6_dynamics"] = host_dynamics.OTHER_DOMAIN_NOTE
-    for (a, s), h in sorted(health.items()):
-        prefix = f"health.{a}.seed{s}"
-        m[f"{prefix}.status"], m[f"{prefix}.reason"] = h.status, h.reason
-        m[f"{prefix}.min_valid"], m[f"{prefix}.last_valid"] = h.min_valid, h.last_valid
-        m[f"{prefix}.last_success"], m[f"{prefix}.iterations"] = h.last_success, h.iterations
+    health_metrics(m, health)
     arms, included = _arms(per_task, health)
     m.update(pass_metrics(d, per_task, bound, tiers, ks, health))
     if MAIN_ARM not in arms:
@@ -362,18 +338,18 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     m["meta.t_max"] = float(tiers[full])
     # 1. RL - base at full budget, K=1 (the headline) and at the largest K, on every held-out task
     for key, j in ((f"{d}.f1_pass1", k1), (f"{d}.f1_breadth", kmax)):
-        put_estimate(m, f"{key}.diff", {s: gap[s][full, j] for s in seeds}, ok, n_boot)
+        put_estimate(m, f"{key}.diff", {s: gap[s][full, j] for s in seeds}, ok)
         m[f"{key}.base"] = float(base[full, j].mean())
         m[f"{key}.rl"] = _mean(rl[s][full, j].mean() for s in ok)
         m[f"{key}.bound"] = float(bound["grid"][full, j])
         put_room(m, key, bounded(m[f"{key}.base"], m[f"{key}.bound"]))
     f1 = f"{d}.f1_breadth"
     for j, k in enumerate(ks):
-        m[f"{f1}.gap_k{k}"] = put_estimate(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok, n_boot).mean
+        m[f"{f1}.gap_k{k}"] = put_estimate(m, f"{f1}.k{k}", {s: gap[s][full, j] for s in seeds}, ok).mean
     # 2. K=1 on the held-out tasks solvable at the tightest tier: gap(tight) - gap(full) on those tasks
     f2 = f"{d}.f2_shrink"
     use = u_pt[tight] > 0
-    put_estimate(m, f"{f2}.diff", {s: gap[s][tight, k1][use] - gap[s][full, k1][use] for s in seeds}, ok, n_boot)
+    put_estimate(m, f"{f2}.diff", {s: gap[s][tight, k1][use] - gap[s][full, k1][use] for s in seeds}, ok)
     for name, u in (("full", full), ("tight", tight)):
         m[f"{f2}.base_{name}"] = _mean([base[u, k1][use].mean()] if use.any() else [])
         m[f"{f2}.rl_{name}"] = _mean(rl[s][u, k1][use].mean() for s in ok if use.any())
@@ -392,13 +368,13 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     else:
         m[f"{d}.note.f2_shrink"] = NO_SOLVABLE_NOTE.format(finding="2", t=tiers[tight])
     if step_quality is not None:
-        m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, n_boot, put_estimate))
+        m.update(host_step_quality.step_quality_metrics(d, step_quality, ok, put_estimate))
     if error_prefixes is not None:
-        m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, n_boot, put_estimate))
+        m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, put_estimate))
     if likelihood is not None:
-        m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, n_boot, put_estimate))
+        m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, put_estimate))
     if dynamics is not None and host_stages.uses_env(d, host_dynamics.DOMAINS):
-        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, n_boot, put_estimate, batches))
+        m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, put_estimate, batches))
     if "gigpo" in arms:  # finding 7: GiGPO - GRPO per task at the tightest tier, K=1 on the tasks solvable there
         f7 = f"{d}.f7_gigpo"
         both = sorted(set(seeds) & set(arms["gigpo"]))
@@ -409,8 +385,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
         if turns:
             m[f"{f7}.multi_turn_share"] = multi_turn_share(turns, max(tiers))
         if not one_turn:
-            put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7,
-                         n_boot, arms=f"{MAIN_ARM} & gigpo")
+            put_estimate(m, f"{f7}.diff", {s: oth[s][tight, k1][use] - rl[s][tight, k1][use] for s in both}, ok7, arms=f"{MAIN_ARM} & gigpo")
         m[f"{f7}.grpo"] = _mean(rl[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.gigpo"] = _mean(oth[s][tight, k1][use].mean() for s in ok7 if use.any())
         m[f"{f7}.bound"] = float(u_pt[tight][use].mean()) if use.any() else float("nan")

@@ -15,7 +15,8 @@ import os
 import time
 from typing import Callable
 
-from jaxagent.study import run_dir, stages
+from jaxagent.study import run_dir
+from jaxagent.study.common.banner import report_banner
 from jaxagent.study.host import (error_recovery as host_error_recovery, likelihood as host_likelihood,
                                  metrics as host_metrics, report as host_report, stages as host_stages,
                                  step_quality as host_step_quality)
@@ -33,7 +34,7 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
         dom.name, dom.title, metrics, findings, policies=["base", *p.arms], tiers=run.tiers, ks=p.eval.ks,
         t_max=p.task.t_max, splits=(dom.train_split, dom.heldout_split),
         notes=(dom.split_note, dom.bound_note))
-    meta = stages.report_banner(p)
+    meta = report_banner(p)
     if p.scope_note:
         meta["what these findings show"] = p.scope_note
     meta |= split_meta(run)

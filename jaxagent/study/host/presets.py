@@ -41,7 +41,6 @@ class HostEvalSettings:
     n_samples: int = 16               # rollouts per held-out task and budget tier (n of the pass@k estimator)
     ks: tuple[int, ...] = (1, 2, 4, 8, 16)
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-    n_boot: int = 1000
     batch_size: int = 64              # episodes per evaluation rollout batch
     step_samples: int = 16            # G: replies sampled per policy and matched state (finding 3, coding; the
                                       # paper's 16), in the evaluation's rollout batches (`host_step_quality`)
@@ -188,7 +187,7 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
     limits = {**REHEARSAL_TASK, **(REHEARSAL_BFCL if preset.task.domain.startswith("bfcl") else {})}
     task = dataclasses.replace(preset.task, **limits, slot_bucket=None if preset.task.slot_bucket is None else
                                min(preset.task.slot_bucket, limits["max_context"]))
-    ev = dataclasses.replace(preset.eval, n_samples=1, ks=(1,), fractions=(0.5, 1.0), n_boot=20, batch_size=2,
+    ev = dataclasses.replace(preset.eval, n_samples=1, ks=(1,), fractions=(0.5, 1.0), batch_size=2,
                              step_samples=2, step_states=1)
     sft = None if preset.sft is None else dataclasses.replace(preset.sft, steps=2, batch_size=2)
     return dataclasses.replace(preset, task=task, eval=ev, sft=sft, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
@@ -265,7 +264,7 @@ def _miniature(name: str, domain: str, *, max_context: int, eval_batch: int, tas
     return HostPreset(name=name,
                       task=HostTaskSettings(domain=domain, t_max=2, max_action_tokens=4, max_context=max_context,
                                             max_obs_tokens=24, workers=2, reply_cap_bound=False, **task_kw),
-                      eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0), n_boot=50,
+                      eval=HostEvalSettings(n_samples=2, ks=(1, 2), fractions=(0.5, 1.0),
                                             batch_size=eval_batch, step_samples=2, step_states=2),
                       tiny_model=tiny_model(), n_tasks=1, group_size=2, lr=1e-4, compiler_options=_CI_COMPILE,
                       dynamics_every=1, **kw)
@@ -294,7 +293,7 @@ def _toy(name: str, domain: str, *, t_max: int, max_action_tokens: int, max_cont
                             slot_bucket=64, extra_heldout=("test_constants",), max_extra_heldout_tasks=heldout,
                             **(task_kw or {}))
     return HostPreset(name=name, task=task,
-                      eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions, n_boot=1000,
+                      eval=HostEvalSettings(n_samples=4, ks=(1, 2, 4), fractions=fractions,
                                             batch_size=64, step_samples=4, step_states=16),
                       tiny_model=toy_model(), pruned_vocabulary=True, sft=sft, arms=("grpo", "gigpo"),
                       seeds=(0, 1, 2), policy_positions=True, scope_note=TOY_SCOPE, **kw)

@@ -15,9 +15,9 @@ One run writes a run directory at a time (`run_dir.RunDir`: a second gets RunDir
 checkpoint, its tokenizer and the settings are checked before the directory is created. A finished arm/seed (DONE)
 is reused on a rerun; an interrupted arm resumes from its latest checkpoint (its logs cut back to it), unless that
 checkpoint was saved with other settings (refused, naming them). A rerun with other settings refuses unless
-`force` (which empties the run directory); the mesh, the seeds and the arms may change (`frozenlake_run.RESULT_NEUTRAL`).
+`force` (which empties the run directory); the mesh, the seeds and the arms may change (`common.run_checks.RESULT_NEUTRAL`).
 Device mesh: a preset's `mesh` other than (1, 1, 1) runs the train step and the rollouts sharded on a mesh over
-every device of the job (`frozenlake_run.make_run_mesh`). Several processes (a multi-host job, e.g. the v5p pod presets:
+every device of the job (`common.run_checks.make_run_mesh`). Several processes (a multi-host job, e.g. the v5p pod presets:
 every process runs the same program): every process runs every rollout and steps every episode's env (`host_loop`
 module docstring, multi-process); process 0 writes the run directory, the metrics, checkpoints and the report,
 the others waiting where they read them (DONE markers and eval logs, the same on every process, are written
@@ -35,14 +35,14 @@ from typing import Callable, Optional
 
 import jax
 
-from jaxagent.study.frozenlake import run as frozenlake_run
-from jaxagent.study.frozenlake.train import SavedPolicies
 from jaxagent import sharding
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.models import pruned_tokenizer, qwen3, weights
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
 from jaxagent.rl import checkpoint as ckpt_lib
-from jaxagent.study import run_dir, stages
+from jaxagent.study import run_dir
+from jaxagent.study.common import arms as arms_lib, run_checks
+from jaxagent.study.common.policies import SavedPolicies, save_policy
 from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, sft as host_sft,
                                  stages as host_stages)
 from jaxagent.study.host.presets import HostPreset, data_env, run_name
@@ -82,15 +82,16 @@ class HostRun:
     """A run directory of one host preset: its checkpoint, model config, tokenizer, world and device mesh."""
 
     def __init__(self, preset: HostPreset, root: str = "runs", name: str | None = None, force: bool = False):
-        # Everything that can be checked is checked before the run directory is touched (`frozenlake_run.Run`).
+        # Everything that can be checked is checked before the run directory is touched: a wrong setting or
+        # checkpoint must not leave a config.json that refuses the corrected rerun.
         self.preset = preset
-        frozenlake_run.check_preset(preset)
-        self.mesh = frozenlake_run.make_run_mesh(preset)  # InvalidSettings unless the mesh covers every device of the job
+        run_checks.check_preset(preset)
+        self.mesh = run_checks.make_run_mesh(preset)  # InvalidSettings unless the mesh covers every device of the job
         if self.mesh is None and jax.process_count() > 1:
             raise run_dir.InvalidSettings(
                 f"preset {preset.name!r} runs on one device (mesh (1, 1, 1)), but this job has {jax.process_count()} "
                 f"processes; a multi-process run needs a preset whose mesh covers all {jax.device_count()} devices")
-        frozenlake_run.check_batches(preset, sharding.batch_divisor(self.mesh))  # InvalidSettings
+        run_checks.check_batches(preset, sharding.batch_divisor(self.mesh))  # InvalidSettings
         if preset.policy_positions and sharding.batch_divisor(self.mesh) > 1:
             raise run_dir.InvalidSettings(
                 f"preset {preset.name!r}: policy_positions packs each update's policy tokens into one list, which "
@@ -103,7 +104,7 @@ class HostRun:
         self.dir = os.path.abspath(os.path.join(root, name or run_name(preset)))
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
-        _, diff = self.run_dir.config_diff(record, frozenlake_run.RESULT_NEUTRAL,
+        _, diff = self.run_dir.config_diff(record, run_checks.RESULT_NEUTRAL,
                                            defaults={"rehearsal": False, "seed_offset": 0})
         if diff and not force:
             raise run_dir.SettingsMismatch(
@@ -133,10 +134,15 @@ class HostRun:
         os.makedirs(p, exist_ok=True)
         return p
 
-    def arm_settings(self, arm: str) -> stages.ArmSettings:
-        """The FrozenLake study's arm settings from the same preset fields (`frozenlake_run.Run.arm_settings`: estimator,
-        batch, epochs, lr, KL coefficient and estimator, entropy), with the preset's sampling temperature."""
-        return dataclasses.replace(frozenlake_run.Run.arm_settings(self, arm), temperature=self.preset.temperature)
+    def arm_settings(self, arm: str) -> arms_lib.ArmSettings:
+        """Arm `arm` of the run's preset (`host_arm_settings`)."""
+        return host_arm_settings(self.preset, arm)
+
+
+def host_arm_settings(preset: HostPreset, arm: str) -> arms_lib.ArmSettings:
+    """Arm `arm` of a host preset (`common.arms.arm_settings`: estimator, batch, epochs, lr, KL coefficient and
+    estimator, entropy), sampling at the preset's temperature."""
+    return arms_lib.arm_settings(preset, arm, temperature=preset.temperature)
 
 
 def run_base(run: HostRun, log: Callable[[str], None] = no_log):
@@ -161,7 +167,7 @@ def run_base(run: HostRun, log: Callable[[str], None] = no_log):
             log(f"[base] SFT step {i}: loss {rec['loss']:.3f}, token accuracy {rec['token_accuracy']:.3f}")
 
     params, summary = host_sft.train_sft_base(run.world, run.cfg, params, p.task, p.sft, callback=cb, mesh=run.mesh)
-    frozenlake_run.save_policy(policy, run.cfg, params)
+    save_policy(policy, run.cfg, params)
     run_dir.mark_done(out, {"source": run.checkpoint, "sft": summary})
     return params
 
@@ -191,7 +197,7 @@ def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed
                 f"vs now): {run_dir.short(diff)}. Rerun with the same settings, choose another --name/--root, or "
                 f"delete {out} to redo this arm from iteration 0")
     # the restore target carries the mesh shardings: a resumed state is sharded like a fresh one
-    abstract = stages.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)
+    abstract = arms_lib.abstract_arm_state(runtime, run.cfg, jax.random.key(seed), base_params)
     return manager, ckpt_lib.restore_latest(manager, abstract, cfg=run.cfg, expect_extra={"settings": recorded})
 
 
@@ -215,7 +221,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                                                    mesh=run.mesh)
     for arm in p.arms:
         settings = run.arm_settings(arm)
-        key = stages.shared_key(settings)
+        key = arms_lib.shared_key(settings)
         for seed in p.seeds:
             out = run.path("arms", arm, f"seed{seed}")
             done.append((arm, seed))
@@ -250,7 +256,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
 
             def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
                    recorded=recorded, settings=settings, host=host, dyn=dyn):
-                frozenlake_run.check_update(label, it, m, st)  # before anything of this iteration is written
+                run_checks.check_update(label, it, m, st)  # before anything of this iteration is written
                 run_dir.append_jsonl(metrics_path, {**m, **host})
                 if dyn is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
                     run_dir.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
@@ -261,7 +267,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
             state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
                                                  settings, runtime, callback=cb, state=state)
             ckpt_lib.wait_until_finished(manager)
-            frozenlake_run.save_policy(os.path.join(out, "policy"), run.cfg, state.params)
+            save_policy(os.path.join(out, "policy"), run.cfg, state.params)
             run_dir.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             del state  # the trained params are read back from <out>/policy when evaluated (`SavedPolicies`)
     return SavedPolicies(done, lambda arm, seed: weights.load(

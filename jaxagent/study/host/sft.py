@@ -22,7 +22,7 @@ it gives up and the episode fails: a slip it always fixed would cost nothing at 
 would have nothing to unlearn). With several rows per task, each with its own draws, the base learns the rates
 rather than which task slipped.
 
-Training (`train_sft_base`): `study.stages.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
+Training (`train_sft_base`): `study.common.sft.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
 replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
 
 Dimension legend (CONVENTIONS.md): E rows, S slots.
@@ -43,7 +43,7 @@ from jaxagent.models.tokenizer import IM_END
 from jaxagent.rl.sft import max_targets
 from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED
 from jaxagent.rollout.host_loop import host_rollout
-from jaxagent.study import stages
+from jaxagent.study.common import sft as sft_lib
 from jaxagent.study.host.stages import HostTaskSettings, HostWorld
 
 BUDGET_MODES = ("full", "budgetmix")
@@ -184,11 +184,11 @@ def train_sft_base(world: HostWorld, cfg: Qwen3Config, params, ts: HostTaskSetti
     last step's record (loss, token accuracy, gradient norm)."""
     k_budget, k_batch = jax.random.split(jax.random.key(s.seed))
     tasks = [task for task in world.train_tasks[:s.max_rows] for _ in range(s.copies)]
-    budgets = stages.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
+    budgets = sft_lib.sft_budgets(k_budget, len(tasks), ts.t_max, s.budget_mode)
     replies, slipped, checked = expert_replies(world.env, tasks, budgets, s.noise, s.check, s.seed, s.slip_fix)
     rows = sft_rows(world, ts, tasks, budgets, replies=replies, slipped_E=slipped)
     m = max_targets(rows["mask"])
-    params, records = stages.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
+    params, records = sft_lib.fit_sft(params, cfg, rows["tokens"], rows["mask"], k_batch, steps=s.steps,
                                      batch_size=s.batch_size, lr=s.lr, warmup=s.warmup, callback=callback,
                                      mesh=mesh, targets=m, width_bucket=s.width_bucket)
     summary = {"rows": len(rows["task_ids"]), "left_out": rows["n_left_out"],

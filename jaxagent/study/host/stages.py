@@ -1,11 +1,11 @@
 """The study's RL stage on host (Python) environments: SQL, BFCL multi-turn and multi-turn coding.
 
 The base policy is a checkpoint (the toy presets: a tiny random Qwen3 after SFT on reference solutions,
-`study.host.sft`). The RL arms (grpo, budgetmix, gigpo; `stages.ARMS`) run through the
-same `rl.loop.rl_iteration` and `stages.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
+`study.host.sft`). The RL arms (grpo, budgetmix, gigpo; `HOST_ARMS`) run through the
+same `rl.loop.rl_iteration` and `common.arms.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
 
 Tasks as indices. `rl_iteration` samples tasks with `sample_tasks_fn(key, n)` and repeats them G times with
-`jnp.repeat`, so a host task is its int32 index into the domain's task list (`HostTasks.sample`); the rollout
+`jnp.repeat`, so a host task is its int32 index into the domain's task list (`task_sampler`); the rollout
 adapter (`make_host_rollout_fn`) maps the indices back to task objects and runs `host_loop.host_rollout`.
 
 Tool output cap. Neither the host loop nor the envs bound an observation's length in tokens (the SQL env caps
@@ -40,7 +40,7 @@ trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
         638; or DeepCoder-style / APPS problems from a data directory; bound 1 turn (the reference passes in one
         submission).
 
-Placement (`mesh`, `compute_dtype`): as `stages.make_arm_runtime`'s. The rollouts sample from
+Placement (`mesh`, `compute_dtype`): as the FrozenLake arms' (`stages.make_arm_runtime`). The rollouts sample from
 `rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
 under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
 sharded `build_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
@@ -61,21 +61,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxagent import sharding
 from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
-from jaxagent.rl.logits_plan import PACKED_KEY
-from jaxagent.rl.logprobs import packed_policy_positions
+from jaxagent.rl.loop import CRITIC_ESTIMATORS, ORACLE_ESTIMATORS
 from jaxagent.rl.memory_plan import MemoryPlan
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import SUCCESS, Rollout
 from jaxagent.sampling import Sampler
 from jaxagent.sampling.generate import rollout_params
-from jaxagent.study import stages
+from jaxagent.study.common import arms as arms_lib
 
-HOST_ARMS = ("grpo", "budgetmix", "gigpo")   # estimators that need no critic and no exact step oracle
+# the arms whose estimators need neither a critic nor an exact step oracle (`make_host_arm_runtime`)
+HOST_ARMS = tuple(name for name, rl in arms_lib.ARMS.items()
+                  if rl.estimator not in CRITIC_ESTIMATORS + ORACLE_ESTIMATORS)
 # Packed policy positions per train step in multiples of this (`make_host_arm_runtime(packed_policy=)`): each value
 # of N is one more compile of the step (about 6 s for the toy model), and a few unused positions cost less: bfcl-toy's
 # minibatches of 32 rows hold about 1,400-2,200 policy tokens (N = 2,048 or 4,096), and its step on one of them
@@ -348,16 +348,13 @@ def make_host_world(ts: HostTaskSettings, tokenizer: Tokenizer, env=None) -> Hos
 
 
 # ----------------------------------------------------------------------------- the task-index adapter
-@dataclasses.dataclass(frozen=True)
-class HostTasks:
-    """Task indices for `rl_iteration`: `sample(key, n)` draws n indices uniformly from [0, n_tasks);
-    `t_max` is what `stages.train_rl` reads from its task settings."""
+def task_sampler(n_tasks: int) -> Callable[[Any, int], jax.Array]:
+    """sample(key, n): n task indices drawn uniformly from [0, n_tasks), int32 [n] (`rl_iteration`'s
+    `sample_tasks_fn` on a task list of n_tasks)."""
+    def sample(key, n: int) -> jax.Array:
+        return jax.random.randint(key, (n,), 0, n_tasks, dtype=jnp.int32)
 
-    n_tasks: int
-    t_max: int
-
-    def sample(self, key, n: int) -> jax.Array:
-        return jax.random.randint(key, (n,), 0, self.n_tasks, dtype=jnp.int32)
+    return sample
 
 
 def tasks_from_indices(task_list: Sequence, idx_B) -> list:
@@ -380,7 +377,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
     to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
     (texts, errors, `trace.timing`). `compact_decode`: `HostRolloutConfig`'s."""
     rcfg = dataclasses.replace(ts.rollout_config(sampler), compact_decode=compact_decode)
-    cdt = stages.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
+    cdt = arms_lib.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
@@ -455,57 +452,39 @@ def run_pass_episodes(rollout_fn: Callable, n_tasks: int, tiers: Sequence[int], 
     return {"success": status == SUCCESS, "status": status, "turns": turns, "tiers": tiers_U}
 
 
-def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: stages.ArmSettings, *,
+def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettings, arm: arms_lib.ArmSettings, *,
                           mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,
                           on_trace: Optional[Callable[[HostTrace], None]] = None,
-                          policy_tokens: Optional[int] = None, packed_policy: bool = False) -> stages.ArmRuntime:
-    """`stages.ArmRuntime` of a host arm: the host rollout on the train tasks and the FrozenLake arms' train step
-    (`stages.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`),
-    sharded on `mesh` when given (module docstring). No critic. `on_trace`: see `make_host_rollout_fn`.
-    `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens): the step projects onto
-    the vocabulary at each row's policy tokens only (`MemoryPlan(policy_tokens=)`); a batch with more raises.
-    `packed_policy`: the same at the batch's policy tokens packed into one list per micro-batch, in multiples of
-    `PACK_BUCKET` positions (a smaller count: the next power of two; `MemoryPlan(packed_policy=)`,
-    `logprobs.packed_policy_positions`): the unembedding's work follows the tokens the policy wrote, not the most a
-    row could hold."""
-    if arm.rl.estimator not in ("grpo", "dr_grpo", "rloo", "gigpo"):
+                          policy_tokens: Optional[int] = None, packed_policy: bool = False) -> arms_lib.ArmRuntime:
+    """`common.arms.ArmRuntime` of a host arm: the host rollout on the train tasks and the arms' train step
+    (`arms_lib.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`) as
+    `arms_lib.placed_step` calls it, sharded on `mesh` when given (module docstring). No critic. `on_trace`: see
+    `make_host_rollout_fn`. `policy_tokens` (e.g. t_max x max_action_tokens: a reply is cut at max_action_tokens):
+    the step projects onto the vocabulary at each row's policy tokens only (`MemoryPlan(policy_tokens=)`); a
+    batch with more raises. `packed_policy`: the same at the batch's policy tokens packed into one list per
+    micro-batch, in multiples of `PACK_BUCKET` positions (a smaller count: the next power of two;
+    `MemoryPlan(packed_policy=)`, `logprobs.packed_policy_positions`): the unembedding's work follows the
+    tokens the policy wrote, not the most a row could hold."""
+    if arm.rl.estimator in CRITIC_ESTIMATORS + ORACLE_ESTIMATORS:
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
     memory = MemoryPlan(micro_batches=micro_batches, remat=remat, compute_dtype=compute_dtype,
                         policy_tokens=policy_tokens, packed_policy=packed_policy, compiler_options=compiler_options)
-    arm_step = stages.make_arm_step(cfg, arm, mesh=mesh, memory=memory)
-    jit_step, opt, with_ref = arm_step.jit, arm_step.optimizer, arm_step.with_ref_params
-    st_sh = None
-    if mesh is not None:  # state and batch rows on the mesh first, as `stages.make_arm_runtime`'s step
-        st_sh = arm_step.state_shardings(cfg, mesh)
-        row_sh = sharding.row_sharding(mesh)
-
-    def step(state, batch):
-        if packed_policy:
-            batch = {**batch, PACKED_KEY: packed_policy_positions(batch["policy_mask"], PACK_BUCKET, micro_batches)}
-        if mesh is not None:
-            state, batch = jax.device_put(state, st_sh), jax.device_put(batch, row_sh)
-        state, metrics = jit_step(state, batch)
-        if packed_policy and int(metrics["policy_tokens_over"]):  # a defect of the lists, never the data
-            raise RuntimeError(f"the packed policy positions missed {int(metrics['policy_tokens_over'])} tokens")
-        if policy_tokens is not None and int(metrics["policy_tokens_over"]):
-            raise ValueError(f"the rollout's rows hold {int(metrics['policy_tokens_over'])} policy tokens beyond "
-                             f"policy_tokens = {policy_tokens}: their log-probs were not computed")
-        return state, metrics
-
+    arm_step = arms_lib.make_arm_step(cfg, arm, mesh=mesh, memory=memory)
+    step, st_sh = arms_lib.placed_step(arm_step, cfg, mesh=mesh, memory=memory, pack_bucket=PACK_BUCKET)
     rollout_fn = make_host_rollout_fn(world, cfg, ts, world.train_tasks, sampler=Sampler(temperature=arm.temperature),
                                       compute_dtype=compute_dtype, mesh=mesh, on_trace=on_trace)
-    return stages.ArmRuntime(rollout_fn, step, opt, None, None, None, mesh, st_sh, with_ref_params=with_ref)
+    return arms_lib.ArmRuntime(rollout_fn, step, arm_step.optimizer, None, None, None, mesh, st_sh,
+                               with_ref_params=arm_step.with_ref_params)
 
 
 def train_host_rl(world: HostWorld, cfg: Qwen3Config, base_params, key, ts: HostTaskSettings,
-                  arm: stages.ArmSettings, runtime: stages.ArmRuntime,
+                  arm: arms_lib.ArmSettings, runtime: arms_lib.ArmRuntime,
                   callback: Optional[Callable[[int, dict, object], None]] = None, state=None):
-    """Returns (state, history): `stages.train_rl` from the base params with the host runtime, tasks drawn
-    uniformly from the train split by index (`HostTasks`). `state`: a restored TrainState (a checkpoint) to
-    resume from, at iteration data_pos / n_tasks (None: a fresh state from the base params and `key`)."""
+    """Returns (state, history): `arms_lib.train_rl` with the host runtime, tasks drawn uniformly from the train
+    split by index (`task_sampler`). `state`: a restored TrainState (a checkpoint) to resume from, at iteration
+    data_pos / n_tasks (None: a fresh state from the base params and `key`)."""
     if state is None:
-        state = stages.init_arm_state(runtime, cfg, key, base_params)
-    return stages.train_rl(None, cfg, base_params, key, HostTasks(len(world.train_tasks), ts.t_max), arm,
-                           callback=callback, state=state, runtime=runtime)
+        state = arms_lib.init_arm_state(runtime, cfg, key, base_params)
+    return arms_lib.train_rl(runtime, arm, task_sampler(len(world.train_tasks)), ts.t_max, state, callback=callback)

@@ -251,7 +251,7 @@ def _summary(c: dict) -> dict:
             "rl": float(c["q_rl"][u].mean())}
 
 
-def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], n_boot: int, put) -> dict:
+def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequence[int], put) -> dict:
     """The finding-3 metrics (module docstring) from `record`'s dict per GRPO seed; `put` is `metrics.put_estimate`.
     No used state in any seed: only `<d>.f3_step.n_states` = 0, `.g` and the note `<d>.note.f3_step`."""
     f3 = f"{d}.f3_step"
@@ -270,8 +270,8 @@ def step_quality_metrics(d: str, scored: Mapping[int, Mapping], included: Sequen
         m[f"{f3}.seed{s}.n_from_base"] = int(sum(src == "base" and u for src, u in zip(scored[s]["source"], c["used"])))
         for k, v in summ[s].items():
             m[f"{f3}.seed{s}.{k}"] = v
-    put(m, f"{f3}.diff", {s: c["diff"][c["used"]] for s, c in comp.items()}, included, n_boot)
-    put(m, f"{f3}.better", {s: c["better"][c["used"]].astype(np.float64) for s, c in comp.items()}, included, n_boot)
+    put(m, f"{f3}.diff", {s: c["diff"][c["used"]] for s, c in comp.items()}, included)
+    put(m, f"{f3}.better", {s: c["better"][c["used"]].astype(np.float64) for s, c in comp.items()}, included)
 
     def seed_mean(k, seeds):
         v = [summ[s][k] for s in seeds if np.isfinite(summ[s][k])]
