@@ -41,7 +41,7 @@ def _ctx(tmp_path, rates_by_seed, rl_by_seed, base=0.5):
                        policies={("grpo", s): None for s in SEEDS}, tiers=[1, 2], rcfg=None,
                        tasks={s: None for s in SEEDS}, evals=evals,
                        bounds={s: {"per_task": _grid(1.0), "p_star": np.ones((2, 4))} for s in SEEDS},
-                       hl=hl, m=m, est=Estimator(m, hl, 50))
+                       hl=hl, m=m, est=Estimator(m, hl))
 
 
 def _rows(tmp_path, rates_by_seed, rl_by_seed):

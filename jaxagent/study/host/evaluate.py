@@ -31,7 +31,7 @@ import numpy as np
 from jaxagent.eval import health
 from jaxagent.sampling import Sampler
 from jaxagent.study import run_dir
-from jaxagent.study.common.arms import resolve_compute_dtype
+from jaxagent.rl.memory_plan import resolve_compute_dtype
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
                                  metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)

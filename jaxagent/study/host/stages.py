@@ -65,7 +65,7 @@ from jaxagent.envs.host import base as host_envs
 from jaxagent.models.config import Qwen3Config
 from jaxagent.models.tokenizer import Tokenizer
 from jaxagent.rl.loop import CRITIC_ESTIMATORS, ORACLE_ESTIMATORS
-from jaxagent.rl.memory_plan import MemoryPlan
+from jaxagent.rl.memory_plan import MemoryPlan, resolve_compute_dtype
 from jaxagent.rollout.host_loop import HostRolloutConfig, HostTrace, host_rollout
 from jaxagent.rollout.host_policy import Placement
 from jaxagent.rollout.types import SUCCESS, Rollout
@@ -377,7 +377,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
     to `compute_dtype`, placed on `mesh`; module docstring). `on_trace(trace)` sees each rollout's host record
     (texts, errors, `trace.timing`). `compact_decode`: `HostRolloutConfig`'s."""
     rcfg = dataclasses.replace(ts.rollout_config(sampler), compact_decode=compact_decode)
-    cdt = arms_lib.resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
+    cdt = resolve_compute_dtype(compute_dtype)  # a bad dtype name fails here, not at the first rollout
     context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
 
     def rollout_fn(params, idx_B, budgets_B, key) -> Rollout:
