@@ -11,6 +11,9 @@ def lazy_names(package: str, exports: dict):
     """(`__getattr__`, `__dir__`, `__all__`) for `package`, whose `exports` maps a submodule (relative name) to the
     names it provides."""
     where = {name: module for module, names in exports.items() for name in names}
+    clash = sorted(set(where) & set(exports))
+    if clash:  # importing the submodule sets the package attribute to the module, hiding the name for good
+        raise ValueError(f"{package}: exported names {clash} are also submodule names")
 
     def getattr_(name):
         if name in where:

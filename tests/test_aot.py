@@ -214,13 +214,13 @@ def test_topology_errors_are_clear():
 
 def test_verdict_checks_fit_calls_all_to_all_and_flops():
     rec = {"hbm_fraction": 0.5, "foreign_custom_calls": [], "collectives": {"all-gather": {}}, "flops_ratio": 1.05}
-    assert aot.verdict(rec, fraction=0.85, flops_checked=True) == "ok"
-    assert aot.verdict({**rec, "hbm_fraction": 0.9}, fraction=0.85, flops_checked=True) == "over_hbm"
-    assert aot.verdict({**rec, "foreign_custom_calls": ["jaxagent_attention"]}, fraction=0.85,
+    assert aot.program_verdict(rec, fraction=0.85, flops_checked=True) == "ok"
+    assert aot.program_verdict({**rec, "hbm_fraction": 0.9}, fraction=0.85, flops_checked=True) == "over_hbm"
+    assert aot.program_verdict({**rec, "foreign_custom_calls": ["jaxagent_attention"]}, fraction=0.85,
                      flops_checked=True) == "custom_calls"
-    assert aot.verdict({**rec, "collectives": {"all-to-all": {}}}, fraction=0.85, flops_checked=True) == "all_to_all"
-    assert aot.verdict({**rec, "flops_ratio": 1.2}, fraction=0.85, flops_checked=True) == "flops_over"
-    assert aot.verdict({**rec, "flops_ratio": 2.6}, fraction=0.85, flops_checked=False) == "ok"  # a rollout's scale
+    assert aot.program_verdict({**rec, "collectives": {"all-to-all": {}}}, fraction=0.85, flops_checked=True) == "all_to_all"
+    assert aot.program_verdict({**rec, "flops_ratio": 1.2}, fraction=0.85, flops_checked=True) == "flops_over"
+    assert aot.program_verdict({**rec, "flops_ratio": 2.6}, fraction=0.85, flops_checked=False) == "ok"  # a rollout's scale
 
 
 @needs_libtpu
@@ -248,7 +248,7 @@ def test_add_resident_counts_what_the_run_holds_beside_the_program():
     assert rec["memory_gib"] == {"total": 48.0, "program": 40.0, "resident": 8.0} and rec["hbm_fraction"] == 0.6
     aot.add_resident(rec, 30 * gib, "", 80 * gib)      # a recheck starts again from the program's own figure
     assert rec["memory_gib"]["total"] == 70.0 and rec["resident"] == "the base params"
-    assert aot.verdict({**rec, "foreign_custom_calls": [], "collectives": {}, "flops_ratio": 1.0}, fraction=0.85,
+    assert aot.program_verdict({**rec, "foreign_custom_calls": [], "collectives": {}, "flops_ratio": 1.0}, fraction=0.85,
                      flops_checked=True) == "over_hbm"
 
 

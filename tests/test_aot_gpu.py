@@ -94,10 +94,10 @@ def test_gpu_verdict_fails_dense_attention_and_keeps_library_calls():
     scores = {"gib": 2.0, "shape": "f32[16,4096,2048]", "operands": "bf16"}
     rec = {"hbm_fraction": 0.5, "foreign_custom_calls": [], "collectives": {}, "flops_ratio": 1.0,
            "dense_scores": scores}
-    assert aot.verdict(rec, fraction=0.85, flops_checked=True) == "dense_attention"
+    assert aot.program_verdict(rec, fraction=0.85, flops_checked=True) == "dense_attention"
     # f32 attention (the scoring on f32 params): the kernel takes bf16 / f16 only; recorded, not failed
-    assert aot.verdict({**rec, "dense_scores": {**scores, "operands": "f32"}}, fraction=0.85, flops_checked=True) == "ok"
-    assert aot.verdict({**rec, "dense_scores": None}, fraction=0.85, flops_checked=True) == "ok"
+    assert aot.program_verdict({**rec, "dense_scores": {**scores, "operands": "f32"}}, fraction=0.85, flops_checked=True) == "ok"
+    assert aot.program_verdict({**rec, "dense_scores": None}, fraction=0.85, flops_checked=True) == "ok"
 
 
 def test_gpu_topologies_target_config_and_memory_pool():

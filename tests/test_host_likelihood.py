@@ -190,7 +190,7 @@ def _seed(shift):
 def test_likelihood_metrics_hand_made_numbers_and_report():
     m = {}
     scored = {0: _seed(10.0), 1: _seed(20.0), 2: _seed(30.0), 3: _seed(500.0)}
-    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], 200, host_metrics.put_estimate))
+    m.update(hl.likelihood_metrics("bfcl", scored, [0, 1, 2], host_metrics.put_estimate))
     # pairs: rl0-base0 (task 0, 105 vs 100) and rl2-base2 (task 1, 58 vs 60); rl1 has no base partner of 70 tokens
     assert m["bfcl.f5_matched.seed0.n_pairs"] == 2 and m["bfcl.f5_matched.seed0.n_tasks"] == 2
     assert m["bfcl.f5_matched.n_pairs"] == 6 and m["bfcl.f5_matched.n_tasks"] == 2
@@ -253,7 +253,7 @@ def test_llr_rows_are_reported_not_judged_at_any_gap():
     assert not any(x.room for x in f.values()) and all(x.falsified_by for x in f.values())
     for gap, rule in ((0.2, stats.OPPOSITE), (30.0, stats.REPRODUCED)):
         scored = {s: _llr_seed(gap + 0.05 * rng.normal(size=8), 0.01 * rng.normal(size=8)) for s in range(5)}
-        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), 50, host_metrics.put_estimate)
+        m = hl.likelihood_metrics("bfcl", scored, list(range(5)), host_metrics.put_estimate)
         assert m["bfcl.f5_llr_success.jeffreys.mean"] == pytest.approx(gap, abs=0.05)
         assert m["bfcl.f5_llr_success.jeffreys.lo"] > 0  # the contrast holds by definition, whatever the gap
         assert m["bfcl.f5_llr_rl.diff.mean"] == pytest.approx(gap - LLR_THRESHOLD, abs=0.05)
@@ -271,7 +271,7 @@ def test_no_pair_note_and_measured_rows_without_successes():
     seed = _seed(10.0)
     for side in ("base", "rl"):
         seed[side]["success"] = [False] * 8
-    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)
+    m = hl.likelihood_metrics("bfcl", {0: seed}, [0], host_metrics.put_estimate)
     assert m["bfcl.f5_matched.n_pairs"] == 0 and math.isnan(m["bfcl.f5_matched.diff.mean"])
     assert "no RL and no base" in m["bfcl.note.f5_matched"]
     assert m["bfcl.f5_nll.diff.mean"] == pytest.approx(3.0) and m["bfcl.f5_llr_success.n_rl"] == 0
@@ -283,15 +283,15 @@ def test_no_pair_note_and_measured_rows_without_successes():
     assert f"| every RL trajectory: mean LLR (nats) | {np.mean(seed['rl']['llr']):.2f} |" in text
     assert "| pairs (paper, BFCL: 283) | 0 |" in text and "bfcl.note.f5_seeds" not in m
     # every seed excluded by the health rule: no estimate, the rows over every seed with a note
-    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], 50, host_metrics.put_estimate)
+    ex = hl.likelihood_metrics("bfcl", {0: seed}, [], host_metrics.put_estimate)
     assert ex["bfcl.f5_nll.rl"] == 14.0 and "over every seed (0)" in ex["bfcl.note.f5_seeds"]
     assert math.isnan(ex["bfcl.f5_nll.diff.mean"]) and ex["bfcl.f5_nll.diff.all.mean"] == pytest.approx(3.0)
     # successes on different tasks; then on one task but too far apart in length
     seed["rl"]["success"][0], seed["base"]["success"][2] = True, True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "no task has a successful episode of both" in note
     seed["rl"]["success"][3] = True
-    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], 50, host_metrics.put_estimate)["bfcl.note.f5_matched"]
+    note = hl.likelihood_metrics("bfcl", {0: seed}, [0], host_metrics.put_estimate)["bfcl.note.f5_matched"]
     assert "within 10%" in note and "1 task(s)" in note
 
 

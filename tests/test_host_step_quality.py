@@ -127,7 +127,7 @@ def test_step_quality_metrics_seed_aware_and_report():
                 ["base", "base", "grpo/seed1"]),                                             # diffs -0.5, 0.5, 0
         2: _rec([[0.0, 0.0]], [[1.0, 1.0]], ["base"]),                                        # excluded seed
     }
-    m = hsq.step_quality_metrics("code", scored, [0, 1], 200, host_metrics.put_estimate)
+    m = hsq.step_quality_metrics("code", scored, [0, 1], host_metrics.put_estimate)
     f3 = "code.f3_step"
     assert m[f"{f3}.g"] == 2 and m[f"{f3}.n_states"] == 6
     assert m[f"{f3}.diff.mean"] == pytest.approx((0.5 + 0.0) / 2)         # mean of the seeds' mean differences
@@ -154,7 +154,7 @@ def test_step_quality_metrics_seed_aware_and_report():
     assert "| RL better (%) | 41.7 |" in text and "| RL better (%), every seed | 61.1 |" in text
     # no state in any seed: a stated note instead of an estimate
     empty = {"g": 2, "base": [], "rl": [], "source": [], "turn": [], "task_id": [], "episode": []}
-    none = hsq.step_quality_metrics("code", {0: empty}, [0], 200, host_metrics.put_estimate)
+    none = hsq.step_quality_metrics("code", {0: empty}, [0], host_metrics.put_estimate)
     assert none[f"{f3}.n_states"] == 0 and f"{f3}.diff.mean" not in none
     assert hsq.NO_STATE_NOTE in section(none)
 

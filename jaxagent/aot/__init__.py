@@ -22,6 +22,6 @@ _EXPORTS = {
     "memory": ("Resident", "add_resident", "per_chip_bytes"),
     "record": ("Program", "analyze", "compiled_record", "lowered_digest", "run_programs"),
     "topology": ("CHIPS", "GIB", "chip_specs", "hbm_limit", "topology_devices"),
-    "verdict": ("FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "verdict"),
+    "verdict": ("FLOPS_TOLERANCE", "HBM_FRACTION", "foreign_calls", "program_verdict"),
 }
 __getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

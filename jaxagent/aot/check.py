@@ -19,7 +19,7 @@ from jaxagent.aot.memory import add_resident
 from jaxagent.aot.record import Program
 from jaxagent.aot import gpu
 from jaxagent.aot.topology import GIB, chip_specs, hbm_limit, topology_devices
-from jaxagent.aot.verdict import HBM_FRACTION, verdict
+from jaxagent.aot.verdict import HBM_FRACTION, program_verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,6 @@ def recheck(records: list[dict], programs: list[Program], *, hbm_limit: float,
         pr = by_name[rec["program"]]
         if rec.get("status") != "compile_error":
             add_resident(rec, pr.resident_bytes, pr.resident_note, hbm_limit)
-            rec["status"] = verdict(rec, fraction=fraction, flops_checked=pr.flops_checked)
+            rec["status"] = program_verdict(rec, fraction=fraction, flops_checked=pr.flops_checked)
         ok &= rec["status"] == "ok"
     return ok

@@ -21,7 +21,7 @@ from jaxagent.aot.hlo import FUSED_ATTENTION, hlo_summary
 from jaxagent.aot.memory import add_resident
 from jaxagent.aot.topology import GIB, chip_specs, topology_devices
 from jaxagent.aot.topology import hbm_limit as chip_limit
-from jaxagent.aot.verdict import FLOPS_TOLERANCE, HBM_FRACTION, foreign_calls, verdict
+from jaxagent.aot.verdict import FLOPS_TOLERANCE, HBM_FRACTION, foreign_calls, program_verdict
 
 
 @dataclasses.dataclass
@@ -118,7 +118,7 @@ def run_programs(programs: list[Program], *, preset: Optional[str], topology: st
                                                             platform=spec.get("platform", "tpu"))
                 seen[digest] = json.loads(json.dumps(rec))  # its own figures, before what the run holds beside it
             add_resident(rec, prog.resident_bytes, prog.resident_note, hbm_limit)
-            rec["status"] = verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
+            rec["status"] = program_verdict(rec, fraction=fraction, flops_checked=prog.flops_checked,
                                     flops_tolerance=flops_tolerance)
         except Exception as e:  # a failed compile is a result, reported per program
             rec["status"] = "compile_error"

@@ -29,7 +29,8 @@ def foreign_calls(targets, lowered_text: Optional[str] = None, platform: str = "
     return sorted(t for t in targets if not own(t) and (brought is None or t in brought or t.startswith("jaxagent")))
 
 
-def verdict(rec: dict, *, fraction: float, flops_checked: bool, flops_tolerance: float = FLOPS_TOLERANCE) -> str:
+def program_verdict(rec: dict, *, fraction: float, flops_checked: bool,
+                    flops_tolerance: float = FLOPS_TOLERANCE) -> str:
     """'ok', or the first check a compiled program fails: over_hbm (more than `fraction` of HBM),
     custom_calls (a call the chip cannot run), dense_attention (a GPU program writes attention scores of at least
     1024 x 1024 computed from bf16 / f16 operands to memory, `hlo.dense_scores`: attention cuDNN's fused kernel
