@@ -32,6 +32,7 @@ from jaxagent.aot import gpu  # noqa: E402
 from jaxagent.aot.verdict import HBM_FRACTION  # noqa: E402
 from jaxagent.models.config import PRESETS as MODEL_PRESETS  # noqa: E402
 from jaxagent.study import preset_names  # noqa: E402
+from experiments import cli  # noqa: E402
 
 
 def table_line(rec: dict) -> str:
@@ -47,7 +48,7 @@ def table_line(rec: dict) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m experiments.aot_check", description=__doc__.split("\n")[0])
+    p = cli.Parser(prog="python -m experiments.aot_check", description=__doc__.split("\n")[0])
     names = sorted(preset_names.FROZENLAKE) + sorted(preset_names.HOST)
     p.add_argument("--preset", required=True, choices=names, metavar="PRESET", help="one of " + ", ".join(names))
     p.add_argument("--topology", default=None,

@@ -7,12 +7,13 @@ The section between the doc's aot_report markers is replaced by `jaxagent.aot.re
 """
 from __future__ import annotations
 
-import argparse
 import sys
+
+from experiments import cli
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(prog="python -m experiments.aot_report", description=__doc__.split("\n")[0])
     p.add_argument("--records", default="docs/aot_records", help="directory of <preset>[.<part>].jsonl records")
     p.add_argument("--doc", default="docs/aot.md", help="the document whose tables section is rewritten")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the tables are out of date")

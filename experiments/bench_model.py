@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from experiments import cli
 from jaxagent.bench.harness import LoadMeter, dump
 from jaxagent.models.config import PRESETS
 
@@ -21,8 +22,8 @@ def _single_thread() -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_model", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser(prog="python -m experiments.bench_model", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="cpu (the only mode here); accelerators: python -m experiments.bench_accel")
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")

@@ -16,8 +16,8 @@ from jaxagent.bench.harness import LoadMeter, dump
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_rollout", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=cli.module_doc("jaxagent.bench.rollout"))
+    p = cli.Parser(prog="python -m experiments.bench_rollout", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=cli.module_doc("jaxagent.bench.rollout"))
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--batch", type=int, default=64, help="episodes per rollout batch (default: 64)")
     p.add_argument("--t-max", type=int, default=0,

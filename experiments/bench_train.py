@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from experiments import cli
 from jaxagent.bench.harness import LoadMeter, dump
 from jaxagent.models.config import PRESETS
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser(prog="python -m experiments.bench_train", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print exactly one JSON line (default: indented JSON)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="cpu (the only mode here); accelerators: python -m experiments.bench_accel")

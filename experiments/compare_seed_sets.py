@@ -6,13 +6,12 @@ One markdown row per finding, a column per run directory, and whether the verdic
 """
 from __future__ import annotations
 
-import argparse
 
 from experiments import cli
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.compare_seed_sets", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python -m experiments.compare_seed_sets", description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", help="run directories of the same preset (e.g. runs/standard runs/standard-s5)")
     p.add_argument("--out", default=None, help="also write the table here")
     args = p.parse_args(argv)

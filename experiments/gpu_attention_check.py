@@ -10,11 +10,11 @@ over the largest |dense| (both in f32), at most 2e-2 (bf16 has 8 bits of mantiss
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from experiments import cli
 from jaxagent.models.config import Qwen3Config
 
 # JAX and the model's ops are imported by the functions that use them: --help answers without loading them.
@@ -98,7 +98,7 @@ def timing_case(key, b=1, t=4096, repeats=10) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(prog="python -m experiments.gpu_attention_check", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON line per case")
     args = p.parse_args(argv)
     import jax
