@@ -134,8 +134,10 @@ class Pipeline:
 def study_stages(preset) -> list:
     """A FrozenLake preset's stages for `Pipeline`: the base SFT's steps (none from a checkpoint), RL's iterations
     over every arm x seed, and the evaluation's Pass@(K,T) policies (the base on each seed's maps, then every arm x
-    seed; the diagnostics after them have no unit and are not counted)."""
+    seed, then the headline evaluation's base and GRPO policy per seed when the preset has one; the diagnostics
+    after them have no unit and are not counted)."""
     n_seeds, n_arms = len(preset.seeds), len(preset.arms)
+    headline = 2 * n_seeds if preset.eval.headline_tasks and "grpo" in preset.arms else 0
     return [("base", 0 if preset.checkpoint else preset.base.steps, "step"),
             ("RL", n_arms * n_seeds * preset.iterations, "iteration"),
-            ("eval", n_seeds * (1 + n_arms), "policy")]
+            ("eval", n_seeds * (1 + n_arms) + headline, "policy")]

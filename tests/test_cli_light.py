@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from jaxagent.study import preset_names, stages
+from jaxagent.study.common import run_checks
 from jaxagent.study.frozenlake import presets as fl_presets, run as fl_run, sweep as fl_sweep
 from jaxagent.study.host import stages as host_stages
 from jaxagent.study.host.presets import HOST_PRESETS
@@ -73,9 +74,20 @@ def test_the_light_names_are_the_presets_arms_and_grids():
     assert preset_names.ARMS == tuple(stages.ARMS)
     assert preset_names.HOST_ARMS == tuple(host_stages.HOST_ARMS)
     assert preset_names.SWEEP_GRIDS == (*fl_sweep.GRIDS, *fl_sweep.BASE_GRIDS)
-    assert (fl_run.BASE_SEED, fl_run.MAX_SEED, fl_run.MAX_ITERATIONS) == (1000, 2**31 - 1, 10**6)
+    assert (run_checks.BASE_SEED, run_checks.MAX_SEED, run_checks.MAX_ITERATIONS) == (1000, 2**31 - 1, 10**6)
+    assert fl_run.BASE_SEED is run_checks.BASE_SEED
     assert all(note and "\n" not in note for note in (*preset_names.FROZENLAKE.values(), *preset_names.HOST.values()))
 
 
 def test_describe_groups_the_names_of_one_note_in_order():
     assert preset_names.describe({"a": "x", "b": "y", "c": "x"}) == "a, c (x); b (y)"
+
+
+@pytest.mark.parametrize("module", ["experiments.aot_check", "experiments.aot_report", "experiments.bench_model",
+                                    "experiments.bench_rollout", "experiments.bench_train",
+                                    "experiments.compare_seed_sets", "experiments.gpu_attention_check"])
+def test_every_other_script_gives_a_one_line_usage_error(module):
+    rc, _, err, _ = imported_modules(["-m", module, "--no-such-option"])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"python -m {module}: error: ") and "(--help lists the options)" in lines[0]

@@ -352,6 +352,33 @@ def test_error_states_self_ties(err_runs):
     assert res["sampled"]["share_equal"] == 1.0
 
 
+def test_control_continues_the_same_cell_after_the_trajectorys_own_optimal_move(rollouts, err_runs):
+    """The control of finding 4: from the same cell, the trajectory's own move (valid, optimal: Q*_h = V* > 0, not
+    ending the episode) replayed instead of the error; same path up to t, the trajectory's cell at t + 1."""
+    res = err_runs["pair"]
+    c = res["success_base"].shape[1]
+    ok = res["control_ok"]
+    assert ok.any() and not ok[~res["mask"]].any()
+    for i in np.flatnonzero(res["mask"]):
+        r = rollouts[res["source"][i]]
+        b, t = res["episode"][i], res["turn"][i]
+        own, q = int(r.turns.action[b, t]), res["pre_q"][i]
+        should = (0 <= own < 4 and q[own] == q.max() > 0 and t + 1 < T_MAX and bool(r.turns.active[b, t + 1]))
+        assert ok[i] == should, i
+        if not ok[i]:
+            continue
+        rows = slice(i * c, (i + 1) * c)
+        for name in ("control_base", "control_rl"):
+            cont = res["rollouts"][name]
+            pos = np.asarray(cont.env_states.pos[rows])
+            np.testing.assert_array_equal(pos[:, :t + 2], np.broadcast_to(np.asarray(r.env_states.pos[b, :t + 2]),
+                                                                          (c, t + 2)))
+            assert (np.asarray(cont.turns.action[rows])[:, t] == own).all()
+    # the same policy on both sides with the same key: the control gap is exactly 0, as the error gap is
+    same = err_runs["self"]
+    np.testing.assert_array_equal(same["success_control_rl"], same["success_control_base"])
+
+
 def test_error_states_needs_deterministic_lake(world, cfg, policies, tasks, rcfg):
     with pytest.raises(ValueError, match="deterministic"):
         state_drivers.error_states(world, cfg, policies["base"], policies["rl"], tasks, jax.random.key(0), t_max=T_MAX,

@@ -32,7 +32,7 @@ def _ctx(tmp_path, rates_by_seed, rl_by_seed, base=0.5):
         (d / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success_rate": r,
                                                              "valid_action_rate": 1.0}) + "\n"
                                                  for i, r in enumerate(rates)))
-    preset = types.SimpleNamespace(eval=types.SimpleNamespace(ks=(1,)), rollout_batch=BATCH)
+    preset = types.SimpleNamespace(eval=types.SimpleNamespace(ks=(1,), n_tasks=4, n_samples=1), rollout_batch=BATCH)
     evals = {f"base/seed{s}": {"announced": {"per_task": _grid(base)}} for s in SEEDS}
     evals.update({f"grpo/seed{s}": {"announced": {"per_task": _grid(rl_by_seed[s])}} for s in SEEDS})
     hl = {("grpo", s): health.SeedHealth(health.HEALTHY, "", 10, 1.0, 1.0, 0.5) for s in SEEDS}

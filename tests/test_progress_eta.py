@@ -56,6 +56,6 @@ def test_a_stage_that_starts_marks_the_ones_before_it_done():
 
 def test_the_study_stages_of_a_preset():
     q = PRESETS["quick"]
-    assert progress.study_stages(q) == [("base", 200, "step"), ("RL", 5 * 3 * 12, "iteration"),
-                                        ("eval", 3 * 6, "policy")]
+    assert progress.study_stages(q) == [("base", 200, "step"), ("RL", 3 * 5 * 12, "iteration"),
+                                        ("eval", 5 * 4 + 2 * 5, "policy")]  # + the headline's base and GRPO
     assert progress.study_stages(PRESETS["ci"])[0] == ("base", 4, "step")

@@ -418,3 +418,15 @@ def test_seeds_needed_is_a_range_from_the_sd_interval():
     assert stats.seeds_needed(est, 1e-4) == (None, None)
     assert stats.seeds_needed(est, None) is None and stats.seeds_needed(None, 0.3) is None
     assert stats.seeds_needed(stats.t_interval([1.0]), 0.3) is None
+
+
+@pytest.mark.parametrize("effect, sd, n, e", [(11.0, 3.3, 5, 10.0), (11.0, 6.0, 3, 10.0), (5.0, 6.0, 5, 10.0),
+                                              (-2.0, 4.0, 4, 7.5)])
+def test_p_reproduced_is_the_rule_simulated(effect, sd, n, e):
+    """P("reproduced") from the closed form against the rule itself (`decide`) on simulated seed values."""
+    rng = np.random.default_rng(7)
+    hits = [stats.decide(stats.t_interval(rng.normal(effect, sd, n)), +1, e)[0] == stats.REPRODUCED
+            for _ in range(3000)]
+    assert stats.p_reproduced(effect, sd, n, e) == pytest.approx(np.mean(hits), abs=0.025)
+    with pytest.raises(ValueError, match="n_seeds >= 2 and sd > 0"):
+        stats.p_reproduced(effect, 0.0, n, e)

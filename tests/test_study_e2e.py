@@ -99,7 +99,8 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
         assert heading in text, heading
     assert "figures/pass_at_t.png" in text and "figures/learning_grpo.png" in text
     summary = sections["Summary: one row per finding"].splitlines()
-    assert summary[2] == ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why "
+    assert summary[2].startswith("Primary rows (the confirmatory claims") and "*1. Held-out Pass@1" in summary[2]
+    assert summary[4] == ("| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why "
                           "| seeds |")
     checked, roomed = 0, set()
     for f in findings_lib.DEFAULT_FINDINGS:
@@ -173,6 +174,11 @@ def _per_task(ci_run, label):
     return np.asarray(json.load(open(os.path.join(ci_run, "eval", f"{label}.json")))["announced"]["per_task"])
 
 
+def _headline(ci_run, label):
+    """float[1, J, P]: the headline evaluation's Pass@K at full budget (finding 1's own maps and samples)."""
+    return np.asarray(json.load(open(os.path.join(ci_run, "eval", f"headline_{label}.json")))["per_task"])
+
+
 def _solvable(ci_run, seed, tier):
     """Seed `seed`'s held-out tasks the exact solver solves at tier index `tier` (p* > 0), from the bound file."""
     return np.asarray(json.load(open(os.path.join(ci_run, "eval", f"bound_seed{seed}.json")))["p_star"])[tier] > 0
@@ -187,17 +193,24 @@ def _included_grpo(ci_run):
 
 @pytest.mark.slow
 def test_pass_at_k_gaps_come_from_the_eval_files(ci_run, outputs):
-    _, metrics, sections = outputs
+    text, metrics, sections = outputs
     # the estimate over every seed (the primary one when no seed is excluded) from the per-policy eval files,
     # each RL seed paired with the base on the same seed's maps
-    gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, -1] - _per_task(ci_run, f"base_seed{s}")[-1, -1])
+    # finding 1 from the headline evaluation's files (maps and samples of its own), not the Pass@ grid's
+    gap = np.mean([np.mean(_headline(ci_run, f"grpo_seed{s}")[-1, -1] - _headline(ci_run, f"base_seed{s}")[-1, -1])
                    for s in (0, 1)])
     prefix = "f1_breadth.diff.all" if "f1_breadth.diff.all.mean" in metrics else "f1_breadth.diff"
     assert metrics[f"{prefix}.mean"] == pytest.approx(gap, abs=1e-9)
     assert metrics[f"{prefix}.n_seeds"] == 2 and metrics[f"{prefix}.method"] == stats.T_SEEDS
-    # the two seeds were evaluated on different held-out maps
-    maps = [measure.heldout_tasks(Run(PRESETS["ci"], os.path.dirname(ci_run), "ci"), s) for s in (0, 1)]
-    assert not np.array_equal(np.asarray(maps[0]), np.asarray(maps[1]))
+    ev = PRESETS["ci"].eval
+    assert _headline(ci_run, "base_seed0").shape == (1, len(ev.ks), ev.headline_tasks)
+    assert (metrics["f1_pass1.n_maps"], metrics["f1_pass1.n_samples"]) == (ev.headline_tasks, ev.headline_samples)
+    assert f"| held-out maps per seed | {ev.headline_tasks} |" in text
+    # the two seeds were evaluated on different held-out maps, and the headline's maps are not the Pass@ grid's
+    run = Run(PRESETS["ci"], os.path.dirname(ci_run), "ci")
+    maps = [np.asarray(measure.heldout_tasks(run, s)) for s in (0, 1)]
+    assert not np.array_equal(maps[0], maps[1])
+    assert not np.array_equal(np.asarray(measure.headline_tasks(run, 0))[:ev.n_tasks], maps[0])
     # f2 prints the share of solvable tight-tier tasks, and the real tier in its title
     f2 = next(f for f in findings_lib.DEFAULT_FINDINGS if f.key == "f2_shrink_frozenlake")
     sec = sections[findings_lib.finding_title(f2, metrics)]
@@ -230,14 +243,15 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
     load = lambda name: json.load(open(os.path.join(ci_run, "eval", name)))  # noqa: E731
     base = {s: _per_task(ci_run, f"base_seed{s}") for s in (0, 1)}
     ks = metrics["meta.ks"]
+    head = {s: _headline(ci_run, f"base_seed{s}") for s in (0, 1)}
     for k_i, k in enumerate(ks):  # f1: the gap at each K, full budget, mean over seeds of task means
-        gap = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, k_i] - base[s][-1, k_i]) for s in (0, 1)])
+        gap = np.mean([np.mean(_headline(ci_run, f"grpo_seed{s}")[-1, k_i] - head[s][-1, k_i]) for s in (0, 1)])
         assert metrics[f"f1_breadth.gap_k{k}"] == pytest.approx(gap, abs=1e-9)
         assert f"| RL - base at K={k} (points) | {100 * gap:.1f} | — |" in rep.markdown
     assert metrics["f1_breadth.diff.seeds"] == "grpo seeds 0, 1; none excluded"
     assert "f1_breadth.diff.all.mean" not in metrics  # nothing excluded: no sensitivity line
     # f1's headline: K=1, full budget
-    want = np.mean([np.mean(_per_task(ci_run, f"grpo_seed{s}")[-1, 0] - base[s][-1, 0]) for s in (0, 1)])
+    want = np.mean([np.mean(_headline(ci_run, f"grpo_seed{s}")[-1, 0] - head[s][-1, 0]) for s in (0, 1)])
     assert metrics["f1_pass1.diff.mean"] == pytest.approx(want, abs=1e-9)
     # f2: change of the K=1 gap from the full to the tight tier, on the tasks solvable at the tight tier
     per_seed = []
@@ -270,6 +284,17 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
         reach += int((ok & (v > 0)).sum())
         unreach += int((ok & ~(v > 0)).sum())
     assert (metrics["f4_error_frozenlake.n_states"], metrics["f4_error_frozenlake.n_unreachable"]) == (reach, unreach)
+    # f4's control: the error-state gap minus the gap after the trajectory's own optimal move, same states
+    per_seed = []
+    for s in (0, 1):
+        x = load(f"error_states_grpo_seed{s}.json")
+        use = (np.asarray(x["mask"], bool) & np.asarray(x["replay_ok"], bool)
+               & (np.asarray(x["q"])[:, :4].max(1) > 0) & np.asarray(x["control_ok"], bool))
+        g = lambda a, b: (np.asarray(x[a]).mean(1) - np.asarray(x[b]).mean(1))[use]  # noqa: E731
+        if use.any():
+            per_seed.append(np.mean(g("success_rl", "success_base") - g("success_control_rl", "success_control_base")))
+    if len(per_seed) == 2:
+        assert metrics["f4_control_frozenlake.diff.mean"] == pytest.approx(np.mean(per_seed), abs=1e-9)
     # f5: the length-matched control's pairs, and the NLL contrast by seed
     pairs = sum(int((np.asarray(load(f"likelihood_grpo_seed{s}.json")["match"]) >= 0).sum()) for s in (0, 1))
     assert metrics["f5_matched_frozenlake.n_pairs"] == pairs
@@ -297,17 +322,18 @@ def _recomputed(ci_run):
             want.update({f"{prefix}.min_valid": min(valid), f"{prefix}.last_valid": valid[-1],
                          f"{prefix}.last_success": success[-1]})
     base = {s: _per_task(ci_run, f"base_seed{s}") for s in (0, 1)}  # [U, J, P] on seed s's maps
-    rl = {s: _per_task(ci_run, f"grpo_seed{s}") for s in (0, 1)}
     inc = _included_grpo(ci_run)
-    want["f1_breadth.base"] = float(np.mean([np.mean(base[s][-1, -1]) for s in inc]))  # full budget, largest K
-    want["f1_pass1.base"] = float(np.mean([np.mean(base[s][-1, 0]) for s in inc]))     # full budget, K=1
+    head = {s: _headline(ci_run, f"base_seed{s}") for s in (0, 1)}   # finding 1: the headline evaluation
+    head_rl = {s: _headline(ci_run, f"grpo_seed{s}") for s in (0, 1)}
+    want["f1_breadth.base"] = float(np.mean([np.mean(head[s][-1, -1]) for s in inc]))  # full budget, largest K
+    want["f1_pass1.base"] = float(np.mean([np.mean(head[s][-1, 0]) for s in inc]))     # full budget, K=1
     tight = {s: base[s][0, 0][_solvable(ci_run, s, 0)] for s in inc}
     if all(v.size for v in tight.values()):
         want["f2_shrink_frozenlake.base_tight"] = float(np.mean([np.mean(v) for v in tight.values()]))
     tiers = json.load(open(os.path.join(ci_run, "eval", "base_seed0.json")))["announced"]["tiers"]
     want["f2_shrink_frozenlake.tier_turns"] = float(tiers[0])
     for prefix in ("f1_breadth.diff", "f1_breadth.diff.all"):  # mean over the two seeds of task-mean gaps
-        want[f"{prefix}.mean"] = float(np.mean([np.mean(rl[s][-1, -1] - base[s][-1, -1]) for s in (0, 1)]))
+        want[f"{prefix}.mean"] = float(np.mean([np.mean(head_rl[s][-1, -1] - head[s][-1, -1]) for s in (0, 1)]))
     nll = []
     for s in (0, 1):
         x = json.load(open(os.path.join(ci_run, "eval", f"likelihood_grpo_seed{s}.json")))

@@ -95,3 +95,28 @@ def test_eta_line_counts_the_runs_that_trained():
                                              "20 s each")
     assert eta_line([0.1], 3) == "[RL] 1 of 3 arm x seed runs done (0 s); 2 left"
     assert eta_line([5.0, 7.0], 2) == "[RL] 2 of 2 arm x seed runs done (12 s)"
+
+
+def test_quick_trains_the_judged_arms_on_five_seeds_and_has_a_headline_evaluation():
+    q = PRESETS["quick"]
+    # gigpo and ppo enter no FrozenLake verdict: quick spends their time on 5 GRPO seeds (standard keeps them)
+    assert q.arms == ("grpo", "budgetmix", "grpo_oracle") and q.seeds == (0, 1, 2, 3, 4)
+    assert {"gigpo", "ppo"} <= set(PRESETS["standard"].arms)
+    assert (q.eval.headline_tasks, q.eval.headline_samples) == (256, 8) and q.eval.headline_samples >= max(q.eval.ks)
+    # the rehearsal cuts the headline as the other counts; an accelerator preset has none
+    r = presets.rehearsal_preset(q)
+    assert (r.eval.headline_tasks, r.eval.headline_samples) == (2, 1)
+    assert PRESETS["qwen3-0.6b-1gpu"].eval.headline_tasks == 0
+
+
+@pytest.mark.parametrize("tasks, samples, match", [(-1, 8, "eval.headline_tasks must be a non-negative integer"),
+                                                   (16, 2, r"eval.headline_samples must be an integer >= the largest K \(4\)"),
+                                                   (16, 4.0, "eval.headline_samples must be an integer")])
+def test_a_bad_headline_evaluation_is_one_line_naming_the_field(tmp_path, tasks, samples, match):
+    import dataclasses
+    from jaxagent.study.frozenlake.run import Run
+    bad = dataclasses.replace(PRESETS["quick"], eval=dataclasses.replace(PRESETS["quick"].eval, headline_tasks=tasks,
+                                                                         headline_samples=samples))
+    with pytest.raises(InvalidSettings, match=match):
+        Run(bad, str(tmp_path))
+    assert not any(tmp_path.iterdir())  # checked before the run directory is made

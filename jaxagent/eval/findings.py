@@ -125,8 +125,9 @@ class Finding:
     parity finding, `falsified_by` (one sentence: the measured result that would have made the row "not
     reproduced"), `room` (True: the run writes `<key>.room_lo/.room_hi`, the range the structural bound allows
     the difference, module docstring), `tier` (the nominal fraction of T_max of a tier row, for
-    `finding_title`) and `recipe` (a function of the run's metrics giving the reason the recipe or the base's
-    design, not the arms, decides the row, or None: `jaxagent.eval.recipe`)."""
+    `finding_title`), `recipe` (a function of the run's metrics giving the reason the recipe or the base's
+    design, not the arms, decides the row, or None: `jaxagent.eval.recipe`) and `primary` (one of the rows
+    declared confirmatory before any run, `PRIMARY`)."""
 
     key: str
     title: str
@@ -147,6 +148,7 @@ class Finding:
     room: bool = False
     tier: float | None = None
     recipe: Callable[[Mapping], str | None] | None = None
+    primary: bool = False
 
 
 def reference_effect(f: Finding, metrics: Mapping) -> float | None:
@@ -327,17 +329,30 @@ def _ks_rows(key):
                  for k in (1, 2, 4, 8, 16, 32))
 
 
+def _size_rows(key):
+    """The evaluation's size: held-out maps per seed and episodes per map (the headline evaluation's when the
+    preset has one)."""
+    return (Row("held-out maps per seed", f"{key}.n_maps", None, 1.0, ".0f", optional=True),
+            Row("episodes per map and policy", f"{key}.n_samples", None, 1.0, ".0f", optional=True))
+
+
+def _headline_rows(key):
+    return (Row("base (%)", f"{key}.base", None, 100.0), Row("RL (%)", f"{key}.rl", None, 100.0),
+            Row("structural upper bound on the same tasks (%)", f"{key}.bound", None, 100.0, optional=True)
+            ) + _size_rows(key)
+
+
 _PASS_SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no FrozenLake number)")
 _DECLARED: tuple[Finding, ...] = (
     _pair("f1_pass1", "1. Held-out Pass@1 at full budget (K=1): RL above base", None, None, +1,
-          ("pass_at_k",), room=True, falsified_by=(
+          ("pass_at_k",), room=True, rows=_headline_rows("f1_pass1"), falsified_by=(
               "a 95% CI of RL - base held-out Pass@1 at full budget below 0, or holding 0 with its upper end "
               "below +10 points"), **_PASS_SEI),
     Finding("f1_breadth", "1. Pass@K at full budget as K grows: RL stays above base (largest K)",
             _ks_rows("f1_breadth") + (Row("base at the largest K (%)", "f1_breadth.base", None, 100.0),
                                       Row("RL at the largest K (%)", "f1_breadth.rl", None, 100.0),
                                       Row("structural upper bound at the largest K (%)", "f1_breadth.bound", None,
-                                          100.0, optional=True)),
+                                          100.0, optional=True)) + _size_rows("f1_breadth"),
             "f1_breadth.diff", "RL - base at the largest K (points)", +1, None, 100.0, ".1f",
             ("pass_at_k", "pass_kt_heatmap"), room=True, falsified_by=(
                 "a 95% CI of RL - base Pass@K at the largest K below 0, or holding 0 with its upper end below "
@@ -425,6 +440,20 @@ _DECLARED: tuple[Finding, ...] = (
             room=True, falsified_by=(
                 "a 95% CI of continuation success RL - base below 0, or holding 0 with its upper end below the "
                 "paper's 12.7 points")),
+    Finding("f4_control_frozenlake", "4. Error recovery beyond the general gain, FrozenLake: the error-state gap "
+            "minus the gap at matched non-error states (same cell, depth and turns left)",
+            (Row("states with an error and a control", "f4_control_frozenlake.n_states", None, 1.0, ".0f"),
+             Row("continuation success RL - base from the error state (points)", "f4_control_frozenlake.gap_error",
+                 None, 100.0),
+             Row("continuation success RL - base after the trajectory's own optimal move (points)",
+                 "f4_control_frozenlake.gap_control", None, 100.0)),
+            "f4_control_frozenlake.diff", "gap at error states - gap at non-error states (points)", +1, None, 100.0,
+            ".1f", ("error_depth",), 0.10, f"{SEI}: 10 points (the paper has no control)",
+            note="Beyond the paper: the same continuation (same key, same policy pair) from the same trajectory "
+                 "cell, once after the injected error and once after the trajectory's own move where that move "
+                 "was optimal (Q*_h = V* > 0).",
+            falsified_by=("a 95% CI of the error-state gap minus the control gap below 0 (RL's edge smaller after an "
+                          "error than after a good move), or holding 0 with its upper end below +10 points")),
     Finding("f4_error_deepcoder", "4. Error recovery, DeepCoder-MT",
             (Row("continuation success RL (%)", "f4_error_deepcoder.success_rl", "f4_deepcoder_cont_rl", 100.0),
              Row("continuation success base (%)", "f4_error_deepcoder.success_base", "f4_deepcoder_cont_base", 100.0)),
@@ -537,10 +566,13 @@ BASE_EFFECT = {
                             "because the noise is uniform, not a designed error of a stated rate.",
     "f4_error_frozenlake": "Base: noise also hits the base's continuation from the error state, a tilt towards "
                            "reproduced; a CI below 0 was possible because the injected error puts RL off its own "
-                           "trajectories, where a sharpened policy can do worse than a noisy one. No control yet: "
-                           "the same gap at matched non-error states needs `state_drivers.error_states` to run a "
-                           "second continuation from each drawn cell with the trajectory's own move replayed at "
-                           "turn t where Q*_h of it is V* (same depth, h - 1 turns left, the same key).",
+                           "trajectories, where a sharpened policy can do worse than a noisy one. The control "
+                           "row (error gap - the same gap after the trajectory's own optimal move, same depth and "
+                           "turns left) takes out what denoising gives everywhere.",
+    "f4_control_frozenlake": "Base: its noise costs it continuation success at error and non-error states alike, "
+                             "so denoising lifts both gaps and cancels in the difference; what is left is recovery. "
+                             "A CI below 0 was possible: RL's gain can be larger where it stays on its own "
+                             "trajectories than after a forced error.",
     "f4_depth": "Base: noise is the same at every depth, so the base tilts neither half; the split is the median "
                 "depth of the drawn states.",
     "f5_nll": "Base: RL that denoises moves onto the base's modal action, whose NLL under base is lowest, a tilt "
@@ -552,6 +584,11 @@ BASE_EFFECT = {
                    "towards not reproduced (opposite); the row stays judged because the noise is uniform, not a "
                    "designed error of a stated rate (the host code base's slips are: `recipe.designed_tilt`).",
 }
+# The primary rows, declared before any run: the study's confirmatory claims (findings 1, 4 and 8), judged on two
+# seed sets pooled and confirmed only when both sets agree (`seed_sets`); every other row is secondary (reported,
+# judged by the same rule, not a confirmatory claim).
+PRIMARY = frozenset({"f1_pass1", "f1_breadth", "f4_error_frozenlake", "f8_budgetmix_t25", "f8_budgetmix_t50",
+                     "f8_budgetmix_t75", "f8_budgetmix_t100"})
 DEFAULT_FINDINGS: tuple[Finding, ...] = tuple(
-    dataclasses.replace(f, note=f"{f.note} {BASE_EFFECT[f.key]}".strip()) if f.key in BASE_EFFECT else f
+    dataclasses.replace(f, note=f"{f.note} {BASE_EFFECT.get(f.key, '')}".strip(), primary=f.key in PRIMARY)
     for f in _DECLARED)

@@ -164,9 +164,14 @@ def why_text(f: Finding, metrics: Mapping, reason: str, prefix: str | None = Non
 
 
 def _summary_table(findings, p: Printer, verdicts, reasons) -> list[str]:
-    lines = ["## Summary: one row per finding", "",
-             "| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["## Summary: one row per finding", ""]
+    primary = [f"*{finding_title(f, p.metrics)}*" for f in findings if f.primary and f.key in verdicts]
+    if primary:
+        lines += [f"Primary rows (the confirmatory claims, declared before any run; two seed sets confirm them, "
+                  f"`python -m experiments.compare_seed_sets`): {'; '.join(primary)}. Every other row is "
+                  "secondary.", ""]
+    lines += ["| finding | measured | paper | 95% CI | MDE (reference) | bound allows | verdict | why | seeds |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for f in findings:
         if f.key not in verdicts:
             continue

@@ -233,14 +233,18 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
       (b) continuation: n_continuations rollouts per policy and error state with the episode's budget,
           `forced_actions` replaying the trajectory's actions up to turn t and the injected action at t,
           then the policy acts; both policies use the same rollout key (common random numbers).
+      (c) the control: the same continuations from the same cell with the trajectory's own move at turn t
+          replayed instead of the error, where that move was optimal (Q*_h = V* > 0, so no error state follows):
+          same depth, h - 1 turns left, same key; `control_ok` [I] marks the states that have one (the own move
+          valid and optimal, the replay on the trajectory's path).
     Needs a deterministic lake (success_rate 1) and rcfg.allow_forced.
     Returns metrics (`step_quality.error_state_metrics` on the exact qualities: share_rl_better,
     share_rl_worse, success_rl, success_base, success_diff, each a CI), exact / sampled summaries and by
     depth, and per-state arrays: action [I], pre_q [I, A], q [I, O], probs_base/rl, q_exact_base/rl,
-    success_base/rl [I, Y], replay_ok [I] (the replay met the trajectory's positions up to turn t and the
+    success_base/rl [I, Y], success_control_base/rl [I, Y] and control_ok [I] of (c), replay_ok [I] (the replay met the trajectory's positions up to turn t and the
     error state at t + 1), context [I, S] / context_len [I] of (a), episode, turn, source, depth, mask,
-    remaining (turns left at the error state). return_rollouts adds the trajectories and the continuation
-    rollouts (rows = state * C + continuation). `mesh`, `compute_dtype`: as in `step_quality_matched`.
+    remaining (turns left at the error state). return_rollouts adds the trajectories, the continuation and the
+    control rollouts (rows = state * C + continuation). `mesh`, `compute_dtype`: as in `step_quality_matched`.
     """
     check_rcfg(rcfg, t_max)
     if float(np.asarray(env_params.success_rate)) != 1.0:
@@ -274,26 +278,42 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     source = np.repeat(np.arange(2), int(n_states))
     action = np.asarray(sel["action"])
     acts = [np.asarray(r_base.turns.action), np.asarray(r_rl.turns.action)]
+    active = [np.asarray(r_base.turns.active), np.asarray(r_rl.turns.active)]
     budget_src = [np.asarray(r_base.budget), np.asarray(r_rl.budget)]
     n_s, c = episode.size, int(n_continuations)
     forced = np.full((n_s, t_max), -1, np.int32)
     budgets_s = np.full(n_s, t_max, np.int32)
+    own = np.full(n_s, -1, np.int32)   # the trajectory's own move at turn t: the control's (no injected error)
     for i in range(n_s):
         if keep[i % int(n_states)]:
             src, b, t = source[i], episode[i], turn[i]
             forced[i, :t] = acts[src][b, :t]
             forced[i, t] = action[i]
+            if t + 1 < t_max and active[src][b, t + 1]:  # the own move did not end the episode
+                own[i] = acts[src][b, t]
             budgets_s[i] = budget_src[src][b]
+    # The control: the same cell continued after the trajectory's own move where that move was optimal (Q*_h = V*,
+    # so the state after it is not an error state): same depth, same h - 1 turns left, same key.
+    pre_q_np = np.asarray(pre_q)
+    own_ok = (own >= 0) & (own < fls.N_ACTIONS)
+    own_q = np.take_along_axis(pre_q_np, np.clip(own, 0, fls.N_ACTIONS - 1)[:, None], 1)[:, 0]
+    control_ok = np.asarray(mask) & own_ok & (own_q >= pre_q_np.max(-1) - tol) & (own_q > 0)
+    forced_ctrl = forced.copy()
+    forced_ctrl[np.arange(n_s), np.clip(turn, 0, t_max - 1)] = np.where(control_ok, own,
+                                                                         forced[np.arange(n_s), turn])
     maps = [r_base.env_states.map_LxL[:, 0], r_rl.env_states.map_LxL[:, 0]]
     task_maps = jnp.where(jnp.asarray(source == 0)[:, None, None], maps[0][jnp.asarray(episode)],
                           maps[1][jnp.asarray(episode)])
     rep = lambda x: np.repeat(x, c, axis=0)  # noqa: E731  row = state * C + continuation
     run = functools.partial(run_rollouts, world, cfg, tasks=jnp.repeat(task_maps, c, axis=0), budgets=rep(budgets_s),
                             key=k_cont, env_params=env_params, rcfg=rcfg, hide_budget=hide_budget,
-                            forced_actions=rep(forced), batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
-    cont_base, cont_rl = run(params=params_base), run(params=params_rl)
+                            batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
+    cont_base, cont_rl = (run(params=params_base, forced_actions=rep(forced)),
+                          run(params=params_rl, forced_actions=rep(forced)))
     success_base = cont_base.success.reshape(n_s, c)
     success_rl = cont_rl.success.reshape(n_s, c)
+    ctrl_base, ctrl_rl = (run(params=params_base, forced_actions=rep(forced_ctrl)),
+                          run(params=params_rl, forced_actions=rep(forced_ctrl)))
 
     # The replay check: positions up to turn t equal the trajectory's, position at t + 1 is the error state's.
     traj_pos = np.stack([np.asarray(r_base.env_states.pos), np.asarray(r_rl.env_states.pos)])[source, episode]
@@ -309,6 +329,17 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
             same_path = (pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
             replay_ok[i] &= bool(same_path and (pos[i, :, t + 1] == err_pos[i]).all())
 
+    # The control's replay: the same path up to turn t, and the own move's cell at t + 1.
+    for cont in (ctrl_base, ctrl_rl):
+        pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
+        for i in range(n_s):
+            t = turn[i]
+            if not control_ok[i] or t + 1 >= t_max:
+                control_ok[i] = False
+                continue
+            control_ok[i] &= bool((pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
+                                  and (pos[i, :, t + 1] == traj_pos[i, t + 1]).all())
+
     ones = jnp.ones((n_s, 1), bool)
     metrics = sq.error_state_metrics(scored["q_exact_base"][:, None], ones, scored["q_exact_rl"][:, None], ones,
                                      success_base, success_rl, k_ci, tol=tol, state_mask_I=mask, n_boot=n_boot)
@@ -317,10 +348,13 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     out.update(scored)
     out.update(metrics=metrics, action=sel["action"], pre_q=pre_q, success_base=success_base, success_rl=success_rl,
                replay_ok=replay_ok, episode=episode, turn=turn, source=source, depth=depth, mask=mask, remaining=h,
-               context=sel["ctx"], context_len=ctx_len)
+               context=sel["ctx"], context_len=ctx_len, control_ok=control_ok,
+               success_control_base=ctrl_base.success.reshape(n_s, c),
+               success_control_rl=ctrl_rl.success.reshape(n_s, c))
     host = to_host(out)
     if return_rollouts:
-        host["rollouts"] = {"base": r_base, "rl": r_rl, "continuation_base": cont_base, "continuation_rl": cont_rl}
+        host["rollouts"] = {"base": r_base, "rl": r_rl, "continuation_base": cont_base, "continuation_rl": cont_rl,
+                            "control_base": ctrl_base, "control_rl": ctrl_rl}
     return host
 
 

@@ -16,6 +16,7 @@ ratio of between- to within-seed variance (tests/test_stats.py: coverage >= 0.93
 MDE (`mde`; Bloom 1995, Evaluation Review 19(5), eq. 1): (t_{1-alpha/2} + t_{power}) x SE, 3.72 SE at S = 5.
 Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6)): the (1 - 2 alpha) CI inside (-m, m).
 Verdicts (`decide`, `VERDICT_RULE`): sign and size apart; `seeds_needed` gives a range from the sd's 95% CI.
+Seed sets pooled (`pool_blocked`): a t-interval with the within-set mean square, N - B df.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ RECIPE = "untestable here (recipe)"
 VERDICTS = (REPRODUCED, SMALLER, NOT_REPRODUCED, OPPOSITE, UNDERPOWERED, INCONCLUSIVE, NO_VARIANCE, UNTESTABLE,
             RECIPE)
 T_SEEDS, NOT_AVAILABLE = "t over seeds", "n/a"
+POOLED = "t over seeds, seed sets pooled and blocked by set"
 INTERVAL_METHOD = (
     "seeds are the unit of replication: a Student-t interval over the per-seed values (seeds - 1 degrees of "
     "freedom) at every number of seeds, and the MDE from the same quantiles at 80% power.")
@@ -181,6 +183,29 @@ def seed_estimate(units_per_seed: Sequence, stat: Callable = mean_of_seed_means,
     return est
 
 
+def pool_blocked(estimates: Sequence[Estimate], *, alpha: float = 0.05, power: float = 0.8) -> Estimate:
+    """Seed sets pooled, blocked by set: the t-interval of B independent `t_interval` estimates of one quantity,
+    each set b with n_b seeds, mean m_b and per-seed sd sd_b = se_b sqrt(n_b), as one sample with a fixed offset
+    per set (a randomized-block one-way layout; Montgomery, Design and Analysis of Experiments, ch. 4):
+    mean = sum n_b m_b / N, s^2 = sum (n_b - 1) sd_b^2 / (N - B) (the within-set mean square), SE = s / sqrt(N),
+    df = N - B. A set's offset (its maps, its machine's arithmetic) moves its mean, not s, so a constant shift
+    between sets does not widen the interval nor enter its centre beyond its share. Sets without an interval
+    (fewer than 2 seeds) are left out; fewer than 2 sets left: "n/a" with the reason."""
+    _check_level(alpha, "alpha")
+    ok = [e for e in estimates if e.available and e.n_seeds >= 2 and math.isfinite(e.se)]
+    if len(ok) < 2:
+        return _not_available(f"{len(ok)} seed set(s) with an interval: pooling needs >= 2")
+    n = np.asarray([e.n_seeds for e in ok], np.float64)
+    means = np.asarray([e.mean for e in ok], np.float64)
+    sds = np.asarray([e.se for e in ok], np.float64) * np.sqrt(n)
+    big_n, df = float(n.sum()), float(n.sum() - len(ok))
+    mean = float((n * means).sum() / big_n)
+    se = float(math.sqrt(((n - 1) * sds ** 2).sum() / df) / math.sqrt(big_n))
+    h95, h90 = _quantile(1 - alpha / 2, df) * se, _quantile(1 - alpha, df) * se
+    return Estimate(mean, mean - h95, mean + h95, mean - h90, mean + h90, se, mde(se, df, alpha, power), df,
+                    int(big_n), int(sum(e.n_units for e in ok)), POOLED)
+
+
 # ----------------------------------------------------------------------------- equivalence and verdicts
 def tost(est: Estimate, margin: float) -> bool:
     """Two one-sided tests at level alpha (Schuirmann 1987): equivalent iff -margin < lo90 and hi90 < margin,
@@ -297,6 +322,22 @@ def _directional(est: Estimate, direction: int, e: float | None, side: float | N
     if d_hi < e:
         return NOT_REPRODUCED, f"the 95% CI holds 0 and its paper-side end {end} falls short of {e_text}"
     return UNDERPOWERED, f"the 95% CI holds both 0 and {e_text}"
+
+
+def p_reproduced(effect: float, sd: float, n_seeds: int, e: float, *, alpha: float = 0.05) -> float:
+    """P(a directional row is "reproduced") when the per-seed values are N(effect, sd^2), S = n_seeds of them,
+    judged by `decide` without a room: P(lo > 0 and hi >= E) with lo, hi = v-bar -/+ t_{1-alpha/2, S-1} s / sqrt(S).
+    Given s, both hold iff v-bar > max(t s / sqrt(S), E - t s / sqrt(S)), so P = E_s[1 - Phi((max(...) - effect) /
+    (sd / sqrt(S)))] over (S - 1) s^2 / sd^2 ~ chi2_{S-1}, v-bar and s independent (normal samples), integrated
+    on a quantile grid of the chi-square. `effect` and E in the row's units, signed so the paper's side is +."""
+    if n_seeds < 2 or not sd > 0:
+        raise ValueError(f"p_reproduced needs n_seeds >= 2 and sd > 0, got {n_seeds}, {sd}")
+    df = n_seeds - 1
+    q = (np.arange(4000) + 0.5) / 4000
+    s = sd * np.sqrt(_sps.chi2.ppf(q, df) / df)
+    h = _quantile(1 - alpha / 2, df) * s / math.sqrt(n_seeds)
+    need = np.maximum(h, abs(float(e)) - h)
+    return float(np.mean(_sps.norm.sf((need - float(effect)) / (sd / math.sqrt(n_seeds)))))
 
 
 # ----------------------------------------------------------------------------- seeds to decide a row

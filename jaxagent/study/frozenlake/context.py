@@ -2,8 +2,9 @@
 the Pass@ results by label, the structural bound per seed, the seeds' health, and the metrics dict with its
 `estimates.Estimator`. `evaluate.evaluate` builds it; each `*_rows` module writes its findings through it.
 
-Labels: `base/seed<s>` (the base on seed s's held-out maps), `<arm>/seed<s>`. Arrays: per_task [U, J, P]
-(budget tiers x values of K x held-out tasks), p_star [U, P].
+Labels: `base/seed<s>` (the base on seed s's held-out maps), `<arm>/seed<s>`; `headline` holds the headline
+evaluation (finding 1 at full budget on maps of its own) of `base/seed<s>` and `grpo/seed<s>` when the preset has
+one. Arrays: per_task [U, J, P] (budget tiers x values of K x held-out tasks), p_star [U, P].
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class EvalContext:
     hl: dict                          # (arm, seed) -> health.SeedHealth
     m: dict
     est: Estimator
+    headline: dict = dataclasses.field(default_factory=dict)         # label -> headline evaluation (finding 1)
+    headline_bounds: dict = dataclasses.field(default_factory=dict)  # seed -> the bound on its headline maps
 
     @property
     def preset(self):
@@ -78,6 +81,10 @@ class EvalContext:
     def base_per_task(self) -> dict:
         """seed -> the base's per_task on that seed's maps."""
         return {s: self.per_task(f"base/seed{s}") for s in self.all_seeds}
+
+    def headline_per_task(self, label: str) -> np.ndarray:
+        """float[1, J, P]: Pass@K at full budget per task of one label's headline evaluation."""
+        return np.asarray(self.headline[label]["per_task"], np.float64)
 
     def bound_per_task(self) -> dict:
         """seed -> float[U, J, P], the structural bound per tier, K and task."""

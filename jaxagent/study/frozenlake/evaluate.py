@@ -6,7 +6,8 @@ the base is evaluated on each seed's maps with that seed's key (labels `base/see
 difference is paired per seed, so the base's own sampling variability enters every interval. The structural
 bound is computed per seed on its maps (`pass_drivers.upper_bound`).
 
-Per policy: Pass@(K,T) in the announced, hidden-budget and truncated modes, with costs. Base vs each RL
+Per policy: Pass@(K,T) in the announced, hidden-budget and truncated modes, with costs; base and each GRPO seed:
+finding 1's headline evaluation on maps of its own when the preset has one (`measure.headline_eval`). Base vs each RL
 seed of the GRPO arm: step quality on matched states (G = preset.eval.n_sampled sampled actions per policy and
 state, default 16; the exact expectation as a secondary line), error states (only those with the goal still
 reachable, V* > 0), likelihood (per seed; the LLR of RL's successes above `findings.LLR_THRESHOLD`, the
@@ -38,7 +39,8 @@ from jaxagent.study.common.estimates import health_metrics
 from jaxagent.study.frozenlake.estimates import Estimator, seed_health
 from jaxagent.study.frozenlake.figures import draw_figures
 from jaxagent.study.frozenlake.likelihood_rows import likelihood_rows
-from jaxagent.study.frozenlake.measure import MAIN_ARM, cache_path, eval_setup, eval_policy, heldout_tasks
+from jaxagent.study.frozenlake.measure import (MAIN_ARM, cache_path, eval_setup, eval_policy, headline_eval,
+                                               headline_tasks, heldout_tasks)
 from jaxagent.study.frozenlake.pass_rows import arm_rows, headline_rows, hidden_budget_rows, shrink_row
 from jaxagent.study.frozenlake.plan_rows import r_multi_row, r_single_rows, training_log_rows
 from jaxagent.study.frozenlake.state_rows import error_state_rows, step_quality_rows
@@ -60,15 +62,34 @@ def pass_evaluations(run, base, policies, tasks: dict, progress=no_progress) -> 
     return evals
 
 
-def structural_bounds(run, tasks: dict, tiers) -> dict:
+def headline_evaluations(run, base, policies, progress=no_progress) -> tuple[dict, dict]:
+    """(label -> `measure.headline_eval`, seed -> its structural bound at full budget) of the base and each MAIN_ARM
+    seed on that seed's headline maps (`measure.headline_tasks`); ({}, {}) when the preset has none
+    (eval.headline_tasks 0) or no MAIN_ARM seed finished."""
+    seeds = sorted(s for a, s in policies if a == MAIN_ARM)
+    if not run.preset.eval.headline_tasks or not seeds:
+        return {}, {}
+    tasks = {s: headline_tasks(run, s) for s in seeds}
+    evals = {}
+    bar = progress(2 * len(seeds), "eval headline (finding 1)", "policy")
+    for s in seeds:
+        for label, load in ((f"base/seed{s}", lambda: base),
+                            (f"{MAIN_ARM}/seed{s}", lambda s=s: policies[(MAIN_ARM, s)])):
+            evals[label] = headline_eval(run, load, label, tasks[s], s)
+            bar.step()
+    bar.close()
+    return evals, structural_bounds(run, tasks, [run.preset.task.t_max], "headline_bound")
+
+
+def structural_bounds(run, tasks: dict, tiers, name: str = "bound") -> dict:
     """seed -> the structural bound on that seed's maps (`pass_drivers.upper_bound`), written beside the Pass@
-    files as eval/bound_seed<s>.json so each seed's bound can be read back."""
+    files as eval/<name>_seed<s>.json so each seed's bound can be read back."""
     p = run.preset
     bounds = {s: pass_drivers.upper_bound(run.world, np.asarray(tasks[s]), tiers=tiers, ks=p.eval.ks,
                                           env_params=p.task.env_params()) for s in sorted(tasks)}
     for s, bnd in bounds.items():
-        run_dir.write_json(cache_path(run, f"bound/seed{s}"), {k: bnd[k] for k in ("tiers", "ks", "p_star",
-                                                                                   "per_task")})
+        run_dir.write_json(cache_path(run, f"{name}/seed{s}"), {k: bnd[k] for k in ("tiers", "ks", "p_star",
+                                                                                    "per_task")})
     return bounds
 
 
@@ -87,11 +108,13 @@ def evaluate(run, base, policies, progress=no_progress) -> tuple:
     tasks = {s: heldout_tasks(run, s) for s in all_seeds}
     evals = pass_evaluations(run, base, policies, tasks, progress)
     bounds = structural_bounds(run, tasks, tiers)
+    headline, headline_bounds = headline_evaluations(run, base, policies, progress)
     m: dict = {"meta.tiers": list(tiers), "meta.ks": list(p.eval.ks), "meta.t_max": float(p.task.t_max)}
     hl = seed_health(run, policies)
     health_metrics(m, hl)
     ctx = EvalContext(run=run, base=base, policies=policies, tiers=tiers, rcfg=rcfg, tasks=tasks, evals=evals,
-                      bounds=bounds, hl=hl, m=m, est=Estimator(m, hl))
+                      bounds=bounds, hl=hl, m=m, est=Estimator(m, hl), headline=headline,
+                      headline_bounds=headline_bounds)
     if MAIN_ARM in ctx.arms:
         headline_rows(ctx)          # finding 1
         shrink_row(ctx)             # finding 2

@@ -1,5 +1,6 @@
 """What the FrozenLake study's eval stage measures per policy, each cached under the run's eval/ directory: held-out
-maps per seed (`heldout_tasks`, `plan_tasks`), Pass@(K,T) in every mode (`eval_policy`), plan-mode success
+maps per seed (`heldout_tasks`, `plan_tasks`, `headline_tasks`), Pass@(K,T) in every mode (`eval_policy`), the
+headline evaluation of finding 1 at full budget (`headline_eval`), plan-mode success
 (`plan_eval`), paired base-vs-RL diagnostics per seed (`pooled`), and the run's finished policies
 (`collect_policies`). Placement: the training rollout's (`placement`; `evaluate` module doc).
 """
@@ -21,6 +22,7 @@ from jaxagent.study.common.policies import SavedPolicies
 from jaxagent.study.frozenlake.train import saved_policies
 
 TASK_KEY, PASS_KEY, PLAN_KEY = 4242, 99, 600  # held-out maps, Pass@(K,T) sampling, plan-mode sampling (per seed)
+HEADLINE_TASK_KEY, HEADLINE_PASS_KEY = 4343, 98  # the headline evaluation's maps and sampling (per seed)
 
 
 def heldout_tasks(run, seed: int):
@@ -35,6 +37,13 @@ def plan_tasks(run, seed: int):
     of them (the Pass@ maps themselves when n_plan_tasks = n_tasks, as in every preset)."""
     p = run.preset
     return p.task.sample(jax.random.fold_in(jax.random.key(TASK_KEY), int(seed)), p.eval.n_plan_tasks)
+
+
+def headline_tasks(run, seed: int):
+    """Seed `seed`'s maps of the headline evaluation: preset.task.sample(fold_in(key(HEADLINE_TASK_KEY), seed),
+    eval.headline_tasks), drawn apart from the Pass@ maps."""
+    p = run.preset
+    return p.task.sample(jax.random.fold_in(jax.random.key(HEADLINE_TASK_KEY), int(seed)), p.eval.headline_tasks)
 
 
 def eval_setup(run):
@@ -83,6 +92,26 @@ def eval_policy(run, load_params, label, tasks, seed: int) -> dict:
         res[mode] = r
     run_dir.write_json(out_path, res)
     return json.loads(json.dumps(run_dir.jsonable(res)))
+
+
+def headline_eval(run, load_params, label, tasks, seed: int) -> dict:
+    """The headline evaluation (finding 1): Pass@K at the full budget T_max, announced, for every K of the preset, of
+    the policy `load_params()` returns on `tasks` (`headline_tasks`), eval.headline_samples episodes per map,
+    sampled with fold_in(key(HEADLINE_PASS_KEY), seed) (common random numbers for base and RL on one seed's maps);
+    cached as eval/headline_<label>.json. Returns {"per_task": [1, J, P], "grid": [1, J], ...}."""
+    out_path = cache_path(run, f"headline_{label}")
+    if not os.path.isfile(out_path):
+        p = run.preset
+        _, rcfg = eval_setup(run)
+        r = pass_drivers.pass_kt(run.world, run.cfg, load_params(), tasks,
+                                 jax.random.fold_in(jax.random.key(HEADLINE_PASS_KEY), int(seed)),
+                                 t_max=p.task.t_max, tiers=[p.task.t_max], n_samples=p.eval.headline_samples,
+                                 ks=p.eval.ks, env_params=p.task.env_params(), rcfg=rcfg, mode="announced",
+                                 batch_size=p.rollout_batch, n_boot=p.eval.n_boot, **placement(run))
+        r.pop("success", None)
+        run_dir.write_json(out_path, r)
+    with open(out_path) as f:
+        return json.load(f)
 
 
 def plan_eval(run, load_params, label, tasks, seed: int) -> np.ndarray:

@@ -15,10 +15,12 @@ from jaxagent.study.frozenlake.estimates import mean
 from jaxagent.study.frozenlake.measure import MAIN_ARM
 
 
-def pass_row(ctx: EvalContext, key, t_i, k_i, comparator, other, pair_arms, on_solvable=False):
+def pass_row(ctx: EvalContext, key, t_i, k_i, comparator, other, pair_arms, on_solvable=False, bound_pt=None):
     """other - comparator Pass@K at tier t_i per seed (paired by task, optionally on the tasks solvable at
-    t_i), with rows .base (comparator), .rl (other), .bound and the room (-comparator, bound - comparator)."""
-    est, bound_pt, solvable = ctx.est, ctx.bound_per_task(), ctx.solvable()
+    t_i), with rows .base (comparator), .rl (other), .bound and the room (-comparator, bound - comparator);
+    `bound_pt` (seed -> [U, J, P]) the bound of the maps the rows are on (default: the Pass@ grid's)."""
+    est, solvable = ctx.est, ctx.solvable()
+    bound_pt = ctx.bound_per_task() if bound_pt is None else bound_pt
     units, lo, hi, cb, ob, ub = {}, {}, {}, {}, {}, {}
     for s in comparator:
         use = solvable[s][t_i] if on_solvable else np.ones(bound_pt[s].shape[-1], bool)
@@ -40,15 +42,27 @@ def main_arm_per_task(ctx: EvalContext) -> dict:
 
 def headline_rows(ctx: EvalContext) -> None:
     """Finding 1: held-out Pass@1 at full budget; the RL - base gap at full budget per K, judged at the largest
-    K."""
-    seeds, main, rl, base_pt = ctx.arm_seeds(MAIN_ARM), [MAIN_ARM], main_arm_per_task(ctx), ctx.base_per_task()
-    base_by = {s: base_pt[s] for s in seeds}
-    full, k1_i = ctx.full, ctx.k1_i
-    pass_row(ctx, "f1_pass1", full, k1_i, base_by, rl, main)
+    K. On the headline evaluation's maps when the preset has one (`measure.headline_eval`, `<row>.n_maps` and
+    `<row>.n_samples` say its size), else on the Pass@ grid's full-budget tier."""
+    seeds, main = ctx.arm_seeds(MAIN_ARM), [MAIN_ARM]
+    if ctx.headline:
+        seeds = [s for s in seeds if f"{MAIN_ARM}/seed{s}" in ctx.headline]
+        rl = {s: ctx.headline_per_task(f"{MAIN_ARM}/seed{s}") for s in seeds}
+        base_by = {s: ctx.headline_per_task(f"base/seed{s}") for s in seeds}
+        bound_pt = {s: np.asarray(ctx.headline_bounds[s]["per_task"], np.float64) for s in seeds}
+        full, n_maps, n_samples = 0, ctx.preset.eval.headline_tasks, ctx.preset.eval.headline_samples
+    else:
+        rl, base_pt = main_arm_per_task(ctx), ctx.base_per_task()
+        base_by, bound_pt = {s: base_pt[s] for s in seeds}, None
+        full, n_maps, n_samples = ctx.full, ctx.preset.eval.n_tasks, ctx.preset.eval.n_samples
+    k1_i = ctx.k1_i
+    pass_row(ctx, "f1_pass1", full, k1_i, base_by, rl, main, bound_pt=bound_pt)
     for k_i, k in enumerate(ctx.ks):
-        e = ctx.est.put(f"f1_breadth.k{k}", {s: rl[s][full, k_i] - base_pt[s][full, k_i] for s in seeds}, main)
+        e = ctx.est.put(f"f1_breadth.k{k}", {s: rl[s][full, k_i] - base_by[s][full, k_i] for s in seeds}, main)
         ctx.m[f"f1_breadth.gap_k{k}"] = e.mean
-    pass_row(ctx, "f1_breadth", full, ctx.kmax_i, base_by, rl, main)
+    pass_row(ctx, "f1_breadth", full, ctx.kmax_i, base_by, rl, main, bound_pt=bound_pt)
+    for key in ("f1_pass1", "f1_breadth"):
+        ctx.m[f"{key}.n_maps"], ctx.m[f"{key}.n_samples"] = float(n_maps), float(n_samples)
 
 
 def shrink_row(ctx: EvalContext) -> None:

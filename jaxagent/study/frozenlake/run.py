@@ -68,6 +68,18 @@ def checkpoint_world(tok, size: int) -> ToyWorld:
                     budget_format(codec))
 
 
+def _check_headline(preset: Preset) -> None:
+    """InvalidSettings naming the field unless the headline evaluation is off (headline_tasks 0) or has a positive
+    map count and at least max(ks) samples per map (the unbiased Pass@K estimator needs n >= K)."""
+    ev = preset.eval
+    n, z = ev.headline_tasks, ev.headline_samples
+    if not (is_int(n) and n >= 0):
+        raise InvalidSettings(f"preset {preset.name!r}: eval.headline_tasks must be a non-negative integer, got {n!r}")
+    if n and not (is_int(z) and z >= max(ev.ks)):
+        raise InvalidSettings(f"preset {preset.name!r}: eval.headline_samples must be an integer >= the largest K "
+                              f"({max(ev.ks)}) when eval.headline_tasks > 0, got {z!r}")
+
+
 class Run:
     """A run directory with the world, model config, device mesh and stage paths of one preset.
 
@@ -90,6 +102,7 @@ class Run:
         if unknown or not preset.arms:
             raise InvalidSettings(f"preset {preset.name!r}: arms must be one or more of {sorted(stages.ARMS)}, got "
                                   f"{list(preset.arms)!r}")
+        _check_headline(preset)
         self.compute_dtype = _check_compute_dtype(preset)
         self.mesh = make_run_mesh(preset)
         check_batches(preset, sharding.batch_divisor(self.mesh))

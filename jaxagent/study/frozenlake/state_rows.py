@@ -73,9 +73,28 @@ def step_quality_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
                                                     cat("depth")))
 
 
+def _gap(x: dict, rl: str, base: str, use) -> np.ndarray:
+    """Per state: mean continuation success of `rl` minus that of `base` (arrays [I, C]), on the states in `use`."""
+    return (np.asarray(x[rl], np.float64).mean(-1) - np.asarray(x[base], np.float64).mean(-1))[use]
+
+
+def control_row(ctx: EvalContext, f4: dict) -> None:
+    """Finding 4's control (beyond the paper): per state with a control, RL - base continuation success from the
+    error state minus the same from the same cell after the trajectory's own optimal move; per seed the mean over
+    its states."""
+    if not f4:
+        return
+    key, main = "f4_control_frozenlake", [MAIN_ARM]
+    ctx.est.put(f"{key}.diff", {s: v["ge"] - v["gc"] for s, v in f4.items()}, main)
+    ctx.est.mean(f"{key}.gap_error", {s: mean(v["ge"]) for s, v in f4.items()}, main)
+    ctx.est.mean(f"{key}.gap_control", {s: mean(v["gc"]) for s, v in f4.items()}, main)
+    ctx.m[f"{key}.n_states"] = float(sum(v["ge"].size for s, v in f4.items() if included(ctx, s)))
+
+
 def error_state_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
     """Finding 4: error states where the goal is still reachable (V* > 0): continuation success RL - base, the
-    share of states where RL's next step is better, and the deep half vs the shallow half of the states."""
+    share of states where RL's next step is better, the deep half vs the shallow half of the states, and the
+    control (`control_row`)."""
     run, p, est, m, tasks = ctx.run, ctx.preset, ctx.est, ctx.m, ctx.tasks
     n_act = fls.N_ACTIONS
     er_runs = pooled(run, lambda b, r, s: state_drivers.error_states(
@@ -97,6 +116,10 @@ def error_state_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
                      cb=np.asarray(x["success_base"], np.float64).mean(-1)[reach],
                      cr=np.asarray(x["success_rl"], np.float64).mean(-1)[reach],
                      depth=np.asarray(x["depth"], np.float64)[reach])
+        if "control_ok" in x:  # the control continuation (`state_drivers.error_states` (c))
+            ctl = reach & np.asarray(x["control_ok"], bool)
+            f4[s].update(ge=_gap(x, "success_rl", "success_base", ctl),
+                         gc=_gap(x, "success_control_rl", "success_control_base", ctl))
     key = "f4_error_frozenlake"
     est.put(f"{key}.diff", {s: v["cr"] - v["cb"] for s, v in f4.items()}, [MAIN_ARM])
     for name, fn in (("share_rl_better", lambda v: mean(v["mr"] > v["mb"])),
@@ -110,6 +133,7 @@ def error_state_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
              [MAIN_ARM])
     m[f"{key}.n_states"] = float(sum(v["cb"].size for s, v in f4.items() if included(ctx, s)))
     m[f"{key}.n_unreachable"] = float(unreachable)
+    control_row(ctx, {s: v for s, v in f4.items() if "ge" in v})
     use = [v for s, v in f4.items() if included(ctx, s)] or list(f4.values())
     depths = np.concatenate([v["depth"] for v in use])
     if not depths.size:
