@@ -216,6 +216,49 @@ def _error_pool(world, r: types.Rollout, env_params, hide_budget, width, tol):
                 h=h - 1, pre_states=states)
 
 
+def _continuation_plans(rollouts, source, episode, turn, action, keep, pre_q, mask, t_max: int, tol: float):
+    """Per drawn state i (trajectory `episode[i]` of policy `source[i]`, turn t = `turn[i]`): the forced actions of
+    its error continuation (the trajectory's actions up to t - 1, the error at t) and of its control (the
+    trajectory's own move at t instead), the episode's budget, and whether the control exists: the own move valid,
+    optimal (Q*_h = V* > 0 within `tol`) and not ending the episode. Unfilled slots (`keep` False) force nothing."""
+    acts = [np.asarray(r.turns.action) for r in rollouts]
+    active = [np.asarray(r.turns.active) for r in rollouts]
+    budget_src = [np.asarray(r.budget) for r in rollouts]
+    n_s = episode.size
+    forced = np.full((n_s, t_max), -1, np.int32)
+    budgets = np.full(n_s, t_max, np.int32)
+    own = np.full(n_s, -1, np.int32)
+    for i in np.flatnonzero(keep):
+        src, b, t = source[i], episode[i], turn[i]
+        forced[i, :t] = acts[src][b, :t]
+        forced[i, t] = action[i]
+        if t + 1 < t_max and active[src][b, t + 1]:
+            own[i] = acts[src][b, t]
+        budgets[i] = budget_src[src][b]
+    own_q = np.take_along_axis(pre_q, np.clip(own, 0, fls.N_ACTIONS - 1)[:, None], 1)[:, 0]
+    control_ok = mask & (own >= 0) & (own < fls.N_ACTIONS) & (own_q >= pre_q.max(-1) - tol) & (own_q > 0)
+    forced_ctrl = forced.copy()
+    rows = np.flatnonzero(control_ok)
+    forced_ctrl[rows, turn[rows]] = own[rows]
+    return forced, forced_ctrl, budgets, control_ok
+
+
+def _replayed(ok, continuations, traj_pos, turn, pos_next, c: int):
+    """`ok` & (every continuation of state i walked the trajectory's cells up to turn t and stood on pos_next[i]
+    at t + 1); a state whose t + 1 is past the horizon (an unfilled slot) is never replayed."""
+    ok = np.asarray(ok, bool).copy()
+    n_s, t_max = traj_pos.shape[0], traj_pos.shape[1]
+    for cont in continuations:
+        pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
+        for i in range(n_s):
+            t = turn[i]
+            if not ok[i] or t + 1 >= t_max:
+                ok[i] = False
+                continue
+            ok[i] &= bool((pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all() and (pos[i, :, t + 1] == pos_next[i]).all())
+    return ok
+
+
 def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *, t_max: int, n_states: int,
                  env_params, rcfg: RolloutConfig, n_continuations: int = 4, n_sampled: int = 16, n_bins: int = 4,
                  budgets=None, hide_budget=False, rollouts=None, batch_size: Optional[int] = None,
@@ -241,8 +284,8 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     Returns metrics (`step_quality.error_state_metrics` on the exact qualities: share_rl_better,
     share_rl_worse, success_rl, success_base, success_diff, each a CI), exact / sampled summaries and by
     depth, and per-state arrays: action [I], pre_q [I, A], q [I, O], probs_base/rl, q_exact_base/rl,
-    success_base/rl [I, Y], success_control_base/rl [I, Y] and control_ok [I] of (c), replay_ok [I] (the replay met the trajectory's positions up to turn t and the
-    error state at t + 1), context [I, S] / context_len [I] of (a), episode, turn, source, depth, mask,
+    success_base/rl [I, Y], success_control_base/rl [I, Y] and control_ok [I] of (c), replay_ok [I] (the
+    replay met the trajectory's positions up to turn t and the error state at t + 1), context [I, S] / context_len [I] of (a), episode, turn, source, depth, mask,
     remaining (turns left at the error state). return_rollouts adds the trajectories, the continuation and the
     control rollouts (rows = state * C + continuation). `mesh`, `compute_dtype`: as in `step_quality_matched`.
     """
@@ -272,35 +315,14 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
                          mesh=mesh)
     pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :fls.N_ACTIONS]
 
-    # (b) continuations from identical error states: replay the trajectory, force the error, let the policy act.
-    episode = np.concatenate([b0, b1])
-    turn = np.concatenate([t0, t1])
+    # (b) continuations from identical error states: replay the trajectory, force the error, let the policy act;
+    # (c) the control: the same cell after the trajectory's own optimal move.
+    episode, turn = np.concatenate([b0, b1]), np.concatenate([t0, t1])
     source = np.repeat(np.arange(2), int(n_states))
-    action = np.asarray(sel["action"])
-    acts = [np.asarray(r_base.turns.action), np.asarray(r_rl.turns.action)]
-    active = [np.asarray(r_base.turns.active), np.asarray(r_rl.turns.active)]
-    budget_src = [np.asarray(r_base.budget), np.asarray(r_rl.budget)]
     n_s, c = episode.size, int(n_continuations)
-    forced = np.full((n_s, t_max), -1, np.int32)
-    budgets_s = np.full(n_s, t_max, np.int32)
-    own = np.full(n_s, -1, np.int32)   # the trajectory's own move at turn t: the control's (no injected error)
-    for i in range(n_s):
-        if keep[i % int(n_states)]:
-            src, b, t = source[i], episode[i], turn[i]
-            forced[i, :t] = acts[src][b, :t]
-            forced[i, t] = action[i]
-            if t + 1 < t_max and active[src][b, t + 1]:  # the own move did not end the episode
-                own[i] = acts[src][b, t]
-            budgets_s[i] = budget_src[src][b]
-    # The control: the same cell continued after the trajectory's own move where that move was optimal (Q*_h = V*,
-    # so the state after it is not an error state): same depth, same h - 1 turns left, same key.
-    pre_q_np = np.asarray(pre_q)
-    own_ok = (own >= 0) & (own < fls.N_ACTIONS)
-    own_q = np.take_along_axis(pre_q_np, np.clip(own, 0, fls.N_ACTIONS - 1)[:, None], 1)[:, 0]
-    control_ok = np.asarray(mask) & own_ok & (own_q >= pre_q_np.max(-1) - tol) & (own_q > 0)
-    forced_ctrl = forced.copy()
-    forced_ctrl[np.arange(n_s), np.clip(turn, 0, t_max - 1)] = np.where(control_ok, own,
-                                                                         forced[np.arange(n_s), turn])
+    forced, forced_ctrl, budgets_s, control_ok = _continuation_plans(
+        (r_base, r_rl), source, episode, turn, np.asarray(sel["action"]), np.tile(keep, 2), np.asarray(pre_q),
+        np.asarray(mask), t_max, tol)
     maps = [r_base.env_states.map_LxL[:, 0], r_rl.env_states.map_LxL[:, 0]]
     task_maps = jnp.where(jnp.asarray(source == 0)[:, None, None], maps[0][jnp.asarray(episode)],
                           maps[1][jnp.asarray(episode)])
@@ -315,30 +337,12 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     ctrl_base, ctrl_rl = (run(params=params_base, forced_actions=rep(forced_ctrl)),
                           run(params=params_rl, forced_actions=rep(forced_ctrl)))
 
-    # The replay check: positions up to turn t equal the trajectory's, position at t + 1 is the error state's.
+    # The replay checks: positions up to turn t equal the trajectory's, and the position at t + 1 is the error
+    # state's (b) or the trajectory's own (c).
     traj_pos = np.stack([np.asarray(r_base.env_states.pos), np.asarray(r_rl.env_states.pos)])[source, episode]
-    err_pos = np.asarray(sel["states"].pos)
-    replay_ok = np.asarray(mask).copy()
-    for cont in (cont_base, cont_rl):
-        pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
-        for i in range(n_s):
-            t = turn[i]
-            if not replay_ok[i] or t + 1 >= t_max:  # unfilled slot (fewer candidates than n_states): no replay
-                replay_ok[i] = False
-                continue
-            same_path = (pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
-            replay_ok[i] &= bool(same_path and (pos[i, :, t + 1] == err_pos[i]).all())
-
-    # The control's replay: the same path up to turn t, and the own move's cell at t + 1.
-    for cont in (ctrl_base, ctrl_rl):
-        pos = np.asarray(cont.env_states.pos).reshape(n_s, c, t_max)
-        for i in range(n_s):
-            t = turn[i]
-            if not control_ok[i] or t + 1 >= t_max:
-                control_ok[i] = False
-                continue
-            control_ok[i] &= bool((pos[i, :, :t + 1] == traj_pos[i, :t + 1]).all()
-                                  and (pos[i, :, t + 1] == traj_pos[i, t + 1]).all())
+    replay_ok = _replayed(np.asarray(mask), (cont_base, cont_rl), traj_pos, turn, np.asarray(sel["states"].pos), c)
+    control_ok = _replayed(control_ok, (ctrl_base, ctrl_rl), traj_pos, turn,
+                           traj_pos[np.arange(n_s), np.minimum(turn + 1, t_max - 1)], c)
 
     ones = jnp.ones((n_s, 1), bool)
     metrics = sq.error_state_metrics(scored["q_exact_base"][:, None], ones, scored["q_exact_rl"][:, None], ones,
