@@ -91,3 +91,22 @@ def test_every_other_script_gives_a_one_line_usage_error(module):
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"python -m {module}: error: ") and "(--help lists the options)" in lines[0]
+
+
+def test_a_script_on_a_machine_without_accelerators_logs_no_libtpu_error():
+    """libtpu (the test extra) logs a TPU initialisation error in any process that lets JAX look for a TPU; the
+    scripts run on the CPU where no accelerator device exists, and leave an explicit JAX_PLATFORMS alone."""
+    import glob
+    if any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")):
+        pytest.skip("this machine has an accelerator device")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = "import experiments, jax, os; print(jax.devices()[0].platform, os.environ['JAX_PLATFORMS'])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["cpu", "cpu"], proc.stderr
+    assert "TPU_WORKER_HOSTNAMES" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr
+    code = "import experiments, os; print(os.environ['JAX_PLATFORMS'])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT),
+                                                                        "JAX_PLATFORMS": "cpu,tpu"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "cpu,tpu"

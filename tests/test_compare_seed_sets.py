@@ -126,3 +126,24 @@ def test_pool_blocked_matches_a_direct_within_set_computation():
     # fewer than two sets with an interval: n/a with the reason
     one = stats.pool_blocked([ests[0], stats.t_interval([0.1])])
     assert not one.available and "pooling needs >= 2" in one.reason
+
+
+def test_sets_on_the_papers_side_that_differ_in_size_confirm_the_direction_and_say_the_sets_differ(tmp_path):
+    # the quick pattern: both sets well above 0, one reaching E = 10 and one short of it, their means apart by
+    # more than their seeds' spread
+    a = _run(tmp_path, "a", _est(0.133, 0.113, 0.152, 0.03), _est(0.05, 0.04, 0.06, 0.02), _est(0.0, -0.1, 0.1, 0.1), 2)
+    b = _run(tmp_path, "b", _est(0.080, 0.067, 0.094, 0.02), _est(0.05, 0.04, 0.06, 0.02), _est(0.0, -0.1, 0.1, 0.1), 2)
+    lines = seed_sets.table([a, b]).splitlines()
+    assert lines[2].endswith("| **no** | confirmed in direction; the size differs between sets |")
+    assert "the sets differ beyond their seeds' spread (F test p = " in lines[2]
+    assert "differ beyond" not in lines[3] and lines[3].endswith(f"| yes | confirmed: {stats.SMALLER} |")
+
+
+def test_between_sets_p_is_the_one_way_f_test():
+    import numpy as np
+    from scipy import stats as sps
+    rng = np.random.default_rng(3)
+    sets = [rng.normal(0.10, 0.02, 5), rng.normal(0.13, 0.02, 5), rng.normal(0.11, 0.03, 4)]
+    got = stats.between_sets_p([stats.t_interval(x) for x in sets])
+    assert got == pytest.approx(sps.f_oneway(*sets).pvalue, rel=1e-9)
+    assert np.isnan(stats.between_sets_p([stats.t_interval(sets[0])]))

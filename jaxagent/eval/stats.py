@@ -40,7 +40,9 @@ T_SEEDS, NOT_AVAILABLE = "t over seeds", "n/a"
 POOLED = "t over seeds, seed sets pooled and blocked by set"
 INTERVAL_METHOD = (
     "seeds are the unit of replication: a Student-t interval over the per-seed values (seeds - 1 degrees of "
-    "freedom) at every number of seeds, and the MDE from the same quantiles at 80% power.")
+    "freedom) at every number of seeds, and the MDE from the same quantiles at 80% power. The seeds of one run "
+    "share its base, so the interval covers RL's seed-to-seed spread on that base, not the base's own: a second "
+    "seed set (--seed-offset, its own base and maps) replicates that.")
 VERDICT_RULE = (
     "d is the measured difference signed so that the paper's direction is positive, CI its 95% Student-t "
     "interval over seeds and E the finding's reference effect; sign and size are judged apart. Directional "
@@ -204,6 +206,25 @@ def pool_blocked(estimates: Sequence[Estimate], *, alpha: float = 0.05, power: f
     h95, h90 = _quantile(1 - alpha / 2, df) * se, _quantile(1 - alpha, df) * se
     return Estimate(mean, mean - h95, mean + h95, mean - h90, mean + h90, se, mde(se, df, alpha, power), df,
                     int(big_n), int(sum(e.n_units for e in ok)), POOLED)
+
+
+def between_sets_p(estimates: Sequence[Estimate]) -> float:
+    """The p-value of the one-way F test that B seed sets share one mean (Montgomery, ch. 3): F = [sum n_b (m_b -
+    m)^2 / (B - 1)] / s^2 with s^2 the within-set mean square of `pool_blocked`, on (B - 1, N - B) df. Small: the
+    sets differ beyond their seeds' spread (each set's own base and maps move its mean), so an interval over one
+    set's seeds, or the pooled one, holds for those bases only. NaN below 2 sets with an interval."""
+    ok = [e for e in estimates if e.available and e.n_seeds >= 2 and math.isfinite(e.se)]
+    if len(ok) < 2:
+        return math.nan
+    n = np.asarray([e.n_seeds for e in ok], np.float64)
+    means = np.asarray([e.mean for e in ok], np.float64)
+    sds = np.asarray([e.se for e in ok], np.float64) * np.sqrt(n)
+    b, big_n = len(ok), float(n.sum())
+    within = float(((n - 1) * sds ** 2).sum() / (big_n - b))
+    between = float((n * (means - (n * means).sum() / big_n) ** 2).sum() / (b - 1))
+    if within == 0:
+        return 0.0 if between > 0 else 1.0
+    return float(_sps.f.sf(between / within, b - 1, big_n - b))
 
 
 # ----------------------------------------------------------------------------- equivalence and verdicts

@@ -7,9 +7,10 @@ and "not reproduced (opposite)" (a CI on the opposite side of 0) count as differ
 
 The pooled column is the confirmatory line: each row's estimate over every set's seeds, blocked by set
 (`stats.pool_blocked`: a set's offset, from its maps or its machine's arithmetic, moves its mean but not the
-interval's width), judged by the same rule with the sets' mean room and recipe inputs (`pooled_metrics`). A
-primary row (`findings.PRIMARY`) is confirmed when the pooled line reproduces it and every set's verdict is the
-pooled one.
+interval's width), judged by the same rule with the sets' mean room and recipe inputs (`pooled_metrics`); it
+says when the sets differ beyond their seeds' spread (`heterogeneity`: each set trains its own base, so a set's
+seeds replicate RL, not the base). A primary row (`findings.PRIMARY`) is confirmed when every set and the pooled
+line agree (`confirmation`: sign and size apart).
 
   python -m experiments.compare_seed_sets runs/standard runs/standard-s5 --out runs/standard-seed-sets.md
 """
@@ -66,16 +67,32 @@ def pooled_metrics(runs: list[dict], f: findings.Finding) -> dict:
 
 
 def confirmation(f: findings.Finding, verdicts: list, pooled: str | None) -> str:
-    """The confirmatory criterion of a primary row: "confirmed: <verdict>" when the pooled line reproduces the
-    finding (in full or in direction) and every set's verdict is the pooled one; "both sets: <verdict>" when they
-    agree on another verdict; "**not confirmed** (sets differ)" otherwise. A secondary row: "secondary"."""
+    """The confirmatory criterion of a primary row, sign and size apart as in the rule: "confirmed: <verdict>" when
+    the pooled line reproduces the finding (in full or in direction) and every set's verdict is the pooled one;
+    "confirmed in direction; the size differs between sets" when every set and the pooled line lie on the paper's
+    side but reach E in some sets only; "both sets: <verdict>" when they agree on another verdict; "**not
+    confirmed** (sets differ)" otherwise. A secondary row: "secondary"."""
     if not f.primary:
         return "secondary"
     if len(verdicts) < 2:
         return "primary: needs a second seed set"
-    if pooled is None or any(v != pooled for v in verdicts):
-        return "**not confirmed** (sets differ)"
-    return f"confirmed: {pooled}" if pooled in (stats.REPRODUCED, stats.SMALLER) else f"both sets: {pooled}"
+    paper_side = (stats.REPRODUCED, stats.SMALLER)
+    if pooled is not None and all(v == pooled for v in verdicts):
+        return f"confirmed: {pooled}" if pooled in paper_side else f"both sets: {pooled}"
+    if pooled in paper_side and all(v in paper_side for v in verdicts):
+        return "confirmed in direction; the size differs between sets"
+    return "**not confirmed** (sets differ)"
+
+
+def heterogeneity(runs: list[dict], f: findings.Finding) -> str:
+    """"; the sets differ beyond their seeds' spread (F test p = ...): this interval holds for these sets' bases"
+    when `stats.between_sets_p` < 0.05, else ""."""
+    ests = [e for e in (findings.estimate_from_metrics(m, f.diff) for m in runs) if e is not None]
+    p = stats.between_sets_p(ests)
+    if not (p < 0.05):
+        return ""
+    return (f"; the sets differ beyond their seeds' spread (F test p = {p:.2g}): this interval holds for these "
+            "sets' bases and maps")
 
 
 def table(run_dirs: list[str]) -> str:
@@ -94,6 +111,8 @@ def table(run_dirs: list[str]) -> str:
         title = findings.finding_title(f, next(m for m, (_, v) in zip(runs, cells) if v is not None))
         same = "yes" if len({v for _, v in cells}) == 1 else "**no**"
         pooled_cell, pooled_v = cell(f, pooled_metrics(runs, f)) if pool else ("", None)
+        if pool and pooled_v is not None:
+            pooled_cell = pooled_cell[:-1] + heterogeneity(runs, f) + ")"
         confirm = confirmation(f, [v for _, v in cells], pooled_v)
         lines.append(f"| {title} ({f.diff_label}) | " + " | ".join(c for c, _ in cells)
                      + (f" | {pooled_cell}" if pool else "") + f" | {same} | {confirm} |")
