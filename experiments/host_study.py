@@ -127,11 +127,14 @@ def main(argv=None, prog: str = "experiments.host_study"):
     if args.dump_config:
         preset_from(args)  # prints the preset and exits, before anything touches the devices
     cli.init_distributed(args)  # before anything touches the devices
+    from experiments import progress
     from jaxagent.study import run_dir
     from jaxagent.study.host import pipeline
     with cli.clear_errors():
-        path, verdicts, timing = pipeline.run_study(preset_from(args), args.root, args.name, force=args.force,
-                                                    log=print)
+        preset = preset_from(args)
+        clock = progress.Pipeline(progress.host_stages(preset))  # the ETA over base, RL and eval
+        path, verdicts, timing = pipeline.run_study(preset, args.root, args.name, force=args.force, log=print,
+                                                    progress_for=clock.bars)
     if not run_dir.is_main_process():
         return
     print(f"report: {path}")

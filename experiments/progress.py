@@ -141,3 +141,13 @@ def study_stages(preset) -> list:
     return [("base", 0 if preset.checkpoint else preset.base.steps, "step"),
             ("RL", n_arms * n_seeds * preset.iterations, "iteration"),
             ("eval", n_seeds * (1 + n_arms) + headline, "policy")]
+
+
+def host_stages(preset) -> list:
+    """A host preset's stages for `Pipeline`: the base SFT's steps (none for a checkpoint base), RL's iterations over
+    every arm x seed, and the evaluation's Pass@(K,T) policies (the base once and per seed, then every arm x seed;
+    the findings' diagnostics after them are not counted)."""
+    n_seeds, n_arms = len(preset.seeds), len(preset.arms)
+    return [("base", 0 if preset.sft is None else preset.sft.steps, "step"),
+            ("RL", n_arms * n_seeds * preset.iterations, "iteration"),
+            ("eval", 1 + n_seeds + n_arms * n_seeds, "policy")]

@@ -315,6 +315,19 @@ def test_every_program_the_ci_sql_run_calls_is_in_the_aot_list(ci_run):
 
 
 @pytest.mark.slow
+def test_ci_sql_logs_an_eta_over_its_stages(ci_run):
+    """The host study logs the same ETA line as FrozenLake's (experiments.progress.host_stages), ending with every
+    stage counted as done."""
+    p = HOST_PRESETS["ci-sql"]
+    log = open(os.path.join(os.path.dirname(ci_run), "reproduce.log")).read()
+    lines = [line for line in log.splitlines() if line.startswith("[study]")]
+    rl = len(p.arms) * len(p.seeds) * p.iterations
+    policies = 1 + len(p.seeds) * (1 + len(p.arms))
+    assert lines and lines[-1] == (f"[study] base 0 of 0 steps, RL {rl} of {rl} iterations, eval {policies} of "
+                                   f"{policies} policies; every stage done"), lines
+
+
+@pytest.mark.slow
 def test_ci_sql_files_and_report(ci_run, tok):
     p = HOST_PRESETS["ci-sql"]
     for part in ["config.json", "tiny_checkpoint/config.json", "tiny_checkpoint/tokenizer.json", "base/DONE",

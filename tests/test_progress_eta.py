@@ -59,3 +59,12 @@ def test_the_study_stages_of_a_preset():
     assert progress.study_stages(q) == [("base", 200, "step"), ("RL", 3 * 5 * 12, "iteration"),
                                         ("eval", 5 * 4 + 2 * 5, "policy")]  # + the headline's base and GRPO
     assert progress.study_stages(PRESETS["ci"])[0] == ("base", 4, "step")
+
+
+def test_the_host_study_stages_of_a_preset():
+    from jaxagent.study.host.presets import HOST_PRESETS
+    p = HOST_PRESETS["sql-toy"]
+    assert progress.host_stages(p) == [("base", p.sft.steps, "step"),
+                                       ("RL", len(p.arms) * len(p.seeds) * p.iterations, "iteration"),
+                                       ("eval", 1 + len(p.seeds) * (1 + len(p.arms)), "policy")]
+    assert progress.host_stages(HOST_PRESETS["ci-sql"])[0] == ("base", 0, "step")  # a checkpoint base: no SFT

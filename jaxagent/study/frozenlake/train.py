@@ -18,6 +18,7 @@ from jaxagent.models import weights
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import plan_mode, stages
 from jaxagent.study.common.policies import SavedPolicies, save_policy
+from jaxagent.study.common.progress import NoProgress, no_progress  # noqa: F401  (the stages' default progress)
 from jaxagent.study.common.run_checks import check_update
 from jaxagent.study.frozenlake.run import Run
 from jaxagent.study.run_dir import append_jsonl, cut_jsonl, is_main_process, mark_done, sync_processes
@@ -27,19 +28,6 @@ def silent(*_args, **_kwargs) -> None:
     """The default `log`: says nothing."""
 
 
-class NoProgress:
-    """A progress report that shows nothing (`no_progress`)."""
-
-    def step(self, **postfix) -> None:
-        """One step done; `postfix` the numbers a bar would show beside it."""
-
-    def close(self) -> None:
-        """The stage is over."""
-
-
-def no_progress(total: int, desc: str, unit: str, *, initial: int = 0) -> NoProgress:
-    """The default `progress`: a stage of `total` steps (`initial` already done) that shows nothing."""
-    return NoProgress()
 
 
 def run_base(run: Run, log=silent, progress=no_progress):

@@ -31,6 +31,7 @@ import numpy as np
 from jaxagent.eval import health
 from jaxagent.sampling import Sampler
 from jaxagent.study import run_dir
+from jaxagent.study.common.progress import no_progress
 from jaxagent.rl.memory_plan import resolve_compute_dtype
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
@@ -106,18 +107,24 @@ def read_dynamics(run: HostRun, policies) -> dict | None:
     return {s: health.read_log(path) for s, path in sorted(paths.items()) if os.path.isfile(path)}
 
 
-def evaluate(run: HostRun, base, policies: dict) -> dict:
+def evaluate(run: HostRun, base, policies: dict, progress=no_progress) -> dict:
     """Stage 'eval': every policy's Pass@(K,T) (`eval_policy`; `policies` maps (arm, seed) to a trained policy,
     loaded one at a time), eval/bound.json, each arm seed's training health, the domain's findings on the GRPO
     seeds (3: `step_quality_seed`, 4: `error_prefixes`, 5: `likelihood_seed`, 6: `read_dynamics`), then every
     further held-out split's Pass@(K,T) (`extra_split`); returns the domain's flat metrics
     (`host_metrics.domain_metrics`, `split_labels`, `extra_split`)."""
     p, w, d = run.preset, run.world, run.world.domain.name
+    seeds = sorted({s for _, s in policies})
+    bar = progress(1 + len(seeds) + len(policies), "eval Pass@(K,T)", "policy")
     evals = {"base": eval_policy(run, lambda: base, "base")}
-    for s in sorted({s for _, s in policies}):  # the base's draw paired with each seed (`seed_key`)
+    bar.step()
+    for s in seeds:  # the base's draw paired with each seed (`seed_key`)
         evals[f"base/seed{s}"] = eval_policy(run, lambda: base, f"base/seed{s}", s)
+        bar.step()
     for a, s in policies:  # one policy loaded at a time (`study.SavedPolicies`)
         evals[f"{a}/seed{s}"] = eval_policy(run, lambda a=a, s=s: policies[(a, s)], f"{a}/seed{s}", s)
+        bar.step()
+    bar.close()
     bound = host_metrics.structural_bound(w.min_turns(w.heldout_tasks), run.tiers, p.eval.ks)
     run_dir.write_json(os.path.join(run.path("eval"), "bound.json"),
                        {**bound, "tiers": list(run.tiers), "ks": list(p.eval.ks),

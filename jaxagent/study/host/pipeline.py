@@ -17,6 +17,7 @@ from typing import Callable
 
 from jaxagent.study import run_dir
 from jaxagent.study.common.banner import report_banner
+from jaxagent.study.common.progress import no_progress
 from jaxagent.study.host import (error_recovery as host_error_recovery, likelihood as host_likelihood,
                                  metrics as host_metrics, report as host_report, stages as host_stages,
                                  step_quality as host_step_quality)
@@ -101,18 +102,20 @@ def split_meta(run: HostRun) -> dict:
 
 
 def run_study(preset: HostPreset, root: str = "runs", name: str | None = None, *, force: bool = False,
-              log: Callable[[str], None] = no_log) -> tuple[str, dict, dict]:
+              log: Callable[[str], None] = no_log, progress_for: Callable | None = None) -> tuple[str, dict, dict]:
     """Every stage of `preset`'s study in <root>/<name or preset.name> (`HostRun`: checked, created and locked;
-    `force` empties a run directory made with other settings); `log` receives the arms' progress lines. Returns
+    `force` empties a run directory made with other settings); `log` receives the arms' progress lines,
+    `progress_for(stage)` ("base", "RL", "eval") the `progress` of that stage (`common.progress`). Returns
     (report path, verdicts {finding key: verdict}, timing {base_s, rl_s, eval_s, total_s}: wall seconds, also
     written to timing.json by process 0)."""
     t0 = time.time()
     run = HostRun(preset, root, name, force=force)
-    base = run_base(run, log=log)
+    bars = progress_for or (lambda _stage: no_progress)
+    base = run_base(run, log=log, progress=bars("base"))
     t_base = time.time()
-    policies = run_arms(run, base, log=log)
+    policies = run_arms(run, base, log=log, progress=bars("RL"))
     t_rl = time.time()
-    metrics = evaluate(run, base, policies)
+    metrics = evaluate(run, base, policies, progress=bars("eval"))
     path, verdicts = write_report(run, metrics)
     t_end = time.time()
     timing = {"base_s": t_base - t0, "rl_s": t_rl - t_base, "eval_s": t_end - t_rl, "total_s": t_end - t0}

@@ -43,6 +43,7 @@ from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import run_dir
 from jaxagent.study.common import arms as arms_lib, run_checks
 from jaxagent.study.common.policies import SavedPolicies, save_policy
+from jaxagent.study.common.progress import no_progress
 from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, sft as host_sft,
                                  stages as host_stages)
 from jaxagent.study.host.presets import HostPreset, data_env, run_name
@@ -145,7 +146,7 @@ def host_arm_settings(preset: HostPreset, arm: str) -> arms_lib.ArmSettings:
     return arms_lib.arm_settings(preset, arm, temperature=preset.temperature)
 
 
-def run_base(run: HostRun, log: Callable[[str], None] = no_log):
+def run_base(run: HostRun, log: Callable[[str], None] = no_log, progress=no_progress):
     """Stage 'base': the checkpoint's params (on the run's mesh); base/DONE names the checkpoint. A preset with
     `sft` fine-tunes them on the train split's reference solutions first (`host_sft.train_sft_base`): the base is
     then base/policy (HF layout), base/sft.jsonl has every SFT step's record and base/DONE the summary."""
@@ -157,16 +158,20 @@ def run_base(run: HostRun, log: Callable[[str], None] = no_log):
         return params
     policy, log_path = os.path.join(out, "policy"), os.path.join(out, "sft.jsonl")
     if run_dir.done(out):
+        progress(p.sft.steps, "base SFT", "step", initial=p.sft.steps).close()
         return weights.load(policy, mesh=run.mesh)[1]
     if run_dir.is_main_process() and os.path.isfile(log_path):
         os.remove(log_path)  # of an SFT killed before its DONE: it restarts
+    bar = progress(p.sft.steps, "base SFT", "step")
 
     def cb(i, rec):
         run_dir.append_jsonl(log_path, rec)
+        bar.step(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_accuracy']:.2f}")
         if i % 50 == 0 or i == p.sft.steps - 1:
             log(f"[base] SFT step {i}: loss {rec['loss']:.3f}, token accuracy {rec['token_accuracy']:.3f}")
 
     params, summary = host_sft.train_sft_base(run.world, run.cfg, params, p.task, p.sft, callback=cb, mesh=run.mesh)
+    bar.close()
     save_policy(policy, run.cfg, params)
     run_dir.mark_done(out, {"source": run.checkpoint, "sft": summary})
     return params
@@ -201,7 +206,8 @@ def resume_arm(run: HostRun, label: str, out: str, recorded: dict, runtime, seed
     return manager, ckpt_lib.restore_latest(manager, abstract, cfg=run.cfg, expect_extra={"settings": recorded})
 
 
-def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, runtimes: Optional[dict] = None):
+def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, runtimes: Optional[dict] = None,
+             progress=no_progress):
     """Stage 'rl': every arm x seed; arms with equal optimisation settings share one runtime (one train-step compile;
     `runtimes`: a cache of them a caller keeps across calls, e.g. to resume arms in the same process without
     recompiling). Each iteration checkpoints the train state (arms/<arm>/seed<s>/ckpt, the 2 newest) after writing
@@ -226,6 +232,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
             out = run.path("arms", arm, f"seed{seed}")
             done.append((arm, seed))
             if run_dir.done(out):
+                progress(settings.iterations, f"{arm} seed {seed}", "iteration", initial=settings.iterations).close()
                 continue
             if key not in runtimes:
                 host = {}  # the latest training rollout's host numbers (`host_stages.trace_metrics`), for its record
@@ -253,20 +260,24 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                     if not base_rs:  # the base's R_single is the same for every arm and seed (one fixed key)
                         base_rs.append(r_single(base_params))
                     run_dir.append_jsonl(dyn_path, host_dynamics.record(-1, float("nan"), 0, base_rs[0]))
+            bar = progress(settings.iterations, f"{arm} seed {seed}", "iteration",
+                           initial=0 if state is None else int(state.data_pos) // settings.rl.n_tasks)
 
             def cb(it, m, st, label=label, metrics_path=metrics_path, dyn_path=dyn_path, manager=manager,
-                   recorded=recorded, settings=settings, host=host, dyn=dyn):
+                   recorded=recorded, settings=settings, host=host, dyn=dyn, bar=bar):
                 run_checks.check_update(label, it, m, st)  # before anything of this iteration is written
                 run_dir.append_jsonl(metrics_path, {**m, **host})
                 if dyn is not None and host_dynamics.should_measure(it, p.dynamics_every, settings.iterations):
                     run_dir.append_jsonl(dyn_path, host_dynamics.record(it, m["success_rate"], settings.rl.batch_size,
                                                                         dyn(st.params)))
                 ckpt_lib.save(manager, st, run.cfg, step=it, force=True, extra={"settings": recorded})
+                bar.step(success=f"{m['success_rate']:.2f}")
                 log(f"[{label}] iteration {it}: success {m['success_rate']:.2f}, valid {m['valid_action_rate']:.2f}")
 
             state, _ = host_stages.train_host_rl(run.world, run.cfg, base_params, jax.random.key(seed), p.task,
                                                  settings, runtime, callback=cb, state=state)
             ckpt_lib.wait_until_finished(manager)
+            bar.close()
             save_policy(os.path.join(out, "policy"), run.cfg, state.params)
             run_dir.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             del state  # the trained params are read back from <out>/policy when evaluated (`SavedPolicies`)
