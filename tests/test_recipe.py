@@ -42,7 +42,7 @@ def test_a_recipe_reason_overrides_every_data_verdict():
 def test_parity_moves_boundary():
     assert recipe.parity_moves({"grpo": 0.06, "gigpo": 0.05}, 0.05) is None  # both at least m: decided
     why = recipe.parity_moves({"grpo": 0.004, "gigpo": 0.015}, 0.05, 100.0)  # bfcl-toy's moves
-    assert why is not None and "grpo +0.4, gigpo +1.5" in why and "±5" in why
+    assert why is not None and "grpo +0.4 points, gigpo +1.5 points" in why and "±5 points" in why
     assert recipe.parity_moves({"grpo": 0.2, "gigpo": -0.049}, 0.05) is not None  # one arm short is enough
     assert recipe.parity_moves({"grpo": 0.2, "gigpo": -0.05}, 0.05) is None  # a fall of m is a move too
     assert recipe.parity_moves({"grpo": math.nan, "gigpo": 0.0}, 0.05) is None  # unknown: left to the data
@@ -69,7 +69,7 @@ def test_host_gigpo_parity_reads_the_moves_from_the_pass_table_on_the_solvable_t
                                      "bfcl.pass.base.t2.k1": 0.10, "bfcl.pass.grpo.t2.k1": 0.11,
                                      "bfcl.pass.gigpo.t2.k1": 0.115})
     v, why = F.finding_verdict(f7, m)
-    assert v == stats.RECIPE and "grpo +4, gigpo +6" in why
+    assert v == stats.RECIPE and "grpo +4 points, gigpo +6 points" in why
     m["bfcl.pass.grpo.t2.k1"] = 0.113  # +5.2 on the solvable tasks: both moved the margin
     assert F.finding_verdict(f7, m)[0] == stats.REPRODUCED
 

@@ -43,9 +43,10 @@ def parity_moves(moves: Mapping[str, float], margin: float, scale: float = 1.0) 
     short = {a: v for a, v in moves.items() if abs(v) < margin}
     if not short:
         return None
-    told = ", ".join(f"{a} {v * scale:+.3g}" for a, v in moves.items())
-    return (f"the arms moved {told} from the base, and an arm moving less than the margin ±{margin * scale:.3g} "
-            f"makes equivalence a statement about training that did not move it, not about the methods")
+    unit = " points" if scale == 100.0 else ""
+    told = ", ".join(f"{a} {v * scale:+.3g}{unit}" for a, v in moves.items())
+    return (f"the arms moved {told} from the base, and an arm moving less than the margin ±{margin * scale:.3g}"
+            f"{unit} makes equivalence a statement about training that did not move it, not about the methods")
 
 
 def designed_tilt(error_rate: float, effect: float, what: str) -> str | None:
