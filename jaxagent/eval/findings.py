@@ -557,7 +557,9 @@ _DECLARED: tuple[Finding, ...] = (
 BASE_EFFECT = {
     "f1_pass1": "Base: RL gains by denoising the epsilon-noisy expert, a tilt towards reproduced; the failing "
                 "result was possible because GRPO seeds collapse (one in three in the sweeps) or forget, and the "
-                "room [-base, U - base] leaves E on both sides at every preset.",
+                "room [-base, U - base] leaves E on both sides at every preset. On the headline evaluation's own "
+                "maps (256 x 8 in quick) a set's CI is about +-1.5 points, so a size short of E is decided as such: "
+                "one of quick's two sets came out 'smaller than the paper' (+8.0 [6.7, 9.4]).",
     "f1_breadth": "Base: the noisy base's K tries explore, so its Pass@K climbs towards the bound with K, a tilt "
                   "towards not reproduced; a CI below 0 needs only RL's K tries to be less diverse.",
     "f2_shrink_frozenlake": "Base: with spare turns the noisy base walks off a noisy move, at the tightest tier a "
