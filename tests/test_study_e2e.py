@@ -62,7 +62,9 @@ def test_reproduce_writes_every_stage(ci_run):
                  "arms/grpo/seed0/metrics.jsonl", "arms/grpo/seed0/dynamics.jsonl", "eval/base_seed0.json",
                  "eval/base_seed1.json", "eval/bound_seed0.json",
                  "metrics.json", "report.md", "timing.json", "figures/pass_at_t.png", "figures/pass_kt_base.png",
-                 "figures/learning_grpo.png", "figures/learning_budgetmix.png", "figures/dynamics.png"):
+                 "figures/learning_grpo.png", "figures/learning_budgetmix.png", "figures/dynamics.png",
+                 "arms/grpo_tight/seed1/DONE", "arms/grpo_oracle_tight/seed0/metrics.jsonl",
+                 "eval/grpo_oracle_tight_seed1.json"):
         assert os.path.exists(os.path.join(ci_run, part)), part
 
 
@@ -83,8 +85,8 @@ def test_every_program_the_run_calls_is_in_the_aot_list(ci_run):
     # what the miniature runs: every program of its list (no PPO arm: no critic values)
     assert {n for n, c in counts.items() if c} == set(programs.PROGRAM_NAMES) - {"train_step_ppo", "critic_values"}
     r_single = preset.eval.n_plan_tasks * preset.eval.n_plan_samples // preset.rollout_batch
-    # R_single at the base and after each iteration (2 arms x 2 seeds x (1 + 2)) and the eval's base and grpo (2 seeds)
-    assert counts["plan_generate"] == r_single * (2 * 2 * 3 + 2 * 2)
+    # R_single at the base and after each iteration (each arm x 2 seeds x (1 + 2)) and the eval's base and grpo (2 seeds)
+    assert counts["plan_generate"] == r_single * (len(preset.arms) * 2 * 3 + 2 * 2)
 
 
 @pytest.mark.slow
@@ -138,7 +140,7 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
             roomed.add(f.key)
         else:
             assert allowed == "—", f.key
-        assert seeds == metrics[f"{f.diff}.seeds"] and seeds.startswith(("grpo seeds", "grpo & ")), f.key
+        assert seeds == metrics[f"{f.diff}.seeds"] and seeds.startswith(("grpo seeds", "grpo & ", "grpo_tight & ")), f.key
         assert f"**Verdict: {want}**: {why}. Seeds: {seeds}." in sections[title], f.key
         assert f"Would have been not reproduced with: {f.falsified_by}." in sections[title], f.key
         if f"{f.diff}.all.mean" in metrics:  # some seed excluded: the all-seeds line is printed
@@ -151,9 +153,10 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
 @pytest.mark.slow
 def test_seed_health_table_matches_the_training_logs(ci_run, outputs):
     _, metrics, sections = outputs
-    table = [_cells(line) for line in sections["Seed health"].splitlines() if line.startswith("| grpo")
-             or line.startswith("| budgetmix")]
-    assert len(table) == 4  # 2 arms x 2 seeds
+    arms = PRESETS["ci"].arms
+    table = [_cells(line) for line in sections["Seed health"].splitlines()
+             if any(line.startswith(f"| {a} |") for a in arms)]
+    assert len(table) == 2 * len(arms)  # every arm x 2 seeds
     excluded = []
     for arm, seed, status, reason, *_ in table:
         recs = health.read_log(os.path.join(ci_run, "arms", arm, f"seed{seed}", "metrics.jsonl"))
@@ -311,8 +314,8 @@ def test_primary_estimates_recomputed_from_the_diagnostic_files(ci_run, included
 def _recomputed(ci_run):
     """Run numbers recomputed from the run's raw files (the training logs, the per-policy eval files, the bound
     stored next to them), never read from metrics.json or computed by report.py / jaxagent.study.frozenlake: key -> value."""
-    want = {}
-    for arm in ("grpo", "budgetmix"):
+    want, success_of = {}, {}
+    for arm in PRESETS["ci"].arms:
         for s in (0, 1):
             recs = [json.loads(line) for line in open(os.path.join(ci_run, "arms", arm, f"seed{s}", "metrics.jsonl"))
                     if line.strip()]
@@ -321,6 +324,16 @@ def _recomputed(ci_run):
             prefix = f"health.{arm}.seed{s}"
             want.update({f"{prefix}.min_valid": min(valid), f"{prefix}.last_valid": valid[-1],
                          f"{prefix}.last_success": success[-1]})
+            success_of[(arm, s)] = success
+    # finding 7's stability: each tight arm's fall from its best window of W = min(3, n // 2) iterations to its last
+    falls = {}
+    for (arm, s), r in success_of.items():
+        w = min(3, len(r) // 2)
+        windows = [sum(r[i:i + w]) / w for i in range(len(r) - w + 1)]
+        falls[(arm, s)] = max(windows) - windows[-1]
+    want["f7_stability_frozenlake.grpo"] = float(np.mean([falls[("grpo_tight", s)] for s in (0, 1)]))
+    want["f7_stability_frozenlake.oracle"] = float(np.mean([falls[("grpo_oracle_tight", s)] for s in (0, 1)]))
+    want["f7_stability_frozenlake.diff.mean"] = want["f7_stability_frozenlake.grpo"] - want["f7_stability_frozenlake.oracle"]
     base = {s: _per_task(ci_run, f"base_seed{s}") for s in (0, 1)}  # [U, J, P] on seed s's maps
     inc = _included_grpo(ci_run)
     head = {s: _headline(ci_run, f"base_seed{s}") for s in (0, 1)}   # finding 1: the headline evaluation
@@ -379,7 +392,8 @@ def test_every_printed_number_comes_from_the_run(ci_run, outputs):
             rule = findings[fkey].margin if what == "margin" else findings_lib.reference_effect(findings[fkey], metrics)
             assert kind == "rule" and _shows(shown, abs(rule)), key
     # the health table, f1, f2 and f5 numbers were all recomputed independently
-    assert sum(k.startswith("health.") for k in checked) == 12, checked
+    assert sum(k.startswith("health.") for k in checked) == 3 * 2 * len(PRESETS["ci"].arms), checked
+    assert {"f7_stability_frozenlake.grpo", "f7_stability_frozenlake.oracle"} <= set(checked), checked
     assert {"f1_breadth.base", "f1_pass1.base", "f2_shrink_frozenlake.tier_turns"} <= set(checked)
     assert any(k.startswith("f1_breadth.diff") for k in checked) and any(k.startswith("f5_nll.diff") for k in checked)
     # the report on disk is the one build_report makes from metrics.json (plus figures and the hidden table)

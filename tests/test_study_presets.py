@@ -99,8 +99,10 @@ def test_eta_line_counts_the_runs_that_trained():
 
 def test_quick_trains_the_judged_arms_on_five_seeds_and_has_a_headline_evaluation():
     q = PRESETS["quick"]
-    # gigpo and ppo enter no FrozenLake verdict: quick spends their time on 5 GRPO seeds (standard keeps them)
-    assert q.arms == ("grpo", "budgetmix", "grpo_oracle") and q.seeds == (0, 1, 2, 3, 4)
+    # gigpo and ppo enter no FrozenLake verdict: quick spends their time on 5 seeds of the judged arms (standard
+    # keeps them)
+    assert q.arms == ("grpo", "budgetmix", "grpo_oracle", "grpo_tight", "grpo_oracle_tight")
+    assert q.seeds == (0, 1, 2, 3, 4)
     assert {"gigpo", "ppo"} <= set(PRESETS["standard"].arms)
     assert (q.eval.headline_tasks, q.eval.headline_samples) == (256, 8) and q.eval.headline_samples >= max(q.eval.ks)
     # the rehearsal cuts the headline as the other counts; an accelerator preset has none

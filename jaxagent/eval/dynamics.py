@@ -15,6 +15,11 @@ coding domain): the first and the last W = min(R_MULTI_WINDOW, n // 2) of the n 
 batch expanded to its 0/1 episode successes, so each end holds W x B episodes. One batch at each end left an
 interval wider than the paper's effect at 3 seeds; averaging over a window biases the change toward 0 (the
 window's policies lie between the ends), against the paper's direction.
+
+Training stability (`training_drawdown`, finding 7 on FrozenLake: "process rewards stabilise training under tight
+budgets"): a seed's fall from its best W-iteration window of training-batch success to its last W iterations,
+W = min(STABILITY_WINDOW, n // 2); 0 for a seed that ends at its best, up to 1 for one that fell from always
+succeeding to never. jaxagent's definition: the paper shows stability as training curves and gives no number.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 from jaxagent.eval import value_checks
 
 R_MULTI_WINDOW = 5  # training iterations averaged at each end of R_multi's change (module docstring)
+STABILITY_WINDOW = 3  # training iterations per window of `training_drawdown` (module docstring)
 
 
 def r_multi(success_B, mask_B=None) -> jax.Array:
@@ -111,3 +117,15 @@ def r_multi_windows(rates, n: int) -> tuple[np.ndarray, np.ndarray, int] | None:
         return None
     w = min(R_MULTI_WINDOW, len(rates) // 2)
     return _window_episodes(rates[-w:], n), _window_episodes(rates[:w], n), w
+
+
+def training_drawdown(rates, window: int = STABILITY_WINDOW) -> tuple[float, int] | None:
+    """(D, W) from one seed's per-iteration training success rates in iteration order (module docstring):
+    D = max_i mean(rates[i : i + W]) - mean(rates[-W:]) >= 0 over the windows of W = min(window, n // 2)
+    consecutive iterations; None with fewer than 2 rates."""
+    r = np.asarray([float(x) for x in rates], np.float64)
+    if r.size < 2 or window < 1:
+        return None
+    w = min(window, r.size // 2)
+    means = np.convolve(r, np.ones(w) / w, mode="valid")  # mean of every run of w consecutive iterations
+    return float(means.max() - means[-1]), w

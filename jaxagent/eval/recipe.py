@@ -17,11 +17,12 @@ LLR_SCALE_REASON = (
     "the finding: reported, not judged")
 
 
-# the reason FrozenLake's finding-7 row is reported, not judged (`no_tight_training`)
+# the reason FrozenLake's finding-7 evaluation row is reported, not judged, in a run without the tight-budget arms
+# (`no_tight_training`)
 NO_TIGHT_TRAINING_REASON = (
-    "the paper's finding is that exact process rewards stabilise training under tight budgets; every arm of this "
-    "study trains at the full budget (BudgetMix samples budgets), so no run here trains at a tight budget and the "
-    "row's evaluation gain at the tightest tier is not that quantity: reported, not judged")
+    "the paper's finding is that exact process rewards stabilise training under tight budgets; this run trains its "
+    "GRPO and oracle arms at the full budget (no grpo_tight / grpo_oracle_tight arms), so the row's evaluation gain "
+    "at the tightest tier is not that quantity: reported, not judged")
 
 
 def _finite(x) -> bool:
@@ -72,12 +73,15 @@ def llr_not_comparable() -> str:
     return LLR_SCALE_REASON
 
 
-def no_tight_training(metrics: Mapping) -> str:
-    """FrozenLake's finding 7 as a `Finding.recipe`: the paper (PAPER.md finding 7) judges stability, i.e. the
-    seed variance or collapse rate of arms trained at a tight budget; the study trains grpo_oracle at the full
-    budget as GRPO (`study.stages` arm settings), so the measured quantity (Pass@1 at the tightest tier) is
-    another one and the row is reported, not judged (`NO_TIGHT_TRAINING_REASON`). An arm trained at T = 2 would
-    let the row judge the collapse rate (`health.classify_seed`) of process-reward vs outcome-reward seeds."""
+def no_tight_training(metrics: Mapping) -> str | None:
+    """FrozenLake's finding-7 evaluation row as a `Finding.recipe`: the paper (PAPER.md finding 7) is about arms
+    trained at a tight budget. The row compares the arms trained at the tightest tier when the run has them
+    (`<row>.train_turns` below `meta.t_max`, written by the FrozenLake eval stage): None, judged. With only the
+    full-budget arms (train_turns = T_max, or not written), the measured quantity is another one and the row is
+    reported, not judged (`NO_TIGHT_TRAINING_REASON`)."""
+    turns, t_max = _num(metrics, "f7_process_frozenlake.train_turns"), _num(metrics, "meta.t_max")
+    if math.isfinite(turns) and math.isfinite(t_max) and turns < t_max:
+        return None
     return NO_TIGHT_TRAINING_REASON
 
 

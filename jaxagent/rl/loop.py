@@ -27,6 +27,8 @@ from jaxagent.rollout.types import Rollout
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gigpo", "process", "ppo")
 CRITIC_ESTIMATORS = ("ppo",)         # train a critic beside the policy (`values_fn`)
 ORACLE_ESTIMATORS = ("process",)     # read the env's exact step values (`Rollout.turns.process_reward`)
+# the training episodes' budgets (`sample_budgets`): T_max; BudgetMix's draw; the tightest tier (finding 7)
+BUDGET_MODES = ("full", "budgetmix", "tight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,7 @@ class RLSettings:
     estimator: str = "grpo"
     n_tasks: int = 8
     group_size: int = 8
-    budget_mode: str = "full"          # full | budgetmix (one budget per group, docs/study.md finding 8)
+    budget_mode: str = "full"          # full | budgetmix (one budget per group, finding 8) | tight (finding 7)
     epochs: int = 1
     minibatches: int = 1
     gamma: float = 0.95                # GiGPO step returns; PPO GAE discount
@@ -49,8 +51,8 @@ class RLSettings:
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
-        if self.budget_mode not in ("full", "budgetmix"):
-            raise ValueError(f"budget_mode must be 'full' or 'budgetmix', got {self.budget_mode!r}")
+        if self.budget_mode not in BUDGET_MODES:
+            raise ValueError(f"budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
         if self.n_tasks < 1 or self.group_size < 1 or self.epochs < 1 or self.minibatches < 1:
             raise ValueError("n_tasks, group_size, epochs and minibatches must be >= 1")
         if self.estimator in ("grpo", "rloo", "gigpo", "process") and self.group_size < 2:
@@ -118,9 +120,20 @@ def compute_advantages(ro: Rollout, settings: RLSettings, values_BxS=None):
     return adv, keep, extra
 
 
+def tight_budget(t_max: int) -> int:
+    """The training budget of budget_mode 'tight': the tightest evaluation tier, max(1, ceil(T_max / 4))."""
+    return budgets_lib.budget_tiers(t_max)[0]
+
+
 def sample_budgets(key, settings: RLSettings, t_max: int):
+    """int32[B]: each training episode's budget. 'full': T_max; 'budgetmix': one draw per group of
+    `budgets.budgetmix_candidates(T_max)`; 'tight': the tightest evaluation tier, `budgets.budget_tiers(T_max)[0]`
+    = max(1, ceil(T_max / 4)) (`tight_budget`), the budget at which the paper trains its tight-budget arms
+    (finding 7)."""
     if settings.budget_mode == "budgetmix":
         return budgets_lib.sample_budgetmix(key, settings.n_tasks, settings.group_size, t_max)
+    if settings.budget_mode == "tight":
+        return budgets_lib.full_budget(settings.batch_size, tight_budget(t_max))
     return budgets_lib.full_budget(settings.batch_size, t_max)
 
 
@@ -135,7 +148,8 @@ def rl_iteration(state: TrainState, *, rollout_fn: Callable[..., Rollout], sampl
     rollout_fn's RolloutConfig when it holds one (`rollout.make_rollout_fn`, `rollout.t_max_of`).
     `sample_tasks_fn(key, n) -> tasks`: a pytree whose leaves have n rows, one per task (task i is row i of
     every leaf); each row is repeated G times for its group, and `budget_mode` 'full' gives every episode
-    T_max turns, 'budgetmix' one budget per group drawn from `budgets.budgetmix_candidates(T_max)`.
+    T_max turns, 'budgetmix' one budget per group drawn from `budgets.budgetmix_candidates(T_max)`, 'tight' the
+    tightest tier's.
 
     Returns the new state, metrics (rollout statistics + the mean of the train-step metrics, and
     `zero_advantage_groups` / `zero_gradient_updates`, see `iteration_warnings`) and the rollout.

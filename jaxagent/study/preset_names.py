@@ -37,7 +37,7 @@ HOST = {
 }
 HOST_SFT = ("sql-toy", "code-toy", "bfcl-toy", "bfcl2-toy")   # the host presets whose base is an SFT (`sft`)
 
-ARMS = ("grpo", "budgetmix", "gigpo", "ppo", "grpo_oracle")   # `stages.ARMS`
+ARMS = ("grpo", "budgetmix", "gigpo", "ppo", "grpo_oracle", "grpo_tight", "grpo_oracle_tight")   # `stages.ARMS`
 HOST_ARMS = ("grpo", "budgetmix", "gigpo")                    # `host.stages.HOST_ARMS`
 SWEEP_GRIDS = ("recipe", "kl", "base")   # `frozenlake.sweep.GRIDS` (RL recipes) and `BASE_GRIDS` (the base SFT)
 

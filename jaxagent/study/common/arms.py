@@ -51,6 +51,9 @@ ARMS = {
     "gigpo": RLSettings(estimator="gigpo"),
     "ppo": RLSettings(estimator="ppo", group_size=8),
     "grpo_oracle": RLSettings(estimator="process"),
+    # finding 7: GRPO and the oracle arm trained at the tightest tier (T = max(1, ceil(T_max / 4)))
+    "grpo_tight": RLSettings(estimator="grpo", budget_mode="tight"),
+    "grpo_oracle_tight": RLSettings(estimator="process", budget_mode="tight"),
 }
 
 

@@ -11,7 +11,8 @@ finding 1's headline evaluation on maps of its own when the preset has one (`mea
 seed of the GRPO arm: step quality on matched states (G = preset.eval.n_sampled sampled actions per policy and
 state, default 16; the exact expectation as a secondary line), error states (only those with the goal still
 reachable, V* > 0), likelihood (per seed; the LLR of RL's successes above `findings.LLR_THRESHOLD`, the
-length-matched LLR control) and plan-mode success (R_single, `plan_mode.plan_success`); all arms: Pass@T.
+length-matched LLR control) and plan-mode success (R_single, `plan_mode.plan_success`); all arms: Pass@T; the arms
+trained at the tightest tier: their training logs' stability (finding 7, `stability_rows`).
 Pass@ rows are judged at K=1 (tight tiers: on the tasks solvable there) with the room the structural bound
 allows the difference (`findings` module doc). Every arm seed's training log is classified
 (`health.classify_seed`): collapsed and diverged seeds are left out of the primary estimates and kept in an
@@ -43,6 +44,7 @@ from jaxagent.study.frozenlake.measure import (MAIN_ARM, cache_path, eval_setup,
                                                headline_tasks, heldout_tasks)
 from jaxagent.study.frozenlake.pass_rows import arm_rows, headline_rows, hidden_budget_rows, shrink_row
 from jaxagent.study.frozenlake.plan_rows import r_multi_row, r_single_rows, training_log_rows
+from jaxagent.study.frozenlake.stability_rows import stability_row
 from jaxagent.study.frozenlake.state_rows import error_state_rows, step_quality_rows
 from jaxagent.study.frozenlake.train import no_progress
 
@@ -119,6 +121,7 @@ def evaluate(run, base, policies, progress=no_progress) -> tuple:
         headline_rows(ctx)          # finding 1
         shrink_row(ctx)             # finding 2
         arm_rows(ctx)               # findings 7 and 8
+    stability_row(ctx)              # finding 7, training stability at the tightest tier (training logs)
     if p.eval.hidden_budget:
         hidden_budget_rows(ctx)     # beyond the paper
     grpo_seeds = [s for (a, s) in sorted(policies) if a == MAIN_ARM]

@@ -1,7 +1,8 @@
 """The Pass@ findings of the FrozenLake study's eval stage (`findings` module doc for the keys and verdicts): 1
 (held-out Pass@1 at full budget, and the RL - base gap as K grows), 2 (the gap at the tightest tier minus the gap
-at full budget, on the tasks solvable there), 7 and 8 (an arm against GRPO at K=1 on the tasks solvable at the
-tier, paired by seed index), and beyond the paper the announced vs hidden budget per arm.
+at full budget, on the tasks solvable there), 7 (the oracle arm against GRPO at K=1 on the tasks solvable at the
+tightest tier) and 8 (BudgetMix against GRPO at every tier), paired by seed index, and beyond the paper the
+announced vs hidden budget per arm.
 
 Every row is judged where a difference is possible: at K=1, at a tight tier on the held-out tasks the exact
 solver can solve there (p* > 0), with the room the structural bound allows the difference (`Estimator.room`).
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxagent.rl.loop import tight_budget
 from jaxagent.study.frozenlake.context import EvalContext
 from jaxagent.study.frozenlake.estimates import mean
 from jaxagent.study.frozenlake.measure import MAIN_ARM
+from jaxagent.study.frozenlake.stability_rows import TIGHT_ARMS
 
 
 def pass_row(ctx: EvalContext, key, t_i, k_i, comparator, other, pair_arms, on_solvable=False, bound_pt=None):
@@ -92,19 +95,35 @@ def shrink_row(ctx: EvalContext) -> None:
     ctx.m[f"{key}.tier_turns"] = float(ctx.tiers[tight])
 
 
+def process_pair(ctx: EvalContext) -> tuple[str, str, int] | None:
+    """Finding 7's evaluation row compares (GRPO arm, oracle arm, their training budget in turns): the arms trained
+    at the tightest tier when the run has both (`stability_rows.TIGHT_ARMS`), else the full-budget ones (the row is
+    then reported, not judged: `recipe.no_tight_training`); None when the run has neither pair."""
+    t_max = int(ctx.tiers[ctx.full])
+    for pair, turns in ((TIGHT_ARMS, tight_budget(t_max)), ((MAIN_ARM, "grpo_oracle"), t_max)):
+        if all(a in ctx.arms for a in pair):
+            return pair[0], pair[1], int(turns)
+    return None
+
+
 def arm_rows(ctx: EvalContext) -> None:
-    """Findings 7 (grpo_oracle, tightest tier, K=1 on the tasks solvable there) and 8 (budgetmix, every tier at
-    25/50/75/100% of T_max, K=1 on all held-out tasks, the paper's scale: `findings._mix`): the arm against GRPO,
-    paired by seed index (every arm starts seed s from the same key and is evaluated on seed s's maps). Finding 8
-    also writes each arm's move from the base on the row's tasks, `<row>.moved.<arm>` (mean over the paired
-    seeds of Pass@1(arm) - Pass@1(base)), for the parity row's recipe check (`recipe.parity_moves`)."""
-    seeds, rl, base_pt = ctx.arm_seeds(MAIN_ARM), main_arm_per_task(ctx), ctx.base_per_task()
-    for other, key, t_list, solv in (("grpo_oracle", "f7_process_frozenlake", [(ctx.tight, None)], True),
-                                     ("budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)),
-                                      False)):
+    """Findings 7 (the oracle arm against GRPO, `process_pair`, tightest tier, K=1 on the tasks solvable there) and
+    8 (budgetmix against GRPO, every tier at 25/50/75/100% of T_max, K=1 on all held-out tasks, the paper's scale:
+    `findings._mix`), paired by seed index (every arm starts seed s from the same key and is evaluated on seed s's
+    maps). Finding 7 writes its arms' training budget, `<row>.train_turns`. Finding 8 also writes each arm's move
+    from the base on the row's tasks, `<row>.moved.<arm>` (mean over the paired seeds of Pass@1(arm) -
+    Pass@1(base)), for the parity row's recipe check (`recipe.parity_moves`)."""
+    base_pt, jobs = ctx.base_per_task(), []
+    pair = process_pair(ctx)
+    if pair is not None:
+        jobs.append((pair[0], pair[1], "f7_process_frozenlake", [(ctx.tight, None)], True))
+    if MAIN_ARM in ctx.arms:
+        jobs.append((MAIN_ARM, "budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)), False))
+    for comparator, other, key, t_list, solv in jobs:
         if other not in ctx.arms:
             continue
-        both = sorted(set(seeds) & set(ctx.arm_seeds(other)))
+        both = sorted(set(ctx.arm_seeds(comparator)) & set(ctx.arm_seeds(other)))
+        rl = {s: ctx.per_task(f"{comparator}/seed{s}") for s in both}
         oth = {s: ctx.per_task(f"{other}/seed{s}") for s in both}
         for t_i, frac in t_list:
             if frac is not None:
@@ -114,12 +133,14 @@ def arm_rows(ctx: EvalContext) -> None:
                 name = f"{key}_t{pct}"
             else:
                 name = key
-            pass_row(ctx, name, t_i, ctx.k1_i, {s: rl[s] for s in both}, oth, [MAIN_ARM, other], on_solvable=solv)
+            pass_row(ctx, name, t_i, ctx.k1_i, rl, oth, [comparator, other], on_solvable=solv)
             ctx.m[f"{name}.tier_turns"] = float(ctx.tiers[t_i])
             if not solv:
-                for arm, per in ((MAIN_ARM, rl), (other, oth)):
+                for arm, per in ((comparator, rl), (other, oth)):
                     ctx.est.mean(f"{name}.moved.{arm}", {s: mean(per[s][t_i, ctx.k1_i] - base_pt[s][t_i, ctx.k1_i])
-                                                         for s in both}, [MAIN_ARM, other])
+                                                         for s in both}, [comparator, other])
+            if key == "f7_process_frozenlake":
+                ctx.m[f"{key}.train_turns"] = float(pair[2])
 
 
 def hidden_budget_rows(ctx: EvalContext) -> None:

@@ -73,9 +73,10 @@ from jaxagent.sampling import Sampler
 from jaxagent.sampling.generate import rollout_params
 from jaxagent.study.common import arms as arms_lib
 
-# the arms whose estimators need neither a critic nor an exact step oracle (`make_host_arm_runtime`)
+# the arms whose estimators need neither a critic nor an exact step oracle (`make_host_arm_runtime`), at the
+# full budget or BudgetMix's (the tight-budget arms are FrozenLake's finding 7)
 HOST_ARMS = tuple(name for name, rl in arms_lib.ARMS.items()
-                  if rl.estimator not in CRITIC_ESTIMATORS + ORACLE_ESTIMATORS)
+                  if rl.estimator not in CRITIC_ESTIMATORS + ORACLE_ESTIMATORS and rl.budget_mode != "tight")
 # Packed policy positions per train step in multiples of this (`make_host_arm_runtime(packed_policy=)`): each value
 # of N is one more compile of the step (about 6 s for the toy model), and a few unused positions cost less: bfcl-toy's
 # minibatches of 32 rows hold about 1,400-2,200 policy tokens (N = 2,048 or 4,096), and its step on one of them
