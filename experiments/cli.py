@@ -339,14 +339,16 @@ def toy_base_run(args):
 @contextlib.contextmanager
 def clear_errors():
     """A user error (`RunError`, `CheckpointError`: a run directory in use or made with other settings, a bad setting or
-    checkpoint) ends the script with its one-line message and exit code 2; a diverged RL stage with its message
+    checkpoint) and a program this host's memory cannot hold (`xla_options.HostMemoryError`) end the script with its
+    one-line message and exit code 2; a diverged RL stage with its message
     and exit code 1; neither with a traceback."""
     from jaxagent.models.config import CheckpointError
     from jaxagent.study.common.run_checks import NonFiniteError
     from jaxagent.study.run_dir import RunError
+    from jaxagent.xla_options import HostMemoryError
     try:
         yield
-    except (RunError, CheckpointError) as e:  # the user errors
+    except (RunError, CheckpointError, HostMemoryError) as e:  # the user errors, and a program this host cannot hold
         fail(str(e), 2)
     except NonFiniteError as e:
         fail(str(e), 1)

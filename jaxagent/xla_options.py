@@ -13,6 +13,12 @@ Why the options (measured, with the commands, in docs/performance.md, Optimisati
   likelihood scoring) keep XLA's defaults on one CPU device, where YNNPACK is faster for their tall products, and turn
   it off when partitioned over several CPU devices, where it ran slower at twice the peak memory;
 - GPU and TPU compiles get none of them (they are XLA:CPU options).
+
+Host memory. On a CPU device a program's buffers are this machine's memory, and an executable that needs more than
+the machine has is killed by the kernel mid-run with no message. Before its first run, a top-level call on CPU
+devices compares what the compiled program allocates beyond its arguments (`memory_analysis`: temporaries plus
+outputs not aliased to donated inputs) with the memory the kernel reports available, and raises `HostMemoryError`
+(one line: the program, both figures) instead.
 """
 from __future__ import annotations
 
@@ -29,6 +35,43 @@ DECODING_CPU_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": 
 SEQUENCE_CPU_OPTIONS: dict[str, str] = {}  # one CPU device: XLA's defaults
 
 _TOP_LEVEL = get_opaque_trace_state()  # jax's eval trace: no transformation is tracing
+GIB = 2**30
+
+
+class HostMemoryError(MemoryError):
+    """A program compiled for CPU devices needs more memory than this host has available (module docstring)."""
+
+
+def host_memory_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
+    """Bytes the kernel reports available for new allocations (MemAvailable); None where it cannot be read."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(executable, name: str, devices: Iterable, available: Optional[int] = None) -> None:
+    """`HostMemoryError` when `executable`, compiled for `devices`, all of them CPUs, allocates more beyond its
+    arguments (temporaries + outputs - outputs aliased to donated inputs) than `available` bytes (default: this host's
+    MemAvailable); nothing for other platforms or where either figure is unknown."""
+    if not all(d.platform == "cpu" for d in devices):
+        return
+    mem = executable.memory_analysis()
+    available = host_memory_available() if available is None else available
+    if mem is None or available is None:
+        return
+    temp = mem.temp_size_in_bytes
+    new_out = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0)
+    if temp + new_out > available:
+        raise HostMemoryError(
+            f"program {name!r} needs {(temp + new_out) / GIB:.1f} GiB of this host's memory beyond its arguments "
+            f"({temp / GIB:.1f} GiB of temporaries, {new_out / GIB:.1f} GiB of new outputs) and "
+            f"{available / GIB:.1f} GiB are available: run it on a host with more memory, or with a smaller model "
+            "or fewer rows per call")
 
 
 def options(devices: Iterable, *, sequence: bool = False, extra: Optional[dict] = None) -> dict:
@@ -127,6 +170,7 @@ class Program:
                 break
         else:
             executable = self.compile(*args, **kwargs)
+            check_host_memory(executable, getattr(self, "__name__", "jit"), self.devices(*args, **kwargs))
             compiled.append((placements, executable))
         return executable(*dyn_args, **dyn_kwargs)
 

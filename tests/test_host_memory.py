@@ -1,0 +1,61 @@
+"""A program compiled for this machine's CPU that needs more memory than the machine has available stops before it
+runs, with one line naming the program and both figures (`xla_options.check_host_memory`), instead of being killed by
+the kernel mid-run; the scripts print that line and exit 2."""
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments import cli
+from jaxagent import xla_options
+from jaxagent.xla_options import HostMemoryError, check_host_memory
+
+
+def _mem(temp, out, alias):
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        temp_size_in_bytes=temp, output_size_in_bytes=out, alias_size_in_bytes=alias))
+
+
+def test_the_check_counts_temporaries_and_outputs_not_aliased_to_donated_inputs():
+    cpu = jax.devices("cpu")
+    gib = xla_options.GIB
+    check_host_memory(_mem(3 * gib, 2 * gib, 2 * gib), "step", cpu, available=3 * gib)  # 3 GiB: fits exactly
+    with pytest.raises(HostMemoryError) as e:
+        check_host_memory(_mem(3 * gib, 2 * gib, 1 * gib), "step", cpu, available=3 * gib)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("program 'step' needs 4.0 GiB of this host's memory beyond its")
+    assert "(3.0 GiB of temporaries, 1.0 GiB of new outputs) and 3.0 GiB are available" in msg
+    gpu = [types.SimpleNamespace(platform="gpu")]
+    check_host_memory(_mem(100 * gib, 0, 0), "step", gpu, available=1)  # another platform's memory: not this host's
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path):
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\n")
+    assert xla_options.host_memory_available(str(f)) == 2048 * 1024
+    f.write_text("MemTotal: 1 kB\n")
+    assert xla_options.host_memory_available(str(f)) is None
+    assert xla_options.host_memory_available(str(tmp_path / "absent")) is None
+
+
+def test_a_jitted_program_too_large_for_the_host_stops_before_it_runs(monkeypatch):
+    @xla_options.jit
+    def grow(x):
+        return jnp.outer(x, x) + 1.0
+
+    x = jnp.ones((512,), jnp.float32)  # a 1 MiB output
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: 1024)
+    with pytest.raises(HostMemoryError, match="program 'grow' needs"):
+        grow(x)
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: 1 << 40)
+    assert float(grow(x)[0, 0]) == 2.0
+
+
+def test_the_scripts_print_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        with cli.clear_errors():
+            raise HostMemoryError("program 'step' needs 21.0 GiB of this host's memory beyond its arguments")
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: program 'step' needs 21.0 GiB of this host's memory beyond its "
+                                              "arguments")
