@@ -173,3 +173,13 @@ def test_docs_state_what_would_fail_each_row():
         assert row is not None and row.endswith(f"| {f.falsified_by} |"), f.key
     for word in (" round ", "previously", "Second round", "Third round"):
         assert word not in text, word
+
+
+def test_every_judged_frozenlake_row_says_what_its_base_does_to_it():
+    """Each FrozenLake row the rule judges carries, in its note, what the epsilon-noisy base does to it and why its
+    failing result was possible under this recipe (`findings.BASE_EFFECT`); the LLR rows are reported, not judged."""
+    other_domains = ("bfcl", "deepcoder", "terminal")
+    for f in F.DEFAULT_FINDINGS:
+        if any(d in f.key for d in other_domains) or f.recipe is F.recipe_lib.llr_check:
+            continue
+        assert "Base:" in f.note and f.key in F.BASE_EFFECT, f.key

@@ -592,6 +592,10 @@ BASE_EFFECT = {
                             "noisy move costs the task, so RL that denoises gains more at the tight tier: a tilt "
                             "towards not reproduced (as the host's recovering experts); the row stays judged "
                             "because the noise is uniform, not a designed error of a stated rate.",
+    "f3_step_frozenlake": "Base: RL that denoises the epsilon-noisy base raises Q* on matched states, a tilt towards "
+                          "not reproduced (opposite); the paper's result was possible wherever RL's sampled actions "
+                          "get worse than the base's, as in a seed that collapses or sharpens onto invalid or detour "
+                          "moves (the share counts strict wins and losses, ties apart).",
     "f4_error_frozenlake": "Base: noise also hits the base's continuation from the error state, a tilt towards "
                            "reproduced; a CI below 0 was possible because the injected error puts RL off its own "
                            "trajectories, where a sharpened policy can do worse than a noisy one. The control "
@@ -624,6 +628,13 @@ BASE_EFFECT = {
                    "towards not reproduced (opposite); the row stays judged because the noise is uniform, not a "
                    "designed error of a stated rate (the host code base's slips are: `recipe.designed_tilt`).",
 }
+_F8_BASE = ("Base: both arms start from the same base, so its noise cancels in BudgetMix - GRPO; a tier where GRPO "
+            "already sits at the bound leaves no room (bound). The paper's gain was possible: BudgetMix trains on the "
+            "tight budgets the tier evaluates, which full-budget GRPO never sees.")
+BASE_EFFECT.update({f"f8_budgetmix_t{t}": _F8_BASE for t in (25, 50, 75)})
+BASE_EFFECT["f8_budgetmix_t100"] = ("Base: both arms start from it and are judged only if each moved at least the "
+                                    "margin from it (`recipe.parity_moves`); a CI outside +-4 points was possible: "
+                                    "BudgetMix spends most of its training at budgets below T_max.")
 # The primary rows, declared before any run: the study's confirmatory claims (findings 1, 4 and 8), judged on two
 # seed sets pooled and confirmed only when both sets agree (`seed_sets`); every other row is secondary (reported,
 # judged by the same rule, not a confirmatory claim).
