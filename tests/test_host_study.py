@@ -65,7 +65,7 @@ def test_rollout_fn_maps_indices_and_budgets(world, monkeypatch):
     assert seen["tasks"] == [world.train_tasks[2], world.train_tasks[2], world.train_tasks[0]]
     assert seen["budgets"] == [3, 1, 2] and seen["env"] is world.env
     assert (seen["rcfg"].t_max, seen["rcfg"].max_action_tokens, seen["rcfg"].max_context) == (3, 7, 999)
-    assert seen["kw"]["enable_thinking"] is False
+    assert seen["rcfg"].enable_thinking is False and seen["rcfg"].workers == ts.workers and not seen["kw"]
 
 
 def test_host_arm_runtime_refuses_critic_arms(world):
