@@ -115,8 +115,8 @@ def scripted_disagreement(world, ts) -> dict:
     tasks = list(world.train_tasks[:4])
     env = ProcessDependentEnv(world.env, diverge=tasks[1], slow=tasks[2], slow0=tasks[3], sleep_s=3.0)
     out = host_rollout(None, None, env, world.tokenizer, tasks, np.full((4,), 2, np.int32), jax.random.key(5),
-                       ts.rollout_config(), generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx),
-                       workers=2, step_timeout_s=1.0)
+                       dataclasses.replace(ts.rollout_config(), workers=2, step_timeout_s=1.0),
+                       generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx))
     return {"div.errors": np.asarray(json.dumps(out.trace.errors)), "div.status": np.asarray(out.rollout.status),
             "div.obs": np.asarray(json.dumps(out.trace.observations)),
             "div.infos": np.asarray(json.dumps([[{k: v for k, v in i.items() if k in ("timeout", "diverged")}
@@ -143,7 +143,8 @@ def infrastructure_failure(world, ts) -> dict:
     env = Failing(world.env, diverge=None, slow=tasks[2], slow0=None, sleep_s=0.0)
     try:
         host_rollout(None, None, env, world.tokenizer, tasks, np.full((4,), 2, np.int32), jax.random.key(5),
-                     ts.rollout_config(), generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx), workers=2)
+                     dataclasses.replace(ts.rollout_config(), workers=2),
+                     generate_fn=lambda t, active, ctx: ["SELECT 1;"] * len(ctx))
         raised = ["", ""]
     except Exception as err:  # noqa: BLE001 -- recorded for the test
         raised = [type(err).__name__, str(err)]

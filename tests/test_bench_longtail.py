@@ -1,6 +1,7 @@
 """Decode slots spent on finished episodes: the per-call split (hand-computed), the count read from a rollout's
 turn records, the host loop's own count of the same rollout (they agree, with episode groups, padding and a forced
 reply), and the closed-form shares."""
+import dataclasses
 import types
 
 import jax
@@ -11,7 +12,7 @@ from jaxagent.bench.longtail import (decode_slots_per_turn, finished_share_mixtu
                                      long_tail)
 from jaxagent.envs.host import base as host
 from jaxagent.rollout import RolloutConfig
-from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.rollout.host_loop import host_config, host_rollout
 from jaxagent.rollout.host_timing import HostTiming, decode_shares, decode_slot_counts
 from jaxagent.sampling import Sampler
 
@@ -66,8 +67,9 @@ def test_host_loop_counts_the_same_slots(tok, host_model):
     cfg, params = host_model
     env = host.make("sql")
     rcfg = RolloutConfig(t_max=3, max_action_tokens=8, max_context=1024, sampler=Sampler(temperature=1.0))
-    res = host_rollout(params, cfg, env, tok, env.tasks("all")[:3], [3, 1, 2], jax.random.key(0), rcfg,
-                       overlap_groups=2, forced_actions=[[None, "SELECT 1"], [], []])
+    res = host_rollout(params, cfg, env, tok, env.tasks("all")[:3], [3, 1, 2], jax.random.key(0),
+                       dataclasses.replace(host_config(rcfg), overlap_groups=2),
+                       forced_actions=[[None, "SELECT 1"], [], []])
     timing: HostTiming = res.trace.timing
     from_rollout = decode_slots_per_turn(res.rollout, 2)
     for k, v in from_rollout.items():

@@ -136,8 +136,8 @@ def test_both_loops_close_a_truncated_reply_alike(tmp_path):
     rcfg = RolloutConfig(t_max=2, max_action_tokens=m, max_context=96, sampler=GREEDY)
     jr = rollout(params, cfg, _EchoEnv(text.codec), text.layout, text.fmt, jnp.zeros((1,), jnp.int32),
                  np.asarray([2]), jax.random.key(1), None, rcfg, hide_budget=True)
-    hr = host_rollout(params, cfg, _EchoHostEnv(), tok, [0], [2], jax.random.key(1), host_config(rcfg),
-                      hide_budget=True).rollout
+    hr = host_rollout(params, cfg, _EchoHostEnv(), tok, [0], [2], jax.random.key(1),
+                      dataclasses.replace(host_config(rcfg), hide_budget=True)).rollout
     n = int(jr.length[0])
     assert int(hr.length[0]) == n
     jt, ht = np.asarray(jr.tokens[0, :n]).tolist(), np.asarray(hr.tokens[0, :n]).tolist()

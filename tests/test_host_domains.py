@@ -219,7 +219,7 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
     seen, traces = {}, []
 
     def fake(params, cfg, env, tokenizer, tasks, budgets, key, rcfg, **kw):
-        seen.update(params=params, mesh=jax.sharding.get_abstract_mesh(), kw=kw)
+        seen.update(params=params, mesh=jax.sharding.get_abstract_mesh(), rcfg=rcfg, kw=kw)
         return pytypes.SimpleNamespace(rollout="ro", trace="trace")
 
     monkeypatch.setattr(host_stages, "host_rollout", fake)
@@ -229,7 +229,7 @@ def test_rollout_fn_on_a_mesh_places_params(tok, monkeypatch):
                                           on_trace=traces.append)
     assert fn(params, jnp.asarray([0, 1], jnp.int32), jnp.asarray([2, 2]), jax.random.key(0)) == "ro"
     assert traces == ["trace"] and not seen["mesh"].empty and seen["mesh"].shape == mesh.shape
-    assert (seen["kw"]["overlap_groups"], seen["kw"]["step_timeout_s"]) == (2, 7.0)
+    assert (seen["rcfg"].overlap_groups, seen["rcfg"].step_timeout_s) == (2, 7.0) and not seen["kw"]
     want = sharding.shardings_for(qwen3.logical_axes(cfg), params, mesh, sharding.ROLLOUT_RULES)
     for leaf, sh in zip(jax.tree.leaves(seen["params"]), jax.tree.leaves(want)):
         assert leaf.dtype == jnp.bfloat16 and leaf.sharding.is_equivalent_to(sh, leaf.ndim)

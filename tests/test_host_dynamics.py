@@ -40,12 +40,12 @@ def test_first_submission_ends_the_episode(tok, code_world):
     tasks = list(code_world.heldout_tasks[:2])
     replies = [f"```python\n{tasks[0].reference}```", f"```python\ndef {tasks[1].entry_point}(*a):\n    return None\n```"]
     gen = lambda t, active, ctx: [replies[b] if active[b] else None for b in range(2)]  # noqa: E731
-    rcfg = HostRolloutConfig(t_max=4, max_action_tokens=512, max_context=4096)
+    rcfg = HostRolloutConfig(t_max=4, max_action_tokens=512, max_context=4096, workers=2)
     one = host_rollout(None, None, host_dynamics.FirstSubmission(code_world.env), tok, tasks, [4, 4],
-                       jax.random.key(0), rcfg, generate_fn=gen, workers=2).rollout
+                       jax.random.key(0), rcfg, generate_fn=gen).rollout
     assert np.asarray(one.status).tolist() == [SUCCESS, FAILED] and np.asarray(one.turns_used).tolist() == [1, 1]
-    full = host_rollout(None, None, code_world.env, tok, tasks, [4, 4], jax.random.key(0), rcfg, generate_fn=gen,
-                        workers=2).rollout
+    full = host_rollout(None, None, code_world.env, tok, tasks, [4, 4], jax.random.key(0), rcfg,
+                        generate_fn=gen).rollout
     assert np.asarray(full.status)[0] == SUCCESS and np.asarray(full.turns_used).tolist() == [1, 4]
 
 

@@ -41,7 +41,7 @@ def test_token_record_round_trip_and_spans():
     rec = _record(toks, [(0, 2, 2), (1, 6, 3)])
     assert hls.decode_tokens(rec["tokens"]).tolist() == toks
     assert rec["spans"] == [[0, 2, 2], [1, 6, 3]]
-    assert hls.policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
+    assert hls.record_policy_positions(rec).tolist() == [2, 3, 6, 7, 8]
     assert json.loads(json.dumps(rec)) == rec
     pol = np.zeros(10, bool)
     pol[[2, 4]] = True
@@ -102,7 +102,7 @@ def test_score_records_equal_a_direct_forward(scored):
     pa, pb, recs, lp = scored
     for r, la, lb in zip(recs, lp["a"], lp["b"]):
         toks = hls.decode_tokens(r["tokens"])
-        pos = hls.policy_positions(r)
+        pos = hls.record_policy_positions(r)
         da, db = _direct_logp(pa, toks)[pos], _direct_logp(pb, toks)[pos]
         assert la.shape == lb.shape == pos.shape
         np.testing.assert_allclose(la, da, atol=2e-5)
@@ -320,7 +320,7 @@ def check_ci_bfcl_finding5(root: str) -> None:
     rl = weights.load(os.path.join(run_dir, "arms", "grpo", "seed0", "policy"))[1]
     rec = logs["grpo_seed0"][hls.LOG_KEY]["episodes"][0]
     toks = hls.decode_tokens(rec["tokens"])
-    pos = hls.policy_positions(rec)
+    pos = hls.record_policy_positions(rec)
     direct = {}
     for name, prm in (("base", base), ("rl", rl)):
         h = qwen3.hidden_states(prm, run.cfg, jnp.asarray(toks)[None])[0][0]

@@ -155,13 +155,13 @@ def test_two_thread_processes_step_each_episode_once(sql_env, tok, monkeypatch):
     the episodes equal the one-process rollout's, and each env call is made once, by the episode's owner."""
     tasks = sql_env.tasks("train")[:3] * 2
     script = ["```sql\nSELECT 1\n```", "```sql\nSELECT name FROM customers\n```", "<answer>SELECT 2</answer>"]
-    rcfg = HostRolloutConfig(t_max=3, max_action_tokens=24, max_context=1024)
+    rcfg = HostRolloutConfig(t_max=3, max_action_tokens=24, max_context=1024, workers=2, overlap_groups=2)
     local = threading.local()
     env = _Counting(sql_env, lambda: getattr(local, "p", 0))
 
     def run():
         return host_rollout(None, None, env, tok, tasks, np.full((6,), 3, np.int32), jax.random.key(3), rcfg,
-                            generate_fn=lambda t, active, ctx: [script[t]] * len(ctx), workers=2, overlap_groups=2)
+                            generate_fn=lambda t, active, ctx: [script[t]] * len(ctx))
 
     ref = run()
     ref_calls = sorted(env.calls.pop(0), key=repr)

@@ -122,8 +122,9 @@ def test_hung_step_ends_only_its_episode(warm, groups):
     acts = [["x", "x", "x"], ["x", "x", "x"], ["x", "answer"], ["x", "x", "x"]]
     try:
         t0 = time.perf_counter()
-        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3, 3, 3, 3], jax.random.key(0), RCFG,
-                           generate_fn=_scripted(acts), overlap_groups=groups, step_timeout_s=0.5)
+        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3, 3, 3, 3], jax.random.key(0),
+                           dataclasses.replace(RCFG, overlap_groups=groups, step_timeout_s=0.5),
+                           generate_fn=_scripted(acts))
         wall = time.perf_counter() - t0
     finally:
         env.release.set()
@@ -146,8 +147,8 @@ def test_hung_reset_ends_only_its_episode(warm):
     acts = [["x", "answer"]] * 4
     try:
         t0 = time.perf_counter()
-        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3] * 4, jax.random.key(0), RCFG,
-                           generate_fn=_scripted(acts), step_timeout_s=0.5)
+        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3] * 4, jax.random.key(0),
+                           dataclasses.replace(RCFG, step_timeout_s=0.5), generate_fn=_scripted(acts))
         wall = time.perf_counter() - t0
     finally:
         env.release.set()
@@ -170,8 +171,8 @@ def test_infrastructure_error_still_raises(tok):
 
 
 def test_bad_schedule_settings(tok):
-    run = lambda **kw: host_rollout(None, None, _SleepyEnv(), tok, [0, 1], [1, 1], jax.random.key(0), RCFG,  # noqa
-                                    generate_fn=_scripted([["x"]] * 2), **kw)
+    run = lambda **kw: host_rollout(None, None, _SleepyEnv(), tok, [0, 1], [1, 1], jax.random.key(0),  # noqa
+                                    dataclasses.replace(RCFG, **kw), generate_fn=_scripted([["x"]] * 2))
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="overlap_groups"):
             run(overlap_groups=bad)
@@ -193,8 +194,9 @@ def test_env_steps_overlap_the_other_groups_decoding(warm):
     for groups in (1, 2):
         env, log = _SleepyEnv(step_s=0.4), []
         t0 = time.perf_counter()
-        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3] * 4, jax.random.key(0), RCFG, workers=4,
-                           generate_fn=_scripted(acts, 0.2, log), overlap_groups=groups)
+        res = host_rollout(None, None, env, tok, [0, 1, 2, 3], [3] * 4, jax.random.key(0),
+                           dataclasses.replace(RCFG, workers=4, overlap_groups=groups),
+                           generate_fn=_scripted(acts, 0.2, log))
         out[groups] = res, time.perf_counter() - t0, env.steps, log
     _assert_same(out[1][0], out[2][0])
     (_, serial, steps1, log1), (res2, overlap, steps2, log2) = out[1], out[2]
@@ -219,8 +221,9 @@ def test_sql_scripted_and_forced_same_with_any_groups(tok):
     acts = [[explore, f"<answer>{tasks[0].gold}</answer>"], [f"<answer>{tasks[1].gold}</answer>"],
             ["<answer>SELECT 42</answer>"] * 2, [explore, explore], [explore, "no query", explore]]
     forced = [[], [None], ["```sql\nSELECT name FROM customers\n```"], [], [None, None, "<answer>SELECT 1</answer>"]]
-    runs = [host_rollout(None, None, env, tok, tasks, [3, 3, 3, 2, 3], jax.random.key(1), RCFG, workers=w,
-                         generate_fn=_scripted(acts), forced_actions=forced, overlap_groups=g)
+    runs = [host_rollout(None, None, env, tok, tasks, [3, 3, 3, 2, 3], jax.random.key(1),
+                         dataclasses.replace(RCFG, workers=w, overlap_groups=g), generate_fn=_scripted(acts),
+                         forced_actions=forced)
             for g, w in ((1, 4), (2, 4), (3, 2), (5, 1))]
     r = _arrays(runs[0])
     assert r.status.tolist() == [SUCCESS, SUCCESS, FAILED, BUDGET_EXHAUSTED, FAILED]
@@ -242,7 +245,7 @@ def test_greedy_model_same_with_and_without_overlap(tok, host_model):
     rcfg = dataclasses.replace(RCFG, max_action_tokens=16, sampler=Sampler(greedy=True))
     forced = [[], ["```sql\nSELECT 1\n```"], [None, "<answer>SELECT 1</answer>"]]
     run = lambda g, rc=rcfg, k=0: host_rollout(params, cfg, env, tok, tasks, [3, 2, 3], jax.random.key(k),  # noqa
-                                               rc, forced_actions=forced, overlap_groups=g)
+                                               dataclasses.replace(rc, overlap_groups=g), forced_actions=forced)
     serial, grouped = run(1), run(2)
     _assert_same(serial, grouped)
     r = _arrays(serial)

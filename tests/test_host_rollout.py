@@ -14,7 +14,7 @@ from jaxagent.envs.host import base as host
 from jaxagent.envs.host.sql_env import SQLEnv
 from jaxagent.models import chat, qwen3
 from jaxagent.rollout import BUDGET_EXHAUSTED, CONTEXT_EXHAUSTED, FAILED, SUCCESS, RolloutConfig
-from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.rollout.host_loop import host_config, host_rollout
 from jaxagent.rollout.host_policy import append_jit, decode_jit
 from jaxagent.sampling import Sampler, bucket
 
@@ -47,6 +47,12 @@ def _tasks(envs, name):
 
 
 RCFG = RolloutConfig(t_max=T_MAX, max_action_tokens=M, max_context=S, sampler=Sampler(temperature=1.0))
+
+
+def _host(rcfg, **settings):
+    """`rcfg` as a HostRolloutConfig with `settings` (the host run's fields) set."""
+    return dataclasses.replace(host_config(rcfg), **settings)
+
 BUDGETS = [3, 2, 1]
 
 
@@ -233,8 +239,8 @@ def test_scripted_sql_gold_and_bookkeeping(tok, envs):
                ["<answer>SELECT 42</answer>"],                        # wrong answer: failed
                [explore, explore]]                                    # budget 2 runs out
     rcfg = dataclasses.replace(RCFG, max_action_tokens=128)
-    res = host_rollout(None, None, env, tok, tasks, [3, 3, 3, 2], jax.random.key(0), rcfg,
-                       generate_fn=_scripted(actions), workers=2)
+    res = host_rollout(None, None, env, tok, tasks, [3, 3, 3, 2], jax.random.key(0), _host(rcfg, workers=2),
+                       generate_fn=_scripted(actions))
     r, trace = _np(res.rollout), res.trace
     assert r.status.tolist() == [SUCCESS, SUCCESS, FAILED, BUDGET_EXHAUSTED]
     assert r.success.tolist() == [True, True, False, False]
@@ -260,8 +266,8 @@ def test_scripted_code_reference_passes(tok, envs):
     actions = [["no code here", f"```python\n{tasks[0].reference}```"], [f"```python\n{tasks[1].reference}```"]]
     rcfg = dataclasses.replace(RCFG, max_action_tokens=1024)
     steps = []
-    res = host_rollout(None, None, env, tok, tasks, [3, 1], jax.random.key(0), rcfg, generate_fn=_scripted(actions),
-                       process_reward_fn=lambda e, s, a, rem: steps.append(rem) or e.step_quality(s, a))
+    rcfg = _host(rcfg, process_reward_fn=lambda e, s, a, rem: steps.append(rem) or e.step_quality(s, a))
+    res = host_rollout(None, None, env, tok, tasks, [3, 1], jax.random.key(0), rcfg, generate_fn=_scripted(actions))
     r = _np(res.rollout)
     assert r.status.tolist() == [SUCCESS, SUCCESS] and r.turns_used.tolist() == [2, 1]
     assert r.turns.valid.tolist() == [[False, True, False], [True, False, False]]
@@ -277,8 +283,8 @@ def test_scripted_bfcl_ground_truth_solves(tok, envs):
     upper = [env.upper_bound_turns(t) for t in tasks]
     t_max = max(upper)
     rcfg = RolloutConfig(t_max=t_max, max_action_tokens=512, max_context=8192)
-    res = host_rollout(None, None, env, tok, tasks, upper, jax.random.key(0), rcfg, generate_fn=_scripted(actions),
-                       hide_budget=True)
+    res = host_rollout(None, None, env, tok, tasks, upper, jax.random.key(0), _host(rcfg, hide_budget=True),
+                       generate_fn=_scripted(actions))
     r, trace = _np(res.rollout), res.trace
     assert r.status.tolist() == [SUCCESS, SUCCESS] and r.success.all()
     assert r.turns_used.tolist() == upper and r.episode_return.tolist() == [1.0, 1.0]
@@ -356,8 +362,8 @@ def test_thinking_mode_template(tok, envs):
     task = env.tasks("all")[0]
     act = f"<think>\nThe customers table has a country column.\n</think>\n\n<answer>{task.gold}</answer>"
     rcfg = dataclasses.replace(RCFG, max_action_tokens=128)
-    res = host_rollout(None, None, env, tok, [task], [2], jax.random.key(0), rcfg, generate_fn=_scripted([[act]]),
-                       enable_thinking=True, hide_budget=True)
+    res = host_rollout(None, None, env, tok, [task], [2], jax.random.key(0),
+                       _host(rcfg, enable_thinking=True, hide_budget=True), generate_fn=_scripted([[act]]))
     r, trace = _np(res.rollout), res.trace
     assert r.status.tolist() == [SUCCESS]
     msgs = [{"role": "system", "content": env.system_prompt(task)},
@@ -368,8 +374,8 @@ def test_thinking_mode_template(tok, envs):
 
 def test_hidden_budget(tok, envs):
     env = envs["sql"]
-    res = host_rollout(None, None, env, tok, env.tasks("all")[:1], [2], jax.random.key(0), RCFG,
-                       generate_fn=_scripted([["x", "y"]]), hide_budget=True)
+    res = host_rollout(None, None, env, tok, env.tasks("all")[:1], [2], jax.random.key(0),
+                       _host(RCFG, hide_budget=True), generate_fn=_scripted([["x", "y"]]))
     r = _np(res.rollout)
     text = tok.decode(r.tokens[0, :r.length[0]].tolist())
     assert r.turns_used[0] == 2 and "turns left" not in text and "Error: no SQL found" in text
@@ -385,7 +391,7 @@ def test_bad_inputs(tok, envs):
     with pytest.raises(ValueError, match="one budget per task"):
         run([1, 1, 1])
     with pytest.raises(ValueError, match="workers"):
-        run([1, 1], workers=0)
+        run([1, 1], rcfg=_host(RCFG, workers=0))
     with pytest.raises(ValueError, match="jittable"):
         run([1, 1], env=type("J", (), {"jittable": True})())
     with pytest.raises(ValueError, match="host envs"):

@@ -298,7 +298,8 @@ def test_trimmed_rollout_keeps_every_used_slot_and_its_logprobs(sql_world):
     ts, world = sql_world
     tasks = list(world.train_tasks[:3])
     full = host_rollout(None, None, world.env, world.tokenizer, tasks, [2, 2, 1], jax.random.key(0),
-                        ts.rollout_config(), generate_fn=host_sft.reference_script(world.env, tasks), workers=2).rollout
+                        dataclasses.replace(ts.rollout_config(), workers=2),
+                        generate_fn=host_sft.reference_script(world.env, tasks)).rollout
     cut = host_stages.trim_slots(full, 64)
     w, n = cut.tokens.shape[1], int(np.max(full.length))
     assert w % 64 == 0 and n <= w < n + 64 and full.tokens.shape[1] == ts.max_context

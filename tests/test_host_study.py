@@ -65,7 +65,7 @@ def test_rollout_fn_maps_indices_and_budgets(world, monkeypatch):
     assert seen["tasks"] == [world.train_tasks[2], world.train_tasks[2], world.train_tasks[0]]
     assert seen["budgets"] == [3, 1, 2] and seen["env"] is world.env
     assert (seen["rcfg"].t_max, seen["rcfg"].max_action_tokens, seen["rcfg"].max_context) == (3, 7, 999)
-    assert seen["kw"]["enable_thinking"] is False
+    assert seen["rcfg"].enable_thinking is False and seen["rcfg"].workers == ts.workers and not seen["kw"]
 
 
 def test_host_arm_runtime_refuses_critic_arms(world):
@@ -159,14 +159,14 @@ def test_run_pass_episodes_scripted_sql(tok, world):
     """The real SQL env with a scripted policy (gold answer on even held-out tasks, a wrong one on odd): pass@k is
     1 on even tasks and 0 on odd ones at every tier."""
     tasks = world.heldout_tasks
-    rcfg = HostRolloutConfig(t_max=2, max_action_tokens=256, max_context=2048)
+    rcfg = HostRolloutConfig(t_max=2, max_action_tokens=256, max_context=2048, workers=1)
 
     def rollout_fn(idx, budgets, key):
         ts = host_stages.tasks_from_indices(tasks, idx)
         acts = [f"<answer>{t.gold}</answer>" if i % 2 == 0 else "<answer>SELECT 42</answer>"
                 for i, t in zip(np.asarray(idx), ts)]
         gen = lambda t, active, ctx: [acts[b] if active[b] else None for b in range(len(acts))]  # noqa: E731
-        return host_rollout(None, None, world.env, tok, ts, budgets, key, rcfg, generate_fn=gen, workers=1).rollout
+        return host_rollout(None, None, world.env, tok, ts, budgets, key, rcfg, generate_fn=gen).rollout
 
     raw = host_stages.run_pass_episodes(rollout_fn, len(tasks), [1, 2], 2, jax.random.key(1), batch_size=8)
     want = np.asarray([i % 2 == 0 for i in range(len(tasks))])

@@ -43,8 +43,6 @@ E head dim.
 """
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,7 +59,7 @@ from jaxagent.aot.record import Program
 from jaxagent.models import chat, qwen3
 from jaxagent.rl.logprobs import packed_policy_positions
 from jaxagent.rl.memory_plan import MemoryPlan
-from jaxagent.rollout.host_loop import host_rollout
+from jaxagent.rollout.host_loop import HostRolloutConfig
 from jaxagent.rollout.host_policy import append_jit, compact_rows, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler, bucket
@@ -69,7 +67,7 @@ from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as ho
                                  likelihood as host_likelihood, likelihood_scoring, stages as host_stages,
                                  step_quality as host_step_quality)
 
-MAX_WIDTHS = 7  # append widths 16 .. 1024 (host_rollout's default max_append_width)
+MAX_WIDTHS = 7  # append widths 16 .. 1024 (HostRolloutConfig's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
 BATCHES = ("", "_eval", "_f4")
 PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs") + SHARED
@@ -78,8 +76,8 @@ PROGRAM_NAMES = (("host_train_step", "host_f5_logprobs") + SHARED
 
 
 def max_append_width() -> int:
-    """`host_rollout`'s widest append call (its default; `host_stages` does not set it)."""
-    return int(inspect.signature(host_rollout).parameters["max_append_width"].default)
+    """The host rollout's widest append call (`HostRolloutConfig`'s default; `host_stages` does not set it)."""
+    return int(HostRolloutConfig.max_append_width)
 
 
 def widest_width(task) -> int:

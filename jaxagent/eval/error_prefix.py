@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
+import numpy as np
 
 from jaxagent.envs.host.base import HostEnv
 from jaxagent.rollout.episode import EpisodeConfig
@@ -126,9 +127,12 @@ def correction_rate(env: HostEnv, prefixes: Sequence[ErrorPrefix], continuations
 # ----------------------------------------------------------------------------- drivers
 
 
-def continuations(params, cfg, env, tokenizer, prefixes: Sequence[ErrorPrefix], key, rcfg: EpisodeConfig,
-                  **rollout_kw) -> list[str]:
-    """One reply text of the policy per prefix (grouped by prefix length so each rollout has one T_max)."""
+def continuations(params, cfg, env, tokenizer, prefixes: Sequence[ErrorPrefix], key, rcfg: EpisodeConfig, *,
+                  batch_size: Optional[int] = None) -> list[str]:
+    """One reply text of the policy per prefix ("" when the episode ended before it): the prefixes grouped by
+    length so each rollout has one budget (the prefix length + 1), each length's rollout `fold_in(key, n * 100003
+    + c)` for its c-th batch. `batch_size`: rows per rollout, the last batch padded with copies of its first prefix
+    (dropped after) so every rollout has one shape; None: all prefixes of a length in one rollout."""
     out: list[Optional[str]] = [None] * len(prefixes)
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prefixes):
@@ -136,21 +140,25 @@ def continuations(params, cfg, env, tokenizer, prefixes: Sequence[ErrorPrefix], 
     for n, idx in sorted(by_len.items()):
         if n + 1 > rcfg.t_max:
             raise ValueError(f"a prefix of {n} actions needs rcfg.t_max >= {n + 1}, got {rcfg.t_max}")
-        tasks = [prefixes[i].task for i in idx]
-        forced = [list(prefixes[i].actions) for i in idx]
-        ro, trace = host_rollout(params, cfg, env, tokenizer, tasks, [n + 1] * len(idx), jax.random.fold_in(key, n),
-                                 rcfg, forced_actions=forced, **rollout_kw)
-        for j, i in enumerate(idx):
-            acts = trace.actions[j]
-            out[i] = acts[n] if len(acts) > n else ""  # "" when the episode ended before the reply
+        width = len(idx) if batch_size is None else batch_size
+        for c, start in enumerate(range(0, len(idx), width)):
+            rows = idx[start:start + width]
+            rows = rows + [rows[0]] * (width - len(rows))
+            ro = host_rollout(params, cfg, env, tokenizer, [prefixes[i].task for i in rows],
+                              np.full((width,), n + 1, np.int32), jax.random.fold_in(key, n * 100003 + c), rcfg,
+                              forced_actions=[list(prefixes[i].actions) for i in rows])
+            for j, i in enumerate(rows[:min(width, len(idx) - start)]):
+                acts = ro.trace.actions[j]
+                out[i] = acts[n] if len(acts) > n else ""
     return [a if a is not None else "" for a in out]
 
 
 def correction_rates(env, tokenizer, prefixes: Sequence[ErrorPrefix], policies: Mapping[str, tuple], key,
-                     rcfg: EpisodeConfig, **rollout_kw) -> dict:
+                     rcfg: EpisodeConfig, *, batch_size: Optional[int] = None) -> dict:
     """policies: name -> (params, cfg). Returns `correction_rate`'s dict per policy plus the
-    actions each policy took."""
-    acts = {name: continuations(p, c, env, tokenizer, prefixes, jax.random.fold_in(key, i), rcfg, **rollout_kw)
+    actions each policy took (`continuations` with `fold_in(key, i)` for the i-th policy)."""
+    acts = {name: continuations(p, c, env, tokenizer, prefixes, jax.random.fold_in(key, i), rcfg,
+                                batch_size=batch_size)
             for i, (name, (p, c)) in enumerate(policies.items())}
     rates = correction_rate(env, prefixes, acts)
     for name in rates:

@@ -1,95 +1,13 @@
 """The multi-turn rollout for host (Python) environments: a Python turn loop around jitted generation.
 
-Per episode the context is Qwen3's chat format, append-only, so the KV cache is reused across turns:
+`host_rollout` runs len(tasks) episodes of a host env in Qwen3's chat format, append-only (the KV cache is
+reused across turns): per turn the active episodes' chunks go in with jitted `append` calls, one jitted
+`decode` samples their replies, and the env steps run on worker threads (`host_turn`'s named steps). Its
+settings are one `HostRolloutConfig`; it returns `HostRollout(rollout, trace)`: the `types.Rollout` the
+jitted loop returns and the host-side record (`HostTrace`).
 
-    <|im_start|>system\\n{system prompt}<|im_end|>\\n                      turn index -1
-    <|im_start|>user\\n{budget text}\\n{first observation}<|im_end|>\\n     turn 0 (chunk 0)
-    <|im_start|>assistant\\n[empty think]
-    {reply_0 ... <|im_end|>}                                             reply tokens, turn 0
-    [<|im_end|> if reply_0 did not end with it (token limit)]            turn 1 (chunk 1; `episode`)
-    \\n<|im_start|>user\\n{budget text}\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n[empty think]
-    {reply_1 ... <|im_end|>} ...
-
-An observation with info['obs_role'] == 'tool' becomes Qwen3's tool-result turn: the user turn's body
-is `<tool_response>\\n...\\n</tool_response>` blocks (kept as they are when the env already wrote them,
-as BFCL does; otherwise the observation is wrapped in one block). Chunks are tokenised on the host
-with `chat.system_turn`, `chat.user_turn` and `chat.turn_pieces`, whose pieces start at, or end right
-before, a control token, so the ids equal Qwen3's template (no BPE merge across a piece boundary).
-
-Each turn (`host_rollout` runs the named steps of `host_turn`), for the active episodes of one group at once:
-  1. an episode is active if it is running and t < budget_b; an active episode whose chunk plus a full
-     reply (`max_action_tokens`) does not fit into `max_context` slots ends context_exhausted instead;
-  2. the chunks, right-padded to one bucketed width (`sampling.bucket`, capped at `max_append_width`:
-     a longer chunk, e.g. BFCL's system prompt, takes several calls), go in with one jitted `append`
-     call, and one jitted `decode` call samples the replies (both donate the KV cache);
-  3. the replies' texts go to the env steps on `workers` threads (SQLite and the code sandbox run
-     outside the GIL); the group's next turn starts when all returned or timed out.
-Statuses and episode_return by the rules in `episode`, as in jax_loop. An exception raised by the env
-(reset, system_prompt, step, the process-reward hook), a malformed step result (an observation not a
-str, an info not a dict) or a time-out ends only its episode, failed, the error text in
-`HostTrace.errors[b]` (a caller error, e.g. a bad `generate_fn` reply, still raises).
-
-Overlap (`overlap_groups` G > 1): episode b is in group b % G (`host_schedule.episode_groups`), each
-group with its own policy rows and KV cache. A group decodes as soon as all its steps are back, so
-while one group's envs step, the model decodes another's replies (a jitted call releases the GIL while
-it computes); a slow group never holds up a faster one. An episode's context, env calls and records
-depend only on its own replies, never on the order the groups run in: a scripted or forced rollout is
-the same for every G. A sampled one draws other noise of the same distribution per G: with
-(k_reset, k_loop) = split(key) (k_reset draws the reset seeds), group g samples with
-`fold_in(k_loop, g)` (`k_loop` itself when G = 1), split once per decode call of that group.
-Time limit (`step_timeout_s`): an env reset or step (with its process-reward hook) still running that
-long after it started is abandoned (`host_env_calls.EnvCalls`): its episode fails with
-`trace.errors[b]` naming `EnvTimeout` and the step's `trace.infos[b][t]` {"timeout": True, ...}; its
-env state is dropped (`trace.final_states[b]` None: the abandoned thread may still hold it). Nothing
-else waits on it. `trace.timing` (`host_timing.HostTiming`) splits each turn's seconds into model
-vs env, with the env time the model did not hide and the wall clock, and counts each turn's decode slots
-(generated, waiting for the longest reply, spent on finished episodes).
-
-Several processes (SPMD: every process of a multi-process job runs this same call with the same
-arguments, the params on one device mesh over all of them). Every process keeps the whole batch's
-buffers, so every loop decision (who plays turn t, how many append calls of which width, which group
-decodes next, when all episodes are done) is taken from data every process holds alike, and the
-processes issue the same jitted calls in the same order; but each process steps only its own episodes'
-envs (`host_env_calls.episode_owners`: contiguous blocks of the batch), so each env call is made once in
-the job and the env work per host falls with the number of hosts:
-  - the model's inputs (token rows, counts, active masks, key, a fresh KV cache) are placed on the
-    params' mesh from the host copies every process holds, and each decode's replies come back fully
-    replicated to every process (`host_policy.Placement`);
-  - after each batch of env calls (the resets, a group's turn) the processes exchange the results
-    (`host_env_calls.EnvShare.exchange`: the observation, info, reward and flags, and the next chunk's
-    token ids, gathered with `process_allgather`), so every process writes every episode's chunk and
-    record; an env state stays on its process (`trace.final_states[b]` is None on the others). A call
-    that times out fails its episode on every process (`EnvTimeout`, decided where it ran); an
-    infrastructure error is raised on every process;
-  - with overlap (G > 1) the groups take turns in a fixed order (a group whose steps are in flight is
-    waited for only when no group is ready, the oldest first) instead of whichever group's envs finish
-    first: wall-clock order would differ between hosts. The episodes are the same either way (the
-    Overlap paragraph), only less env time may be hidden;
-  - `trace.timing`'s env_s counts this process's env calls;
-  - the returned Rollout's arrays are replicated on the params' mesh (one process: host arrays), so the
-    RL step and the metrics read them on every process; `trace` is complete on every process but for
-    the env states (results files are written by process 0: `study.host.run`).
-The results equal a one-process run on a mesh of the same shape, each env call made once
-(tests/test_host_multihost.py).
-
-Replies not sampled from the model (`Turns.forced`, logprob 0), as in jax_loop's scripted and
-forced paths: with `generate_fn` (a scripted policy replacing the model: it is the acting policy, so
-its tokens are in `policy_mask`, the SFT targets) and with `forced_actions` (given texts that the
-model then continues from, e.g. error prefixes: not in `policy_mask`). A given text is written as
-encode(text) + <|im_end|>, cut at `max_action_tokens`.
-
-Compiles: `append` once per distinct width (powers of two from 16 to `max_append_width`) and `decode`
-once, per (group rows, max_context, model, sampler); never per turn or per group.
-
-Settings: `HostRolloutConfig` (t_max, max_action_tokens, max_context, sampler). The JAX loop's
-`RolloutConfig` is accepted when its jittable-env fields keep their defaults; a set one raises
-(the host loop has no use for it), so no field is ignored silently.
-
-Output: `HostRollout(rollout, trace)`. `rollout` is a `types.Rollout`, the pytree the jitted loop
-returns (Turns [B, N]); `env_states` and `final_state` are None (host states are Python objects,
-kept in `trace.final_states`). `Turns.action` is a stable hash in [0, 2**31) of a valid action's text
-(equal texts, equal ids), -1 for invalid or inactive turns; `Turns.anchor` is info['anchor'] (-1 for
-inactive turns and for a step that raised).
+The design (the chat layout, the turn steps, overlapping episode groups, time limits, several processes,
+forced and scripted replies, compiles, the output's fields) is docs/host_rollout.md.
 
 Dimension legend (CONVENTIONS.md): B episodes, S context slots (= KV-cache slots), N turns (T_max),
 C append width (chunk tokens), M action tokens, V vocab.
@@ -132,12 +50,31 @@ HostProcessRewardFn = Callable[[Any, Any, str, int], float]
 
 @dataclasses.dataclass(frozen=True)
 class HostRolloutConfig(EpisodeConfig):
-    """Settings of a host rollout (hashable): `EpisodeConfig`'s t_max, max_action_tokens, max_context
-    (KV slots per episode) and sampler; the host hooks are `host_rollout` arguments. `compact_decode`: on one
-    device a reply's token loop goes on over fewer rows as replies end (`host_policy.compact_rows`); False keeps
-    every row stepping until the group's longest reply ends (the replies' distribution is the same)."""
+    """Settings of a host rollout (hashable): `EpisodeConfig`'s t_max, max_action_tokens, max_context (KV slots
+    per episode) and sampler, and how the host loop runs them (checked by `host_rollout`). The per-call data
+    (policy, env, tokenizer, tasks, budgets, key) and the replies given instead of the model's are
+    `host_rollout` arguments."""
 
+    # On one device a reply's token loop goes on over fewer rows as replies end (`host_policy.compact_rows`); False
+    # keeps every row stepping until the group's longest reply ends (the replies' distribution is the same).
     compact_decode: bool = True
+    hide_budget: bool = False       # no budget text in the prompts (the episodes still stop at their budgets)
+    enable_thinking: bool = False   # False appends Qwen3's empty think block to every generation prompt
+    # Threads that run the env calls (resets and steps); None: `env.max_parallel` where the env has one (the code
+    # sandbox's runs at once), else the cores this process may run on (`base.host_cores`).
+    workers: Optional[int] = 4
+    # str.format template with {turn} (1-based), {budget} and {remaining} (including this turn)
+    budget_template: str = BUDGET_TEMPLATE
+    system_fn: Optional[SystemFn] = None  # the system turn's (content, tools); None: `default_system`
+    max_append_width: int = 1024    # the widest append call (a power of two >= 16); longer chunks take several
+    # Host hook (env, state_before, action_text, remaining) -> float, recorded in Turns.process_reward (it must
+    # not change the state).
+    process_reward_fn: Optional[HostProcessRewardFn] = None
+    # G, the episode groups whose env steps overlap the other groups' decoding (at most B are used;
+    # docs/host_rollout.md). 1: the whole batch decodes, then all its envs step.
+    overlap_groups: int = 1
+    # Seconds an env reset or step may run before its episode fails with a time-out (None: no limit).
+    step_timeout_s: Optional[float] = 60.0
 
 
 def host_config(rcfg: EpisodeConfig) -> HostRolloutConfig:
@@ -201,8 +138,7 @@ class HostRollout(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- the checks
-def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions, overlap_groups,
-                  step_timeout_s):
+def _check_inputs(env, rcfg, tasks, budgets, forced_actions):
     """Host-side checks; returns (HostRolloutConfig, tasks list, budgets int32[B])."""
     if getattr(env, "jittable", False):
         raise ValueError("host_rollout runs host (Python) envs; use jaxagent.rollout.rollout for jittable envs")
@@ -211,6 +147,8 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
     budget_B = budgets_lib.validate_budgets(budgets, hcfg.t_max)
     if budget_B.ndim != 1 or budget_B.shape[0] != len(tasks):
         raise ValueError(f"{len(tasks)} tasks but budgets has shape {budget_B.shape}; give one budget per task")
+    workers, max_append_width = hcfg.workers, hcfg.max_append_width
+    overlap_groups, step_timeout_s = hcfg.overlap_groups, hcfg.step_timeout_s
     if workers is not None and (isinstance(workers, bool) or int(workers) != workers or workers < 1):
         raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
     if max_append_width < 16 or max_append_width & (max_append_width - 1):
@@ -226,66 +164,45 @@ def _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_a
 
 
 def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budgets, key, rcfg: EpisodeConfig, *,
-                 hide_budget: bool = False, enable_thinking: bool = False, workers: Optional[int] = 4,
-                 budget_template: str = BUDGET_TEMPLATE, system_fn: Optional[SystemFn] = None,
-                 max_append_width: int = 1024, process_reward_fn: Optional[HostProcessRewardFn] = None,
                  generate_fn: Optional[GenerateFn] = None,
-                 forced_actions: Optional[Sequence[Sequence[Optional[str]]]] = None,
-                 overlap_groups: int = 1, step_timeout_s: Optional[float] = 60.0) -> HostRollout:
+                 forced_actions: Optional[Sequence[Sequence[Optional[str]]]] = None) -> HostRollout:
     """Runs len(tasks) episodes of the host env `env`: episode b on tasks[b] with budget budgets[b].
 
     params, cfg: the Qwen3 policy (unused, may be None, with `generate_fn`).
-    rcfg: a HostRolloutConfig (t_max, max_action_tokens, max_context = KV slots per episode, sampler); a
-      JAX-loop RolloutConfig whose jittable-env fields are set raises (`host_config`).
-    hide_budget: no budget text in the prompts (the episodes still stop at their budgets).
-    enable_thinking: False appends Qwen3's empty think block to every generation prompt.
-    workers: threads that run the env calls (resets and steps); None: `env.max_parallel` where the env has
-      one (the code sandbox's runs at once), else the cores this process may run on (`base.host_cores`).
-    budget_template: str.format template with {turn} (1-based), {budget} and {remaining} (including
-      this turn); default the one budget text, `episode.BUDGET_TEMPLATE`.
-    system_fn: (env, task) -> (system content, tools) of the system turn; default `default_system`.
-    max_append_width: the widest append call (a power of two >= 16); longer chunks take several.
-    process_reward_fn: host hook (env, state_before, action_text, remaining) -> float, recorded in
-      Turns.process_reward (it must not change the state).
-    generate_fn: a scripted policy replacing the model (module docstring); called once per group and turn.
+    rcfg: a HostRolloutConfig (the episode sizes, the sampler and the run's settings); a JAX-loop
+      RolloutConfig whose jittable-env fields are set raises (`host_config`).
+    generate_fn: a scripted policy replacing the model, called once per group and turn; its replies are the
+      acting policy's (in `policy_mask`, the SFT targets).
     forced_actions: [B][t] reply texts (None or a missing entry: the model replies) that episode b
-      replies at turn t instead of sampling (module docstring).
-    overlap_groups: G, the episode groups whose env steps overlap the other groups' decoding (at most B
-      are used; module docstring). 1 (default): the whole batch decodes, then all its envs step. G
-      groups decode G times per turn, each on B / G rows: it pays where a turn's env steps take about
-      as long as its decoding or longer (`trace.timing`: env_s vs model_s), e.g. the code sandbox.
-    step_timeout_s: seconds an env reset or step may run before its episode fails with a time-out
-      (None: no limit; module docstring).
+      replies at turn t instead of sampling (not in `policy_mask`; e.g. error prefixes to continue from).
 
-    Returns HostRollout(rollout: types.Rollout, trace: HostTrace) (module docstring).
+    Returns HostRollout(rollout: types.Rollout, trace: HostTrace) (docs/host_rollout.md).
     Raises ValueError for a jittable env, a task/budget count mismatch, budgets outside [1, t_max],
     bad settings, or when no episode's first turn fits into max_context (an episode whose first turn
     alone does not fit ends with status context_exhausted after 0 turns).
     """
     start = time.perf_counter()
-    hcfg, tasks, budget_B = _check_inputs(env, rcfg, tasks, budgets, workers, max_append_width, forced_actions,
-                                          overlap_groups, step_timeout_s)
+    hcfg, tasks, budget_B = _check_inputs(env, rcfg, tasks, budgets, forced_actions)
     clock = TurnClock(hcfg.t_max, start)
     n_ep = len(tasks)
-    pieces = chat.turn_pieces(tokenizer, enable_thinking=enable_thinking)
+    pieces = chat.turn_pieces(tokenizer, enable_thinking=hcfg.enable_thinking)
     k_reset, k_loop = jax.random.split(key)
     seeds = [int(x) for x in np.asarray(jax.random.randint(k_reset, (n_ep,), 0, 2**31 - 1))]
-    envs = EnvSide(env, tokenizer, pieces, tasks, seeds, budget_B, hide_budget, budget_template,
-                   default_system if system_fn is None else system_fn, process_reward_fn)
+    envs = EnvSide(env, tokenizer, pieces, tasks, seeds, budget_B, hcfg.hide_budget, hcfg.budget_template,
+                   default_system if hcfg.system_fn is None else hcfg.system_fn, hcfg.process_reward_fn)
     buf = EpisodeBuffers.empty(hcfg, tokenizer.pad_id, HostTrace.empty(tasks, seeds))
-    all_rows = episode_groups(n_ep, overlap_groups)
+    all_rows = episode_groups(n_ep, hcfg.overlap_groups)
     groups = [Group(rows, np.isin(np.arange(n_ep), rows), None if generate_fn is not None else HostPolicy(
-        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, max_append_width,
+        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, hcfg.max_append_width,
         k_loop if len(all_rows) == 1 else jax.random.fold_in(k_loop, g))) for g, rows in enumerate(all_rows)]
 
     def forced_text(b, t):
         row = forced_actions[b] if forced_actions is not None else ()
         return row[t] if t < len(row) else None
 
-    spmd = jax.process_count() > 1  # several processes: module docstring
-    if workers is None:
-        workers = getattr(env, "max_parallel", None) or host_cores()
-    calls = EnvCalls(workers, step_timeout_s, share=EnvShare(n_ep) if spmd else None)
+    spmd = jax.process_count() > 1  # several processes: docs/host_rollout.md
+    workers = hcfg.workers if hcfg.workers is not None else getattr(env, "max_parallel", None) or host_cores()
+    calls = EnvCalls(workers, hcfg.step_timeout_s, share=EnvShare(n_ep) if spmd else None)
     try:
         reset_all(buf, envs, calls, hcfg)
         for group in groups:

@@ -18,7 +18,7 @@ process holds (the host loop runs the same program with the same data on every p
 taking its own slice; nothing is sent between processes. The replies (tokens, logprobs, lengths,
 stopped) come back fully replicated (`Placement.fetch`: `multihost_utils.process_allgather` where a
 process cannot address every shard), so every process reads every episode's reply, steps every
-episode's env, and makes the same loop decisions (`host_loop` module docstring, multi-process).
+episode's env, and makes the same loop decisions (docs/host_rollout.md, "Several processes").
 One process with a mesh takes the same path, so its results equal a multi-process run's on the same
 mesh.
 

@@ -33,6 +33,7 @@ rollout batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Mapping, Optional, Sequence
 
 import jax
@@ -40,7 +41,7 @@ import numpy as np
 
 from jaxagent.eval import error_prefix
 from jaxagent.eval.findings import Finding, Row
-from jaxagent.rollout.host_loop import HostTrace, host_rollout
+from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.sampling.generate import rollout_params
 
 DOMAINS = ("bfcl",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
@@ -119,27 +120,12 @@ def continue_prefixes(params, cfg, world, ts, prefixes: Sequence[error_prefix.Er
     """One reply of the policy per prefix: prefixes grouped by length, in rollout batches of `batch_size` (the
     last padded with copies of its first prefix, dropped after) so the rollouts keep the evaluation's shape;
     the prefix is replayed as forced replies and the budget is its length + 1 ("" if the episode ended first)."""
-    rcfg = ts.rollout_config(sampler)
+    # One episode group whatever ts.overlap_groups: the continuations' sampling noise does not move with it.
+    rcfg = dataclasses.replace(ts.rollout_config(sampler), overlap_groups=1)
     params = rollout_params(params, cfg, mesh=mesh, compute_dtype=compute_dtype)
-    context = contextlib.nullcontext if mesh is None else (lambda: jax.set_mesh(mesh))
-    out: list[Optional[str]] = [None] * len(prefixes)
-    by_len: dict[int, list[int]] = {}
-    for i, p in enumerate(prefixes):
-        by_len.setdefault(len(p.actions), []).append(i)
-    for n, idx in sorted(by_len.items()):
-        for c, start in enumerate(range(0, len(idx), batch_size)):
-            rows = idx[start:start + batch_size]
-            rows = rows + [rows[0]] * (batch_size - len(rows))
-            with context():
-                ro = host_rollout(params, cfg, world.env, world.tokenizer, [prefixes[i].task for i in rows],
-                                  np.full((batch_size,), n + 1, np.int32), jax.random.fold_in(key, n * 100003 + c),
-                                  rcfg, forced_actions=[list(prefixes[i].actions) for i in rows],
-                                  enable_thinking=ts.enable_thinking, workers=ts.workers,
-                                  step_timeout_s=ts.step_timeout_s)
-            for j, i in enumerate(rows[:min(batch_size, len(idx) - start)]):
-                acts = ro.trace.actions[j]
-                out[i] = acts[n] if len(acts) > n else ""
-    return [a if a is not None else "" for a in out]
+    with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        return error_prefix.continuations(params, cfg, world.env, world.tokenizer, prefixes, key, rcfg,
+                                          batch_size=batch_size)
 
 
 def judge(env, prefixes: Sequence[error_prefix.ErrorPrefix], base_actions: Sequence[str],

@@ -63,7 +63,7 @@ def token_record(tokens_S, policy_mask_S, turn_index_S, length: int) -> dict:
     return {"tokens": encode_tokens(tok), "spans": spans}
 
 
-def policy_positions(record: Mapping) -> np.ndarray:
+def record_policy_positions(record: Mapping) -> np.ndarray:
     """int32 slots of a record's policy tokens, in span (turn) order."""
     parts = [np.arange(s, s + c, dtype=np.int32) for _, s, c in record["spans"]]
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
@@ -108,18 +108,13 @@ class TokenLog:
 # ----------------------------------------------------------------------------- scoring
 @functools.partial(xla_options.jit, static_argnames=("cfg",), sequence=True)
 def policy_logprobs_jit(params, tokens_BxT, pos_BxM, *, cfg):
-    """logp [B, M], logp[b, j] = log pi(tokens[b, pos[b, j]] | tokens[b, :pos[b, j]]) (temperature 1): the hidden
-    states of every position (`logprobs.hidden`), unembedded only at the positions pos - 1 that predict the policy
-    tokens, through `logprobs.next_token_stats` (chunked over positions: [B, C, V] f32 logits at a time) on the
-    sequence (h[pos_0 - 1], ..., h[pos_{M-1} - 1], -) with targets (-, y_{pos_0}, ..., y_{pos_{M-1}}). pos >= 1."""
+    """logp [B, M], logp[b, j] = log pi(tokens[b, pos[b, j]] | tokens[b, :pos[b, j]]) (temperature 1), 0 where
+    pos[b, j] = 0 (the padding): `logprobs.next_token_stats` at the positions (`positions_BxM`), so the vocabulary
+    is unembedded only at the states that predict the policy tokens, read back at those positions."""
     h_BxTxD = logprobs.hidden(params, cfg, tokens_BxT)
-    h_BxMxD = jnp.take_along_axis(h_BxTxD, (pos_BxM - 1)[..., None], axis=1)
-    tgt_BxM = jnp.take_along_axis(tokens_BxT, pos_BxM, axis=1)
-    b, _, d = h_BxMxD.shape
-    h_in = jnp.concatenate([h_BxMxD, jnp.zeros((b, 1, d), h_BxMxD.dtype)], axis=1)
-    tgt_in = jnp.concatenate([jnp.zeros((b, 1), tgt_BxM.dtype), tgt_BxM], axis=1)
-    logp, _ = logprobs.next_token_stats(logprobs.head_matrix(params, cfg), cfg, h_in, tgt_in)
-    return logp[:, 1:]
+    logp_BxT, _ = logprobs.next_token_stats(logprobs.head_matrix(params, cfg), cfg, h_BxTxD, tokens_BxT,
+                                            positions_BxM=pos_BxM)
+    return jnp.take_along_axis(logp_BxT, pos_BxM, axis=1)
 
 
 def score_records(params, cfg, records: Sequence[Mapping], *, batch_size: int, mesh=None, compute_dtype=None,
@@ -135,7 +130,7 @@ def score_records(params, cfg, records: Sequence[Mapping], *, batch_size: int, m
     if not records:
         return []
     toks = [decode_tokens(r["tokens"]) for r in records]
-    pos = [policy_positions(r) for r in records]
+    pos = [record_policy_positions(r) for r in records]
     if any(p.size and (p.min() < 1 or p.max() >= t.size) for p, t in zip(pos, toks)):
         raise ValueError("a record's policy spans fall outside its tokens (or on its first token)")
     longest = max(max(t.size for t in toks), 2)
@@ -146,7 +141,7 @@ def score_records(params, cfg, records: Sequence[Mapping], *, batch_size: int, m
         width = min(width, int(max_width))
     n_pos = -(-max(max(p.size for p in pos), 1) // POSITION_MULTIPLE) * POSITION_MULTIPLE
     tokens_BxT = np.zeros((len(toks), width), np.int32)
-    pos_BxM = np.ones((len(toks), n_pos), np.int32)
+    pos_BxM = np.zeros((len(toks), n_pos), np.int32)  # 0: padding (`policy_logprobs_jit`)
     for i, (t, p) in enumerate(zip(toks, pos)):
         tokens_BxT[i, :t.size] = t
         pos_BxM[i, :p.size] = p

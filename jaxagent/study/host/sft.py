@@ -140,7 +140,8 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
     tokens int32[E', S], mask bool[E', S] (the reply tokens), the E' kept episodes' task ids and their
     `slipped` and `solved` flags, `left_out` {task id: status or error} of the others (`n_left_out` rows), and
     `width` S (the longest kept row, a multiple of 16)."""
-    rcfg = ts.rollout_config()
+    # One episode group: the scripted replies take no decoding for the env steps to overlap.
+    rcfg = dataclasses.replace(ts.rollout_config(), overlap_groups=1)
     toks, masks, kept, left_out, slipped, solved, n_left_out = [], [], [], {}, [], [], 0
     budgets_E = np.asarray(budgets_E, np.int32)
     slipped_E = np.zeros(len(tasks), bool) if slipped_E is None else np.asarray(slipped_E, bool)
@@ -148,8 +149,7 @@ def sft_rows(world: HostWorld, ts: HostTaskSettings, tasks: Sequence, budgets_E,
         chunk = list(tasks[lo:lo + batch])
         script = reference_script(world.env, chunk, None if replies is None else replies[lo:lo + batch])
         out = host_rollout(None, None, world.env, world.tokenizer, chunk, budgets_E[lo:lo + batch],
-                           jax.random.key(0), rcfg, enable_thinking=ts.enable_thinking, workers=ts.workers,
-                           generate_fn=script, step_timeout_s=ts.step_timeout_s)
+                           jax.random.key(0), rcfg, generate_fn=script)
         r, trace = out.rollout, out.trace
         success, length, status = np.asarray(r.success), np.asarray(r.length), np.asarray(r.status)
         for b, task in enumerate(chunk):

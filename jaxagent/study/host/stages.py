@@ -45,7 +45,8 @@ Placement (`mesh`, `compute_dtype`): as the FrozenLake arms' (`stages.make_arm_r
 under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
 sharded `build_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
 more than one host): every process runs the same rollout, steps its own episodes' envs and reads every reply and
-env result; the Rollout comes back replicated on the mesh (`host_loop` module docstring, multi-process), as the FrozenLake arms'.
+env result; the Rollout comes back replicated on the mesh (docs/host_rollout.md, "Several processes"), as the
+FrozenLake arms'.
 
 Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots, P tasks.
 """
@@ -217,8 +218,11 @@ class HostTaskSettings:
                              f"{self.slot_bucket}")
 
     def rollout_config(self, sampler: Sampler = Sampler()) -> HostRolloutConfig:
+        """The host rollout's settings for these tasks, sampling with `sampler`."""
         return HostRolloutConfig(t_max=self.t_max, max_action_tokens=self.max_action_tokens,
-                                 max_context=self.max_context, sampler=sampler)
+                                 max_context=self.max_context, sampler=sampler, enable_thinking=self.enable_thinking,
+                                 workers=self.workers, overlap_groups=self.overlap_groups,
+                                 step_timeout_s=self.step_timeout_s)
 
 
 _BLOCK_RE = re.compile(r"(<tool_response>\n)(.*?)(\n</tool_response>)", re.DOTALL)
@@ -386,9 +390,7 @@ def make_host_rollout_fn(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSetting
         tasks = tasks_from_indices(task_list, idx_B)
         params = rollout_params(params, cfg, mesh=mesh, compute_dtype=cdt)
         with context():
-            out = host_rollout(params, cfg, world.env, world.tokenizer, tasks, np.asarray(budgets_B), key, rcfg,
-                               enable_thinking=ts.enable_thinking, workers=ts.workers,
-                               overlap_groups=ts.overlap_groups, step_timeout_s=ts.step_timeout_s)
+            out = host_rollout(params, cfg, world.env, world.tokenizer, tasks, np.asarray(budgets_B), key, rcfg)
         if on_trace is not None:
             on_trace(out.trace)
         return out.rollout if ts.slot_bucket is None else trim_slots(out.rollout, ts.slot_bucket)

@@ -199,9 +199,7 @@ def sample_scores(params, cfg, world, ts, states: Sequence[MatchedState], key, b
             with context():
                 ro = host_rollout(params, cfg, env, world.tokenizer, [states[i].task for i, _ in rows],
                                   np.full((batch_size,), budget, np.int32), jax.random.fold_in(key, n * 100003 + c),
-                                  rcfg, forced_actions=[list(states[i].actions) for i, _ in rows],
-                                  enable_thinking=ts.enable_thinking, workers=ts.workers,
-                                  overlap_groups=ts.overlap_groups, step_timeout_s=ts.step_timeout_s)
+                                  rcfg, forced_actions=[list(states[i].actions) for i, _ in rows])
             for j, (i, g) in enumerate(rows[:n_real]):
                 infos = ro.trace.infos[j]
                 v = infos[n].get(score_key) if len(infos) > n else None
