@@ -25,6 +25,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -277,6 +278,42 @@ def load(path, *, dtype=jnp.float32, mesh=None, rules=None, verify: bool = True,
             value = jax.make_array_from_callback(host.shape, _get(shardings, ours), lambda idx, h=host: h[idx])
         _set(params, ours, value)
     return cfg, params
+
+
+LAYER_PREFIX = "model.layers."
+
+
+def cut_layers(src, dst, n_layers: int) -> Qwen3Config:
+    """Writes to the new directory `dst` a copy of the HF Qwen3 checkpoint `src` (checked first, `check_checkpoint`)
+    with only its first `n_layers` decoder layers: every other tensor (embedding, final norm, lm_head) as it is, in
+    its file dtype, one tensor read at a time; config.json with num_hidden_layers = n_layers (and its per-layer
+    `layer_types` cut, `max_window_layers` capped); every other file (tokenizer, chat template, generation config)
+    copied; a fresh checksum manifest. Returns the cut config. What it is for: a rehearsal of a large checkpoint on
+    a host whose memory holds the real width and vocabulary but not every layer (docs/first_run.md). ValueError for
+    n_layers outside [1, the checkpoint's layers]; FileExistsError when `dst` exists."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    cfg, _, where = _open_checkpoint(src, verify=True)
+    if not 1 <= n_layers <= cfg.num_hidden_layers:
+        raise ValueError(f"n_layers must lie in [1, {cfg.num_hidden_layers}] (the layers of {src!r}), got {n_layers}")
+    keep = [k for k in where if not k.startswith(LAYER_PREFIX) or int(k[len(LAYER_PREFIX):].split(".")[0]) < n_layers]
+    os.makedirs(dst)
+    weights = {os.path.basename(f.path) for f in where.values()} | {"model.safetensors.index.json"}
+    for name in sorted(os.listdir(src)):
+        if name in weights or name == "config.json" or name.startswith(MANIFEST_NAME):
+            continue
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    with open(os.path.join(src, "config.json")) as f:
+        hf = json.load(f)
+    hf["num_hidden_layers"] = n_layers
+    if isinstance(hf.get("layer_types"), list):
+        hf["layer_types"] = hf["layer_types"][:n_layers]
+    if isinstance(hf.get("max_window_layers"), int):
+        hf["max_window_layers"] = min(hf["max_window_layers"], n_layers)
+    write_json_atomic(os.path.join(dst, "config.json"), hf)
+    write_safetensors(os.path.join(dst, "model.safetensors"), {k: where[k].get(k) for k in sorted(keep)})
+    write_manifest(dst)
+    return check_checkpoint(dst)
 
 
 def save(path, cfg: Qwen3Config, params, *, max_shard_bytes: int = 4 << 30) -> None:
