@@ -56,19 +56,23 @@ def host_memory_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
 
 def check_host_memory(executable, name: str, devices: Iterable, available: Optional[int] = None) -> None:
     """`HostMemoryError` when `executable`, compiled for `devices`, all of them CPUs, allocates more beyond its
-    arguments (temporaries + outputs - outputs aliased to donated inputs) than `available` bytes (default: this host's
-    MemAvailable); nothing for other platforms or where either figure is unknown."""
-    if not all(d.platform == "cpu" for d in devices):
+    arguments (temporaries + outputs - outputs aliased to donated inputs, per device as `memory_analysis` gives them,
+    times the devices this process holds) than `available` bytes (default: this host's MemAvailable); nothing for
+    other platforms or where either figure is unknown."""
+    devices = list(devices)
+    if not devices or not all(d.platform == "cpu" for d in devices):
         return
     mem = executable.memory_analysis()
     available = host_memory_available() if available is None else available
     if mem is None or available is None:
         return
-    temp = mem.temp_size_in_bytes
-    new_out = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0)
+    local = max(sum(d.process_index == jax.process_index() for d in devices), 1)
+    temp = mem.temp_size_in_bytes * local
+    new_out = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0) * local
     if temp + new_out > available:
         raise HostMemoryError(
-            f"program {name!r} needs {(temp + new_out) / GIB:.1f} GiB of this host's memory beyond its arguments "
+            f"program {name!r} needs {(temp + new_out) / GIB:.1f} GiB of this host's memory beyond its arguments"
+            f"{f' over its {local} CPU devices' if local > 1 else ''} "
             f"({temp / GIB:.1f} GiB of temporaries, {new_out / GIB:.1f} GiB of new outputs) and "
             f"{available / GIB:.1f} GiB are available: run it on a host with more memory, or with a smaller model "
             "or fewer rows per call")

@@ -18,7 +18,7 @@ def _mem(temp, out, alias):
 
 
 def test_the_check_counts_temporaries_and_outputs_not_aliased_to_donated_inputs():
-    cpu = jax.devices("cpu")
+    cpu = jax.devices("cpu")[:1]
     gib = xla_options.GIB
     check_host_memory(_mem(3 * gib, 2 * gib, 2 * gib), "step", cpu, available=3 * gib)  # 3 GiB: fits exactly
     with pytest.raises(HostMemoryError) as e:
@@ -26,7 +26,10 @@ def test_the_check_counts_temporaries_and_outputs_not_aliased_to_donated_inputs(
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("program 'step' needs 4.0 GiB of this host's memory beyond its")
     assert "(3.0 GiB of temporaries, 1.0 GiB of new outputs) and 3.0 GiB are available" in msg
-    gpu = [types.SimpleNamespace(platform="gpu")]
+    two = [types.SimpleNamespace(platform="cpu", process_index=0)] * 2  # a 2-device CPU mesh in this process
+    with pytest.raises(HostMemoryError, match="needs 4.0 GiB of this host's memory beyond its arguments over its 2 CPU"):
+        check_host_memory(_mem(1 * gib, 2 * gib, 1 * gib), "step", two, available=3 * gib)
+    gpu = [types.SimpleNamespace(platform="gpu", process_index=0)]
     check_host_memory(_mem(100 * gib, 0, 0), "step", gpu, available=1)  # another platform's memory: not this host's
 
 
