@@ -56,8 +56,9 @@ def test_a_stage_that_starts_marks_the_ones_before_it_done():
 
 def test_the_study_stages_of_a_preset():
     q = PRESETS["quick"]
-    assert progress.study_stages(q) == [("base", 200, "step"), ("RL", 3 * 5 * 12, "iteration"),
-                                        ("eval", 5 * 4 + 2 * 5, "policy")]  # + the headline's base and GRPO
+    arms = len(q.arms)  # RL: arms x 5 seeds x 12 iterations; eval: the base and every arm on each seed's maps
+    assert progress.study_stages(q) == [("base", 200, "step"), ("RL", arms * 5 * 12, "iteration"),
+                                        ("eval", 5 * (arms + 1) + 2 * 5, "policy")]  # + the headline's base, GRPO
     assert progress.study_stages(PRESETS["ci"])[0] == ("base", 4, "step")
 
 
