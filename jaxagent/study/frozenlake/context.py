@@ -9,10 +9,12 @@ one. Arrays: per_task [U, J, P] (budget tiers x values of K x held-out tasks), p
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
-from jaxagent.study.frozenlake.estimates import Estimator
+from jaxagent.eval import health
+from jaxagent.study.frozenlake.estimates import Estimator, number
 
 
 @dataclasses.dataclass
@@ -85,6 +87,11 @@ class EvalContext:
     def headline_per_task(self, label: str) -> np.ndarray:
         """float[1, J, P]: Pass@K at full budget per task of one label's headline evaluation."""
         return np.asarray(self.headline[label]["per_task"], np.float64)
+
+    def training_success(self, arm: str, seed: int) -> list[float]:
+        """The arm seed's training-batch success rate per iteration, in log order (its metrics.jsonl)."""
+        recs = health.read_log(os.path.join(self.run.dir, "arms", arm, f"seed{seed}", "metrics.jsonl"))
+        return [v for v in (number(r.get("success_rate")) for r in recs) if np.isfinite(v)]
 
     def bound_per_task(self) -> dict:
         """seed -> float[U, J, P], the structural bound per tier, K and task."""

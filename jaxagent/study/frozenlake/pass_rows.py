@@ -113,13 +113,14 @@ def arm_rows(ctx: EvalContext) -> None:
     maps). Finding 7 writes its arms' training budget, `<row>.train_turns`. Finding 8 also writes each arm's move
     from the base on the row's tasks, `<row>.moved.<arm>` (mean over the paired seeds of Pass@1(arm) -
     Pass@1(base)), for the parity row's recipe check (`recipe.parity_moves`)."""
-    base_pt, jobs = ctx.base_per_task(), []
+    base_pt, jobs = ctx.base_per_task(), []  # (comparator, arm, row key, tiers, on solvable tasks, extra metrics)
     pair = process_pair(ctx)
     if pair is not None:
-        jobs.append((pair[0], pair[1], "f7_process_frozenlake", [(ctx.tight, None)], True))
+        jobs.append((pair[0], pair[1], "f7_process_frozenlake", [(ctx.tight, None)], True,
+                     {"f7_process_frozenlake.train_turns": float(pair[2])}))
     if MAIN_ARM in ctx.arms:
-        jobs.append((MAIN_ARM, "budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)), False))
-    for comparator, other, key, t_list, solv in jobs:
+        jobs.append((MAIN_ARM, "budgetmix", "f8_budgetmix", list(enumerate(ctx.preset.eval.fractions)), False, {}))
+    for comparator, other, key, t_list, solv, extra in jobs:
         if other not in ctx.arms:
             continue
         both = sorted(set(ctx.arm_seeds(comparator)) & set(ctx.arm_seeds(other)))
@@ -139,8 +140,7 @@ def arm_rows(ctx: EvalContext) -> None:
                 for arm, per in ((comparator, rl), (other, oth)):
                     ctx.est.mean(f"{name}.moved.{arm}", {s: mean(per[s][t_i, ctx.k1_i] - base_pt[s][t_i, ctx.k1_i])
                                                          for s in both}, [comparator, other])
-            if key == "f7_process_frozenlake":
-                ctx.m[f"{key}.train_turns"] = float(pair[2])
+        ctx.m.update(extra)
 
 
 def hidden_budget_rows(ctx: EvalContext) -> None:

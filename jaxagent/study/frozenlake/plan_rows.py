@@ -47,8 +47,7 @@ def r_multi_row(ctx: EvalContext, grpo_seeds) -> None:
     n = ctx.preset.rollout_batch
     windows, n_iter = {}, {}
     for s in grpo_seeds:
-        recs = health.read_log(os.path.join(ctx.run.dir, "arms", MAIN_ARM, f"seed{s}", "metrics.jsonl"))
-        rates = [v for v in (number(r.get("success_rate")) for r in recs) if np.isfinite(v)]
+        rates = ctx.training_success(MAIN_ARM, s)
         w = r_multi_windows(rates, n)
         if w is not None:
             windows[s], n_iter[s] = w, len(rates)

@@ -9,8 +9,6 @@ other rows does not apply here. Room: the process-reward arm's fall lies in [0, 
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from jaxagent.eval import health
@@ -18,16 +16,9 @@ from jaxagent.eval.dynamics import training_drawdown
 from jaxagent.rl.loop import tight_budget
 from jaxagent.study.common.estimates import put_estimate
 from jaxagent.study.frozenlake.context import EvalContext
-from jaxagent.study.frozenlake.estimates import number
 
 TIGHT_ARMS = ("grpo_tight", "grpo_oracle_tight")  # (outcome reward, outcome + process reward), both at the tier
 KEY = "f7_stability_frozenlake"
-
-
-def success_rates(ctx: EvalContext, arm: str, seed: int) -> list[float]:
-    """The arm seed's training-batch success rate per iteration, in log order (metrics.jsonl)."""
-    recs = health.read_log(os.path.join(ctx.run.dir, "arms", arm, f"seed{seed}", "metrics.jsonl"))
-    return [v for v in (number(r.get("success_rate")) for r in recs) if np.isfinite(v)]
 
 
 def stability_row(ctx: EvalContext) -> None:
@@ -39,7 +30,7 @@ def stability_row(ctx: EvalContext) -> None:
         return
     units, falls, lo, hi, windows = {}, {outcome: {}, process: {}}, {}, {}, {}
     for s in sorted(set(ctx.arm_seeds(outcome)) & set(ctx.arm_seeds(process))):
-        got = {a: training_drawdown(success_rates(ctx, a, s)) for a in TIGHT_ARMS}
+        got = {a: training_drawdown(ctx.training_success(a, s)) for a in TIGHT_ARMS}
         if any(v is None for v in got.values()):
             continue
         for a in TIGHT_ARMS:
