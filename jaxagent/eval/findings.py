@@ -612,16 +612,16 @@ BASE_EFFECT = {
               "takes the noise's invalid or detour moves less often than the expert's.",
     "f6_r_multi": "Base: denoising raises training-batch success, a tilt towards reproduced; a CI holding 0 was "
                   "possible at 12-20 iterations, and collapsing seeds fall.",
-    "f7_process_frozenlake": "Base: at T=2 the noisy base solves few of the maps solvable there, and a noisy first "
-                             "move costs the task, so any arm that denoises gains; both arms denoise, so the tilt "
+    "f7_process_frozenlake": "Base: at T=2 the noisy base solves about 40% of the maps solvable there (quick), and a "
+                             "noisy first move costs the task, so any arm that denoises gains; both arms denoise, so the tilt "
                              "cancels in their difference. Reproduced (a CI above 0 reaching +10 points) was possible: the "
                              "room leaves the oracle arm up to the bound, about 54 points above GRPO on these maps "
                              "in quick. A CI below 0 was possible too: the arms differ only in the reward, and the "
                              "process reward's per-move penalties (Q* - V* <= 0) also sharpen the policy where its "
                              "mode is wrong, a loss at K=1.",
-    "f7_stability_frozenlake": "Base: both arms start from the same noisy base at T=2, where it solves few of the "
-                               "maps solvable there, so GRPO's outcome reward is mostly zero and its updates are "
-                               "few; the recipe (KL 0.05 to the base, a learning rate chosen in the sweeps so that "
+    "f7_stability_frozenlake": "Base: both arms start from the same noisy base at T=2, where about a quarter of the "
+                               "maps can be solved at all and the base solves about 40% of those (quick), so GRPO's "
+                               "outcome reward is mostly zero and its updates are few; the recipe (KL 0.05 to the base, a learning rate chosen in the sweeps so that "
                                "full-budget GRPO does not collapse) holds GRPO near the base, a tilt towards a "
                                "small fall for both and a size blocked by the room. Reproduced was possible: a GRPO seed "
                                "whose batch success collapses at T=2 falls by its best window (collapsed seeds count "
