@@ -63,6 +63,7 @@ def parse_args(argv):
     p.add_argument("--micro-batches", type=int, default=None, help="override the preset's micro-batches")
     p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
                    help="override the preset's remat policy")
+    cli.add_scan_layers(p)
     p.add_argument("--mesh", type=int, nargs=3, default=None, metavar=("DATA", "FSDP", "TENSOR"),
                    help="override the preset's (data, fsdp, tensor) mesh (its product: the chips used)")
     p.add_argument("--layers", type=int, default=None,
@@ -111,6 +112,8 @@ def main(argv=None) -> int:
         changes["micro_batches"] = args.micro_batches
     if args.remat:
         changes["remat"] = None if args.remat == "none" else args.remat
+    if args.scan_layers:
+        changes["scan_layers"] = True
     if args.mesh:
         if min(args.mesh) < 1:
             raise SystemExit(f"--mesh needs three positive sizes, got {args.mesh}")

@@ -173,8 +173,16 @@ def parser(description: str, *, prog: str | None = None, run_options: bool = Fal
                    help="override the preset's gradient-accumulation micro-batches per RL update (memory)")
     p.add_argument("--remat", default=None, choices=("none", "full", "dots", "dots_no_batch"),
                    help="override the preset's per-layer activation checkpointing policy (none: keep all)")
+    add_scan_layers(p)
     add_distributed(p)
     return p
+
+
+def add_scan_layers(p: argparse.ArgumentParser) -> None:
+    """--scan-layers (`MemoryPlan.scan_layers`), for the run scripts and the AOT check alike."""
+    p.add_argument("--scan-layers", action="store_true",
+                   help="run the RL train step's layers as one lax.scan: one layer compiled instead of all, and its "
+                        "memory flat in depth on a CPU host (same update to float rounding)")
 
 
 def add_config_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -293,7 +301,7 @@ def preset_from(args):
             arms=getattr(args, "arms", None),
             mesh=getattr(args, "mesh", None), compute_dtype=getattr(args, "compute_dtype", None),
             micro_batches=getattr(args, "micro_batches", None), remat=getattr(args, "remat", None),
-            rehearsal=getattr(args, "rehearsal", False))
+            rehearsal=getattr(args, "rehearsal", False), scan_layers=getattr(args, "scan_layers", False))
     except (RunError, ValueError) as e:
         fail(str(e))
     if getattr(args, "dump_config", False):
@@ -348,7 +356,10 @@ def clear_errors():
     from jaxagent.xla_options import HostMemoryError
     try:
         yield
-    except (RunError, CheckpointError, HostMemoryError) as e:  # the user errors, and a program this host cannot hold
+    except HostMemoryError as e:  # a program this host cannot hold; a train step's layers may run one at a time
+        fail(str(e) + (" (a train step: --scan-layers holds one layer's work at a time)" if e.program == "step"
+                       else ""), 2)
+    except (RunError, CheckpointError) as e:  # the user errors
         fail(str(e), 2)
     except NonFiniteError as e:
         fail(str(e), 1)

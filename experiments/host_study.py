@@ -52,6 +52,7 @@ def parser(prog: str = "experiments.host_study") -> argparse.ArgumentParser:
                         "and held-out tasks, short turns) to check it end to end on this machine before booking "
                         "accelerators; files go to <root>/<preset>-rehearsal unless --name is given")
     p.add_argument("--force", action="store_true", help="empty a run directory made with other settings")
+    cli.add_scan_layers(p)
     cli.add_distributed(p)
     return p
 
@@ -98,7 +99,8 @@ def preset_from(args):
     changes = {k: v for k, v in (("checkpoint", args.checkpoint), ("data", args.data), ("iterations", args.iterations),
                                  ("seeds", tuple(args.seeds) if args.seeds else None),
                                  ("data_format", getattr(args, "data_format", None)),
-                                 ("arms", tuple(args.arms) if getattr(args, "arms", None) else None)) if v is not None}
+                                 ("arms", tuple(args.arms) if getattr(args, "arms", None) else None),
+                                 ("scan_layers", getattr(args, "scan_layers", False) or None)) if v is not None}
     opt = lambda name: getattr(args, name, None)  # noqa: E731  (other scripts' parsers, e.g. mistakes', lack them)
     options = tuple((k, v) for k, v in (("grading", opt("grading")), ("keep_distinct", opt("keep_distinct") or None),
                                         ("schema_in_prompt", False if opt("no_schema") else None),

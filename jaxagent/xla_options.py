@@ -39,7 +39,12 @@ GIB = 2**30
 
 
 class HostMemoryError(MemoryError):
-    """A program compiled for CPU devices needs more memory than this host has available (module docstring)."""
+    """A program compiled for CPU devices needs more memory than this host has available (module docstring);
+    `program`: the jitted function's name."""
+
+    def __init__(self, message: str, program: str = ""):
+        super().__init__(message)
+        self.program = program
 
 
 def host_memory_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
@@ -75,7 +80,7 @@ def check_host_memory(executable, name: str, devices: Iterable, available: Optio
             f"{f' over its {local} CPU devices' if local > 1 else ''} "
             f"({temp / GIB:.1f} GiB of temporaries, {new_out / GIB:.1f} GiB of new outputs) and "
             f"{available / GIB:.1f} GiB are available: run it on a host with more memory, or with a smaller model "
-            "or fewer rows per call")
+            "or fewer rows per call", program=name)
 
 
 def options(devices: Iterable, *, sequence: bool = False, extra: Optional[dict] = None) -> dict:

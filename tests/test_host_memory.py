@@ -58,7 +58,14 @@ def test_a_jitted_program_too_large_for_the_host_stops_before_it_runs(monkeypatc
 def test_the_scripts_print_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         with cli.clear_errors():
-            raise HostMemoryError("program 'step' needs 21.0 GiB of this host's memory beyond its arguments")
+            raise HostMemoryError("program 'grow' needs 21.0 GiB of this host's memory beyond its arguments", "grow")
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == ("error: program 'step' needs 21.0 GiB of this host's memory beyond its "
+    assert capsys.readouterr().err.strip() == ("error: program 'grow' needs 21.0 GiB of this host's memory beyond its "
                                               "arguments")
+    # a train step's line names the knob that holds one layer's work at a time
+    with pytest.raises(SystemExit) as e:
+        with cli.clear_errors():
+            raise HostMemoryError("program 'step' needs 21.0 GiB of this host's memory beyond its arguments", "step")
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and err.endswith("(a train step: --scan-layers holds one layer's "
+                                                                    "work at a time)")

@@ -103,7 +103,8 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
                              f"{f' (packed, {max(packed_sizes)} per micro-batch)' if memory.packed_policy else ''}, "
                              f"{jnp.dtype(cdt).name} forward, "
                              f"kl_coef {arm.kl_coef} ({arm.kl_estimator}"
-                             f"{', reference in the state' if step.with_ref_params else ''})", tuple(calls[:-1])))
+                             f"{', reference in the state' if step.with_ref_params else ''})"
+                             f"{', layers scanned' if memory.scan_layers else ''}", tuple(calls[:-1])))
     return progs
 
 

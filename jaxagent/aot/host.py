@@ -141,7 +141,7 @@ def step_options(preset) -> dict:
     """`stages.make_arm_step`'s options (its `MemoryPlan`) as `study.host.run.run_arms` passes them."""
     return dict(memory=MemoryPlan(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches,
                                   remat=preset.remat, compiler_options=preset.compiler_options,
-                                  packed_policy=preset.policy_positions))
+                                  packed_policy=preset.policy_positions, scan_layers=preset.scan_layers))
 
 
 def packed_sizes(preset) -> tuple[int, ...]:

@@ -133,7 +133,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None, world=None) -> lis
         progs.append(rollout_program(cfg, mesh, world, preset.task, b, dtype=cdt, name="rollout_train",
                                      rules=sharding.ROLLOUT_RULES))
     step_kw = dict(memory=MemoryPlan(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches,
-                                     remat=preset.remat), tis_cap=preset.tis_cap)
+                                     remat=preset.remat, scan_layers=preset.scan_layers), tis_cap=preset.tis_cap)
     if want("train_state_init") or want("params_finite"):
         progs += [pr for pr in state_programs(cfg, mesh, run_mesh, arms, **step_kw) if want(pr.name)]
     names = {"train_step_ppo" if a == "ppo" else "train_step_grpo" for a in arm_names}

@@ -207,7 +207,7 @@ def cache_logical_axes(cfg: Qwen3Config) -> Cache:
 def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=None, attention_mask=None,
                   cache: Optional[Cache] = None, n_valid=None,
                   kv_window: Union[int, KVWindows, None] = None, index=None, remat: Optional[str] = None,
-                  mesh=None):
+                  mesh=None, scan_layers: bool = False):
     """Final-norm hidden states [B, T, D] and the updated cache (see `forward` for the arguments);
     with `index` [B], only that token's hidden state per row ([B, 1, D]); the cache gets every token.
 
@@ -215,7 +215,12 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     block runs under `jax.checkpoint` with that policy ('full': save only the block's input and
     recompute the rest in the backward; 'dots': save every matmul output; 'dots_no_batch': save the
     matmuls without batch dimensions, i.e. the projections, and recompute attention). Same values and
-    gradients, less activation memory. `mesh`: pins the residual stream to `RESIDUAL_AXES`."""
+    gradients, less activation memory. `mesh`: pins the residual stream to `RESIDUAL_AXES`.
+    `scan_layers` (without a cache): the layers (all but an `index`ed last one) run as one `lax.scan` over their
+    weights stacked per call: one layer is traced and compiled instead of all, and under `remat` the backward
+    recomputes a layer only when its gradient arrives (XLA:CPU otherwise schedules every layer's recomputation
+    up front, so an unrolled train step holds each layer's attention temporaries at once). Same values to f32
+    rounding; the stacked copy of the layer weights is held for the call."""
     if remat is not None and remat not in REMAT_POLICIES:
         raise ValueError(f"remat={remat!r}: expected None or one of {sorted(REMAT_POLICIES)}")
     b, t = tokens_BxT.shape
@@ -252,7 +257,15 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BxT, *, positions=Non
     x = shd.constrain(jnp.take(embed, tokens_BxT, axis=0), RESIDUAL_AXES, mesh)
     tok = ops.tokens(params, ops.rope_tables(positions, cfg.head_dim, cfg.rope_theta), None if cache is None else n)
     new_k, new_v = [], []
-    for i in range(cfg.num_hidden_layers):
+    scanned = cfg.num_hidden_layers - (index is not None) if scan_layers and cache is None else 0
+    if scanned:
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *[params["layers"][i] for i in range(scanned)])
+
+        def scan_body(x_BxTxD, p):
+            x_BxTxD, _ = block(p, x_BxTxD, None, tok, mask, None, None)
+            return shd.constrain(x_BxTxD, RESIDUAL_AXES, mesh), None
+        x, _ = jax.lax.scan(scan_body, x, stacked)
+    for i in range(scanned, cfg.num_hidden_layers):
         kv = None if cache is None else (cache["k"][i], cache["v"][i])
         last = i == cfg.num_hidden_layers - 1
         x, kv = block(params["layers"][i], x, kv, tok, mask, write_slots, index if last else None)

@@ -71,10 +71,10 @@ def head_values(value_head: dict, h_BxTxD: jax.Array) -> jax.Array:
 
 
 def values(critic_params: CriticParams, cfg: Qwen3Config, tokens_BxT: jax.Array, *,
-           remat: Optional[str] = None, mesh=None, micro_batches: int = 1) -> jax.Array:
+           remat: Optional[str] = None, mesh=None, micro_batches: int = 1, scan_layers: bool = False) -> jax.Array:
     """V [B, T] (f32) of a separate-backbone critic, aligned to the action token (module doc).
-    `remat` / `mesh`: the backbone's per-layer checkpoint policy and activation-sharding mesh
-    (`qwen3.hidden_states`); the critic never computes vocabulary logits. `micro_batches` M: the rows
+    `remat` / `mesh` / `scan_layers`: the backbone's per-layer checkpoint policy, activation-sharding mesh and
+    layer loop (`qwen3.hidden_states`); the critic never computes vocabulary logits. `micro_batches` M: the rows
     go through the backbone in M chunks (`sharding.map_row_chunks`), which bounds activation memory
     (e.g. the attention scores of B / M rows); the values are the same per row."""
     if "backbone" not in critic_params:
@@ -84,7 +84,8 @@ def values(critic_params: CriticParams, cfg: Qwen3Config, tokens_BxT: jax.Array,
         raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
 
     def one(toks_BxT):
-        h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, toks_BxT, remat=remat, mesh=mesh)
+        h_BxTxD, _ = qwen3.hidden_states(critic_params["backbone"], cfg, toks_BxT, remat=remat, mesh=mesh,
+                                         scan_layers=scan_layers)
         return head_values(critic_params["value_head"], h_BxTxD)
 
     return sharding.map_row_chunks(one, tokens_BxT, micro_batches, mesh)

@@ -37,7 +37,8 @@ class TokenStats(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LogitsPlan:
-    """The log-prob computation of a train step (module doc); `compute_dtype` None: params used as they are."""
+    """The log-prob computation of a train step (module doc); `compute_dtype` None: params used as they are;
+    `remat`, `scan_layers`: how the forwards run their layers (`qwen3.hidden_states`)."""
     cfg: Qwen3Config
     mode: str = "full"
     policy_tokens: Optional[int] = None
@@ -45,6 +46,7 @@ class LogitsPlan:
     remat: Optional[str] = None
     compute_dtype: Any = None
     mesh: Optional[Mesh] = None
+    scan_layers: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -63,7 +65,7 @@ class LogitsPlan:
         """The stats of the policy `params` (and, given `ref_params`, of the reference beside it, chunk by chunk,
         its forward and log-probs under stop_gradient) at this plan's positions; `index_N`: the packed list."""
         p = self.cast(params)
-        h = hidden(p, self.cfg, tokens_BxT, self.remat, self.mesh)
+        h = hidden(p, self.cfg, tokens_BxT, self.remat, self.mesh, self.scan_layers)
         pos = flat = None
         if self.mode == "per-row" and self.policy_tokens < tokens_BxT.shape[1]:
             pos, _ = policy_positions(mask_BxT, self.policy_tokens)
@@ -74,14 +76,15 @@ class LogitsPlan:
             return TokenStats(*next_token_stats(head_matrix(p, self.cfg), self.cfg, h, tokens_BxT, **kw), h)
         rp = jax.lax.stop_gradient(self.cast(ref_params))
         ref = (head_matrix(rp, self.cfg), jax.lax.stop_gradient(hidden(rp, self.cfg, tokens_BxT, self.remat,
-                                                                        self.mesh)))
+                                                                        self.mesh, self.scan_layers)))
         logp, ent, ref_logp, kl = next_token_stats(head_matrix(p, self.cfg), self.cfg, h, tokens_BxT, ref=ref, **kw)
         return TokenStats(logp, ent, h, ref_logp, kl)
 
     def reference_logprobs(self, ref_params, tokens_BxT):
         """The reference's log-probs at every position (no gradient): the sampled-token KL estimators' input."""
         return jax.lax.stop_gradient(token_logprobs(self.cast(ref_params), self.cfg, tokens_BxT,
-                                                    logits_chunk=self.logits_chunk, remat=self.remat, mesh=self.mesh))
+                                                    logits_chunk=self.logits_chunk, remat=self.remat, mesh=self.mesh,
+                                                    scan_layers=self.scan_layers))
 
     def missed(self, mask_BxT, index_N=None):
         """The policy tokens of `mask_BxT` whose stats this plan does not compute (a scalar; 0 means none): per-row,

@@ -163,21 +163,21 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     return tuple(shift(o) for o in outs)
 
 
-def hidden(params, cfg: Qwen3Config, tokens_BxT, remat=None, mesh=None):
-    """`qwen3.hidden_states` with the remat policy and the activation-sharding mesh."""
-    h, _ = qwen3.hidden_states(params, cfg, tokens_BxT, remat=remat, mesh=mesh)
+def hidden(params, cfg: Qwen3Config, tokens_BxT, remat=None, mesh=None, scan_layers: bool = False):
+    """`qwen3.hidden_states` with the remat policy, the activation-sharding mesh and `scan_layers`."""
+    h, _ = qwen3.hidden_states(params, cfg, tokens_BxT, remat=remat, mesh=mesh, scan_layers=scan_layers)
     return h
 
 
 def token_logprobs(params, cfg: Qwen3Config, tokens_BxT, *, with_entropy: bool = False,
                    logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, remat: Optional[str] = None,
-                   mesh: Optional[Mesh] = None):
+                   mesh: Optional[Mesh] = None, scan_layers: bool = False):
     """logp [B, T] with logp[:, t] = log pi(tokens[t] | tokens[:t]) and logp[:, 0] = 0; with
     with_entropy also H[:, t] = entropy of pi(. | tokens[:t]) (0 at t = 0). Chunked over positions
-    (`next_token_stats`), so [B, T, V] logits never exist."""
+    (`next_token_stats`), so [B, T, V] logits never exist. `scan_layers`: `qwen3.hidden_states`'."""
     if tokens_BxT.ndim != 2:
         raise ValueError(f"tokens must be [B, T], got shape {tokens_BxT.shape}")
-    h = hidden(params, cfg, tokens_BxT, remat, mesh)
+    h = hidden(params, cfg, tokens_BxT, remat, mesh, scan_layers)
     logp, ent = next_token_stats(head_matrix(params, cfg), cfg, h, tokens_BxT, logits_chunk=logits_chunk,
                                  mesh=mesh)
     return (logp, ent) if with_entropy else logp

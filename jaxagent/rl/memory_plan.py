@@ -3,7 +3,8 @@
 A plan changes what the step holds at a time, never its update (to float rounding): rows in flight
 (`micro_batches`), the per-layer `jax.checkpoint` policy (`remat`), the positions unembedded at a time
 (`logits_chunk`), where the vocabulary is projected (`policy_tokens`, `packed_policy`; `logits_plan.LogitsPlan`),
-the dtype of the forward passes (`compute_dtype`) and the XLA options of the step's `jax.jit`.
+the dtype of the forward passes (`compute_dtype`), the layers' loop (`scan_layers`) and the XLA options of the
+step's `jax.jit`.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class MemoryPlan:
       positions only (`LogitsPlan` 'per-row'). packed_policy: at each micro-batch's packed list of them,
       batch['policy_index'] ('packed'). At most one of the two.
     compiler_options: (name, value) XLA options of the step's jax.jit (a dict is taken as its items).
+    scan_layers: the forwards run the layers as one `lax.scan` (`qwen3.hidden_states`): one layer compiled,
+      and the backward's recomputation bounded to a layer at a time on every platform.
     """
 
     micro_batches: int = 1
@@ -40,6 +43,7 @@ class MemoryPlan:
     policy_tokens: Optional[int] = None
     packed_policy: bool = False
     compiler_options: tuple = ()
+    scan_layers: bool = False
 
     def __post_init__(self):
         if self.micro_batches < 1:
@@ -62,7 +66,7 @@ class MemoryPlan:
         """Where and how the step computes its per-token log-probs and entropies."""
         mode = "packed" if self.packed_policy else "full" if self.policy_tokens is None else "per-row"
         return LogitsPlan(cfg, mode=mode, policy_tokens=self.policy_tokens, logits_chunk=self.logits_chunk,
-                          remat=self.remat, compute_dtype=self.compute_dtype, mesh=mesh)
+                          remat=self.remat, compute_dtype=self.compute_dtype, mesh=mesh, scan_layers=self.scan_layers)
 
 
 def resolve_compute_dtype(dtype):

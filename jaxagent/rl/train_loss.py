@@ -216,7 +216,7 @@ class ValueLoss:
             v = critic_lib.head_values(critic_params["value_head"], h)
         else:
             v = critic_lib.values(plan.cast(critic_params), self.critic_cfg, batch["tokens"], remat=plan.remat,
-                                  mesh=plan.mesh)
+                                  mesh=plan.mesh, scan_layers=plan.scan_layers)
         vl, vaux = losses.value_loss(v, batch["old_values"], batch["returns"], mask, clip_eps=vs.clip_eps,
                                      agg_mode=vs.agg_mode, norm_len=self.policy.settings.norm_len)
         w_v = agg_denominator(mask, vs.agg_mode) / jnp.maximum(denoms["vagg"], 1.0)

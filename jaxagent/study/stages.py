@@ -178,12 +178,13 @@ def sft_widths(world: ToyWorld, ts: TaskSettings) -> tuple[int, ...]:
 
 def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: ArmSettings, *,
                      mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
-                     remat: Optional[str] = None, tis_cap: Optional[float] = None) -> ArmRuntime:
+                     remat: Optional[str] = None, tis_cap: Optional[float] = None,
+                     scan_layers: bool = False) -> ArmRuntime:
     """The rollout, train step and optimizers of an arm. `mesh`: run sharded on it (module doc);
     `compute_dtype` (e.g. 'bfloat16'): the dtype of the policy's forward passes in the train step and
     in the training rollouts (the master params and Adam moments stay float32). `micro_batches`,
-    `remat`: the train step's gradient accumulation and per-layer checkpointing, and the row chunks of
-    PPO's critic values (memory only; same update); `tis_cap`: truncated importance sampling on the
+    `remat`, `scan_layers`: the train step's gradient accumulation, per-layer checkpointing and layer loop, and
+    the row chunks of PPO's critic values (memory only; same update); `tis_cap`: truncated importance sampling on the
     sampler's log-probs (`LossSettings`), with the trainer's pre-update log-probs as the ratio's
     pi_old when an iteration makes several updates (`rl_iteration(logprobs_fn=)`)."""
     env_params = ts.env_params()
@@ -191,7 +192,8 @@ def make_arm_runtime(world: ToyWorld, cfg: Qwen3Config, ts: TaskSettings, arm: A
     cdt = resolve_compute_dtype(compute_dtype)
     rcfg = ts.rollout_config(sampler=Sampler(temperature=arm.temperature))
     arm_step = make_arm_step(cfg, arm, mesh=mesh, memory=MemoryPlan(micro_batches=micro_batches, remat=remat,
-                                                                    compute_dtype=compute_dtype), tis_cap=tis_cap)
+                                                                    compute_dtype=compute_dtype,
+                                                                    scan_layers=scan_layers), tis_cap=tis_cap)
     opt, copt, vs, with_ref = (arm_step.optimizer, arm_step.critic_optimizer, arm_step.value_settings,
                                arm_step.with_ref_params)
     step, st_sh = placed_step(arm_step, cfg, mesh=mesh)  # state and batch rows on the mesh first

@@ -55,6 +55,7 @@ class Preset:
     # Memory of the RL train step (`python -m experiments.aot_check` checks the fit):
     micro_batches: int = 1            # gradient-accumulation micro-batches per update
     remat: Optional[str] = None       # per-layer activation checkpointing (qwen3.REMAT_POLICIES)
+    scan_layers: bool = False         # the train step's forwards as one lax.scan over layers (`MemoryPlan.scan_layers`)
     tis_cap: Optional[float] = None   # truncated importance sampling cap on the sampler's log-probs
     # The AOT check (experiments/aot_check.py): the checkpoint's architecture (a models.config.PRESETS
     # name), the topology compiled for (TPU 'v5p:4x4x4', GPUs 'h100:1x1x8'), and a GPU preset's HBM, checked
@@ -210,11 +211,11 @@ def needs_checkpoint(preset: Preset) -> bool:
 
 def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, iterations: Optional[int] = None,
                    seeds=None, arms=None, mesh=None, compute_dtype: Optional[str] = None, micro_batches: Optional[int] = None,
-                   remat: Optional[str] = None, rehearsal: bool = False) -> Preset:
+                   remat: Optional[str] = None, rehearsal: bool = False, scan_layers: bool = False) -> Preset:
     """`preset` (or `PRESETS[preset]`) with the given fields replaced; a None (or empty) argument keeps the
-    preset's value, and remat "none" means no activation checkpointing. `rehearsal`: the counts cut first
-    (`rehearsal_preset`), the other arguments then applied. InvalidSettings when an accelerator preset is left
-    without a checkpoint directory, or the name is unknown."""
+    preset's value, and remat "none" means no activation checkpointing; `scan_layers` True sets it. `rehearsal`:
+    the counts cut first (`rehearsal_preset`), the other arguments then applied. InvalidSettings when an
+    accelerator preset is left without a checkpoint directory, or the name is unknown."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise InvalidSettings(f"unknown preset {preset!r}; the presets: {', '.join(sorted(PRESETS))}")
@@ -238,6 +239,8 @@ def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, it
         changes["micro_batches"] = micro_batches
     if remat:
         changes["remat"] = None if remat == "none" else remat
+    if scan_layers:
+        changes["scan_layers"] = True
     if needs_checkpoint(dataclasses.replace(preset, **{k: v for k, v in changes.items() if k == "checkpoint"})):
         raise InvalidSettings(f"preset {preset.name} needs --checkpoint DIR (a local Hugging Face Qwen3 directory)")
     return dataclasses.replace(preset, **changes)

@@ -148,7 +148,7 @@ def make_runtime(run: Run, settings: stages.ArmSettings) -> stages.ArmRuntime:
     p = run.preset
     return stages.make_arm_runtime(run.world, run.cfg, p.task, settings, mesh=run.mesh,
                                    compute_dtype=run.compute_dtype, micro_batches=p.micro_batches, remat=p.remat,
-                                   tis_cap=p.tis_cap)
+                                   tis_cap=p.tis_cap, scan_layers=p.scan_layers)
 
 
 def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=silent, progress=no_progress):

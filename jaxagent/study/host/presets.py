@@ -78,6 +78,7 @@ class HostPreset:
     mesh: tuple[int, int, int] = (1, 1, 1)   # (data, fsdp, tensor); (1, 1, 1): the default device
     micro_batches: int = 1
     remat: Optional[str] = None
+    scan_layers: bool = False         # the train step's forwards as one lax.scan over layers (`MemoryPlan.scan_layers`)
     compiler_options: tuple = ()      # (name, value) XLA options of the train step's jit (`MemoryPlan.compiler_options`)
     # The train step projects onto the vocabulary at the batch's policy tokens only, packed into one list per
     # micro-batch (`host_stages.make_host_arm_runtime(packed_policy=)`), the same loss and gradient to float rounding.

@@ -106,7 +106,7 @@ class HostRun:
         self.run_dir = run_dir.RunDir(self.dir)  # created and locked: RunDirInUse while another run writes it
         record = run_dir.plain(preset)
         _, diff = self.run_dir.config_diff(record, run_checks.RESULT_NEUTRAL,
-                                           defaults={"rehearsal": False, "seed_offset": 0})
+                                           defaults={"rehearsal": False, "seed_offset": 0, "scan_layers": False})
         if diff and not force:
             raise run_dir.SettingsMismatch(
                 f"run directory {self.dir} was made with other settings ({len(diff)} differ, as recorded vs now): "
@@ -239,6 +239,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
                 runtimes[key] = (host_stages.make_host_arm_runtime(
                     run.world, run.cfg, p.task, settings, mesh=run.mesh, compute_dtype=p.compute_dtype,
                     micro_batches=p.micro_batches, remat=p.remat, compiler_options=dict(p.compiler_options) or None,
+                    scan_layers=p.scan_layers,
                     on_trace=lambda trace, host=host: host.update(host_stages.trace_metrics(trace)),
                     packed_policy=p.policy_positions), host)
             runtime, host = runtimes[key]

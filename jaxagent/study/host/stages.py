@@ -459,7 +459,8 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
                           mesh: Optional[Mesh] = None, compute_dtype=None, micro_batches: int = 1,
                           remat: Optional[str] = None, compiler_options: Optional[dict] = None,
                           on_trace: Optional[Callable[[HostTrace], None]] = None,
-                          policy_tokens: Optional[int] = None, packed_policy: bool = False) -> arms_lib.ArmRuntime:
+                          policy_tokens: Optional[int] = None, packed_policy: bool = False,
+                          scan_layers: bool = False) -> arms_lib.ArmRuntime:
     """`common.arms.ArmRuntime` of a host arm: the host rollout on the train tasks and the arms' train step
     (`arms_lib.make_arm_step`: PPO-clip with the arm's clip / KL / entropy settings, AdamW at `arm.lr`) as
     `arms_lib.placed_step` calls it, sharded on `mesh` when given (module docstring). No critic. `on_trace`: see
@@ -468,12 +469,13 @@ def make_host_arm_runtime(world: HostWorld, cfg: Qwen3Config, ts: HostTaskSettin
     batch with more raises. `packed_policy`: the same at the batch's policy tokens packed into one list per
     micro-batch, in multiples of `PACK_BUCKET` positions (a smaller count: the next power of two;
     `MemoryPlan(packed_policy=)`, `logprobs.packed_policy_positions`): the unembedding's work follows the
-    tokens the policy wrote, not the most a row could hold."""
+    tokens the policy wrote, not the most a row could hold. `scan_layers`: `MemoryPlan.scan_layers`."""
     if arm.rl.estimator in CRITIC_ESTIMATORS + ORACLE_ESTIMATORS:
         raise ValueError(f"host arms use outcome or anchor-group estimators (grpo, gigpo, ...); {arm.name!r} "
                          f"needs {arm.rl.estimator!r} (a critic or an exact step oracle)")
     memory = MemoryPlan(micro_batches=micro_batches, remat=remat, compute_dtype=compute_dtype,
-                        policy_tokens=policy_tokens, packed_policy=packed_policy, compiler_options=compiler_options)
+                        policy_tokens=policy_tokens, packed_policy=packed_policy, compiler_options=compiler_options,
+                        scan_layers=scan_layers)
     arm_step = arms_lib.make_arm_step(cfg, arm, mesh=mesh, memory=memory)
     step, st_sh = arms_lib.placed_step(arm_step, cfg, mesh=mesh, memory=memory, pack_bucket=PACK_BUCKET)
     rollout_fn = make_host_rollout_fn(world, cfg, ts, world.train_tasks, sampler=Sampler(temperature=arm.temperature),
