@@ -18,13 +18,17 @@ Host memory. On a CPU device a program's buffers are this machine's memory, and 
 the machine has is killed by the kernel mid-run with no message. Before its first run, a top-level call on CPU
 devices compares what the compiled program allocates beyond its arguments (`memory_analysis`: temporaries plus
 outputs not aliased to donated inputs) with the memory the kernel reports available, and raises `HostMemoryError`
-(one line: the program, both figures) instead.
+(one line: the program, both figures) instead. Between stages the study hands freed host memory back to the kernel
+(`release_freed_host_memory`).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import inspect
 import operator
+import sys
 from typing import Any, Callable, Iterable, Optional
 
 import jax
@@ -36,6 +40,27 @@ SEQUENCE_CPU_OPTIONS: dict[str, str] = {}  # one CPU device: XLA's defaults
 
 _TOP_LEVEL = get_opaque_trace_state()  # jax's eval trace: no transformation is tracing
 GIB = 2**30
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # no glibc (e.g. musl): nothing to trim
+        return None
+
+
+def release_freed_host_memory() -> None:
+    """Hands the heap memory this process has freed back to the kernel (glibc's `malloc_trim(0)`; a no-op without
+    glibc). glibc keeps freed blocks below its adaptive mmap threshold (which rises to 32 MB once such a block is
+    freed) in its heap, so a CPU stage's freed buffers stayed resident into the next stage: a full-depth Qwen3-0.6B
+    rehearsal grew by about 1 GB per RL arm until the kernel killed it at the fifth (docs/first_run.md). The study
+    calls this after each arm x seed, when nothing of the arm is live."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class HostMemoryError(MemoryError):

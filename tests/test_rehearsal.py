@@ -99,7 +99,8 @@ def test_host_rehearsal_end_to_end_on_a_real_width_checkpoint(tmp_path):
     ckpt = tmp_path / "qwen3-0.6b-1layer"
     _real_width_checkpoint(ckpt)
     got = subprocess.run([sys.executable, "-m", "experiments.reproduce", "--preset", "qwen3-0.6b-1gpu-sql",
-                          "--checkpoint", str(ckpt), "--rehearsal", "--arms", "grpo", "--root", str(tmp_path / "runs")],
+                          "--checkpoint", str(ckpt), "--rehearsal", "--arms", "grpo", "--root", str(tmp_path / "runs"),
+                          "--scan-layers"],  # as a small host rehearses a full-depth checkpoint (docs/first_run.md)
                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert got.returncode == 0, got.stderr[-3000:]
     run = tmp_path / "runs" / "qwen3-0.6b-1gpu-sql-rehearsal"
@@ -107,7 +108,7 @@ def test_host_rehearsal_end_to_end_on_a_real_width_checkpoint(tmp_path):
     assert f"- rehearsal: {REHEARSAL_NOTE}" in report.splitlines()[2]  # the first line under the title
     config = json.loads((run / "config.json").read_text())
     assert config["rehearsal"] is True and config["iterations"] == 1 and config["task"]["max_context"] == 1024
-    assert config["compute_dtype"] == "bfloat16" and config["remat"] == "full"
+    assert config["compute_dtype"] == "bfloat16" and config["remat"] == "full" and config["scan_layers"] is True
     assert (run / "arms" / "grpo" / "seed0" / "DONE").exists()
     assert {"base.json", "grpo_seed0.json"} <= set(os.listdir(run / "eval"))
     metrics = json.loads((run / "metrics.json").read_text())

@@ -14,6 +14,7 @@ import time
 
 import jax
 
+from jaxagent import xla_options
 from jaxagent.models import weights
 from jaxagent.rl import checkpoint as ckpt_lib
 from jaxagent.study import plan_mode, stages
@@ -164,6 +165,7 @@ def run_all_arms(run: Run, base_params, arms=None, seeds=None, log=silent, progr
         for seed in seeds:
             t0 = time.time()
             run_arm(run, arm, seed, base_params, runtime=runtimes[key], log=log, progress=progress)  # params not kept
+            xla_options.release_freed_host_memory()
             took.append(time.time() - t0)
             done.append((arm, seed))
             if is_main_process():

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import jax
 
-from jaxagent import sharding
+from jaxagent import sharding, xla_options
 from jaxagent.envs.jax import budgets as budgets_lib
 from jaxagent.models import pruned_tokenizer, qwen3, weights
 from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
@@ -282,5 +282,6 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
             save_policy(os.path.join(out, "policy"), run.cfg, state.params)
             run_dir.mark_done(out, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": recorded})
             del state  # the trained params are read back from <out>/policy when evaluated (`SavedPolicies`)
+            xla_options.release_freed_host_memory()
     return SavedPolicies(done, lambda arm, seed: weights.load(
         os.path.join(run.path("arms", arm, f"seed{seed}"), "policy"), mesh=run.mesh)[1])
