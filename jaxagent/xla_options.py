@@ -52,15 +52,16 @@ def _malloc_trim():
         return None
 
 
-def release_freed_host_memory() -> None:
+def release_freed_host_memory() -> bool:
     """Hands the heap memory this process has freed back to the kernel (glibc's `malloc_trim(0)`; a no-op without
     glibc). glibc keeps freed blocks below its adaptive mmap threshold (which rises to 32 MB once such a block is
     freed) in its heap, so a CPU stage's freed buffers stayed resident into the next stage: a full-depth Qwen3-0.6B
     rehearsal grew by about 1 GB per RL arm until the kernel killed it at the fifth (docs/first_run.md). The study
-    calls this after each arm x seed, when nothing of the arm is live."""
+    calls this after each arm x seed, when nothing of the arm is live. Returns whether glibc was asked."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    return trim is not None
 
 
 class HostMemoryError(MemoryError):
