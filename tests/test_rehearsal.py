@@ -37,6 +37,7 @@ def test_frozenlake_rehearsal_cuts_counts_and_keeps_the_model(name):
     assert (r.task.t_max, r.task.max_action_tokens, r.task.max_context) == (4, 16, 512)
     assert r.task.max_context < p.task.max_context and r.rollout_batch < p.rollout_batch
     assert (r.eval.n_tasks, r.eval.n_samples, r.eval.ks, r.eval.n_plan_tasks) == (2, 1, (1,), 2)
+    assert r.eval.n_continuations == 1 < p.eval.n_continuations
     check_batches(dataclasses.replace(r, mesh=(1, 1, 1)), 1)  # the cut batch still splits into its micro-batches
 
 

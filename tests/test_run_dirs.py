@@ -93,6 +93,26 @@ def test_preset_numbers_are_validated_in_run(tmp_path):
 
 
 # ---------------------------------------------------------------- seed offset
+def test_a_config_of_an_older_version_without_newer_fields_is_the_same_run(tmp_path):
+    """config.json written before a field existed (top-level or in a nested record) reads as that field's default:
+    the rerun is accepted; a recorded value other than the default is still a mismatch."""
+    root = str(tmp_path)
+    first = Run(ONE_ARM, root)
+    path = os.path.join(first.dir, "config.json")
+    first.close()
+    with open(path) as f:
+        old = json.load(f)
+    del old["scan_layers"], old["eval"]["n_continuations"]
+    with open(path, "w") as f:
+        json.dump(old, f)
+    Run(ONE_ARM, root).close()
+    old["eval"]["n_continuations"] = 2
+    with open(path, "w") as f:
+        json.dump(old, f)
+    with pytest.raises(run_dir.SettingsMismatch, match=r"n_continuations: 2 vs 4"):
+        Run(ONE_ARM, root)
+
+
 def test_seed_offset_shifts_every_seed_into_its_own_directory(tmp_path, monkeypatch):
     root = str(tmp_path)
     run = cli.make_run(cli.parser("x", run_options=True).parse_args(

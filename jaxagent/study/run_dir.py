@@ -67,6 +67,17 @@ class InvalidRunDir(RunError, ValueError):
     """The run directory cannot be made or written (its root is a file, or it is not writable)."""
 
 
+def _with_defaults(record: dict, defaults: dict) -> dict:
+    """`record` with the fields of `defaults` it lacks, nested records merged field by field."""
+    out = dict(record)
+    for k, v in defaults.items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(v, dict) and isinstance(out[k], dict):
+            out[k] = _with_defaults(out[k], v)
+    return out
+
+
 class RunDirInUse(RunError):
     """Another process (or job) holds the run directory's lock."""
 
@@ -416,12 +427,12 @@ class RunDir:
     def config_diff(self, record: dict, neutral=(), defaults: dict | None = None) -> tuple[dict | None, list[str]]:
         """(recorded config or None, the differences 'field: recorded vs now' between it and `record`, leaving
         out the fields in `neutral`, which may change between runs: where and which, not what). `defaults`: the
-        values of fields a config.json of an older version lacks."""
+        values of fields a config.json of an older version lacks (a dict value: fields of a nested record)."""
         old = self.read_config()
         sync_processes(f"config-read:{self.path}")  # every process read config.json before it is rewritten
         if old is None:
             return None, []
-        old = {**(defaults or {}), **old}
+        old = _with_defaults(old, defaults or {})
 
         def strip(d):
             return {k: v for k, v in d.items() if k not in neutral}

@@ -20,6 +20,7 @@ class EvalSettings:
     n_states: int = 32                # matched states per policy for step quality
     n_error_states: int = 32
     n_sampled: int = 16               # G: next actions sampled per policy and matched state (finding 3)
+    n_continuations: int = 4          # rollouts per policy from each error state, and from its control (finding 4)
     n_boot: int = 500
     hidden_budget: bool = True        # also evaluate with the budget hidden (beyond the paper)
     n_plan_tasks: int = 64            # held-out maps of R_single (plan-mode success, `study.plan_mode`)
@@ -190,14 +191,14 @@ def rehearsal_preset(preset: Preset) -> Preset:
     """`preset` with its counts cut so that its whole pipeline (base, every arm, every diagnostic, report.md) runs on a
     2-core CPU in minutes: the model, tokenizer, chat format, compute dtype, arms, remat and learning rates stay;
     one seed, one iteration of one task x 2 rollouts in one micro-batch, `REHEARSAL_TASK`'s turns and slots, 2
-    held-out maps x 1 sample at 2 budget tiers (K = 1), 2 matched and 2 error states with 2 sampled actions, 2 plan
+    held-out maps x 1 sample at 2 budget tiers (K = 1), 2 matched and 2 error states with 2 sampled actions and 1 continuation, 2 plan
     maps x 1 reply. Every program runs at these counts, not the preset's (its fit at the preset's counts is the AOT
     check's, experiments.aot_check). `rehearsal=True` makes the report say so."""
     task = dataclasses.replace(preset.task, **REHEARSAL_TASK)
     base = dataclasses.replace(preset.base, n_episodes=min(preset.base.n_episodes, 16), steps=min(preset.base.steps, 2),
                                batch_size=min(preset.base.batch_size, 2))
     ev = dataclasses.replace(preset.eval, n_tasks=2, n_samples=1, ks=(1,), fractions=(0.5, 1.0), n_states=2,
-                             n_error_states=2, n_sampled=2, n_boot=20, n_plan_tasks=2, n_plan_samples=1,
+                             n_error_states=2, n_sampled=2, n_continuations=1, n_boot=20, n_plan_tasks=2, n_plan_samples=1,
                              headline_tasks=min(preset.eval.headline_tasks, 2),
                              headline_samples=min(preset.eval.headline_samples, 1))
     return dataclasses.replace(preset, task=task, base=base, eval=ev, seeds=preset.seeds[:1], iterations=1, n_tasks=1,

@@ -136,7 +136,8 @@ class Run:
     def _check_run_settings(self, record: dict):
         """Compares config.json (if any) with `record`; SettingsMismatch unless force (which drops eval/)."""
         _, diff = self.run_dir.config_diff(record, RESULT_NEUTRAL, defaults={"seed_offset": 0, "rehearsal": False,
-                                                                                    "scan_layers": False})
+                                                                                    "scan_layers": False,
+                                                                                    "eval": {"n_continuations": 4}})
         if not diff:
             return
         if not self.force:

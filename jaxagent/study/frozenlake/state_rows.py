@@ -100,7 +100,8 @@ def error_state_rows(ctx: EvalContext, grpo_seeds) -> dict | None:
     er_runs = pooled(run, lambda b, r, s: state_drivers.error_states(
         run.world, run.cfg, b, r, tasks[s], jax.random.key(200 + s), t_max=p.task.t_max,
         n_states=p.eval.n_error_states, env_params=p.task.env_params(), rcfg=ctx.rcfg,
-        n_sampled=int(p.eval.n_sampled), batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot,
+        n_sampled=int(p.eval.n_sampled), n_continuations=int(p.eval.n_continuations),
+        batch_size=p.n_tasks * p.group_size, n_boot=p.eval.n_boot,
         score_batch=score_batch(run), **placement(run)),
         "error_states", ctx.base, ctx.policies, grpo_seeds)
     f4, unreachable = {}, 0
