@@ -15,7 +15,7 @@ Why the options (measured, with the commands, in docs/performance.md, Optimisati
 - GPU and TPU compiles get none of them (they are XLA:CPU options).
 
 Host memory. On a CPU device a program's buffers are this machine's memory, and an executable that needs more than
-the machine has is killed by the kernel mid-run with no message. Before its first run, a top-level call on CPU
+the machine has is killed by the kernel mid-run with no message. Before it runs, every top-level call on CPU
 devices compares what the compiled program allocates beyond its arguments (`memory_analysis`: temporaries plus
 outputs not aliased to donated inputs) with the memory the kernel reports available, and raises `HostMemoryError`
 (one line: the program, both figures) instead. Between stages the study hands freed host memory back to the kernel
@@ -85,28 +85,45 @@ def host_memory_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
     return None
 
 
-def check_host_memory(executable, name: str, devices: Iterable, available: Optional[int] = None) -> None:
-    """`HostMemoryError` when `executable`, compiled for `devices`, all of them CPUs, allocates more beyond its
-    arguments (temporaries + outputs - outputs aliased to donated inputs, per device as `memory_analysis` gives them,
-    times the devices this process holds) than `available` bytes (default: this host's MemAvailable); nothing for
-    other platforms or where either figure is unknown."""
+def host_memory_need(executable, devices: Iterable) -> tuple[int, int, int]:
+    """(temporaries, new outputs, CPU devices) of `executable` compiled for `devices`: bytes it allocates beyond its
+    arguments on this host (temporaries + outputs - outputs aliased to donated inputs, per device as `memory_analysis`
+    gives them, times the devices this process holds); zeros for other platforms or where the analysis is unknown."""
     devices = list(devices)
     if not devices or not all(d.platform == "cpu" for d in devices):
-        return
+        return 0, 0, 0
     mem = executable.memory_analysis()
-    available = host_memory_available() if available is None else available
-    if mem is None or available is None:
-        return
+    if mem is None:
+        return 0, 0, 0
     local = max(sum(d.process_index == jax.process_index() for d in devices), 1)
-    temp = mem.temp_size_in_bytes * local
-    new_out = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0) * local
-    if temp + new_out > available:
-        raise HostMemoryError(
-            f"program {name!r} needs {(temp + new_out) / GIB:.1f} GiB of this host's memory beyond its arguments"
-            f"{f' over its {local} CPU devices' if local > 1 else ''} "
-            f"({temp / GIB:.1f} GiB of temporaries, {new_out / GIB:.1f} GiB of new outputs) and "
-            f"{available / GIB:.1f} GiB are available: run it on a host with more memory, or with a smaller model "
-            "or fewer rows per call", program=name)
+    return (mem.temp_size_in_bytes * local, max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0) * local,
+            local)
+
+
+def require_host_memory(need: tuple[int, int, int], name: str, available: Optional[int] = None) -> None:
+    """`HostMemoryError` when `need` (`host_memory_need`) exceeds `available` bytes (default: this host's MemAvailable,
+    read again after `release_freed_host_memory` when short: the process's own freed heap is reusable); nothing
+    where it cannot be read."""
+    temp, new_out, local = need
+    if temp + new_out == 0:
+        return
+    if available is None:
+        available = host_memory_available()
+        if available is not None and temp + new_out > available and release_freed_host_memory():
+            available = host_memory_available()
+    if available is None or temp + new_out <= available:
+        return
+    raise HostMemoryError(
+        f"program {name!r} needs {(temp + new_out) / GIB:.1f} GiB of this host's memory beyond its arguments"
+        f"{f' over its {local} CPU devices' if local > 1 else ''} "
+        f"({temp / GIB:.1f} GiB of temporaries, {new_out / GIB:.1f} GiB of new outputs) and "
+        f"{available / GIB:.1f} GiB are available: run it on a host with more memory, or with a smaller model "
+        "or fewer rows per call", program=name)
+
+
+def check_host_memory(executable, name: str, devices: Iterable, available: Optional[int] = None) -> None:
+    """`require_host_memory` for `executable` compiled for `devices` (`host_memory_need`)."""
+    require_host_memory(host_memory_need(executable, devices), name, available)
 
 
 def options(devices: Iterable, *, sequence: bool = False, extra: Optional[dict] = None) -> dict:
@@ -200,13 +217,15 @@ class Program:
         compiled = self._executables.get(key)
         if compiled is None:
             compiled = self._executables[key] = []
-        for placed, executable in compiled:
+        for placed, executable, need in compiled:
             if placed == placements:
                 break
         else:
             executable = self.compile(*args, **kwargs)
-            check_host_memory(executable, getattr(self, "__name__", "jit"), self.devices(*args, **kwargs))
-            compiled.append((placements, executable))
+            need = host_memory_need(executable, self.devices(*args, **kwargs))
+            compiled.append((placements, executable, need))
+        # every call, not only the first: what the process holds beside a cached program grows between its calls
+        require_host_memory(need, getattr(self, "__name__", "jit"))
         return executable(*dyn_args, **dyn_kwargs)
 
     def devices(self, *args, **kwargs) -> set:

@@ -183,7 +183,7 @@ def test_what_aot_compiles_for_a_mesh_is_what_a_call_on_that_mesh_runs(params):
         assert lowered.as_text() == program.lower(*args).as_text(), name
         aot = program.compile(*shapes).as_text()
         jax.block_until_ready(program(*jax.tree.map(jnp.copy, args)))
-        (ran,) = [executable for compiled in program._executables.values() for _, executable in compiled]
+        (ran,) = [executable for compiled in program._executables.values() for _, executable, _ in compiled]
         assert ran.as_text() == aot, name
         assert lowered.compile(xla_options.SEQUENCE_CPU_OPTIONS or None).as_text() != aot, name
 

@@ -55,6 +55,33 @@ def test_a_jitted_program_too_large_for_the_host_stops_before_it_runs(monkeypatc
     assert float(grow(x)[0, 0]) == 2.0
 
 
+def test_every_call_of_a_cached_program_is_checked_after_freed_memory_is_handed_back(monkeypatch):
+    """The check runs before each call, not only the first: what the process holds beside a cached program grows
+    between its calls. When short, the process's freed heap is handed back first and MemAvailable read again."""
+    @xla_options.jit
+    def grow(x):
+        return jnp.outer(x, x) + 1.0
+
+    x = jnp.ones((512,), jnp.float32)  # a 1 MiB output
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: 1 << 40)
+    assert float(grow(x)[0, 0]) == 2.0  # compiled and run with room
+    avail = {"now": 1024}
+    trims = []
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: avail["now"])
+    monkeypatch.setattr(xla_options, "release_freed_host_memory", lambda: trims.append(1) or True)
+    with pytest.raises(HostMemoryError, match=r"program 'grow' needs .* and 0\.0 GiB are available"):
+        grow(x)  # the cached executable: no compile, still checked
+    assert trims == [1] and grow._cache_size() == 1
+
+    def trim_frees_memory():
+        avail["now"] = 1 << 40
+        return True
+
+    avail["now"] = 1024
+    monkeypatch.setattr(xla_options, "release_freed_host_memory", trim_frees_memory)
+    assert float(grow(x)[0, 0]) == 2.0  # short until the freed heap went back: then it runs
+
+
 def test_the_scripts_print_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         with cli.clear_errors():
