@@ -122,6 +122,23 @@ def test_host_program_names_and_batches():
     assert two[1].resident_bytes == pytest.approx(res.base + res.state + group) and "4 rows" in two[1].note
 
 
+@needs_libtpu
+def test_a_compacted_decode_counts_each_level_as_the_flop_counter_does():
+    """On one device the decode compacts (8 rows, then 2): the HLO counter applies each level's loop at its trip
+    count (max_steps), and the analytic figure counts the same, so the program is judged 'ok', not 'flops_over'."""
+    from jaxagent import sharding
+    mesh = sharding.make_mesh(1, 1, 1, devices=aot.topology_devices("v5p:1x1x1"))
+    pre = dataclasses.replace(_tiny_host_preset(), mesh=(1, 1, 1), micro_batches=1)
+    (prog,) = AH.host_programs(pre, CFG, mesh, _arms(pre), only=["host_decode"])
+    assert prog.calls[0].kwargs["compact_rows"] == (2,) and "compacted to (2,) rows" in prog.note
+    recs = []
+    aot.run_programs([prog], preset="tiny-host", topology="v5p:1x1x1", chips=1, spec=aot.chip_specs("v5p:1x1x1"),
+                     hbm_limit=aot.CHIPS["v5p"]["hbm"], emit=recs.append)
+    assert recs[0]["status"] == "ok" and 0.9 <= recs[0]["flops_ratio"] <= 1.1, recs[0]["flops_ratio"]
+    one_level = 8 * AH.cached_forward_flops(CFG, 8, 1, 128)  # the figure before: 8 rows x 8 steps only
+    assert recs[0]["flops_per_chip"] / one_level > 1.2        # the 2-row loop's steps on top
+
+
 @pytest.fixture(scope="module")
 def tiny_host():
     from jaxagent import sharding

@@ -190,11 +190,14 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
         call = Call(decode_jit, decode_args(cfg, mesh, rows=rows, slots=slots, dtype=dtype), dict(
             cfg=cfg, max_steps=max_action_tokens, sampler=sampler, stop_ids=tuple(int(s) for s in stop_ids),
             pad_id=int(pad_id), **({} if compact is None else {"compact_rows": compact})), run_mesh)
+        # the FLOP counter applies each while loop's trip count, so every compaction level's loop counts at
+        # max_steps: the figure compared with it does the same (a call runs at most rows x max_steps steps of rows)
+        levels = (rows,) + tuple(compact or ())
         progs.append(program(f"host_decode{suffix}", call,
-                             max_action_tokens * cached_forward_flops(cfg, rows, 1, slots),
+                             max_action_tokens * sum(cached_forward_flops(cfg, r, 1, slots) for r in levels),
                              f"{label}: decode_jit, {rows} rows x {max_action_tokens} steps over {slots} slots, "
                              f"{dt} params on ROLLOUT_RULES, temperature {sampler.temperature:g}"
-                             f"{'' if compact is None else f', compacted to {compact} rows'}"))
+                             f"{'' if compact is None else f', compacted to {compact} rows (FLOPs: each level at {max_action_tokens} steps)'}"))
     for w in widths:
         name = f"host_append{suffix}_w{w}"
         if w <= widest and want(name):
