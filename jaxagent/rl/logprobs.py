@@ -14,6 +14,7 @@ log-probs of a whole rollout, `rl.loop.rl_iteration`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -75,6 +76,66 @@ def packed_policy_positions(mask_BxT, bucket: int, micro_batches: int = 1) -> np
     return np.stack([np.pad(f, (0, n - len(f))) for f in flats]).astype(np.int32)
 
 
+def _logits(head, cfg: Qwen3Config, h_BxTxD, mesh):
+    """f32 logits [B, T, V] (`_unembed_f32`), pinned to `qwen3.LOGITS_AXES` on a mesh."""
+    return sharding.constrain(_unembed_f32(head, cfg, h_BxTxD), qwen3.LOGITS_AXES, mesh)
+
+
+def _target_logp(z_BxTxV, lse_BxT, tgt_BxT):
+    return jnp.take_along_axis(z_BxTxV, tgt_BxT[..., None], axis=-1)[..., 0] - lse_BxT
+
+
+def _stats(heads, hs, tgt_BxT, *, cfg: Qwen3Config, mesh):
+    """`next_token_stats`' outputs at every state of hs[0] [B, T, D] (T: a sequence's or gathered ones) with
+    targets tgt_BxT: (logp, entropy), and with a reference's head and states (heads, hs of two) (ref_logp, kl)."""
+    z = _logits(heads[0], cfg, hs[0], mesh)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    out = (_target_logp(z, lse, tgt_BxT), lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1))
+    if len(heads) == 2:
+        zr = _logits(heads[1], cfg, hs[1], mesh)
+        out = out + (_target_logp(zr, jax.nn.logsumexp(zr, axis=-1), tgt_BxT), losses.exact_kl(z, zr))
+    return out
+
+
+def _chunked_stats(heads, hs, tgt_BxT, *, cfg: Qwen3Config, mesh, logits_chunk: Optional[int]):
+    """`_stats` over chunks of `logits_chunk` states (a `lax.scan`, each chunk under `jax.checkpoint`), so only a
+    chunk's [B, C, V] logits exist at a time; logits_chunk None or >= T: one pass."""
+    rows, n_t = tgt_BxT.shape
+    stats = functools.partial(_stats, cfg=cfg, mesh=mesh)
+    if logits_chunk is None or logits_chunk >= n_t:
+        return stats(heads, hs, tgt_BxT)
+    c = int(logits_chunk)
+    n = -(-n_t // c)
+    pad = ((0, 0), (0, n * c - n_t))
+    chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(rows, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
+    tg = jnp.pad(tgt_BxT, pad).reshape(rows, n, c).swapaxes(0, 1)
+    chunk_fn = jax.checkpoint(stats, prevent_cse=False)
+    _, outs = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None, (tuple(chunks(h) for h in hs), tg))
+    return tuple(o.swapaxes(0, 1).reshape(rows, n * c)[:, :n_t] for o in outs)
+
+
+def _stats_at_flat_positions(stats_fn, hs, tokens_BxT, flat_N):
+    """`next_token_stats` with `flat_positions_N`: `stats_fn(hs, tgt)` (`_chunked_stats`) at the gathered states."""
+    b, t = hs[0].shape[:2]
+    flat = flat_N.astype(jnp.int32)
+    real = flat % t > 0  # t = 0 has no state before it: the padding's entries
+    prev = jnp.where(real, flat - 1, 0)  # the state each position's token is drawn from, in the same row
+    outs = stats_fn(tuple(h.reshape(b * t, -1)[prev][None] for h in hs),
+                    tokens_BxT.astype(jnp.int32).reshape(b * t)[flat][None])
+    return tuple(jnp.zeros((b * t,), o.dtype).at[flat].add(jnp.where(real, o[0], 0)).reshape(b, t) for o in outs)
+
+
+def _stats_at_positions(stats_fn, hs, tokens_BxT, positions_BxM):
+    """`next_token_stats` with `positions_BxM`: `stats_fn(hs, tgt)` (`_chunked_stats`) at the gathered states."""
+    b, t = hs[0].shape[:2]
+    pos = positions_BxM.astype(jnp.int32)
+    prev = jnp.maximum(pos - 1, 0)[..., None]  # the state each position's token is drawn from
+    outs = stats_fn(tuple(jnp.take_along_axis(h, prev, axis=1) for h in hs),
+                    jnp.take_along_axis(tokens_BxT.astype(jnp.int32), pos, axis=1))
+    rows = jnp.arange(b)[:, None]
+    return tuple(jnp.zeros((b, t), o.dtype).at[rows, pos].add(jnp.where(pos > 0, o, 0)) for o in outs)
+
+
 def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
                      logits_chunk: Optional[int] = DEFAULT_LOGITS_CHUNK, mesh: Optional[Mesh] = None,
                      ref: Optional[tuple] = None, positions_BxM=None, flat_positions_N=None):
@@ -104,63 +165,21 @@ def next_token_stats(head, cfg: Qwen3Config, h_BxTxD, tokens_BxT, *,
     b, t, _ = h_BxTxD.shape
     # targets: the next token; the last position's (out of range) target is dropped below
     tgt_BxT = jnp.pad(tokens_BxT[:, 1:].astype(jnp.int32), ((0, 0), (0, 1)))
-
-    def logits(head_, h_BxCxD):
-        return sharding.constrain(_unembed_f32(head_, cfg, h_BxCxD), qwen3.LOGITS_AXES, mesh)
-
-    def target_logp(z, lse, tgt_BxC):
-        return jnp.take_along_axis(z, tgt_BxC[..., None], axis=-1)[..., 0] - lse
-
-    def stats(heads, hs, tgt_BxC):
-        z = logits(heads[0], hs[0])
-        lse = jax.nn.logsumexp(z, axis=-1)
-        out = (target_logp(z, lse, tgt_BxC), lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1))
-        if len(heads) == 2:
-            zr = logits(heads[1], hs[1])
-            out = out + (target_logp(zr, jax.nn.logsumexp(zr, axis=-1), tgt_BxC), losses.exact_kl(z, zr))
-        return out
-
     heads, hs = ((head,), (h_BxTxD,)) if ref is None else ((head, ref[0]), (h_BxTxD, ref[1]))
     if logits_chunk is not None and logits_chunk < 1:
         raise ValueError(f"logits_chunk must be >= 1 or None, got {logits_chunk}")
-
-    def over_positions(hs_, tgt_BxL):  # the stats at each of L states, chunked over L
-        rows, n_l = tgt_BxL.shape
-        if logits_chunk is None or logits_chunk >= n_l:
-            return stats(heads, hs_, tgt_BxL)
-        c = int(logits_chunk)
-        n = -(-n_l // c)
-        pad = ((0, 0), (0, n * c - n_l))
-        chunks = lambda h: jnp.pad(h, pad + ((0, 0),)).reshape(rows, n, c, -1).swapaxes(0, 1)  # noqa: E731 [n,B,C,D]
-        tg = jnp.pad(tgt_BxL, pad).reshape(rows, n, c).swapaxes(0, 1)
-        chunk_fn = jax.checkpoint(stats, prevent_cse=False)
-        _, outs_ = jax.lax.scan(lambda _, x: (None, chunk_fn(heads, *x)), None,
-                                (tuple(chunks(h) for h in hs_), tg))
-        return tuple(o.swapaxes(0, 1).reshape(rows, n * c)[:, :n_l] for o in outs_)
-
+    stats_fn = functools.partial(_chunked_stats, heads, cfg=cfg, mesh=mesh, logits_chunk=logits_chunk)
     if flat_positions_N is not None:
         if positions_BxM is not None or flat_positions_N.ndim != 1:
             raise ValueError(f"flat positions must be [N] and alone (no positions_BxM), got shape "
                              f"{flat_positions_N.shape}")
-        flat = flat_positions_N.astype(jnp.int32)
-        real = flat % t > 0  # t = 0 has no state before it: the padding's entries
-        prev = jnp.where(real, flat - 1, 0)  # the state each position's token is drawn from, in the same row
-        outs = over_positions(tuple(h.reshape(b * t, -1)[prev][None] for h in hs),
-                              tokens_BxT.astype(jnp.int32).reshape(b * t)[flat][None])
-        return tuple(jnp.zeros((b * t,), o.dtype).at[flat].add(jnp.where(real, o[0], 0)).reshape(b, t)
-                     for o in outs)
+        return _stats_at_flat_positions(stats_fn, hs, tokens_BxT, flat_positions_N)
     if positions_BxM is not None:
         if positions_BxM.ndim != 2 or positions_BxM.shape[0] != b:
             raise ValueError(f"positions must be [B, M] with B = {b}, got shape {positions_BxM.shape}")
-        pos = positions_BxM.astype(jnp.int32)
-        prev = jnp.maximum(pos - 1, 0)[..., None]  # the state each position's token is drawn from
-        outs = over_positions(tuple(jnp.take_along_axis(h, prev, axis=1) for h in hs),
-                              jnp.take_along_axis(tokens_BxT.astype(jnp.int32), pos, axis=1))
-        rows = jnp.arange(b)[:, None]
-        return tuple(jnp.zeros((b, t), o.dtype).at[rows, pos].add(jnp.where(pos > 0, o, 0)) for o in outs)
-    outs = over_positions(hs, tgt_BxT)
+        return _stats_at_positions(stats_fn, hs, tokens_BxT, positions_BxM)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
-    return tuple(shift(o) for o in outs)
+    return tuple(shift(o) for o in stats_fn(hs, tgt_BxT))
 
 
 def hidden(params, cfg: Qwen3Config, tokens_BxT, remat=None, mesh=None, scan_layers: bool = False):

@@ -190,6 +190,97 @@ def _system_cache(params, cfg, layout: ChatLayout, n_ep: int, s: int, dtype):
             "length": jnp.full((n_ep,), sys_len, jnp.int32)}
 
 
+def _initial_carry(layout: ChatLayout, cache, states, obs, n_ep: int, s: int, key):
+    """The turn scan's carry before turn 0: every episode's context holds the system turn alone."""
+    sys_len = len(layout.system)
+    tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
+    return dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
+                closed=jnp.ones((n_ep,), bool),
+                tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
+                logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=key)
+
+
+def _scripted_actions(env, rcfg: RolloutConfig, states, active_B, t, budgets_B, forced_BxN, key, env_params):
+    """Each episode's scripted action of turn t, -1 for none (and for inactive episodes): the expert's with an
+    `expert_fn`, else the forced one with `allow_forced`."""
+    n_ep = active_B.shape[0]
+    if rcfg.expert_fn is not None:
+        action_B = jax.vmap(rcfg.expert_fn, in_axes=(None, 0, 0, 0, None))(
+            env, jax.random.split(key, n_ep), states, budgets_B - t, env_params)
+        return jnp.where(active_B, action_B, -1)
+    return jnp.where(active_B, forced_BxN[:, t], -1) if rcfg.allow_forced else jnp.full((n_ep,), -1)
+
+
+def _reply(params, cfg, env, layout: ChatLayout, rcfg: RolloutConfig, cache, chunk_BxC, n_chunk_B, length_B,
+           active_B, action_B, key):
+    """The turn's replies after its prompt chunk: (tokens [B, M], lengths [B], log-probs [B, M], stopped [B],
+    sampled [B], forced [B], cache). A scripted action (action_B >= 0) replies with its canonical text at
+    log-prob 0; the other active episodes sample from the policy. With an `expert_fn` no model runs: no cache."""
+    n_ep, m = active_B.shape[0], rcfg.max_action_tokens
+    f_toks, f_len = _canonical_reply(env, layout, action_B, m)
+    is_forced = action_B >= 0
+    if rcfg.expert_fn is not None:
+        return (f_toks, jnp.where(is_forced, f_len, 0), jnp.zeros((n_ep, m), jnp.float32),
+                is_forced, jnp.zeros((n_ep,), bool), is_forced, None)
+    sampled = active_B & ~is_forced
+    # Attention reads only the smallest cache prefix that holds every active episode this turn
+    # (inactive rows' outputs are discarded, so they may see a truncated history).
+    need = jnp.max(jnp.where(active_B, length_B, 0)) + chunk_BxC.shape[1] + m
+    window = ops.choose_window(rcfg.windows(), need)
+    logits, cache = append(params, cfg, cache, chunk_BxC, n_chunk_B, kv_window=window)
+    gen = decode(params, cfg, cache, logits, key, m, max_steps=m, sampler=rcfg.sampler,
+                 stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
+    if rcfg.allow_forced:  # forced replies go into the cache as well
+        _, fcache = append(params, cfg, gen.cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
+        gen = gen._replace(cache=fcache)
+    reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)
+    reply_len = jnp.where(is_forced, f_len, gen.lengths)
+    reply_lp = jnp.where(is_forced[:, None], 0.0, gen.logprobs)
+    stopped = jnp.where(is_forced, True, gen.stopped)
+    return reply, reply_len, reply_lp, stopped, sampled, is_forced, gen.cache
+
+
+def _step_envs(env, rcfg: RolloutConfig, states, obs, reply_BxM, reply_len_B, active_B, t, budgets_B, env_params):
+    """The envs stepped on the replies: (step, states, obs, remaining turns [B], process reward [B]); inactive
+    episodes keep their state and observation."""
+    step = jax.vmap(functools.partial(_step, env, obs.tokens.shape[-1]), in_axes=(0, 0, 0, None))(
+        states, reply_BxM, reply_len_B, env_params)
+    keep = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(active_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+    new_states, new_obs = keep(step.state, states), keep(step.obs, obs)
+    remaining_B = budgets_B - t
+    if rcfg.process_reward_fn is None:
+        proc_B = jnp.zeros((active_B.shape[0],), jnp.float32)
+    else:
+        proc_B = jax.vmap(rcfg.process_reward_fn, in_axes=(None, 0, 0, 0, None))(
+            env, states, step.info["action"], remaining_B, env_params)
+    return step, new_states, new_obs, remaining_B, proc_B
+
+
+def _turn_record(active_B, step, proc_B, start_B, reply_len_B, stopped_B, forced_B, remaining_B) -> types.Turns:
+    """The turn's entry of `types.Turns` for every episode: zeros, -1 and False where inactive."""
+    return types.Turns(
+        active=active_B, reward=jnp.where(active_B, step.reward, 0.0),
+        process_reward=jnp.where(active_B, proc_B, 0.0), valid=active_B & step.info["valid"],
+        action=jnp.where(active_B, step.info["action"], -1), anchor=jnp.where(active_B, step.info["anchor"], -1),
+        span_start=jnp.where(active_B, start_B, 0), span_len=jnp.where(active_B, reply_len_B, 0),
+        stopped=active_B & stopped_B, remaining=jnp.where(active_B, remaining_B, 0), forced=active_B & forced_B)
+
+
+def _rollout_of(final, turns_NxB, states_NxB, budgets_B) -> types.Rollout:
+    """The `types.Rollout` of the turn scan's final carry and its per-turn outputs (turn-major)."""
+    turns = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), turns_NxB)
+    env_states = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), states_NxB)
+    status = final["status"]
+    ret = episode.episode_return(status, turns.reward)
+    return types.Rollout(
+        tokens=final["tokens"], policy_mask=final["policy"], turn_index=final["turn_idx"], logprobs=final["logp"],
+        length=final["length"], turns=turns, env_states=env_states, final_state=final["states"],
+        episode_return=ret, success=status == types.SUCCESS,
+        turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32), budget=budgets_B, status=status,
+        generated_tokens=jnp.sum(final["policy"], axis=1).astype(jnp.int32))
+
+
 @functools.partial(xla_options.jit, static_argnames=("cfg", "env", "layout", "fmt", "rcfg"))
 def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_BxN, *, cfg, env, layout, fmt,
                 rcfg) -> types.Rollout:
@@ -199,16 +290,11 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
     k_reset, k_loop = jax.random.split(key)
     states, obs = jax.vmap(functools.partial(_reset, env), in_axes=(0, 0, None))(
         jax.random.split(k_reset, n_ep), tasks, env_params)
-    sys_len = len(layout.system)
     cache = None if scripted else _system_cache(params, cfg, layout, n_ep, s, jax.tree.leaves(params)[0].dtype)
     # the weights prepared once per rollout (`ops.prepare`): appends then compute only the real tokens
     params = params if scripted else ops.prepare(params, cfg)
-    tokens = jnp.full((n_ep, s), layout.pad_id, jnp.int32).at[:, :sys_len].set(jnp.asarray(layout.system))
+    carry0 = _initial_carry(layout, cache, states, obs, n_ep, s, k_loop)
     chunk_w = max_chunk(layout, fmt, env, t_max, obs.tokens.shape[-1])  # the tight bound: fewer padded tokens
-    carry0 = dict(cache=cache, length=jnp.full((n_ep,), sys_len, jnp.int32), states=states, obs=obs,
-                  closed=jnp.ones((n_ep,), bool),
-                  tokens=tokens, policy=jnp.zeros((n_ep, s), bool), turn_idx=jnp.full((n_ep, s), -1, jnp.int32),
-                  logp=jnp.zeros((n_ep, s), jnp.float32), status=jnp.zeros((n_ep,), jnp.int32), key=k_loop)
     write = jax.vmap(episode.write_span)
 
     def turn(c, t):
@@ -226,35 +312,9 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         start = length + n_chunk
 
         # 2. the reply: expert, forced action, or the policy
-        if scripted:
-            forced = jax.vmap(rcfg.expert_fn, in_axes=(None, 0, 0, 0, None))(
-                env, jax.random.split(k_exp, n_ep), c["states"], budgets_B - t, env_params)
-            forced = jnp.where(active, forced, -1)
-        else:
-            forced = jnp.where(active, forced_BxN[:, t], -1) if rcfg.allow_forced else jnp.full((n_ep,), -1)
-        f_toks, f_len = _canonical_reply(env, layout, forced, m)
-        is_forced = forced >= 0
-        if scripted:
-            reply, reply_len, reply_lp = f_toks, jnp.where(is_forced, f_len, 0), jnp.zeros((n_ep, m), jnp.float32)
-            stopped, sampled, cache = is_forced, jnp.zeros((n_ep,), bool), None
-        else:
-            sampled = active & ~is_forced
-
-            # Attention reads only the smallest cache prefix that holds every active episode this turn
-            # (inactive rows' outputs are discarded, so they may see a truncated history).
-            need = jnp.max(jnp.where(active, length, 0)) + chunk_w + m
-            window = ops.choose_window(rcfg.windows(), need)
-            logits, cache = append(params, cfg, c["cache"], chunk, n_chunk, kv_window=window)
-            gen = decode(params, cfg, cache, logits, k_dec, m, max_steps=m, sampler=rcfg.sampler,
-                         stop_ids=layout.stop_ids, pad_id=layout.pad_id, active_B=sampled, kv_window=window)
-            if rcfg.allow_forced:  # forced replies go into the cache as well
-                _, fcache = append(params, cfg, gen.cache, f_toks, jnp.where(is_forced, f_len, 0), kv_window=window)
-                gen = gen._replace(cache=fcache)
-            cache = gen.cache
-            reply = jnp.where(is_forced[:, None], f_toks, gen.tokens)
-            reply_len = jnp.where(is_forced, f_len, gen.lengths)
-            reply_lp = jnp.where(is_forced[:, None], 0.0, gen.logprobs)
-            stopped = jnp.where(is_forced, True, gen.stopped)
+        action = _scripted_actions(env, rcfg, c["states"], active, t, budgets_B, forced_BxN, k_exp, env_params)
+        reply, reply_len, reply_lp, stopped, sampled, is_forced, cache = _reply(
+            params, cfg, env, layout, rcfg, c["cache"], chunk, n_chunk, length, active, action, k_dec)
         tokens = write(tokens, reply, start, reply_len)
         turn_idx = write(turn_idx, jnp.full((n_ep, m), t, jnp.int32), start, reply_len)
         # Policy tokens: sampled replies; in scripted mode the expert is the acting policy (SFT targets).
@@ -263,39 +323,15 @@ def rollout_jit(params, tasks, budgets_B, key, env_params, hide_budget, forced_B
         logp = write(c["logp"], reply_lp, start, reply_len)
 
         # 3. the environment
-        step = jax.vmap(functools.partial(_step, env, obs.tokens.shape[-1]), in_axes=(0, 0, 0, None))(
-            c["states"], reply, reply_len, env_params)
-        keep = lambda new, old: jax.tree.map(
-            lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
-        new_states, new_obs = keep(step.state, c["states"]), keep(step.obs, c["obs"])
-        remaining = budgets_B - t
-        if rcfg.process_reward_fn is None:
-            proc = jnp.zeros((n_ep,), jnp.float32)
-        else:
-            proc = jax.vmap(rcfg.process_reward_fn, in_axes=(None, 0, 0, 0, None))(
-                env, c["states"], step.info["action"], remaining, env_params)
-        success = step.info["success"]
-        status = episode.after_step(status, active, step.done, success, episode.out_of_budget(t, budgets_B))
-
-        rec = types.Turns(
-            active=active, reward=jnp.where(active, step.reward, 0.0),
-            process_reward=jnp.where(active, proc, 0.0), valid=active & step.info["valid"],
-            action=jnp.where(active, step.info["action"], -1), anchor=jnp.where(active, step.info["anchor"], -1),
-            span_start=jnp.where(active, start, 0), span_len=jnp.where(active, reply_len, 0),
-            stopped=active & stopped, remaining=jnp.where(active, remaining, 0), forced=active & is_forced)
+        step, new_states, new_obs, remaining, proc = _step_envs(
+            env, rcfg, c["states"], c["obs"], reply, reply_len, active, t, budgets_B, env_params)
+        status = episode.after_step(status, active, step.done, step.info["success"],
+                                    episode.out_of_budget(t, budgets_B))
+        rec = _turn_record(active, step, proc, start, reply_len, stopped, is_forced, remaining)
         closed = jnp.where(active, episode.reply_closed(reply, reply_len, layout.end_of_turn), c["closed"])
         out = dict(cache=cache, length=start + reply_len, states=new_states, obs=new_obs, closed=closed, tokens=tokens,
                    policy=policy, turn_idx=turn_idx, logp=logp, status=status, key=key)
         return out, (rec, c["states"])
 
     final, (turns_NxB, states_NxB) = jax.lax.scan(turn, carry0, jnp.arange(t_max))
-    turns = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), turns_NxB)
-    env_states = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), states_NxB)
-    status = final["status"]
-    ret = episode.episode_return(status, turns.reward)
-    return types.Rollout(
-        tokens=final["tokens"], policy_mask=final["policy"], turn_index=final["turn_idx"], logprobs=final["logp"],
-        length=final["length"], turns=turns, env_states=env_states, final_state=final["states"],
-        episode_return=ret, success=status == types.SUCCESS,
-        turns_used=jnp.sum(turns.active, axis=1).astype(jnp.int32), budget=budgets_B, status=status,
-        generated_tokens=jnp.sum(final["policy"], axis=1).astype(jnp.int32))
+    return _rollout_of(final, turns_NxB, states_NxB, budgets_B)

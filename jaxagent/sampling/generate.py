@@ -83,6 +83,78 @@ def append(params, cfg: Qwen3Config, cache, tokens_BxT, n_valid_B, *, kv_window=
     return logits[:, 0], cache
 
 
+class _DecodeCarry(NamedTuple):
+    """The token loop's state over its rows (all B, or the compacted ones)."""
+    step: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    stopped: jax.Array
+    logits: jax.Array
+    cache: dict
+    key: jax.Array
+
+
+def _compact_levels(compact_rows, b: int) -> tuple[int, ...]:
+    """`decode`'s compact_rows as a tuple of row counts, each in [1, the previous) (ValueError otherwise)."""
+    levels = (() if compact_rows is None else tuple(compact_rows) if isinstance(compact_rows, (tuple, list))
+              else (compact_rows,))
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in levels) or any(
+            not 1 <= c < w for c, w in zip(levels, (b,) + levels)):
+        raise ValueError(f"compact_rows must be an int in [1, {b}) or a decreasing tuple of them for {b} rows, "
+                         f"got {compact_rows!r}")
+    return levels
+
+
+def _decode_step(c: _DecodeCarry, max_new, rows, *, params, cfg, sampler, stop, pad_id, predrawn, kv_window, mesh):
+    """One token for each live row of the loop: `rows` are the batch rows it runs over (None: all B) and
+    `max_new` their token limits; `predrawn` [max_steps, B, V]: every step's Gumbel noise, or None."""
+    key = c.key
+    if sampler.greedy:
+        tok, lp = sample(None, c.logits, sampler)
+    elif predrawn is not None:
+        noise = predrawn[c.step] if rows is None else predrawn[c.step][rows]
+        tok, lp = sample(None, c.logits, sampler, gumbel_BxV=noise)
+    else:
+        key, sub = jax.random.split(c.key)
+        tok, lp = sample(sub, c.logits, sampler)
+    live = ~c.done
+    tok = jnp.where(live, tok, pad_id)
+    tokens = c.tokens.at[:, c.step].set(tok)
+    logprobs = c.logprobs.at[:, c.step].set(jnp.where(live, lp, 0.0))
+    lengths = c.lengths + live
+    hit_stop = live & jnp.isin(tok, stop)
+    done = c.done | hit_stop | (lengths >= max_new)
+    logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
+                           mesh=mesh)
+    logits = jnp.where(live[:, None], logits, c.logits)
+    return _DecodeCarry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
+
+
+def _going(c: _DecodeCarry, max_steps: int):
+    """Whether the loop takes another step: buffer left and a row still generating."""
+    return (c.step < max_steps) & ~jnp.all(c.done)
+
+
+def _token_loop(c: _DecodeCarry, step_fn, max_steps: int, rows, max_new, levels: tuple[int, ...]) -> _DecodeCarry:
+    """The token loop from `c` over the batch rows `rows` (None: all) with their limits `max_new`. With `levels`
+    (`_compact_levels`), once at most levels[0] rows are live it goes on over levels[0] rows only (every live one
+    and finished ones: their cache rows and buffers gathered, scattered back after), and so on down the levels.
+    `step_fn(c, max_new, rows)`: one token (`_decode_step`)."""
+    body = lambda c: step_fn(c, max_new, rows)  # noqa: E731
+    if not levels:
+        return jax.lax.while_loop(lambda c: _going(c, max_steps), body, c)
+    wide = jax.lax.while_loop(lambda c: _going(c, max_steps) & (jnp.sum(~c.done) > levels[0]), body, c)
+    sel = jnp.argsort(wide.done, stable=True)[:levels[0]]  # every live row (False sorts first)
+    take = lambda x: x[sel]  # noqa: E731
+    narrow = _token_loop(_DecodeCarry(wide.step, *map(take, wide[1:7]), jax.tree.map(take, wide.cache), wide.key),
+                         step_fn, max_steps, sel if rows is None else rows[sel], max_new[sel], levels[1:])
+    put = lambda full, part: full.at[sel].set(part)  # noqa: E731
+    return _DecodeCarry(narrow.step, *(put(f, n) for f, n in zip(wide[1:7], narrow[1:7])),
+                        jax.tree.map(put, wide.cache, narrow.cache), narrow.key)
+
+
 def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_steps: int,
            sampler: Sampler, stop_ids: Sequence[int], pad_id: int = 0, active_B=None,
            kv_window: int | None = None, mesh=None,
@@ -96,20 +168,14 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     the token loop; params the caller prepared pass through. `mesh`: see `qwen3.forward`.
 
     `compact_rows` C (static, 1 <= C < B; one device): once at most C rows are still generating, the loop goes on
-    over C rows only (those rows and as many finished ones, gathered with their cache rows and buffers, scattered
-    back at the end): a decode step costs about in proportion to its rows, and a batch's longest replies otherwise
-    keep every finished row stepping (the tail, `rollout.host_timing`). A decreasing tuple (C1, C2, ...) compacts
-    again to C2 of the C1 rows, and so on. Each row's tokens are those of the
-    uncompacted loop where its sampling noise is the same: greedy, and pre-drawn noise (gathered with the rows);
+    over C rows only (those and as many finished ones): a decode step costs about in proportion to its rows, and a
+    batch's longest replies otherwise keep every finished row stepping (the tail, `rollout.host_timing`). A
+    decreasing tuple (C1, C2, ...) compacts again to C2 of the C1 rows, and so on. Each row's tokens are those of
+    the uncompacted loop where its sampling noise is the same: greedy, and pre-drawn noise (gathered with the rows);
     with noise drawn per step the compacted rows draw theirs at width C (the same distribution, other numbers).
     """
     b = logits_BxV.shape[0]
-    levels = (() if compact_rows is None else tuple(compact_rows) if isinstance(compact_rows, (tuple, list))
-              else (compact_rows,))
-    if not all(isinstance(c, int) and not isinstance(c, bool) for c in levels) or any(
-            not 1 <= c < w for c, w in zip(levels, (b,) + levels)):
-        raise ValueError(f"compact_rows must be an int in [1, {b}) or a decreasing tuple of them for {b} rows, "
-                         f"got {compact_rows!r}")
+    levels = _compact_levels(compact_rows, b)
     check_sampling_options("decode", sampler, stop_ids)
     params = ops.prepare(params, cfg, decoding=True)
     stop = jnp.asarray(tuple(stop_ids), jnp.int32)
@@ -117,69 +183,18 @@ def decode(params, cfg: Qwen3Config, cache, logits_BxV, key, max_new_B, *, max_s
     active = jnp.ones((b,), bool) if active_B is None else active_B
     done0 = ~active | (max_new_B <= 0)
 
-    class Carry(NamedTuple):
-        step: jax.Array
-        tokens: jax.Array
-        logprobs: jax.Array
-        lengths: jax.Array
-        done: jax.Array
-        stopped: jax.Array
-        logits: jax.Array
-        cache: dict
-        key: jax.Array
-
-    def cond(c: Carry):
-        return (c.step < max_steps) & ~jnp.all(c.done)
-
     # One Gumbel draw for every step (when it is small) instead of one per step: each threefry call in
     # the loop costs as much as a small policy's model step on CPU.
     v = logits_BxV.shape[-1]
     predrawn = None
     if not sampler.greedy and max_steps * b * v <= _PREDRAW_MAX_ELEMENTS:
         predrawn = jax.random.gumbel(key, (max_steps, b, v), jnp.float32)
-
-    def make_body(max_new, rows):
-        """The loop body over the rows `rows` of the batch (None: all B) with their max_new [rows]."""
-        def body(c: Carry):
-            key = c.key
-            if sampler.greedy:
-                tok, lp = sample(None, c.logits, sampler)
-            elif predrawn is not None:
-                noise = predrawn[c.step] if rows is None else predrawn[c.step][rows]
-                tok, lp = sample(None, c.logits, sampler, gumbel_BxV=noise)
-            else:
-                key, sub = jax.random.split(c.key)
-                tok, lp = sample(sub, c.logits, sampler)
-            live = ~c.done
-            tok = jnp.where(live, tok, pad_id)
-            tokens = c.tokens.at[:, c.step].set(tok)
-            logprobs = c.logprobs.at[:, c.step].set(jnp.where(live, lp, 0.0))
-            lengths = c.lengths + live
-            hit_stop = live & jnp.isin(tok, stop)
-            done = c.done | hit_stop | (lengths >= max_new)
-            logits, cache = append(params, cfg, c.cache, tok[:, None], live.astype(jnp.int32), kv_window=kv_window,
-                                   mesh=mesh)
-            logits = jnp.where(live[:, None], logits, c.logits)
-            return Carry(c.step + 1, tokens, logprobs, lengths, done, c.stopped | hit_stop, logits, cache, key)
-        return body
-
-    def run(c: Carry, rows, max_new, levels):
-        """The loop from `c` over the rows `rows` (None: all), going on over levels[0] of them once no more
-        are generating, and so on down `levels`."""
-        if not levels:
-            return jax.lax.while_loop(cond, make_body(max_new, rows), c)
-        wide = jax.lax.while_loop(lambda c: cond(c) & (jnp.sum(~c.done) > levels[0]), make_body(max_new, rows), c)
-        sel = jnp.argsort(wide.done, stable=True)[:levels[0]]  # every live row (False sorts first)
-        take = lambda x: x[sel]  # noqa: E731
-        narrow = run(Carry(wide.step, *map(take, wide[1:7]), jax.tree.map(take, wide.cache), wide.key),
-                     sel if rows is None else rows[sel], max_new[sel], levels[1:])
-        put = lambda full, part: full.at[sel].set(part)  # noqa: E731
-        return Carry(narrow.step, *(put(f, n) for f, n in zip(wide[1:7], narrow[1:7])),
-                     jax.tree.map(put, wide.cache, narrow.cache), narrow.key)
-
-    init = Carry(jnp.int32(0), jnp.full((b, max_steps), pad_id, jnp.int32), jnp.zeros((b, max_steps), jnp.float32),
-                 jnp.zeros((b,), jnp.int32), done0, jnp.zeros((b,), bool), logits_BxV, cache, key)
-    out = run(init, None, max_new_B, levels)
+    step_fn = functools.partial(_decode_step, params=params, cfg=cfg, sampler=sampler, stop=stop, pad_id=pad_id,
+                                predrawn=predrawn, kv_window=kv_window, mesh=mesh)
+    init = _DecodeCarry(jnp.int32(0), jnp.full((b, max_steps), pad_id, jnp.int32),
+                        jnp.zeros((b, max_steps), jnp.float32), jnp.zeros((b,), jnp.int32), done0,
+                        jnp.zeros((b,), bool), logits_BxV, cache, key)
+    out = _token_loop(init, step_fn, max_steps, None, max_new_B, levels)
     return Generation(out.tokens, out.logprobs, out.lengths, out.stopped, out.cache)
 
 
