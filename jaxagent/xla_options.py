@@ -5,21 +5,14 @@ A program made with `jit` is one plain `jax.jit` (`.jit`). Under a transformatio
 `compiler_options` on a top-level jit only). Called outside every transformation it runs that jit lowered for its
 arguments and compiled with `options` for the devices they are placed on, so no process-wide flag is needed.
 `.lower` is the program's text and `.compile` the executable such a call runs.
-
-Why the options (measured, with the commands, in docs/performance.md, Optimisations, "YNNPACK dot fusion"):
-- XLA:CPU routes dots through YNNPACK, which runs decoding's small-batch products with weights that do not fit in
-  cache far below XLA's Eigen path: decoding-shaped programs (generation, rollouts, cache scoring) turn that fusion off;
-- programs over whole sequences (`jit(..., sequence=True)`: train and SFT steps, full-row log-probs and values,
-  likelihood scoring) keep XLA's defaults on one CPU device, where YNNPACK is faster for their tall products, and turn
-  it off when partitioned over several CPU devices, where it ran slower at twice the peak memory;
-- GPU and TPU compiles get none of them (they are XLA:CPU options).
-
-Host memory. On a CPU device a program's buffers are this machine's memory, and an executable that needs more than
-the machine has is killed by the kernel mid-run with no message. Before it runs, every top-level call on CPU
-devices compares what the compiled program allocates beyond its arguments (`memory_analysis`: temporaries plus
-outputs not aliased to donated inputs) with the memory the kernel reports available, and raises `HostMemoryError`
-(one line: the program, both figures) instead. Between stages the study hands freed host memory back to the kernel
-(`release_freed_host_memory`).
+The options: decoding-shaped programs turn XLA:CPU's YNNPACK dot fusion off; programs over whole sequences
+(`jit(..., sequence=True)`) keep XLA's defaults on one CPU device and turn it off when partitioned over several;
+GPU and TPU compiles get none (they are XLA:CPU options). Why, with the measurements and their commands:
+docs/performance.md, "Optimisations" (YNNPACK dot fusion).
+Host memory: before a top-level call on CPU devices runs, what the compiled program allocates beyond its arguments
+(`memory_analysis`) is compared with the memory the kernel reports available, and `HostMemoryError` (one line: the
+program, both figures) is raised instead of a silent kill mid-run. `release_freed_host_memory` hands freed host
+memory back to the kernel between stages.
 """
 from __future__ import annotations
 

@@ -1,45 +1,19 @@
 """The host-domain presets' accelerator programs (`python -m experiments.aot_check --preset <host preset>`).
 
 A host preset's run (`study.host.pipeline`, presets in `study.host.presets`) executes on the accelerator:
-  host_train_step   the RL train step of its arms (`host_stages.make_host_arm_runtime`: arms whose optimisation
-                    settings are equal share one program, as `study.host.run.run_arms` shares one runtime; the
-                    reference model is in the state when kl_coef > 0), n_tasks x group_size / minibatches rows
-                    of max_context tokens;
-  the host rollout's model calls (`rollout/host_policy.py`), per episode group of ceil(B / overlap_groups)
-  rows, with every argument placed as `HostPolicy` places it (`host_policy.Placement`; `append_args`,
-  `decode_args`, checked against a real HostPolicy on a CPU mesh by tests/test_aot_host.py): the params as
-  `host_stages.make_host_rollout_fn` gives them (`rollout_params`: compute dtype, per `sharding.ROLLOUT_RULES`),
-  the KV cache and logits in their rule-table shardings, the token rows, counts and active flags over the batch
-  axes, the key replicated; lowered under `jax.set_mesh` (no mesh context on one chip, as the run):
-    host_append*    `append_jit` at one width C (a power of two from 16 to the widest a run can use,
-                    min(max_append_width, bucket(max_context - max_action_tokens)));
-    host_decode*    `decode_jit` (max_action_tokens steps).
-Batches: training (suffix ""), evaluation (`_eval`: `HostEvalSettings.batch_size` episodes per rollout, the
-same groups; only when its rows or sampler differ from training's, else the training records say so) and
-finding 4's continuations (`_f4`: `host_error_recovery.continue_prefixes`, eval.batch_size rows in one group,
-temperature 1; domains in `host_error_recovery.DOMAINS`, only when they differ from the evaluation's).
-Finding 3's step samples (`host_step_quality.sample_scores`) and finding 6's R_single rollouts
-(`host_dynamics.make_r_single`) on the coding domain run the evaluation's batches (its records say so).
-  host_f5_logprobs  finding 5's scoring (`likelihood_scoring.score_records`, domains in `host_likelihood.DOMAINS`):
-                    `policy_logprobs_jit` over n_tasks x group_size / micro_batches episodes of up to
-                    max_context tokens and t_max x max_action_tokens policy positions (the widest scoring batch),
-                    on the params as the evaluation rollouts use them, rows over the batch axes;
+  host_train_step   its arms' RL train step (`host_stages.make_host_arm_runtime`; arms with equal optimisation
+                    settings share one program);
+  host_append*, host_decode*   the host rollout's `append_jit` at one width C and `decode_jit`
+                    (`rollout/host_policy.py`), per episode group, every argument placed as `HostPolicy` places it
+                    (`append_args`, `decode_args`); batches: training (""), evaluation (`_eval`) and finding 4's
+                    continuations (`_f4`), each only where its rows or sampler differ;
+  host_f5_logprobs  finding 5's scoring (`likelihood_scoring.score_records`) on its widest batch;
   init_params, train_state_init, params_finite   as the FrozenLake list's (`aot.arms`).
-Widths: by default the append is compiled at the widest width: the same program over fewer tokens at every
-narrower one (weights and cache identical, activations and FLOPs proportional to the width); the append at any
-width W: `--programs host_append_w<W>` (`host_append_eval_w<W>`, ...). Each program carries its family of shapes
-(`Program.calls`: the narrower appends, the scoring widths, the packed train step's lengths) for the coverage test.
+The append compiles at the widest width (`--programs host_append_w<W>`: width W). Each program carries its shapes
+(`Program.calls`) and analytic FLOPs (`flops_checked`): docs/aot.md, "The host-domain presets".
 
-Analytic FLOPs (all chips; `flops_checked`): append = C tokens per row through every layer (the last layer's
-attention queries, o_proj and MLP for the one token whose logits it returns, `qwen3.hidden_states(index=)`),
-dense attention of those queries over the S cache slots (4 H E S per query and layer), one unembedded position
-per row; decode = max_action_tokens x (one token per row through the whole model + attention over the S slots
-+ the unembedding); the train step as `analytic.analytic_flops` (+ the reference's forward with kl_coef > 0);
-finding 5's scoring as `analytic.analytic_flops` (forward).
-
-Dimension legend (CONVENTIONS.md): B episodes (rows of one policy group), C append width, S context slots
-(KV-cache slots), M action tokens, V vocab, D model width, F MLP width, H query heads, K key/value heads,
-E head dim.
+Dimension legend (CONVENTIONS.md): B episodes, C append width, S context slots, M action tokens, V vocab, D model
+width, F MLP width, H query heads, K key/value heads, E head dim.
 """
 from __future__ import annotations
 

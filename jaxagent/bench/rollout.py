@@ -3,68 +3,14 @@
     python -m experiments.bench_rollout --json             # one JSON line, both sides measured in this run
     python -m experiments.bench_rollout --json --profile   # + where the JAX rollout's time goes
 
-1. Env stepping (`env_ratio`). JAX: `--env-batch` maps (`sample_tasks`), `FrozenLake.step_action`
-   vmapped over them inside a jitted `lax.scan` of `--env-steps` steps, uniformly random actions drawn
-   in the graph, autoreset to the start cell on termination or after 100 steps (gymnasium's 4x4 time
-   limit). `env_ratio` uses the dynamics alone: the step's text observation is not consumed, so XLA
-   compiles its rendering away, and the state (cell index) is the observation, as in gymnasium's
-   FrozenLake-v1. `env_text_obs_ratio`: the same loop with the rendered token observation consumed
-   every step (what the rollout needs). gymnasium: `SyncVectorEnv` of `gym.make("FrozenLake-v1",
-   desc=<the same maps as 'SFHG' rows>, is_slippery=False)` (its default wrappers and next-step
-   autoreset) over the first `--gym-envs` maps, actions from numpy. Timed: the step loop only (env
-   construction and the first reset excluded on both sides; JAX compile excluded), repeats interleaved
-   (both sides run in this process).
-   steps/s = envs x steps / median time.
-
-2. Rollout (`rollout_ratio`). Episodes of the toy world (`make_toy_world`: word-level tokenizer,
-   FrozenLake, Qwen3 chat layout) with the study's task settings (`TaskSettings`, quick preset's T_max,
-   max action tokens and context), batch `--batch`, full budgets (the study's default), temperature-1
-   sampling, at two shapes: the study's default policy shape (quick preset's model, toy vocab) and a
-   ~1M-parameter shape (hidden 128, 4 layers, 4 heads, 2 KV heads, head_dim 32). Both sides use the same
-   random weights (`qwen3.init`, written with `weights.save`, read by transformers'
-   `Qwen3ForCausalLM.from_pretrained`, f32, sdpa attention, `torch.set_num_threads(--torch-threads)`),
-   the same maps and budgets.
-
-   Timed, JAX: one call of `jaxagent.rollout.rollout` (host checks + the single jitted program: reset,
-   system-prompt prefill, T_max turns of chunk building, cache append, sampling with a KV cache, env
-   step, bookkeeping) until its outputs are ready; compile time is reported apart (`*_jax_compile_s`).
-
-   Timed, PyTorch (`torch_rollout`): the whole loop a PyTorch + gymnasium implementation runs: reset of
-   one gymnasium FrozenLakeEnv per episode (constructed from the maps beforehand, untimed), system prompt
-   prefilled once (batch 1) and its `DynamicCache` repeated to the batch (as jaxagent does), then per
-   turn: the prompt chunk built on the host (layout pieces as token ids + the budget text and the
-   observation rendered to words from the gymnasium state, encoded in one `encode_batch` call), appended
-   to the cache, replies sampled token by token (softmax / multinomial, stop at <|im_end|> or
-   <|endoftext|> or the token limit, each sampled token fed back), replies decoded to text and the action
-   parsed with a regex (the last <answer>Move</answer>), gymnasium `step` on the host, status / reward /
-   logprob bookkeeping. KV cache: never re-prefilled; each forward feeds only the new chunk or token.
-   Rows have different lengths: chunks are right-padded to the turn's longest chunk and rows that have
-   stopped feed a pad token, all such pads get attention-mask 0 (holes in the cache that no query ever
-   attends to), and each row gets explicit position ids = its count of real tokens, so RoPE positions
-   equal jaxagent's slot positions. Rows whose episode is over are dropped from the cache
-   (`batch_select_indices`), which jaxagent does not do (its batch is static).
-   Both sides are warmed up; a turn-by-turn replay of JAX's sampled replies through the torch loop
-   (untimed) checks that both build identical token streams and compute the same log-probabilities
-   (`*_replay_tokens_equal`, `*_replay_logprob_max_abs_diff`).
-
-   episodes/s = batch / median time over `--repeats` repeats (a new sampling key each repeat). Model
-   FLOPs = 2 x params x tokens processed (the system prompt once per batch + every episode's chunk and
-   reply tokens, i.e. real tokens, no padding; attention FLOPs are not counted); `*_frac_peak` =
-   achieved model FLOP/s / `matmul_peak_gflops`, the larger of the f32 square-matmul GFLOP/s of jitted
-   jax and of torch (its best peer setting) measured in the same run.
-
-`--profile` adds `<shape>_profile`: the same JAX rollout with the scripted noisy expert instead of the
-model (chunk building + env + bookkeeping, no model call) and with twice the cache slots (same episodes;
-the difference is the time that scales with the attention window / cache size, not with the tokens).
-
-The PyTorch side (`experiments.peers.torch_rollout`) runs in worker processes (`experiments.peers.workers`) at every torch thread count and
-OpenMP wait policy, on the same maps and from the same sampling seed at each setting; per shape the
-setting with the fastest median rollout is reported (`<shape>_torch_threads`,
-`<shape>_omp_wait_policy`, every setting in `<shape>_torch_settings`; the top-level `torch_threads` /
-`omp_wait_policy` are those of the shape that gives `rollout_ratio`). This process runs the JAX side, the
-gymnasium env bench and the replay check (torch at 1 thread). The run's machine load is reported
-(`other_cores`, `loadavg_1m_*`, `loadavg_start` / `loadavg_end`); on a busy machine (the rule in
-`jaxagent.bench.harness`) every `*_ratio` is null and reported as `*_ratio_busy`.
+`env_ratio` / `env_text_obs_ratio`: steps/s (envs x steps / median time) of `FrozenLake.step_action` vmapped in a
+jitted scan vs gymnasium's `SyncVectorEnv` of FrozenLake-v1 on the same maps. `rollout_ratio`: episodes/s (batch /
+median time) of `jaxagent.rollout.rollout` vs a PyTorch + gymnasium loop with KV-cache reuse
+(`experiments.peers.torch_rollout`, at its best thread count and OpenMP policy), at the study's policy shape and a
+~1M-parameter one, on the same random weights, maps and budgets; a replay of JAX's replies through the torch loop
+checks tokens and log-probs (`*_replay_*`). `*_frac_peak` = 2 x params x real tokens / time / `matmul_peak_gflops`.
+On a busy machine (`jaxagent.bench.harness`) every `*_ratio` is null and reported as `*_ratio_busy`.
+What each side runs and times, and `--profile`: docs/performance.md, "What `bench_rollout` compares".
 
 Legend: B episodes, N turns (T_max), S cache slots, W chunk width, M action tokens, V vocab, L map side.
 """

@@ -4,33 +4,14 @@ bound allows, the result that would have made it "not reproduced", and its seed-
 (`finding_verdict`, by `stats.VERDICT_RULE`). `report` renders them.
 
 A finding's measured difference is the metric prefix `<diff>`: `.mean`, `.lo`, `.hi` (95% CI), `.lo90`, `.hi90`
-(90% CI, for TOST), `.se`, `.mde`, `.df`, `.n_seeds`, `.n_units`, and the texts `.method`, `.reason`, `.seeds`
-(the seeds used and excluded), as `jaxagent.eval.stats.Estimate` writes them.
-
-Room. `<finding key>.room_lo` and `<finding key>.room_hi` (difference units, unscaled) hold the range [lo, hi]
-that the structural bound of the measurement allows the difference to take, whatever the policies do; e.g.
-for RL - base Pass@1 on tasks with structural bound U (the share of tasks the optimal policy solves within
-the budget, at that K): RL lies in [0, U], so RL - base lies in [-base, U - base]. `finding_verdict` passes it
-to `stats.decide`: a bound that leaves less than E on the paper's side blocks the size judgement only (a CI
-wholly on one side of 0 is still a sign result; one holding 0 is "untestable here (bound)"), and a parity row
-whose bound leaves less than its margin either side of 0 is "untestable here (bound)", so no row is decided by
-the bound.
-Per-seed rooms are averaged over the seeds the estimate uses, as the difference itself is.
-
-Tiers. `<finding key>.tier_turns` (the tier's turn budget T) and `meta.t_max` let `finding_title` print the
-real tier of a tier row ("at 25% of T_max (T=2 of 8)"), and say so when T / T_max is not the nominal fraction.
-
-Likelihood ratios (finding 5). For two policies with trajectory distributions p_RL and p_b restricted to
-successes, E_RL[log p_RL - log p_b] - E_b[log p_RL - log p_b] = KL(RL || b) + KL(b || RL), the Jeffreys
-divergence: >= 0 for any two policies, so a "difference of the two groups' mean LLR" (and its length-matched
-version, which restricts both expectations to the same tasks and lengths) cannot come out negative and holds
-by construction. jaxagent states the claim in a form that could fail, RL's successful trajectories more than
-LLR_THRESHOLD = 1 nat above base (diff = LLR - LLR_THRESHOLD, direction +1, E = 1 nat), prints the Jeffreys
-contrast beside it, and reports both LLR rows without judging them: a cumulative LLR measures the recipe's KL
-budget and token count at toy scale ("untestable here (recipe)", `recipe.llr_not_comparable`).
-
-Recipe. `Finding.recipe` (`jaxagent.eval.recipe`) gives the reason a row is decided by the training recipe or
-the base's design rather than the arms; `finding_verdict` then prints "untestable here (recipe)" with it.
+(90% CI, for TOST), `.se`, `.mde`, `.df`, `.n_seeds`, `.n_units`, and the texts `.method`, `.reason`, `.seeds`,
+as `jaxagent.eval.stats.Estimate` writes them. Room: `<finding key>.room_lo` / `.room_hi` (difference units) hold
+the range the structural bound allows the difference, whatever the policies do (RL - base Pass@1 with bound U lies
+in [-base, U - base]), averaged over the seeds the estimate uses; it blocks the size judgement only. Tiers:
+`<finding key>.tier_turns` and `meta.t_max` let `finding_title` print a tier row's real tier. The LLR rows state
+finding 5 in a form that can fail (LLR - LLR_THRESHOLD, 1 nat), beside the Jeffreys contrast, which cannot.
+`Finding.recipe` (`jaxagent.eval.recipe`) gives the reason a row is "untestable here (recipe)".
+Why each rule: docs/study.md, "Where each row is judged", "The verdict rule", "jaxagent's definitions" (LLR rows).
 """
 from __future__ import annotations
 

@@ -1,37 +1,18 @@
 """Compiled CPU kernels for the model's hot paths, called from jitted code through XLA's FFI.
 
-XLA:CPU runs the model's products and attention below what the machine can do at decoding and
-rollout shapes: a [16, 384] x [384, 1024] projection through Eigen packs the whole weight matrix into
-panels on every call (~5 GB/s of weights where memory gives ~15), padded tokens cost as much as real
-ones, and attention over a KV cache becomes many tiny batched dots plus separate softmax passes.
-`cpu_kernels.cc` holds the kernels (and the packing):
-
-- `rows_matmul(x [B, T, K], n_valid [B], w_packed, n) -> [B, T, n]`: x @ w for each row's first
-  n_valid tokens (0 for the rest: right-padded appends and finished rows cost nothing), the weights
-  pre-arranged by `pack_panels` into column panels of 16 ([n / 16, K, 16], contiguous), so a decode
-  step streams each weight once. Packing copies the weights: callers pack once outside their token
-  loop (`ops.prepare`, which `jaxagent.models.ops_cpu` reads).
-- `mlp(x, n_valid, gate_up_packed, down_packed)`: the SwiGLU block of many rows in one call; its
-  [rows, 2F] intermediate stays in L2 instead of going through memory three times.
-- `norm_rope(qkv, n_valid, q_norm, k_norm, cos, sin, eps, heads)`: the q and k heads' RMS norms and
-  rotary embedding in one pass over the fused [q | k | v] product.
-- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference,
-  n_valid)` -> [B, T, H, E]: softmax(q k^T / sqrt(E) + mask) v over the first `window` cache slots (an
-  int32 scalar read at run time, so one program serves every window), fused per (row, KV head):
-  scores, masking, max, exp and the value product, with `ops.attention`'s semantics (masked scores
-  get -1e30, so a row with every key masked averages the window uniformly). Its gradient is that of
-  the XLA implementation (`jax.custom_vjp`), so the kernel never changes what autodiff sees.
-
-The C++ source is compiled on first use with the system's C++ compiler (`$CXX`, default `g++`) against
-jaxlib's FFI headers, into a cache directory (`$JAXAGENT_KERNEL_CACHE`, default
-`~/.cache/jaxagent/kernels`; a per-user temporary directory if that is not writable) keyed by the
-source, jaxlib's version, the compiler and the CPU's flags, so it builds once per machine.
-Nothing is downloaded. Where the build fails (no compiler) or `JAXAGENT_CPU_KERNELS=0`, `available()`
-is False and the model keeps its XLA paths; `unavailable_reason()` says why, and calling a kernel
-directly raises. The model reaches them only through `jaxagent.models.ops`, which selects them with
-`jax.lax.platform_dependent` when a program is lowered for CPU: programs lowered for GPU or TPU (on a
-CPU host too) never contain them. Inside a sharded (multi-device) CPU
-program XLA runs each custom call on whole, replicated operands: correct, not partitioned.
+The kernels (`cpu_kernels.cc`), for the paths XLA:CPU runs slowly at decoding and rollout shapes:
+- `rows_matmul(x [B, T, K], n_valid [B], w_packed, n) -> [B, T, n]`: x @ w for each row's first n_valid tokens
+  (0 for the rest), over weights packed once by `pack_panels` into column panels of 16 ([n / 16, K, 16]);
+- `mlp(x, n_valid, gate_up_packed, down_packed)`: the SwiGLU block of many rows in one call;
+- `norm_rope(qkv, n_valid, q_norm, k_norm, cos, sin, eps, heads)`: q / k RMS norms and RoPE in one pass;
+- `attention(q [B, T, H, E], kt [B, K, E, S], v [B, K, S, E], mask [B, T, S], window, reference, n_valid)
+  -> [B, T, H, E]`: softmax(q k^T / sqrt(E) + mask) v over the first `window` slots, `ops.attention`'s semantics,
+  its gradient the XLA implementation's (`jax.custom_vjp`).
+Built on first use with `$CXX` (default g++) into `$JAXAGENT_KERNEL_CACHE` (default ~/.cache/jaxagent/kernels).
+Without a compiler, or with `JAXAGENT_CPU_KERNELS=0`, `available()` is False (`unavailable_reason()` says why) and
+the model keeps its XLA paths. The model reaches them only through `jaxagent.models.ops`, chosen when a program is
+lowered for CPU: GPU and TPU programs never contain them. Why each kernel, the cache key, and sharded programs:
+docs/performance.md, "The CPU kernels".
 """
 from __future__ import annotations
 

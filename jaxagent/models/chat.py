@@ -1,33 +1,18 @@
-"""The Qwen3 chat format as token ids, written without the jinja template.
+"""The Qwen3 chat format as token ids, written without the jinja template (`format_chat`, `turn_pieces`).
 
 Dimension legend: T tokens (ids and masks are plain Python lists of length T; nothing here is jitted).
 
-Rendered layout (what Qwen3's chat template produces; `format_chat` reproduces its ids exactly):
-  system turn   <|im_start|>system\\n{content}<|im_end|>\\n        (only when messages[0] is system)
-                with `tools`: the same turn also lists the tools as JSON lines in <tools></tools> and
-                explains the <tool_call> protocol (the system content, if any, comes first + "\\n\\n").
-  user turn     <|im_start|>user\\n{content}<|im_end|>\\n           (a later system message: same shape)
-  tool results  consecutive `tool` messages share ONE user turn:
-                <|im_start|>user\\n<tool_response>\\n{c1}\\n</tool_response>\\n<tool_response>\\n{c2}...
-                \\n</tool_response><|im_end|>\\n
-  assistant     <|im_start|>assistant\\n[<think>\\n{reasoning}\\n</think>\\n\\n]{content}
-                [\\n]<tool_call>\\n{"name": "...", "arguments": {...}}\\n</tool_call>...<|im_end|>\\n
-  gen. prompt   <|im_start|>assistant\\n, plus the empty block <think>\\n\\n</think>\\n\\n when thinking is off.
-
-Reasoning in past assistant turns (Qwen3's rule): the reasoning is `reasoning_content` if given, else
-the text before "</think>" in `content` (and `content` keeps only the text after it). Let q be the
-index of the last user message that is a real query (not a "<tool_response>...</tool_response>"
-wrapper). Assistant turns at or before q lose their think block. Turns after q keep it when they are
-the final message (even if empty) or their reasoning is non-empty. `keep_past_thinking=True` instead
-renders every assistant turn with its think block, which is the append-only conversation a multi-turn
-rollout builds while it reuses the KV cache (see `turn_pieces`).
-
-Assistant mask (the tokens RL trains on): for each assistant message, its content, its tool-call
-blocks and its closing <|im_end|>; also its think block when `enable_thinking` (then the model wrote
-it); never the "<|im_start|>assistant\\n" header, the "\\n" after <|im_end|>, or the generation prompt.
-A token is marked when its character span overlaps a generated span (the convention of transformers'
-`return_assistant_tokens_mask`); the only token that can straddle is the first one of a reply whose
-content starts with whitespace, which the byte-level BPE can merge with the preceding newline(s).
+Rendered layout (Qwen3's chat template; `format_chat` reproduces its ids exactly):
+  system <|im_start|>system\\n{content}<|im_end|>\\n   (with `tools`: + the tools as JSON in <tools></tools>)
+  user   <|im_start|>user\\n{content}<|im_end|>\\n     (consecutive `tool` messages share ONE user turn of
+         <tool_response>\\n{c}\\n</tool_response> blocks)
+  assistant <|im_start|>assistant\\n[<think>\\n{reasoning}\\n</think>\\n\\n]{content}[\\n]<tool_call>...<|im_end|>\\n
+  gen. prompt <|im_start|>assistant\\n (+ <think>\\n\\n</think>\\n\\n when thinking is off).
+Past reasoning (Qwen3's rule): assistant turns at or before the last real user query lose their think block;
+`keep_past_thinking=True` keeps every one (the append-only context of a multi-turn rollout). Assistant mask (the
+tokens RL trains on): each assistant message's content, tool calls and closing <|im_end|> (+ its think block when
+`enable_thinking`), by character-span overlap as transformers' `return_assistant_tokens_mask`.
+The layout, reasoning and mask rules in full: docs/host_rollout.md, "Qwen3's template as token ids".
 """
 from __future__ import annotations
 
@@ -122,7 +107,8 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt:
                 keep_past_thinking: bool = False) -> tuple[str, list[tuple[int, int]]]:
     """The chat as text and the [start, end) character spans the assistant generated.
 
-    Arguments as in `format_chat`; the layout and reasoning rules are in the module docstring.
+    Arguments as in `format_chat`; the layout and reasoning rules: docs/host_rollout.md, "Qwen3's template as
+    token ids".
     """
     _check_messages(messages)
     if tools is not None and not all(isinstance(t, Mapping) for t in tools):
@@ -197,7 +183,7 @@ def format_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], *,
     keep_past_thinking: False reproduces Qwen3's template (ids equal
       `apply_chat_template(..., enable_thinking=...)`); True keeps every assistant turn's think block,
       which equals what the append-only rollout built from `turn_pieces` holds.
-    Returns (ids_T, assistant_mask_T); the mask rules are in the module docstring.
+    Returns (ids_T, assistant_mask_T); the mask rules: docs/host_rollout.md, "Qwen3's template as token ids".
     """
     text, spans = render_chat(messages, add_generation_prompt=add_generation_prompt,
                               enable_thinking=enable_thinking, tools=tools,

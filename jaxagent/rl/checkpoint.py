@@ -1,35 +1,16 @@
 """Train-state checkpoints with orbax: params, optimizer state, step, PRNG key, data position and a
-JSON metadata item (the model config), kept N deep, written atomically.
+JSON metadata item (the model config), kept N deep, written atomically, verified on restore.
 
-Layout: <directory>/<step>/{state, metadata}. 'state' is the TrainState as a dict
-(`StandardSave`; the typed PRNG key as its raw `jax.random.key_data`, re-wrapped on restore with the
-saved key implementation); 'metadata' (`JsonSave`) holds the Qwen3Config fields of the policy (and
-critic), the step, the data position and caller extras.
-
-Atomicity: orbax writes each step into '<step>.orbax-checkpoint-tmp*' and renames it to '<step>'
-only once every item is written (rename is atomic on a local filesystem), so a process killed
-mid-save leaves a temporary directory that `latest_step` never lists: the previous checkpoint
-stays the latest. Keep-N: `max_to_keep` deletes the oldest steps after each save.
-
-Integrity: after orbax commits a step, a checksum manifest (`weights.MANIFEST_NAME`: sha256 and
-size of every file of the step) is written into the step directory, last and atomically (with
-async saves: at the next `save` or at `wait_until_finished`). A manifest is written only for a step
-this code saved: `save` first records the step in `<directory>/PENDING_NAME`, and the manifest is
-written (and the record removed) once orbax has committed the step, also by a later `save` or
-`wait_until_finished` after a kill between the commit and the manifest. A step of this format
-(`FORMAT_VERSION` 2) without its manifest and without that record is refused (`CheckpointError`
-naming the step): its bytes cannot be verified, and it never gets a fresh manifest. `restore`
-verifies the manifest before reading anything and names the step and the missing, truncated or
-altered file; a step of format 1 without a manifest (older versions) restores unverified. Files
-orbax cannot work without (`state/_METADATA`, `metadata/metadata`) are checked by name in any
-case, and an array orbax cannot read becomes a CheckpointError naming the step directory and
-TensorStore's own cause (array and byte range), not a spec dump. Multi-process: process 0 writes
-the records and manifests, and every process waits for them (a barrier in `save` and
-`wait_until_finished`).
-
-Restoring checks the saved config JSON against the expected one (required: a same-shape checkpoint
-of another config must not load silently), the caller's run settings (`expect_extra`) against the
-saved `extra`, and the saved parameter shapes against the target's, before reading any array.
+Layout: <directory>/<step>/{state, metadata}: 'state' the TrainState as a dict (`StandardSave`; the PRNG key as
+its raw `jax.random.key_data`), 'metadata' (`JsonSave`) the Qwen3Config fields of the policy (and critic), the
+step, the data position and caller extras. A step is written to a temporary directory and renamed once complete,
+so a killed save leaves the previous checkpoint the latest; `max_to_keep` deletes the oldest steps.
+Integrity: each step this code saved gets a checksum manifest (`weights.MANIFEST_NAME`), written last (its pending
+record in `PENDING_NAME` until then); `restore` verifies it first and names the missing, truncated or altered file.
+A format-2 step (`FORMAT_VERSION`) without manifest or pending record raises `CheckpointError`, as does an array
+orbax cannot read (with TensorStore's cause). Restoring checks the saved config, the run settings (`expect_extra`)
+and the parameter shapes before reading any array. Multi-process: process 0 writes, every process waits.
+The format, atomicity and verification in full: docs/custom_env.md, "The checkpoints".
 This is one of the library's explicit I/O modules (it writes files; it never prints).
 """
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """One home for an episode's rules: its settings, its context, its budget text and its status.
 
-The JAX loop (`jax_loop`), the host loop (`host_loop`), the evaluation drivers (`jaxagent.eval`) and the RL
-loop (`jaxagent.rl.loop`) import these; none restates them (STYLE.md principle 14).
-
-Context. An episode's context is Qwen3's chat format, append-only, so the KV cache is reused across turns
-(`layout` draws it). Turn t appends a prompt chunk [turn opener, budget text, observation, assistant
-opener] and then the reply. The jittable envs build the chunk in the graph from codec word ids
-(`prompt_chunk`); the host envs build it on the host from text (`host_first_chunk`, `host_next_chunk`).
-
-Budget text. One template, `budgets.BUDGET_TEMPLATE` ("Turn {turn} of {budget}. {remaining} turns
-left.", turn 1-based, remaining including this turn): host envs render it as text (`budget_text`),
-the jittable envs as word ids (`budgets.budget_words` over `budgets.DEFAULT_TEMPLATE`, the same template
-split into words). It lives in `envs/jax/budgets.py` because the envs' word tables need its words.
-
-Truncated replies. Every assistant message of Qwen3's chat format ends with <|im_end|>. A reply that
-does not end with it (`reply_closed` False: it hit `max_action_tokens`, or stopped on another stop id
-such as <|endoftext|>) is closed by the loop: the next turn's chunk starts with <|im_end|>
-(`prompt_chunk` for the jittable envs, `host_next_chunk` for the host envs), so the model reads
-`... last reply token<|im_end|>\n<|im_start|>user\n...`, exactly the template's rendering of that
-message. The inserted token belongs to the next turn's chunk: context, not policy (outside
-`policy_mask`, log-prob 0, turn index t + 1), since the policy never sampled it. An episode that ends
-on a truncated reply has no next chunk and gets no closing token.
-
-Status (codes in `types`). An episode is RUNNING until
-  - turn t < budget starts and the context cannot hold its chunk plus a full reply (`max_action_tokens`):
-    CONTEXT_EXHAUSTED (`turn_start`);
-  - the env ends it (done): SUCCESS or FAILED by the env's success flag (`after_step`);
-  - it is not done after the last turn of its budget: BUDGET_EXHAUSTED (`after_step`).
-finished = SUCCESS or FAILED; episode_return = the sum of rewards if finished, else 0 (`episode_return`).
-The status rules accept numpy (the host loop) or jax (the JAX loop) arrays and return the same kind.
+The JAX and host loops, the evaluation drivers and the RL loop import these; none restates them (STYLE.md principle 14).
+Context: Qwen3's chat format, append-only (`layout`); turn t appends the chunk [turn opener, budget text,
+observation, assistant opener] (`prompt_chunk` from codec word ids in the graph; `host_first_chunk`,
+`host_next_chunk` from text on the host), then the reply. Budget text: `budgets.BUDGET_TEMPLATE` ("Turn {turn} of
+{budget}. {remaining} turns left.", turn 1-based, remaining counting this turn), as text (`budget_text`) or word ids.
+Truncated replies: a reply not ending with <|im_end|> (`reply_closed` False) is closed by <|im_end|> at the head of
+the next chunk: context, not policy (outside `policy_mask`, log-prob 0, turn t + 1); none after the last turn.
+Status (codes in `types`): RUNNING until CONTEXT_EXHAUSTED (turn t < budget cannot hold its chunk and a full
+reply; `turn_start`), SUCCESS or FAILED (the env ends it, by its success flag; `after_step`), or BUDGET_EXHAUSTED
+(not done after its budget's last turn). episode_return = the sum of rewards if SUCCESS or FAILED, else 0. The
+rules take numpy or jax arrays and return the same kind. Why so: docs/host_rollout.md, "The episode's rules".
 
 Dimension legend (CONVENTIONS.md): B episodes, S context slots, C chunk tokens.
 """

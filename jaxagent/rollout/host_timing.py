@@ -1,32 +1,16 @@
 """The per-turn wall-clock split of a host rollout (`host_loop`) into model vs env time, and the decode
-slots each turn computed.
+slots each turn computed: `HostTiming`, `decode_slot_counts`.
 
-Timing (`HostTiming`), per turn t of the rollout, in seconds of `time.perf_counter`:
-  model_s[t]     the calling thread in turn t's model calls (chunk appends, decode, copy to host; a
-                 scripted policy's `generate_fn`), summed over groups;
-  env_s[t]       turn t's env steps, per group the span from its first step's start to its last step's
-                 end (a timed-out step counts up to its limit), summed over groups;
-  env_wait_s[t]  the calling thread blocked on turn t's env results: the env time the model did not hide;
-  host_s[t]      the calling thread's own bookkeeping for turn t (chunks, buffers, texts, statuses);
-  wall_s[t]      = model_s + env_wait_s + host_s: the calling thread's wall clock spent on turn t. The
-                 turns' wall_s sum to the turn loop's wall time; without overlap env_wait_s ~= env_s,
-                 with it env_wait_s < env_s by the env time spent while another group decoded.
-reset_s (all before turn 0: seeds, resets, system turns, KV caches) and total_s (all of `host_rollout`)
-are scalars.
-
-Decode slots (`decode_slot_counts`, recorded per turn in `HostTiming.decode`): a decode call runs its token loop
-over all of a group's policy rows until the longest sampled reply ends, so it computes rows x steps slots
-(steps = the longest reply's length) whatever each row needs. Per turn, summed over groups:
-  slots      rows x steps of every decode call;
-  generated  the sampled replies' tokens (the useful slots);
-  tail       sum over sampled rows of (steps - its reply's length): rows whose reply ended waiting for the longest;
-  finished   (live rows not sampled) x steps: episodes already finished (or replying with a given text);
-  padding    (the group's padding rows) x steps.
-slots = generated + tail + finished + padding; `HostTiming.summary` gives the totals and the shares of slots
-(decode_finished_share is the long tail of multi-turn rollouts: slots spent on episodes that are over).
-The counts lay a call out as one batch; on one device the loop goes on over a quarter of the rows, then a
-quarter of those, once no more are generating (`host_policy.compact_rows`), so tail and finished slots past
-that point are computed at that width.
+Timing, per turn t, seconds of `time.perf_counter`: model_s[t] (the calling thread in the turn's model calls),
+env_s[t] (the turn's env steps, per group first start to last end), env_wait_s[t] (the calling thread blocked on
+env results: the env time the model did not hide), host_s[t] (the thread's own bookkeeping), and
+    wall_s[t] = model_s[t] + env_wait_s[t] + host_s[t];
+scalars reset_s (before turn 0) and total_s (all of `host_rollout`).
+Decode slots, per turn summed over groups: a decode call computes rows x steps slots (steps = its longest reply), so
+    slots = generated + tail + finished + padding
+(the sampled tokens; rows whose reply ended waiting for the longest; rows of finished episodes or given replies;
+padding rows). `HostTiming.summary` gives totals and shares (decode_finished_share: the long tail of multi-turn
+rollouts). Each quantity in full: docs/host_rollout.md, "Timing and decode slots".
 
 Dimension legend (CONVENTIONS.md): N turns (T_max).
 """

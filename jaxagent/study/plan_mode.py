@@ -1,35 +1,16 @@
-"""Plan mode: FrozenLake's single-shot R_single (docs/study.md finding 6).
+"""Plan mode: FrozenLake's single-shot R_single (docs/study.md finding 6 and "jaxagent's definitions", R_single).
 
 Definition. For a held-out map m, a budget T (the study's T_max) and a policy pi:
-
-    prompt(m, T) = the system turn + the multi-turn episode's FIRST user turn (its budget text
-                   "Turn 1 of T . T turns left ." and the map) followed by the instruction
+    prompt(m, T) = the system turn + the multi-turn episode's FIRST user turn (budget text and map) followed by
                    PLAN_INSTRUCTION ("Plan : Answer with all moves at once .") + the assistant opener;
     reply ~ pi(. | prompt(m, T)), ONE reply of at most T action strings and a stop token, no feedback;
-    plan(reply) = the moves a_1 .. a_n (n >= 1) when the reply, up to its stop token, is exactly a
-                  sequence of action strings ("<answer>Left</answer> <answer>Down</answer> ..."); a reply
-                  with anything else in it, no move, or no stop token (cut at the token limit) has no plan;
-    success(m, reply) = 1 iff the reply has a plan and executing a_1 .. a_min(n, T) in order from the
-                  start cell (`FrozenLake.step_action`; holes and the goal end the walk, later moves do
-                  nothing) reaches the goal; else 0;
+    plan(reply) = the moves a_1 .. a_n (n >= 1) when the reply, up to its stop token, is exactly a sequence of
+                  action strings; otherwise (anything else, no move, no stop token) the reply has no plan;
+    success(m, reply) = 1 iff there is a plan and executing a_1 .. a_min(n, T) from the start cell
+                  (`FrozenLake.step_action`; holes and the goal end the walk) reaches the goal, else 0;
     R_single = mean over held-out maps and Z samples per map of success.
-
-Why. R_single is the paper's single-turn reward: on coding, the pass rate of a single reply without
-execution feedback. FrozenLake's analogue asks for the whole solution in one reply without the env's
-observations between moves. It is not the multi-turn success in disguise: the multi-turn policy sees each
-new position and can recover from a wrong move, the plan cannot; and nothing in its definition rises
-with multi-turn success (the probability mass on Q*-optimal first moves, which the study used before,
-does by construction, since success needs good first moves). Multi-turn RL never trains on plan prompts,
-so R_single moves only through what RL does to the shared weights.
-
-What would fail finding 6's R_single row. The paper reports that R_single does not improve (falls) while
-R_multi rises. That row is "not reproduced" if the plan success after RL is measurably HIGHER than the
-base's (the confidence interval of the last-minus-base change lies above 0), i.e. multi-turn RL also
-taught the policy to plan blind.
-
-The base learns the format from SFT plan episodes (`stages.BaseSettings.plan_fraction`: the noisy
-expert's whole move sequence as one reply, `plan_sft_rows`), so its plan success starts between 0 and 1
-and can move either way.
+It is the analogue of the paper's single-turn reward (coding: one reply judged without execution feedback).
+The base learns the format from SFT plan episodes (`stages.BaseSettings.plan_fraction`, `plan_sft_rows`).
 
 Dimension legend (CONVENTIONS.md): P tasks, Z samples per task, R = P*Z reply rows, W prompt slots, M reply
 tokens, N moves (T_max), Fa accepted action forms, Pa tokens per form, C plan-chunk tokens.

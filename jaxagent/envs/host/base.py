@@ -1,52 +1,19 @@
-"""Host-side (non-jittable) environments: the shared interface, helpers and the env registry.
+"""Host-side (non-jittable) environments: the shared interface `HostEnv`, its helpers and the env registry.
+
+A host env has `jittable = False` and
+  tasks(split) -> list;  system_prompt(task) -> str;  reset(seed, task) -> (state, obs);
+  step(state, action_text) -> (state, obs, reward, done, info);  upper_bound_turns(task) -> int;
+  anchor(state) -> int;  clone(state) -> state;  where defined: ground_truth_actions, slipped_actions,
+  checked_actions, submission_mistake, step_quality.
+`info` always has valid, success, anchor (of the state BEFORE the step), next_anchor, error and obs_role ("user" |
+"tool"); an anchor is a stable hash in [0, 2**31) of the state without history. Observations and info["error"]
+are valid text (`valid_text`). Model output never raises: it gets an error observation and valid=False; stepping a
+finished episode raises ValueError; `step` may mutate its state (clone to keep one). Reset and step run on worker
+threads, several episodes at once, and a step bounds its own work.
+Registry: `register(name, factory)`, `make(name, **kwargs)`; built in (imported lazily): 'sql', 'code', 'bfcl'.
+Each method's contract, threads and time limits: docs/host_rollout.md, "The env interface".
 
 No dimension legend: host-side Python, no arrays.
-
-Interface. A host env is a Python object with `jittable = False` and
-  tasks(split) -> list                    task objects ("train" | "test" | "all", plus env-specific splits)
-  system_prompt(task) -> str              instructions (and tools / schema) for the system message
-  reset(seed, task) -> (state, obs)       obs is the first user message (the SQL, code and BFCL envs
-                                          are deterministic: they ignore the seed)
-  step(state, action_text) -> (state, obs, reward, done, info)
-  upper_bound_turns(task) -> int          turns of the reference solution: the structural upper bound
-                                          (docs/study.md, "Structural upper bound": T >= this is solvable)
-  ground_truth_actions(task) -> [str]     where defined, the reference solution's replies (the SFT targets
-                                          of the host study's toy base, `study.host.sft`)
-  slipped_actions(task, seed, fix=1.0) -> [str] | None   where defined, the reference with one generic
-                                          mistake (a noisy expert's slip; None where none applies): the toy
-                                          base's noise; on coding and BFCL followed, with probability `fix`
-                                          (drawn with seed), by the reference, else by giving up
-  checked_actions(task, seed, slip) -> [str]   where defined, a reference that checks before it answers
-                                          (its first turn a tool call, slipped with `slip`; the toy base's
-                                          multi-turn episodes)
-  submission_mistake(task, actions, solved) -> str   where defined, what is wrong with an episode's final
-                                          submission, one of `mistake_kinds` (the toy studies' mistake tables)
-  step_quality(state, action_text) -> float   where defined (coding: unit-test pass rate)
-  anchor(state) -> int                    GiGPO anchor of a state (below)
-  clone(state) -> state                   an independent copy, to branch (error states, matched states)
-Observations (and info["error"]) are valid text: `HostEnv` passes what every subclass's reset and step
-return through `valid_text` (lone surrogates escaped), so no observation can break a tokenizer.
-`step` may mutate and return its input state: clone first to keep a state. Stepping a finished
-episode is a caller bug and raises ValueError. Any model output (empty, huge, random bytes, bad JSON,
-unknown function, wrong argument types) is answered with an error observation and `valid=False`,
-never an exception.
-
-Threads and time limits. `rollout.host_rollout` runs reset and step (with its process-reward hook) on
-worker threads, several episodes at once and from any thread: an env keeps no mutable state shared
-between episodes unless it guards it, and one episode's state is used by one call at a time. A call
-still running after the rollout's `step_timeout_s` is abandoned: its episode fails (a time-out) and
-its state is never used again, but the thread is left to finish, so a step bounds its own work (the
-SQL env's query time limit, the sandbox's timeout) and the rollout's limit is the last resort.
-
-`info` always has: valid (the action parsed and was well-formed), success (the task is solved),
-anchor (`anchor(state)` of the state BEFORE the step, the state the action was taken in: what GiGPO
-groups steps on, as in jaxagent.envs.jax.base), next_anchor (`anchor` of the state after the step),
-error (str or None), obs_role ("user" for a new user message, "tool" for tool results; how the
-rollout should wrap obs in the chat template). An anchor is a stable hash, in [0, 2**31) so that it
-fits int32 arrays, of the env state without history; each env documents what it hashes.
-
-Registry: `register(name, factory)`, `make(name, **kwargs)`. Built in (imported lazily): 'sql', 'code',
-'bfcl'.
 """
 
 from __future__ import annotations
@@ -92,7 +59,7 @@ def _valid_observations(method):
 
 
 class HostEnv:
-    """Base class of host-side environments (see the module docstring for the contract).
+    """Base class of host-side environments (the contract: module docstring; docs/host_rollout.md).
 
     Every subclass's `reset` and `step` return valid text (`valid_text`): the one place where the
     observations of all host envs are made safe to tokenise, whatever the model's action echoed."""

@@ -1,63 +1,19 @@
-"""BFCL v4 multi-turn function calling (base, long_context, miss_func, miss_param). The tools and one call's
-validation / execution are in `bfcl_calls`, tool state copying and comparison in `bfcl_state`, the study's
-error-prefix bookkeeping in `jaxagent.eval.error_prefix`.
+"""BFCL v4 multi-turn function calling (base, long_context, miss_func, miss_param) as a host env: `BFCLEnv`.
+
+The tools and one call's validation / execution are in `bfcl_calls`, tool state copying and comparison in
+`bfcl_state`, the study's error-prefix bookkeeping in `jaxagent.eval.error_prefix`. Data and tool classes come from
+the installed `bfcl-eval` package (`pip install --no-deps bfcl-eval`; third_party/README.md); nothing is copied.
+One step = one assistant message of Qwen3 tool calls, each validated against its function's schema and executed on
+the episode's tool instances (obs_role "tool"); a message without a tool call ends the user turn. Scoring is BFCL's
+multi-turn checker: at the end of every user turn its state and response checks; the episode fails at the first
+failed turn and succeeds (reward 1) when the last passes; at most `max_steps_per_turn` (20) steps per turn.
+valid=False: a malformed call, or an empty / too long message. `anchor`: hash of (user-turn index, every tool
+instance's public state). `upper_bound_turns`: the reference, one message per user turn with ground-truth calls +
+one closing message. Options: `user_turns=N` (tasks cut to their first N requests), `tool_docs="signatures"`.
+Protocol, scoring, where it departs from BFCL on purpose, the options and the noisy expert (`slipped_actions`):
+docs/host_study.md, "The envs" and "Toy presets".
 
 No dimension legend: host-side Python, no arrays.
-
-Data and tools come from the installed `bfcl-eval` package (Apache-2.0; install with
-`pip install --no-deps bfcl-eval`, it pins an old numpy; see third_party/README.md): the task files
-data/BFCL_v4_multi_turn_<category>.json, their ground truth under data/possible_answer/, the function
-docs under data/multi_turn_func_doc/, and the executable tool classes
-(bfcl_eval.eval_checker.multi_turn_eval.func_source_code). Nothing is copied into this repository.
-
-Episode. The user sends one request per user turn. The model answers with Qwen3 tool calls
-(`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, several per message allowed); each
-call is validated against the function's schema (known and currently available function, required
-arguments present, no unknown arguments, argument types), then executed on this episode's tool-class
-instances, and the observation is one `<tool_response>` block per call (obs_role "tool"). A message
-without any tool-call tag ends the user turn; the next request follows (obs_role "user"). For
-miss_func tasks the held-out functions are not callable until their turn, whose message announces
-them. One step = one assistant message = one tool-call round; the rollout's turn budget counts steps.
-
-Scoring mirrors BFCL's multi-turn checker (bfcl_eval/eval_checker/multi_turn_eval/multi_turn_checker.py):
-at the end of every user turn the ground-truth calls of that turn are executed on separate
-ground-truth instances; when the turn's ground truth is non-empty, the turn fails if the model made
-no call in it, or if any instance's public attributes differ from the ground truth's (state check),
-or if the ground truth's execution results are not all contained, as a multiset, in the results of
-every call the model made so far (response check). The episode fails at the first failed turn (it
-ends there: BFCL fails the whole entry) and succeeds (reward 1) when the last turn passes. BFCL's
-inference loop force-quits after 20 steps in one turn; so does this env (max_steps_per_turn).
-Execution results are stringified as BFCL does (str kept, dict as JSON, others str(), exceptions as
-"Error during execution: ..."). Differences, on purpose: calls are made with keyword arguments from
-parsed JSON, never by eval of text; a malformed call is answered with an error observation and the
-turn continues (BFCL ends the turn on an undecodable message); integers given for BFCL "float"
-parameters are converted to float, for model and ground-truth calls alike (JSON has one number type);
-a `precision` argument above 1000 is refused (MathAPI would hang); so are non-finite numbers (NaN,
-Infinity, 1e400), integers beyond the float range for float parameters and beyond 64 bits for
-integer parameters; the tools' global numeric precision is restored after each call. `clone` copies
-without recursion (`deep_copy`), so deep directory trees built by the model can be branched.
-
-valid=False: some call in the message is malformed (bad JSON, unknown or unavailable function,
-wrong or missing arguments) or the message is empty / too long. tool_error: valid=False or some
-executed call returned an error (an "Error during execution" result or a JSON object with "error").
-Anchor (`anchor(state)`): hash of (user-turn index, the public state of every tool instance, with
-GorillaFileSystem's current directory); the same state reached by different histories shares it.
-upper_bound_turns = sum over user turns of (1 if the turn's ground truth is non-empty: one message
-with all its calls) + 1 (the closing text message): the replayed reference solution.
-
-Smaller variants (constructor options; the toy study's `bfcl-first` domain uses both):
-  user_turns=N   every task cut to its first N user turns (requests and ground truth; a miss_func function
-                 announced at a later turn stays held out throughout); a cut task whose kept turns have no
-                 ground-truth call is left out of `tasks()` (any closing message would solve it) and counted in
-                 `no_call_tasks` (of the last list `tasks()` returned).
-  tool_docs="signatures"   the system prompt lists each tool as one line, `name(arg: type, opt: type = default)`
-                 (BFCL's JSON names for types, defaults as JSON), without descriptions: 176-485 tokens for a
-                 task's tools instead of 2,031-4,878. The same form announces miss_func's added functions.
-The noisy expert of the toy base (`slipped_actions`): in the first user turn with ground-truth calls, one call
-with one required argument left out, alone in its message; the env answers it with a schema error and executes
-nothing. With probability `fix` the expert then sends the reference (which solves the task one step later),
-otherwise it closes the turn ("Done.": it gives up, and the turn fails). A slip it always fixed would cost nothing
-at the full budget, so RL trained there would have nothing to unlearn.
 """
 from __future__ import annotations
 
@@ -323,11 +279,11 @@ class BFCLEnv(HostEnv):
         return actions
 
     def slipped_actions(self, task: BFCLTask, seed: int, fix: float = 1.0) -> list[str] | None:
-        """The noisy expert's episode (module docstring): the reference, with one message inserted before the
-        first user turn's calls that has ground-truth calls: its call with a required argument, that argument
-        left out (call and argument drawn with `seed`); with probability 1 - fix (drawn with `seed`) the
-        expert then gives up: the slip and a closing message. None when no call of that turn has a required
-        argument."""
+        """The noisy expert's episode (docs/host_study.md, "Toy presets"): the reference, with one message
+        inserted before the first user turn's calls that has ground-truth calls: its call with a required
+        argument, that argument left out (call and argument drawn with `seed`); with probability 1 - fix (drawn
+        with `seed`) the expert then gives up: the slip and a closing message. None when no call of that turn has
+        a required argument."""
         check_slip_fix(fix)
         calls_per_turn = self.ground_truth_calls(task)
         docs = self._docs(task)

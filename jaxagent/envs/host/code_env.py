@@ -1,63 +1,18 @@
-"""Multi-turn coding with unit tests (DeepCoder-MT style): submit code, read the failing test, fix it.
+"""Multi-turn coding with unit tests (DeepCoder-MT style): submit code, read the failing test, fix it. `CodeEnv`.
+
+Tasks: the built-in problems (data/code_tasks.py, data/code_gen.py, data/code_gen_long.py; split by structure,
+`splits.structural_splits`), `tasks=` dicts, or DeepCoder-style / APPS problems from `data=DIR`
+(`deepcoder.load_deepcoder`); task styles "function", "call" and "stdin" (`CodeTask.style`).
+Action: a Python solution in a ```python block (the last one), run in the sandbox (`sandbox.run_calls`,
+docs/sandbox.md) on every unit test; values are compared outside it (`graders`). Observation: "All N tests passed."
+or the number passed and the first failing test. Reward 1 when every test passes (the episode ends), else 0.
+`step_quality(state, action)` = the action's unit-test pass rate (docs/study.md finding 3). valid=False: no code
+block. `anchor`: hash of (task id, the latest submission's pass/fail vector). `upper_bound_turns` = 1.
+A program resubmitted on the same tests reuses its kept result (`cache_size`); at most `max_parallel` sandbox runs at
+once; a sandbox that is unavailable or fails to set up raises `sandbox.SandboxError`, never scores the action 0.
+Task styles, observations, result reuse and concurrency in full: docs/host_study.md, "The envs" (Coding).
 
 No dimension legend: host-side Python, no arrays.
-
-Tasks. Built in (`data=None`): the hand-written problems of data/code_tasks.py followed by the generated
-families of data/code_gen.py and data/code_gen_long.py. Every task records its family (`template`; a hand-written
-task its own id). Splits (`splits.structural_splits`): "test" holds out whole families (`code_gen.HELDOUT_FAMILIES`)
-and every 4th hand-written problem, "test_constants" every 4th of the remaining tasks (train's families with other
-parameters), "train" the rest. `tasks=` (task dicts) replaces the built-in set, every 4th held out
-(`base.split_tasks`). With `data=DIR`: DeepCoder-style or APPS problems read from local JSON / JSONL files
-(`deepcoder.load_deepcoder`, `data_format` names the layout; its split rule and the tasks it leaves out are in
-`self.report`).
-Three task styles (`CodeTask.style`):
-  "function"  the built-in tasks: the entry point is a function of the submitted module, called with
-              each test's arguments;
-  "call"      loaded function-call tests: the entry point is a method of a `Solution` class when the
-              code defines one (LeetCode / LiveCodeBench starter code), else a function; the module runs
-              after a prelude of common imports (`CALL_PRELUDE`), as the public graders do;
-  "stdin"     loaded standard-input tests: the program runs as __main__ with the test's input on
-              standard input (`sys.stdin`, `input()` and file descriptor 0) and its standard output is
-              compared with the expected output (`graders.stdout_matches`).
-The loaded styles run through a small generated driver module (`driver`): the submitted code is a
-string inside it, executed in the sandbox like any other code.
-
-Action: a Python solution in a ```python code block (the last block if there are several; a bare
-``` block is accepted). The code runs in the sandbox (jaxagent.envs.host.sandbox: wall, CPU, memory,
-process and file-size limits, no network, a root file system holding only the interpreter and its
-standard library, so neither this package nor its task data (the expected values) can be read, a
-throwaway work directory, an unprivileged uid; by default strong isolation or an error, never a
-silent fallback; docs/sandbox.md) and the
-task's entry-point function is called on every unit test's arguments; return values are compared
-with the expected values here, outside the sandbox (`graders`: an integer only by its exact value, a float
-within 1e-6 relative, bool distinct from int, tuples as lists, sets as sorted lists).
-Observation: "All N tests passed." or the number passed plus the first failing test (its call or
-input, the expected value or output, and what came back: the wrong value or output, the exception, a
-timeout, or the load error).
-Reward: 1 when every test passes (the episode then ends), else 0.
-step_quality(state, action) = the action's unit-test pass rate (docs/study.md finding 3: step quality on
-DeepCoder-MT is the unit-test pass rate); it does not advance the state.
-valid=False means no code block was found; code that fails, crashes or times out is a valid action
-with `error` set (`tool_error` when it crashed, raised or timed out rather than returning wrong
-values).
-Anchor (`anchor(state)`): hash of (task id, pass/fail vector of the latest submission, None before
-the first); an invalid action keeps the previous vector (the env state did not change).
-upper_bound_turns = 1 (the reference solution passes in one submission; loaded tasks without a reference,
-kept with `require_reference=False`, are assumed solvable in one).
-Repeated submissions: the result of a run is kept (the last `cache_size` distinct programs) and reused when the
-same program is submitted on the same tests, which a sampled policy does often (docs/host_study.md: most
-submissions of code-toy's evaluation); results are unchanged for programs whose outputs depend on their inputs
-only. A program that reads randomness or the clock gets its first run's outcome each time; a run that hit the
-wall-clock or CPU limit, or died before every test ran (a load error aside), is not kept (the next submission
-runs again; so is a load that ran out of time, which a slow machine can cause). `sandbox_runs` and `cache_hits`
-count both.
-Concurrency: at most `max_parallel` sandbox runs of this env at once (default: the cores this process
-may run on, `os.sched_getaffinity`), however many threads step it: each run is a process tree that
-needs about a core, and more runs than cores would stretch the wall-clock limits into time-outs.
-Infrastructure failures are not the model's: when the sandbox is unavailable or fails to set up,
-`step` and `step_quality` raise `sandbox.SandboxError` (SandboxUnavailable / SandboxSetupError, with
-`infrastructure_error = True`) instead of scoring the action 0, so the caller can stop or exclude
-the episode.
 """
 
 from __future__ import annotations
@@ -258,8 +213,8 @@ def _jaxagent_entry(text):
 
 
 def driver(task: CodeTask, code: str) -> tuple[str, str]:
-    """(module source, entry point) that the sandbox runs for `code` on `task` (module docstring): the code
-    itself for "function" tasks, a driver module holding it as a string for the loaded styles."""
+    """(module source, entry point) that the sandbox runs for `code` on `task` (docs/host_study.md, "The envs",
+    Coding): the code itself for "function" tasks, a driver module holding it as a string for the loaded styles."""
     if task.style == "function":
         return code, task.entry_point
     if task.style == "call":
@@ -283,7 +238,8 @@ class CodeEnv(HostEnv):
         file) of DeepCoder-style or APPS problems (`deepcoder.load_deepcoder`, which `data_kwargs` go to:
         data_format, require_reference, ...). max_parallel:
         sandbox runs at once (default `host_cores()`). seed: the generated families' seed. cache_size: distinct
-        programs whose results are kept for resubmissions (module docstring; 0: every submission runs)."""
+        programs whose results are kept for resubmissions (docs/host_study.md, "The envs", Coding; 0: every
+        submission runs)."""
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"CodeEnv: cache_size must be an integer >= 0, got {cache_size!r}")
         self.cache_size = cache_size
@@ -417,7 +373,7 @@ class CodeEnv(HostEnv):
         return passed, result
 
     def _cached(self, key):
-        """The kept result of `key`'s program, or None (module docstring, "Repeated submissions")."""
+        """The kept result of `key`'s program, or None (docs/host_study.md, "The envs", Coding)."""
         if key is None:
             return None
         with self._cache_lock:

@@ -3,33 +3,16 @@
 `run_calls(code, entry_point, args_list, limits)` executes `code` in fresh child processes, calls
 `entry_point(*args)` once per argument list and returns the JSON-normalised return value (or the error)
 of every call. Expected outputs never enter the sandbox: the caller compares values.
+Modes (`SandboxLimits.mode`): "namespaces" (the default; "auto" is the same) is strong isolation or nothing: it
+needs root with CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID in a user namespace, seccomp and /proc's children lists,
+and without them `run_calls` raises `SandboxUnavailable` naming what is missing, never falling back; each run gets
+its own namespaces, root file system, uid, seccomp filter, cgroup (or rlimits), CPU quota and wall-clock kill.
+"unsafe-rlimits-only" is an explicit opt-in to NO SECURITY BOUNDARY (rlimits, the CPU quota and an audit hook).
+Each call runs in its own worker process, which cannot forge result lines. A sandbox that cannot be set up raises
+`SandboxSetupError` (a `SandboxError`, like `SandboxUnavailable`), never a failure of the model's code. The child
+program is the package jaxagent/envs/host/sandbox_child/. docs/sandbox.md has the full contract.
 
 No dimension legend: host-side Python, no arrays.
-
-Modes (`SandboxLimits.mode`; docs/sandbox.md has the full contract):
-  "namespaces" (the default; "auto" is the same): strong isolation or nothing. It needs root with
-      CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID in a user namespace that maps unprivileged uids (real
-      root does), seccomp, and /proc's children lists, on x86_64 or aarch64. Without that, `run_calls`
-      raises `SandboxUnavailable` naming what is missing and how to get it; it never falls back to a
-      weaker mode. Per run: new mount, network, pid, IPC and UTS namespaces; a root filesystem of its
-      own holding only the interpreter, its shared libraries and its standard library (read-only,
-      site-packages masked), a private size-limited /tmp with the work directory, /dev/shm, a few
-      device nodes and a fresh /proc (sandbox_child/rootfs.py); no network at all; a seccomp filter
-      (no namespaces, mounts, io_uring, or socket families beyond unix/inet/inet6;
-      sandbox_child/seccomp.py); a random unprivileged uid, rlimits, no new privileges; the whole
-      run's memory and process count bounded by a fresh cgroup (v2, or v1 memory + pids) where the
-      machine has one, otherwise by a process count times a per-process address-space limit that
-      multiply to the budget; its CPU time bounded by a quota of the whole run; everything is killed
-      at the wall-clock limit or the CPU quota, and when the caller dies.
-  "unsafe-rlimits-only": an explicit opt-in to NO SECURITY BOUNDARY: rlimits, the CPU quota and a
-      Python audit hook in a throwaway directory, as the caller's own user. Model code can escape it (ctypes, reading
-      the user's files, ...); use it only for trusted code or when nothing else is possible.
-Each call runs in its own worker process (the module is loaded afresh for each call) that holds no
-descriptor of the result channel, so model code cannot forge result lines (values for calls that
-never ran, a fake isolation report).
-Infrastructure failures are never reported as the model's failure: a sandbox that cannot be set up
-raises `SandboxSetupError` (a subclass of `SandboxError`, like `SandboxUnavailable`) with the cause;
-the child program is the package jaxagent/envs/host/sandbox_child/, run as `python -I -S <its directory>`.
 """
 
 from __future__ import annotations

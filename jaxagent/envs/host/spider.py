@@ -1,33 +1,19 @@
-"""Spider and InterCode-SQL questions from a local directory, for `SQLEnv(data=DIR)`.
+"""Spider and InterCode-SQL questions from a local directory, for `SQLEnv(data=DIR)`: `load_spider`.
+
+Layouts (`data_format` "spider" | "intercode", else recognised by the files in DIR; a directory with both is refused
+unless the format is named; nothing is downloaded):
+  Spider: `train_spider.json`, `train_others.json`, `dev.json` and/or `test.json` (records with `db_id`, `query`,
+      `question`), databases at `database/<db_id>/<db_id>.sqlite` (`test_database/...`). Train = train_spider +
+      train_others, held out = dev (Spider's own split; test.json only without dev.json).
+  InterCode-SQL (e.g. `ic_spider_dev.json`: records with `db`, `gold`, `query`) over the same databases: split by
+      file name ("train" train, "dev" / "test" held out), or with one kind of file by database (held out when
+      stable_hash(db) % 4 == 3); a pool of the benchmark's own evaluation files gets a warning in the report.
+Tasks in file order, ids "<file stem>-<position>". A record is left out, counted by a reason naming its field
+(`DatasetReport`), when a field is missing, its database name is not one plain name inside the data directory,
+the database is missing, or its gold query fails on it (run once here in `sql_query_pool.QueryRunner`'s killable
+processes, in the grader's form; its rows seed the env's cache). docs/host_study.md, "Data" and "The envs" (SQL).
 
 No dimension legend: host-side Python, no arrays.
-
-Layouts (named by `data_format` "spider" | "intercode", or recognised by the files in DIR; a directory holding
-both Spider's files and InterCode-SQL record files is refused unless the format is named; nothing is downloaded):
-  Spider (taoyds/spider's release): `train_spider.json`, `train_others.json`, `dev.json` and/or `test.json`,
-      each a JSON list of records with `db_id`, `query` (the gold SQL) and `question` (other fields ignored);
-      the databases at `database/<db_id>/<db_id>.sqlite` (the test set's at `test_database/...`).
-      Split: train = train_spider.json + train_others.json, held out = dev.json (Spider's own split, whose
-      databases are disjoint from train's); test.json only when there is no dev.json.
-  InterCode-SQL (princeton-nlp/intercode's data/sql/spider files, e.g. `ic_spider_dev.json`): JSON lists (or
-      JSONL) of records with `db`, `gold` (the gold SQL) and `query` (the question) (`hardness`, `db_tables`
-      ignored), over the same Spider databases, looked up as above (`database/`, `test_database/`, or
-      `<db>/<db>.sqlite` in DIR itself). Split: a file whose name contains "train" is train, one with "dev"
-      or "test" held out; when every file is of one kind, the questions are split by database: a database is
-      held out when stable_hash(db) % 4 == 3, so held-out databases are unseen in training, as in Spider. When
-      those files are the benchmark's own evaluation questions (a name with "dev" or "test", as
-      ic_spider_dev.json), the report warns that the train split holds some of them.
-Tasks are ordered by file and position; ids are "<file stem>-<position>".
-
-Left out and counted by a reason naming the field (`DatasetReport`): a record without the fields as strings,
-a database name that is not one plain name (a path such as `/elsewhere/x` or `../x`, or a file that resolves
-outside its database folder: every database opened lies inside the data directory), a database file that is
-missing, a gold query that fails on its database (an error, the time limit, more than `max_rows` rows or
-`max_result_bytes` bytes: SQLEnv could not score an answer against it). Gold queries run once here, in the
-killable query processes of `sql_query_pool.QueryRunner` (a dataset's gold query is not trusted to end: the
-time limit is hard), as `prepare` makes them (the grader's form, `sql_grading.SQLGrader.prepare`), with text
-decoded leniently when `lenient_text` (Spider's official evaluation decodes with errors="ignore"), and their rows
-seed the env's cache. `max_tasks` keeps the first n tasks of each split (after the checks).
 """
 
 from __future__ import annotations

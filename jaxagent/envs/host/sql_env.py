@@ -1,44 +1,19 @@
-"""InterCode-SQL-style environment on SQLite: explore with queries, then submit one answer query.
+"""InterCode-SQL-style environment on SQLite: explore with queries, then submit one answer query. `SQLEnv`.
+
+Tasks: built in (23 hand-written questions over data/sql/*.sql, then data/sql_gen.py's 39 templates over 8 generated
+databases; split by structure, `splits.structural_splits`), or Spider / InterCode-SQL from `data=DIR`
+(`spider.load_spider`; what it left out and why in `self.report`). Every query (the model's, gold and schema
+queries) runs read-only in a killable query process (`sql_query_pool.QueryRunner`, `sql_query.run_query`) with
+size limits and a hard time limit (`time_limit_s` + `sql_query.DEFAULT_GRACE_S`; docs/sandbox.md).
+Actions (stated in `system_prompt`): ```sql <query> ``` runs it (the observation is its result table or the error);
+<answer> <query> </answer> submits, and the episode ends with the grader's score (`sql_grading.SQLGrader`: "exact",
+"spider" or "intercode") as reward; Qwen3 tool calls `execute_sql` / `submit` also work. Solved: score 1.
+valid=False: no query found; SQL errors, refused writes and time-outs are valid with `error` and `tool_error`.
+`anchor`: hash of (task id, the last query's normalised result or error class, or "start" / "submitted" + score).
+`upper_bound_turns` = 1 with the schema in the system prompt, 2 without it (`schema_in_prompt=False`).
+In full: docs/host_study.md, "The envs" (SQL), "Data" and "Grading".
 
 No dimension legend: host-side Python, no arrays.
-
-Tasks. Built in (`data=None`): the 23 hand-written questions over the project's own databases
-(data/sql/*.sql: shop, school, library) followed by the generated ones (data/sql_gen.py: 39 templates over 8
-generated databases of four shapes, each gold query kept only when SQLite's result equals the answer computed in
-Python). Every task records its template (a hand-written one its own id). Splits (`splits.structural_splits`):
-"test" holds out whole templates (`sql_gen.HELDOUT_TEMPLATES`) and databases (`sql_worlds.HELDOUT_DBS` and the
-hand-written library), "test_constants" every 4th of the remaining tasks (train's templates and databases, other
-constants), "train" the rest. The built-in databases are built from their scripts into a cache directory
-(`cache_dir`, default $JAXAGENT_CACHE/sql or ~/.cache/jaxagent/sql; the file name carries a hash of the script,
-the build is atomic). With `data=DIR`: Spider or InterCode-SQL questions and Spider's SQLite databases read from a
-local directory (`spider.load_spider`, `data_format` names the layout; its splits, warnings and the questions it
-leaves out, e.g. a gold query that fails, are in `self.report`). The model's queries run in query processes
-(`sql_query_pool.QueryRunner`), each opening the database read-only per query (`sql_query.run_query`: URI
-`mode=ro`, `PRAGMA query_only`, an authorizer that allows only reading and the functions in
-ALLOWED_FUNCTIONS) with size limits (`max_value_len` bytes per value, `max_columns` columns,
-`max_result_bytes` bytes converted in all, a larger result being an error, not a truncation; rows:
-`max_fetch_rows` fetched, `max_obs_rows` shown). The time limit is hard: a query answers within
-`time_limit_s` of starting it or its process is killed `sql_query.DEFAULT_GRACE_S` later, so the query runs at
-most time_limit_s + 0.15 s and leaves nothing running (docs/sandbox.md has the step's bound); temporary data stays
-in the query process's memory, capped at `heap_limit_bytes` (64 MiB; no temp files). The gold and schema queries
-run in the same query processes (a dataset's gold query is not trusted to end).
-
-Actions (documented in `system_prompt`):
-  ```sql <query> ```              run the query; the observation is its result table or the error
-                                  (several blocks: the last one runs)
-  <answer> <query> </answer>      submit: the episode ends with the grader's score as reward
-Also accepted: Qwen3 tool calls `execute_sql` / `submit` with {"query": ...}.
-Scoring (`grading`, `sql_grading.SQLGrader`): "exact" (the built-in default: rows as tuples, floats to 6 decimals,
-as a multiset or as a list when the gold query has ORDER BY; column order matters), "spider" (Spider's official
-execution accuracy; the default on Spider data; `keep_distinct`) or "intercode" (InterCode-SQL's IoU x Kendall
-tau reward; the default on InterCode data); the episode is solved when the score is 1. Text that is not UTF-8 is
-decoded with errors="ignore" on loaded data (`lenient_text`), else it is a query error.
-valid=False means no query could be found in the action (format error); SQL errors, refused writes and
-timeouts are valid actions with `error` and `tool_error` set.
-Anchor: hash of (task id, the normalised result of the last query run, or its error class; "start"
-before any query; "submitted" and the score after a submission). An invalid action changes nothing.
-upper_bound_turns = 1 with the schema in the system prompt (submitting the reference query is a one-turn
-solution); 2 without it (`schema_in_prompt=False`, InterCode's prompt: one query reads the schema, then the answer).
 """
 
 from __future__ import annotations

@@ -1,36 +1,19 @@
-"""The functional environment interface of the jittable envs (gymnax-style), and its check.
+"""The functional environment interface of the jittable envs (gymnax-style), `Env`, and its check, `check_env`.
 
-Static structure (sizes, vocabulary, codec) lives in the env object built on the host; dynamic limits
-live in an ``env_params`` pytree (any pytree, or None); the PRNG key lives in the state. A jittable env's
-methods are pure functions of arrays, written for ONE episode: the rollout vmaps them over episodes and
-scans over turns. Host-side envs (SQL, code, function calling) are `jaxagent.envs.host.base.HostEnv`s:
-the same method names with Python strings in place of token arrays, ``jittable = False``.
-
-Dimension legend: O observation tokens (O_max, static per env), M action (reply) tokens (static per
-rollout), A actions, Pa tokens per action string.
-
-What `jaxagent.rollout.rollout` needs of an env, all of it (`Env`, checked by `check_env`):
-    jittable = True
-    codec                                                -> a `TextCodec`: its words include the budget
-                                                            text's (`rollout.env_codec` / `rollout.env_text`
-                                                            add them); its actions are the env's action
-                                                            strings, index k = action k (canonical replies
-                                                            of forced and scripted turns)
+Static structure (sizes, vocabulary, codec) lives in the env object built on the host, dynamic limits in an
+``env_params`` pytree (or None), the PRNG key in the state; the methods are pure functions of arrays for ONE
+episode (the rollout vmaps them over episodes and scans over turns). What `jaxagent.rollout.rollout` needs:
+    jittable = True;  codec (a `TextCodec` with the budget text's words; action k = its k-th action string)
     reset(key, task, env_params)                         -> (state, Obs)
     step(state, action_tokens_M, action_len, env_params) -> EnvStep(state, obs, reward, done, info)
     anchor(state)                                        -> int32 id of the state WITHOUT history
-``Obs.tokens`` has one static length O_max for every observation of the env (pad after ``length``); the
-rollout reads O_max from the shape ``reset`` returns, or from an ``obs_size`` attribute when the env has
-one. A task is one row of the ``tasks`` pytree the rollout gets (leading axis = episodes).
+``Obs.tokens`` has one static length O_max per env. ``info`` holds at least (`INFO_KEYS`) valid, action (-1 when
+invalid), success and anchor (of the state BEFORE the step: GiGPO groups steps on it). A malformed action never
+raises (no move, error observation, reward ``-format_penalty``, not done); a finished episode steps unchanged with
+reward 0. Host envs (`envs.host.base.HostEnv`) have the same names over strings. docs/custom_env.md, "What the
+rollout needs", has the contract in full and builds a small env to it.
 
-``info`` is a dict of fixed-shape arrays with at least (`INFO_KEYS`):
-    valid   bool   the action parsed and was legal
-    action  int32  the parsed action index, -1 when invalid
-    success bool   the episode has succeeded (state after the step)
-    anchor  int32  ``anchor`` of the state BEFORE the step (GiGPO groups steps on it)
-A malformed action never raises: it gets a defined response (no move, error observation, reward
-``-format_penalty``, not done). Stepping a finished episode leaves it unchanged with reward 0.
-docs/custom_env.md builds a small env to this contract and runs it through a rollout and an RL step.
+Dimension legend: O observation tokens (O_max), M action (reply) tokens, A actions, Pa tokens per action string.
 """
 from __future__ import annotations
 

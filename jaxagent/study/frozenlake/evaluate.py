@@ -1,33 +1,17 @@
 """Stage 'eval' of the FrozenLake study: every diagnostic on the base and each trained policy (`evaluate`).
 
 Held-out maps per seed: RL seed s (of every arm) is evaluated on its own maps, `heldout_tasks(run, s)` =
-preset.task.sample(fold_in(key(4242), s), n_tasks), so two seed sets (seeds 0-4 and 5-9) use different maps;
-the base is evaluated on each seed's maps with that seed's key (labels `base/seed<s>`), and every RL - base
-difference is paired per seed, so the base's own sampling variability enters every interval. The structural
-bound is computed per seed on its maps (`pass_drivers.upper_bound`).
-
+preset.task.sample(fold_in(key(4242), s), n_tasks); the base on each seed's maps with that seed's key (labels
+`base/seed<s>`), so every RL - base difference is paired per seed; the structural bound per seed on its maps.
 Per policy: Pass@(K,T) in the announced, hidden-budget and truncated modes, with costs; base and each GRPO seed:
-finding 1's headline evaluation on maps of its own when the preset has one (`measure.headline_eval`). Base vs each RL
-seed of the GRPO arm: step quality on matched states (G = preset.eval.n_sampled sampled actions per policy and
-state, default 16; the exact expectation as a secondary line), error states (only those with the goal still
-reachable, V* > 0), likelihood (per seed; the LLR of RL's successes above `findings.LLR_THRESHOLD`, the
-length-matched LLR control) and plan-mode success (R_single, `plan_mode.plan_success`); all arms: Pass@T; the arms
-trained at the tightest tier: their training logs' stability (finding 7, `stability_rows`).
-Pass@ rows are judged at K=1 (tight tiers: on the tasks solvable there) with the room the structural bound
-allows the difference (`findings` module doc). Every arm seed's training log is classified
-(`health.classify_seed`): collapsed and diverged seeds are left out of the primary estimates and kept in an
-all-seeds sensitivity estimate. Estimates are seed-aware (`stats.seed_estimate`: units nested in seeds; arms
-compared with GRPO are paired by seed index). An invalid reply is scored as invalid
-(`step_quality.score_outcomes`). Everything lands in runs/<name>/eval/*.json (the bound per seed in
-bound_seed<s>.json); figures (learning curves per arm, one line per seed; R_multi / R_single over training
-from dynamics.jsonl), metrics.json and report.md follow.
-
-Placement: every evaluation rollout runs as the training rollout does (`stages.make_arm_runtime`): the
-policy's weights cast to the preset's compute dtype, on the run's mesh laid out per
-`sharding.ROLLOUT_RULES`, the episodes split over the mesh's batch axes under `jax.set_mesh`
-(`driver_common.run_rollouts`); the exact scoring and the likelihoods run on the f32 params, rows split
-over the batch axes too. A toy preset (float32, mesh 1x1x1) runs exactly as without these options.
-`python -m experiments.aot_check` compiles these programs for the accelerator presets (docs/aot.md).
+finding 1's headline evaluation (`measure.headline_eval`, when the preset has one). Base vs each GRPO seed: step
+quality on matched states (G = preset.eval.n_sampled), error states (goal still reachable, V* > 0), likelihood and
+plan-mode success (R_single, `plan_mode.plan_success`); all arms: Pass@T; the arms trained at the tightest tier:
+training stability (finding 7, `stability_rows`). Collapsed and diverged seeds (`health.classify_seed`) are left out
+of the primary estimates and kept in an all-seeds sensitivity estimate; estimates are seed-aware
+(`stats.seed_estimate`). Results: runs/<name>/eval/*.json, then figures, metrics.json and report.md. Evaluation
+rollouts run as the training rollout does (compute dtype, mesh, `ROLLOUT_RULES`); exact scoring and likelihoods on
+the f32 params. Definitions: docs/study.md, "jaxagent's definitions"; placement: "The run directory".
 """
 from __future__ import annotations
 

@@ -1,36 +1,17 @@
-"""The FrozenLake study's run: its run directory, the checks of its settings, the pieces every stage shares.
+"""The FrozenLake study's run: its run directory, the checks of its settings, the pieces every stage shares (`Run`).
 
-runs/<name>/   (default name: the preset's, or <preset>-s<N> with a seed offset N)
-  config.json                      the preset (+ seed_offset)
-  tokenizer/                       the toy word-level tokenizer (toy presets)
-  base/    policy/ (HF checkpoint), metrics.jsonl, DONE
-  arms/<arm>/seed<k>/  ckpt/ (orbax, resumable), policy/, metrics.jsonl, dynamics.jsonl, DONE
-  eval/<policy>.json, eval/DONE    every measured diagnostic
-  figures/*.png, report.md, metrics.json
-A stage with a DONE marker is skipped on a rerun; an interrupted RL stage resumes from its checkpoint,
-and its metrics/dynamics files are cut back to the restored iteration (lines appended after the last
-checkpoint are not repeated). The run directory's mechanics (its lock: one writer at a time, DONE markers,
-the settings record, atomic JSON) are `jaxagent.study.run_dir`'s; a DONE marker that is not a JSON object is
-an error (`InvalidMarker`), redone with --force. Everything a run can check (preset fields, mesh, batch split,
-the checkpoint, its tokenizer and their vocabularies) is checked before the run directory is created
-(`common.run_checks`, the checks both studies share).
-
-Settings: config.json, each DONE marker and each RL checkpoint record the settings that determine their
-result (`Run.base_settings`, `Run.arm_stage_settings`). A rerun in the same directory with other settings
-raises SettingsMismatch naming them, unless the Run is made with force=True (`--force`): then every stage
-whose recorded settings differ (or are unknown, for markers of older versions) is redone, and the
-cached evaluations are dropped. The mesh and the choice of arms and seeds never count as a difference.
-Seed offset N (`--seed-offset`): RL seed k -> k + N and the base SFT key BASE_SEED -> BASE_SEED + N.
-An RL iteration whose update was skipped for non-finite gradients, or that leaves non-finite params,
-stops the stage with NonFiniteError before its metrics and checkpoint are written.
-
-Device mesh: a preset's `mesh` (data, fsdp, tensor) other than (1, 1, 1) runs the stages sharded on a
-`sharding.make_mesh` mesh over every device (the product must equal `jax.device_count()`); (1, 1, 1)
-runs on the default device as a plain single-device program. `compute_dtype` is the dtype of the RL
-forward passes (train step and training rollouts); params and optimizer state stay float32.
-Multi-process (`--distributed`): every process runs the same program on the global mesh; metrics,
-dynamics and policies are written by process 0 only (policies gathered first), JSON files atomically by
-each process, orbax checkpoints by orbax's own multi-host protocol.
+runs/<name>/ holds config.json, tokenizer/ (toy presets), base/, arms/<arm>/seed<k>/ (ckpt/, policy/,
+metrics.jsonl, dynamics.jsonl), eval/, figures/, report.md and metrics.json; the directory's mechanics (lock, DONE
+markers, settings record, atomic JSON) are `jaxagent.study.run_dir`'s. A stage with a DONE marker is skipped on a
+rerun; an interrupted RL stage resumes from its checkpoint, its metrics cut back to the restored iteration.
+Everything a run can check is checked before the directory is created (`common.run_checks`). config.json, each DONE
+marker and each RL checkpoint record the settings that determine their result (`Run.base_settings`,
+`Run.arm_stage_settings`): other settings raise SettingsMismatch, unless force=True (`--force`) redoes the stages
+that differ. Seed offset N (`--seed-offset`): RL seed k -> k + N, the base SFT key BASE_SEED -> BASE_SEED + N.
+A non-finite update stops the stage with NonFiniteError before its metrics and checkpoint are written. A `mesh`
+other than (1, 1, 1) shards the stages over every device; `compute_dtype` is the RL forward passes' dtype (params
+and optimizer state stay float32); with `--distributed` process 0 writes metrics, dynamics and policies.
+The layout, resumption, settings and placement in full: docs/study.md, "The run directory".
 """
 from __future__ import annotations
 

@@ -2,53 +2,16 @@
 R_single over RL training (the paper, DeepCoder-MT: R_multi rises by 0.331 while R_single falls by 0.097;
 docs/study.md finding 6 and "jaxagent's definitions").
 
-R_multi at iteration i: the mean trajectory success of that iteration's training batch (`rl.loop.rollout_metrics`
-success_rate, B = n_tasks x G episodes, rolled out with the params before the iteration's update; iteration 0's
-batch is the base policy's). Its change over training compares the first and the last W = min(R_MULTI_WINDOW, n // 2)
-of the n logged iterations' batches (the training log, metrics.jsonl; `eval.dynamics.r_multi_windows`, shared with
-FrozenLake), so that each end is W x B episodes: one batch of 64 episodes at each end left an interval of about
-+/-0.43 at 3 seeds, wider than the paper's 0.331, so the finding could only come out "underpowered". Averaging over
-a window biases the change toward 0 (the window's policies lie between the ends), against the paper's direction.
-
-R_single (`make_r_single`): the held-out tasks' initial states, Z samples each; per sample ONE reply to the episode's
-first prompt, with the full budget T_max announced in it, and success = that first submission passes every unit
-test (the code env's `success`); the episode ends after it whatever its outcome (`FirstSubmission`). Per task
+R_multi at iteration i: the mean success of that iteration's training batch (B = n_tasks x G episodes; iteration
+0's is the base policy's). R_single (`make_r_single`): one reply per held-out initial state, the full budget
+announced, success = that first submission passes every unit test (`FirstSubmission`); per task and overall
     r_p = (1/Z) sum_z success_{p,z},    R_single = (1/P) sum_p r_p,
-the coding domain's single-turn pass rate on a fixed held-out state set. Every measurement uses the same key
-(`R_SINGLE_KEY`: the same reset seeds and sampling noise for base and every checkpoint, common random numbers) and
-the evaluation's rollout batches (`host_stages.run_pass_episodes`, one tier), so it reuses their compiled programs.
-Measured for the base (step -1), after every `dynamics_every` updates and after the last iteration
-(`should_measure`).
-
-Log record (`record`; one JSON line of arms/<arm>/seed<s>/dynamics.jsonl): step (-1: base), r_multi (NaN at step
--1: the base has no training batch), n_multi (B), r_single, r_single_tasks ([P] r_p), n_samples (Z).
-
-Estimates (`dynamics_metrics`, GRPO seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity
-estimate, through `metrics.put_estimate` and `stats.seed_estimate`):
-  `<d>.f6_r_single.diff`: per seed s and held-out task p, delta_{s,p} = r_p(last logged iteration) - r_p(base);
-      units = held-out tasks nested in seeds, so the estimate is the mean over seeds of R_single,last - R_single,base.
-  `<d>.f6_r_multi.diff`: per seed, mean success of the last W iterations' batches - of the first W (iteration 0's
-      batch is the base policy's); units = the two windows' episodes (success 0/1), each window resampled within
-      its seed (stat `stats.mean_difference`), since the batches draw their tasks independently and do not pair.
-      Needs >= 2 logged iterations (else the seed has no R_multi value).
-Verdicts by the FrozenLake study's rule: directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097, the paper's
-DeepCoder-MT changes (`findings.PAPER_FIGURES` f6_r_multi_delta, f6_r_single_delta). Room (`<d>.f6_<r>.room_lo/hi`):
-both are success rates in [0, 1], so last - first lies in [-first, 1 - first]; the bound blocks R_multi's size when
-the first iterations already succeed above 1 - 0.331, R_single's when the base's single-turn pass rate is below
-0.097 (a CI wholly on one side of 0 keeps its sign verdict; one holding 0 is "untestable here (bound)").
-R_multi would have been "not reproduced" with a CI below 0 or one holding 0 whose upper end is below 0.331;
-R_single with a CI above 0 (multi-turn RL also raised the single-turn pass rate) or one holding 0 whose lower end
-is above -0.097.
-
-Domains: `DOMAINS` (coding). Another domain gets the note `<d>.note.f6_dynamics` (`OTHER_DOMAIN_NOTE`) instead; a
-coding run without a usable log gets `NO_LOG_NOTE`, one without 2 logged iterations `<d>.note.f6_r_multi`
-(`ONE_ITERATION_NOTE`) in place of R_multi's estimate.
-
-Metric keys: `<d>.f6_<r>.diff.*` (the estimate; r in r_multi, r_single), `.first`, `.last` (means over the
-included seeds; over every seed when none is included), `.seed<s>.first`, `.seed<s>.last`, `<d>.f6.first_step_<r>`,
-`<d>.f6.last_step` (R_single's), `<d>.f6.last_step_r_multi`, `<d>.f6.r_multi_window` (W), `<d>.f6.n_multi` (B)
-(each when every included seed has the same), `<d>.f6.n_heldout`, `<d>.f6.n_samples`, `<d>.f6_<r>.room_lo`,
-`.room_hi`.
+measured with one fixed key (`R_SINGLE_KEY`) for the base (step -1), every `dynamics_every` updates and after the
+last (`should_measure`; `record`: one line of dynamics.jsonl). Estimates (`dynamics_metrics`, GRPO seeds):
+`<d>.f6_r_single.diff` = r_p(last) - r_p(base), units tasks nested in seeds; `<d>.f6_r_multi.diff` = the mean
+success of the last W = min(R_MULTI_WINDOW, n // 2) batches - of the first W, units the windows' episodes.
+Directions +1 (R_multi) and -1 (R_single), E = 0.331 and 0.097. Why windows, the room, notes and metric keys:
+docs/host_study.md, Definitions (finding 6) and "How the host findings are measured".
 
 Dimension legend (CONVENTIONS.md): P tasks, Z samples per task, B episodes of one batch.
 """

@@ -2,33 +2,18 @@
 held-out evaluation trajectories of both policies (the paper, BFCL: 191 prefixes, 41.4% RL vs 27.2% base;
 docs/study.md finding 4).
 
-Prefixes: per GRPO seed s, the prefixes ending in a tool-call error (`error_prefix.collect_error_prefixes`: the
-step's info has tool_error set and neither ended the episode nor failed it) of base's and of seed s's held-out
-evaluation episodes at the full budget tier (`prefixes_from_log` reads them from the eval logs' `episodes`); a
-prefix must leave room for one more reply (length + 1 <= T_max). Each prefix is continued with ONE reply of base
-and ONE of seed s (`continue_prefixes`: the prefix replayed as forced replies, budget = its length + 1), and each
-reply is judged on the replayed tool state by `error_prefix.correction_rate` (`error_prefix.is_correction`: well
-formed, at least one tool call, no failing call).
-
-Estimate: c_pol(i) = 1[policy pol corrects prefix i]; per prefix the paired difference
+Prefixes (`prefixes_from_log`, `error_prefix.collect_error_prefixes`): per GRPO seed, the prefixes of base's and the
+seed's full-budget held-out episodes that end in a tool-call error that neither ended nor failed the episode, with
+room for one more reply. Each is continued with ONE reply of base and ONE of the seed (`continue_prefixes`), judged
+on the replayed tool state by `error_prefix.correction_rate` (well formed, at least one tool call, none failing).
+Estimate: c_pol(i) = 1[policy pol corrects prefix i], per prefix
     delta_i = c_RL(i) - c_base(i),
-units = prefixes nested in GRPO seeds (`stats.seed_estimate` through `metrics.put_estimate`; collapsed and diverged
-seeds excluded, with an all-seeds sensitivity estimate), so the estimate is the mean over seeds of
-rate_RL,s - rate_base,s. Verdict: the FrozenLake study's rule with direction +1 and E = 0.142 (the paper's gap,
-41.4 - 27.2 points; `findings.f4_correction_bfcl`); a base rate above 1 - E blocks the size (a CI above 0 is
-"reproduced in direction, smaller than the paper", one holding 0 "untestable here (bound)"). It would have been
-"not reproduced" with a CI below 0, or one holding 0 whose upper end is below 14.2 points.
+units = prefixes nested in GRPO seeds, so the estimate is the mean over seeds of rate_RL,s - rate_base,s.
+Verdict: direction +1, E = 0.142 (41.4 - 27.2 points; `findings.f4_correction_bfcl`); a base rate above 1 - E
+blocks the size. Domains: `DOMAINS` (BFCL, whose step infos carry `n_calls`). Notes and metric keys:
+docs/host_study.md, "How the host findings are measured" (finding 4).
 
-Domains: `DOMAINS` (BFCL: the env whose step infos carry `n_calls`, which `is_correction` needs). A domain
-where no prefix is found gets `<d>.note.f4_correction` instead of an estimate; the report prints that line.
-
-Metric keys: `<d>.f4_correction.diff.*` (the estimate), `.base`, `.rl` (correction rates, pooled over the
-included seeds' prefixes), `.n_prefixes` (prefixes over all seeds), `.seed<s>.n_prefixes`,
-`.seed<s>.n_from_base`, `.seed<s>.base`, `.seed<s>.rl`, `.room_lo`, `.room_hi` (the range the bound allows the
-difference: rates lie in [0, 1], so RL - base lies in [-b, 1 - b], b the included seeds' mean base rate).
-
-Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, B episodes of one
-rollout batch.
+Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, B episodes of one batch.
 """
 from __future__ import annotations
 

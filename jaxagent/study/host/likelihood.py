@@ -1,54 +1,19 @@
-"""Finding 5 on a host-env domain: likelihood of RL's and base's held-out trajectories under both policies (the
-paper, BFCL: length-matched LLR difference RL - base 805.8 nats over 283 pairs of 146 tasks, 95% CI above 0;
-PAPER.md finding 5 and "jaxagent's definitions"; `findings.f5_matched_bfcl`).
+"""Finding 5 on a host-env domain: likelihood of RL's and base's held-out trajectories under both policies (the paper,
+BFCL: length-matched LLR difference RL - base 805.8 nats over 283 pairs of 146 tasks, 95% CI above 0; PAPER.md).
 
-Episodes (kept and scored by `likelihood_scoring`): per GRPO seed s, base's and seed s's held-out evaluation
-episodes at the full budget tier (the eval logs' `f5_tokens`: each episode's exact token sequence and its
-policy-token spans, kept by `TokenLog` while the episodes run). Every policy token y_t (the tokens the policy
-sampled; prompts, tool outputs and the chat template are not policy tokens) is scored teacher-forced under pi_base
-and pi_RL (`score_records`: log pi(y_t | y_<t) at temperature 1, the evaluation's sampling temperature, as
-`scoring.teacher_forced_logprobs` but with the logits only at the policy tokens; the params as the eval rollouts
-sample from them, `rollout_params`: the run's compute dtype, on its mesh).
+Per GRPO seed, base's and the seed's full-budget held-out episodes (`f5_tokens` of the eval logs), every policy token
+y_t scored teacher-forced under pi_base and pi_RL (`likelihood_scoring.score_records`, temperature 1). Per episode:
+    nll(a) = - sum_{t in a} log pi_base(y_t | y_<t) per action a;  n(tau) = its number of policy tokens;
+    llr(tau) = sum_{t policy token of tau} [log pi_RL(y_t | y_<t) - log pi_base(y_t | y_<t)].
+Rows (`likelihood_metrics`, units nested in GRPO seeds): `f5_nll` = mean nll of RL's actions - of base's (the paper
+12.20 vs 10.25; E = 19% of base's NLL); `f5_llr_rl` = mean llr of RL's successes - LLR_THRESHOLD (1 nat) and
+`f5_matched` = mean llr_RL - llr_base of length-matched success pairs (`matched_pairs`: same task, |n_RL - n_base|
+<= 0.1 max) - LLR_THRESHOLD, reported, not judged (`recipe.llr_not_comparable`); `f5_llr_success`, the Jeffreys
+contrast KL(RL || b) + KL(b || RL) >= 0, printed. Why, units, notes and metric keys: docs/host_study.md, "Findings
+and what would have failed them" and "How the host findings are measured".
 
-Quantities per episode tau (PAPER.md, "jaxagent's definitions"):
-    action NLL under base   nll(a) = - sum_{t in a} log pi_base(y_t | y_<t)   per action a (one reply of the policy)
-    cumulative LLR          llr(tau) = sum_{t policy token of tau} [log pi_RL(y_t | y_<t) - log pi_base(y_t | y_<t)]
-    policy-token count      n(tau) = number of policy tokens of tau.
-Per seed s (units nested in GRPO seeds, `stats.seed_estimate` through `metrics.put_estimate`; collapsed and diverged
-seeds excluded, with an all-seeds sensitivity estimate):
-    f5_nll          mean nll over RL's actions - mean nll over base's actions (`stats.mean_difference`; the paper:
-                    12.20 vs 10.25, E = 19% of base's NLL as `findings.f5_nll`). Would have been "not reproduced"
-                    with a CI below 0, or one holding 0 whose upper end is below 19% of base's NLL.
-    f5_llr_rl       mean llr over RL's successful episodes - LLR_THRESHOLD (`findings.LLR_THRESHOLD`, 1 nat),
-                    reported, not judged: "untestable here (recipe)" (`recipe.llr_not_comparable`: a cumulative LLR
-                    measures the recipe's KL budget and token count, not the finding, at toy scale). The same holds
-                    for the length-matched control.
-    f5_llr_success  printed, not judged: mean llr over RL's successful episodes - mean llr over base's successful
-                    episodes (the paper: about 228 vs 26). For two policies with success-conditioned trajectory
-                    distributions p_RL and p_b, E_RL[log p_RL - log p_b] - E_b[log p_RL - log p_b] = KL(RL || b) +
-                    KL(b || RL), the Jeffreys divergence: >= 0 for any two policies, so this contrast cannot come
-                    out on the wrong side and decides nothing (`<d>.f5_llr_success.jeffreys.*`, the report line
-                    `<d>.note.f5_jeffreys`).
-    f5_matched      length-matched control: pairs (an RL success, a base success) of the same task with
-                    |n_RL - n_base| <= 0.1 max(n_RL, n_base), matched greedily one-to-one
-                    (`matched_pairs`, the rule of `likelihood.length_matched_pairs`); unit = llr_RL - llr_base of a
-                    pair, printed raw (`.raw`: the Jeffreys contrast restricted to the same tasks and lengths, >= 0
-                    in expectation) and raw - LLR_THRESHOLD (`.diff`), reported, not judged, as f5_llr_rl.
-No finding-5 row has a structural room: log-likelihoods are unbounded. A seed without a successful RL episode
-contributes no unit to f5_llr_rl, one without a success on either side none to f5_llr_success, a seed without a
-pair none to f5_matched; when no included seed has a pair the metric `<d>.note.f5_matched` says why (no success, no
-task with a success of both, or no pair within 10%), and the report still shows the NLL and LLR numbers measured.
-
-Metric keys (`likelihood_metrics`): `<d>.f5_nll.diff.*`, `.rl`, `.base` (mean of the included seeds' means),
-`.n_rl_actions`, `.n_base_actions`; `<d>.f5_llr_rl.diff.*`, `.threshold`; `<d>.f5_llr_success.jeffreys.*`, `.rl`,
-`.base`, `.n_rl`, `.n_base` (successful episodes), `.all_rl`, `.all_base` (mean llr over every episode);
-`<d>.f5_matched.diff.*`, `.raw.*`, `.threshold`, `.n_pairs`, `.n_tasks` (included seeds), `.seed<s>.n_pairs`,
-`.seed<s>.n_tasks`; means and counts over the included seeds (every seed when the health rule excludes them all,
-with the note `<d>.note.f5_seeds`); the note `<d>.note.f5_jeffreys`.
-
-Dimension legend (CONVENTIONS.md): B rows of a scoring batch (episodes), T tokens of an episode's sequence, M policy
-tokens of an episode (all its replies' tokens), D model width, U budget tiers, P tasks, Z samples per task and tier,
-Br / Bb RL / base episodes of a matched comparison.
+Dimension legend (CONVENTIONS.md): B episodes of a scoring batch, T tokens of an episode, M its policy tokens, D model
+width, U budget tiers, P tasks, Z samples per task and tier, Br / Bb RL / base episodes of a matched comparison.
 """
 from __future__ import annotations
 

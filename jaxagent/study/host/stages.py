@@ -1,52 +1,17 @@
 """The study's RL stage on host (Python) environments: SQL, BFCL multi-turn and multi-turn coding.
 
 The base policy is a checkpoint (the toy presets: a tiny random Qwen3 after SFT on reference solutions,
-`study.host.sft`). The RL arms (grpo, budgetmix, gigpo; `HOST_ARMS`) run through the
-same `rl.loop.rl_iteration` and `common.arms.train_rl` as FrozenLake, with a host rollout in place of the jitted one.
-
-Tasks as indices. `rl_iteration` samples tasks with `sample_tasks_fn(key, n)` and repeats them G times with
-`jnp.repeat`, so a host task is its int32 index into the domain's task list (`task_sampler`); the rollout
-adapter (`make_host_rollout_fn`) maps the indices back to task objects and runs `host_loop.host_rollout`.
-
-Tool output cap. Neither the host loop nor the envs bound an observation's length in tokens (the SQL env caps
-rows and cell widths, not tokens), so `CappedObservations` wraps the env: every step's observation is cut to
-`max_obs_tokens` tokens of the policy's tokenizer (each `<tool_response>` block on its own, so the chat layout of
-tool turns survives), and the step's info records `obs_truncated_tokens`. The reset observation (the task's
-question) is never cut.
-
+`study.host.sft`). The RL arms (grpo, budgetmix, gigpo; `HOST_ARMS`) run through the same `rl.loop.rl_iteration`
+and `common.arms.train_rl` as FrozenLake, with a host rollout in place of the jitted one: a task is its int32 index
+into the domain's task list (`task_sampler`), mapped back to task objects by `make_host_rollout_fn`.
+`CappedObservations` cuts every step's observation to `max_obs_tokens` tokens of the policy's tokenizer (each
+<tool_response> block on its own; `obs_truncated_tokens` in the info); the reset observation is never cut.
 Domains (`DOMAINS`, `register_domain`): env registry name, constructor keywords, train / held-out splits and the
-structural bound's turn count per task (default `env.upper_bound_turns`). Rewards are the envs' own, the paper's
-outcome rewards (PAPER.md): 1 when the episode ends solved, else 0 (SQL: the answer's result set equals the gold
-query's; BFCL: every user turn passes BFCL's state and response checks; coding: every unit test passes); a
-trajectory that runs out of its budget unsolved gets 0 (`rollout.episode`).
-  sql   SQLEnv: 1,148 built-in tasks on read-only SQLite (hand-written + generated from 39 templates over 8 databases
-        of four shapes); held-out split "test" by structure: 8 templates and 3 databases held out whole (426 tasks),
-        "test_constants" train's templates with other constants (168), train 554 (`envs.host.splits`); or Spider /
-        InterCode-SQL from a data directory, split as the data is; bound 1 turn (the schema is in the prompt: one
-        answer).
-  bfcl  BFCLEnv, BFCL v4 multi-turn (base, long_context, miss_func, miss_param): scenario index % 4 == 3 held out,
-        the same scenarios in every category (595 train, 200 held-out, 50 per category); the 5 tasks whose
-        ground truth cannot replay are left out (`BFCLEnv.ground_truth_problems`). Bound: per user turn one
-        message with all its ground-truth calls (when it has any) plus one closing message (2 to 15 turns).
-  bfcl-first  the bfcl-toy preset's: BFCLEnv with each task cut to its first request and the tools as one-line
-        signatures; the same split, less the tasks whose first request has no ground-truth call (470 train, 155
-        held-out); bound 2 turns. Single-request tool calling, not BFCL's multi-turn.
-  bfcl-two  the bfcl2-toy preset's: the same cut to the first two requests (the state carried from one to the next,
-        miss_param's clarifications and miss_func's late functions where they fall in them; 599 train, 200
-        held-out); bound 3-4 turns.
-  code  CodeEnv, DeepCoder-MT style multi-turn coding in the sandbox: 1,069 built-in tasks (hand-written +
-        generated from 38 families, 8 of them 20-40-line DP, graph and string problems); held-out split "test" by
-        structure: 8 families and 4 hand-written problems held out whole (222), "test_constants" (209), train
-        638; or DeepCoder-style / APPS problems from a data directory; bound 1 turn (the reference passes in one
-        submission).
-
-Placement (`mesh`, `compute_dtype`): as the FrozenLake arms' (`stages.make_arm_runtime`). The rollouts sample from
-`rollout_params` (the one shared helper: the params in the compute dtype; on a mesh per `sharding.ROLLOUT_RULES`)
-under `jax.set_mesh` (the model pins its activations and KV cache to the batch axes); the train step is the
-sharded `build_train_step(mesh=...)` with the state and the batch rows placed first. Several processes (a mesh over
-more than one host): every process runs the same rollout, steps its own episodes' envs and reads every reply and
-env result; the Rollout comes back replicated on the mesh (docs/host_rollout.md, "Several processes"), as the
-FrozenLake arms'.
+structural bound's turns per task (default `env.upper_bound_turns`): sql, bfcl, bfcl-first, bfcl-two, code.
+Rewards are the envs' outcome rewards (PAPER.md): 1 when the episode ends solved, else 0.
+Placement (`mesh`, `compute_dtype`) as the FrozenLake arms': rollouts sample from `rollout_params` under
+`jax.set_mesh`, the train step is the sharded `build_train_step(mesh=...)`. The domains' tasks, splits and bounds:
+docs/host_study.md, "Domains" and "Data"; the rest: "How the host findings are measured" (The RL stage).
 
 Dimension legend (CONVENTIONS.md): B episodes (= n_tasks x G), G group size, S context slots, P tasks.
 """

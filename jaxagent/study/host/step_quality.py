@@ -2,45 +2,18 @@
 of each sampled submission (the paper, DeepCoder-MT: RL better on only 46.8% of matched states, mean quality
 slightly below base; docs/study.md finding 3 and "jaxagent's definitions", Step quality).
 
-States (`states_from_log`): per GRPO seed s, the non-terminal states of base's and of seed s's held-out evaluation
-episodes at the full budget tier (from the eval logs' `episodes`): state (episode, t) is the prefix of the
-episode's first t replies, for every turn t at which the policy replied (the episode had not ended, t < T_max).
-Equal numbers n = min(n_states, #base states, #seed-s states) are drawn uniformly without replacement from each
-policy's states (`draw_matched`), base-drawn first.
+States (`states_from_log`, `draw_matched`): per GRPO seed, equal numbers of base's and the seed's non-terminal
+states of their full-budget held-out episodes (the prefix of an episode's first t replies). Replies
+(`sample_scores`): G = `n_samples` per policy and state, the prefix replayed as forced replies and the episode's
+budget announced, each scored q(s, a) = the unit-test pass rate of its submission (`info["pass_rate"]`; no code
+block: 0; a reply the env could not score is missing). Per state i (`per_state`): q_pol(i) = mean of pol's scored
+replies, delta_i = q_RL(i) - q_base(i); "RL better on X%" = share of used states with delta_i > 0 (ties apart).
+Estimate (units = states nested in GRPO seeds): `<d>.f3_step.diff` = mean delta_i, `<d>.f3_step.better` = mean
+1[delta_i > 0]. Verdict: direction -1, E = 0.05 pass rate (`findings.f3_step_deepcoder`); a base mean pass rate
+below E blocks the size. Domains: `DOMAINS` (coding). The state and reply rules, notes and metric keys:
+docs/host_study.md, "How the host findings are measured" (finding 3).
 
-Replies (`sample_scores`): from each state G = `n_samples` replies of each policy (the prefix replayed as forced
-replies, the budget of the episode (the full tier) announced as in the episode, so the reply at turn t reads
-"Turn t+1 of T. T-t turns left."; the episode ends right after that reply, `StopAfter`), each scored by the env
-step from that state: q(s, a) = the unit-test pass rate of the reply's submission (`info["pass_rate"]`,
-`CodeEnv.step`: passed tests / tests; a reply without a code block scores 0). A reply the env could not score
-(the context ran out before it, the env raised or timed out) is missing, not 0. Both policies sample with the
-same key per batch (common random numbers: equal policies give equal replies, a tie on every state).
-
-Per state (`per_state`): q_pol(i) = mean of policy pol's scored replies at state i; a state is used when both
-policies have at least one; delta_i = q_RL(i) - q_base(i); RL better on state i iff delta_i > 0, tie iff
-delta_i = 0, worse iff delta_i < 0 ("RL better on X%" = share of used states with delta_i > 0, ties reported
-separately).
-
-Estimate: units = used states nested in GRPO seeds (`stats.seed_estimate` through `metrics.put_estimate`;
-collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate): `<d>.f3_step.diff` = mean over seeds
-of the seed's mean delta_i (mean quality RL - base), `<d>.f3_step.better` the same for 1[delta_i > 0]. Verdict: the
-FrozenLake study's rule with direction -1 (the paper: RL's mean step quality slightly below base) and E = 0.05
-pass rate (jaxagent's smallest effect of interest, as `findings.f3_step_deepcoder`); a base mean pass rate below
-E blocks the size (RL cannot fall further below it than to 0): a CI holding 0 is then "untestable here (bound)".
-It would have been "not reproduced" with a CI above 0, or one holding 0 whose lower end is above -0.05.
-
-Domains: `DOMAINS` (coding: the env whose step infos carry `pass_rate`). A run where no state is found (no
-full-budget episode with a reply) gets `<d>.note.f3_step` instead of an estimate; the report prints that line.
-
-Metric keys: `<d>.f3_step.diff.*`, `.better.*` (estimates), `.g` (G), `.n_states` (used states over all seeds),
-`.share_rl_better`, `.share_equal`, `.share_rl_worse`, `.base`, `.rl` (mean over the included seeds of the seed's
-share / mean quality; `.all.<same>` over every seed when some are excluded), `.seed<s>.n_states`,
-`.seed<s>.n_from_base`, `.seed<s>.share_rl_better`, `.seed<s>.share_equal`, `.seed<s>.share_rl_worse`,
-`.seed<s>.base`, `.seed<s>.rl`, `.room_lo`, `.room_hi` (the range the bound allows the difference: a pass rate
-lies in [0, 1], so RL - base lies in [-base, 1 - base]).
-
-Dimension legend (CONVENTIONS.md): I states, G replies sampled per policy and state, U budget tiers, P tasks,
-Z samples per task and tier, B episodes of one rollout batch.
+Dimension legend (CONVENTIONS.md): I states, G replies per policy and state, U tiers, P tasks, Z samples, B episodes.
 """
 from __future__ import annotations
 
