@@ -305,3 +305,21 @@ def test_a_row_whose_bound_leaves_less_than_e_is_judged_on_its_sign_only_and_say
     assert run(0.0, 0.0, 0.2344, 0.2544)[0][0] == stats.NO_VARIANCE   # every seed the same: no test
     assert run(-0.01, 0.02, 0.30, 0.60)[0][0] == stats.NOT_REPRODUCED   # room 30 points: E excluded
     assert run(0.004, 0.2, 0.30, 0.60)[0][0] == stats.REPRODUCED
+
+
+def test_the_stability_row_names_its_room_as_grpos_own_fall(tmp_path):
+    """f7 stability: the room is [GRPO's fall - 1, GRPO's fall], set by the data, not by a structural bound; a
+    GRPO that fell 4 points leaves less than E = 10, and the reason and the report name GRPO's fall, not a bound."""
+    f = next(x for x in findings_lib.DEFAULT_FINDINGS if x.key == "f7_stability_frozenlake")
+    m = report.flatten_metrics({"meta": {"t_max": 8}, "f7_stability_frozenlake": {
+        "grpo": 0.04, "oracle": 0.01, "room_lo": -0.96, "room_hi": 0.04, "tier_turns": 2,
+        "diff": {"mean": 0.01, "lo": -0.01, "hi": 0.03, "lo90": -0.005, "hi90": 0.025, "se": 0.01, "mde": 0.02,
+                 "n_seeds": 5, "method": "t over seeds"}}})
+    v, why = findings_lib.finding_verdict(f, m)
+    assert v == stats.UNTESTABLE and "GRPO's own fall allows at most 4 on the paper's side, less than E = 10" in why
+    assert "bound" not in why
+    md = report.build_report(m, tmp_path).markdown
+    assert "| differences GRPO's own fall allows | [-96.0, 4.0] | — |" in md
+    assert "GRPO's own fall allows differences in [-96.0, 4.0] (points)" in md
+    assert findings_lib.room_phrases(next(x for x in findings_lib.DEFAULT_FINDINGS if x.key == "f1_pass1")) == (
+        "differences the structural bound allows", "The bound allows differences in")

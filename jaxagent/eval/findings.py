@@ -107,8 +107,9 @@ class Finding:
     reproduced"), `room` (True: the run writes `<key>.room_lo/.room_hi`, the range the structural bound allows
     the difference, module docstring), `tier` (the nominal fraction of T_max of a tier row, for
     `finding_title`), `recipe` (a function of the run's metrics giving the reason the recipe or the base's
-    design, not the arms, decides the row, or None: `jaxagent.eval.recipe`) and `primary` (one of the rows
-    declared confirmatory before any run, `PRIMARY`)."""
+    design, not the arms, decides the row, or None: `jaxagent.eval.recipe`), `primary` (one of the rows
+    declared confirmatory before any run, `PRIMARY`) and `room_source` (what sets the room, as the verdict's
+    reason names it: the structural bound unless the row's room comes from its own data)."""
 
     key: str
     title: str
@@ -130,6 +131,7 @@ class Finding:
     tier: float | None = None
     recipe: Callable[[Mapping], str | None] | None = None
     primary: bool = False
+    room_source: str = "the bound"
 
 
 def reference_effect(f: Finding, metrics: Mapping) -> float | None:
@@ -177,6 +179,13 @@ def room_from_metrics(f: Finding, metrics: Mapping) -> tuple[float, float] | Non
     return lo, hi
 
 
+def room_phrases(f: Finding) -> tuple[str, str]:
+    """(table label, sentence opening) of a row's room in the reports: the structural bound's, or what else
+    `Finding.room_source` names."""
+    source = "the structural bound" if f.room_source == "the bound" else f.room_source
+    return f"differences {source} allows", f"{f.room_source[:1].upper()}{f.room_source[1:]} allows differences in"
+
+
 def finding_verdict(f: Finding, metrics: Mapping, prefix: str | None = None) -> tuple[str, str]:
     """`stats.decide` on the finding's stored estimate (prefix default f.diff), its direction, E and margin,
     the room the structural bound allows (`room_from_metrics`), the recipe check (`Finding.recipe`) and the
@@ -184,7 +193,7 @@ def finding_verdict(f: Finding, metrics: Mapping, prefix: str | None = None) -> 
     est = estimate_from_metrics(metrics, prefix or f.diff)
     return stats.decide(est, f.direction, reference_effect(f, metrics), f.margin,
                         room=room_from_metrics(f, metrics), scale=f.diff_scale,
-                        recipe=None if f.recipe is None else f.recipe(metrics))
+                        recipe=None if f.recipe is None else f.recipe(metrics), room_source=f.room_source)
 
 
 def seeds_to_decide(f: Finding, metrics: Mapping, prefix: str | None = None) -> tuple[int | None, int | None] | None:
@@ -553,7 +562,7 @@ _DECLARED: tuple[Finding, ...] = (
                  "both arms trained at the tightest tier, paired by seed; every seed counts, collapsed ones "
                  "included. Room: the process-reward arm's fall lies in [0, 1], so the difference lies in "
                  "[GRPO's fall - 1, GRPO's fall]: a GRPO that did not fall by E leaves no room for the size.",
-            **_PASS_SEI),
+            room_source="GRPO's own fall", **_PASS_SEI),
     _pair("f7_gigpo_bfcl", "7. GiGPO vs GRPO, BFCL, 25% budget (paper: no gain)", None, None, 0,
           rl="GiGPO", base="GRPO", margin=0.05, effect_source="equivalence margin 5 points (jaxagent's choice)",
           falsified_by="a 95% CI of GiGPO - GRPO at 25% of T_max wholly outside +-5 points"),

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib
 from jaxagent.eval.findings import (DEFAULT_FINDINGS, PAPER_FIGURES, Finding, estimate_from_metrics, finding_title,
-                                    finding_verdict, reference_effect, room_from_metrics, seeds_phrase,
+                                    finding_verdict, reference_effect, room_from_metrics, room_phrases, seeds_phrase,
                                     seeds_to_decide)
 from jaxagent.eval.stats import VERDICT_RULE
 
@@ -192,7 +192,7 @@ def _finding_section(f: Finding, p: Printer, figures: Mapping[str, str], report_
     lines.append(f"| {f.diff_label}, 95% CI | {mean} {ci_text(f, p, f.diff)} | {_paper_text(f, p)} |")
     lines.append(f"| minimum detectable effect (80% power) | {p.run(f'{f.diff}.mde', f.diff_scale, f.diff_fmt)} | — |")
     if room_from_metrics(f, p.metrics) is not None:
-        lines.append(f"| differences the structural bound allows | {room_text(f, p)} | — |")
+        lines.append(f"| {room_phrases(f)[0]} | {room_text(f, p)} | — |")
     result, reason = finding_verdict(f, p.metrics)
     method = p.text(f"{f.diff}.method", "as given in the metrics")
     ref = (f"Equivalence margin ±{p.rule(f'{f.key}.margin', f.margin, f.diff_scale, f.diff_fmt)}"
@@ -203,7 +203,7 @@ def _finding_section(f: Finding, p: Printer, figures: Mapping[str, str], report_
                   f"Interval: {method}. {ref} ({f.effect_source or 'none stated'}); "
                   f"paper's direction: {_DIRECTION_WORDS[f.direction]}.", ""]
     if room_from_metrics(f, p.metrics) is not None:
-        lines += [f"The bound allows differences in {room_text(f, p)}"
+        lines += [f"{room_phrases(f)[1]} {room_text(f, p)}"
                   f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the difference "
                   "cannot leave this range.", ""]
     elif f.room:

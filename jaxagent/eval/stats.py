@@ -269,7 +269,7 @@ def _num(x: float) -> str:
 
 def decide(est: Estimate | None, direction: int, effect: float | None = None, margin: float | None = None, *,
            room: tuple[float, float] | None = None, scale: float = 1.0,
-           recipe: str | None = None) -> tuple[str, str]:
+           recipe: str | None = None, room_source: str = "the bound") -> tuple[str, str]:
     """Verdict and its reason by `VERDICT_RULE`, in this order:
     1. direction must be +1 / -1 (the sign of the paper's difference) or 0 (parity, needs margin > 0); a
        recipe reason (`recipe`, non-empty: why the recipe, not the arms, decides the row): untestable here
@@ -286,7 +286,8 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None, ma
        < E, not reproduced if hi < E, underpowered otherwise (the CI holds both 0 and E).
     effect: the reference effect E (magnitude, in the difference's units; None: sign only). scale: the factor
     the report prints the difference with (e.g. 100 for points); reasons quote numbers times scale, signed as
-    the row's values (a row expecting a fall reads "E = -10")."""
+    the row's values (a row expecting a fall reads "E = -10"). `room_source`: what sets the room, as the reasons
+    name it ("the bound": the structural bound; a row whose room comes from its own data names that)."""
     if direction not in (-1, 0, 1):
         raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
     if direction == 0 and (margin is None or not margin > 0):
@@ -298,16 +299,16 @@ def decide(est: Estimate | None, direction: int, effect: float | None = None, ma
         return INCONCLUSIVE, f"no interval ({why})"
     side = None if room is None else paper_side_room(room, direction)
     if direction == 0 and side is not None and side < margin:
-        return UNTESTABLE, (f"the bound allows at most {_num(side * scale)} either side of 0, less than the "
-                            f"margin {_num(margin * scale)}: equivalence is forced by the bound")
+        return UNTESTABLE, (f"{room_source} allows at most {_num(side * scale)} either side of 0, less than the "
+                            f"margin {_num(margin * scale)}: equivalence is forced by {room_source}")
     if direction != 0 and side is not None and side <= 0:
-        return UNTESTABLE, f"the bound allows no difference on the paper's side (at most {_num(side * scale)})"
+        return UNTESTABLE, f"{room_source} allows no difference on the paper's side (at most {_num(side * scale)})"
     if no_variance(est):
         return NO_VARIANCE, (f"every seed gave {_num(est.mean * scale)}: a zero-width interval tests nothing")
     if direction == 0:
         return _parity(est, margin, scale)
     e = None if effect is None or not math.isfinite(effect) or effect == 0 else abs(float(effect))
-    return _directional(est, direction, e, side, scale)
+    return _directional(est, direction, e, side, scale, room_source)
 
 
 def _parity(est: Estimate, margin: float, scale: float) -> tuple[str, str]:
@@ -320,12 +321,12 @@ def _parity(est: Estimate, margin: float, scale: float) -> tuple[str, str]:
 
 
 def _directional(est: Estimate, direction: int, e: float | None, side: float | None,
-                 scale: float) -> tuple[str, str]:
+                 scale: float, room_source: str = "the bound") -> tuple[str, str]:
     d_lo, d_hi = sorted((direction * est.lo, direction * est.hi))
     end, e_text = _num(direction * d_hi * scale), "" if e is None else f"E = {_num(direction * e * scale)}"
     blocked = e is not None and side is not None and side < e
     bound = ("" if not blocked else
-             f"the bound allows at most {_num(direction * side * scale)} on the paper's side, less than {e_text}")
+             f"{room_source} allows at most {_num(direction * side * scale)} on the paper's side, less than {e_text}")
     if d_hi < 0:
         return OPPOSITE, "the 95% CI lies on the opposite side of 0"
     if d_lo > 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from jaxagent.eval import health as health_lib, stats
-from jaxagent.eval.findings import Finding, finding_verdict, reference_effect, room_from_metrics
+from jaxagent.eval.findings import Finding, finding_verdict, reference_effect, room_from_metrics, room_phrases
 from jaxagent.eval.report import Printer, ci_text, room_text, why_text
 
 
@@ -65,11 +65,11 @@ def findings_lines(findings: Sequence[Finding], metrics: Mapping) -> tuple[list[
         detail.append(f"| {f.diff_label}, 95% CI | {pr.run(f.diff + '.mean', f.diff_scale, f.diff_fmt)} "
                       f"{ci_text(f, pr, f.diff)} |")
         if room_from_metrics(f, metrics) is not None:
-            detail.append(f"| differences the structural bound allows | {room_text(f, pr)} |")
+            detail.append(f"| {room_phrases(f)[0]} | {room_text(f, pr)} |")
         detail += ["", f"Verdict: **{verdicts[f.key]}**: {why}. Interval: "
                        f"{pr.text(f.diff + '.method')}. {ref} ({f.effect_source})."]
         if room_from_metrics(f, metrics) is not None:
-            detail += ["", f"The bound allows differences in {room_text(f, pr)}"
+            detail += ["", f"{room_phrases(f)[1]} {room_text(f, pr)}"
                            f"{' (points)' if f.diff_scale == 100.0 else ''}: whatever the policies do, the "
                            "difference cannot leave this range."]
         elif f.room:
