@@ -259,6 +259,80 @@ def _replayed(ok, continuations, traj_pos, turn, pos_next, c: int):
     return ok
 
 
+def _check_error_setup(rcfg: RolloutConfig, t_max: int, env_params, n_continuations: int) -> None:
+    """`error_states`' preconditions: a forced replay reproduces the trajectory's env states only on a deterministic
+    lake, and forced actions need a rollout compile that takes them."""
+    check_rcfg(rcfg, t_max)
+    if float(np.asarray(env_params.success_rate)) != 1.0:
+        raise ValueError("error_states replays trajectories with forced actions: it needs a deterministic lake "
+                         f"(env_params.success_rate == 1), got {env_params.success_rate}")
+    if not rcfg.allow_forced:
+        raise ValueError("error_states needs RolloutConfig(allow_forced=True); use the same rcfg for every driver "
+                         "so that they share one rollout compile")
+    if int(n_continuations) < 1:
+        raise ValueError(f"n_continuations must be >= 1, got {n_continuations}")
+
+
+def _score_error_states(world, cfg, params_base, params_rl, pools, drawn, keep, key, *, t_max: int, env_params,
+                        rcfg: RolloutConfig, n_sampled: int, score_batch: int, mesh):
+    """(a) of `error_states`: the drawn cells' error states (base-drawn first) with both policies scored exactly
+    there, and Q*_h of every action at the cell before the error (for the control's own move). Unfilled slots
+    (`keep` False) get context length 1 and 1 turn left, values the scoring accepts (`mask` leaves them out).
+    Returns (sel: the pools' fields at the drawn cells, mask [I], ctx_len [I], h [I], scored, pre_q [I, A])."""
+    (b0, t0), (b1, t1) = drawn
+    flat = [jnp.asarray(b0 * t_max + t0), jnp.asarray(b1 * t_max + t1)]  # pools are flat over (episode, turn)
+    take = lambda src, name: jax.tree.map(lambda x: x[flat[src]], pools[src][name])  # noqa: E731
+    sel = {k: _cat(take(0, k), take(1, k)) for k in ("ctx", "ctx_len", "states", "action", "h", "pre_states")}
+    mask = jnp.asarray(np.concatenate([keep, keep]))
+    ctx_len = jnp.where(mask, sel["ctx_len"], 1)
+    h = jnp.where(mask, sel["h"], 1)
+    q = q_outcomes(world, sel["states"], h, env_params)
+    scored = _score_pair(world, cfg, params_base, params_rl, sel["ctx"], ctx_len, q, key,
+                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch,
+                         mesh=mesh)
+    pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :fls.N_ACTIONS]
+    return sel, mask, ctx_len, h, scored, pre_q
+
+
+def _run_continuations(world, cfg, params_base, params_rl, rollouts, source, episode, budgets_s, forced,
+                       forced_ctrl, key, *, c: int, env_params, rcfg: RolloutConfig, hide_budget, batch_size, mesh,
+                       compute_dtype):
+    """(b) and (c) of `error_states`: C rollouts per state and policy on the trajectory's lake, forced along the
+    error plan and then along the control plan, all with the same key so that both policies and both plans share
+    their random numbers. Returns (cont_base, cont_rl, success_base [I, C], success_rl [I, C], ctrl_base,
+    ctrl_rl); rollout rows = state * C + continuation."""
+    r_base, r_rl = rollouts
+    maps = [r_base.env_states.map_LxL[:, 0], r_rl.env_states.map_LxL[:, 0]]
+    task_maps = jnp.where(jnp.asarray(source == 0)[:, None, None], maps[0][jnp.asarray(episode)],
+                          maps[1][jnp.asarray(episode)])
+    rep = lambda x: np.repeat(x, c, axis=0)  # noqa: E731  row = state * C + continuation
+    run = functools.partial(run_rollouts, world, cfg, tasks=jnp.repeat(task_maps, c, axis=0), budgets=rep(budgets_s),
+                            key=key, env_params=env_params, rcfg=rcfg, hide_budget=hide_budget,
+                            batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
+    n_s = episode.size
+    cont_base, cont_rl = (run(params=params_base, forced_actions=rep(forced)),
+                          run(params=params_rl, forced_actions=rep(forced)))
+    success_base = cont_base.success.reshape(n_s, c)
+    success_rl = cont_rl.success.reshape(n_s, c)
+    ctrl_base, ctrl_rl = (run(params=params_base, forced_actions=rep(forced_ctrl)),
+                          run(params=params_rl, forced_actions=rep(forced_ctrl)))
+    return cont_base, cont_rl, success_base, success_rl, ctrl_base, ctrl_rl
+
+
+def _replay_checks(rollouts, source, episode, turn, mask, err_states, control_ok, continuations, controls, c: int,
+                   t_max: int):
+    """(replay_ok, control_ok): positions up to turn t equal the trajectory's, and the position at t + 1 is the
+    error state's (the continuations) or the trajectory's own (the controls); a replay that left the trajectory
+    would compare the policies at states other than the drawn ones."""
+    r_base, r_rl = rollouts
+    n_s = episode.size
+    traj_pos = np.stack([np.asarray(r_base.env_states.pos), np.asarray(r_rl.env_states.pos)])[source, episode]
+    replay_ok = _replayed(np.asarray(mask), continuations, traj_pos, turn, np.asarray(err_states.pos), c)
+    control_ok = _replayed(control_ok, controls, traj_pos, turn,
+                           traj_pos[np.arange(n_s), np.minimum(turn + 1, t_max - 1)], c)
+    return replay_ok, control_ok
+
+
 def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *, t_max: int, n_states: int,
                  env_params, rcfg: RolloutConfig, n_continuations: int = 4, n_sampled: int = 16, n_bins: int = 4,
                  budgets=None, hide_budget=False, rollouts=None, batch_size: Optional[int] = None,
@@ -289,31 +363,15 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     remaining (turns left at the error state). return_rollouts adds the trajectories, the continuation and the
     control rollouts (rows = state * C + continuation). `mesh`, `compute_dtype`: as in `step_quality_matched`.
     """
-    check_rcfg(rcfg, t_max)
-    if float(np.asarray(env_params.success_rate)) != 1.0:
-        raise ValueError("error_states replays trajectories with forced actions: it needs a deterministic lake "
-                         f"(env_params.success_rate == 1), got {env_params.success_rate}")
-    if not rcfg.allow_forced:
-        raise ValueError("error_states needs RolloutConfig(allow_forced=True); use the same rcfg for every driver "
-                         "so that they share one rollout compile")
-    if int(n_continuations) < 1:
-        raise ValueError(f"n_continuations must be >= 1, got {n_continuations}")
+    _check_error_setup(rcfg, t_max, env_params, n_continuations)
     k_roll, k_draw, k_g, k_cont, k_ci = jax.random.split(key, 5)
     r_base, r_rl = _both_rollouts(world, cfg, params_base, params_rl, tasks, k_roll, t_max, env_params, rcfg, budgets,
                                   hide_budget, rollouts, batch_size, mesh, compute_dtype)
     pools = [_error_pool(world, r, env_params, hide_budget, rcfg.max_context, tol) for r in (r_base, r_rl)]
     (b0, t0), (b1, t1), keep = _draw_matched(k_draw, pools[0]["cand"], pools[1]["cand"], int(n_states))
-    flat = [jnp.asarray(b0 * t_max + t0), jnp.asarray(b1 * t_max + t1)]  # pools are flat over (episode, turn)
-    take = lambda src, name: jax.tree.map(lambda x: x[flat[src]], pools[src][name])  # noqa: E731
-    sel = {k: _cat(take(0, k), take(1, k)) for k in ("ctx", "ctx_len", "states", "action", "h", "pre_states")}
-    mask = jnp.asarray(np.concatenate([keep, keep]))
-    ctx_len = jnp.where(mask, sel["ctx_len"], 1)
-    h = jnp.where(mask, sel["h"], 1)
-    q = q_outcomes(world, sel["states"], h, env_params)
-    scored = _score_pair(world, cfg, params_base, params_rl, sel["ctx"], ctx_len, q, k_g,
-                         temperature=temperature_of(rcfg.sampler), n_sampled=n_sampled, score_batch=score_batch,
-                         mesh=mesh)
-    pre_q = q_outcomes(world, sel["pre_states"], jnp.where(mask, sel["h"] + 1, 1), env_params)[:, :fls.N_ACTIONS]
+    sel, mask, ctx_len, h, scored, pre_q = _score_error_states(
+        world, cfg, params_base, params_rl, pools, ((b0, t0), (b1, t1)), keep, k_g, t_max=t_max,
+        env_params=env_params, rcfg=rcfg, n_sampled=n_sampled, score_batch=score_batch, mesh=mesh)
 
     # (b) continuations from identical error states: replay the trajectory, force the error, let the policy act;
     # (c) the control: the same cell after the trajectory's own optimal move.
@@ -323,26 +381,12 @@ def error_states(world, cfg: Qwen3Config, params_base, params_rl, tasks, key, *,
     forced, forced_ctrl, budgets_s, control_ok = _continuation_plans(
         (r_base, r_rl), source, episode, turn, np.asarray(sel["action"]), np.tile(keep, 2), np.asarray(pre_q),
         np.asarray(mask), t_max, tol)
-    maps = [r_base.env_states.map_LxL[:, 0], r_rl.env_states.map_LxL[:, 0]]
-    task_maps = jnp.where(jnp.asarray(source == 0)[:, None, None], maps[0][jnp.asarray(episode)],
-                          maps[1][jnp.asarray(episode)])
-    rep = lambda x: np.repeat(x, c, axis=0)  # noqa: E731  row = state * C + continuation
-    run = functools.partial(run_rollouts, world, cfg, tasks=jnp.repeat(task_maps, c, axis=0), budgets=rep(budgets_s),
-                            key=k_cont, env_params=env_params, rcfg=rcfg, hide_budget=hide_budget,
-                            batch_size=batch_size, mesh=mesh, compute_dtype=compute_dtype)
-    cont_base, cont_rl = (run(params=params_base, forced_actions=rep(forced)),
-                          run(params=params_rl, forced_actions=rep(forced)))
-    success_base = cont_base.success.reshape(n_s, c)
-    success_rl = cont_rl.success.reshape(n_s, c)
-    ctrl_base, ctrl_rl = (run(params=params_base, forced_actions=rep(forced_ctrl)),
-                          run(params=params_rl, forced_actions=rep(forced_ctrl)))
-
-    # The replay checks: positions up to turn t equal the trajectory's, and the position at t + 1 is the error
-    # state's (b) or the trajectory's own (c).
-    traj_pos = np.stack([np.asarray(r_base.env_states.pos), np.asarray(r_rl.env_states.pos)])[source, episode]
-    replay_ok = _replayed(np.asarray(mask), (cont_base, cont_rl), traj_pos, turn, np.asarray(sel["states"].pos), c)
-    control_ok = _replayed(control_ok, (ctrl_base, ctrl_rl), traj_pos, turn,
-                           traj_pos[np.arange(n_s), np.minimum(turn + 1, t_max - 1)], c)
+    cont_base, cont_rl, success_base, success_rl, ctrl_base, ctrl_rl = _run_continuations(
+        world, cfg, params_base, params_rl, (r_base, r_rl), source, episode, budgets_s, forced, forced_ctrl, k_cont,
+        c=c, env_params=env_params, rcfg=rcfg, hide_budget=hide_budget, batch_size=batch_size, mesh=mesh,
+        compute_dtype=compute_dtype)
+    replay_ok, control_ok = _replay_checks((r_base, r_rl), source, episode, turn, mask, sel["states"], control_ok,
+                                           (cont_base, cont_rl), (ctrl_base, ctrl_rl), c, t_max)
 
     ones = jnp.ones((n_s, 1), bool)
     metrics = sq.error_state_metrics(scored["q_exact_base"][:, None], ones, scored["q_exact_rl"][:, None], ones,

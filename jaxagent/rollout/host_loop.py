@@ -163,6 +163,71 @@ def _check_inputs(env, rcfg, tasks, budgets, forced_actions):
     return hcfg, tasks, budget_B
 
 
+# ----------------------------------------------------------------------------- the turn loop's steps
+def _policy_groups(params, cfg, hcfg: HostRolloutConfig, pieces, pad_id: int, n_ep: int,
+                   generate_fn: Optional[GenerateFn], k_loop) -> list:
+    """The episode groups (`episode_groups`), each with its own policy (none with `generate_fn`). A single group
+    samples with the loop's key as it is; several fold in their index, so that no two groups share their random
+    numbers."""
+    all_rows = episode_groups(n_ep, hcfg.overlap_groups)
+    return [Group(rows, np.isin(np.arange(n_ep), rows), None if generate_fn is not None else HostPolicy(
+        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), pad_id, hcfg.max_append_width,
+        k_loop if len(all_rows) == 1 else jax.random.fold_in(k_loop, g))) for g, rows in enumerate(all_rows)]
+
+
+def _forced_text(forced_actions: Optional[Sequence[Sequence[Optional[str]]]], b: int, t: int) -> Optional[str]:
+    """The reply text episode b gives at turn t instead of the policy's (None: the policy replies)."""
+    row = forced_actions[b] if forced_actions is not None else ()
+    return row[t] if t < len(row) else None
+
+
+def _collect_steps(ready: collections.deque, running: list, buf: EpisodeBuffers, envs: EnvSide, calls: EnvCalls,
+                   clock: TurnClock, spmd: bool) -> None:
+    """Moves the groups whose env steps have returned from `running` to `ready`, their results recorded; it blocks
+    only while no group is ready, so that a group waits on its envs only when there is nothing else to decode."""
+    while running:
+        if spmd:  # a fixed order (the same on every process): the oldest, once no group is ready
+            i = None if ready else 0
+        else:
+            i = calls.first_done([g.inflight.calls for g in running], block=not ready)
+        if i is None:
+            break
+        group = running.pop(i)
+        clock.lap("env_wait_s", group.inflight.t)
+        finish_steps(buf, envs, calls, group.inflight, clock)
+        group.inflight, group.t = None, group.t + 1
+        ready.append(group)
+
+
+def _play_turn(group: Group, buf: EpisodeBuffers, envs: EnvSide, calls: EnvCalls, clock: TurnClock,
+               hcfg: HostRolloutConfig, budget_B, n_ep: int, forced_actions, generate_fn: Optional[GenerateFn],
+               tokenizer: Tokenizer) -> bool:
+    """The group's next turn: its chunks in, its replies decoded (or given), its env steps submitted (in flight in
+    `group.inflight`). False when the group has no turn left: past T_max, or none of its episodes plays on."""
+    t = group.t
+    if t >= hcfg.t_max:
+        return False
+    active, start_slot = write_chunks(buf, t, budget_B, hcfg, group.member)
+    if not active.any():
+        return False
+    given = {b: _forced_text(forced_actions, b, t) for b in np.flatnonzero(active)}
+    given = {b: x for b, x in given.items() if x is not None}
+    is_given = np.isin(np.arange(n_ep), list(given))
+    clock.lap("host_s", t)
+    r_tok, r_lp, r_len, r_stop = group_replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
+                                               hcfg)
+    clock.lap("model_s", t)
+    if generate_fn is None:  # the group's decode call, its slots counted (`host_timing.decode_slot_counts`)
+        clock.timing.add_decode(t, len(group.rows), int(np.sum(group.rows < 0)), r_len[active & ~is_given])
+    replies = (r_tok, r_lp, np.where(active, r_len, 0).astype(np.int32), r_stop)
+    is_forced = active & (is_given | (generate_fn is not None))
+    trains = active & ~is_given  # a scripted policy's replies are its SFT targets
+    texts = write_replies(buf, t, active, start_slot, replies, trains, tokenizer)
+    group.inflight = submit_steps(buf, envs, calls, t, active, start_slot, replies, texts, is_forced, tokenizer)
+    clock.lap("host_s", t)
+    return True
+
+
 def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budgets, key, rcfg: EpisodeConfig, *,
                  generate_fn: Optional[GenerateFn] = None,
                  forced_actions: Optional[Sequence[Sequence[Optional[str]]]] = None) -> HostRollout:
@@ -191,15 +256,7 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
     envs = EnvSide(env, tokenizer, pieces, tasks, seeds, budget_B, hcfg.hide_budget, hcfg.budget_template,
                    default_system if hcfg.system_fn is None else hcfg.system_fn, hcfg.process_reward_fn)
     buf = EpisodeBuffers.empty(hcfg, tokenizer.pad_id, HostTrace.empty(tasks, seeds))
-    all_rows = episode_groups(n_ep, hcfg.overlap_groups)
-    groups = [Group(rows, np.isin(np.arange(n_ep), rows), None if generate_fn is not None else HostPolicy(
-        params, cfg, hcfg, tuple(int(i) for i in pieces.stop_ids), tokenizer.pad_id, hcfg.max_append_width,
-        k_loop if len(all_rows) == 1 else jax.random.fold_in(k_loop, g))) for g, rows in enumerate(all_rows)]
-
-    def forced_text(b, t):
-        row = forced_actions[b] if forced_actions is not None else ()
-        return row[t] if t < len(row) else None
-
+    groups = _policy_groups(params, cfg, hcfg, pieces, tokenizer.pad_id, n_ep, generate_fn, k_loop)
     spmd = jax.process_count() > 1  # several processes: docs/host_rollout.md
     workers = hcfg.workers if hcfg.workers is not None else getattr(env, "max_parallel", None) or host_cores()
     calls = EnvCalls(workers, hcfg.step_timeout_s, share=EnvShare(n_ep) if spmd else None)
@@ -212,42 +269,11 @@ def host_rollout(params, cfg, env, tokenizer: Tokenizer, tasks: Sequence, budget
         # A group decodes as soon as its envs' results are in; while no group can, wait for the first.
         ready, running = collections.deque(groups), []
         while ready or running:
-            while running:
-                if spmd:  # a fixed order (the same on every process): the oldest, once no group is ready
-                    i = None if ready else 0
-                else:
-                    i = calls.first_done([g.inflight.calls for g in running], block=not ready)
-                if i is None:
-                    break
-                group = running.pop(i)
-                clock.lap("env_wait_s", group.inflight.t)
-                finish_steps(buf, envs, calls, group.inflight, clock)
-                group.inflight, group.t = None, group.t + 1
-                ready.append(group)
+            _collect_steps(ready, running, buf, envs, calls, clock, spmd)
             group = ready.popleft()
-            t = group.t
-            if t >= hcfg.t_max:
-                continue
-            active, start_slot = write_chunks(buf, t, budget_B, hcfg, group.member)
-            if not active.any():
-                continue
-            given = {b: forced_text(b, t) for b in np.flatnonzero(active)}
-            given = {b: x for b, x in given.items() if x is not None}
-            is_given = np.isin(np.arange(n_ep), list(given))
-            clock.lap("host_s", t)
-            r_tok, r_lp, r_len, r_stop = group_replies(buf, group, t, active, start_slot, given, generate_fn, tokenizer,
-                                                       hcfg)
-            clock.lap("model_s", t)
-            if generate_fn is None:  # the group's decode call, its slots counted (`host_timing.decode_slot_counts`)
-                clock.timing.add_decode(t, len(group.rows), int(np.sum(group.rows < 0)), r_len[active & ~is_given])
-            replies = (r_tok, r_lp, np.where(active, r_len, 0).astype(np.int32), r_stop)
-            is_forced = active & (is_given | (generate_fn is not None))
-            trains = active & ~is_given  # a scripted policy's replies are its SFT targets
-            texts = write_replies(buf, t, active, start_slot, replies, trains, tokenizer)
-            group.inflight = submit_steps(buf, envs, calls, t, active, start_slot, replies, texts, is_forced,
-                                          tokenizer)
-            clock.lap("host_s", t)
-            running.append(group)
+            if _play_turn(group, buf, envs, calls, clock, hcfg, budget_B, n_ep, forced_actions, generate_fn,
+                          tokenizer):
+                running.append(group)
     finally:
         calls.close()
     buf.trace.final_states, buf.trace.timing = buf.states, clock.finish(len(groups))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -211,90 +212,99 @@ def _verdict_key(task: CodeTask, code: str, limits) -> str:
 FORMATS = {"deepcoder": ("tests", "DeepCoder-style problems"), "apps": ("input_output", "APPS problems")}
 
 
-def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: bool = True,
-                   max_tasks: Optional[int] = None, max_solutions: int = 3, cache_dir=None,
-                   data_format: Optional[str] = None) -> tuple[dict, DatasetReport]:
-    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style or APPS directory or file (module
-    docstring); `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references. `data_format`:
-    "deepcoder" (tests in `tests`), "apps" (in `input_output`), None (either, per record)."""
-    if data_format is not None and data_format not in FORMATS:
-        raise DataError(f"coding data: --data-format must be one of {tuple(FORMATS)} for coding, got {data_format!r}")
-    root = data_path(path, "coding data")
+def _check_limits(max_tests, max_solutions, max_tasks) -> None:
+    """The size options, checked before any record is read so that a bad one fails at once."""
     for name, v in (("max_tests", max_tests), ("max_solutions", max_solutions)):
         if isinstance(v, bool) or int(v) != v or v < 1:
             raise ValueError(f"coding data: {name} must be an integer >= 1, got {v!r}")
     if max_tasks is not None and (isinstance(max_tasks, bool) or int(max_tasks) != max_tasks or max_tasks < 1):
         raise ValueError(f"coding data: max_tasks must be an integer >= 1 or None, got {max_tasks!r}")
-    files = record_files(root)
-    if not files:
-        raise DataError(f"coding data {str(root)!r}: no *.json / *.jsonl files")
-    by_name = any("test" in f.stem.lower() for f in files)
-    rule = ("by file name: *test* held out, the rest train" if by_name else
-            "by problem: held out when stable_hash(statement) % 4 == 3")
-    fields = (FORMATS[data_format][0],) if data_format else ("tests", "input_output")
-    report = DatasetReport(source=str(root), layout=FORMATS[data_format][1] if data_format else
-                           "DeepCoder-style or APPS problems", split_rule=rule)
+
+
+def _parse_record(rec, fields: tuple) -> tuple[str, str, list, str, bool]:
+    """(problem statement, style, tests, function name, lenient_list) of one record whose tests are in the first of
+    `fields` it has; `_Skip` says why it cannot be used, naming the field (a value that is not JSON: the field
+    being read when it turned up)."""
+    field = fields[0]
+    try:
+        if not isinstance(rec, dict):
+            raise _Skip("record: not a JSON object (no fields)")
+        problem = rec.get("problem") or rec.get("question")
+        if not isinstance(problem, str) or not problem.strip():
+            raise _Skip("field problem (or question): no problem statement")
+        meta = _decode(rec.get("metadata") or {}, "metadata")
+        field = next((f for f in fields if rec.get(f) is not None), None)
+        if field is None:
+            raise _Skip(f"field {' (or '.join(fields)}{')' * (len(fields) - 1)}: missing")
+        style, tests, fn, lenient = parse_tests(rec[field], meta if isinstance(meta, dict) else {}, field)
+        if not tests:
+            raise _Skip(f"field {field}: no tests")
+        if style == "call" and not fn.isidentifier():
+            raise _Skip(f"field {field}: function-call tests without a function name (fn_name / func_name)")
+        if nesting_depth(tests, MAX_DEPTH + 2) > MAX_DEPTH + 2:  # + the list of tests and (args, expected)
+            raise _Skip(f"field {field}: a test nested deeper than {MAX_DEPTH} levels")
+        json.dumps(tests)  # the sandbox takes JSON arguments
+    except (TypeError, ValueError):
+        raise _Skip(f"field {field}: not JSON values") from None
+    return problem, style, tests, fn, lenient
+
+
+def _code_task(rid: str, rec: dict, problem: str, style: str, tests: list, fn: str, lenient: bool,
+               max_tests: int) -> CodeTask:
+    """The task of a usable record, its reference still to be found (`_verify`)."""
+    starter = rec.get("starter_code") if isinstance(rec.get("starter_code"), str) else ""
+    prompt = problem.strip()
+    if starter.strip():
+        prompt += f"\n\nStarter code:\n```python\n{starter.rstrip()}\n```"
+    return CodeTask(id=rid, entry_point=fn, prompt=prompt, reference="", tests=tuple(_longest(tests, max_tests)),
+                    style=style, lenient_list=lenient, starter_code=starter)
+
+
+def _candidates(files: list, fields: tuple, by_name: bool, report: DatasetReport, max_tasks: Optional[int],
+                max_tests: int, max_solutions: int) -> dict:
+    """{"train" | "test": [(task without its reference, its solutions to try)]}: the usable records of each split
+    up to `max_tasks`, counted before any reference runs (they are the expensive part); the others are left out
+    in `report` with their reasons."""
     candidates: dict[str, list] = {"train": [], "test": []}
     for file in files:
         for pos, rec in read_records(file):
             report.records += 1
             rid = f"{file.stem}-{pos}"
-            field = fields[0]
             try:
-                if not isinstance(rec, dict):
-                    raise _Skip("record: not a JSON object (no fields)")
-                problem = rec.get("problem") or rec.get("question")
-                if not isinstance(problem, str) or not problem.strip():
-                    raise _Skip("field problem (or question): no problem statement")
-                meta = _decode(rec.get("metadata") or {}, "metadata")
-                field = next((f for f in fields if rec.get(f) is not None), None)
-                if field is None:
-                    raise _Skip(f"field {' (or '.join(fields)}{')' * (len(fields) - 1)}: missing")
-                style, tests, fn, lenient = parse_tests(rec[field], meta if isinstance(meta, dict) else {}, field)
-                if not tests:
-                    raise _Skip(f"field {field}: no tests")
-                if style == "call" and not fn.isidentifier():
-                    raise _Skip(f"field {field}: function-call tests without a function name (fn_name / func_name)")
-                if nesting_depth(tests, MAX_DEPTH + 2) > MAX_DEPTH + 2:  # + the list of tests and (args, expected)
-                    raise _Skip(f"field {field}: a test nested deeper than {MAX_DEPTH} levels")
-                json.dumps(tests)  # the sandbox takes JSON arguments
+                problem, style, tests, fn, lenient = _parse_record(rec, fields)
             except _Skip as e:
                 report.leave_out(str(e), rid)
-                continue
-            except (TypeError, ValueError):
-                report.leave_out(f"field {field}: not JSON values", rid)
                 continue
             split = ("test" if "test" in file.stem.lower() else "train") if by_name else (
                 "test" if held_out_by_hash(problem.strip()) else "train")
             if max_tasks is not None and len(candidates[split]) >= max_tasks:
                 continue
-            starter = rec.get("starter_code") if isinstance(rec.get("starter_code"), str) else ""
-            prompt = problem.strip()
-            if starter.strip():
-                prompt += f"\n\nStarter code:\n```python\n{starter.rstrip()}\n```"
-            task = CodeTask(id=rid, entry_point=fn, prompt=prompt, reference="",
-                            tests=tuple(_longest(tests, max_tests)),
-                            style=style, lenient_list=lenient, starter_code=starter)
+            task = _code_task(rid, rec, problem, style, tests, fn, lenient, max_tests)
             candidates[split].append((task, _solutions(rec)[:max_solutions]))
+    return candidates
 
-    cache = _VerdictCache(Path(cache_dir) / "code-verify.json" if cache_dir is not None
-                          else cache_root() / "code-verify.json")
 
-    def verify(item) -> tuple[CodeTask, Optional[str]]:
-        """(task with its reference, None), (task, "") kept unverified, or (task, the reason it is left out)."""
-        task, sols = item
-        if not sols:
-            return (task, "") if not require_reference else (task, "field solutions: no reference solution")
-        for code in sols:
-            key = _verdict_key(task, code, env.limits)
-            ok = cache.get(key)
-            if ok is None:
-                ok = all(env.evaluate(task, code)[0])  # a SandboxError (infrastructure) propagates
-                cache.put(key, ok)
-            if ok:
-                return dataclasses.replace(task, reference=code.strip() + "\n"), None
-        return task, "field solutions: no solution passes its tests"
+def _verify(item, *, env, cache: _VerdictCache, require_reference: bool) -> tuple[CodeTask, Optional[str]]:
+    """(task with its reference, None), (task, "") kept unverified, or (task, the reason it is left out)."""
+    task, sols = item
+    if not sols:
+        return (task, "") if not require_reference else (task, "field solutions: no reference solution")
+    for code in sols:
+        key = _verdict_key(task, code, env.limits)
+        ok = cache.get(key)
+        if ok is None:
+            ok = all(env.evaluate(task, code)[0])  # a SandboxError (infrastructure) propagates
+            cache.put(key, ok)
+        if ok:
+            return dataclasses.replace(task, reference=code.strip() + "\n"), None
+    return task, "field solutions: no solution passes its tests"
 
+
+def _verified_splits(candidates: dict, env, cache: _VerdictCache, report: DatasetReport,
+                     require_reference: bool) -> dict:
+    """{"train" | "test": [CodeTask]}: the candidates whose reference passes (or kept unverified), verified on
+    env.max_parallel threads; the verdicts are saved even when a run fails, so a rerun does not repeat them."""
+    verify = functools.partial(_verify, env=env, cache=cache, require_reference=require_reference)
     splits: dict[str, list] = {}
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=env.max_parallel) as pool:
@@ -311,6 +321,32 @@ def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: 
                 report.keep(split, len(kept))
     finally:
         cache.save()
+    return splits
+
+
+def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: bool = True,
+                   max_tasks: Optional[int] = None, max_solutions: int = 3, cache_dir=None,
+                   data_format: Optional[str] = None) -> tuple[dict, DatasetReport]:
+    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style or APPS directory or file (module
+    docstring); `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references. `data_format`:
+    "deepcoder" (tests in `tests`), "apps" (in `input_output`), None (either, per record)."""
+    if data_format is not None and data_format not in FORMATS:
+        raise DataError(f"coding data: --data-format must be one of {tuple(FORMATS)} for coding, got {data_format!r}")
+    root = data_path(path, "coding data")
+    _check_limits(max_tests, max_solutions, max_tasks)
+    files = record_files(root)
+    if not files:
+        raise DataError(f"coding data {str(root)!r}: no *.json / *.jsonl files")
+    by_name = any("test" in f.stem.lower() for f in files)
+    rule = ("by file name: *test* held out, the rest train" if by_name else
+            "by problem: held out when stable_hash(statement) % 4 == 3")
+    fields = (FORMATS[data_format][0],) if data_format else ("tests", "input_output")
+    report = DatasetReport(source=str(root), layout=FORMATS[data_format][1] if data_format else
+                           "DeepCoder-style or APPS problems", split_rule=rule)
+    candidates = _candidates(files, fields, by_name, report, max_tasks, max_tests, max_solutions)
+    cache = _VerdictCache(Path(cache_dir) / "code-verify.json" if cache_dir is not None
+                          else cache_root() / "code-verify.json")
+    splits = _verified_splits(candidates, env, cache, report, require_reference)
     if not splits["train"] and not splits["test"]:
         raise DataError(f"coding data {str(root)!r}: no usable problem ({report.summary()})")
     splits["all"] = splits["train"] + splits["test"]
