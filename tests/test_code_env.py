@@ -14,8 +14,7 @@ import pytest
 from jaxagent.envs.host import base as host, sandbox
 from jaxagent.envs.host.data import code_gen
 from jaxagent.envs.host.data.code_tasks import CODE_TASKS
-from jaxagent.envs.host.code_env import (CODE_SLIP_KINDS, CodeEnv, CodeState, extract_code, program_mistake,
-                                         program_slips, slip_program, values_equal)
+from jaxagent.envs.host.code_env import CodeEnv, CodeState, extract_code, values_equal
 from jaxagent.envs.host.sandbox import SandboxLimits, SandboxSetupError, SandboxUnavailable
 
 PROBLEM = sandbox.strong_isolation_problem()
@@ -323,62 +322,3 @@ def test_observations_with_lone_surrogates_are_valid_text(env):
     assert reward == 0.0 and "ValueError: \\ud800!" in obs, obs
     obs.encode("utf-8")
     info["error"].encode("utf-8")
-
-
-def test_slipped_programs_make_one_generic_mistake_outside_strings(env):
-    src = "def f(xs):\n    # max(1 < 2)\n    s = '<= 3 min('\n    return [max(x, 3) for x in xs if x < 7]\n"
-    made = {slip_program(src, seed) for seed in range(40)}
-    assert {k for k, _ in made} == set(CODE_SLIP_KINDS)
-    assert made == {  # each kind at its first site; the comment and the string untouched
-        ("flip_comparison", src.replace("x < 7", "x > 7")),
-        ("off_by_one", src.replace("x, 3)", "x, 4)")),
-        ("swap_builtin", src.replace("[max(", "[min("))}
-    assert slip_program("def f(s):\n    return s.strip()\n", 0) is None  # nothing to slip
-    assert slip_program("def f(:\n    return (", 0) is None  # does not tokenize: no slip, no error
-    assert slip_program(src, 5) == slip_program(src, 5)  # the seed decides
-    odd = 'def f(s):\n    t = "a\x0cb\u2028c"\n    return s < 3\n'  # line breaks only str.splitlines sees
-    assert {slip_program(odd, seed)[1] for seed in range(20)} == {odd.replace("< 3", "> 3"), odd.replace("3", "4")}
-    # the expert's episode: the slip (which fails a test here), then the reference after the feedback
-    task = next(t for t in env.tasks("train") if slip_program(t.reference, 0) is not None)
-    seed = next(s for s in range(40) if not all(env.evaluate(task, slip_program(task.reference, s)[1])[0]))
-    slipped, fixed = env.slipped_actions(task, seed)
-    assert fixed == env.ground_truth_actions(task)[0] and extract_code(slipped) != task.reference
-    state, _ = env.reset(0, task)
-    state, obs, reward, done, info = env.step(state, slipped)
-    assert info["valid"] and not done and obs.startswith("Passed ")
-    state, obs, reward, done, info = env.step(state, fixed)
-    assert done and reward == 1.0
-    # fix: with that probability the reference follows the feedback, else the slip once more (the episode fails)
-    episodes = [env.slipped_actions(task, s, fix=0.5) for s in range(60)]
-    gave_up = [e for e in episodes if e[1] == e[0]]
-    assert 15 < len(gave_up) < 45 and all(e[1] == fixed for e in episodes if e[1] != e[0])
-    assert [e[0] for e in episodes] == [env.slipped_actions(task, s)[0] for s in range(60)]  # the same slips
-    assert all(env.slipped_actions(task, s, fix=0.0)[1] == env.slipped_actions(task, s)[0] for s in range(10))
-    again = env.slipped_actions(task, seed, fix=0.0)
-    state, _ = env.reset(0, task)
-    for a in again:
-        state, obs, reward, done, info = env.step(state, a)
-    assert reward == 0.0 and not state.done and state.turn == 2
-    for bad in (-0.1, 1.5, True, "half"):
-        with pytest.raises(ValueError, match="slip fix"):
-            env.slipped_actions(task, seed, fix=bad)
-    bare = CodeEnv(tasks=[dict(id="t", entry_point="f", prompt="p", reference="def f(s):\n    return s\n",
-                                tests=[[["a"], "a"]])], limits=env.limits)
-    assert bare.slipped_actions(bare.tasks("all")[0], 0) is None
-
-
-def test_submissions_are_sorted_by_what_is_wrong_with_them(env):
-    ref = "def f(xs):\n    return [x for x in xs if x < 3]\n"
-    assert {slip_program(ref, s)[1] for s in range(30)} == program_slips(ref)  # every slip the expert can make
-    slip = ref.replace("< 3", "> 3")
-    assert program_mistake(ref, [_block(ref)], True) == "solved"
-    assert program_mistake(ref, [_block(slip + "\n\n")], False) == "slip"  # surrounding whitespace aside
-    assert program_mistake(ref, [_block(slip), "no code here"], False) == "slip"  # the last submission counts
-    assert program_mistake(ref, [_block(slip), _block(ref.replace("3", "5"))], False) == "value"  # the last one
-    assert program_mistake(ref, [_block(slip.replace("3", "5") + "# a comment\n")], False) == "slip and value"
-    assert program_mistake(ref, [_block(ref.replace("x < 3", "x + 1 < 3"))], False) == "other"
-    assert program_mistake(ref, [_block("def f(:\n    return (")], False) == "other"
-    assert program_mistake(ref, ["I think the answer is 3", ""], False) == "no submission"
-    task = env.tasks("train")[0]
-    assert env.submission_mistake(task, [_block(task.reference)], True) == "solved"
-    assert env.mistake_kinds == ("solved", "slip", "slip and value", "value", "other", "no submission")

@@ -182,6 +182,7 @@ def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
     import dataclasses
     import types
     from jaxagent.study.host import evaluate as host_evaluate
+    from jaxagent.study.host.experts import NoisyExpert
     from jaxagent.study.host.presets import HOST_PRESETS
     n = 6
     bound = host_metrics.structural_bound([1] * n, [1, 2], [1])
@@ -193,24 +194,28 @@ def test_a_base_that_recovers_from_its_slips_puts_its_tilt_beside_finding_2():
         assert not math.isnan(m["code.f2_shrink.diff.mean"])
         assert (m.get("code.note.f2_shrink") == host_metrics.RECOVERING_EXPERT_NOTE) is recovering
 
-    class Env:  # the slipped episode: the slip, then the reference (coding, BFCL) or the slip alone (SQL)
-        def __init__(self, fixes):
+    class Env:  # an env without a noisy expert of its own (`expert_for` gives None): a base cannot recover
+        def ground_truth_actions(self, task):
+            return ["ref"]
+
+    class Expert(NoisyExpert):  # the slipped episode: the slip, then the reference (coding, BFCL) or the slip alone
+        def __init__(self, env, fixes):
+            super().__init__(env)
             self.fixes = fixes
 
         def slipped_actions(self, task, seed, fix=1.0):
             return None if task == "no slip" else ["slip", "ref"] if self.fixes and fix > 0 else ["slip"]
-
-        def ground_truth_actions(self, task):
-            return ["ref"]
 
     sft = HOST_PRESETS["code-toy"].sft
     for settings, fixes, expect in ((sft, True, True), (sft, False, False),
                                     (dataclasses.replace(sft, check=0.5), False, True),
                                     (dataclasses.replace(sft, noise=0.0), True, False), (None, True, False),
                                     (dataclasses.replace(sft, slip_fix=0.0), True, False)):
+        env = Env()
         run = types.SimpleNamespace(preset=types.SimpleNamespace(sft=settings),
-                                    world=types.SimpleNamespace(env=Env(fixes), train_tasks=["no slip", "t"]))
-        assert host_evaluate.recovering_expert(run) is expect
+                                    world=types.SimpleNamespace(env=env, train_tasks=["no slip", "t"]))
+        assert host_evaluate.recovering_expert(run, Expert(env, fixes)) is expect
+        assert host_evaluate.recovering_expert(run) is (expect and settings.check > 0)  # no expert: no fixed slip
     assert all(HOST_PRESETS[p].sft.noise > 0 for p in ("sql-toy", "code-toy", "bfcl-toy"))
     assert HOST_PRESETS["sql-toy"].sft.check > 0
 

@@ -20,6 +20,7 @@ from jaxagent.models.tokenizer import IM_END, IM_START
 from jaxagent.rl import sft as sft_lib
 from jaxagent.study import run_dir
 from jaxagent.study.host import mistakes, run as host_run, sft as host_sft, stages as host_stages
+from jaxagent.study.host.experts import NoisyExpert, expert_for
 from jaxagent.study.host.presets import HOST_PRESETS, preset_problem
 
 
@@ -109,49 +110,9 @@ def test_reference_rows_are_the_rollouts_context_with_the_reply_as_target(sql_wo
     assert mixed["task_ids"] == [tasks[0].id] and list(mixed["left_out"]) == [long_task.id]
 
 
-def test_slipped_queries_make_one_generic_mistake_outside_literals():
-    from jaxagent.envs.host.sql_actions import SLIP_KINDS, slip_query
-    q = "SELECT AVG(age) FROM animals WHERE species = 'MAX( WHERE x > 1'"
-    kinds = {slip_query(q, seed)[0] for seed in range(40)}
-    assert kinds == {"drop_condition", "swap_aggregate"}  # the literal's words are not the query's
-    for seed in range(40):
-        kind, slipped = slip_query(q, seed)
-        if kind == "drop_condition":
-            assert slipped == "SELECT AVG(age) FROM animals"
-        else:
-            assert slipped.endswith(" FROM animals WHERE species = 'MAX( WHERE x > 1'")
-            assert slipped[7:10] in ("SUM", "MIN", "MAX")
-    assert slip_query("SELECT name FROM t WHERE n >= 2 ORDER BY name", 3)[1] in (
-        "SELECT name FROM t WHERE n <= 2 ORDER BY name", "SELECT name FROM t ORDER BY name")
-    # a subquery keeps its WHERE (cutting it would leave a broken query); no slip applies to a bare count
-    assert {slip_query("SELECT a FROM t WHERE b > (SELECT AVG(b) FROM t)", s)[0] for s in range(40)} == {
-        "flip_comparison", "swap_aggregate"}
-    assert slip_query("SELECT COUNT(*) FROM t", 0) is None
-    assert set(SLIP_KINDS) == {"drop_condition", "swap_aggregate", "flip_comparison"}
-    assert slip_query(q, 7) == slip_query(q, 7)  # the seed decides
-
-
-def test_submissions_are_sorted_by_what_is_wrong_with_them():
-    from jaxagent.envs.host.sql_actions import query_slips, slip_query, submission_mistake
-    gold = "SELECT AVG(age) FROM animals WHERE species = 'zebra' AND age > 3"
-    assert {slip_query(gold, s)[1] for s in range(60)} == query_slips(gold)  # every slip the expert can make
-    ans = lambda q: f"<answer>{q}</answer>"  # noqa: E731
-    assert submission_mistake(gold, [ans(gold)], True) == "solved"
-    assert submission_mistake(gold, [ans("SELECT AVG(age) FROM animals")], False) == "slip"
-    assert submission_mistake(gold, [ans(gold.replace("> 3", "< 3"))], False) == "slip"
-    assert submission_mistake(gold, [ans(gold.replace("AVG", "SUM").replace("zebra", "otter"))],
-                              False) == "slip and value"
-    assert submission_mistake(gold, [ans(gold.replace("> 3", "> 4"))], False) == "value"
-    assert submission_mistake(gold, [ans(gold.replace("zebra", "ze'bra"))], False) == "other"
-    assert submission_mistake(gold, [ans("SELECT name FROM keepers")], False) == "other"
-    # the last submission counts; a query only run is not one
-    assert submission_mistake(gold, [f"```sql\n{gold}\n```"], False) == "no submission"
-    assert submission_mistake(gold, [ans("SELECT 1"), ans("SELECT AVG(age) FROM animals")], False) == "slip"
-
-
 def test_noisy_expert_rows_keep_the_slipped_failures_at_the_drawn_rate(sql_world, tok):
     ts, world = sql_world
-    distinct = [t for t in world.train_tasks if world.env.slipped_actions(t, 0) is not None][:3]
+    distinct = [t for t in world.train_tasks if expert_for(world.env).slipped_actions(t, 0) is not None][:3]
     assert len(distinct) >= 2
     tasks = distinct * 20
     replies, slipped, checked = host_sft.expert_replies(world.env, tasks, [2] * len(tasks), 0.5, 0.0, seed=1)
@@ -168,15 +129,19 @@ def test_noisy_expert_rows_keep_the_slipped_failures_at_the_drawn_rate(sql_world
     assert rows["solved"][~slipped[:6]].all()
     for e in range(6):
         assert tok.decode(rows["tokens"][e][rows["mask"][e]]) == replies[e][0] + IM_END
-    with pytest.raises(NotImplementedError, match="no slipped reference"):
-        host_sft.expert_replies(object.__new__(type("Bare", (HostEnv,), {})), tasks[:1], [2], 0.999, 0.0, 0)
+    bare = object.__new__(type("Bare", (HostEnv,), {}))  # an env without a noisy expert
+    for noise, check in ((0.999, 0.0), (0.0, 0.999)):
+        with pytest.raises(ValueError, match="the Bare env has no noisy expert"):
+            host_sft.expert_replies(bare, tasks[:1], [2], noise, check, 0)
+    with pytest.raises(NotImplementedError, match="no slipped reference"):  # an expert given that cannot slip
+        host_sft.expert_replies(bare, tasks[:1], [2], 0.999, 0.0, 0, expert=NoisyExpert(bare))
     with pytest.raises(NotImplementedError, match="no checked reference"):
-        host_sft.expert_replies(object.__new__(type("Bare", (HostEnv,), {})), tasks[:1], [2], 0.0, 0.999, 0)
+        host_sft.expert_replies(bare, tasks[:1], [2], 0.0, 0.999, 0, expert=NoisyExpert(bare))
 
 
 def test_checking_expert_runs_a_query_then_submits_the_reference(sql_world, tok):
     ts, world = sql_world
-    tasks = [t for t in world.train_tasks if world.env.slipped_actions(t, 0) is not None][:2] * 30
+    tasks = [t for t in world.train_tasks if expert_for(world.env).slipped_actions(t, 0) is not None][:2] * 30
     budgets = np.array([1, 2] * 30)
     replies, slipped, checked = host_sft.expert_replies(world.env, tasks, budgets, 0.5, 0.5, seed=2)
     assert not checked[budgets == 1].any() and 0.3 < checked[budgets == 2].mean() < 0.7  # only with 2 turns
@@ -203,7 +168,8 @@ def test_coding_expert_slips_then_fixes_after_the_feedback(tok):
                                       max_obs_tokens=64, max_train_tasks=4, max_heldout_tasks=1, workers=2)
     world = host_stages.make_host_world(ts, tok, env=CodeEnv(limits=sandbox.SandboxLimits(mode=mode)))
     def every_slip_fails(t):  # so that each slipped row below fails its first submission
-        slips = {world.env.slipped_actions(t, s)[0] for s in range(20)} if world.env.slipped_actions(t, 0) else ()
+        expert = expert_for(world.env)
+        slips = {expert.slipped_actions(t, s)[0] for s in range(20)} if expert.slipped_actions(t, 0) else ()
         return slips and not any(all(world.env.evaluate(t, extract_code(x))[0]) for x in slips)
 
     task = next(t for t in world.train_tasks if every_slip_fails(t))
@@ -272,7 +238,7 @@ def test_toy_base_stage_trains_saves_and_is_reused(tmp_path):
     # what the base's held-out submissions get wrong: every episode sorted once
     shares = mistakes.mistake_shares(run, params, budget=1, n_samples=2)
     assert shares["episodes"] == 2 * len(run.world.heldout_tasks)
-    assert sum(shares[k] for k in run.world.env.mistake_kinds) == pytest.approx(1.0)
+    assert sum(shares[k] for k in expert_for(run.world.env).mistake_kinds) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="budget must be in"):
         mistakes.mistake_shares(run, params, budget=3, n_samples=1)
     # the train-step benchmark on this base (`experiments.bench_host_step`): the three settings give one update

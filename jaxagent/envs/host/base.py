@@ -3,8 +3,7 @@
 A host env has `jittable = False` and
   tasks(split) -> list;  system_prompt(task) -> str;  reset(seed, task) -> (state, obs);
   step(state, action_text) -> (state, obs, reward, done, info);  upper_bound_turns(task) -> int;
-  anchor(state) -> int;  clone(state) -> state;  where defined: ground_truth_actions, slipped_actions,
-  checked_actions, submission_mistake, step_quality.
+  anchor(state) -> int;  clone(state) -> state;  where defined: ground_truth_actions, step_quality.
 `info` always has valid, success, anchor (of the state BEFORE the step), next_anchor, error and obs_role ("user" |
 "tool"); an anchor is a stable hash in [0, 2**31) of the state without history. Observations and info["error"]
 are valid text (`valid_text`). Model output never raises: it gets an error observation and valid=False; stepping a
@@ -98,27 +97,8 @@ class HostEnv:
     def ground_truth_actions(self, task) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__} defines no reference solution")
 
-    def slipped_actions(self, task, seed: int, fix: float = 1.0) -> list[str] | None:
-        raise NotImplementedError(f"{type(self).__name__} defines no slipped reference solution")
-
-    def checked_actions(self, task, seed: int, slip: bool) -> list[str]:
-        raise NotImplementedError(f"{type(self).__name__} defines no checked reference solution")
-
-    mistake_kinds: tuple = ()  # what `submission_mistake` can return; () where the env sorts no submissions
-
-    def submission_mistake(self, task, actions: list, solved: bool) -> str:
-        raise NotImplementedError(f"{type(self).__name__} does not sort submissions by mistake")
-
     def clone(self, state):
         return copy.deepcopy(state)
-
-
-def check_slip_fix(fix, what: str = "slip fix probability") -> float:
-    """`fix` of `slipped_actions` (the probability that the noisy expert fixes its slip) as a float; ValueError
-    (naming it `what`) unless it is a number in [0, 1]."""
-    if isinstance(fix, bool) or not isinstance(fix, (int, float)) or not 0 <= fix <= 1:
-        raise ValueError(f"{what} must be a number in [0, 1], got {fix!r}")
-    return float(fix)
 
 
 def host_cores() -> int:

@@ -10,8 +10,8 @@ failed turn and succeeds (reward 1) when the last passes; at most `max_steps_per
 valid=False: a malformed call, or an empty / too long message. `anchor`: hash of (user-turn index, every tool
 instance's public state). `upper_bound_turns`: the reference, one message per user turn with ground-truth calls +
 one closing message. Options: `user_turns=N` (tasks cut to their first N requests), `tool_docs="signatures"`.
-Protocol, scoring, where it departs from BFCL on purpose, the options and the noisy expert (`slipped_actions`):
-docs/host_study.md, "The envs" and "Toy presets".
+Protocol, scoring, where it departs from BFCL on purpose and the options: docs/host_study.md, "The envs"; the
+toy base's noisy expert on it: `study.host.experts.bfcl`.
 
 No dimension legend: host-side Python, no arrays.
 """
@@ -20,11 +20,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import random
 from typing import Any, Mapping, Sequence
 
-from jaxagent.envs.host.base import (HostEnv, ToolCall, check_slip_fix, coerce_action, make_info, parse_tool_calls,
-                                     strip_think)
+from jaxagent.envs.host.base import HostEnv, ToolCall, coerce_action, make_info, parse_tool_calls, strip_think
 from jaxagent.envs.host.bfcl_calls import (MAX_CALLS_PER_MESSAGE, STATELESS, bfcl_data_dir, docs_for, execute_call,
                                            format_tool_call, is_error_result, parse_call_string, read_jsonl,
                                            tool_class, validate_call)
@@ -32,8 +30,6 @@ from jaxagent.envs.host.bfcl_state import deep_copy, results_contained, state_an
 
 CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
 TOOL_DOCS = ("json", "signatures")
-# What is wrong with an unsolved episode (`submission_mistake`), in this order of precedence
-BFCL_MISTAKE_KINDS = ("solved", "slip", "wrong calls", "no call", "out of budget", "other")
 _MAX_OBS_RESULT_CHARS = 8000
 
 
@@ -101,7 +97,6 @@ class BFCLEnv(HostEnv):
     """BFCL v4 multi-turn categories as a host environment (module docstring)."""
 
     name = "bfcl"
-    mistake_kinds = BFCL_MISTAKE_KINDS
 
     def __init__(self, categories: Sequence[str] = CATEGORIES, max_steps_per_turn: int = 20,
                  test_every: int = 4, exclude_unsolvable: bool = True, user_turns: int | None = None,
@@ -194,8 +189,9 @@ class BFCLEnv(HostEnv):
                 return t
         raise ValueError(f"no BFCL task {task_id!r}")
 
-    def _docs(self, task: BFCLTask) -> dict[str, tuple[str, dict]]:
-        """function name -> (class name, doc) for every function of the task's classes."""
+    def function_docs(self, task: BFCLTask) -> dict[str, tuple[str, dict]]:
+        """function name -> (class name, BFCL function doc) for every function of the task's classes (miss_func's
+        held-out functions included)."""
         return docs_for(tuple(task.involved_classes))
 
     def _held_out(self, task: BFCLTask, turn: int) -> set[str]:
@@ -205,7 +201,7 @@ class BFCLEnv(HostEnv):
     def tools(self, task: BFCLTask, turn: int = 0) -> list[dict]:
         """OpenAI-style tool list available at `turn` (for chat templates that take `tools=`)."""
         held = self._held_out(task, turn)
-        return [self._tool_entry(d) for _, (_, d) in self._docs(task).items() if d["name"] not in held]
+        return [self._tool_entry(d) for _, (_, d) in self.function_docs(task).items() if d["name"] not in held]
 
     @staticmethod
     def _tool_entry(doc: Mapping) -> dict:
@@ -219,7 +215,7 @@ class BFCLEnv(HostEnv):
 
     def system_prompt(self, task: BFCLTask) -> str:
         held = self._held_out(task, 0)
-        tools = self._tool_text([d for _, (_, d) in self._docs(task).items() if d["name"] not in held])
+        tools = self._tool_text([d for _, (_, d) in self.function_docs(task).items() if d["name"] not in held])
         if self.tool_docs == "signatures":
             return (
                 "You are an assistant that carries out the user's requests by calling functions. For each "
@@ -255,7 +251,7 @@ class BFCLEnv(HostEnv):
         integer `ticket_id` as a string and expect the resulting error), or that uses a miss_func
         function before the turn that makes it available. Such tasks are left out of `tasks()` unless
         exclude_unsolvable=False."""
-        docs = self._docs(task)
+        docs = self.function_docs(task)
         problems = []
         for turn, calls in enumerate(self.ground_truth_calls(task)):
             held = self._held_out(task, turn)
@@ -278,65 +274,6 @@ class BFCLEnv(HostEnv):
             actions.append("Done.")
         return actions
 
-    def slipped_actions(self, task: BFCLTask, seed: int, fix: float = 1.0) -> list[str] | None:
-        """The noisy expert's episode (docs/host_study.md, "Toy presets"): the reference, with one message
-        inserted before the first user turn's calls that has ground-truth calls: its call with a required
-        argument, that argument left out (call and argument drawn with `seed`); with probability 1 - fix (drawn
-        with `seed`) the expert then gives up: the slip and a closing message. None when no call of that turn has
-        a required argument."""
-        check_slip_fix(fix)
-        calls_per_turn = self.ground_truth_calls(task)
-        docs = self._docs(task)
-        turn = next((i for i, c in enumerate(calls_per_turn) if c), None)
-        if turn is None:
-            return None
-        rng = random.Random(seed)
-        options = [(name, kwargs, [a for a in docs[name][1].get("parameters", {}).get("required", ())
-                                   if a in kwargs]) for name, kwargs in calls_per_turn[turn]]
-        options = [o for o in options if o[2]]
-        if not options:
-            return None
-        name, kwargs, required = rng.choice(options)
-        drop = rng.choice(required)
-        slip = format_tool_call(name, {k: v for k, v in kwargs.items() if k != drop})
-        fixes = rng.random() < fix
-        actions = self.ground_truth_actions(task)
-        at = sum(1 + bool(c) for c in calls_per_turn[:turn])  # the reference's message of that turn
-        return actions[:at] + [slip] + (actions[at:] if fixes else ["Done."])
-
-    def is_slip(self, task: BFCLTask, action: Any) -> bool:
-        """Whether `action` has the noisy expert's slip form (`slipped_actions`): one call of a known function with
-        a required argument missing."""
-        text, err = coerce_action(action)
-        calls = parse_tool_calls(strip_think(text), MAX_CALLS_PER_MESSAGE) if err is None else []
-        docs = self._docs(task)
-        if len(calls) != 1 or calls[0].error is not None or calls[0].name not in docs:
-            return False
-        _, problem = validate_call(docs[calls[0].name][1], calls[0].arguments)
-        return problem is not None and "missing the required argument" in problem
-
-    def submission_mistake(self, task: BFCLTask, actions: list, solved: bool) -> str:
-        """What is wrong with an episode (BFCL_MISTAKE_KINDS), found by replaying `actions` in a fresh episode:
-        'solved'; 'slip' (some message has the slip form, `is_slip`); 'wrong calls' (a user turn closed with
-        calls whose state or results differ from the ground truth's); 'no call' (a turn closed without the calls
-        its ground truth makes); 'out of budget' (the replies ran out before every turn closed); 'other' (e.g. the
-        20-step force-quit)."""
-        if solved:
-            return "solved"
-        if any(self.is_slip(task, a) for a in actions):
-            return "slip"
-        state, _ = self.reset(0, task)
-        for a in actions:
-            if state.done:
-                break
-            state = self.step(state, a)[0]
-        failure = state.failure or ""
-        if "mismatch" in failure:
-            return "wrong calls"
-        if "empty_turn" in failure:
-            return "no call"
-        return "out of budget" if not state.done else "other"
-
     def upper_bound_turns(self, task: BFCLTask) -> int:
         return sum(1 + (len(g) > 0) for g in task.ground_truth)
 
@@ -353,7 +290,7 @@ class BFCLEnv(HostEnv):
 
     def _user_message(self, task: BFCLTask, turn: int) -> str:
         if turn in task.missed_function:
-            docs = self._docs(task)
+            docs = self.function_docs(task)
             added = self._tool_text([docs[f][1] for f in task.missed_function[turn] if f in docs])
             text = task.turns[turn].strip()
             return (f"These functions are now available as well:\n<tools>\n{added}\n</tools>\n"
@@ -378,7 +315,7 @@ class BFCLEnv(HostEnv):
         """Advance the ground truth by the current turn and run BFCL's checks; (obs, failure)."""
         task = state.task
         gt_calls = self.ground_truth_calls(task)[state.turn]
-        docs = self._docs(task)
+        docs = self.function_docs(task)
         gt_results = []
         for name, kwargs in gt_calls:
             cls, doc = docs[name]
@@ -436,7 +373,7 @@ class BFCLEnv(HostEnv):
             tool_error=tool_error, obs_role="tool", n_calls=len(calls), failure=failure, user_turn=state.turn)
 
     def _run_calls(self, state: BFCLState, calls: list[ToolCall]) -> tuple[list[str], bool, bool]:
-        docs = self._docs(state.task)
+        docs = self.function_docs(state.task)
         held = self._held_out(state.task, state.turn)
         results, valid, tool_error = [], True, False
         for c in calls:

@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 
 from jaxagent.envs.host import splits as splits_lib
-from jaxagent.envs.host.base import HostEnv, check_slip_fix, coerce_action, make_info, stable_hash
+from jaxagent.envs.host.base import HostEnv, coerce_action, make_info, stable_hash
 from jaxagent.envs.host.data import sql_gen
 from jaxagent.envs.host.data.sql_tasks import SQL_TASKS
 from jaxagent.envs.host.data.sql_worlds import HELDOUT_DBS
 from jaxagent.envs.host.datasets import DatasetReport, cache_root
 from jaxagent.envs.host.spider import LAYOUTS, detect_format, load_spider
-from jaxagent.envs.host.sql_actions import (MISTAKE_KINDS, format_table, parse_sql_action, slip_query,
-                                            submission_mistake)
+from jaxagent.envs.host.sql_actions import format_table, parse_sql_action
 from jaxagent.envs.host.sql_grading import SQLGrader, normalize_rows, results_match
 from jaxagent.envs.host.sql_query import DEFAULT_HEAP_LIMIT_BYTES, DEFAULT_MAX_RESULT_BYTES, QueryError
 from jaxagent.envs.host.sql_query_pool import QueryRunner
@@ -92,7 +91,6 @@ class SQLEnv(HostEnv):
     """Multi-turn SQL question answering over read-only SQLite databases (module docstring)."""
 
     name = "sql"
-    mistake_kinds = MISTAKE_KINDS
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, time_limit_s: float = 2.0,
                  max_obs_rows: int = 30, max_fetch_rows: int = 10_000, max_query_chars: int = 4000,
@@ -236,24 +234,6 @@ class SQLEnv(HostEnv):
         the prompt, after one query that reads it)."""
         read = [] if self.schema_in_prompt else [f"```sql\n{SCHEMA_QUERY}\n```"]
         return read + [f"<answer>{task.gold}</answer>"]
-
-    def slipped_actions(self, task: SQLTask, seed: int, fix: float = 1.0) -> list[str] | None:
-        """A noisy expert's slip on the reference (`slip_query` of the gold query, submitted at once), or None
-        where no slip applies to it. `fix` plays no part: the submission ends the episode."""
-        check_slip_fix(fix)
-        slipped = slip_query(task.gold, seed)
-        return None if slipped is None else [f"<answer>{slipped[1]}</answer>"]
-
-    def checked_actions(self, task: SQLTask, seed: int, slip: bool) -> list[str]:
-        """A two-turn reference: run a query first (the gold one, or with `slip` its `slip_query` where one
-        applies), then submit the gold query."""
-        slipped = slip_query(task.gold, seed) if slip else None
-        first = task.gold if slipped is None else slipped[1]
-        return [f"```sql\n{first}\n```", f"<answer>{task.gold}</answer>"]
-
-    def submission_mistake(self, task: SQLTask, actions: list, solved: bool) -> str:
-        """`submission_mistake` of the task's gold query (module function)."""
-        return submission_mistake(task.gold, actions, solved)
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int, task: SQLTask) -> tuple[SQLState, str]:

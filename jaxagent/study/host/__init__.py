@@ -4,6 +4,7 @@
   presets         `HostPreset` and `HOST_PRESETS`: one per domain and scale
   stages          domains, the host world, the RL arms' runtime and training on host envs, Pass episodes
   sft             the toy presets' base: SFT on reference solutions, the noisy expert (`train_sft_base`)
+  experts         the noisy experts the toy bases imitate, per env: slips, checking first, mistake kinds
   run             `HostRun` (the run directory), stage 'base' (`run_base`), stage 'rl' (`run_arms`, resumable)
   evaluate        stage 'eval': Pass@(K,T) per policy, the bound, the findings' per-seed records (cached in eval/)
   metrics         Pass@(K,T), the structural bound and the seed-aware estimates of findings 1, 2, 7 (and the

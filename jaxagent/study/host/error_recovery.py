@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import numpy as np

@@ -36,6 +36,7 @@ from jaxagent.rl.memory_plan import resolve_compute_dtype
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
                                  likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
                                  metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
+from jaxagent.study.host.experts import NoisyExpert, expert_for
 from jaxagent.study.host.run import HostRun
 
 
@@ -202,11 +203,12 @@ def recipe_metrics(run: HostRun) -> dict:
             f"{d}.recipe.recovering_expert": float(recovering_expert(run))}
 
 
-def recovering_expert(run: HostRun) -> bool:
-    """Whether the run's SFT base imitates a noisy expert that recovers from its slips given more turns
-    (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first (`HostSFTSettings.check`), or it fixes some slips
-    (`HostSFTSettings.slip_fix` > 0) and a fixed slip on some train task takes more turns than the reference (the
-    slip, then the fix: coding, BFCL)."""
+def recovering_expert(run: HostRun, expert: NoisyExpert | None = None) -> bool:
+    """Whether the run's SFT base imitates a noisy expert (`expert`, default the env's, `experts.expert_for`) that
+    recovers from its slips given more turns (`host_metrics.RECOVERING_EXPERT_NOTE`): it checks first
+    (`HostSFTSettings.check`), or it fixes some slips (`HostSFTSettings.slip_fix` > 0) and a fixed slip on some
+    train task takes more turns than the reference (the slip, then the fix: coding, BFCL). False for an env without
+    an expert."""
     s = run.preset.sft
     if s is None or s.noise == 0:
         return False
@@ -215,8 +217,11 @@ def recovering_expert(run: HostRun) -> bool:
     if s.slip_fix == 0:
         return False
     env = run.world.env
+    expert = expert_for(env) if expert is None else expert
+    if expert is None:
+        return False
     for task in run.world.train_tasks:
-        slipped = env.slipped_actions(task, s.seed, fix=1.0)
+        slipped = expert.slipped_actions(task, s.seed, fix=1.0)
         if slipped is not None and len(slipped) > len(env.ground_truth_actions(task)):
             return True
     return False

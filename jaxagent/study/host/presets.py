@@ -375,7 +375,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
 
     # ---------------------------------------------------------------- toy studies that learn on a CPU
     # SQL: the base imitates a noisy expert (docs/host_study.md, "Toy presets"): 3 rows per train task, each
-    # slipping with probability 0.5 (`sql_actions.slip_query`) and, where its budget is 2 turns, checking first
+    # slipping with probability 0.5 (`experts.sql.slip_query`) and, where its budget is 2 turns, checking first
     # with probability 0.5 (a query run, then the reference submitted). RL at 2e-4 with an exact KL term to the
     # base (0.5) over the pruned vocabulary, 2 epochs x 2 minibatches; every task of the structural held-out split
     # (426) and of "test_constants" (168), x 2 tiers x 4 samples.
@@ -383,7 +383,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
                     sft=HostSFTSettings(steps=1500, batch_size=16, lr=3e-3, noise=0.5, check=0.5, copies=3),
                     iterations=30, n_tasks=8, group_size=8, lr=2e-4, kl_coef=0.5, kl_estimator="exact", epochs=2,
                     minibatches=2),
-    # Coding: the same recipe; the noisy expert's slip (`code_env.slip_program`: a comparison turned around, an
+    # Coding: the same recipe; the noisy expert's slip (`experts.code.slip_program`: a comparison turned around, an
     # integer one too large, min/max or any/all swapped) fails its first submission, and where the budget is 2
     # turns the expert then reads the test feedback and submits the reference half the time, the slipped program
     # again otherwise (`slip_fix`: an expert that always fixed its slip lost nothing to it at the training budget).
@@ -399,7 +399,7 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # BFCL: the tasks cut to their first request, the tools as one-line signatures (domain bfcl-first, 470 / 155
     # tasks): prompts of about 250-750 tokens in 1,024 slots, where BFCL's JSON tool docs alone are 2,031-4,878
     # tokens. 3 turns (tiers 2, 3: the reference is the request's calls and a closing message); the noisy expert's
-    # slip (`BFCLEnv.slipped_actions`: one call with a required argument left out) gets a schema error, after which
+    # slip (`BFCLExpert.slipped_actions`: one call with a required argument left out) gets a schema error, after which
     # the expert sends the reference (half the time, `slip_fix`) or gives up. 128-token replies (longer reference
     # messages are left out of SFT); SFT batches cut to their rows' slots in multiples of 128 (rows of 200-950
     # slots); RL as sql-toy but 20 iterations (four train steps over ~900 slots take about 5 of the 7 s per

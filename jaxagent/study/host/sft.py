@@ -15,12 +15,12 @@ The noisy expert (`HostSFTSettings.noise`, `check`, `copies`; `expert_replies`):
 references alone fails mostly by task-specific mistakes (on SQL, copying the wrong value from the question: a
 2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
 As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
-reference with one generic mistake, the same kinds on every task: `sql_actions.slip_query`, `code_env.slip_program`)
-and, where the budget allows, checks first (SQL: runs a query, slipped or not, then submits the reference) or,
-with probability `slip_fix`, fixes its slip (coding and BFCL: the env's feedback, then the reference; otherwise
-it gives up and the episode fails: a slip it always fixed would cost nothing at the training budget, so RL there
-would have nothing to unlearn). With several rows per task, each with its own draws, the base learns the rates
-rather than which task slipped.
+reference with one generic mistake, the same kinds on every task: `experts.sql.slip_query`,
+`experts.code.slip_program`; the env's expert is `experts.expert_for(env)`) and, where the budget allows, checks
+first (SQL: runs a query, slipped or not, then submits the reference) or, with probability `slip_fix`, fixes its
+slip (coding and BFCL: the env's feedback, then the reference; otherwise it gives up and the episode fails: a slip
+it always fixed would cost nothing at the training budget, so RL there would have nothing to unlearn). With
+several rows per task, each with its own draws, the base learns the rates rather than which task slipped.
 
 Training (`train_sft_base`): `study.common.sft.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
 replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
@@ -35,7 +35,6 @@ from typing import Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from jaxagent.envs.host.base import check_slip_fix
 from jaxagent.envs.jax.budgets import BUDGET_TEMPLATE
 from jaxagent.models.chat import render_chat
 from jaxagent.models.config import Qwen3Config
@@ -44,6 +43,7 @@ from jaxagent.rl.sft import max_targets
 from jaxagent.rollout import BUDGET_EXHAUSTED, FAILED
 from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.study.common import sft as sft_lib
+from jaxagent.study.host.experts import NoisyExpert, check_slip_fix, expert_for
 from jaxagent.study.host.stages import HostTaskSettings, HostWorld
 
 BUDGET_MODES = ("full", "budgetmix")
@@ -65,7 +65,7 @@ class HostSFTSettings:
     noise: float = 0.0                # the share of rows with a slip (`expert_replies`)
     check: float = 0.0                # the share of rows (with a budget of 2 turns or more) that check first
     copies: int = 1                   # rows per task, each with its own budget and slip draw
-    slip_fix: float = 1.0             # the chance that a slip is fixed after the feedback (`env.slipped_actions`)
+    slip_fix: float = 1.0             # the chance that a slip is fixed after the feedback (`expert_replies`)
     width_bucket: Optional[int] = None  # each batch cut to its rows' slots in multiples of this (`fit_sft`)
 
     def __post_init__(self):
@@ -92,29 +92,38 @@ class HostSFTSettings:
             raise ValueError(f"HostSFTSettings.budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
 
 
-def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, seed: int, slip_fix: float = 1.0
-                   ) -> tuple[list, np.ndarray, np.ndarray]:
-    """(replies [E][turn], slipped bool[E], checked bool[E]): the noisy expert of the toy base. Row e draws (with
-    `seed`) whether it slips (probability `noise`) and whether it checks (probability `check`, only where its
-    announced budget budgets_E[e] allows two turns). A checking row runs a query first, slipped or not, and then
-    submits the reference (`env.checked_actions`); a slipping row that does not check plays `env.slipped_actions`
-    where a slip applies (SQL: the reference with one generic mistake, submitted; coding and BFCL: that, then,
-    after the feedback and with probability `slip_fix`, the reference, else giving up; a one-turn budget never
-    reaches the fix); every other row is the reference
+def expert_replies(env, tasks: Sequence, budgets_E, noise: float, check: float, seed: int, slip_fix: float = 1.0,
+                   expert: Optional[NoisyExpert] = None) -> tuple[list, np.ndarray, np.ndarray]:
+    """(replies [E][turn], slipped bool[E], checked bool[E]): the noisy expert of the toy base (`expert`, default
+    the env's, `experts.expert_for`). Row e draws (with `seed`) whether it slips (probability `noise`) and whether
+    it checks (probability `check`, only where its announced budget budgets_E[e] allows two turns). A checking row
+    runs a query first, slipped or not, and then submits the reference (`NoisyExpert.checked_actions`); a slipping
+    row that does not check plays `NoisyExpert.slipped_actions` where a slip applies (SQL: the reference with one
+    generic mistake, submitted; coding and BFCL: that, then, after the feedback and with probability `slip_fix`,
+    the reference, else giving up; a one-turn budget never reaches the fix); every other row is the reference
     (`env.ground_truth_actions`). As FrozenLake's epsilon-noisy expert (`study.stages.BaseSettings.epsilon`), the
     mistakes are the same on every task, so the base imitates them at about that rate and RL has something it can
-    unlearn; checking gives the base multi-turn episodes whose second turn corrects the first."""
+    unlearn; checking gives the base multi-turn episodes whose second turn corrects the first. ValueError where a
+    row needs an expert and the env has none."""
     rng = np.random.default_rng(seed)
     slip_draw, check_draw = rng.random(len(tasks)) < noise, rng.random(len(tasks)) < check
     budgets_E = np.asarray(budgets_E)
+    expert = expert_for(env) if expert is None else expert
+
+    def noisy() -> NoisyExpert:
+        if expert is None:
+            raise ValueError(f"the {type(env).__name__} env has no noisy expert (`experts.expert_for`): its toy base "
+                             "cannot slip or check (HostSFTSettings.noise and check must be 0)")
+        return expert
+
     replies, slipped, checked = [], np.zeros(len(tasks), bool), np.zeros(len(tasks), bool)
     for e, task in enumerate(tasks):
         row_seed = seed * 1_000_003 + e
         if check_draw[e] and budgets_E[e] >= 2:
             checked[e] = True
-            replies.append(list(env.checked_actions(task, row_seed, bool(slip_draw[e]))))
+            replies.append(list(noisy().checked_actions(task, row_seed, bool(slip_draw[e]))))
             continue
-        slip = env.slipped_actions(task, row_seed, slip_fix) if slip_draw[e] else None
+        slip = noisy().slipped_actions(task, row_seed, slip_fix) if slip_draw[e] else None
         slipped[e] = slip is not None
         replies.append(list(slip) if slip is not None else list(env.ground_truth_actions(task)))
     return replies, slipped, checked
