@@ -31,7 +31,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     from jaxagent.study.host import mistakes
     from jaxagent.study.host.run import HostRun
-    from jaxagent.study.host.stages import get_domain
+    from jaxagent.study.host.domains import get_domain
     preset = preset_from(args)
     env = get_domain(preset.task.domain).env
     if env not in mistakes.ENVS:

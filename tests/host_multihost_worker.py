@@ -162,11 +162,11 @@ def run() -> dict:
     from jaxagent.models.tokenizer import Tokenizer, qwen3_tokenizer_dir
     from jaxagent.sampling import Sampler
     from jaxagent.study import stages
-    from jaxagent.study.host import stages as host_stages
+    from jaxagent.study.host import domains as host_domains, stages as host_stages
 
     preset = HOST_PRESETS["ci-sql"]
     cfg, ts = preset.tiny_model, preset.task
-    counting = CountingEnv(host_stages.get_domain(ts.domain).make_env())
+    counting = CountingEnv(host_domains.get_domain(ts.domain).make_env())
     world = host_stages.make_host_world(ts, Tokenizer.from_dir(qwen3_tokenizer_dir()), env=counting)
     mesh = sharding.make_mesh(*MESH)
     host = jax.device_get(qwen3.init(cfg, jax.random.key(0)))  # the same on every process

@@ -35,7 +35,7 @@ from jaxagent.study.common.run_checks import check_batches
 from jaxagent.study.common import arms as arms_lib
 from jaxagent.study.common.arms import arm_settings
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 metrics as host_metrics, stages as host_stages)
+                                 metrics as host_metrics, domains as host_domains, stages as host_stages)
 from tests.passk_reference import comb_pass
 from tests.test_host_likelihood import check_ci_bfcl_finding5
 from tests.test_host_step_quality import check_ci_code_finding3
@@ -54,7 +54,7 @@ needs_bfcl = pytest.mark.skipif(not _has_bfcl(), reason="needs bfcl-eval")
 
 # ----------------------------------------------------------------------------- the domains
 def test_code_domain_splits_and_bound(tok):
-    d = host_stages.get_domain("code")
+    d = host_domains.get_domain("code")
     assert (d.env, d.train_split, d.heldout_split) == ("code", "train", "test") and d.split_note and d.bound_note
     ts = host_stages.HostTaskSettings(domain="code", extra_heldout=("test_constants", "nope"),
                                       max_extra_heldout_tasks=50, task_subset="spread", max_action_tokens=512)
@@ -77,7 +77,7 @@ def test_code_domain_splits_and_bound(tok):
 
 @needs_bfcl
 def test_bfcl_domain_splits_and_bound(tok):
-    d = host_stages.get_domain("bfcl")
+    d = host_domains.get_domain("bfcl")
     assert d.env == "bfcl" and d.split_note and d.bound_note
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl"), tok)
     assert (len(w.train_tasks), len(w.heldout_tasks)) == (595, 200)
@@ -96,26 +96,26 @@ def test_bfcl_domain_splits_and_bound(tok):
 def test_bfcl_first_domain_is_bfcl_cut_to_first_requests_with_bfcl_findings(tok):
     """The bfcl-toy preset's domain: BFCLEnv's tasks cut to their first request (those with a ground-truth call),
     tools as signatures; the same split; bound 2 turns; BFCL's env-specific findings (4, 5) apply to it."""
-    d = host_stages.get_domain("bfcl-first")
+    d = host_domains.get_domain("bfcl-first")
     assert d.env == "bfcl" and dict(d.env_kwargs) == {"user_turns": 1, "tool_docs": "signatures"}
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-first"), tok)
     assert (len(w.train_tasks), len(w.heldout_tasks)) == (470, 155)
     assert all(t.index % 4 == 3 for t in w.heldout_tasks) and all(t.index % 4 != 3 for t in w.train_tasks)
     assert (w.min_turns(w.train_tasks + w.heldout_tasks) == 2).all()
     assert max(len(tok.encode(w.env.system_prompt(t))) for t in w.heldout_tasks) < 800  # BFCL's JSON: >= 2,031
-    assert host_stages.uses_env("bfcl-first", ("bfcl",)) and not host_stages.uses_env("bfcl-first", ("code",))
+    assert host_domains.uses_env("bfcl-first", ("bfcl",)) and not host_domains.uses_env("bfcl-first", ("code",))
     keys = {f.key for f in host_metrics.domain_findings("bfcl-first", d.title)}
     assert {"bfcl-first.f4_correction", "bfcl-first.f1_pass1", "bfcl-first.f7_gigpo"} <= keys
     assert any(k.startswith("bfcl-first.f5_") for k in keys) and not any(".f3_" in k or ".f6_" in k for k in keys)
     with pytest.raises(ValueError, match="unknown host domain"):
-        host_stages.uses_env("bfcl-last", ("bfcl",))
+        host_domains.uses_env("bfcl-last", ("bfcl",))
 
 
 @needs_bfcl
 def test_bfcl_two_domain_keeps_two_requests_and_says_which_cut(tok):
     """The bfcl2-toy preset's domain: every task cut to its first two requests (multi-turn state kept), the same
     split; bound 3-4 turns; each env says which cut of BFCL it runs (the reports print it)."""
-    d = host_stages.get_domain("bfcl-two")
+    d = host_domains.get_domain("bfcl-two")
     assert dict(d.env_kwargs) == {"user_turns": 2, "tool_docs": "signatures"}
     w = host_stages.make_host_world(host_stages.HostTaskSettings(domain="bfcl-two"), tok)
     assert (len(w.train_tasks), len(w.heldout_tasks)) == (599, 200)
@@ -161,7 +161,7 @@ def test_task_subsets_spread_and_prompt_filter(tok):
 @pytest.mark.parametrize("name", sorted(HOST_PRESETS))
 def test_preset_sizes(name):
     p = HOST_PRESETS[name]
-    host_stages.get_domain(p.task.domain)
+    host_domains.get_domain(p.task.domain)
     data, fsdp, tensor = p.mesh
     check_batches(p, data * fsdp)  # the micro-batches split over the batch axes
     assert max(p.eval.ks) <= p.eval.n_samples
@@ -321,7 +321,7 @@ def _check_miniature(run_dir: str, name: str, title: str, n_train: int, n_heldou
     text = open(os.path.join(run_dir, "report.md")).read()
     assert f"## {title}" in text and "not measured" not in text.lower() and f"- domain: {d} ({title}" in text
     assert f"{n_train} train (split 'train'), {n_heldout} held-out (split 'test')" in text
-    dom = host_stages.get_domain(d)
+    dom = host_domains.get_domain(d)
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     split_note = metrics.get(f"{d}.split.heldout_note", dom.split_note)  # the env's own note names its split rule
     assert split_note and f"held-out (split 'test') ({split_note})" in text and dom.bound_note in text

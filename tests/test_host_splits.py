@@ -130,9 +130,9 @@ def test_structural_splits_refuse_unknown_held_out_names_and_keep_singletons_in_
 def test_reports_name_the_split_of_every_number_and_the_grading(sql):
     """The report's data lines (`pipeline.split_meta`) and its domain section: the held-out split's name and how it
     is made, each further split's Pass@(K,T) table under its own name, Pass@1 of both side by side."""
-    from jaxagent.study.host import metrics as host_metrics, pipeline, report as host_report, stages as host_stages
+    from jaxagent.study.host import metrics as host_metrics, pipeline, report as host_report, domains as host_domains
 
-    dom = host_stages.get_domain("sql")
+    dom = host_domains.get_domain("sql")
     world = SimpleNamespace(env=sql, domain=dom, train_tasks=sql.tasks("train"),
                             extra_heldout={"test_constants": tuple(sql.tasks("test_constants")[:5])})
     meta = pipeline.split_meta(SimpleNamespace(world=world))

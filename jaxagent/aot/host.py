@@ -37,9 +37,9 @@ from jaxagent.rollout.host_loop import HostRolloutConfig
 from jaxagent.rollout.host_policy import append_jit, compact_rows, decode_jit
 from jaxagent.rollout.host_schedule import episode_groups
 from jaxagent.sampling import Sampler, bucket
-from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, likelihood_scoring, stages as host_stages,
-                                 step_quality as host_step_quality)
+from jaxagent.study.host import (domains as host_domains, dynamics as host_dynamics,
+                                 error_recovery as host_error_recovery, likelihood as host_likelihood,
+                                 likelihood_scoring, stages as host_stages, step_quality as host_step_quality)
 
 MAX_WIDTHS = 7  # append widths 16 .. 1024 (HostRolloutConfig's default max_append_width)
 WIDTHS = tuple(16 << i for i in range(MAX_WIDTHS))
@@ -171,7 +171,8 @@ def rollout_programs(cfg, mesh, run_mesh, *, rows: int, slots: int, max_action_t
                              max_action_tokens * sum(cached_forward_flops(cfg, r, 1, slots) for r in levels),
                              f"{label}: decode_jit, {rows} rows x {max_action_tokens} steps over {slots} slots, "
                              f"{dt} params on ROLLOUT_RULES, temperature {sampler.temperature:g}"
-                             f"{'' if compact is None else f', compacted to {compact} rows (FLOPs: each level at {max_action_tokens} steps)'}"))
+                             + ("" if compact is None else
+                                f", compacted to {compact} rows (FLOPs: each level at {max_action_tokens} steps)")))
     for w in widths:
         name = f"host_append{suffix}_w{w}"
         if w <= widest and want(name):
@@ -230,11 +231,11 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     eval_batch = (*group_shape(n_eval, task.overlap_groups), Sampler(temperature=1.0))
     batches.append(("_eval", "evaluation rollout", *eval_batch))
     # finding 3's step samples and finding 6's R_single (coding) run the evaluation's batches and groups
-    if host_stages.uses_env(task.domain, host_step_quality.DOMAINS):
+    if host_domains.uses_env(task.domain, host_step_quality.DOMAINS):
         batches.append(("_eval", "finding 3 step-sample rollout", *eval_batch))
-    if host_stages.uses_env(task.domain, host_dynamics.DOMAINS):
+    if host_domains.uses_env(task.domain, host_dynamics.DOMAINS):
         batches.append(("_eval", "finding 6 R_single rollout", *eval_batch))
-    if host_stages.uses_env(task.domain, host_error_recovery.DOMAINS):  # one group of eval.batch_size rows
+    if host_domains.uses_env(task.domain, host_error_recovery.DOMAINS):  # one group of eval.batch_size rows
         batches.append(("_f4", "finding 4 continuation", 1, n_eval, Sampler(temperature=1.0)))
     seen, built = {}, set()
     for suffix, label, n_groups, rows, sampler in batches:
@@ -258,7 +259,7 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
                 pr.resident_bytes += others
                 pr.resident_note = f"the other {n_groups - 1} episode group(s)' KV cache and logits"
         progs += batch
-    if host_stages.uses_env(task.domain, host_likelihood.DOMAINS) and want("host_f5_logprobs"):
+    if host_domains.uses_env(task.domain, host_likelihood.DOMAINS) and want("host_f5_logprobs"):
         # rows per scoring batch: the train step's micro-batch; width: the longest episode, at most max_context
         progs.append(likelihood_program(cfg, mesh, run_mesh, dtype=dtype, width=task.max_context,
                                         positions=task.t_max * task.max_action_tokens,

@@ -12,7 +12,7 @@ _EXPORTS = {
     "toy": ("ToyWorld", "make_toy_world", "expert_rollouts"),
     "stages": ("TaskSettings", "BaseSettings", "train_base", "make_arm_runtime"),
     "common.arms": ("ArmSettings", "train_rl", "init_arm_state"),
-    "host.stages": ("HostDomain", "register_domain", "get_domain", "HostTaskSettings", "make_host_world",
-                    "train_host_rl"),
+    "host.domains": ("HostDomain", "register_domain", "get_domain"),
+    "host.stages": ("HostTaskSettings", "make_host_world", "train_host_rl"),
 }
 __getattr__, __dir__, __all__ = lazy_names(__name__, _EXPORTS)

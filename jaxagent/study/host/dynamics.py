@@ -31,7 +31,7 @@ from jaxagent.sampling import Sampler
 from jaxagent.study.host import stages as host_stages
 from jaxagent.study.host.step_quality import StopAfter
 
-DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
+DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_domains.uses_env`)
 R_SINGLE_KEY = 777
 OTHER_DOMAIN_NOTE = ("Finding 6 (R_multi vs R_single over training) is defined on the multi-turn coding domain only "
                      "(R_single is the paper's DeepCoder-MT single-turn pass rate); this domain has no R_single.")

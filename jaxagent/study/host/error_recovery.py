@@ -29,7 +29,7 @@ from jaxagent.eval.findings import Finding, Row
 from jaxagent.rollout.host_loop import HostTrace
 from jaxagent.sampling.generate import rollout_params
 
-DOMAINS = ("bfcl",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
+DOMAINS = ("bfcl",)  # env registry names: every domain on these envs (`host_domains.uses_env`)
 EFFECT = 0.142  # the paper's gap, 41.4% - 27.2% (`findings.f4_correction_bfcl`)
 NO_PREFIX_NOTE = ("Finding 4 (tool-call error correction): no error prefixes were found in the held-out evaluation "
                   "trajectories of base or any GRPO seed (no step with a tool-call error that left the episode "

@@ -33,9 +33,10 @@ from jaxagent.sampling import Sampler
 from jaxagent.study import run_dir
 from jaxagent.study.common.progress import no_progress
 from jaxagent.rl.memory_plan import resolve_compute_dtype
-from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, likelihood_scoring as host_likelihood_scoring,
-                                 metrics as host_metrics, stages as host_stages, step_quality as host_step_quality)
+from jaxagent.study.host import (domains as host_domains, dynamics as host_dynamics,
+                                 error_recovery as host_error_recovery, likelihood as host_likelihood,
+                                 likelihood_scoring as host_likelihood_scoring, metrics as host_metrics,
+                                 stages as host_stages, step_quality as host_step_quality)
 from jaxagent.study.host.experts import NoisyExpert, expert_for
 from jaxagent.study.host.run import HostRun
 
@@ -64,8 +65,8 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None, 
     path = os.path.join(run.path("eval", *([split] if split else [])), f"{label.replace('/', '_')}.json")
     d = run.world.domain.name
     tasks = run.world.heldout_tasks if split is None else run.world.extra_heldout[split]
-    keep = split is None and host_stages.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)
-    f5 = split is None and host_stages.uses_env(d, host_likelihood.DOMAINS)  # finding 5: full-budget tokens kept
+    keep = split is None and host_domains.uses_env(d, host_error_recovery.DOMAINS + host_step_quality.DOMAINS)
+    f5 = split is None and host_domains.uses_env(d, host_likelihood.DOMAINS)  # finding 5: full-budget tokens kept
     if os.path.isfile(path):
         with open(path) as f:
             cached = json.load(f)
@@ -101,7 +102,7 @@ def eval_policy(run: HostRun, load_params, label: str, seed: int | None = None, 
 def read_dynamics(run: HostRun, policies) -> dict | None:
     """Finding 6's records per GRPO seed (arms/grpo/seed<s>/dynamics.jsonl, `host_dynamics.record`); None outside
     `host_dynamics.DOMAINS`."""
-    if not host_stages.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
+    if not host_domains.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
         return None
     paths = {s: os.path.join(run.dir, "arms", a, f"seed{s}", "dynamics.jsonl") for a, s in policies
              if a == host_metrics.MAIN_ARM}
@@ -137,11 +138,11 @@ def evaluate(run: HostRun, base, policies: dict, progress=no_progress) -> dict:
     seeds = [s for a, s in policies if a == host_metrics.MAIN_ARM]
     rl = lambda s: lambda: policies[(host_metrics.MAIN_ARM, s)]  # noqa: E731
     judged = stepq = lik = None
-    if host_stages.uses_env(d, host_error_recovery.DOMAINS) and seeds:
+    if host_domains.uses_env(d, host_error_recovery.DOMAINS) and seeds:
         judged = {s: error_prefixes(run, base, rl(s), evals, s) for s in seeds}
-    if host_stages.uses_env(d, host_step_quality.DOMAINS) and seeds:
+    if host_domains.uses_env(d, host_step_quality.DOMAINS) and seeds:
         stepq = {s: step_quality_seed(run, base, rl(s), evals, s) for s in seeds}
-    if host_stages.uses_env(d, host_likelihood.DOMAINS) and seeds:
+    if host_domains.uses_env(d, host_likelihood.DOMAINS) and seeds:
         memo = {}  # base's episodes scored under base, shared by the seeds
         lik = {s: likelihood_seed(run, base, rl(s), evals, s, memo) for s in seeds}
     gigpo_turns = {s: [r["mean_turns"] for r in log if "mean_turns" in r]

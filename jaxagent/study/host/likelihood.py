@@ -24,7 +24,7 @@ import numpy as np
 from jaxagent.eval import recipe as recipe_lib, stats
 from jaxagent.eval.findings import LLR_THRESHOLD, SEI, Finding, Row
 
-DOMAINS = ("bfcl",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
+DOMAINS = ("bfcl",)  # env registry names: every domain on these envs (`host_domains.uses_env`)
 REL_TOL = 0.1          # the length-matched control's tolerance: within 10% of the longer (PAPER.md)
 EFFECT_NLL_REL = (12.20 - 10.25) / 10.25  # the paper's relative NLL gap, as `findings.f5_nll`
 EFFECT_LLR = 1.0        # nats above LLR_THRESHOLD, jaxagent's smallest effect of interest (`findings.f5_llr_rl`)

@@ -46,7 +46,7 @@ from jaxagent.eval import bounds, health as health_lib, passk, recipe as recipe_
 from jaxagent.eval.findings import SEI, Finding, Row
 from jaxagent.study.common.estimates import MAIN_ARM, health_metrics, put_estimate
 from jaxagent.study.host import (dynamics as host_dynamics, error_recovery as host_error_recovery,
-                                 likelihood as host_likelihood, stages as host_stages,
+                                 likelihood as host_likelihood, domains as host_domains,
                                  step_quality as host_step_quality)
 
 _SEI = dict(effect=0.10, effect_source=f"{SEI}: 10 points (the paper gives no number for this domain)")
@@ -178,8 +178,8 @@ def _f2_finding(d: str, title: str) -> Finding:
 
 def _f5_f6_findings(d: str, title: str) -> tuple[Finding, ...]:
     """Findings 5 (`host_likelihood`) and 6 (`host_dynamics`), each only for the domains whose env it measures."""
-    return (host_likelihood.findings(d, title) if host_stages.uses_env(d, host_likelihood.DOMAINS) else ()) + (
-        host_dynamics.finding(d, title) if host_stages.uses_env(d, host_dynamics.DOMAINS) else ())
+    return (host_likelihood.findings(d, title) if host_domains.uses_env(d, host_likelihood.DOMAINS) else ()) + (
+        host_dynamics.finding(d, title) if host_domains.uses_env(d, host_dynamics.DOMAINS) else ())
 
 
 def _f7_finding(d: str, title: str) -> Finding:
@@ -257,13 +257,13 @@ def domain_findings(d: str, title: str) -> tuple[Finding, ...]:
     78.0]; measured +3.7 [1.1, 6.3]. Its f1 could have come out "reproduced" (a CI above 0, room [-28.4, 71.6]);
     measured +0.6 [-1.8, 2.9], decided "not reproduced" by the upper end below E = 10. Its f7 would have failed on a
     95% CI excluding 0; measured +1.9 [-0.7, 4.5], parity.
-    Env-specific findings follow the env (`host_stages.uses_env`): bfcl-first (bfcl-toy) gets BFCL's 4 and 5 with
+    Env-specific findings follow the env (`host_domains.uses_env`): bfcl-first (bfcl-toy) gets BFCL's 4 and 5 with
     their own failing results, both possible there: f4 a 95% CI of the correction-rate gap below 0 or holding 0
     with its upper end below 14.2 points (room [-4.3, 95.7] on bfcl-toy; measured +2.0 [-0.1, 4.0], not
     reproduced); f5's LLR rows a CI below the 1-nat threshold (log-likelihoods are unbounded; measured -0.53
     [-0.74, -0.32], not reproduced, RL having stayed within a KL of about 0.01 of its base)."""
-    f3 = (host_step_quality.finding(d, title),) if host_stages.uses_env(d, host_step_quality.DOMAINS) else ()
-    f4 = (host_error_recovery.finding(d, title),) if host_stages.uses_env(d, host_error_recovery.DOMAINS) else ()
+    f3 = (host_step_quality.finding(d, title),) if host_domains.uses_env(d, host_step_quality.DOMAINS) else ()
+    f4 = (host_error_recovery.finding(d, title),) if host_domains.uses_env(d, host_error_recovery.DOMAINS) else ()
     return _f1_findings(d, title) + (_f2_finding(d, title),) + f3 + f4 + _f5_f6_findings(d, title) + (
         _f7_finding(d, title),)
 
@@ -379,7 +379,7 @@ def _stage_metrics(d: str, ok: Sequence[int], step_quality, error_prefixes, like
         m.update(host_error_recovery.error_recovery_metrics(d, error_prefixes, ok, put_estimate))
     if likelihood is not None:
         m.update(host_likelihood.likelihood_metrics(d, likelihood, ok, put_estimate))
-    if dynamics is not None and host_stages.uses_env(d, host_dynamics.DOMAINS):
+    if dynamics is not None and host_domains.uses_env(d, host_dynamics.DOMAINS):
         m.update(host_dynamics.dynamics_metrics(d, dynamics, ok, put_estimate, batches))
     return m
 
@@ -443,7 +443,7 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
     a noisy expert that recovers from its slips given more turns (finding 2 gets `RECOVERING_EXPERT_NOTE`)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
-    if not host_stages.uses_env(d, host_dynamics.DOMAINS):
+    if not host_domains.uses_env(d, host_dynamics.DOMAINS):
         m[f"{d}.note.f6_dynamics"] = host_dynamics.OTHER_DOMAIN_NOTE
     health_metrics(m, health)
     arms, included = _arms(per_task, health)

@@ -19,7 +19,7 @@ from jaxagent.study import run_dir
 from jaxagent.study.common.banner import report_banner
 from jaxagent.study.common.progress import no_progress
 from jaxagent.study.host import (error_recovery as host_error_recovery, likelihood as host_likelihood,
-                                 metrics as host_metrics, report as host_report, stages as host_stages,
+                                 metrics as host_metrics, report as host_report, domains as host_domains,
                                  step_quality as host_step_quality)
 from jaxagent.study.host.evaluate import evaluate
 from jaxagent.study.host.presets import HostPreset
@@ -57,15 +57,15 @@ def write_report(run: HostRun, metrics: dict) -> tuple[str, dict]:
             f"episodes, {sft.get('rows', '?')} reference episodes ({sft.get('left_out', '?')} left out: not solved "
             f"within the limits); last loss {last.get('loss', float('nan')):.3f}, token accuracy "
             f"{last.get('token_accuracy', float('nan')):.3f}")
-    if host_stages.uses_env(dom.name, host_error_recovery.DOMAINS):
+    if host_domains.uses_env(dom.name, host_error_recovery.DOMAINS):
         meta["finding 4 error prefixes"] = ("base's and each GRPO seed's full-budget held-out episodes, steps with "
                                             "a tool-call error that did not end the episode; one reply per policy")
-    if host_stages.uses_env(dom.name, host_step_quality.DOMAINS):
+    if host_domains.uses_env(dom.name, host_step_quality.DOMAINS):
         meta["finding 3 matched states"] = (f"up to {p.eval.step_states} from each of base's and each GRPO seed's "
                                             "full-budget held-out episodes (equal numbers); "
                                             f"{p.eval.step_samples} replies per policy and state, each scored by its "
                                             "unit-test pass rate")
-    if host_stages.uses_env(dom.name, host_likelihood.DOMAINS):
+    if host_domains.uses_env(dom.name, host_likelihood.DOMAINS):
         meta["finding 5 likelihood"] = ("base's and each GRPO seed's full-budget held-out episodes, every policy "
                                         f"token scored teacher-forced under both policies ({p.compute_dtype})")
     text = host_report.build_host_report(meta, metrics, [section])

@@ -1,6 +1,6 @@
 """Presets of the host-domain study (`pipeline.run_study`, `experiments.host_study`): one per domain and scale.
 
-Domains (`stages.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
+Domains (`domains.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
   ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
                               (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
                               5:55 wall on a 2-core machine shared with other jobs);
@@ -32,7 +32,8 @@ from jaxagent.envs.host import base as host_envs
 from jaxagent.envs.host.datasets import DataError
 from jaxagent.models.config import Qwen3Config
 from jaxagent.study.host.sft import HostSFTSettings
-from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings, get_domain
+from jaxagent.study.host.domains import get_domain
+from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings
 from jaxagent.study.run_dir import InvalidSettings
 
 

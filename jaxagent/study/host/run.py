@@ -45,9 +45,9 @@ from jaxagent.study.common import arms as arms_lib, run_checks
 from jaxagent.study.common.policies import SavedPolicies, save_policy
 from jaxagent.study.common.progress import no_progress
 from jaxagent.study.host import (dynamics as host_dynamics, metrics as host_metrics, sft as host_sft,
-                                 stages as host_stages)
+                                 domains as host_domains, stages as host_stages)
 from jaxagent.study.host.presets import HostPreset, data_env, run_name
-from jaxagent.study.host.stages import get_domain
+from jaxagent.study.host.domains import get_domain
 
 
 def no_log(_message: str) -> None:
@@ -219,7 +219,7 @@ def run_arms(run: HostRun, base_params, log: Callable[[str], None] = no_log, run
     p, done = run.preset, []
     runtimes = {} if runtimes is None else runtimes  # settings -> (runtime, its latest rollout's host numbers)
     r_single, base_rs = None, []
-    if host_stages.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
+    if host_domains.uses_env(run.world.domain.name, host_dynamics.DOMAINS):
         host_dynamics.should_measure(0, p.dynamics_every, p.iterations)  # a bad dynamics_every fails before training
         if host_metrics.MAIN_ARM in p.arms:  # only the main arm's seeds measure it (finding 6 reads those)
             r_single = host_dynamics.make_r_single(run.world, run.cfg, p.task, n_samples=p.eval.n_samples,

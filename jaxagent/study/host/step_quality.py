@@ -30,7 +30,7 @@ from jaxagent.rollout.host_loop import host_rollout
 from jaxagent.sampling.generate import rollout_params
 from jaxagent.study.host.error_recovery import tier_episodes
 
-DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_stages.uses_env`)
+DOMAINS = ("code",)  # env registry names: every domain on these envs (`host_domains.uses_env`)
 EFFECT = 0.05  # jaxagent's smallest effect of interest in pass rate (`findings.f3_step_deepcoder`)
 NO_STATE_NOTE = ("Finding 3 (step quality on matched states): the held-out full-budget evaluation episodes of base "
                  "or of every GRPO seed have no state where the policy replied, so this run has no estimate for it.")
