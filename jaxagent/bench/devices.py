@@ -1,22 +1,18 @@
-"""Peak dense bf16 FLOP/s, HBM bandwidth and HBM size of the accelerators users run, chosen by JAX's
-`device_kind` string: every benchmark figure gets its roofline beside it.
+"""Peak dense bf16 FLOP/s, HBM bandwidth and HBM size of the accelerators users run (`DEVICES`), chosen by JAX's
+`device_kind` string (`device_spec`; `custom_spec` for a chip the caller describes): every benchmark figure gets
+its roofline beside it.
 
-Vendor specifications (per chip; NVIDIA's datasheets print Tensor Core FLOP/s "with sparsity", twice the
-dense rate, so the dense figure here is half the printed one):
-  - NVIDIA H100 SXM5 80 GB: 1,979 TFLOP/s bf16 with sparsity -> 989 dense; HBM3 3.35 TB/s
-    (NVIDIA H100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h100).
-  - NVIDIA H100 PCIe 80 GB: 1,513 with sparsity -> 756 dense; HBM2e 2.0 TB/s (same datasheet).
-  - NVIDIA H100 NVL 94 GB: 1,671 with sparsity -> 835 dense; HBM3 3.9 TB/s (same datasheet).
-  - NVIDIA H200 SXM 141 GB: 1,979 with sparsity -> 989 dense; HBM3e 4.8 TB/s
-    (NVIDIA H200 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h200).
-  - NVIDIA H200 NVL 141 GB: 1,671 with sparsity -> 835 dense; 4.8 TB/s (same datasheet).
-  - NVIDIA A100 SXM4 80 GB: 312 TFLOP/s bf16 dense (624 with sparsity); HBM2e 2,039 GB/s; the 40 GB part
-    1,555 GB/s; A100 80 GB PCIe 1,935 GB/s (NVIDIA A100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/a100).
-  - Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s, 16 GB HBM2 (cloud.google.com/tpu/docs/v5e).
-  - Google Cloud TPU v5p: 459 TFLOP/s bf16, 2,765 GB/s, 95 GB HBM2e (cloud.google.com/tpu/docs/v5p).
-  - Google Cloud TPU v6e (Trillium): 918 TFLOP/s bf16, 1,640 GB/s, 32 GB (cloud.google.com/tpu/docs/v6e).
-A kind not in the table gets no spec (`device_spec` returns None): the benchmark then prints its figures
-without roofline fractions and says so, unless the caller gives the peak and bandwidth itself.
+Vendor specifications, per chip. NVIDIA's datasheets print Tensor Core FLOP/s "with sparsity", twice the dense
+rate, so the dense figure here is half the printed one: H100 SXM5 80 GB 1,979 -> 989 TFLOP/s, HBM3 3.35 TB/s; H100
+PCIe 80 GB 1,513 -> 756, HBM2e 2.0 TB/s; H100 NVL 94 GB 1,671 -> 835, HBM3 3.9 TB/s (NVIDIA H100 Tensor Core GPU
+datasheet, nvidia.com/en-us/data-center/h100); H200 SXM 141 GB 1,979 -> 989, HBM3e 4.8 TB/s; H200 NVL 141 GB 1,671
+-> 835, 4.8 TB/s (H200 datasheet, nvidia.com/en-us/data-center/h200); A100 312 dense (624 with sparsity), HBM2e
+2,039 GB/s (SXM4 80 GB), 1,935 GB/s (PCIe 80 GB), 1,555 GB/s (40 GB) (A100 datasheet,
+nvidia.com/en-us/data-center/a100). Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s, 16 GB HBM2
+(cloud.google.com/tpu/docs/v5e); v5p: 459, 2,765 GB/s, 95 GB HBM2e (cloud.google.com/tpu/docs/v5p); v6e
+(Trillium): 918, 1,640 GB/s, 32 GB (cloud.google.com/tpu/docs/v6e). A kind not in the table gets no spec
+(`device_spec` returns None): the benchmark then prints its figures without roofline fractions and says so,
+unless the caller gives the peak and bandwidth itself.
 """
 from __future__ import annotations
 

@@ -1,30 +1,17 @@
-"""What every benchmark shares: the machine load during a run and the busy flag, the PyTorch peer's
-settings and the best of them, the square-matmul peak, median timing, a checked throughput (`rate`)
-and the JSON output (`dump`).
+"""What every benchmark shares: the machine load during a run and the busy flag (`LoadMeter`, `busy_verdict`,
+`flag_busy`), the PyTorch peer's settings and the best of them (`peer_settings`, `pick_best`), the square-matmul
+peak, median timing, a checked throughput (`rate`) and the JSON output (`dump`).
 
 Busy rule (`busy_verdict`). A run is *busy* when either holds:
-  (a) processes other than the benchmark (its own process and its reaped peer workers) used more than
-      `MAX_OTHER_CORES` = 0.3 cores on average over the run: the busy time (user, nice, system, irq,
-      softirq, steal) that /proc/stat reports for the CPUs this process may run on, minus the
-      benchmark's own user + system time (`os.times()`, children included), divided by the wall time;
-  (b) the 1-minute load average at the start of the run exceeded `MAX_LOAD_FRAC` = 0.5 x the machine's
-      cores (`os.cpu_count()`, which the load average covers; it remembers the previous minute: leave
-      a minute between two benchmark runs).
-Where /proc/stat cannot be read, (a) is unknown and (b) alone decides. Every run reports `cores` (the
-usable CPUs), `measure_s` (the run's wall time), `other_cores` and `other_cpu_s` (other processes'
-average cores and CPU-seconds), `own_cores`, `loadavg_1m_start` and `loadavg_1m_end`. A busy run reports
-`"busy": true` with `busy_reason`, and each ratio against the peer is set to null and moved to
-`<name>_busy`, so that a ratio taken on a loaded machine cannot be quoted as a result; a quiet run
-has `"busy": false` and null `<name>_busy` fields (the same keys either way).
-
-Peer setting (`peer_settings`, `pick_best`). The PyTorch peer runs at every torch intra-op thread
-count 1..N (N = the cores this process may use) under OMP_WAIT_POLICY unset (the OpenMP runtime's
-default: idle threads spin before sleeping) and PASSIVE (idle threads sleep at once); with one thread
-there is no pool to wait, so the policy is tried once. OpenMP reads the variable when torch starts its
-runtime, so each policy gets its own worker process (`experiments.peers.workers.run_peer_workers`,
-which runs `python -m experiments.peers.workers MODULE SPEC THREADS`); the worker tries its thread counts in
-ascending order. The fastest setting wins (ties: fewer threads, then the default policy) and the JSON
-names it (`torch_threads`, `omp_wait_policy`) next to every setting's time (`torch_settings`).
+  (a) processes other than the benchmark used more than `MAX_OTHER_CORES` = 0.3 cores on average over the run
+      (/proc/stat's busy time on this process's CPUs minus the benchmark's own CPU time, over the wall time);
+  (b) the 1-minute load average at the start of the run exceeded `MAX_LOAD_FRAC` = 0.5 x `os.cpu_count()`.
+Where /proc/stat cannot be read, (b) alone decides. A busy run's ratios against the peer are null and moved to
+`<name>_busy` (`flag_busy`), so a ratio taken on a loaded machine cannot be quoted.
+Peer settings: torch intra-op threads 1..N under OMP_WAIT_POLICY unset and PASSIVE (one thread once), one worker
+process per policy; the fastest wins (ties: fewer threads, then the default policy), named in the JSON
+(`torch_threads`, `omp_wait_policy`, every setting's time in `torch_settings`). The rule's inputs, the load fields
+every run reports and why each policy has its own process: docs/performance.md, "How to measure".
 """
 from __future__ import annotations
 

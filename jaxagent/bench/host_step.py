@@ -1,20 +1,17 @@
 """The toy host presets' RL train step on a real minibatch, in the layouts and compiler options it could run with
-(the command line is `python -m experiments.bench_host_step`).
+(`run_bench`; the command line is `python -m experiments.bench_host_step`).
 
-The minibatch: one training rollout of the run's SFT base (`n_tasks` x `group_size` episodes of the preset's train
-tasks, sampled with `--seed`, full budgets), GRPO advantages, the first `batch_size / minibatches` rows of a seeded
-permutation, as `rl.loop.rl_iteration` cuts its first update's (every episode's policy tokens, where the zero-variance
-filter would drop a group's: the step's work is the rollout's). The step: the preset's main arm's
-(`stages.make_arm_step`: PPO-clip, the exact KL to the base), timed from the same initial state, the median of
-`steps` timed steps after one compiling step, in three settings:
-  rows_decode_options   policy logits at t_max x max_action_tokens positions per row (`policy_tokens`), compiled with
-                        the decoding programs' options (`xla_options.DECODING_CPU_OPTIONS`: YNNPACK off on XLA:CPU);
+The minibatch is the first update's of one training rollout of the run's SFT base (`first_minibatch`); the step is
+the preset's main arm's (`stages.make_arm_step`), timed from the same initial state (`time_step`: the median of
+`steps` timed steps after one compiling step) in three settings (`SETTINGS`):
+  rows_decode_options   policy logits at t_max x max_action_tokens positions per row (`policy_tokens`), compiled
+                        with the decoding programs' options (`xla_options.DECODING_CPU_OPTIONS`);
   rows                  the same positions, the sequence programs' options (`SEQUENCE_CPU_OPTIONS`);
-  packed                the batch's policy tokens in one list (`packed_policy`, multiples of
-                        `host_stages.PACK_BUCKET`), the sequence options: what the toy presets run.
-The three compute the same loss and update to float rounding (`*_loss` of each, and `*_max_param_diff` against
-`packed` after the one AdamW step: up to 2 x lr where a gradient entry near 0 changes sign). The peer is the first
-setting: `speedup` = its step time / packed's.
+  packed                the batch's policy tokens in one list (`packed_policy`), the sequence options: what the toy
+                        presets run.
+The three compute the same loss and update to float rounding (`*_loss` of each, `*_max_param_diff` against
+`packed`). The peer is the first setting: `speedup` = its step time / packed's. How the minibatch is cut and the
+update's tolerance: docs/performance.md, "What bench_host_step compares".
 """
 from __future__ import annotations
 

@@ -1,20 +1,16 @@
 """The accelerator benchmark's measurements: prefill, decode over a filled cache, the study's GRPO train step, and
-greedy tokens for the peer comparison. Each returns one record (a dict of JSON-ready numbers); the caller adds the
-run's common fields and prints it.
+greedy tokens for the peer comparison (`prefill`, `decode_steps`, `train_step`, `greedy_tokens`). Each returns one
+record (a dict of JSON-ready numbers); the caller adds the run's common fields and prints it.
 
 Dimension legend (CONVENTIONS.md): B batch rows, T tokens per row, S cache slots, V vocab.
 
-What each times (`timing.timed`: warm-up calls, then each timed call alone, blocked on its whole output):
-  - prefill: one jitted `sampling.append` of B x T tokens into an empty cache of T slots (the prompt forward of
-    every rollout and `generate`), last position's logits per row;
-  - decode: one jitted `sampling.decode` of `steps` greedy tokens per row (no stop token, so exactly `steps`)
-    from a cache already holding `context` tokens per row (random keys and values: the bytes, not their values,
-    set the cost), the cache donated; the clock covers the token loop alone, never a prefill;
-  - train step: the study's arm step (`stages.make_arm_step`: PPO-clip GRPO loss, AdamW, micro-batches, remat,
-    chunked log-probs, compute dtype) compiled ahead of time on the state and batch, then run; the compiled
-    program's `memory_analysis()` and the device's `memory_stats()` give its memory.
-Figures: `roofline` (model FLOPs, bytes, MFU, the HBM fraction), each against the datasheet's peak (a
-`devices.DeviceSpec`, when there is one) and against the chip's measured one (`peaks.Peaks`, `*_measured_peak`).
+Each times its own jitted call (`timing.timed`: warm-up calls, then each timed call alone, blocked on its whole
+output): prefill, one `sampling.append` of B x T tokens into an empty cache; decode, one `sampling.decode` of
+`steps` greedy tokens per row from a cache already holding `context` tokens, the clock over the token loop alone,
+never a prefill; the train step, `stages.make_arm_step` compiled ahead of time, then run, with its compiled and
+measured memory. Figures: `roofline` (model FLOPs, bytes, MFU, the HBM fraction), each against the datasheet's peak
+(a `devices.DeviceSpec`, when there is one) and against the chip's measured one (`peaks.Peaks`, `*_measured_peak`).
+What each call holds and the timing rules: docs/performance.md, "The prepared run" (the records; "Rules").
 """
 from __future__ import annotations
 

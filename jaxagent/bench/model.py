@@ -1,30 +1,15 @@
 """Prefill and decode throughput: jaxagent's KV-cache generate vs transformers' PyTorch `generate`
-(`experiments.peers.torch_model`); the command line is `python -m experiments.bench_model`.
+(`experiments.peers.torch_model`); the command line is `python -m experiments.bench_model` (`run_cpu`). A regression
+guard on CPU; the accelerator benchmark (GPU/TPU: roofline, PyTorch on the same chip) is `experiments.bench_accel`.
 
-A regression guard on CPU; the accelerator benchmark (GPU/TPU: roofline, PyTorch on the same chip) is
-`python -m experiments.bench_accel`.
-
-CPU mode: both frameworks get identical random weights (a transformers Qwen3ForCausalLM is built,
-saved, and read back with `weights.load`), the same prompts (no padding), greedy decoding of exactly
-`--new-tokens` tokens (no stop token; torch with min_new_tokens). Prefill = time to first token
-(jax: the same compiled program with max_new_tokens=0, i.e. the prompt forward; torch: generate with
-max_new_tokens=1). Decode per step = (total - prefill) / (new_tokens - 1) for both (paired within a
-round, then the median over `--repeats` rounds). Compile / warm-up time is excluded and reported
-separately; timings are medians, `*_best_*` and `*_ratio_best` use the fastest run of each side (the
-least disturbed by other processes). jax runs in this process; the PyTorch peer then runs in worker
-processes at every thread count and OpenMP wait policy (`experiments.peers.workers`): its prefill
-figures come from the setting with the fastest median prefill (`torch_prefill_threads`,
-`torch_prefill_omp_wait_policy`), its decode figures from the fastest median decode (`torch_threads`,
-`omp_wait_policy`), every setting's times are in `torch_settings`, and its `*_best_*` figures are its
-fastest run at any setting. The run's machine load is reported (`other_cores`, `loadavg_1m_*`); on a
-busy machine (the rule in `jaxagent.bench.harness`) the ratios are null and reported as `*_ratio*_busy`.
-FLOPs count the matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key
-pair; `jaxagent.bench.roofline.forward_flops` with every position unembedded); `*_prefill_frac_peak`
-divides the achieved prefill FLOP/s by the machine's f32 matmul peak,
-`matmul_peak_gflops`: the best of the same square matmul through XLA with its default options
-(`jax_default_matmul_peak_gflops`), through XLA with `jaxagent.xla_options.DECODING_CPU_OPTIONS`
-(`jax_matmul_peak_gflops`) and through torch's BLAS at each peer setting (`torch_matmul_peak_gflops`),
-all in this run.
+Both frameworks get identical random weights, the same prompts and greedy decoding of exactly `--new-tokens`
+tokens. Prefill = time to first token; decode per step = (total - prefill) / (new_tokens - 1), paired within a
+round, then the median over `--repeats` rounds; compile and warm-up are excluded. The PyTorch peer runs at every
+thread count and OpenMP wait policy, and a busy machine nulls the ratios (`jaxagent.bench.harness`). FLOPs count the
+matmuls (2 per weight per token) plus causal attention (2 x 2 x H x E per query-key pair;
+`jaxagent.bench.roofline.forward_flops`); `*_prefill_frac_peak` = achieved prefill FLOP/s / `matmul_peak_gflops`,
+the best f32 square matmul measured in this run. Each side's timing and the JSON fields: docs/performance.md,
+"What bench_model compares".
 
 Legend: B batch, L prompt length, N new tokens, S cache slots.
 """

@@ -2,20 +2,14 @@
 
 Dimension legend (CONVENTIONS.md): B batch rows, T new tokens per row, S context slots already in the cache,
 L layers (`n_layers`), D width, F MLP width, H query heads, K key/value heads, E head dim, V vocab.
-
-Conventions (one per figure; the docstrings say which):
-  - matmul weights N_mm = L (2 D H E + 2 D K E + 3 D F) + V D: every weight that enters a matmul per token,
-    the unembedding included (embedding lookups are not matmuls);
+Conventions (one per figure; the functions' docstrings say which):
+  - matmul weights N_mm = L (2 D H E + 2 D K E + 3 D F) + V D, the unembedding included (lookups are not matmuls);
   - a forward pass costs 2 N_layers per token (N_layers = N_mm - V D), 2 V D per position whose logits are
     computed, and causal attention 4 L H E per (query, key) pair (scores and p.V), pairs = T S + T (T + 1) / 2;
-  - a prefill (`sampling.append`, `qwen3.hidden_states(index=)`) counts what that program computes: the last
-    layer projects keys and values of all T tokens (the cache needs them) but runs the query, attention, o_proj
-    and the MLP for the last token only, and one position is unembedded (`prefill_flops`); attention counts the
-    causal pairs, the work a fused kernel does (a dense masked program also multiplies the T (T - 1) / 2 masked
-    scores, which no convention counts as model FLOPs);
-  - a train step costs 6 N_mm per token + 12 L H E T per token (PaLM's model-FLOPs convention, Chowdhery et
-    al. 2022, App. B: the backward is twice the forward, attention counted over all T keys, rematerialised
-    recompute not counted);
+  - a prefill (`prefill_flops`) counts what `sampling.append` computes: the last layer projects keys and values of
+    all T tokens but runs the query, attention, o_proj and MLP for the last token only; one position unembedded;
+  - a train step costs 6 N_mm per token + 12 L H E T per token (PaLM's model-FLOPs convention, Chowdhery et al.
+    2022, App. B: backward twice the forward, attention over all T keys, remat's recompute not counted);
   - a decode step reads every weight once (N_mm + the norms, in the weights' dtype) and the cached keys and
     values of its context (2 L K E bytes-per-element per token of each row).
 MFU = model FLOPs / time / peak FLOP/s; the HBM fraction = bytes read / time / HBM bytes/s.

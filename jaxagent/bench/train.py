@@ -1,30 +1,16 @@
 """RL train-step throughput: jaxagent's jitted PPO-clip step vs the same step written in PyTorch
-(`experiments.peers.torch_train`); the command line is `python -m experiments.bench_train`.
+(`experiments.peers.torch_train`); the command line is `python -m experiments.bench_train` (`run_cpu`). A regression
+guard on CPU; the accelerator benchmark (the study's GRPO step, MFU, memory) is `experiments.bench_accel`.
 
-A regression guard on CPU; the accelerator benchmark (the study's GRPO step with micro-batches and remat, MFU,
-memory, PyTorch on the same chip) is `python -m experiments.bench_accel`.
-
-One train step = forward over B x T tokens, per-token log-probs of the taken tokens, the PPO-clip
-token-mean loss on the policy tokens (clip 0.2 / 0.28, DAPO clip-higher), backward, global-norm
-clipping to 1.0, and an AdamW update (lr 1e-6, weight decay 0.01); both sides also compute the
-entropy, clip fraction and sampler drift metrics, and both skip a step with a non-finite gradient
-norm (jax: `optim.make_optimizer`'s guard; torch: `if isfinite(norm): opt.step()`).
-
-CPU mode: both frameworks get identical weights (jax params written with `weights.save` and read by
-transformers' `Qwen3ForCausalLM.from_pretrained`, default sdpa attention), the same batch (first
-`--prompt` tokens of each row are prompt, the rest policy tokens), f32. Compile / warm-up steps
-are excluded; step time is the median of `--steps` timed steps. tokens/s = B x T / step time.
-The first-step losses of both sides are reported (same weights and batch: they should agree to
-float32 rounding). jax runs in this process; the PyTorch step then runs in worker processes, from the
-same initial weights, at every thread count and OpenMP wait policy (`experiments.peers.workers`): the
-setting with the fastest median step is reported (`torch_threads`, `omp_wait_policy`), every setting's
-step time in `torch_settings`. The run's machine load is reported (`other_cores`, `loadavg_1m_*`); on
-a busy machine (the rule in `jaxagent.bench.harness`) `train_ratio` is null and reported as `train_ratio_busy`.
-Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, App. B):
-6 x N_matmul x B x T + 12 x L x H x E x T x B x T, with N_matmul = the matmul weights incl. the
-unembedding (`jaxagent.bench.roofline.train_flops`); `*_frac_peak` = achieved FLOP/s / the best f32 matmul
-GFLOP/s measured in this run
-(max of jax's and torch's n x n matmul).
+One train step = forward over B x T tokens, per-token log-probs of the taken tokens, the PPO-clip token-mean loss
+on the policy tokens (clip 0.2 / 0.28, DAPO clip-higher), backward, global-norm clipping to 1.0, and an AdamW
+update (lr 1e-6, weight decay 0.01); both sides skip a step with a non-finite gradient norm. Both get identical
+weights and batch in f32; step time is the median of `--steps` timed steps (compile and warm-up excluded), tokens/s
+= B x T / step time, and the first-step losses of both are reported (they should agree to float32 rounding).
+Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, App. B): 6 x N_matmul x B x T + 12 x L x H x E
+x T x B x T, N_matmul = the matmul weights incl. the unembedding (`jaxagent.bench.roofline.train_flops`);
+`*_frac_peak` = achieved FLOP/s / the best f32 matmul GFLOP/s of this run. The peer's settings, the busy rule and
+the JSON fields: docs/performance.md, "What bench_train compares".
 
 Legend: B batch rows, T tokens per row, L layers, H query heads, E head dim, V vocab, D width.
 """

@@ -7,21 +7,12 @@ bf16 compute, gradients accumulated over micro-batches, per-layer remat, no KL r
 and activations of one micro-batch of r = rows / micro_batches rows x T tokens (`activation_bytes`): the saved
 block inputs under full remat, L r T D x 2 B, one block's backward (the dense path's f32 attention scores and
 probabilities 2 r H T^2 x 4 B, the MLP's r T F x 3 x 4 B) and one log-prob chunk of 512 positions x V x 4 B x 3.
-
-At the benchmark's shape (16 x 2048 tokens, 4 micro-batches: r = 4), compiled for the GPU (`compiled_step_bytes` on
-the CUDA plugin's compile-only H100 / H200 device, XLA 0.10.2, on a CPU host) at depth 1 and 2, extrapolated in L:
-  Qwen3-1.7B (N = 1.72e9): state 20.6 GB; temporaries 6.84 / 7.17 GB at depth 1 / 2, +0.336 GB per layer
-            (6 B x 50.3M weights + the saved 34 MB input) -> 15.9 GB at L = 28: 36.5 GB (`step_bytes`: 38.4);
-            compiled at L = 28 (210 s here): temporaries 15.90 GB, 36.54 GB in all, as extrapolated;
-  Qwen3-4B  (N = 4.02e9): state 48.3 GB; temporaries 10.58 / 11.24 GB, +0.656 GB per layer -> 33.5 GB at
-            L = 36: 81.8 GB (`step_bytes`: 82.9). A second f32 copy of the params kept beside the state would
-            add 16.1 GB (the benchmark builds the state in place: `accel.train`).
-JAX's GPU pool is XLA_PYTHON_CLIENT_MEM_FRACTION of the memory CUDA reports (0.75 by default; the benchmark sets 0.90):
-  H100 80 GB (84.9 GB): 63.7 GB at 0.75, 76.4 GB at 0.90 -> the 4B step fits at neither, 1.7B does;
-  H200 141 GB (151.4 GB): 113.5 GB at 0.75, 136.3 GB at 0.90 -> 4B fits.
-`pick` keeps a model when its `step_bytes` estimate (the activations' terms are upper bounds: 1.4-1.9 GB above the
-compiled figures) is at most `HEADROOM` = 0.9 of the pool. tests/test_bench_train_memory.py compiles the step on
-this CPU at depth 1 and 2 of a small shape and checks the state's bytes against `step_bytes`.
+`step_bytes` sums them; `compiled_step_bytes` is the compiled step's `memory_analysis()` on any device (a
+compile-only GPU's too). `pick` keeps a model when its `step_bytes` estimate (the activations' terms are upper
+bounds) is at most `HEADROOM` = 0.9 of JAX's pool (XLA_PYTHON_CLIENT_MEM_FRACTION of the memory CUDA reports).
+tests/test_bench_train_memory.py compiles the step on this CPU at depth 1 and 2 of a small shape and checks the
+state's bytes against `step_bytes`. The sizes and pools at the benchmark's shape: docs/performance.md, "The
+prepared run" (Memory).
 """
 from __future__ import annotations
 

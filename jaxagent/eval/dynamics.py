@@ -3,23 +3,16 @@
 Dimension legend (CONVENTIONS.md): B episodes of the training batch, I held-out states, A actions,
 It logged records (iterations).
 
-docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training
-batch; R_single = the single-turn success on fixed held-out tasks: on FrozenLake the plan-mode success
-(`study.plan_mode`: every move in one reply, no feedback), on the host domains the first reply's success
-(`study.host.dynamics`). The log below stores both per logged iteration. `optimal_action_mass` (the mass
-on Q*-optimal actions) is a step-quality diagnostic, not R_single: it rises with trajectory success by
-construction.
-
-R_multi's change over training (`r_multi_windows`, the judged estimator of finding 6 on FrozenLake and on the
-coding domain): the first and the last W = min(R_MULTI_WINDOW, n // 2) of the n logged training batches, each
-batch expanded to its 0/1 episode successes, so each end holds W x B episodes. One batch at each end left an
-interval wider than the paper's effect at 3 seeds; averaging over a window biases the change toward 0 (the
-window's policies lie between the ends), against the paper's direction.
-
-Training stability (`training_drawdown`, finding 7 on FrozenLake: "process rewards stabilise training under tight
-budgets"): a seed's fall from its best W-iteration window of training-batch success to its last W iterations,
-W = min(STABILITY_WINDOW, n // 2); 0 for a seed that ends at its best, up to 1 for one that fell from always
-succeeding to never. jaxagent's definition: the paper shows stability as training curves and gives no number.
+docs/study.md finding 6 and "jaxagent's definitions": R_multi = mean trajectory success on the training batch;
+R_single = the single-turn success on fixed held-out tasks (FrozenLake: plan-mode success, `study.plan_mode`; the
+host domains: the first reply's success, `study.host.dynamics`); the log stores both per logged iteration.
+`optimal_action_mass` is a step-quality diagnostic, not R_single: it rises with trajectory success by construction.
+R_multi's change (`r_multi_windows`): the first and the last W = min(R_MULTI_WINDOW, n // 2) of the n logged training
+batches, each batch expanded to its 0/1 episode successes (W x B episodes per end); a window biases the change
+toward 0, against the paper's direction. Training stability (`training_drawdown`, finding 7): a seed's fall from
+its best W-iteration window of training-batch success to its last W, W = min(STABILITY_WINDOW, n // 2): 0 at its
+best, up to 1; jaxagent's definition (the paper shows curves, no number). Why windows and not one batch per end:
+docs/host_study.md, "Data" (Finding 6 on coding).
 """
 from __future__ import annotations
 

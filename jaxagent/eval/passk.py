@@ -5,17 +5,14 @@ J values of k, R bootstrap replicates.
 
 Axis order, one for every Pass@ array of jaxagent (here, `bounds`, `pass_drivers`, `study.host.metrics`): the
 budget tier first, then k, then the task, then the sample: successes [U, P, Z] (one tier: [P, Z]), per-task
-Pass@ [U, J, P] (one tier: [J, P]), grids [U, J], curves [U] or [J], optimal success probabilities p* [U, P].
-Means over tasks are over the last axis of the per-task arrays.
-
-Inputs are checked by shape and dtype (TypeError / ValueError naming the argument, at trace time too):
-successes are bool (or 0/1 integers), counts, k and budgets integers.
+Pass@ [U, J, P] (one tier: [J, P]), grids [U, J], curves [U] or [J], optimal success probabilities p* [U, P];
+means over tasks are over the last axis. Inputs are checked by shape and dtype (TypeError / ValueError naming the
+argument, at trace time too): successes are bool (or 0/1 integers), counts, k and budgets integers.
 
 Modes (docs/study.md, "jaxagent's definitions", Pass@(K,T)); a report must say which one it used:
-- announced: the budget is written into the prompt, so every tier has its own rollouts,
-  `success_UxPxZ[t, task, sample]`, fed to `pass_at_k_grid` directly.
-- truncated: the budget is hidden; one T_max run per sample, and a sample counts as a success at tier T
-  iff it finished successfully with turns_used <= T (`truncated_success`).
+- announced: the budget is in the prompt, every tier has its own rollouts (`success_UxPxZ` to `pass_at_k_grid`);
+- truncated: the budget is hidden; one T_max run per sample, and a sample counts as a success at tier T iff it
+  finished successfully with turns_used <= T (`truncated_success`).
 """
 from __future__ import annotations
 

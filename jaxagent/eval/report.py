@@ -1,21 +1,18 @@
 """Host-side markdown report: each finding's measured figures beside the paper's, a seed-aware verdict each.
 
-Inputs are a flat mapping `metric key -> number or text` (read from the run's JSON files by `load_metrics`, or
-the eval stage's dict) and a mapping `figure name -> PNG path`. Every number the report prints goes through
-one formatter that records its source ("run:<metric key>", "paper:<PAPER_FIGURES key>", or
-"rule:<finding key>.effect|margin" for the reference effect / equivalence margin a finding states), so
-`printed_numbers` shows that each printed figure comes from the run's files, PAPER_FIGURES or the rules.
-The findings themselves (rows, paper figures, effects, verdicts) are data in `findings`.
+Inputs: a flat mapping `metric key -> number or text` (read from the run's JSON files by `load_metrics`, or the eval
+stage's dict) and a mapping `figure name -> PNG path`. Every printed number goes through one formatter that records
+its source ("run:<metric key>", "paper:<PAPER_FIGURES key>", or "rule:<finding key>.effect|margin"), so
+`printed_numbers` shows that each printed figure comes from the run's files, PAPER_FIGURES or the rules. The
+findings themselves (rows, paper figures, effects, verdicts) are data in `findings`.
 
 A finding's measured difference is the metric prefix `<diff>`: `.mean`, `.lo`, `.hi` (95% CI), `.lo90`, `.hi90`
-(90% CI, for TOST), `.se`, `.mde`, `.df`, `.n_seeds`, `.n_units`, and the texts `.method`, `.reason`, `.seeds`
-(the seeds used and excluded), as `jaxagent.eval.stats.Estimate` writes them; `<diff>.all.*` is the same on
-every seed (collapsed and diverged ones included), printed as a sensitivity line. Verdicts follow
-`stats.VERDICT_RULE` (`finding_verdict`, with the range the structural bound allows, `<finding key>.room_lo/hi`,
-printed as "bound allows"); an underpowered row gives the range of seeds that would decide it (`seeds_to_decide`),
-and every row says which result would have made it "not reproduced" (`Finding.falsified_by`). The seed-health
-table follows `health.HEALTH_RULE` (metric keys `health.<arm>.seed<k>.status|reason|min_valid|last_valid|
-last_success`).
+(90% CI, for TOST), `.se`, `.mde`, `.df`, `.n_seeds`, `.n_units`, and the texts `.method`, `.reason`, `.seeds`, as
+`stats.Estimate` writes them; `<diff>.all.*` is the same on every seed, printed as a sensitivity line. Verdicts
+follow `stats.VERDICT_RULE` (`finding_verdict`, with the bound's range `<finding key>.room_lo/hi`, "bound allows");
+an underpowered row gets `seeds_to_decide`, every row `Finding.falsified_by`. The seed-health table follows
+`health.HEALTH_RULE` (`health.<arm>.seed<k>.status|reason|min_valid|last_valid|last_success`). The rule and the
+rows: docs/study.md, "Statistics" and "What would have failed each row".
 """
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Exact scoring on FrozenLake: the next-action distribution of a policy at a context, and teacher-forced
 log-probs of whole trajectories (the likelihood diagnostics, `likelihood`).
 
-Exact next-action distribution (`reply_logprobs`, `next_action_probs`): at a context (the episode's tokens
-up to a turn's generation prompt), pi(a) = prod_j pi(reply_a[j] | context, reply_a[:j]) for the canonical
-reply of action a (its answer string + the first stop token), computed by teacher forcing (the context
-prefilled once into a KV cache, the A replies appended as A rows, one batched forward each; never token by
-token), with the sampler's temperature (`sampling.policy_logprobs`). The remaining mass
-1 - sum_a pi(a) is "invalid": any other reply, scored as invalid, i.e. the worst outcome
-`step_quality.INVALID_VALUE` (0, a failed episode), never as staying put (a collapsed policy that answers
-nothing valid must not look good on step quality). jaxagent's choice: a non-canonical reply that still
-parses (extra text around the answer) counts in that remaining mass. Scoring runs in fixed `score_batch` /
-`batch_size` chunks (one compile per chunk shape).
+Exact next-action distribution (`reply_logprobs`, `next_action_probs`): at a context (the episode's tokens up to a
+turn's generation prompt), pi(a) = prod_j pi(reply_a[j] | context, reply_a[:j]) for the canonical reply of action a
+(its answer string + the first stop token), computed by teacher forcing (the context prefilled once into a KV cache,
+the A replies appended as A rows; never token by token) with the sampler's temperature. The remaining mass
+1 - sum_a pi(a) is "invalid": scored as the worst outcome `step_quality.INVALID_VALUE` (0, a failed episode), never
+as staying put; jaxagent's choice: a non-canonical reply that still parses counts in that mass. Scoring runs in
+fixed `score_batch` / `batch_size` chunks (one compile per chunk shape). Why invalid is scored so: docs/study.md,
+"jaxagent's definitions" (Step quality).
 
 Dimension legend (CONVENTIONS.md): I states (contexts), S context slots, A env actions (4), O = A + 1
 outcomes (the A canonical replies and "anything else" = invalid), M canonical reply tokens, G actions drawn

@@ -2,21 +2,17 @@
 
 Dimension legend (this module): Sd seeds (clusters), Un units within one seed (tasks, states, actions, pairs).
 
-The study's unit of replication is the RL seed: states, tasks and actions measured on one trained policy are
-correlated through that policy, so they are never pooled across seeds as if independent. Every estimator takes
-`units_per_seed`, a sequence with one entry per seed; an entry is a 1-D array of unit values [U_s], or a tuple
-of 1-D arrays (e.g. (NLL of RL actions, NLL of base actions)). A statistic maps a list of such entries to one
-number; the default is the mean over seeds of each seed's mean, so every seed weighs the same.
-
-Interval (`seed_estimate`, `t_interval`, `INTERVAL_METHOD`), at every number of seeds S >= 2: the seed-level
-values v_s = stat([units_s]) are S iid draws (they carry the within-seed noise, so nothing is counted twice);
-mean v-bar, SE = sd(v, ddof=1) / sqrt(S), CI = v-bar -/+ t_{1-alpha/2, S-1} SE, the Student-t interval
-(Student 1908, Biometrika 6(1); Casella & Berger 2002, sec. 9.2), exact for normal seed values whatever the
-ratio of between- to within-seed variance (tests/test_stats.py: coverage >= 0.93 at S = 3, 5, 10). S < 2: "n/a".
-MDE (`mde`; Bloom 1995, Evaluation Review 19(5), eq. 1): (t_{1-alpha/2} + t_{power}) x SE, 3.72 SE at S = 5.
-Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6)): the (1 - 2 alpha) CI inside (-m, m).
-Verdicts (`decide`, `VERDICT_RULE`): sign and size apart; `seeds_needed` gives a range from the sd's 95% CI.
-Seed sets pooled (`pool_blocked`): a t-interval with the within-set mean square, N - B df.
+The unit of replication is the RL seed: units measured on one trained policy are never pooled across seeds as if
+independent. Every estimator takes `units_per_seed`, one entry per seed: a 1-D array of unit values [U_s], or a tuple
+of such arrays (e.g. (NLL of RL actions, NLL of base actions)); a statistic maps a list of entries to one number,
+by default the mean over seeds of each seed's mean (every seed weighs the same).
+Interval (`seed_estimate`, `t_interval`, `INTERVAL_METHOD`), at every S >= 2: v_s = stat([units_s]), SE =
+sd(v, ddof=1) / sqrt(S), CI = v-bar -/+ t_{1-alpha/2, S-1} SE, the Student-t interval (Student 1908, Biometrika
+6(1); Casella & Berger 2002, sec. 9.2); S < 2: "n/a". MDE (`mde`; Bloom 1995, Evaluation Review 19(5), eq. 1):
+(t_{1-alpha/2} + t_{power}) x SE. Equivalence (`tost`; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15(6)): the
+(1 - 2 alpha) CI inside (-m, m). Verdicts (`decide`, `VERDICT_RULE`): sign and size apart; `seeds_needed` gives a
+range from the sd's 95% CI. Seed sets pooled (`pool_blocked`): a t-interval with the within-set mean square, N - B
+df. Why a t-interval and its measured coverage: docs/study.md, "Statistics".
 """
 from __future__ import annotations
 

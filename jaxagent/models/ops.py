@@ -1,19 +1,15 @@
 """The model's compute seam: the operations of `qwen3` whose best implementation depends on the platform.
 
-`qwen3` is one XLA model written against these functions: `rope_tables`, `qkv` (projections, q/k norms,
-RoPE), `attention` / `causal_attention` / `attend_cached` (attention; over a sequence's own tokens; over a KV
-cache), `out_proj`, `mlp` and `unembed`.
-Each is the plain XLA computation (`primitives`) on every platform; a program lowered for CPU runs the
-CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are built), and one
-lowered for an NVIDIA GPU runs attention over many queries as cuDNN's fused kernel (`ops_gpu`), chosen
-by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): the branches have the same
-shapes and dtypes, so a program lowered for TPU (on a CPU host or not) contains only the XLA branch,
-whatever this host has built. Nothing here asks which backend the host runs.
-
-What the CPU kernels read beside the weights travels inside the model's own values, built here:
-`prepare(params, cfg)` adds the weights' kernel layouts to the params pytree (under `PREPARED` keys
-that only this module reads), and `tokens` bundles what every layer's operations share about the
-tokens (RoPE tables, valid tokens per row).
+`qwen3` is one XLA model written against these functions: `rope_tables`, `qkv` (projections, q/k norms, RoPE),
+`attention` / `causal_attention` / `attend_cached` (attention; over a sequence's own tokens; over a KV cache),
+`out_proj`, `mlp` and `unembed`. Each is the plain XLA computation (`primitives`) on every platform; a program
+lowered for CPU runs the CPU branch instead (`ops_cpu`: XLA:CPU tuning, and the compiled kernels where they are
+built), and one lowered for an NVIDIA GPU runs attention over many queries as cuDNN's fused kernel (`ops_gpu`),
+chosen by `platform_select` at LOWERING time (`jax.lax.platform_dependent`): the branches have the same shapes and
+dtypes, so a program lowered for TPU contains only the XLA branch, whatever this host has built. `prepare(params,
+cfg)` adds the weights' kernel layouts to the params pytree (under `PREPARED` keys that only this module reads),
+and `tokens` bundles what every layer shares about the tokens (RoPE tables, valid tokens per row). Why the choice
+is made at lowering time: docs/performance.md, "Optimisations".
 
 Legend: B batch, T tokens, S cache slots, D model width, F MLP width, H query heads, K KV heads,
 Q = H / K, E head dim, V vocab (CONVENTIONS.md).

@@ -1,19 +1,15 @@
 """The CUDA branch of the compute seam (`ops`): attention over many queries as cuDNN's fused (flash) kernel.
 
 A program lowered for an NVIDIA GPU runs `ops.causal_attention` and `ops.attend_cached` over at least
-`FUSED_MIN_QUERIES` queries as `jax.nn.dot_product_attention(implementation="cudnn")`: one `__cudnn$fmha*`
-custom call per layer (forward, and backward under `jax.grad`) that never writes the [B, H, T, S] scores to
-memory; the dense `ops.attention` materialises them in f32 (a 2048-token train step's block: [rows, 16, 2048,
-2048]; an 8192-token prefill: 8.6 GB per layer). The kernel's own causal mask serves a plain causal mask; any
-other mask (a cached append's per-row history, padding) becomes its additive bias, [B, 1, T, S] in the compute
-dtype (T x S x 2 bytes per row, against H x T x S x 4 for the dense scores).
-
-The dense branch stays for what the kernel does not take: f32 operands (it runs bf16 / f16), head dims above 128
-or not a multiple of 8, and fewer than `FUSED_MIN_QUERIES` queries: a decode step (one query per row) reads the
-cache once in either form, and the kernel needs the keys slot-major, a copy of the cache's [B, K, E, S] keys per
-layer and step, more bytes than the few queries' scores (`FUSED_MIN_QUERIES`). jax traces every platform's branch,
-and tracing the kernel needs the CUDA plugin and cuDNN on the lowering host: without them (`available()` False)
-the CUDA branch is not built and a GPU program runs the dense branch (the GPU preflight says so).
+`FUSED_MIN_QUERIES` queries as `jax.nn.dot_product_attention(implementation="cudnn")`: one `__cudnn$fmha*` custom
+call per layer (forward, and backward under `jax.grad`) that never writes the [B, H, T, S] scores to memory, which
+the dense `ops.attention` materialises in f32. The kernel's own causal mask serves a plain causal mask; any other
+mask (a cached append's per-row history, padding) becomes its additive bias, [B, 1, T, S] in the compute dtype.
+The dense branch stays for what the kernel does not take: f32 operands (it runs bf16 / f16), head dims above 128 or
+not a multiple of 8, and fewer than `FUSED_MIN_QUERIES` queries (a decode step). jax traces every platform's branch,
+and tracing the kernel needs the CUDA plugin and cuDNN on the lowering host: without them (`available()` False) a
+GPU program runs the dense branch (the GPU preflight says so). The bytes of each form, and why a decode step stays
+dense: docs/aot.md, "GPU targets" (Fused attention).
 
 Legend: B batch, T queries, S key slots, H query heads, K KV heads, E head dim (CONVENTIONS.md).
 """

@@ -1,22 +1,16 @@
 """A byte-level BPE tokenizer (Qwen3's) pruned to the tokens a corpus uses, for toy models on a CPU.
 
-Why: the vocabulary projection of a model with Qwen3's 151,936 rows is most of a tiny model's compute (a width-64
-model spends ~95% of an SFT step there), so a host-domain toy study that learns in minutes on a CPU needs a small
-vocabulary, while its text should be cut into tokens as the real tokenizer cuts it.
-
-What is kept (`prune_tokenizer`): every token the source tokenizer makes on the corpus texts, the tokens of the
-merges that build them (recursively), the 256 byte-level base tokens, and every added (control) token; ids are
-renumbered densely in the source order (base vocabulary, then the added tokens), and the merges kept are those
-whose two parts and result are all kept, in the source order. So:
-  - every text of the corpus is cut into exactly the source tokenizer's tokens (each merge its derivation applies
-    is kept, and no other merge can take precedence: the kept merges are a subset in the same order), and
-    `source.decode(source.encode(s)) == pruned.decode(pruned.encode(s))` for those texts (`check_pruned`);
-  - any other text still encodes (into shorter pieces, at worst single bytes) and decodes to itself, as with the
-    source tokenizer: nothing maps to an unknown token.
-The files are the source's `tokenizer.json` (model, pre-tokenizer, decoder, normaliser, added tokens) with the
-pruned vocabulary and merges, and its `tokenizer_config.json` with the added tokens' ids renumbered; they load
+`prune_tokenizer` keeps every token the source tokenizer makes on the corpus texts, the tokens of the merges that
+build them (recursively), the 256 byte-level base tokens and every added (control) token, renumbered densely in the
+source order (base vocabulary, then the added tokens), and the merges whose two parts and result are all kept, in
+the source order. So every text of the corpus is cut into exactly the source tokenizer's tokens, and
+`source.decode(source.encode(s)) == pruned.decode(pruned.encode(s))` for those texts (`check_pruned`); any other
+text still encodes (into shorter pieces, at worst single bytes) and decodes to itself: nothing maps to an unknown
+token. The files are the source's `tokenizer.json` (model, pre-tokenizer, decoder, normaliser, added tokens) with
+the pruned vocabulary and merges, and its `tokenizer_config.json` with the added tokens' ids renumbered; they load
 through `Tokenizer.from_dir` like any checkpoint's tokenizer. `pruned_from.json` records the source directory's
-vocabulary size and the corpus size.
+vocabulary size and the corpus size. Why a toy study needs it, and why the cut is exact: docs/host_study.md, "Toy
+presets" (Model and tokenizer).
 """
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
 """Dense Qwen3: one XLA model as pure functions over a plain params pytree.
 
-NNX modules declare the parameters (shapes, initialisation, logical sharding axes); the computation is
-plain functions over `params` (a nested dict of arrays, the modules' state as a pure dict), so
-`forward` composes with `jax.jit`, `jax.vmap`, `jax.grad`, `jax.checkpoint` and `lax.scan` like any
-pure function. The few platform-dependent operations go through the ops seam (`jaxagent.models.ops`),
-where programs lowered for CPU may use the compiled CPU kernels; every other program is plain XLA.
-`ops.prepare(params, cfg)` gives params carrying what those kernels read besides the weights (the model's
-functions take them in place of `params`, same logits): built once outside a token loop.
+NNX modules declare the parameters (shapes, initialisation, logical sharding axes); the computation is plain
+functions over `params` (a nested dict of arrays), composing with `jax.jit`, `vmap`, `grad`, `checkpoint`, `lax.scan`.
+Platform-dependent operations go through the ops seam (`jaxagent.models.ops`; `ops.prepare(params, cfg)`).
 
 Dimension legend: B batch, T new tokens, S cache slots, D model width, F MLP width, H query heads,
 K key/value heads, Q = H / K query heads per KV head, E head dim, V vocab (CONVENTIONS.md).
 
-KV cache (`init_cache`): {'k': [n_layers x (B, K, E, S)], 'v': [n_layers x (B, K, S, E)], 'length': int32[B]}:
-head-major, keys stored transposed so that decoding scores every slot with vector ops along S (see `ops.attention`).
-Row b holds its tokens contiguously in slots [0, length[b]); a call writes its T tokens at slots
-length[b] .. length[b]+T-1 and advances length by n_valid[b] (<= T). Positions (RoPE) equal slot
-indices, so right-padded batches, per-row decode and appending an environment's reply to a cached
-history all use the same path. Slots past `length` may hold stale values; the causal mask (key slot
-<= query slot) never reads them.
-
-Sharding: with a mesh (`mesh=`, or the abstract mesh of a `jax.set_mesh` context) the residual stream
-is pinned to `RESIDUAL_AXES` and the logits to `LOGITS_AXES` through `sharding.RULES` (batch over
-data x fsdp, vocab over tensor), so FSDP all-gathers weights per layer instead of splitting activations.
+KV cache (`init_cache`): {'k': [n_layers x (B, K, E, S)], 'v': [n_layers x (B, K, S, E)], 'length': int32[B]}, keys
+stored transposed (`ops.attention`). Row b holds its tokens in slots [0, length[b]); a call writes its T tokens at
+slots length[b] .. length[b]+T-1 and advances length by n_valid[b] (<= T). Positions (RoPE) equal slot indices, so
+right-padded batches, per-row decode and appending an env's reply to a cached history share one path; slots past
+`length` may hold stale values, which the causal mask never reads. With a mesh, the residual stream is pinned to
+`RESIDUAL_AXES` and the logits to `LOGITS_AXES` (`sharding.RULES`; why: docs/performance.md, "Optimisations").
 """
 from __future__ import annotations
 

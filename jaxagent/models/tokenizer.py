@@ -2,25 +2,17 @@
 
 Dimension legend: T tokens (ids are plain Python lists here; nothing in this module is jitted).
 
-`Tokenizer` loads a tokenizer from a local directory only (never the network) and exposes the ids
-the chat layer and the sampler need: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` (pad), `<think>`,
-`</think>`, `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`.
+`Tokenizer` loads a tokenizer from a local directory only (never the network) and exposes the ids the chat layer
+and the sampler need: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` (pad), `<think>`, `</think>`, `<tool_call>`,
+`</tool_call>`, `<tool_response>`, `</tool_response>`. `build_word_tokenizer` makes the project's own small
+tokenizer: a `tokenizers` WordLevel model over an environment's text pieces plus Qwen3's control tokens, saved as
+`tokenizer.json` + `tokenizer_config.json` so it loads through exactly the same path as a real checkpoint's.
 
-`build_word_tokenizer` makes the project's own small tokenizer: a `tokenizers` WordLevel model over an
-environment's text pieces plus Qwen3's control tokens, saved as `tokenizer.json` +
-`tokenizer_config.json` so it loads through exactly the same path as a real checkpoint's tokenizer.
-
-Word-tokenizer normalisation (exact rules):
-  encode: control tokens are matched first, anywhere in the text (no spaces needed around them).
-    In the rest, every "\\n" is one token; every other whitespace character (space, tab, "\\r", ...)
-    only separates words and is dropped; each maximal run of non-whitespace characters is looked up
-    as one word (a run not in the vocabulary becomes the unk token `<unk>`).
-  decode: tokens are joined with one space, except that no space is put next to a "\\n" or next to a
-    control token (the unk token is spaced like a word).
-  So `decode(encode(s)) == s` exactly when `s` is canonical: made of vocabulary words and control
-  tokens, words separated by exactly one space or by newlines, no space next to a newline or a control
-  token, no other whitespace. Chat-formatted text such as "<|im_start|>user\\nLeft .<|im_end|>\\n" is
-  canonical and encodes into exactly its word tokens, newlines included.
+Word-tokenizer normalisation: encode matches control tokens first, anywhere; in the rest every "\\n" is one token,
+other whitespace only separates words, and each maximal run of non-whitespace is one word (`<unk>` if unknown).
+decode joins tokens with one space, but none next to a "\\n" or a control token. So `decode(encode(s)) == s` exactly
+when `s` is canonical: vocabulary words and control tokens, separated by one space or by newlines, no space next to
+a newline or a control token, no other whitespace (docs/api.md, "A mesh and a checkpoint", has the rules in full).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3 checkpoints <-> jaxagent params, without torch.
+"""Hugging Face Qwen3 checkpoints <-> jaxagent params, without torch (`load`, `save`, `check_checkpoint`).
 
 Reads and writes the safetensors format directly (`safetensors_io`), memory-mapped, one tensor at a
 time. With a mesh, each tensor goes straight into its target NamedSharding (`jax.make_array_from_callback`),
@@ -7,17 +7,12 @@ so no host ever holds more than one full tensor.
 HF layout (torch [out, in]) -> ours: q/k/v_proj [H*E, D] -> [D, H, E]; o_proj [D, H*E] -> [H, E, D];
 MLP [F, D] -> [D, F] (down: [D, F] -> [F, D]); lm_head [V, D] -> [D, V]; embed and norms as they are.
 
-Integrity: `save` writes a checksum manifest (MANIFEST_NAME: sha256 and size of every file it wrote)
-last, atomically; `load` verifies it when present (a directory without one, e.g. from Hugging Face,
-loads unverified) and, by default, rejects non-finite weights. `write_manifest` / `verify_manifest`
-are shared with the orbax train-state checkpoints (`jaxagent.rl.checkpoint`).
-
-A checkpoint is what it claims, checked from the headers before any tensor is read (`check_checkpoint`,
-which `load` runs first): config.json describes a Qwen3 (`Qwen3Config.from_hf_dict`); each safetensors
-header's tensors tile the file's data exactly (`safetensors_io.read_safetensors_header`);
-every weight is floating point (F64, F32, F16, BF16: an integer or boolean tensor is not a Qwen3 weight and
-is never cast); every tensor the config implies is there with the config's shape, and no other. Each
-violation is a `CheckpointError` naming the file and the tensor or field.
+Integrity: `save` writes a checksum manifest (MANIFEST_NAME: sha256 and size of every file it wrote) last,
+atomically; `load` verifies it when present and, by default, rejects non-finite weights; `write_manifest` /
+`verify_manifest` are shared with the orbax train-state checkpoints (`jaxagent.rl.checkpoint`). `load` first runs
+`check_checkpoint`, which checks from the headers alone, before any tensor is read, that the directory is the Qwen3
+its config.json describes; each violation is a `CheckpointError` naming the file and the tensor or field (what is
+checked: docs/api.md, "A mesh and a checkpoint").
 """
 from __future__ import annotations
 

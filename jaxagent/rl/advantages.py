@@ -3,20 +3,15 @@
 Dimension legend: B groups in a batch, G rollouts in a group, N steps of a trajectory (turns or
 tokens: GAE and discounting do not care which), T tokens of a sequence.
 
-Standard deviation. Every `(x - mean) / (std + eps)` here uses the *sample* std (ddof=1, Bessel's
-correction) by default, as torch.std does in verl and in verl-agent (GiGPO's reference code), so
-advantages match the frameworks this family of papers trains with. The population std (ddof=0, the
-numpy default) is one keyword away; the two differ by sqrt(n/(n-1)) per group of size n (1.07 at
-G=8, 1.03 at G=16), a near-constant scale that Adam largely absorbs. Denominators are
-max(n - ddof, 1), so a singleton group stays finite. A group whose values are all equal gets
-advantage exactly 0 (rather than float rounding noise divided by eps).
-
-Masks: a masked (0) step gets advantage 0 and is *skipped* by recursions (GAE, discounting): the
-carry passes through it unchanged, so trailing padding and interleaved non-policy tokens both work.
-
-Inputs are checked by shape and dtype when traced (`jaxagent.checks`): a wrong rank, a non-numeric array or
-sizes that disagree raise a ValueError / TypeError naming the argument. String options take the
-`GroupEstimator` / `NormMode` members (static under `jax.jit`) or their strings.
+Standard deviation. Every `(x - mean) / (std + eps)` here uses the *sample* std (ddof=1, Bessel's correction) by
+default, as torch.std does in verl and in verl-agent (GiGPO's reference code), so advantages match the frameworks
+this family of papers trains with; the population std (ddof=0) is one keyword away, a factor sqrt(n/(n-1)) per
+group of size n (1.07 at G=8, 1.03 at G=16) that Adam largely absorbs. Denominators are max(n - ddof, 1), so a
+singleton group stays finite; a group whose values are all equal gets advantage exactly 0 (not rounding noise / eps).
+Masks: a masked (0) step gets advantage 0 and is *skipped* by recursions (GAE, discounting): the carry passes
+through it unchanged, so trailing padding and interleaved non-policy tokens both work.
+Inputs are checked by shape and dtype when traced (`jaxagent.checks`: a ValueError / TypeError naming the argument);
+string options take the `GroupEstimator` / `NormMode` members (static under `jax.jit`) or their strings.
 """
 import enum
 

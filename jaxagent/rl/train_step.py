@@ -5,16 +5,13 @@ assembles the study's step from settings and a `MemoryPlan`.
 
 Dimension legend: B sequences, S tokens (context slots), V vocab, Mb micro-batches.
 
-Micro-batches. Row i goes to micro-batch i mod Mb (a strided split, so each device's shard of the batch
-contributes to every micro-batch and no data moves between devices). Each micro-batch's loss is re-weighted by
-(its aggregation denominator / the global one) - token count for 'token-mean', count of non-empty rows for the
-seq-mean modes (`train_loss.PolicyLoss.context`) - so the sum over micro-batches is exactly the full-batch loss
-and Mb = 1, 2, 4 give the same gradient (to float rounding). Token-mean metrics are weighted by token counts
-likewise; metrics named *_max take the max over micro-batches.
-
+Micro-batches: row i goes to micro-batch i mod Mb, and each micro-batch's loss is re-weighted by (its aggregation
+denominator / the global one), so the sum over micro-batches is exactly the full-batch loss and Mb = 1, 2, 4 give
+the same gradient (to float rounding); token-mean metrics are weighted by token counts, *_max metrics take the max.
 Memory (`memory_plan.MemoryPlan`): log-probs from the final hidden states in chunks of `logits_chunk` positions
 under `jax.checkpoint` (the f32 logits [B, S, V] never exist), at the positions its `LogitsPlan` names; `remat`
-names the model's per-layer checkpoint policy; `micro_batches` bounds the rows in flight.
+names the model's per-layer checkpoint policy; `micro_batches` bounds the rows in flight. Why the split is strided,
+and each mode's denominator: docs/aot.md, "Memory design" (Micro-batches).
 """
 from __future__ import annotations
 

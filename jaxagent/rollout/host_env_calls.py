@@ -1,28 +1,17 @@
 """The host rollout's env calls (`host_loop`): resets and steps on worker threads, each with a time limit,
 and, in a multi-process run, the exchange of their results between the processes.
 
-Env calls (`EnvCalls`). Each reset / step runs on one of `workers` daemon threads; its time limit
-counts from the moment a worker starts it (not from submission: a call queued behind busy workers is
-not late). A call still running at its limit is abandoned: `collect` returns an `EnvTimeout` for it
-at once, a fresh thread takes its worker's place, and the stuck thread finishes (or never does) on
-its own, its result dropped. The threads are daemons, so a hung call blocks neither the rollout's
-return nor the interpreter's exit. An exception that escapes a call (the host loop lets only
-infrastructure errors escape) is raised by `collect` in the caller's thread.
-
-Several processes (`EnvCalls(..., share=EnvShare(n_ep))`, multi-process SPMD runs: `host_loop` module
-docstring). Each process steps only its own episodes (`episode_owners`: contiguous blocks of the batch,
-b * P // B, as a mesh whose batch axes run over the processes in order holds them), so a sandboxed test
-run or an SQL query executes once in the job and the env work per host falls with the number of hosts.
-After each batch of calls, `EnvShare.exchange` gives every process every episode's result but the env
-state: each process pickles its results (observation, info, the numbers, the next chunk's token ids; an
-exception as its type name and message) into one byte string, and two `process_allgather`s (the lengths,
-then the strings zero-padded to the longest) bring every process's string to every process. Env states
-never leave their process (`HostTrace.final_states[b]` is None elsewhere). A time-out is decided by the
-one process that ran the call and fails the episode on every process alike; nothing has to agree
-any more. An infrastructure error (the sandbox failed: `infrastructure_error`) is shared too and raised
-on every process (the original on its own, a `RemoteEnvFailure` naming it elsewhere), so no process is
-left waiting in a collective. A result that cannot be pickled becomes an `EnvError` ("UnsendableResult")
-on every process, its owner included, and fails its episode.
+Env calls (`EnvCalls`). Each reset / step runs on one of `workers` daemon threads; its time limit counts from the
+moment a worker starts it (not from submission). A call still running at its limit is abandoned: `collect` returns
+an `EnvTimeout` for it at once and a fresh thread takes its worker's place. An exception that escapes a call (only
+infrastructure errors do) is raised by `collect` in the caller's thread.
+Several processes (`EnvCalls(..., share=EnvShare(n_ep))`). Each process steps only its own episodes
+(`episode_owners`: contiguous blocks of the batch, b * P // B), and after each batch of calls `EnvShare.exchange`
+gives every process every episode's result but the env state (pickled, gathered with `process_allgather`). A
+time-out is decided by the one process that ran the call; an infrastructure error is raised on every process (a
+`RemoteEnvFailure` naming it elsewhere); a result that cannot be pickled becomes an `EnvError` ("UnsendableResult")
+on every process and fails its episode. The threads, the exchange, and why no process is left waiting in a
+collective: docs/host_rollout.md, "Time limit" and "Several processes".
 """
 from __future__ import annotations
 

@@ -1,26 +1,15 @@
 """The model's side of the host rollout (`host_loop`): jitted append / decode calls that donate the KV
 cache, chunks appended in bucketed widths, given replies as tokens.
 
-Compiles: `append_jit` once per distinct width (powers of two from 16 to `max_append_width`) and
-`decode_jit` once, per (batch size, max_context, model, sampler); never per turn. The host loop gives
-every episode group the same number of rows, so groups share the compiles. On one device a reply loop
-goes on over a quarter of the rows once no more of them are still generating, then a quarter of those
-(`compact_rows`, `decode`).
-
-Placement (`Placement`). With the params on a single device (or unplaced) the host arrays go in as
-they are and the replies come back with `jax.device_get`. With the params on a device mesh
-(`Placement.of(params)`: the mesh of their `NamedSharding`) every host-side input of a jitted call is
-placed on that mesh explicitly: the appended token rows, their counts and the active mask split over
-the batch axes (`sharding.batch_sharding`), the key replicated, the fresh KV cache and logits created
-in their rule-table shardings (`sharding.RULES`: rows over data x fsdp, KV heads and vocab over
-tensor). Each global array is built with `jax.make_array_from_callback` from the host copy that every
-process holds (the host loop runs the same program with the same data on every process), each device
-taking its own slice; nothing is sent between processes. The replies (tokens, logprobs, lengths,
-stopped) come back fully replicated (`Placement.fetch`: `multihost_utils.process_allgather` where a
-process cannot address every shard), so every process reads every episode's reply, steps every
-episode's env, and makes the same loop decisions (docs/host_rollout.md, "Several processes").
-One process with a mesh takes the same path, so its results equal a multi-process run's on the same
-mesh.
+Compiles: `append_jit` once per distinct width (powers of two from 16 to `max_append_width`) and `decode_jit` once,
+per (batch size, max_context, model, sampler); never per turn. On one device a reply loop goes on over a quarter of
+the rows once no more of them are generating, then a quarter of those (`compact_rows`, `decode`).
+Placement (`Placement`). With the params on a single device (or unplaced) the host arrays go in as they are and the
+replies come back with `jax.device_get`. With the params on a device mesh (`Placement.of(params)`) every host-side
+input of a jitted call is placed on that mesh explicitly (token rows, counts and active mask over the batch axes,
+the key replicated, a fresh KV cache and logits in their rule-table shardings), each global array built from the
+host copy that every process holds, and the replies come back fully replicated (`Placement.fetch`), so every
+process makes the same loop decisions. How each array is placed: docs/host_rollout.md, "Several processes".
 
 Dimension legend (CONVENTIONS.md): B episodes, C append width (chunk tokens), M action tokens, V vocab.
 """

@@ -1,20 +1,18 @@
 """The multi-turn rollout for jittable environments: one jitted function, `lax.scan` over T_max turns.
 
 Each turn, for every episode at once:
-  1. an episode is active if it is unfinished, has budget left (t < budget_b) and its context has
-     room for this turn's prompt chunk plus a full reply (else: status context_exhausted);
-  2. the prompt chunk [turn opener, budget text, observation, assistant opener] is appended to the
-     episode's KV cache (inactive episodes append nothing); after a reply that hit `max_action_tokens`
-     the opener starts with <|im_end|> (`episode.reply_closed`, the rule both loops share);
+  1. an episode is active if it is unfinished, has budget left (t < budget_b) and its context has room for this
+     turn's prompt chunk plus a full reply (else: status context_exhausted);
+  2. the prompt chunk [turn opener, budget text, observation, assistant opener] is appended to the episode's KV
+     cache (inactive episodes append nothing); after a reply that hit `max_action_tokens` the opener starts with
+     <|im_end|> (`episode.reply_closed`, the rule both loops share);
   3. the policy samples a reply (stop token or `max_action_tokens`), written into the cache too;
   4. the env steps on the reply's tokens; rewards, validity, anchors and the process reward recorded.
-The chunk, the status rules and `finished` are `episode`'s (one home for the JAX loop, the host loop, the
-evaluation and the RL loop). The per-episode work (building chunks, stepping the env, bookkeeping) is
-written for one episode and vmapped; the model runs batched over episodes. Budgets are data, so new
-budgets never recompile.
+The chunk, the status rules and `finished` are `episode`'s (docs/host_rollout.md, "The episode's rules"). The
+per-episode work is written for one episode and vmapped; the model runs batched over episodes. Budgets are data,
+so new budgets never recompile.
 
-Dimension legend (CONVENTIONS.md): B episodes, N turns (T_max), S context slots, C chunk tokens, M action
-tokens, V vocab.
+Legend (CONVENTIONS.md): B episodes, N turns (T_max), S context slots, C chunk tokens, M action tokens, V vocab.
 """
 from __future__ import annotations
 

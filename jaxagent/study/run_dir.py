@@ -1,29 +1,18 @@
 """Run directories of the studies: one writer at a time, settings records, DONE markers, JSON files.
 
-A study writes everything it measures under one run directory (`<root>/<name>/`). This module is the part
-both studies (FrozenLake, `jaxagent.study.frozenlake.run`; the host domains, `jaxagent.study.host.run`) share:
-
-- `RunDir(path)` creates the directory and takes its lock, an exclusive `fcntl.flock` on `<path>/.lock`, held
-  until `release()` or the end of the process. A second writer (another process, or another job on a shared
-  filesystem that honours flock, e.g. local disks and NFSv4) gets `RunDirInUse` naming the holder's pid and
-  start time, before it has read or written anything there, so two runs never interleave their logs. flock
-  belongs to an open file, not to a process: several `RunDir`s of one directory in one process (a notebook, a
-  test) share the process's lock. In a multi-process job (`jax.distributed`) process 0 takes the lock for the
-  job and every process learns whether it got it (`lock_for_job`).
+The part of a run directory (`<root>/<name>/`) both studies share (FrozenLake, `jaxagent.study.frozenlake.run`; the
+host domains, `jaxagent.study.host.run`):
+- `RunDir(path)` creates the directory and takes its lock, an exclusive `fcntl.flock` on `<path>/.lock`, held until
+  `release()` or the end of the process; a second writer gets `RunDirInUse` naming the holder's pid and start time,
+  before it has read or written anything there. In a multi-process job process 0 takes it for the job (`lock_for_job`).
 - config.json, each DONE marker and each RL checkpoint record the settings that determine their result;
-  `settings_diff` (from `jaxagent.rl.checkpoint`) names the fields that differ.
-- A DONE marker is a JSON object (`mark_done`); one that is not (a torn or foreign file) is `InvalidMarker`,
-  never mistaken for a finished stage or for a marker of an older version (a JSON object without settings).
-- JSON files are written atomically (`write_json`: a temporary file renamed over the target), JSON-lines logs
-  appended by process 0 (`append_jsonl`) and cut back on resume (`cut_jsonl`).
-- Nothing is written through a link: every file this module opens for writing is opened with O_NOFOLLOW, and a
-  path that holds something other than a regular file (a symbolic link, a directory, a FIFO, a device; for the
-  lock also a file with other hard links) is an `InvalidRunDir` naming it, so a planted `.lock -> ~/notes` or a
-  DONE directory ends in one line, with the link's target untouched.
-
-Errors a user can fix (a directory in use or unwritable, other settings, a garbage marker, a bad preset field)
-are `RunError`s with a one-line message saying what to do; scripts print them without a traceback.
-This is one of the library's explicit I/O modules (it writes files; it never prints).
+  `settings_diff` names the fields that differ. A DONE marker is a JSON object (`mark_done`); one that is not (a torn
+  or foreign file) is `InvalidMarker`, never mistaken for a finished stage.
+- JSON files are written atomically (`write_json`), JSON-lines logs appended by process 0 (`append_jsonl`) and cut
+  back on resume (`cut_jsonl`); nothing is written through a link (O_NOFOLLOW; else `InvalidRunDir`, naming it).
+Errors a user can fix are `RunError`s with a one-line message saying what to do; scripts print them without a
+traceback. This is one of the library's explicit I/O modules (it writes files; it never prints). The lock's scope
+and what counts as a link: docs/study.md, "The run directory".
 """
 from __future__ import annotations
 

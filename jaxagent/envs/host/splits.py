@@ -7,15 +7,12 @@ hand-written task is its own), and SQL tasks their database. `structural_splits`
   "test"            (STRUCTURAL) every task of a held-out template, and every task on a held-out database: the
                     template, or the schema and its values, never appears in training (Spider's cross-database
                     rule, and new question forms);
-  "test_constants"  (CONSTANTS) every `every`-th task of the rest, counting only tasks whose template (on their
-                    database) has another task there, which stays in train: the train templates on the same
-                    databases with other constants (the within-distribution check the built-in sets used to be);
-  "train"           the rest (a task whose template is its own, a hand-written one, is trained on unless held
-                    out); "all" is the whole list in its order.
-`overlap` counts the held-out tasks that share a template, a database, or both with a train task: for "test" the
-held-out templates and databases are in no train task, so no task shares both (a task on a held-out database may
-use a train template, and a held-out template's task a train database); for "test_constants" every task shares
-both (tests/test_host_splits.py measures them).
+  "test_constants"  (CONSTANTS) every `every`-th task of the rest whose template (on its database) keeps another
+                    task in train: train's templates on the same databases with other constants;
+  "train"           the rest (a hand-written task is trained on unless held out); "all" is the whole list.
+`overlap` counts the held-out tasks that share a template, a database, or both with a train task: no "test" task
+shares both, every "test_constants" task does (tests/test_host_splits.py measures them). What is held out, and the
+measured overlap: docs/host_study.md, "Data" (Splits by structure).
 """
 from __future__ import annotations
 

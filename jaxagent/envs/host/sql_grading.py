@@ -1,27 +1,18 @@
 """How a submitted SQL query is scored against the gold query: jaxagent's exact rule, Spider's official execution
 accuracy, InterCode-SQL's reward. `SQLGrader(mode)` is one of them; `SQLEnv(grading=)` picks it and every report
-names it (`SQLGrader.note`).
+names it (`SQLGrader.note`). Each mode in full (text decoding, how tau ranks rows): docs/host_study.md, "Data".
 
 No dimension legend: host-side Python, no arrays.
-
 Modes (GRADINGS):
   "exact"      jaxagent's rule: the same rows, values compared after rounding floats to 6 decimals, as a list when
                the gold query has ORDER BY, else as a multiset; column order matters. Score 1 or 0.
   "spider"     Spider's official execution accuracy (Yu et al. 2018; the test-suite evaluation of Zhong et al.
-               2020, `exec_eval.eval_exec_match` / `result_eq`): both queries post-processed ("> =" read as ">="),
-               DISTINCT removed from both unless `keep_distinct` (the official default removes it, also inside
-               COUNT(DISTINCT ...)); the results equal when some permutation of the predicted query's columns
-               makes them equal, as lists when the gold query's text contains "order by", else as multisets;
-               values compared exactly. Text is decoded leniently (errors="ignore", as the official evaluation's
-               connection does; `SQLEnv(lenient_text=)`). Score 1 or 0. Run on the one database of the task (the
-               test suite's extra databases are not part of Spider's release).
-  "intercode"  InterCode-SQL's reward (Yang et al. 2023, `SqlEnv.get_reward`): rows as their text (`str` of the
-               row tuple); IoU = |A n B| / |A u B| of the two multisets (1 when both are empty); when they share
-               rows, scaled by Kendall's tau-b of two sequences, the shared rows in the predicted order and the
-               shared rows in the gold order, compared position by position with each row ranked by its text, as
-               InterCode's `kendalltau` call does (so the gold order reversed scores -1 only when the gold rows are
-               sorted by their text; tau left out when undefined, e.g. one shared row), rounded to 2 decimals. The
-               score lies in [-1, 1]; the episode counts as solved when it is 1 (InterCode's success rate).
+               2020, `exec_eval.eval_exec_match` / `result_eq`): after its post-processing (DISTINCT removed unless
+               `keep_distinct`), 1 when a permutation of the predicted columns makes the results equal, as lists
+               when the gold query's text contains "order by", else as multisets; else 0.
+  "intercode"  InterCode-SQL's reward (Yang et al. 2023, `SqlEnv.get_reward`): IoU = |A n B| / |A u B| of the two
+               multisets of rows as text (1 when both are empty), scaled by Kendall's tau-b of the shared rows'
+               two orders when they share rows, rounded to 2 decimals: in [-1, 1], solved at 1.
 """
 from __future__ import annotations
 

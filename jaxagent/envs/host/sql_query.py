@@ -2,19 +2,16 @@
 
 No dimension legend: host-side Python, no arrays.
 
-`run_query(db_path, query, ...)` runs one query in this process: the database opened read-only (URI
-`mode=ro`, `PRAGMA query_only`), an authorizer that allows only reading (SELECT, READ, RECURSIVE, and
-calls of the functions in ALLOWED_FUNCTIONS: no ATTACH, PRAGMA, writes, schema changes, extension loading
-or functions such as fts3_tokenizer that expose host internals), a time limit that covers running,
-fetching and converting the result (progress handler plus a clock check per fetched row and text
-value), and size limits: `max_value_len` bytes per value and `max_columns` columns (both enforced by
-SQLite, so one row is at most their product), `max_result_bytes` bytes converted in all (a larger result
-is an error, not a truncation) and `max_rows` rows. In this process the time limit is checked between
-SQLite's VM steps only, and some single steps are long: `printf('%.*c', 2000000000, 'x')` is one
-step of about 20 s. Use it for trusted queries (gold answers, the schema).
-
-This file run as a program (`python -I -S <this file> <heap limit>`, standard library only) is the query
-process (`serve`) of `sql_query_pool.QueryRunner`, which makes these limits hard.
+`run_query(db_path, query, ...)` runs one query in this process: the database opened read-only (URI `mode=ro`,
+`PRAGMA query_only`), an authorizer that allows only reading (SELECT, READ, RECURSIVE, and calls of the functions in
+ALLOWED_FUNCTIONS: no ATTACH, PRAGMA, writes, schema changes, extension loading or functions such as fts3_tokenizer
+that expose host internals), a time limit that covers running, fetching and converting the result (a progress
+handler plus a clock check per fetched row and text value), and size limits: `max_value_len` bytes per value,
+`max_columns` columns, `max_result_bytes` bytes converted in all (a larger result is an error, not a truncation)
+and `max_rows` rows. In this process the time limit is checked between SQLite's VM steps only, and a single step
+can run for many seconds: use it for trusted queries (gold answers, the schema). This file run as a program
+(`python -I -S <this file> <heap limit>`, standard library only) is the query process (`serve`) of
+`sql_query_pool.QueryRunner`, which makes these limits hard: docs/sandbox.md, "SQL queries".
 """
 import json
 import os

@@ -2,25 +2,17 @@
 
 No dimension legend: host-side Python, no arrays.
 
-`QueryRunner.run(...)` runs `sql_query.run_query` in a query process (`sql_query.py` run as a program,
-`python -I -S sql_query.py`, standard library only) and makes its limits hard:
-  - time: the process says when it starts a query (a line, before any of the query runs), answers within
-    `time_limit_s` of that through the same checks, or is killed (SIGKILL) `grace_s` later; the caller gets the
-    time-limit error either way and no thread or process of the query is left running. The limit is counted
-    from the process's start of work, so a machine too busy to schedule the process at once costs the query
-    none of its time (the step waits for it instead, up to START_S; a process that never starts the query is a
-    QueryProcessError). A fresh process replaces a killed one at once.
-  - temporary data (sorting, DISTINCT / UNION sets, materialised CTEs): in memory only
-    (`PRAGMA temp_store = MEMORY`), and all of SQLite's memory in the process is capped by
-    `sqlite3_hard_heap_limit64` (`heap_limit_bytes`, 64 MiB by default); a query that needs more gets
-    an "out of memory" error. The process may not write files at all (RLIMIT_FSIZE = 0), so no temp
-    file can grow on disk.
-  - a query process that outlives its caller: it exits when its request pipe closes, and its CPU
-    limit (RLIMIT_CPU, raised before each query to what it has used + the time limit + 2 s) ends a
-    step that never returns.
-Idle processes are reused (one query at a time each); several threads get several processes.
-Values cross the pipe as JSON (blobs as hex), never pickled. A query process that cannot be started is
-an infrastructure failure (`QueryProcessError`, `infrastructure_error = True`), not the model's.
+`QueryRunner.run(...)` runs `sql_query.run_query` in a query process (`python -I -S sql_query.py`), with hard limits:
+  - time: the process says when it starts a query, then answers within `time_limit_s` or is killed (SIGKILL)
+    `grace_s` later; the caller gets the time-limit error either way, nothing of the query keeps running, and a
+    fresh process replaces a killed one at once. The limit counts from the process's start of work (the step waits
+    up to START_S for it; a process that never starts the query is a QueryProcessError);
+  - temporary data: in memory only, all of SQLite's memory capped by `sqlite3_hard_heap_limit64`
+    (`heap_limit_bytes`, 64 MiB by default), no file writes (RLIMIT_FSIZE = 0);
+  - a process that outlives its caller exits when its request pipe closes, or at its RLIMIT_CPU.
+Idle processes are reused (one query at a time each). Values cross the pipe as JSON (blobs as hex), never pickled.
+A process that cannot be started is an infrastructure failure (`QueryProcessError`, `infrastructure_error = True`),
+not the model's. The guarantees and their tests: docs/sandbox.md, "SQL queries: what the limit guarantees".
 """
 from __future__ import annotations
 

@@ -7,16 +7,11 @@ Dimension legend: W words, Wt max tokens per word, Wr words in a rendering, A ac
 generated reply, Pa max tokens per action string, Fa accepted action forms (action x prefix); `compact`
 works on any 1-D array (length n).
 
-``TextCodec`` is a registered pytree dataclass: its arrays are leaves (so a codec can be passed into
-``jax.jit`` as an argument, or closed over as constants), its ``words``/``actions`` strings are static
-metadata (hashable, host-side lookups only). ``encode`` must not add special tokens. With a BPE
-tokenizer pass ``word_prefix=" "``: words are encoded one by one as " word" and their ids
-concatenated, which decodes to the space-joined text (not necessarily the canonical BPE of the whole
-string; the model only has to read it). A whitespace-split word-level tokenizer ignores the prefix.
-
-``parse_action`` matches exact token sequences. A BPE tokenizer may split the same action string
-differently after different left context (Qwen3: "<answer>" starts with token "<", " <answer>" with
-" <"); ``action_prefixes`` adds such forms (e.g. ``("", " ")``), all mapping to the same action.
+``TextCodec`` is a registered pytree dataclass: its arrays are leaves (a codec can be a `jax.jit` argument or a
+closed-over constant), its ``words``/``actions`` strings static metadata. ``encode`` must not add special tokens.
+With a BPE tokenizer pass ``word_prefix=" "`` (each word encoded as " word") and ``action_prefixes`` such as
+``("", " ")`` (every form an action string takes after different left context, all mapping to the same action):
+``parse_action`` matches exact token sequences. Why: docs/custom_env.md, "What the rollout needs" (the codec).
 """
 from __future__ import annotations
 

@@ -3,17 +3,13 @@ full-budget held-out episode's exact tokens kept in the eval log while it runs (
 scored teacher-forced under base and RL (`score_records`, `score_seed`).
 
 Episodes: per GRPO seed s, base's and seed s's held-out evaluation episodes at the full budget tier (the eval logs'
-`f5_tokens`: each episode's exact token sequence and its policy-token spans, kept by `TokenLog` while the episodes
-run). Every policy token y_t (the tokens the policy sampled; prompts, tool outputs and the chat template are not
-policy tokens) is scored teacher-forced under pi_base and pi_RL (`score_records`: log pi(y_t | y_<t) at
-temperature 1, the evaluation's sampling temperature, as `scoring.teacher_forced_logprobs` but with the logits
-only at the policy tokens; the params as the eval rollouts sample from them, `rollout_params`: the run's compute
-dtype, on its mesh).
-
+`f5_tokens`). Every policy token y_t (the tokens the policy sampled; prompts, tool outputs and the chat template are
+not policy tokens) is scored teacher-forced under pi_base and pi_RL at temperature 1, the evaluation's, with the
+params as the eval rollouts sample from them (`rollout_params`: the run's compute dtype, on its mesh).
 Quantities per episode tau (PAPER.md, "jaxagent's definitions"):
     action NLL under base   nll(a) = - sum_{t in a} log pi_base(y_t | y_<t)   per action a (one reply of the policy)
     cumulative LLR          llr(tau) = sum_{t policy token of tau} [log pi_RL(y_t | y_<t) - log pi_base(y_t | y_<t)]
-    policy-token count      n(tau) = number of policy tokens of tau.
+    policy-token count      n(tau) = number of policy tokens of tau  (docs/host_study.md, "Finding 5, likelihood").
 
 Dimension legend (CONVENTIONS.md): B rows of a scoring batch (episodes), T tokens of an episode's sequence, M policy
 tokens of an episode (all its replies' tokens), U budget tiers, P tasks, Z samples per task and tier.

@@ -1,29 +1,18 @@
 """The host-domain study's run directory and its first two stages: the base checkpoint (`run_base`) and the RL arms
-x seeds (`run_arms`), resumable from their checkpoints.
+x seeds (`run_arms`), resumable from their checkpoints (`HostRun`).
 
 runs/<name>/
   config.json                          the preset (+ the checkpoint used)
-  tiny_checkpoint/                     CI and toy presets: the random Qwen3 with the real Qwen3 tokenizer (HF layout;
-                                       toy presets: Qwen3's tokenizer pruned to the domain's texts)
-  base/DONE                            the checkpoint the arms start from; toy presets (`sft`): the SFT summary,
-                                       with base/policy/ (HF layout) and base/sft.jsonl (every SFT step's record)
+  tiny_checkpoint/                     CI and toy presets: the random Qwen3 with its tokenizer (HF layout)
+  base/DONE                            the arms' start; toy presets (`sft`): the SFT summary, base/policy/, sft.jsonl
   arms/<arm>/seed<k>/  metrics.jsonl, ckpt/ (orbax, the 2 newest iterations: resumable), policy/ (HF layout), DONE;
                        dynamics.jsonl on the coding domain (finding 6: R_multi and R_single, `host_dynamics`)
-(the evaluation stage's files: `evaluate`; the report's: `report.write_report`).
-
-One run writes a run directory at a time (`run_dir.RunDir`: a second gets RunDirInUse, naming the first's pid); the
-checkpoint, its tokenizer and the settings are checked before the directory is created. A finished arm/seed (DONE)
-is reused on a rerun; an interrupted arm resumes from its latest checkpoint (its logs cut back to it), unless that
-checkpoint was saved with other settings (refused, naming them). A rerun with other settings refuses unless
-`force` (which empties the run directory); the mesh, the seeds and the arms may change (`common.run_checks.RESULT_NEUTRAL`).
-Device mesh: a preset's `mesh` other than (1, 1, 1) runs the train step and the rollouts sharded on a mesh over
-every device of the job (`common.run_checks.make_run_mesh`). Several processes (a multi-host job, e.g. the v5p pod presets:
-every process runs the same program): every process runs every rollout and steps every episode's env (`host_loop`
-module docstring, multi-process); process 0 writes the run directory, the metrics, checkpoints and the report,
-the others waiting where they read them (DONE markers and eval logs, the same on every process, are written
-atomically by each).
-Each arm iteration's metrics record adds the rollout's host numbers (`host_stages.trace_metrics`: model vs env
-wall seconds, episodes ended by an env error or time-out).
+The evaluation stage's files are `evaluate`'s, the report's `report.write_report`'s. One run writes a run directory
+at a time (`run_dir.RunDir`); the checkpoint, its tokenizer and the settings are checked before the directory is
+created. A finished arm/seed (DONE) is reused on a rerun, an interrupted one resumes from its latest checkpoint;
+other settings are refused unless `force` (the mesh, the seeds and the arms may change:
+`common.run_checks.RESULT_NEUTRAL`). In a multi-process job every process runs the same program and process 0
+writes the run directory. Resuming, meshes and processes in full: docs/host_study.md, "The run directory".
 """
 from __future__ import annotations
 

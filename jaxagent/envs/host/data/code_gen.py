@@ -3,20 +3,15 @@
 No dimension legend: host-side Python, no arrays.
 
 A family is one kind of problem (sum the multiples of k, shift letters by k, windowed aggregates, ...; and the
-longer dynamic-programming, graph and string families of `code_gen_long`, 20-40-line references) with a grid of
-parameters; each parameter set is a task: a prompt naming the function and the parameters, a reference
-solution with the parameters written in as constants, and unit tests. The tests' arguments come from the
-family's input generator (edge cases first, then random inputs drawn by `random.Random(f"{seed}/{task id}")`
-until there are 7 distinct tests with at least two distinct answers);
-their expected values are the reference's return values, computed in this process by executing the reference
-(our own code) and JSON-normalised as the sandbox returns values (tuples as lists). `CodeEnv` runs these
-tasks like the hand-written ones: the reference passes its tests in the sandbox (tests/test_code_env.py checks
-one task of every family there, and all of them in a slow test).
-
-Output of `generate(seed)`: a list of task dicts (id, entry_point, prompt, reference, tests, template: the
-family's name), ordered by variant and then by family (variant 0 of every family, variant 1 of every family, ...).
-HELDOUT_FAMILIES are what the structural split holds out whole (`splits.structural_splits`). Deterministic for a
-given seed on every machine.
+longer families of `code_gen_long`, 20-40-line references) with a grid of parameters; each parameter set is a task:
+a prompt naming the function and the parameters, a reference solution with the parameters written in as constants,
+and unit tests: edge cases first, then inputs drawn by `random.Random(f"{seed}/{task id}")` until there are 7
+distinct tests with at least two distinct answers, their expected values the reference's return values (computed in
+this process, JSON-normalised as the sandbox returns values: tuples as lists).
+`generate(seed)` returns the task dicts (id, entry_point, prompt, reference, tests, template: the family's name),
+variant 0 of every family, then variant 1 of every family, ...; deterministic for a seed on every machine.
+HELDOUT_FAMILIES are what the structural split holds out whole (`splits.structural_splits`). The families, their
+counts and how every reference is checked in the sandbox: docs/host_study.md, "Data".
 """
 
 from __future__ import annotations

@@ -3,23 +3,16 @@ computed in Python (written for jaxagent; not Spider, not InterCode-SQL).
 
 No dimension legend: host-side Python, no arrays.
 
-The worlds (`sql_worlds`): a parent and a child table with a foreign key, in some worlds a third table below the
-child (a chain of two foreign keys) or a parent column referencing another parent (a self-reference); a table has
-a name column, categorical text columns and numeric columns. `generate(seed)` fills every world with rows drawn
-from fixed value pools by `random.Random(seed)` (some parents get no child, some children no third row, some
-parents no mentor), and instantiates question templates with constants taken from the data: the single-table and
-one-join templates here (counts, lists, thresholds, ranges, aggregates, group-bys, top-k, arg-max, joins,
-anti-joins, HAVING, distinct counts, lookups) and the harder ones of `sql_gen_hard` (two joins, nesting, GROUP BY
-with HAVING, set operations, self-joins), each on the worlds whose shape it needs. Each task carries its template
-and its gold query and the rows that answer it, computed in Python from the generated rows (not by SQLite):
-`SQLEnv` runs every gold query and keeps only the tasks whose result equals those rows (the gold query verified by
-execution). Tasks whose answer is empty or the single value 1 (which `SELECT 1` would match) are not generated.
-
-Output: (scripts, tasks). scripts maps a database name ("gen-<world>") to its SQL script (schema + INSERTs);
-tasks is a list of dicts (id, db, question, gold, ordered, expected rows, template), the worlds one after another,
-each world's tasks in template order. HELDOUT_TEMPLATES and `sql_worlds.HELDOUT_DBS` are what the structural split
-holds out (`splits.structural_splits`). Deterministic: the same seed gives the same scripts and tasks on every
-machine and Python version (`random.Random` with an int seed; no hash-ordered iteration).
+`generate(seed)` fills every world of `sql_worlds` with rows drawn from fixed value pools by `random.Random(seed)`
+and instantiates question templates (the single-table and one-join ones here, the harder ones in `sql_gen_hard`)
+with constants taken from the data, each on the worlds whose shape it needs. Each task's answer rows are computed in
+Python from the generated rows, not by SQLite, and `SQLEnv` keeps only the tasks whose gold query returns them;
+answers that are empty or the single value 1 (which `SELECT 1` would match) are not generated.
+Output: (scripts, tasks). scripts maps a database name ("gen-<world>") to its SQL script (schema + INSERTs); tasks
+is a list of dicts (id, db, question, gold, ordered, expected rows, template), world after world, each in template
+order. HELDOUT_TEMPLATES and `sql_worlds.HELDOUT_DBS` are what `splits.structural_splits` holds out. Deterministic
+on every machine and Python version (an int seed; no hash-ordered iteration). The worlds and the templates:
+docs/host_study.md, "Data".
 """
 
 from __future__ import annotations

@@ -2,24 +2,15 @@
 a private /tmp with the work directory, a few device nodes and /proc; nothing else of the host.
 
 `build_root` runs in init, in a fresh mount namespace: it stages a small tmpfs, binds into it what the
-interpreter needs at the same paths as on the host (symlinked path components become the same symlinks,
-so the interpreter's own paths keep working), masks the site-packages and every other import path of
-the caller with empty read-only tmpfs, pivots into it and drops the old root. The package, its task
-data, the tests, site-packages, the run directory, /run (the host's AF_UNIX sockets), /etc, /home and
-/sys are then simply absent.
-
-What is bound (read-only, nosuid, nodev, not recursive: mounts below a bound directory stay hidden):
-  - the interpreter (`sys.executable`) and its program interpreter (the ELF PT_INTERP, ld.so);
-  - the standard library: the directories of the child's `sys.path`, which `python -I -S` and the child's
-    `__main__` leave at the standard library and lib-dynload;
-  - every shared library mapped into this process (libpython, libc, libffi, ...): the whole directory when
-    it is one of the dynamic linker's default directories or the interpreter's LIBDIR (so the libraries
-    of extension modules not loaded yet are found: /usr/lib/<multiarch>, /usr/lib64, <prefix>/lib),
-    else the file alone.
-Masked (empty read-only tmpfs): every site-packages / dist-packages in or one level below a bound directory
-(`packages_dirs`: <prefix>/lib/python3.X/site-packages under a bound <prefix>/lib, /usr/lib/python3/dist-packages),
-and every path of the caller's `hide` list that a bound directory shows (its import paths, the site-packages of
-its interpreter and, in a virtual environment, of the base interpreter's prefix too).
+interpreter needs at the same paths as on the host (symlinked path components become the same symlinks, so the
+interpreter's own paths keep working), masks every site-packages and every other import path of the caller with
+empty read-only tmpfs (`packages_dirs`, the caller's `hide` list), pivots into it and drops the old root. The
+package, its task data, the tests, site-packages, the run directory, /run (the host's AF_UNIX sockets), /etc, /home
+and /sys are then simply absent. Bound read-only, nosuid, nodev, not recursive (mounts below a bound directory stay
+hidden): the interpreter and its ELF program interpreter (ld.so), the directories of the child's `sys.path` (the
+standard library and lib-dynload), and every shared library mapped into this process (its whole directory when
+that is one of the dynamic linker's default directories or the interpreter's LIBDIR, else the file alone). What is
+bound and masked, path by path: docs/sandbox.md, "The run's root file system".
 
 No dimension legend: host-side Python, no arrays.
 """

@@ -1,19 +1,14 @@
 """A seccomp filter for the model's processes: no namespaces, no mounts, no socket families but local,
 IPv4 and IPv6 (which reach nothing in the run's empty network namespace), no io_uring.
 
-A classic BPF program, assembled here and installed with prctl(PR_SET_SECCOMP) after no_new_privs; it
-is inherited by every process the model's code starts and cannot be removed. Refused, with the errno
-the program sees:
-  - unshare, setns, clone with any CLONE_NEW* flag: EPERM (no user, mount, network, ... namespaces of
-    its own); clone3: ENOSYS, so that the C library falls back to clone, whose flags the filter can read;
-  - socket and socketpair of any family but AF_UNIX, AF_INET, AF_INET6: EAFNOSUPPORT (no vsock to the
-    hypervisor, netlink, packet, bluetooth, ...);
-  - io_uring (it would create sockets past this filter), mount and the new mount API, pivot_root,
-    chroot, bpf, perf_event_open, userfaultfd, the kernel keyring, ptrace and process_vm_*, handle-based
-    opens, modules, kexec, swap, reboot, host names, syslog, fanotify, quotactl, acct: EPERM;
-  - any other architecture's calling convention (i386 on x86_64, arm32 on aarch64) kills the process,
-    and x32 calls on x86_64 get ENOSYS.
-Syscall tables exist for x86_64 and aarch64; on other machines the strong sandbox is unavailable.
+A classic BPF program, assembled here and installed with prctl(PR_SET_SECCOMP) after no_new_privs; it is
+inherited by every process the model's code starts and cannot be removed. Refused, with the errno the program
+sees: unshare, setns and clone with any CLONE_NEW* flag (EPERM), clone3 (ENOSYS, so that the C library falls back
+to clone, whose flags the filter can read); socket and socketpair of any family but AF_UNIX, AF_INET and AF_INET6
+(EAFNOSUPPORT); io_uring, mount and the new mount API, pivot_root, ptrace and the other calls listed in
+docs/sandbox.md, "The seccomp filter" (EPERM); any other architecture's calling convention kills the process
+(x32 calls on x86_64 get ENOSYS). Syscall tables exist for x86_64 and aarch64; on other machines the strong
+sandbox is unavailable.
 
 No dimension legend: host-side Python, no arrays.
 """
