@@ -1,7 +1,8 @@
 """The host-domain study (SQL, BFCL multi-turn, multi-turn coding) as library stages over a run directory.
 
   presets         `HostPreset` and `HOST_PRESETS`: one per domain and scale
-  stages          domains, the host world, the RL arms' runtime and training on host envs, Pass episodes
+  domains         the study's domains (env, splits, the structural bound's turns); `uses_env`
+  stages          the host world, the RL arms' runtime and training on host envs, Pass episodes
   sft             the toy presets' base: SFT on reference solutions, the noisy expert (`train_sft_base`)
   experts         the noisy experts the toy bases imitate, per env: slips, checking first, mistake kinds
   run             `HostRun` (the run directory), stage 'base' (`run_base`), stage 'rl' (`run_arms`, resumable)
