@@ -59,6 +59,9 @@ def test_settings_that_cannot_run_are_one_line_before_any_work(capsys, tmp_path)
     line = _user_error(base.main, ["--preset", "ci", "--root", root, "--mesh", "2", "1", "1"], capsys)
     assert line == ("error: preset 'ci' has mesh (data, fsdp, tensor) = (2, 1, 1), which needs 2 devices, but "
                     "jax.device_count() = 8 (cpu); pick a preset/--mesh whose product is the device count")
+    line = _user_error(base.main, ["--preset", "ci", "--root", root, "--mesh", "4", "4", "1"], capsys)
+    assert line.endswith("(cpu); pick a preset/--mesh whose product is the device count (on a CPU host, "
+                         "XLA_FLAGS=--xla_force_host_platform_device_count=16 makes 16 CPU devices)")
     line = _user_error(rl.main, ["--preset", "ci", "--root", root, "--micro-batches", "3"], capsys)
     assert line.startswith("error: preset 'ci': the RL batch n_tasks x group_size = 2 x 4 = 8 must split into")
     assert _user_error(base.main, ["--preset", "qwen3-0.6b-1gpu", "--root", root], capsys) == (

@@ -111,7 +111,11 @@ def make_run_mesh(preset):
     if n == 1:
         return None
     if n != jax.device_count():
+        platform = jax.devices()[0].platform
+        # a CPU host can hold the preset's mesh as virtual devices (a rehearsal of a multi-chip preset)
+        hint = (f" (on a CPU host, XLA_FLAGS=--xla_force_host_platform_device_count={n} makes {n} CPU devices)"
+                if platform == "cpu" and n > jax.device_count() else "")
         raise InvalidSettings(f"preset {preset.name!r} has mesh (data, fsdp, tensor) = {shape}, which needs {n} "
-                              f"devices, but jax.device_count() = {jax.device_count()} ({jax.devices()[0].platform}); "
-                              "pick a preset/--mesh whose product is the device count")
+                              f"devices, but jax.device_count() = {jax.device_count()} ({platform}); "
+                              f"pick a preset/--mesh whose product is the device count{hint}")
     return sharding.make_mesh(*shape)
