@@ -33,12 +33,13 @@ def test_frozenlake_rehearsal_cuts_counts_and_keeps_the_model(name):
         assert getattr(r, field) == getattr(p, field), field
     assert (r.task.size, r.task.frozen_prob) == (p.task.size, p.task.frozen_prob)
     # cut: counts
-    assert r.seeds == p.seeds[:1] and r.iterations == 1 and r.rollout_batch == 2 and r.micro_batches == 1
+    shards = p.mesh[0] * p.mesh[1]
+    assert r.seeds == p.seeds[:1] and r.iterations == 1 and r.rollout_batch == max(2, shards) and r.micro_batches == 1
     assert (r.task.t_max, r.task.max_action_tokens, r.task.max_context) == (4, 16, 512)
     assert r.task.max_context < p.task.max_context and r.rollout_batch < p.rollout_batch
     assert (r.eval.n_tasks, r.eval.n_samples, r.eval.ks, r.eval.n_plan_tasks) == (2, 1, (1,), 2)
     assert r.eval.n_continuations == 1 < p.eval.n_continuations
-    check_batches(dataclasses.replace(r, mesh=(1, 1, 1)), 1)  # the cut batch still splits into its micro-batches
+    check_batches(r, shards)  # the cut batch splits over the preset's own mesh (the 4B's 8 fsdp shards)
 
 
 @pytest.mark.parametrize("name", HOST_ACCEL)
@@ -49,7 +50,10 @@ def test_host_rehearsal_cuts_counts_and_keeps_the_model(name):
     for field in ("arms", "compute_dtype", "remat", "lr", "aot_model", "mesh", "tiny_model", "sft"):
         assert getattr(r, field) == getattr(p, field), field
     assert r.task.domain == p.task.domain and r.task.enable_thinking == p.task.enable_thinking
-    assert r.seeds == p.seeds[:1] and r.iterations == 1 and (r.n_tasks, r.group_size, r.micro_batches) == (1, 2, 1)
+    shards = p.mesh[0] * p.mesh[1]
+    assert r.seeds == p.seeds[:1] and r.iterations == 1 and (r.n_tasks, r.group_size, r.micro_batches) == (
+        1, max(2, shards), 1)
+    check_batches(r, shards)  # on the preset's own mesh (the 8B's 32 batch shards)
     assert (r.task.t_max, r.task.max_action_tokens, r.task.max_train_tasks, r.task.max_heldout_tasks) == (2, 16, 2, 2)
     assert (r.eval.n_samples, r.eval.ks, r.eval.batch_size) == (1, (1,), 2)
     if p.task.domain == "bfcl":  # BFCL's tool documents alone are >= 2,031 tokens
@@ -71,6 +75,12 @@ def test_command_line_overrides_apply_on_top_of_the_cut(tmp_path):
          "--arms", "grpo", "ppo"])
     p = cli.preset_from(args)
     assert p.rehearsal and p.iterations == 3 and p.arms == ("grpo", "ppo") and p.rollout_batch == 2
+    # --mesh: the batch is cut for the mesh the run uses (8 fsdp shards: 8 rows), not the preset's
+    args = cli.parser("t", run_options=True).parse_args(
+        ["--preset", "qwen3-0.6b-1gpu", "--checkpoint", str(tmp_path), "--rehearsal", "--mesh", "1", "8", "1"])
+    p = cli.preset_from(args)
+    assert p.mesh == (1, 8, 1) and p.rollout_batch == 8
+    check_batches(p, 8)
     args = host_study.parser().parse_args(["--preset", "qwen3-0.6b-1gpu-code", "--checkpoint", str(tmp_path),
                                            "--rehearsal", "--seeds", "5", "--arms", "grpo"])
     h = host_study.preset_from(args)

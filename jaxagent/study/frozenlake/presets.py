@@ -3,6 +3,7 @@ default (a 2-core CPU). `with_overrides` gives a preset with a command line's ch
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from jaxagent.models.config import Qwen3Config
@@ -191,7 +192,8 @@ REHEARSAL_TASK = dict(t_max=4, max_action_tokens=16, max_context=512)
 def rehearsal_preset(preset: Preset) -> Preset:
     """`preset` with its counts cut so that its whole pipeline (base, every arm, every diagnostic, report.md) runs on a
     2-core CPU in minutes: the model, tokenizer, chat format, compute dtype, arms, remat and learning rates stay;
-    one seed, one iteration of one task x 2 rollouts in one micro-batch, `REHEARSAL_TASK`'s turns and slots, 2
+    one seed, one iteration of one task x 2 rollouts in one micro-batch (on a mesh: the least even multiple of its
+    data x fsdp batch shards, so the batch splits over them), `REHEARSAL_TASK`'s turns and slots, 2
     held-out maps x 1 sample at 2 budget tiers (K = 1), 2 matched and 2 error states with 2 sampled actions and 1 continuation, 2 plan
     maps x 1 reply. Every program runs at these counts, not the preset's (its fit at the preset's counts is the AOT
     check's, experiments.aot_check). `rehearsal=True` makes the report say so."""
@@ -202,8 +204,9 @@ def rehearsal_preset(preset: Preset) -> Preset:
                              n_error_states=2, n_sampled=2, n_continuations=1, n_boot=20, n_plan_tasks=2, n_plan_samples=1,
                              headline_tasks=min(preset.eval.headline_tasks, 2),
                              headline_samples=min(preset.eval.headline_samples, 1))
+    group = math.lcm(2, int(preset.mesh[0]) * int(preset.mesh[1]))  # rows divide over the batch shards
     return dataclasses.replace(preset, task=task, base=base, eval=ev, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
-                               group_size=2, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+                               group_size=group, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
 
 
 def needs_checkpoint(preset: Preset) -> bool:
@@ -222,8 +225,8 @@ def with_overrides(preset: Preset | str, *, checkpoint: Optional[str] = None, it
         if preset not in PRESETS:
             raise InvalidSettings(f"unknown preset {preset!r}; the presets: {', '.join(sorted(PRESETS))}")
         preset = PRESETS[preset]
-    if rehearsal:
-        preset = rehearsal_preset(preset)
+    if rehearsal:  # cut for the mesh the run will use
+        preset = rehearsal_preset(dataclasses.replace(preset, mesh=tuple(mesh)) if mesh else preset)
     changes = {}
     if checkpoint:
         changes["checkpoint"] = checkpoint

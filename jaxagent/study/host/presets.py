@@ -25,6 +25,7 @@ and 638 / 222 train / held-out tasks, plus "test_constants" 168 and 209; docs/ho
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Optional
 
@@ -181,7 +182,8 @@ REHEARSAL_BFCL = dict(max_context=2560, max_system_tokens=2200)
 def rehearsal_preset(preset: HostPreset) -> HostPreset:
     """`preset` with its counts cut so that its whole pipeline (base, every arm, every finding of its domain,
     report.md) runs on a 2-core CPU in minutes: the model, tokenizer, domain, compute dtype, arms, remat and learning
-    rate stay; one seed, one iteration of one task x 2 rollouts in one micro-batch, `REHEARSAL_TASK`'s turns and
+    rate stay; one seed, one iteration of one task x 2 rollouts in one micro-batch (on a mesh: the least even
+    multiple of its data x fsdp batch shards), `REHEARSAL_TASK`'s turns and
     slots (`REHEARSAL_BFCL`'s for BFCL), 2 held-out tasks x 1 sample at 2 budget tiers (K = 1) in batches of 2, one
     matched state with 2 replies (finding 3), R_single at the base and after the iteration. The SFT of a toy preset
     runs 2 steps of 2 rows. Every program runs at these counts, not the preset's (their fit at the preset's counts is
@@ -192,8 +194,9 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
     ev = dataclasses.replace(preset.eval, n_samples=1, ks=(1,), fractions=(0.5, 1.0), batch_size=2,
                              step_samples=2, step_states=1)
     sft = None if preset.sft is None else dataclasses.replace(preset.sft, steps=2, batch_size=2)
+    group = math.lcm(2, int(preset.mesh[0]) * int(preset.mesh[1]))  # rows divide over the batch shards
     return dataclasses.replace(preset, task=task, eval=ev, sft=sft, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
-                               group_size=2, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+                               group_size=group, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
 
 
 def with_seed_offset(preset: HostPreset, offset: int) -> HostPreset:
