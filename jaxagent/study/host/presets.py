@@ -414,8 +414,8 @@ HOST_PRESETS: dict[str, HostPreset] = {
     # miss_func's late functions arrive; tools as signatures. 5 turns (the reference takes 3-4: per request its calls
     # and a closing message), tiers 4 and 5 (every reference fits the tight tier; a slip costs its one extra turn);
     # 1,536 slots (prompts of 250-750 tokens, four turns of 128-token replies and 64-token tool output). The same
-    # base recipe and RL as bfcl-toy. Defined and rehearsed (`--rehearsal`), not yet measured at full size: about
-    # 1.5 times bfcl-toy's 30 minutes on 2 cores (docs/host_study.md, "Toy presets").
+    # base recipe and RL as bfcl-toy. Defined and rehearsed (`--rehearsal`), not yet run at full size: its base SFT
+    # alone is over 40 minutes on 2 cores (docs/host_study.md, "Toy presets").
     "bfcl2-toy": _toy("bfcl2-toy", "bfcl-two", t_max=5, max_context=1536, fractions=(0.8, 1.0), **_BFCL_TOY),
 
     # ---------------------------------------------------------------- one 80 GB GPU, Qwen3-0.6B
