@@ -124,3 +124,20 @@ def test_freed_heap_memory_goes_back_to_the_kernel():
     released = retained - _rss_bytes()
     libc.free(blocks[-1])
     assert released > 200 << 20, f"{released / 2**20:.0f} MB handed back"
+
+
+def test_the_decoding_copy_of_the_params_is_checked_before_it_is_made(monkeypatch):
+    """`rollout_params`' cast to the compute dtype is a weight-sized new buffer: on a CPU host it is checked like any
+    program (a full-size 8B rehearsal was killed by the kernel there, after the train state had passed its check)."""
+    from jaxagent.models import qwen3
+    from jaxagent.models.config import Qwen3Config
+    from jaxagent.sampling.generate import rollout_params
+    cfg = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=8)
+    params = qwen3.init(cfg, jax.random.key(0))
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: 1)
+    monkeypatch.setattr(xla_options, "release_freed_host_memory", lambda: False)
+    with pytest.raises(HostMemoryError, match=r"program 'cast_params' needs .* of new outputs"):
+        rollout_params(params, cfg, compute_dtype="bfloat16")
+    monkeypatch.setattr(xla_options, "host_memory_available", lambda: 1 << 40)
+    assert jax.tree.leaves(rollout_params(params, cfg, compute_dtype="bfloat16"))[0].dtype == jnp.bfloat16

@@ -49,8 +49,10 @@ def bucket(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def _cast_floating(params, *, dtype):
+@functools.partial(xla_options.jit, static_argnames=("dtype",))
+def cast_params(params, *, dtype):
+    """`params` with their floating leaves in `dtype` (the decoding copy `rollout_params` makes): an `xla_options`
+    program, so that on a CPU host the weight-sized copy is checked against the memory left before it is made."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
@@ -64,7 +66,7 @@ def rollout_params(params, cfg: Qwen3Config, *, mesh: Mesh | None = None, comput
         if not jnp.issubdtype(dt, jnp.floating):
             raise ValueError(f"compute_dtype must be a floating dtype, got {dt}")
         if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt for x in jax.tree.leaves(params)):
-            params = _cast_floating(params, dtype=dt)
+            params = cast_params(params, dtype=dt)
     if mesh is not None:
         params = jax.device_put(params, shd.shardings_for(qwen3.logical_axes(cfg), params, mesh, shd.ROLLOUT_RULES))
     return params
