@@ -16,6 +16,7 @@ from jaxagent.envs.host.bfcl_calls import format_tool_call, function_docs, valid
 from jaxagent.envs.host.bfcl_env import CATEGORIES, BFCLEnv  # noqa: E402
 from jaxagent.envs.host.bfcl_state import deep_copy  # noqa: E402
 from jaxagent.eval.error_prefix import collect_error_prefixes, correction_rate  # noqa: E402
+from tests.host_play import call, play  # noqa: E402
 
 PER_CATEGORY = 6
 
@@ -29,21 +30,6 @@ def env():
 def sample(env):
     rng = random.Random(0)
     return [t for c in CATEGORIES for t in rng.sample(env.tasks(c), PER_CATEGORY)]
-
-
-def _call(name, **arguments):
-    return format_tool_call(name, arguments)
-
-
-def _play(env, task, actions):
-    state, obs = env.reset(0, task)
-    out = []
-    for a in actions:
-        state, obs, reward, done, info = env.step(state, a)
-        out.append((obs, reward, done, info))
-        if done:
-            break
-    return state, out
 
 
 def test_task_counts_and_splits(env):
@@ -70,7 +56,7 @@ def test_ground_truth_replay_solves_tasks(env, sample):
     for task in sample:
         actions = env.ground_truth_actions(task)
         assert len(actions) == env.upper_bound_turns(task)
-        state, steps = _play(env, task, actions)
+        state, steps = play(env, task, actions)
         assert len(steps) == len(actions), task.id
         assert all(info["valid"] for _, _, _, info in steps), task.id
         obs, reward, done, info = steps[-1]
@@ -82,7 +68,7 @@ def test_skipping_a_turn_fails(env, sample):
     for task in sample:
         first = next(i for i, g in enumerate(task.ground_truth) if g)
         # Close the (empty) turns before the first non-empty one, then answer it with text only.
-        state, steps = _play(env, task, ["Done."] * first + ["I cannot do that."])
+        state, steps = play(env, task, ["Done."] * first + ["I cannot do that."])
         obs, reward, done, info = steps[-1]
         assert (reward, done, info["success"]) == (0.0, True, False), task.id
         assert "empty_turn_model_response" in info["failure"]
@@ -90,15 +76,15 @@ def test_skipping_a_turn_fails(env, sample):
 
 def test_wrong_arguments_fail(env):
     task = env.task("multi_turn_base_0")  # cd, mkdir temp, mv final_report.pdf -> temp
-    state, steps = _play(env, task, [
-        _call("cd", folder="document") + _call("mkdir", dir_name="tmp") + _call("mv", source="final_report.pdf",
+    state, steps = play(env, task, [
+        call("cd", folder="document") + call("mkdir", dir_name="tmp") + call("mv", source="final_report.pdf",
                                                                                destination="tmp"),
         "Done."])
     obs, reward, done, info = steps[-1]
     assert (reward, done) == (0.0, True) and "instance_state_mismatch" in info["failure"]
     # A missing read-only call fails the response check instead.
     task = env.task("multi_turn_base_1")  # turn 0: ls(a=True)
-    state, steps = _play(env, task, [_call("pwd"), "Done."])
+    state, steps = play(env, task, [call("pwd"), "Done."])
     assert steps[-1][1] == 0.0 and "execution_response_mismatch" in steps[-1][3]["failure"]
 
 
@@ -150,15 +136,15 @@ def test_scores_agree_with_bfcl_checker(env):
 def test_malformed_calls_are_error_observations(env):
     task = env.task("multi_turn_base_0")
     state, _ = env.reset(0, task)
-    state, _, _, _, ok = env.step(state, _call("pwd"))
+    state, _, _, _, ok = env.step(state, call("pwd"))
     anchor = env.anchor(state)
     assert ok["next_anchor"] == anchor
     cases = {
         '<tool_call>\n{"name": "cd", "arguments": {"folder": }\n</tool_call>': "not valid JSON",
-        _call("teleport", where="home"): "unknown function 'teleport'",
-        _call("cd", folder=7): "must be of type string",
-        _call("cd"): "missing the required argument 'folder'",
-        _call("cd", folder="document", force=True): "unexpected argument 'force'",
+        call("teleport", where="home"): "unknown function 'teleport'",
+        call("cd", folder=7): "must be of type string",
+        call("cd"): "missing the required argument 'folder'",
+        call("cd", folder="document", force=True): "unexpected argument 'force'",
         '<tool_call>\n{"arguments": {}}\n</tool_call>': "needs a string 'name'",
         '<tool_call>\n["cd"]\n</tool_call>': "must be a JSON object",
         '<tool_call>\n{"name": "cd", "arguments": {"folder": "x"}}': "unterminated",
@@ -173,7 +159,7 @@ def test_malformed_calls_are_error_observations(env):
     # arguments given as a JSON string are accepted; a tool-level error is valid but a tool error
     state, obs, _, _, info = env.step(state, '<tool_call>{"name": "cd", "arguments": "{\\"folder\\": \\"nope\\"}"}</tool_call>')
     assert info["valid"] and info["tool_error"] and "error" in obs
-    state, obs, _, _, info = env.step(state, _call("cd", folder="document"))
+    state, obs, _, _, info = env.step(state, call("cd", folder="document"))
     assert info["valid"] and not info["tool_error"] and info["obs_role"] == "tool"
     assert info["anchor"] == anchor != info["next_anchor"] == env.anchor(state)
 
@@ -182,11 +168,11 @@ def test_anchor_ignores_history(env):
     task = env.task("multi_turn_base_0")
     s1, _ = env.reset(0, task)
     start = env.anchor(s1)
-    env.step(s1, _call("pwd"))
+    env.step(s1, call("pwd"))
     s2, _ = env.reset(0, task)
-    env.step(s2, _call("cd", folder="document") + _call("cd", folder=".."))
+    env.step(s2, call("cd", folder="document") + call("cd", folder=".."))
     assert env.anchor(s1) == env.anchor(s2) == start
-    info = env.step(s2, _call("mkdir", dir_name="new"))[4]
+    info = env.step(s2, call("mkdir", dir_name="new"))[4]
     assert info["anchor"] == start != info["next_anchor"] == env.anchor(s2)
     assert 0 <= start < 2**31
 
@@ -198,10 +184,10 @@ def test_miss_func_holds_functions_back(env):
     assert "sort" not in names(0) and "sort" in names(3)
     assert '"name": "sort"' not in env.system_prompt(task)
     state, _ = env.reset(0, task)
-    _, obs, _, _, info = env.step(state, _call("sort", file_name="final_report.pdf"))
+    _, obs, _, _, info = env.step(state, call("sort", file_name="final_report.pdf"))
     assert "unknown function 'sort'" in obs and not info["valid"]
     actions = env.ground_truth_actions(task)
-    state, steps = _play(env, task, actions)
+    state, steps = play(env, task, actions)
     announce = [o for o, _, _, i in steps if i["obs_role"] == "user" and '"name": "sort"' in o]
     assert len(announce) == 1 and steps[-1][1] == 1.0
 
@@ -210,7 +196,7 @@ def test_force_quit_after_too_many_steps():
     env = BFCLEnv(categories=("base",), max_steps_per_turn=3)
     state, _ = env.reset(0, env.task("multi_turn_base_1"))
     for k in range(3):
-        state, obs, reward, done, info = env.step(state, _call("pwd"))
+        state, obs, reward, done, info = env.step(state, call("pwd"))
     assert done and reward == 0.0 and "force_terminated" in info["failure"]
     with pytest.raises(ValueError):
         env.step(state, "Done.")
@@ -245,7 +231,7 @@ def test_fuzzed_tool_calls_never_raise(env, action):
 def test_error_prefixes_and_correction_rate(env):
     task = env.task("multi_turn_base_1")  # turn 0: ls(a=True)
     gt = env.ground_truth_actions(task)
-    bad = _call("ls", a="yes")  # wrong type: a tool-call error
+    bad = call("ls", a="yes")  # wrong type: a tool-call error
     trajectories = []
     for policy in ("rl", "base"):
         state, obs = env.reset(0, task)
@@ -278,7 +264,7 @@ def test_registry_builds_bfcl():
 def test_every_solvable_task_replays_to_reward_one(env):
     failures = []
     for task in env.tasks("all"):
-        _, steps = _play(env, task, env.ground_truth_actions(task))
+        _, steps = play(env, task, env.ground_truth_actions(task))
         if steps[-1][1] != 1.0:
             failures.append(task.id)
     assert not failures
@@ -343,12 +329,12 @@ def test_hostile_actions_are_error_observations(env, action, message):
     assert message in obs, obs[:300]
     assert info["tool_error"] and info["error"] and info["obs_role"] == "tool" and not done and reward == 0.0
     json.dumps(info)  # infos stay plain data
-    state, obs, _, _, info = env.step(state, _call("pwd"))  # the episode goes on
+    state, obs, _, _, info = env.step(state, call("pwd"))  # the episode goes on
     assert info["valid"] and not info["tool_error"]
 
 
 def _deep_tree_actions(levels_per_step=32, steps=19):
-    step = "\n".join([_call("mkdir", dir_name="d"), _call("cd", folder="d")] * levels_per_step)
+    step = "\n".join([call("mkdir", dir_name="d"), call("cd", folder="d")] * levels_per_step)
     return [step] * steps
 
 
@@ -359,12 +345,12 @@ def test_clone_and_correction_rate_with_a_608_deep_directory_tree(env):
     for a in actions:
         state, _, _, done, info = env.step(state, a)
         assert info["valid"] and not done
-    assert env.step(env.clone(state), _call("pwd"))[1].count("/d") == 608
+    assert env.step(env.clone(state), call("pwd"))[1].count("/d") == 608
     copy = env.clone(state)  # 20 steps per turn: each state has one step left
-    assert "only_in_the_copy" in env.step(copy, _call("mkdir", dir_name="only_in_the_copy") + _call("ls"))[1]
-    assert "only_in_the_copy" not in env.step(state, _call("ls"))[1]
+    assert "only_in_the_copy" in env.step(copy, call("mkdir", dir_name="only_in_the_copy") + call("ls"))[1]
+    assert "only_in_the_copy" not in env.step(state, call("ls"))[1]
     # the correction rate clones the replayed prefix: the last step of the prefix has a tool error
-    prefix = actions[:-1] + [actions[-1] + "\n" + _call("cd", folder=7)]
+    prefix = actions[:-1] + [actions[-1] + "\n" + call("cd", folder=7)]
     trajectory = {"task": task, "actions": prefix, "infos": [], "policy": "deep"}
     s, _ = env.reset(0, task)
     for a in prefix:
@@ -372,7 +358,7 @@ def test_clone_and_correction_rate_with_a_608_deep_directory_tree(env):
         trajectory["infos"].append(info)
     prefixes = collect_error_prefixes([trajectory])
     assert [p.step for p in prefixes] == [18]
-    rates = correction_rate(env, prefixes, {"fix": [_call("cd", folder="..")], "bad": [_call("cd", folder=7)]})
+    rates = correction_rate(env, prefixes, {"fix": [call("cd", folder="..")], "bad": [call("cd", folder=7)]})
     assert rates["fix"]["corrected"] == [True] and rates["bad"]["corrected"] == [False]
 
 
@@ -421,7 +407,7 @@ def test_lone_surrogates_are_escaped_and_the_episode_goes_on(env, tok, action):
     info["error"].encode("utf-8")
     chunk = episode.host_next_chunk(tok, chat.turn_pieces(tok), obs, info["obs_role"], None, True)  # the rollout's path
     assert tok.decode(chunk).count("<tool_response>") == 1
-    state, obs, _, done, info = env.step(state, _call("pwd"))  # the episode continues normally
+    state, obs, _, done, info = env.step(state, call("pwd"))  # the episode continues normally
     assert info["valid"] and not info["tool_error"] and not done
 
 
@@ -443,7 +429,7 @@ def test_signatures_name_every_available_function_without_descriptions(env, firs
     names = {t["function"]["name"] for t in env.tools(env.task("multi_turn_miss_func_0"), 0)}
     assert {line.split("(")[0] for line in lines} == names and "sort" not in names  # announced at a cut turn
     state, _ = first.reset(0, task)
-    assert "unknown function 'sort'" in first.step(state, _call("sort", file_name="final_report.pdf"))[1]
+    assert "unknown function 'sort'" in first.step(state, call("sort", file_name="final_report.pdf"))[1]
     assert "description" not in prompt and len(prompt) < len(env.system_prompt(env.task("multi_turn_miss_func_0"))) / 4
     for bad in (dict(user_turns=0), dict(user_turns=True), dict(user_turns=1.0), dict(tool_docs="yaml")):
         with pytest.raises(ValueError, match="user_turns|tool_docs"):
@@ -469,7 +455,7 @@ def test_first_request_reference_solves_in_two_steps(first):
     for task in rng.sample(first.tasks("all"), 24):
         actions = first.ground_truth_actions(task)
         assert len(actions) == first.upper_bound_turns(task) == 2
-        state, steps = _play(first, task, actions)
+        state, steps = play(first, task, actions)
         assert [r for _, r, _, _ in steps] == [0.0, 1.0] and state.success, task.id
-        state, steps = _play(first, task, actions[1:])  # closing at once: the request's calls were never made
+        state, steps = play(first, task, actions[1:])  # closing at once: the request's calls were never made
         assert steps[-1][2] and not state.success and "empty_turn" in state.failure

@@ -6,7 +6,6 @@ import pytest
 
 from jaxagent.envs.host import sandbox
 from jaxagent.envs.host.base import HostEnv, make
-from jaxagent.envs.host.bfcl_calls import format_tool_call
 from jaxagent.envs.host.bfcl_env import BFCLEnv
 from jaxagent.envs.host.code_env import CodeEnv, extract_code
 from jaxagent.envs.host.sandbox import SandboxLimits
@@ -18,6 +17,7 @@ from jaxagent.study.host.experts.code import (CODE_MISTAKE_KINDS, CODE_SLIP_KIND
 from jaxagent.study.host.experts.sql import (MISTAKE_KINDS, SLIP_KINDS, SQLExpert, query_slips, slip_query,
                                              submission_mistake)
 from jaxagent.study.host.stages import CappedObservations
+from tests.host_play import call, play
 
 # The code env's logic does not depend on the isolation: without strong isolation (not root) the explicit weak mode
 MODE = "namespaces" if sandbox.strong_isolation_problem() is None else "unsafe-rlimits-only"
@@ -37,21 +37,6 @@ def first():
 
 def _block(code):
     return f"Here is my solution.\n```python\n{code}\n```"
-
-
-def _call(name, **arguments):
-    return format_tool_call(name, arguments)
-
-
-def _play(env, task, actions):
-    state, obs = env.reset(0, task)
-    out = []
-    for a in actions:
-        state, obs, reward, done, info = env.step(state, a)
-        out.append((obs, reward, done, info))
-        if done:
-            break
-    return state, out
 
 
 # ----------------------------------------------------------------------------- which expert
@@ -74,12 +59,12 @@ def test_each_env_has_its_expert_by_class_and_a_custom_env_none(code_env):
 def test_what_an_expert_does_not_define_is_not_implemented():
     bare = NoisyExpert(object())
     assert bare.mistake_kinds == () and bare.env_class is None
-    for call, match in ((lambda: bare.slipped_actions("t", 0), "no slipped reference"),
-                        (lambda: bare.checked_actions("t", 0, True), "no checked reference"),
-                        (lambda: bare.submission_mistake("t", [], False), "does not sort submissions"),
-                        (lambda: CodeExpert(None).checked_actions("t", 0, True), "CodeExpert defines no checked")):
+    for attempt, match in ((lambda: bare.slipped_actions("t", 0), "no slipped reference"),
+                           (lambda: bare.checked_actions("t", 0, True), "no checked reference"),
+                           (lambda: bare.submission_mistake("t", [], False), "does not sort submissions"),
+                           (lambda: CodeExpert(None).checked_actions("t", 0, True), "CodeExpert defines no checked")):
         with pytest.raises(NotImplementedError, match=match):
-            call()
+            attempt()
     assert check_slip_fix(1) == 1.0 and isinstance(check_slip_fix(1), float)
     for bad in (-0.1, 1.5, True, "half", None):
         with pytest.raises(ValueError, match="my fix must be a number in"):
@@ -231,7 +216,7 @@ def test_the_slip_gets_a_schema_error_executes_nothing_and_the_reference_then_so
     fixed = [e for e in episodes if e is not None and e[1:] != ["Done."]]
     assert len(gave_up) > 15 and len(fixed) > 15
     task = next(t for t in first.tasks("train") if expert.slipped_actions(t, 0) is not None)
-    state, steps = _play(first, task, expert.slipped_actions(task, 0, fix=0.0))
+    state, steps = play(first, task, expert.slipped_actions(task, 0, fix=0.0))
     assert len(steps) == 2 and not state.success and "empty_turn" in state.failure
     for bad in (-0.1, 1.5, True, "half"):
         with pytest.raises(ValueError, match="slip fix"):
@@ -244,15 +229,15 @@ def test_episodes_are_sorted_by_mistake_on_replay(first):
     ref = first.ground_truth_actions(task)
     slip = expert.slipped_actions(task, seed=3)
     assert expert.is_slip(task, slip[0]) and not expert.is_slip(task, ref[0]) and not expert.is_slip(task, "Done.")
-    assert not expert.is_slip(task, _call("cd") + "\n" + _call("cd"))  # two calls: not the slip's form
-    assert not expert.is_slip(task, _call("nope"))
+    assert not expert.is_slip(task, call("cd") + "\n" + call("cd"))  # two calls: not the slip's form
+    assert not expert.is_slip(task, call("nope"))
     (name, kwargs), *rest = first.ground_truth_calls(task)[0]
-    wrong = "\n".join([_call(name, **{k: "elsewhere" for k in kwargs})] + [_call(n, **a) for n, a in rest])
+    wrong = "\n".join([call(name, **{k: "elsewhere" for k in kwargs})] + [call(n, **a) for n, a in rest])
     cases = {"solved": (ref, True), "slip": (slip[:2], False), "wrong calls": ([wrong, "Done."], False),
              "no call": (["Done."], False), "out of budget": (ref[:1], False)}
     for kind, (actions, solved) in cases.items():
         assert expert.submission_mistake(task, actions, solved) == kind
         if kind != "solved":  # the replay agrees with the episode: unsolved
-            state, steps = _play(first, task, actions)
+            state, steps = play(first, task, actions)
             assert not state.success
     assert set(cases) < set(BFCL_MISTAKE_KINDS) == set(expert.mistake_kinds)
