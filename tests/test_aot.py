@@ -273,12 +273,6 @@ def test_recheck_reapplies_resident_and_verdict():
     assert recs[0]["memory_gib"] == {"total": 70.0, "program": 40.0, "resident": 30.0}
     assert recs[0]["status"] == "over_hbm" and recs[0]["resident"] == "the base"
     assert recs[1] == {"program": "b", "status": "compile_error", "error": "x"}
-    # the analytic FLOPs and the description as built now: a stored ratio from an older count is redone
-    rec = {"program": "d", "chips": 2, "flops_per_chip": 300.0, "analytic_flops_per_chip": 100.0, "flops_ratio": 3.0,
-           "memory_gib": {"total": 1.0}, "hbm_fraction": 0.01, "foreign_custom_calls": [], "collectives": {},
-           "status": "flops_over", "shapes": "old"}
-    assert recheck([rec], [aot.Program("d", None, analytic_flops=600.0, note="new")], hbm_limit=80 * gib)
-    assert (rec["analytic_flops_per_chip"], rec["flops_ratio"], rec["status"], rec["shapes"]) == (300.0, 1.0, "ok", "new")
     with pytest.raises(ValueError, match="not built"):
         recheck([{"program": "c"}], progs, hbm_limit=80 * gib)
 

@@ -89,13 +89,17 @@ def test_host_program_names_and_batches():
     pre = _tiny_host_preset(eval_batch=8)
     assert AH.widest_width(pre.task) == 128                     # bucket(128 - 8)
     progs = AH.host_programs(pre, CFG, mesh, _arms(pre))
-    assert [p.name for p in progs] == ["init_params", "train_state_init", "params_finite", "host_train_step",
-                                       "host_append", "host_decode"]
-    assert all("also the evaluation rollout's (8 rows per group)" in p.note for p in progs[4:])
+    assert [p.name for p in progs] == ["init_params", "train_state_init", "params_finite", "params_cast",
+                                       "host_train_step", "host_append", "host_decode"]
+    assert all("also the evaluation rollout's (8 rows per group)" in p.note for p in progs[5:])
     # the narrower appends are the widest's family (the coverage test's), each the program at that width
-    assert [c.args[2].shape for c in progs[4].calls] == [(8, 128), (8, 16), (8, 32), (8, 64)]
-    assert progs[5].calls[0].kwargs.get("compact_rows") is None  # on a mesh the decode does not compact
+    assert [c.args[2].shape for c in progs[5].calls] == [(8, 128), (8, 16), (8, 32), (8, 64)]
+    assert progs[6].calls[0].kwargs.get("compact_rows") is None  # on a mesh the decode does not compact
     assert [p.resident_bytes > 0 for p in progs[:3]] == [False, False, True]  # made from the base / beside it
+    # the rollouts' bf16 copy of the base's and a policy's f32 params (`rollout_params`): one call each
+    cast = progs[3]
+    assert [c.kwargs["dtype"] for c in cast.calls] == [jnp.dtype(jnp.bfloat16)] * 2
+    assert {x.dtype for c in cast.calls for x in jax.tree.leaves(c.args)} == {jnp.dtype(jnp.float32)}
     named = AH.host_programs(pre, CFG, mesh, _arms(pre), only=["host_append_w16", "host_append_w256", "host_decode_eval"])
     assert [p.name for p in named] == ["host_append_w16", "host_decode_eval"]  # 256 > the widest; eval on request
     pre4 = _tiny_host_preset(eval_batch=4)

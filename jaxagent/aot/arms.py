@@ -21,11 +21,12 @@ from jaxagent.models import qwen3
 from jaxagent.rl import train_loss
 from jaxagent.rl.logits_plan import PACKED_KEY
 from jaxagent.rl.memory_plan import MemoryPlan
+from jaxagent.sampling.generate import cast_params
 from jaxagent.study import stages
 from jaxagent.study.common.run_checks import all_finite_leaves_jit
 
 
-SHARED = ("init_params", "train_state_init", "params_finite")  # the programs both lists may hold
+SHARED = ("init_params", "train_state_init", "params_finite", "params_cast")  # the programs both lists may hold
 
 
 def program(name: str, call: Call, flops: float, note: str, family: tuple = (), **kw) -> Program:
@@ -111,7 +112,9 @@ def train_step_programs(cfg, mesh, run_mesh, arms, *, seq: int, name: Callable, 
 def state_programs(cfg, mesh, run_mesh, arms, **step_kw) -> list[Program]:
     """`train_state_init`: each distinct arm's TrainState made from the base params (f32 on `sharding.RULES`, as
     loaded or placed) by `ArmStep.init_jit` on the run's mesh, a PPO critic at random; `params_finite`: the check
-    of the policy's params (and a critic's, its family) on the state's shardings after every update."""
+    of the policy's params (and a critic's, its family) on the state's shardings after every update; `params_cast`
+    (a compute dtype other than f32): the rollouts' copy of the base's and a policy's params in it
+    (`generate.cast_params`, as `rollout_params` makes it before placing it)."""
     rep = sharding.replicated(mesh)
     progs, critic = [], None
     base = params_abstract(cfg, mesh)
@@ -128,6 +131,13 @@ def state_programs(cfg, mesh, run_mesh, arms, **step_kw) -> list[Program]:
     progs.append(program("params_finite", Call(all_finite_leaves_jit, (state.params,)), 0.0,
                          "one bool per params leaf" + (" (and the critic's)" if family else ""), family,
                          flops_checked=False))
+    memory = step_kw.get("memory")
+    dtype = None if memory is None or memory.compute_dtype is None else jnp.dtype(memory.compute_dtype)
+    if dtype is not None and dtype != jnp.float32:
+        progs.append(program("params_cast", Call(cast_params, (base,), dict(dtype=dtype)), 0.0,
+                             f"the rollouts' {dtype.name} copy of the f32 params", (Call(cast_params, (state.params,),
+                                                                                         dict(dtype=dtype)),),
+                             flops_checked=False))
     return progs
 
 

@@ -73,9 +73,8 @@ def preset_target(preset, topology: Optional[str] = None, *, target: Optional[st
 def recheck(records: list[dict], programs: list[Program], *, hbm_limit: float,
             fraction: float = HBM_FRACTION) -> bool:
     """Re-applies what the run holds beside each program (`Program.resident_bytes`, from the programs as built
-    now), their analytic FLOPs and description, and the verdict to the stored `records` of those programs, in
-    place, their compiled figures as they are (no compile); True when every record is then 'ok'. A record of a
-    failed compile stays as it is."""
+    now) and the verdict to the stored `records` of those programs, in place, their compiled figures as they
+    are (no compile); True when every record is then 'ok'. A record of a failed compile stays as it is."""
     by_name, ok = {pr.name: pr for pr in programs}, True
     missing = sorted({rec["program"] for rec in records} - set(by_name))
     if missing:
@@ -84,10 +83,6 @@ def recheck(records: list[dict], programs: list[Program], *, hbm_limit: float,
         pr = by_name[rec["program"]]
         if rec.get("status") != "compile_error":
             add_resident(rec, pr.resident_bytes, pr.resident_note, hbm_limit)
-            if rec.get("chips") and pr.analytic_flops:
-                rec["analytic_flops_per_chip"] = pr.analytic_flops / rec["chips"]
-                rec["flops_ratio"] = round(rec["flops_per_chip"] / rec["analytic_flops_per_chip"], 3)
-                rec["shapes"] = pr.note
             rec["status"] = program_verdict(rec, fraction=fraction, flops_checked=pr.flops_checked)
         ok &= rec["status"] == "ok"
     return ok

