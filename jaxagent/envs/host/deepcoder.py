@@ -1,38 +1,17 @@
-"""DeepCoder-style coding problems from local JSON / JSONL files, for `CodeEnv(data=DIR)`.
+"""DeepCoder-style and APPS coding problems from local JSON / JSONL files, for `CodeEnv(data=DIR)` (`load_deepcoder`).
+
+Records (`FORMATS`: "deepcoder" | "apps", or None: each record's `tests`, else its `input_output`): the fields of
+agentica-org/DeepCoder-Preview-Dataset (`problem`, `tests`, `solutions`, `starter_code`, `metadata`; its parquet
+converted to JSON first, nothing is downloaded here) or of APPS (`question`, `input_output`, `solutions`).
+`parse_tests` reads TACO / APPS's {"inputs", "outputs", "fn_name"?} and LiveCodeBench / PrimeIntellect / Codeforces'
+[{"input", "output", "testtype" | "type"}, ...] as function-call or standard-input tests; at most `max_tests` are
+kept (`MAX_TESTS` = 15, the longest inputs: the DeepCoder reward's choice). Split: a file named *test* is held out,
+with none a problem is when stable_hash(its statement) % 4 == 3. Each problem's reference is the first of its
+solutions that passes every kept test in the env's sandbox; a record left out is counted by a reason naming the
+field (`DatasetReport`). Verdicts are cached ($JAXAGENT_CACHE/code-verify.json), so a second load runs nothing.
+Record fields, test formats and what is left out: docs/host_study.md, "Data" (Real data, Coding records in detail).
 
 No dimension legend: host-side Python, no arrays.
-
-Records (`data_format` "deepcoder" | "apps", or None: each record's `tests`, else its `input_output`): the
-fields of agentica-org/DeepCoder-Preview-Dataset (subsets taco, primeintellect, lcbv5 and codeforces, shipped as
-parquet: convert them to JSON or JSONL first, e.g. `datasets`' `to_json`; nothing is downloaded here) or of APPS
-(codeparrot/apps): `problem` (or `question`) the statement, `tests` (DeepCoder) or `input_output` (APPS) the unit
-tests (a JSON string or the parsed value), `solutions` reference programs (a list, or its JSON string; optional),
-`starter_code` (optional), `metadata` (optional; a JSON string or dict that may name `func_name`). Test formats:
-  {"inputs": [...], "outputs": [...], "fn_name"?: str}   (TACO / APPS) with fn_name: function-call tests
-      whose inputs are argument lists, an expected output [v] also accepting v (TACO's grader does the
-      same); without: standard-input tests (inputs and outputs as text, or lists of lines);
-  [{"input": ..., "output": ..., "testtype" | "type": ..., "metadata"?: {"func_name": ...}, "fn_name"?}, ...]
-      (LiveCodeBench, PrimeIntellect, Codeforces): testtype "functional" / type "function_call" are
-      function-call tests (an input string holds one JSON argument per line, as LiveCodeBench writes them;
-      the output is JSON), "stdin" / "stdin_stdout" (or none) standard-input tests. PrimeIntellect's tests (the
-      "type" key) are graded by TACO's grader in DeepCoder's reward, so their expected [v] also accepts v;
-      LiveCodeBench's ("testtype") compare exactly.
-At most `max_tests` tests per problem are kept, the ones with the longest inputs (the DeepCoder reward's
-choice, 15), in their original order.
-
-Split: a file whose name contains "test" is held out, the others train; when no file is, a problem is held out
-when stable_hash(its statement) % 4 == 3. Ids are "<file stem>-<position>". `max_tasks` keeps the first n
-usable problems of each split (checked before the reference runs, which are the expensive part).
-
-Verification: each problem's reference is the first of its `solutions` (up to `max_solutions` tried) that
-passes every kept test in the env's sandbox (`CodeEnv.evaluate`, up to `env.max_parallel` at once). Left out
-and counted by a reason naming the field (`DatasetReport`): a record without a statement or readable tests
-(a field nested deeper than the JSON parser goes, a test value nested deeper than MAX_DEPTH, a non-JSON field
-over MAX_LITERAL_CHARS), tests of mixed styles, a function-call test without a function name, no reference
-solution (unless `require_reference=False`, which keeps such problems as unverified: RL from a checkpoint needs
-no reference, and LiveCodeBench-style test sets have none), or no solution passing its tests.
-Verdicts are cached in `cache_dir` (default $JAXAGENT_CACHE/code-verify.json), keyed by a hash of the
-program, the tests and the sandbox limits, so a second load runs nothing.
 """
 
 from __future__ import annotations
@@ -115,7 +94,8 @@ def _call_output(x, field: str):
 
 def parse_tests(tests, metadata: dict, field: str = "tests") -> tuple[str, list, str, bool]:
     """(style "call" | "stdin", [(args, expected)], function name or "", lenient_list) of a record's tests, read
-    from its field `field` (module docstring); `_Skip` says why they cannot be used, naming the field."""
+    from its field `field` (formats: docs/host_study.md, "Data"); `_Skip` says why they cannot be used, naming the
+    field."""
     tests = _decode(tests, field)
     fn_meta = metadata.get("func_name") or metadata.get("fn_name") or ""
     if isinstance(tests, dict):
@@ -327,9 +307,9 @@ def _verified_splits(candidates: dict, env, cache: _VerdictCache, report: Datase
 def load_deepcoder(path, env, *, max_tests: int = MAX_TESTS, require_reference: bool = True,
                    max_tasks: Optional[int] = None, max_solutions: int = 3, cache_dir=None,
                    data_format: Optional[str] = None) -> tuple[dict, DatasetReport]:
-    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style or APPS directory or file (module
-    docstring); `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references. `data_format`:
-    "deepcoder" (tests in `tests`), "apps" (in `input_output`), None (either, per record)."""
+    """({"train" | "test" | "all": [CodeTask]}, report) of a DeepCoder-style or APPS directory or file
+    (docs/host_study.md, "Data"); `env` is the CodeEnv whose sandbox (limits, parallelism) verifies the references.
+    `data_format`: "deepcoder" (tests in `tests`), "apps" (in `input_output`), None (either, per record)."""
     if data_format is not None and data_format not in FORMATS:
         raise DataError(f"coding data: --data-format must be one of {tuple(FORMATS)} for coding, got {data_format!r}")
     root = data_path(path, "coding data")

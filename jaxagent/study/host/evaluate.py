@@ -1,22 +1,10 @@
-"""The host-domain study's evaluation stage over a run directory (`run.HostRun`): held-out Pass@(K,T) of the base
-and of every trained arm x seed with the structural bound, and the findings measured on the GRPO seeds' policies,
-each cached in eval/ and reused on a rerun.
-
-runs/<name>/eval/
-  <policy>.json             raw per-episode log (success, status, turns [U, P, Z]; `episodes`: per episode,
-                            tier-major, the replies and per-step tool_error / failure / done flags, on finding-3 and
-                            finding-4 domains; `f5_tokens`: the full-budget episodes' tokens and policy-token spans,
-                            on finding-5 domains) and Pass@(K,T)
-  f3_grpo_seed<s>.json      finding 3 (coding): matched states of base's and seed s's full-budget episodes, G replies
-                            of each policy per state, their unit-test pass rates (`host_step_quality`)
-  f4_grpo_seed<s>.json      finding 4 (BFCL): the error prefixes of base's and seed s's full-budget episodes, each
-                            continued once by each policy, judged (`host_error_recovery`)
-  f5_grpo_seed<s>.json      finding 5 (BFCL): base's and seed s's full-budget episodes (their tokens kept in the eval
-                            logs' `f5_tokens`), every policy token scored under both policies: per episode action NLLs
-                            under base, LLR, policy tokens (`host_likelihood`)
-  bound.json                reference turns per held-out task and the bound per tier
-  <split>/<policy>.json     each further held-out split's raw log and Pass@(K,T) (`HostTaskSettings.extra_heldout`,
-                            e.g. test_constants/), with its <split>/bound.json
+"""The host-domain study's evaluation stage over a run directory (`run.HostRun`, `evaluate`): held-out Pass@(K,T) of
+the base and of every trained arm x seed with the structural bound (`eval_policy`), each further held-out split
+(`extra_split`), and the findings measured on the GRPO seeds' policies (`step_quality_seed`, `error_prefixes`,
+`likelihood_seed`; `read_dynamics`), each cached in runs/<name>/eval/ and reused on a rerun. A seed's policies and
+the base draw made for it sample with the same key (`seed_key`), so per-seed differences are paired.
+The files under eval/: docs/host_study.md, "The run directory"; sampling keys and recipe checks
+(`recipe_metrics`): "Data", Definitions.
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier.
 """

@@ -1,40 +1,17 @@
-"""Evaluation of a host-env domain: Pass@(K,T) on held-out tasks, the structural upper bound, and the seed-aware
-estimates of findings 1, 2, 3 (coding: step quality on matched states, `host_step_quality`), 4 (BFCL: tool-call
-error correction, `host_error_recovery`), 5 (BFCL: per-action NLL, cumulative LLR above a threshold and the
-length-matched LLR control, `host_likelihood`), 6 (coding: R_multi vs R_single over training, `host_dynamics`) and
-7 with the FrozenLake study's verdict rule (`findings.finding_verdict`).
+"""Evaluation of a host-env domain: held-out Pass@(K,T), the structural upper bound, and the seed-aware estimates of
+findings 1, 2 and 7 (`domain_findings`, judged by `findings.finding_verdict`), with those of findings 3
+(`host_step_quality`), 4 (`host_error_recovery`), 5 (`host_likelihood`) and 6 (`host_dynamics`) gathered into one
+flat metrics dict (`domain_metrics`, read by `host_report`).
+
+Pass@(K,T), announced mode (docs/study.md, "jaxagent's definitions"): per task pass@k = 1 - C(n-c, k) / C(n, k) with
+n = Z samples and c successes (Chen et al. 2021, eq. 1; `passk.pass_at_k_grid`), averaged over tasks. Structural
+bound at T: p*[task, T] = 1[reference turns <= T] (`structural_bound`); its task mean equals the Pass@K bound
+1 - (1 - p*)^K (p* is 0 or 1). Room (`bounded`): a Pass@K on tasks with bound U lies in [0, U], so other -
+comparator lies in [-comparator, U - comparator]. Rows, rooms and verdicts: docs/host_study.md, "Findings and what
+would have failed them"; metric keys: "How the host findings are measured, and their metric keys".
 
 Dimension legend (CONVENTIONS.md): U budget tiers, P tasks, Z samples per task and tier, J values of k,
 B episodes of one rollout batch.
-
-Pass@(K,T), announced mode (docs/study.md, "jaxagent's definitions"): at each tier T the budget is written into
-the prompt and every (task, sample) is its own rollout with budget T; success = the episode ended with
-status success (within its budget by construction). Per task, pass@k = 1 - C(n-c, k) / C(n, k) with n = Z
-samples and c successes (Chen et al. 2021, eq. 1; `passk.pass_at_k_grid`), averaged over tasks.
-Structural upper bound at T (docs/study.md): p*[task, T] = 1[reference turns <= T] (`bounds`); its task mean is
-the share of tasks whose reference solution needs <= T turns, and the Pass@K bound 1 - (1 - p*)^K equals it
-(p* is 0 or 1).
-
-Pass@ findings (`domain_findings`; docs/host_study.md, "Findings and what would have failed them"), each judged
-where a difference of E is possible, with the room the bound allows (`bounded`: a policy's Pass@K on tasks with
-bound U lies in [0, U], so other - comparator lies in [-comparator, U - comparator]):
-    f1_pass1    RL - base Pass@1 at full budget, every held-out task (direction +1, E 10 points);
-    f1_breadth  the same at the largest K;
-    f2_shrink   gap(tight) - gap(full) at K=1 on the tasks solvable at the tightest tier (p* = 1 there: every
-                one of them could be solved), direction -1, E 10 points; room [-b_t - g_f, U - b_t - g_f];
-    f7_gigpo    GiGPO - GRPO at K=1 at the tightest tier on the same tasks, parity within 5 points (TOST).
-A row whose room leaves less than E on the paper's side keeps a sign verdict and is "untestable here (bound)" when
-its CI holds 0 (a parity row: whenever the room is less than its margin either side of 0; `stats.decide`). No task
-solvable at the tightest tier: f2 and f7 have no estimate and a note (`NO_SOLVABLE_NOTE`).
-
-Metric keys (flat, read by `host_report`): `<d>.pass.<policy>.t<T>.k<k>` (task-mean Pass@k on the held-out split
-named by `<d>.split.heldout_name`; a policy is `base`, an arm (mean over its included seeds) or `<arm>.seed<s>`),
-`<d>.bound.t<T>` (the bound), the same under `<d>.<split>.` for each further held-out split (`pass_metrics`) with
-its RL - base gaps `<d>.<split>.gap.<arm>.t<T>.*` (`split_gaps`), `<d>.split.train`, `<d>.split.heldout`,
-`meta.t_max` (the full tier), the findings' keys (`domain_findings`) with `stats.Estimate` fields, their rooms
-`<row>.room_lo`, `<row>.room_hi` (difference units; `findings.room_from_metrics`), the rows' values (`.base`, `.rl`,
-`.bound`, f2's `.base_full` ... `.n_tasks`, `.tier_turns`; f7's `.grpo`, `.gigpo`, `.bound`, `.n_tasks`,
-`.tier_turns`), and `health.<arm>.seed<s>.*` as the FrozenLake study writes them.
 """
 from __future__ import annotations
 
@@ -425,22 +402,22 @@ def domain_metrics(d: str, per_task: Mapping[str, np.ndarray], bound: dict, tier
                    step_quality: Mapping[int, Mapping] | None = None,
                    gigpo_turns: Mapping[int, Sequence[float]] | None = None,
                    recovering_expert: bool = False) -> dict:
-    """The flat metrics of a domain (module docstring) from per-task grids [U, J, P] per policy label ('base',
-    '<arm>/seed<s>', and 'base/seed<s>': the base's draw sampled with seed s's key, `evaluate.seed_key`), the
-    structural bound and each arm seed's health. Gaps are RL - base per task, paired by task and, where the base
-    has a draw for the seed, by sampling key (each seed's difference then carries its own base sample, so the
-    base's sampling error is in the spread over seeds); the base's values (the Pass table, f1's and f2's rows) are
-    the mean of its draws. Every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO
-    seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`:
-    finding 4's judged prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
-    dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside
-    `host_dynamics.DOMAINS` gets its note instead); `batches`: each GRPO seed's training success rate per iteration
-    (finding 6's R_multi). `likelihood`: finding 5's scored episodes per GRPO seed
-    (`host_likelihood.score_seed`; None: finding 5 not measured). `step_quality`: finding 3's scored replies on
-    matched states per GRPO seed (`host_step_quality.record`; None: finding 3 not measured). `gigpo_turns`: each
-    GiGPO seed's mean turns per training iteration (finding 7: the share of its training episodes longer than one
-    turn, `multi_turn_share`; all one turn: no estimate, `ONE_TURN_NOTE`). `recovering_expert`: the base imitates
-    a noisy expert that recovers from its slips given more turns (finding 2 gets `RECOVERING_EXPERT_NOTE`)."""
+    """The flat metrics of a domain (keys: docs/host_study.md, "How the host findings are measured") from per-task grids
+    [U, J, P] per policy label ('base', '<arm>/seed<s>', and 'base/seed<s>': the base's draw sampled with seed s's key,
+    `evaluate.seed_key`), the structural bound and each arm seed's health. Gaps are RL - base per task, paired by task
+    and, where the base has a draw for the seed, by sampling key (each seed's difference then carries its own base
+    sample, so the base's sampling error is in the spread over seeds); the base's values (the Pass table, f1's and f2's
+    rows) are the mean of its draws. Every estimate is seed-aware (`stats.seed_estimate`: units = tasks, nested in GRPO
+    seeds; collapsed and diverged seeds excluded, with an all-seeds sensitivity estimate). `error_prefixes`: finding 4's
+    judged prefixes per GRPO seed (`host_error_recovery.judge`; None: finding 4 not measured). `dynamics`: finding 6's
+    dynamics.jsonl records per GRPO seed (`host_dynamics`; None: not measured; a domain outside `host_dynamics.DOMAINS`
+    gets its note instead); `batches`: each GRPO seed's training success rate per iteration (finding 6's R_multi).
+    `likelihood`: finding 5's scored episodes per GRPO seed (`host_likelihood.score_seed`; None: finding 5 not
+    measured). `step_quality`: finding 3's scored replies on matched states per GRPO seed (`host_step_quality.record`;
+    None: finding 3 not measured). `gigpo_turns`: each GiGPO seed's mean turns per training iteration (finding 7: the
+    share of its training episodes longer than one turn, `multi_turn_share`; all one turn: no estimate,
+    `ONE_TURN_NOTE`). `recovering_expert`: the base imitates a noisy expert that recovers from its slips given more
+    turns (finding 2 gets `RECOVERING_EXPERT_NOTE`)."""
     m: dict = {f"{d}.split.train": n_train, f"{d}.split.heldout": n_heldout,
                f"{d}.meta.tiers": list(tiers), f"{d}.meta.ks": list(ks)}
     if not host_domains.uses_env(d, host_dynamics.DOMAINS):

@@ -1,26 +1,16 @@
-"""Presets of the host-domain study (`pipeline.run_study`, `experiments.host_study`): one per domain and scale.
+"""Presets of the host-domain study (`HOST_PRESETS`, run by `pipeline.run_study` and `experiments.host_study`): one per
+domain and scale.
 
-Domains (`domains.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales:
-  ci-<domain>                 minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer
-                              (`/usr/bin/time python -m experiments.reproduce --preset ci-sql`: 62 s of CPU time,
-                              5:55 wall on a 2-core machine shared with other jobs);
-  <domain>-toy                a study that learns on a 2-core CPU: a toy Qwen3 fine-tuned on a noisy expert's
-                              reference solutions, then RL (sql-toy, code-toy; bfcl-toy on the bfcl-first domain,
-                              BFCL cut to first requests; bfcl2-toy on bfcl-two, the first two requests;
-                              docs/host_study.md "Toy presets"); their reports call their findings pipeline
-                              demonstrations on a designed base (`TOY_SCOPE`);
-  qwen3-0.6b-1gpu-<domain>    one 80 GB GPU, Qwen3-0.6B from --checkpoint;
-  qwen3-8b-v5p-<domain>       a v5p-128 pod slice (64 chips, mesh (data, fsdp, tensor) = (4, 8, 2), as the 8B
-                              FrozenLake preset), Qwen3-8B from --checkpoint.
-Memory arithmetic in the comments (bf16 KV cache per token and layer: 2 x K heads x E x 2 bytes): Qwen3-0.6B has 28
-layers and 8 KV heads of 128, 112 KiB per token; Qwen3-8B 36 layers and 8 KV heads of 128, 144 KiB per token (split
-over the 2 tensor shards). The AOT fields say what the AOT check is to compile a preset for, as on the FrozenLake
-presets (jaxagent/study/frozenlake/presets.py).
-
-Tasks: the sql and code domains use their built-in sets (hand-written + generated, split by structure: 554 / 426
-and 638 / 222 train / held-out tasks, plus "test_constants" 168 and 209; docs/host_study.md "Data") unless `data`
-(or `--data DIR`, `--data-format`) names a local Spider / InterCode-SQL or DeepCoder-style / APPS directory
-(`data_env`). The real-scale presets evaluate 200 held-out tasks spread over the split.
+Domains (`domains.DOMAINS`): sql, bfcl (BFCL v4 multi-turn), code (multi-turn coding). Scales: `ci-<domain>`, a
+minutes-scale CI miniature on a tiny random Qwen3 with the real Qwen3 tokenizer; `<domain>-toy` (sql-toy, code-toy;
+bfcl-toy on the bfcl-first domain, bfcl2-toy on bfcl-two), studies that learn on a 2-core CPU from a toy Qwen3
+fine-tuned on a noisy expert's references, whose reports call their findings pipeline demonstrations on a designed
+base (`TOY_SCOPE`); `qwen3-0.6b-1gpu-<domain>` (one 80 GB GPU) and `qwen3-8b-v5p-<domain>` (a v5p-128 slice, mesh
+(data, fsdp, tensor) = (4, 8, 2)), each from --checkpoint. The sql and code domains use their built-in tasks unless
+`data` (`--data DIR`, `--data-format`) names a local Spider / InterCode-SQL or DeepCoder-style / APPS directory
+(`data_env`). The AOT fields say what the AOT check compiles a preset for, as on the FrozenLake presets.
+Presets and sizes: docs/host_study.md, "Domains", "Sizes" (the KV-cache arithmetic), "Toy presets" and "The CI
+miniatures"; timings: docs/performance.md, "CPU figures".
 """
 from __future__ import annotations
 

@@ -2,28 +2,14 @@
 on the train split's reference solutions so that the base solves some tasks before the RL arms start from it, as
 the FrozenLake toy study's base is fine-tuned on its expert's episodes (`study.stages.train_base`).
 
-Rows (`sft_rows`): each train task's reference episode, played through the env by the host rollout itself with
-the reference replies as a scripted policy (`host_rollout(generate_fn=...)`; the env's `ground_truth_actions`:
-SQL the gold query submitted, coding the reference program, BFCL the ground-truth calls turn by turn), so a row's
-tokens are exactly the context the policy sees when it plays (chat template, budget text, capped tool output)
-and its targets are the reply tokens (`policy_mask`). The budget announced in each row's prompt is T_max or a
-BudgetMix draw (`HostSFTSettings.budget_mode`), so the base has read every budget text the evaluation's tiers
-show. A reference episode that does not end solved (a reply cut at `max_action_tokens`, a context that does not
-fit, a reference the env does not accept) is left out and counted.
-
-The noisy expert (`HostSFTSettings.noise`, `check`, `copies`; `expert_replies`): a base fine-tuned on clean
-references alone fails mostly by task-specific mistakes (on SQL, copying the wrong value from the question: a
-2-layer model's copying), which a few dozen RL iterations cannot fix, so RL from it learns nothing measurable.
-As FrozenLake's toy base imitates an epsilon-noisy expert, a toy host base can imitate one that slips (the
-reference with one generic mistake, the same kinds on every task: `experts.sql.slip_query`,
-`experts.code.slip_program`; the env's expert is `experts.expert_for(env)`) and, where the budget allows, checks
-first (SQL: runs a query, slipped or not, then submits the reference) or, with probability `slip_fix`, fixes its
-slip (coding and BFCL: the env's feedback, then the reference; otherwise it gives up and the episode fails: a slip
-it always fixed would cost nothing at the training budget, so RL there would have nothing to unlearn). With
-several rows per task, each with its own draws, the base learns the rates rather than which task slipped.
-
-Training (`train_sft_base`): `study.common.sft.fit_sft` (AdamW, warm-up then cosine decay, batches drawn with
-replacement), the loss projecting onto the vocabulary at the reply tokens only (`rl.sft.sft_loss_at_targets`).
+Rows (`sft_rows`): each train task's reference episode played through the env by the host rollout itself with the
+reference replies as a scripted policy, so a row's tokens are exactly the context the policy sees and its targets
+are the reply tokens; the prompt announces T_max or a BudgetMix draw (`HostSFTSettings.budget_mode`); episodes that
+do not end solved are left out and counted. The noisy expert (`HostSFTSettings.noise`, `check`, `copies`,
+`slip_fix`; `expert_replies`): the reference with one generic slip, the same kinds on every task, then, where the
+budget allows, a check or a fix, so that RL has a mistake shared by all tasks to unlearn. Training
+(`train_sft_base`): `study.common.sft.fit_sft`, the loss at the reply tokens only (`rl.sft.sft_loss_at_targets`).
+Why and how: docs/host_study.md, "Toy presets" (Base: SFT on reference solutions, and each domain's noisy expert).
 
 Dimension legend (CONVENTIONS.md): E rows, S slots.
 """
