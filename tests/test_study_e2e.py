@@ -82,8 +82,9 @@ def test_every_program_the_run_calls_is_in_the_aot_list(ci_run):
     progs = programs.preset_programs(preset, cfg, aot_coverage.one_device_mesh(),
                                      aot_coverage.arm_settings(arm_settings, preset))
     counts = aot_coverage.assert_covered(calls, progs)
-    # what the miniature runs: every program of its list (no PPO arm: no critic values)
-    assert {n for n, c in counts.items() if c} == set(programs.PROGRAM_NAMES) - {"train_step_ppo", "critic_values"}
+    # what the miniature runs: every program of its list (no PPO arm: no critic values; f32 rollouts: no params_cast)
+    assert {n for n, c in counts.items() if c} == set(programs.PROGRAM_NAMES) - {"train_step_ppo", "critic_values",
+                                                                                  "params_cast"}
     r_single = preset.eval.n_plan_tasks * preset.eval.n_plan_samples // preset.rollout_batch
     # R_single at the base and after each iteration (each arm x 2 seeds x (1 + 2)) and the eval's base and grpo (2 seeds)
     assert counts["plan_generate"] == r_single * (len(preset.arms) * 2 * 3 + 2 * 2)
@@ -129,7 +130,8 @@ def test_summary_rows_state_the_metrics_and_the_rule(outputs):
         if all(isinstance(x, float) and math.isfinite(x) for x in bounds_):
             room = bounds_
         want, reason = stats.decide(est, f.direction, None if effect is None else abs(effect), f.margin, room=room,
-                                    scale=f.diff_scale, recipe=None if f.recipe is None else f.recipe(metrics))
+                                    scale=f.diff_scale, recipe=None if f.recipe is None else f.recipe(metrics),
+                                    room_source=f.room_source)
         assert verdict == want and verdict in stats.VERDICTS, f.key
         assert why.startswith(reason), f.key
         if room is not None:  # a row judged against a structural bound prints the range it allows
