@@ -5,7 +5,10 @@ training-batch success to its last (`dynamics.training_drawdown`); the row is GR
 arm's, paired by seed index (both arms start seed s from the same key and base). Every seed counts, collapsed
 ones included: a collapse is what the row measures, so the health rule that leaves collapsed seeds out of the
 other rows does not apply here. Room: the process-reward arm's fall lies in [0, 1], so the difference lies in
-[GRPO's fall - 1, GRPO's fall]: a GRPO that did not fall leaves nothing to stabilise.
+[GRPO's fall - 1, GRPO's fall]: a GRPO that did not fall leaves nothing to stabilise, and the verdict's reason names
+that room as GRPO's own fall (`Finding.room_source`). What turns the row: a CI above 0 whose far end reaches E = 10
+points (reproduced), possible once GRPO falls by at least 10 points in the seeds' mean; a CI below 0 (opposite), always
+possible.
 """
 from __future__ import annotations
 
