@@ -1,10 +1,12 @@
-"""The study presets' names with a one-line description each, the arms, and the bounds the command line checks,
+"""The study presets' names with a one-line description each, the arms, the bounds the command line checks and a rehearsal's group size,
 in a module that imports nothing: the scripts' `--help` and usage errors read them without loading JAX or the
 study. The preset modules read their descriptions from here (`frozenlake.presets.PRESET_NOTES`); tests check that
 these names are the keys of `frozenlake.presets.PRESETS` and `host.presets.HOST_PRESETS`, and that the arms are
 `stages.ARMS` and `host.stages.HOST_ARMS`.
 """
 from __future__ import annotations
+
+import math
 
 _ACCELERATOR = "a real Qwen3 from --checkpoint; GPUs, TPU pods"
 
@@ -52,3 +54,9 @@ def describe(notes: dict) -> str:
     for name, note in notes.items():
         groups.setdefault(note, []).append(name)
     return "; ".join(f"{', '.join(names)} ({note})" for note, names in groups.items())
+
+
+def rehearsal_group(mesh) -> int:
+    """A rehearsal's rollouts for its one task on `mesh` (data, fsdp, tensor): the least even multiple of the batch
+    shards (data x fsdp), so its one micro-batch splits over them (2 on one device)."""
+    return math.lcm(2, int(mesh[0]) * int(mesh[1]))

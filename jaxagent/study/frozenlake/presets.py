@@ -3,7 +3,6 @@ default (a 2-core CPU). `with_overrides` gives a preset with a command line's ch
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 from jaxagent.models.config import Qwen3Config
@@ -204,9 +203,9 @@ def rehearsal_preset(preset: Preset) -> Preset:
                              n_error_states=2, n_sampled=2, n_continuations=1, n_boot=20, n_plan_tasks=2, n_plan_samples=1,
                              headline_tasks=min(preset.eval.headline_tasks, 2),
                              headline_samples=min(preset.eval.headline_samples, 1))
-    group = math.lcm(2, int(preset.mesh[0]) * int(preset.mesh[1]))  # rows divide over the batch shards
     return dataclasses.replace(preset, task=task, base=base, eval=ev, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
-                               group_size=group, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+                               group_size=preset_names.rehearsal_group(preset.mesh), minibatches=1, micro_batches=1,
+                               dynamics_every=1, rehearsal=True)
 
 
 def needs_checkpoint(preset: Preset) -> bool:

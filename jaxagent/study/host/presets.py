@@ -15,13 +15,13 @@ miniatures"; timings: docs/performance.md, "CPU figures".
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Optional
 
 from jaxagent.envs.host import base as host_envs
 from jaxagent.envs.host.datasets import DataError
 from jaxagent.models.config import Qwen3Config
+from jaxagent.study import preset_names
 from jaxagent.study.host.sft import HostSFTSettings
 from jaxagent.study.host.domains import get_domain
 from jaxagent.study.host.stages import HOST_ARMS, HostTaskSettings
@@ -184,9 +184,9 @@ def rehearsal_preset(preset: HostPreset) -> HostPreset:
     ev = dataclasses.replace(preset.eval, n_samples=1, ks=(1,), fractions=(0.5, 1.0), batch_size=2,
                              step_samples=2, step_states=1)
     sft = None if preset.sft is None else dataclasses.replace(preset.sft, steps=2, batch_size=2)
-    group = math.lcm(2, int(preset.mesh[0]) * int(preset.mesh[1]))  # rows divide over the batch shards
     return dataclasses.replace(preset, task=task, eval=ev, sft=sft, seeds=preset.seeds[:1], iterations=1, n_tasks=1,
-                               group_size=group, minibatches=1, micro_batches=1, dynamics_every=1, rehearsal=True)
+                               group_size=preset_names.rehearsal_group(preset.mesh), minibatches=1, micro_batches=1,
+                               dynamics_every=1, rehearsal=True)
 
 
 def with_seed_offset(preset: HostPreset, offset: int) -> HostPreset:
