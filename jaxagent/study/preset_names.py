@@ -1,5 +1,5 @@
-"""The study presets' names with a one-line description each, the arms, the bounds the command line checks and a rehearsal's group size,
-in a module that imports nothing: the scripts' `--help` and usage errors read them without loading JAX or the
+"""The study presets' names with a one-line description each, the arms, the bounds the command line checks and a
+rehearsal's group size, in a module that imports nothing of ours: `--help` and usage errors read them without JAX or the
 study. The preset modules read their descriptions from here (`frozenlake.presets.PRESET_NOTES`); tests check that
 these names are the keys of `frozenlake.presets.PRESETS` and `host.presets.HOST_PRESETS`, and that the arms are
 `stages.ARMS` and `host.stages.HOST_ARMS`.
